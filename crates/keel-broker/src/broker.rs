@@ -1,0 +1,331 @@
+//! The broker: topics, producer ids and request dispatch.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use keel_protocol::messages::ApiKey;
+use keel_protocol::{DecodeError, Encodable, Request, RequestFrame};
+use parking_lot::Mutex;
+use uuid::Uuid;
+
+use crate::config::BrokerConfig;
+use crate::handlers;
+use crate::partition::Partition;
+use crate::producers::{write_atomically, ProducerIdAllocator};
+use crate::time::now_ms;
+use crate::topics::{Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
+
+/// What to send back for one request.
+#[derive(Debug)]
+pub enum Reply {
+    /// A complete response frame, size prefix included.
+    Frame(Bytes),
+    /// Nothing (Produce with acks=0).
+    Nothing,
+    /// Close the connection: the client sent something that cannot be
+    /// answered in its own protocol, as Kafka does.
+    Close(String),
+}
+
+/// Why the broker could not start.
+#[derive(Debug)]
+pub enum StartError {
+    Io { path: PathBuf, error: std::io::Error },
+    Partition(String),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Io { path, error } => write!(f, "{}: {error}", path.display()),
+            StartError::Partition(e) => write!(f, "cannot open partition: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+pub struct Broker {
+    pub config: BrokerConfig,
+    pub cluster_id: String,
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    pub topics: TopicRegistry,
+    pub store: TopicStore,
+    pub producer_ids: Mutex<ProducerIdAllocator>,
+    /// Serializes topic creation, deletion and growth. Held across their
+    /// file I/O, which is fine: only other admin requests wait on it.
+    pub admin: tokio::sync::Mutex<()>,
+}
+
+impl Broker {
+    /// Opens the data directory: cluster identity, topics, partition logs
+    /// (with recovery). Blocking.
+    pub fn open(
+        config: BrokerConfig,
+        advertised_host: String,
+        advertised_port: i32,
+    ) -> Result<Arc<Broker>, StartError> {
+        let data_dir = config.data_dir();
+        let io = |path: &std::path::Path| {
+            let path = path.to_path_buf();
+            move |error| StartError::Io { path, error }
+        };
+        let meta_dir = data_dir.join(META_DIR);
+        std::fs::create_dir_all(&meta_dir).map_err(io(&meta_dir))?;
+        let cluster_id = load_cluster_id(&data_dir, config.node_id()).map_err(io(&data_dir))?;
+        let ids_path = meta_dir.join("producer-ids");
+        let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
+        let store = TopicStore::new(&data_dir);
+        let broker = Broker {
+            config,
+            cluster_id,
+            advertised_host,
+            advertised_port,
+            topics: TopicRegistry::default(),
+            store,
+            producer_ids: Mutex::new(producer_ids),
+            admin: tokio::sync::Mutex::new(()),
+        };
+        broker.load_topics()?;
+        Ok(Arc::new(broker))
+    }
+
+    fn load_topics(&self) -> Result<(), StartError> {
+        let data_dir = self.config.data_dir();
+        let metas = self.store.load_all().map_err(|error| StartError::Io {
+            path: data_dir.clone(),
+            error,
+        })?;
+        let orphans = self
+            .store
+            .orphan_partition_dirs(&metas)
+            .map_err(|error| StartError::Io {
+                path: data_dir.clone(),
+                error,
+            })?;
+        for dir in orphans {
+            tracing::warn!(dir = %dir.display(), "removing partition directory of a deleted topic");
+            std::fs::remove_dir_all(&dir).map_err(|error| StartError::Io {
+                path: dir.clone(),
+                error,
+            })?;
+        }
+        for meta in metas {
+            let partitions = self.open_partitions(&meta, 0).map_err(StartError::Partition)?;
+            tracing::info!(topic = %meta.name, partitions = meta.partitions, "loaded topic");
+            self.topics.insert(Arc::new(Topic { meta, partitions }));
+        }
+        Ok(())
+    }
+
+    /// Opens partitions `from..meta.partitions` of a topic. Blocking.
+    pub fn open_partitions(&self, meta: &TopicMeta, from: i32) -> Result<Vec<Arc<Partition>>, String> {
+        let log_config = self
+            .config
+            .topic_log_config(&meta.configs)
+            .map_err(|e| e.to_string())?;
+        let name: Arc<str> = Arc::from(meta.name.as_str());
+        (from..meta.partitions)
+            .map(|p| {
+                let dir = self.store.partition_dir(&meta.name, p);
+                Partition::open(Arc::clone(&name), p, &dir, log_config.clone()).map(Arc::new)
+            })
+            .collect()
+    }
+
+    /// Handles one request frame.
+    pub async fn handle(self: &Arc<Self>, frame: RequestFrame) -> Reply {
+        let decoded = match keel_protocol::decode(&frame) {
+            Ok(d) => d,
+            Err(DecodeError::UnsupportedVersion { api_key, .. }) if api_key == ApiKey::ApiVersions as i16 => {
+                return match keel_protocol::response::api_versions_unsupported(frame.correlation_id) {
+                    Ok(bytes) => Reply::Frame(bytes),
+                    Err(e) => Reply::Close(e.to_string()),
+                };
+            }
+            Err(e) => return Reply::Close(e.to_string()),
+        };
+        let version = frame.api_version;
+        let id = frame.correlation_id;
+        match decoded.body {
+            Request::ApiVersions(_) => respond(ApiKey::ApiVersions, version, id, &handlers::api_versions()),
+            Request::Metadata(r) => {
+                let resp = handlers::metadata::metadata(self, r, version).await;
+                respond(ApiKey::Metadata, version, id, &resp)
+            }
+            Request::Produce(r) => match handlers::produce::produce(self, r).await {
+                Some(resp) => respond(ApiKey::Produce, version, id, &resp),
+                None => Reply::Nothing,
+            },
+            Request::Fetch(r) => respond(ApiKey::Fetch, version, id, &handlers::fetch::fetch(self, r).await),
+            Request::ListOffsets(r) => respond(
+                ApiKey::ListOffsets,
+                version,
+                id,
+                &handlers::offsets::list_offsets(self, r).await,
+            ),
+            Request::OffsetForLeaderEpoch(r) => {
+                let resp = handlers::offsets::offset_for_leader_epoch(self, r);
+                respond(ApiKey::OffsetForLeaderEpoch, version, id, &resp)
+            }
+            Request::DeleteRecords(r) => respond(
+                ApiKey::DeleteRecords,
+                version,
+                id,
+                &handlers::offsets::delete_records(self, r).await,
+            ),
+            Request::CreateTopics(r) => respond(
+                ApiKey::CreateTopics,
+                version,
+                id,
+                &handlers::admin::create_topics(self, r, version).await,
+            ),
+            Request::DeleteTopics(r) => respond(
+                ApiKey::DeleteTopics,
+                version,
+                id,
+                &handlers::admin::delete_topics(self, r).await,
+            ),
+            Request::CreatePartitions(r) => {
+                let resp = handlers::admin::create_partitions(self, r).await;
+                respond(ApiKey::CreatePartitions, version, id, &resp)
+            }
+            Request::DescribeConfigs(r) => respond(
+                ApiKey::DescribeConfigs,
+                version,
+                id,
+                &handlers::configs::describe_configs(self, r),
+            ),
+            Request::DescribeCluster(r) => respond(
+                ApiKey::DescribeCluster,
+                version,
+                id,
+                &handlers::metadata::describe_cluster(self, r),
+            ),
+            Request::InitProducerId(r) => respond(
+                ApiKey::InitProducerId,
+                version,
+                id,
+                &handlers::produce::init_producer_id(self, r).await,
+            ),
+        }
+    }
+
+    /// Background maintenance: retention and time-based flushes. Runs until
+    /// the runtime shuts down.
+    pub fn spawn_maintenance(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        let retention_every = Duration::from_millis(self.config.retention_check_interval_ms());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(retention_every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let b = Arc::clone(&me);
+                let _ = tokio::task::spawn_blocking(move || b.apply_retention()).await;
+            }
+        });
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            // flush.ms is checked at this resolution; Kafka's scheduler
+            // checks it on a similar fixed interval.
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let b = Arc::clone(&me);
+                let _ = tokio::task::spawn_blocking(move || b.flush_due()).await;
+            }
+        });
+    }
+
+    fn apply_retention(&self) {
+        let now = now_ms();
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                if let Err(e) = p.with_log(|log| log.apply_retention(now)) {
+                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "retention failed");
+                }
+            }
+        }
+    }
+
+    fn flush_due(&self) {
+        let now = now_ms();
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                let result = p.with_log(|log| {
+                    if log.needs_time_flush(now) {
+                        log.flush()
+                    } else {
+                        Ok(())
+                    }
+                });
+                if let Err(e) = result {
+                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "flush failed");
+                }
+            }
+        }
+    }
+
+    /// Flushes every log and marks it cleanly closed. Blocking.
+    pub fn shutdown(&self) {
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                if let Err(e) = p.close() {
+                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "close failed");
+                }
+            }
+        }
+    }
+}
+
+fn respond<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {
+    match keel_protocol::response::encode(key, version, correlation_id, body) {
+        Ok(bytes) => Reply::Frame(bytes),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode response");
+            Reply::Close(e.to_string())
+        }
+    }
+}
+
+/// Reads or creates `meta.properties` (Kafka's format) with the cluster id.
+fn load_cluster_id(data_dir: &std::path::Path, node_id: i32) -> std::io::Result<String> {
+    let path = data_dir.join("meta.properties");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Some(id) = text.lines().find_map(|l| l.strip_prefix("cluster.id=")) {
+            return Ok(id.trim().to_string());
+        }
+    }
+    let id = base64_url(Uuid::new_v4().as_bytes());
+    let text = format!("#Written by Keel\nversion=1\ncluster.id={id}\nnode.id={node_id}\n");
+    write_atomically(&path, text.as_bytes())?;
+    Ok(id)
+}
+
+/// URL-safe base64 without padding: Kafka's encoding of cluster ids.
+fn base64_url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cluster_ids_look_like_kafkas() {
+        let id = super::base64_url(&[0xff; 16]);
+        assert_eq!(id.len(), 22);
+        assert_eq!(super::base64_url(b"Man"), "TWFu");
+    }
+}

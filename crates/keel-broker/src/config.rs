@@ -1,0 +1,460 @@
+//! Broker and topic configuration under Kafka's names.
+//!
+//! The broker's configuration is a flat map of Kafka-style keys (the server
+//! merges defaults, the TOML file, `KEEL_*` variables and flags into it).
+//! Topic configs are overrides of the broker's `log.*` defaults, exactly as
+//! in Kafka: `retention.ms` on a topic overrides `log.retention.ms`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use keel_log::LogConfig;
+
+/// Kafka's config value types, as DescribeConfigs reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigType {
+    Boolean = 1,
+    String = 2,
+    Int = 3,
+    Long = 5,
+    Double = 6,
+    List = 7,
+}
+
+/// A topic-level config Keel knows: its topic name, the broker default it
+/// overrides, that default's value and its type.
+#[derive(Debug, Clone, Copy)]
+pub struct TopicConfigDef {
+    pub name: &'static str,
+    pub broker_name: &'static str,
+    pub default: &'static str,
+    pub kind: ConfigType,
+}
+
+const fn def(
+    name: &'static str,
+    broker_name: &'static str,
+    default: &'static str,
+    kind: ConfigType,
+) -> TopicConfigDef {
+    TopicConfigDef {
+        name,
+        broker_name,
+        default,
+        kind,
+    }
+}
+
+const LONG_MAX: &str = "9223372036854775807";
+
+/// Kafka's topic configs. Keel honours the storage ones (segment, index,
+/// retention, flush, max.message.bytes); the others are accepted and
+/// reported so that tools and clients that set them keep working.
+pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
+    def("cleanup.policy", "log.cleanup.policy", "delete", ConfigType::List),
+    def(
+        "compression.type",
+        "compression.type",
+        "producer",
+        ConfigType::String,
+    ),
+    def(
+        "delete.retention.ms",
+        "log.cleaner.delete.retention.ms",
+        "86400000",
+        ConfigType::Long,
+    ),
+    def(
+        "file.delete.delay.ms",
+        "log.segment.delete.delay.ms",
+        "60000",
+        ConfigType::Long,
+    ),
+    def(
+        "flush.messages",
+        "log.flush.interval.messages",
+        LONG_MAX,
+        ConfigType::Long,
+    ),
+    def("flush.ms", "log.flush.interval.ms", LONG_MAX, ConfigType::Long),
+    def(
+        "index.interval.bytes",
+        "log.index.interval.bytes",
+        "4096",
+        ConfigType::Int,
+    ),
+    def(
+        "local.retention.bytes",
+        "log.local.retention.bytes",
+        "-2",
+        ConfigType::Long,
+    ),
+    def(
+        "local.retention.ms",
+        "log.local.retention.ms",
+        "-2",
+        ConfigType::Long,
+    ),
+    def(
+        "max.compaction.lag.ms",
+        "log.cleaner.max.compaction.lag.ms",
+        LONG_MAX,
+        ConfigType::Long,
+    ),
+    def(
+        "max.message.bytes",
+        "message.max.bytes",
+        "1048588",
+        ConfigType::Int,
+    ),
+    def(
+        "message.timestamp.after.max.ms",
+        "log.message.timestamp.after.max.ms",
+        "3600000",
+        ConfigType::Long,
+    ),
+    def(
+        "message.timestamp.before.max.ms",
+        "log.message.timestamp.before.max.ms",
+        LONG_MAX,
+        ConfigType::Long,
+    ),
+    def(
+        "message.timestamp.type",
+        "log.message.timestamp.type",
+        "CreateTime",
+        ConfigType::String,
+    ),
+    def(
+        "min.cleanable.dirty.ratio",
+        "log.cleaner.min.cleanable.ratio",
+        "0.5",
+        ConfigType::Double,
+    ),
+    def(
+        "min.compaction.lag.ms",
+        "log.cleaner.min.compaction.lag.ms",
+        "0",
+        ConfigType::Long,
+    ),
+    def("min.insync.replicas", "min.insync.replicas", "1", ConfigType::Int),
+    def("preallocate", "log.preallocate", "false", ConfigType::Boolean),
+    def(
+        "remote.storage.enable",
+        "remote.log.storage.enable",
+        "false",
+        ConfigType::Boolean,
+    ),
+    def("retention.bytes", "log.retention.bytes", "-1", ConfigType::Long),
+    def("retention.ms", "log.retention.ms", "604800000", ConfigType::Long),
+    def(
+        "segment.bytes",
+        "log.segment.bytes",
+        "1073741824",
+        ConfigType::Int,
+    ),
+    def(
+        "segment.index.bytes",
+        "log.index.size.max.bytes",
+        "10485760",
+        ConfigType::Int,
+    ),
+    def("segment.jitter.ms", "log.roll.jitter.ms", "0", ConfigType::Long),
+    def("segment.ms", "log.roll.ms", "604800000", ConfigType::Long),
+    def(
+        "unclean.leader.election.enable",
+        "unclean.leader.election.enable",
+        "false",
+        ConfigType::Boolean,
+    ),
+];
+
+/// Broker-only keys (not topic defaults): name, default, type.
+pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
+    ("node.id", "1", ConfigType::Int),
+    ("listen", "127.0.0.1:9092", ConfigType::String),
+    ("advertised", "", ConfigType::String),
+    ("log.dirs", "./data", ConfigType::String),
+    ("auto.create.topics.enable", "true", ConfigType::Boolean),
+    ("num.partitions", "1", ConfigType::Int),
+    ("default.replication.factor", "1", ConfigType::Int),
+    ("socket.request.max.bytes", "104857600", ConfigType::Int),
+    ("log.retention.check.interval.ms", "300000", ConfigType::Long),
+    ("delete.topic.enable", "true", ConfigType::Boolean),
+];
+
+/// Aliases accepted on input and stored under their canonical key.
+const ALIASES: &[(&str, &str)] = &[
+    ("data.dir", "log.dirs"),
+    ("log.dir", "log.dirs"),
+    ("listeners", "listen"),
+    ("advertised.listeners", "advertised"),
+];
+
+/// Every key the broker accepts, aliases included.
+pub fn known_keys() -> impl Iterator<Item = &'static str> {
+    BROKER_CONFIGS
+        .iter()
+        .map(|(n, _, _)| *n)
+        .chain(TOPIC_CONFIGS.iter().map(|d| d.broker_name))
+        .chain(ALIASES.iter().map(|(a, _)| *a))
+}
+
+/// A configuration key or value that was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "config `{}`: {}", self.key, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn topic_def_by_broker_name(name: &str) -> Option<&'static TopicConfigDef> {
+    TOPIC_CONFIGS.iter().find(|d| d.broker_name == name)
+}
+
+/// The definition of a topic-level config.
+pub fn topic_def(name: &str) -> Option<&'static TopicConfigDef> {
+    TOPIC_CONFIGS.iter().find(|d| d.name == name)
+}
+
+/// Checks that `value` parses as the config's type.
+pub fn check_value(key: &str, kind: ConfigType, value: &str) -> Result<(), ConfigError> {
+    let ok = match kind {
+        ConfigType::Boolean => matches!(value, "true" | "false"),
+        ConfigType::Int => value.parse::<i32>().is_ok(),
+        ConfigType::Long => value.parse::<i64>().is_ok(),
+        ConfigType::Double => value.parse::<f64>().is_ok(),
+        ConfigType::String | ConfigType::List => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError {
+            key: key.to_string(),
+            reason: format!("`{value}` is not a valid {kind:?}"),
+        })
+    }
+}
+
+/// The broker's configuration: every key with its value, defaults filled in.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    values: BTreeMap<String, String>,
+    /// Keys the operator set (the rest are defaults), for DescribeConfigs.
+    explicit: Vec<String>,
+}
+
+impl BrokerConfig {
+    /// Builds the configuration from operator-supplied keys. Unknown keys
+    /// and values of the wrong type are errors, so a typo cannot silently
+    /// leave a default in force.
+    pub fn from_map(input: &BTreeMap<String, String>) -> Result<BrokerConfig, ConfigError> {
+        let mut values = BTreeMap::new();
+        for (name, default, _) in BROKER_CONFIGS {
+            values.insert(name.to_string(), default.to_string());
+        }
+        for d in TOPIC_CONFIGS {
+            values.insert(d.broker_name.to_string(), d.default.to_string());
+        }
+        let mut explicit = Vec::new();
+        for (key, value) in input {
+            let key = ALIASES
+                .iter()
+                .find(|(a, _)| a == key)
+                .map_or(key.as_str(), |(_, c)| c);
+            let kind = BROKER_CONFIGS
+                .iter()
+                .find(|(n, _, _)| *n == key)
+                .map(|(_, _, k)| *k)
+                .or_else(|| topic_def_by_broker_name(key).map(|d| d.kind))
+                .ok_or_else(|| ConfigError {
+                    key: key.to_string(),
+                    reason: "unknown configuration key".into(),
+                })?;
+            check_value(key, kind, value)?;
+            values.insert(key.to_string(), value.clone());
+            explicit.push(key.to_string());
+        }
+        let config = BrokerConfig { values, explicit };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.num("num.partitions") < 1 {
+            return Err(ConfigError {
+                key: "num.partitions".into(),
+                reason: "must be at least 1".into(),
+            });
+        }
+        if self.num("socket.request.max.bytes") < 1024 {
+            return Err(ConfigError {
+                key: "socket.request.max.bytes".into(),
+                reason: "must be at least 1024".into(),
+            });
+        }
+        self.topic_log_config(&BTreeMap::new()).map(|_| ())
+    }
+
+    /// The value of a key (every known key has one).
+    pub fn get(&self, key: &str) -> &str {
+        self.values.get(key).map_or("", String::as_str)
+    }
+
+    /// A numeric key; validated at construction, so the fallback is unused.
+    pub fn num(&self, key: &str) -> i64 {
+        self.get(key).parse().unwrap_or_default()
+    }
+
+    pub fn is_explicit(&self, key: &str) -> bool {
+        self.explicit.iter().any(|k| k == key)
+    }
+
+    /// Every key and value, for DescribeConfigs on the broker.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.values.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn node_id(&self) -> i32 {
+        i32::try_from(self.num("node.id")).unwrap_or(1)
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        PathBuf::from(self.get("log.dirs"))
+    }
+
+    pub fn auto_create_topics(&self) -> bool {
+        self.get("auto.create.topics.enable") == "true"
+    }
+
+    pub fn default_partitions(&self) -> i32 {
+        i32::try_from(self.num("num.partitions")).unwrap_or(1)
+    }
+
+    pub fn request_max_bytes(&self) -> usize {
+        usize::try_from(self.num("socket.request.max.bytes")).unwrap_or(100 << 20)
+    }
+
+    pub fn retention_check_interval_ms(&self) -> u64 {
+        u64::try_from(self.num("log.retention.check.interval.ms"))
+            .unwrap_or(300_000)
+            .max(1)
+    }
+
+    /// The broker default behind a topic config.
+    pub fn topic_default(&self, def: &TopicConfigDef) -> &str {
+        self.get(def.broker_name)
+    }
+
+    /// The effective value of a topic config given the topic's overrides.
+    pub fn topic_value<'a>(
+        &'a self,
+        overrides: &'a BTreeMap<String, String>,
+        def: &TopicConfigDef,
+    ) -> &'a str {
+        overrides
+            .get(def.name)
+            .map_or_else(|| self.topic_default(def), String::as_str)
+    }
+
+    /// The storage settings of a topic with the given overrides.
+    pub fn topic_log_config(&self, overrides: &BTreeMap<String, String>) -> Result<LogConfig, ConfigError> {
+        let get = |name: &str| -> Result<i64, ConfigError> {
+            let d = topic_def(name).ok_or_else(|| ConfigError {
+                key: name.into(),
+                reason: "unknown".into(),
+            })?;
+            let v = self.topic_value(overrides, d);
+            v.parse::<i64>().map_err(|_| ConfigError {
+                key: name.into(),
+                reason: format!("`{v}` is not a number"),
+            })
+        };
+        let positive = |name: &str, min: i64| -> Result<u64, ConfigError> {
+            let v = get(name)?;
+            if v < min {
+                return Err(ConfigError {
+                    key: name.into(),
+                    reason: format!("must be at least {min}"),
+                });
+            }
+            Ok(v as u64)
+        };
+        Ok(LogConfig {
+            segment_bytes: positive("segment.bytes", 14)?,
+            segment_ms: positive("segment.ms", 1)? as i64,
+            index_interval_bytes: positive("index.interval.bytes", 0)?,
+            segment_index_bytes: positive("segment.index.bytes", 8)?,
+            retention_bytes: get("retention.bytes")?,
+            retention_ms: get("retention.ms")?,
+            flush_messages: positive("flush.messages", 1)?,
+            flush_ms: positive("flush.ms", 0)? as i64,
+        })
+    }
+
+    /// The largest record batch a topic accepts (`max.message.bytes`).
+    pub fn max_message_bytes(&self, overrides: &BTreeMap<String, String>) -> usize {
+        topic_def("max.message.bytes")
+            .and_then(|d| self.topic_value(overrides, d).parse::<usize>().ok())
+            .unwrap_or(1_048_588)
+    }
+
+    /// Validates topic config overrides from CreateTopics and the like.
+    pub fn check_topic_overrides(&self, overrides: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+        for (k, v) in overrides {
+            let d = topic_def(k).ok_or_else(|| ConfigError {
+                key: k.clone(),
+                reason: "unknown topic config".into(),
+            })?;
+            check_value(k, d.kind, v)?;
+        }
+        self.topic_log_config(overrides).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c =
+            BrokerConfig::from_map(&map(&[("log.segment.bytes", "1048576"), ("data.dir", "/x")])).unwrap();
+        assert_eq!(c.data_dir(), PathBuf::from("/x"));
+        assert!(c.auto_create_topics());
+        let lc = c.topic_log_config(&BTreeMap::new()).unwrap();
+        assert_eq!(lc.segment_bytes, 1 << 20);
+        let lc = c.topic_log_config(&map(&[("segment.bytes", "4096")])).unwrap();
+        assert_eq!(lc.segment_bytes, 4096);
+        assert!(c.is_explicit("log.segment.bytes"));
+    }
+
+    #[test]
+    fn bad_keys_and_values_are_refused() {
+        assert!(BrokerConfig::from_map(&map(&[("log.segmnt.bytes", "1")])).is_err());
+        assert!(BrokerConfig::from_map(&map(&[("num.partitions", "x")])).is_err());
+        assert!(BrokerConfig::from_map(&map(&[("num.partitions", "0")])).is_err());
+        let c = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        assert!(c.check_topic_overrides(&map(&[("retention.ms", "abc")])).is_err());
+        assert!(c.check_topic_overrides(&map(&[("no.such", "1")])).is_err());
+        assert!(c.check_topic_overrides(&map(&[("segment.bytes", "1")])).is_err());
+        assert!(c
+            .check_topic_overrides(&map(&[("cleanup.policy", "compact")]))
+            .is_ok());
+    }
+}

@@ -1,0 +1,294 @@
+//! CreateTopics, DeleteTopics, CreatePartitions, and the topic creation
+//! that Metadata's auto-creation shares.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use keel_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+use keel_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
+use keel_protocol::messages::delete_topics_response::DeletableTopicResult;
+use keel_protocol::messages::*;
+use keel_protocol::ResponseError;
+use uuid::Uuid;
+
+use super::{str_bytes, topic_name};
+use crate::config::TOPIC_CONFIGS;
+use crate::topics::{validate_topic_name, Topic, TopicMeta};
+use crate::Broker;
+
+/// A refused admin operation: Kafka error and a message for the operator.
+pub(crate) type AdminError = (ResponseError, String);
+
+/// Creates a topic (or, with `validate_only`, checks that it could be).
+pub(crate) async fn create_topic(
+    broker: &Arc<Broker>,
+    name: &str,
+    partitions: i32,
+    configs: BTreeMap<String, String>,
+    validate_only: bool,
+) -> Result<TopicMeta, AdminError> {
+    validate_topic_name(name).map_err(|m| (ResponseError::InvalidTopicException, m))?;
+    if !(1..=100_000).contains(&partitions) {
+        return Err((
+            ResponseError::InvalidPartitions,
+            format!("{partitions} partitions is not allowed"),
+        ));
+    }
+    broker
+        .config
+        .check_topic_overrides(&configs)
+        .map_err(|e| (ResponseError::InvalidConfig, e.to_string()))?;
+    let _admin = broker.admin.lock().await;
+    if broker.topics.get(name).is_some() {
+        return Err((
+            ResponseError::TopicAlreadyExists,
+            format!("topic `{name}` already exists"),
+        ));
+    }
+    let meta = TopicMeta {
+        version: 1,
+        name: name.to_string(),
+        topic_id: Uuid::new_v4(),
+        partitions,
+        configs,
+    };
+    if validate_only {
+        return Ok(meta);
+    }
+    let b = Arc::clone(broker);
+    let m = meta.clone();
+    let opened = tokio::task::spawn_blocking(move || {
+        // Partition directories first, description last: the description
+        // is the commit point; a crash before it leaves orphans start-up removes.
+        let parts = b.open_partitions(&m, 0)?;
+        b.store.save(&m).map_err(|e| e.to_string())?;
+        Ok::<_, String>(parts)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    broker.topics.insert(Arc::new(Topic {
+        meta: meta.clone(),
+        partitions: opened,
+    }));
+    tracing::info!(topic = name, partitions, "created topic");
+    Ok(meta)
+}
+
+pub async fn create_topics(
+    broker: &Arc<Broker>,
+    req: CreateTopicsRequest,
+    version: i16,
+) -> CreateTopicsResponse {
+    let mut results = Vec::new();
+    for t in req.topics {
+        let name = t.name.0.as_str().to_string();
+        let mut result = CreatableTopicResult::default().with_name(t.name.clone());
+        let outcome = match topic_request(broker, &t) {
+            Ok((partitions, configs)) => {
+                create_topic(broker, &name, partitions, configs, req.validate_only).await
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(meta) => {
+                result.topic_id = meta.topic_id;
+                result.num_partitions = meta.partitions;
+                result.replication_factor = 1;
+                if version >= 5 {
+                    result.configs = Some(effective_configs(broker, &meta.configs));
+                }
+            }
+            Err((error, message)) => {
+                result.error_code = error.code();
+                result.error_message = Some(str_bytes(message));
+                result.num_partitions = -1;
+                result.replication_factor = -1;
+            }
+        }
+        results.push(result);
+    }
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+/// Partition count and configs of one CreateTopics entry, with Kafka's
+/// defaults (-1) resolved and single-node constraints checked.
+fn topic_request(
+    broker: &Broker,
+    t: &create_topics_request::CreatableTopic,
+) -> Result<(i32, BTreeMap<String, String>), AdminError> {
+    let node = broker.config.node_id();
+    if !t.assignments.is_empty() {
+        if t.num_partitions != -1 || t.replication_factor != -1 {
+            return Err((
+                ResponseError::InvalidRequest,
+                "assignments given with a partition count or replication factor".into(),
+            ));
+        }
+        if t.assignments
+            .iter()
+            .any(|a| a.broker_ids.iter().any(|b| b.0 != node))
+        {
+            return Err((
+                ResponseError::InvalidReplicaAssignment,
+                format!("this cluster has only broker {node}"),
+            ));
+        }
+    }
+    if !matches!(t.replication_factor, -1 | 1) {
+        return Err((
+            ResponseError::InvalidReplicationFactor,
+            format!(
+                "replication factor {} is larger than the 1 available broker",
+                t.replication_factor
+            ),
+        ));
+    }
+    let partitions = match (t.num_partitions, t.assignments.len()) {
+        (-1, 0) => broker.config.default_partitions(),
+        (-1, n) => i32::try_from(n).unwrap_or(i32::MAX),
+        (n, _) => n,
+    };
+    let mut configs = BTreeMap::new();
+    for c in &t.configs {
+        match &c.value {
+            Some(v) => configs.insert(c.name.as_str().to_string(), v.as_str().to_string()),
+            None => None,
+        };
+    }
+    Ok((partitions, configs))
+}
+
+fn effective_configs(broker: &Broker, overrides: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {
+    TOPIC_CONFIGS
+        .iter()
+        .map(|d| {
+            let source = if overrides.contains_key(d.name) { 1 } else { 5 };
+            CreatableTopicConfigs::default()
+                .with_name(str_bytes(d.name))
+                .with_value(Some(str_bytes(broker.config.topic_value(overrides, d))))
+                .with_config_source(source)
+        })
+        .collect()
+}
+
+pub async fn delete_topics(broker: &Arc<Broker>, req: DeleteTopicsRequest) -> DeleteTopicsResponse {
+    let mut targets: Vec<(Option<String>, Uuid)> = req
+        .topic_names
+        .iter()
+        .map(|n| (Some(n.0.as_str().to_string()), Uuid::nil()))
+        .collect();
+    targets.extend(
+        req.topics
+            .iter()
+            .map(|t| (t.name.as_ref().map(|n| n.0.as_str().to_string()), t.topic_id)),
+    );
+    let mut responses = Vec::new();
+    for (name, id) in targets {
+        let mut r = DeletableTopicResult::default()
+            .with_name(name.as_deref().map(topic_name))
+            .with_topic_id(id);
+        let topic = match &name {
+            Some(n) => broker.topics.get(n),
+            None => broker.topics.get_by_id(id),
+        };
+        match topic {
+            Some(t) => {
+                r.name = Some(topic_name(&t.meta.name));
+                r.topic_id = t.meta.topic_id;
+                if let Err((error, message)) = delete_topic(broker, t).await {
+                    r.error_code = error.code();
+                    r.error_message = Some(str_bytes(message));
+                }
+            }
+            None => {
+                let error = if name.is_some() {
+                    ResponseError::UnknownTopicOrPartition
+                } else {
+                    ResponseError::UnknownTopicId
+                };
+                r.error_code = error.code();
+            }
+        }
+        responses.push(r);
+    }
+    DeleteTopicsResponse::default().with_responses(responses)
+}
+
+async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), AdminError> {
+    if broker.config.get("delete.topic.enable") != "true" {
+        return Err((
+            ResponseError::TopicDeletionDisabled,
+            "delete.topic.enable is false".into(),
+        ));
+    }
+    let _admin = broker.admin.lock().await;
+    broker.topics.remove(&topic.meta.name);
+    let b = Arc::clone(broker);
+    let meta = topic.meta.clone();
+    tokio::task::spawn_blocking(move || b.store.delete(&meta))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    tracing::info!(topic = %topic.meta.name, "deleted topic");
+    Ok(())
+}
+
+pub async fn create_partitions(
+    broker: &Arc<Broker>,
+    req: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let mut results = Vec::new();
+    for t in req.topics {
+        let mut r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+        if let Err((error, message)) = grow_topic(broker, t.name.0.as_str(), t.count, req.validate_only).await
+        {
+            r.error_code = error.code();
+            r.error_message = Some(str_bytes(message));
+        }
+        results.push(r);
+    }
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+async fn grow_topic(
+    broker: &Arc<Broker>,
+    name: &str,
+    count: i32,
+    validate_only: bool,
+) -> Result<(), AdminError> {
+    let _admin = broker.admin.lock().await;
+    let topic = broker.topics.get(name).ok_or((
+        ResponseError::UnknownTopicOrPartition,
+        format!("topic `{name}` does not exist"),
+    ))?;
+    let current = topic.meta.partitions;
+    if count <= current || count > 100_000 {
+        return Err((
+            ResponseError::InvalidPartitions,
+            format!("topic has {current} partitions; {count} is not an increase"),
+        ));
+    }
+    if validate_only {
+        return Ok(());
+    }
+    let mut meta = topic.meta.clone();
+    meta.partitions = count;
+    let b = Arc::clone(broker);
+    let m = meta.clone();
+    let added = tokio::task::spawn_blocking(move || {
+        let parts = b.open_partitions(&m, current)?;
+        b.store.save(&m).map_err(|e| e.to_string())?;
+        Ok::<_, String>(parts)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    let mut partitions = topic.partitions.clone();
+    partitions.extend(added);
+    broker.topics.insert(Arc::new(Topic { meta, partitions }));
+    Ok(())
+}

@@ -1,0 +1,137 @@
+//! Metadata (with topic auto-creation) and DescribeCluster.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use keel_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use keel_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use keel_protocol::messages::*;
+use keel_protocol::ResponseError;
+use uuid::Uuid;
+
+use super::{str_bytes, topic_name};
+use crate::partition::LEADER_EPOCH;
+use crate::topics::Topic;
+use crate::Broker;
+
+/// "Not requested" for authorized-operations fields.
+const OPERATIONS_OMITTED: i32 = i32::MIN;
+
+/// Every operation Kafka defines (bits 2..=14): one node, no authorizer.
+const ALL_TOPIC_OPERATIONS: i32 = 0b0111_1111_1111_1100;
+
+pub async fn metadata(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
+    // v0 sends an empty list to mean "all topics"; later versions send null.
+    let all = req.topics.as_ref().is_none_or(|t| version == 0 && t.is_empty());
+    let topics = if all {
+        broker
+            .topics
+            .all()
+            .iter()
+            .map(|t| describe_topic(broker, t))
+            .collect()
+    } else {
+        let allow_create =
+            broker.config.auto_create_topics() && (version < 4 || req.allow_auto_topic_creation);
+        let mut out = Vec::new();
+        for t in req.topics.unwrap_or_default() {
+            out.push(requested_topic(broker, t, allow_create).await);
+        }
+        out
+    };
+    let mut resp = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(broker.config.node_id()))
+            .with_host(str_bytes(&broker.advertised_host))
+            .with_port(broker.advertised_port)])
+        .with_cluster_id(Some(str_bytes(&broker.cluster_id)))
+        .with_controller_id(BrokerId(broker.config.node_id()))
+        .with_topics(topics)
+        .with_cluster_authorized_operations(OPERATIONS_OMITTED);
+    if req.include_topic_authorized_operations {
+        for t in &mut resp.topics {
+            t.topic_authorized_operations = ALL_TOPIC_OPERATIONS;
+        }
+    }
+    resp
+}
+
+async fn requested_topic(
+    broker: &Arc<Broker>,
+    t: metadata_request::MetadataRequestTopic,
+    allow_create: bool,
+) -> MetadataResponseTopic {
+    let Some(name) = t.name.as_ref().map(|n| n.0.as_str().to_string()) else {
+        return match broker.topics.get_by_id(t.topic_id) {
+            Some(topic) => describe_topic(broker, &topic),
+            None => error_topic(None, t.topic_id, ResponseError::UnknownTopicId),
+        };
+    };
+    if let Some(topic) = broker.topics.get(&name) {
+        return describe_topic(broker, &topic);
+    }
+    if !allow_create {
+        return error_topic(Some(&name), Uuid::nil(), ResponseError::UnknownTopicOrPartition);
+    }
+    let partitions = broker.config.default_partitions();
+    match super::admin::create_topic(broker, &name, partitions, BTreeMap::new(), false).await {
+        Ok(_) | Err((ResponseError::TopicAlreadyExists, _)) => match broker.topics.get(&name) {
+            Some(topic) => describe_topic(broker, &topic),
+            None => error_topic(Some(&name), Uuid::nil(), ResponseError::UnknownTopicOrPartition),
+        },
+        Err((error, message)) => {
+            tracing::warn!(topic = %name, %message, "auto-creation refused");
+            error_topic(Some(&name), Uuid::nil(), error)
+        }
+    }
+}
+
+fn error_topic(name: Option<&str>, id: Uuid, error: ResponseError) -> MetadataResponseTopic {
+    MetadataResponseTopic::default()
+        .with_error_code(error.code())
+        .with_name(name.map(topic_name))
+        .with_topic_id(id)
+        .with_topic_authorized_operations(OPERATIONS_OMITTED)
+}
+
+fn describe_topic(broker: &Broker, topic: &Topic) -> MetadataResponseTopic {
+    let node = BrokerId(broker.config.node_id());
+    let partitions = topic
+        .partitions
+        .iter()
+        .map(|p| {
+            MetadataResponsePartition::default()
+                .with_partition_index(p.index)
+                .with_leader_id(node)
+                .with_leader_epoch(LEADER_EPOCH)
+                .with_replica_nodes(vec![node])
+                .with_isr_nodes(vec![node])
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_name(Some(topic_name(&topic.meta.name)))
+        .with_topic_id(topic.meta.topic_id)
+        .with_is_internal(false)
+        .with_partitions(partitions)
+        .with_topic_authorized_operations(OPERATIONS_OMITTED)
+}
+
+pub fn describe_cluster(broker: &Broker, req: DescribeClusterRequest) -> DescribeClusterResponse {
+    let node = BrokerId(broker.config.node_id());
+    let operations = if req.include_cluster_authorized_operations {
+        ALL_TOPIC_OPERATIONS
+    } else {
+        OPERATIONS_OMITTED
+    };
+    DescribeClusterResponse::default()
+        .with_endpoint_type(req.endpoint_type)
+        .with_cluster_id(str_bytes(&broker.cluster_id))
+        .with_controller_id(node)
+        .with_brokers(vec![DescribeClusterBroker::default()
+            .with_broker_id(node)
+            .with_host(str_bytes(&broker.advertised_host))
+            .with_port(broker.advertised_port)])
+        .with_cluster_authorized_operations(operations)
+}

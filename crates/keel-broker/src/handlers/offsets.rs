@@ -1,0 +1,171 @@
+//! ListOffsets, OffsetForLeaderEpoch and DeleteRecords.
+
+use std::sync::Arc;
+
+use keel_log::DeleteRecordsError;
+use keel_protocol::messages::delete_records_response::{
+    DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
+};
+use keel_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use keel_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
+use keel_protocol::messages::*;
+use keel_protocol::ResponseError;
+
+use crate::partition::{Partition, LEADER_EPOCH};
+use crate::Broker;
+
+/// ListOffsets' special timestamps.
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+const EARLIEST_LOCAL: i64 = -4;
+const EARLIEST_PENDING_UPLOAD: i64 = -5;
+const LATEST_TIERED: i64 = -6;
+
+fn partition_of(broker: &Broker, topic: &str, index: i32) -> Result<Arc<Partition>, ResponseError> {
+    broker
+        .topics
+        .get(topic)
+        .and_then(|t| t.partition(index).cloned())
+        .ok_or(ResponseError::UnknownTopicOrPartition)
+}
+
+pub async fn list_offsets(broker: &Arc<Broker>, req: ListOffsetsRequest) -> ListOffsetsResponse {
+    let mut topics = Vec::new();
+    for t in req.topics {
+        let mut partitions = Vec::new();
+        for p in t.partitions {
+            let base = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+            let r = match partition_of(broker, t.name.0.as_str(), p.partition_index) {
+                Ok(partition) => match offset_at(&partition, p.timestamp).await {
+                    Ok((offset, timestamp)) => base
+                        .with_offset(offset)
+                        .with_timestamp(timestamp)
+                        .with_leader_epoch(if offset >= 0 { LEADER_EPOCH } else { -1 }),
+                    Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1),
+                },
+                Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1),
+            };
+            partitions.push(r);
+        }
+        topics.push(
+            ListOffsetsTopicResponse::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
+    }
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// `(offset, timestamp)` for one ListOffsets query; (-1, -1) when no record
+/// matches a timestamp, as in Kafka.
+async fn offset_at(p: &Partition, timestamp: i64) -> Result<(i64, i64), ResponseError> {
+    match timestamp {
+        LATEST | LATEST_TIERED => Ok((p.high_watermark(), -1)),
+        EARLIEST | EARLIEST_LOCAL | EARLIEST_PENDING_UPLOAD => Ok((p.log_start_offset(), -1)),
+        MAX_TIMESTAMP => Ok(p
+            .with_log(|log| log.max_timestamp())
+            .map_or((-1, -1), |(ts, off)| (off, ts))),
+        t if t >= 0 => {
+            let Some(plan) = p.timestamp_plan(t) else {
+                return Ok((-1, -1));
+            };
+            let found = tokio::task::spawn_blocking(move || plan.execute())
+                .await
+                .map_err(|_| ResponseError::UnknownServerError)?
+                .map_err(|e| {
+                    tracing::error!(error = %e, "timestamp lookup failed");
+                    ResponseError::KafkaStorageError
+                })?;
+            Ok(found.unwrap_or((-1, -1)))
+        }
+        _ => Err(ResponseError::InvalidRequest),
+    }
+}
+
+/// One leader epoch (0) covers every Keel partition's whole log, so the
+/// end offset of any epoch the client knows is the log end offset.
+pub fn offset_for_leader_epoch(
+    broker: &Broker,
+    req: OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let partitions = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let base = EpochEndOffset::default().with_partition(p.partition);
+                    match partition_of(broker, t.topic.0.as_str(), p.partition) {
+                        Err(e) => base
+                            .with_error_code(e.code())
+                            .with_leader_epoch(-1)
+                            .with_end_offset(-1),
+                        Ok(_) if p.current_leader_epoch > LEADER_EPOCH => {
+                            base.with_error_code(ResponseError::UnknownLeaderEpoch.code())
+                        }
+                        Ok(_) if p.leader_epoch < LEADER_EPOCH => {
+                            base.with_leader_epoch(-1).with_end_offset(-1)
+                        }
+                        Ok(partition) => base
+                            .with_leader_epoch(LEADER_EPOCH)
+                            .with_end_offset(partition.high_watermark()),
+                    }
+                })
+                .collect();
+            OffsetForLeaderTopicResult::default()
+                .with_topic(t.topic)
+                .with_partitions(partitions)
+        })
+        .collect();
+    OffsetForLeaderEpochResponse::default().with_topics(topics)
+}
+
+pub async fn delete_records(broker: &Arc<Broker>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let mut topics = Vec::new();
+    for t in req.topics {
+        let mut partitions = Vec::new();
+        for p in t.partitions {
+            let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
+            let result = match partition_of(broker, t.name.0.as_str(), p.partition_index) {
+                Ok(partition) => {
+                    let offset = p.offset;
+                    tokio::task::spawn_blocking(move || delete_before(&partition, offset))
+                        .await
+                        .unwrap_or(Err(ResponseError::UnknownServerError))
+                }
+                Err(e) => Err(e),
+            };
+            partitions.push(match result {
+                Ok(low) => base.with_low_watermark(low),
+                Err(e) => base.with_error_code(e.code()).with_low_watermark(-1),
+            });
+        }
+        topics.push(
+            DeleteRecordsTopicResult::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
+    }
+    DeleteRecordsResponse::default().with_topics(topics)
+}
+
+/// Advances the log start offset; -1 means "up to the high watermark".
+fn delete_before(p: &Partition, offset: i64) -> Result<i64, ResponseError> {
+    let target = if offset == -1 { p.high_watermark() } else { offset };
+    if target < 0 {
+        return Err(ResponseError::OffsetOutOfRange);
+    }
+    p.with_log(|log| match log.delete_records_before(target) {
+        Ok(()) => Ok(log.log_start_offset()),
+        Err(DeleteRecordsError::OffsetOutOfRange { .. }) => Err(ResponseError::OffsetOutOfRange),
+        Err(DeleteRecordsError::Io(e)) => {
+            tracing::error!(error = %e, "delete records failed");
+            Err(ResponseError::KafkaStorageError)
+        }
+    })
+}

@@ -1,0 +1,17 @@
+//! Keel's Kafka semantics: what each request means, above the partition log.
+//!
+//! Entry point: [`Broker::open`] loads topics and recovers their logs;
+//! [`Broker::handle`] turns one request frame into at most one response
+//! frame. This crate knows nothing about sockets (the server crate owns
+//! them) and nothing about segment files (the log crate owns them).
+
+pub mod broker;
+pub mod config;
+mod handlers;
+pub mod partition;
+pub mod producers;
+mod time;
+pub mod topics;
+
+pub use broker::{Broker, Reply, StartError};
+pub use config::{BrokerConfig, ConfigError};

@@ -1,0 +1,320 @@
+//! One topic-partition: its log, its producers' sequence state, the append
+//! pipeline (group commit) and the long-poll wake-ups.
+//!
+//! Locking: `state` guards the log and producer state. It is held for
+//! in-memory work and for the one `write` of a group commit; reads take it
+//! only to plan (no I/O) and read the file after releasing it. Nothing
+//! outside this partition ever waits on it.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use keel_log::batch::BatchHeader;
+use keel_log::{LogConfig, PartitionLog, ReadError, ReadPlan};
+use keel_protocol::ResponseError;
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, Notify};
+
+use crate::producers::{ProducerStates, SequenceCheck};
+use crate::time::now_ms;
+
+/// The leader epoch of every Keel partition: one node, never re-elected.
+pub const LEADER_EPOCH: i32 = 0;
+
+/// Offsets of an append as acknowledged to the producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: i64,
+    pub log_start_offset: i64,
+}
+
+/// Why a produce to this partition failed: a Kafka error for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendFailure {
+    pub error: ResponseError,
+    pub message: String,
+}
+
+struct PendingAppend {
+    records: Bytes,
+    headers: Vec<BatchHeader>,
+    reply: oneshot::Sender<Result<Appended, AppendFailure>>,
+}
+
+#[derive(Default)]
+struct AppendQueue {
+    items: Vec<PendingAppend>,
+    /// True while a blocking task is draining the queue.
+    writer_active: bool,
+}
+
+struct PartitionState {
+    log: PartitionLog,
+    producers: ProducerStates,
+    /// Set by [`Partition::close`]; no append may follow the clean-shutdown
+    /// marker.
+    closed: bool,
+}
+
+pub struct Partition {
+    pub topic: Arc<str>,
+    pub index: i32,
+    state: Mutex<PartitionState>,
+    queue: Mutex<AppendQueue>,
+    /// Fetches waiting for data; each is woken once per append.
+    waiters: Mutex<Vec<Arc<Notify>>>,
+    /// The high watermark: every offset below it is written and readable.
+    /// One replica, so it equals the log end offset. Only moves forward,
+    /// except when retention or truncation resets the log.
+    high_watermark: AtomicI64,
+    log_start_offset: AtomicI64,
+}
+
+impl Partition {
+    /// Opens (and recovers) the log and rebuilds producer state from the
+    /// batch headers of its newest data. Blocking: run off the async threads.
+    pub fn open(
+        topic: Arc<str>,
+        index: i32,
+        dir: &std::path::Path,
+        config: LogConfig,
+    ) -> Result<Partition, String> {
+        let log = PartitionLog::open(dir, config).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let producers = rebuild_producers(&log).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let (hw, start) = (log.log_end_offset(), log.log_start_offset());
+        Ok(Partition {
+            topic,
+            index,
+            state: Mutex::new(PartitionState {
+                log,
+                producers,
+                closed: false,
+            }),
+            queue: Mutex::new(AppendQueue::default()),
+            waiters: Mutex::new(Vec::new()),
+            high_watermark: AtomicI64::new(hw),
+            log_start_offset: AtomicI64::new(start),
+        })
+    }
+
+    pub fn high_watermark(&self) -> i64 {
+        self.high_watermark.load(Ordering::Acquire)
+    }
+
+    pub fn log_start_offset(&self) -> i64 {
+        self.log_start_offset.load(Ordering::Acquire)
+    }
+
+    /// Appends validated batches. Concurrent calls are grouped: whoever
+    /// finds no writer running drains the queue on a blocking thread, in
+    /// arrival order, with one write per drained group.
+    pub async fn append(
+        self: &Arc<Self>,
+        records: Bytes,
+        headers: Vec<BatchHeader>,
+    ) -> Result<Appended, AppendFailure> {
+        let (reply, done) = oneshot::channel();
+        let start_writer = {
+            let mut q = self.queue.lock();
+            q.items.push(PendingAppend {
+                records,
+                headers,
+                reply,
+            });
+            !std::mem::replace(&mut q.writer_active, true)
+        };
+        if start_writer {
+            let me = Arc::clone(self);
+            tokio::task::spawn_blocking(move || me.drain_queue());
+        }
+        done.await
+            .unwrap_or_else(|_| Err(storage_failure("append task ended without a reply".into())))
+    }
+
+    fn drain_queue(&self) {
+        loop {
+            let group = {
+                let mut q = self.queue.lock();
+                if q.items.is_empty() {
+                    q.writer_active = false;
+                    return;
+                }
+                std::mem::take(&mut q.items)
+            };
+            self.write_group(group);
+        }
+    }
+
+    /// Writes one group of pending appends and replies to each.
+    fn write_group(&self, group: Vec<PendingAppend>) {
+        let mut replies = Vec::with_capacity(group.len());
+        let mut st = self.state.lock();
+        if st.closed {
+            for item in group {
+                let _ = item.reply.send(Err(AppendFailure {
+                    error: ResponseError::NotLeaderOrFollower,
+                    message: "the broker is shutting down".into(),
+                }));
+            }
+            return;
+        }
+        let first_offset = st.log.log_end_offset();
+        let mut next_offset = first_offset;
+        let mut buf = Vec::new();
+        let mut headers = Vec::new();
+        let mut undo = Vec::new();
+        for item in group {
+            match plan_item(&mut st.producers, &item.headers, next_offset, &mut undo) {
+                Ok(Planned::Append(n)) => {
+                    replies.push((item.reply, Ok(next_offset)));
+                    next_offset += n;
+                    buf.extend_from_slice(&item.records);
+                    headers.extend(item.headers);
+                }
+                Ok(Planned::Duplicate(offset)) => replies.push((item.reply, Ok(offset))),
+                Err(e) => replies.push((item.reply, Err(e))),
+            }
+        }
+        let written = if buf.is_empty() {
+            Ok(())
+        } else {
+            st.log.append(&mut buf, &headers, now_ms()).map(|info| {
+                assert_eq!(
+                    info.base_offset, first_offset,
+                    "log assigned offsets the plan did not expect"
+                );
+            })
+        };
+        let failure = written.err().map(|e| {
+            for snapshot in undo.into_iter().rev() {
+                st.producers.restore(snapshot);
+            }
+            storage_failure(e.to_string())
+        });
+        let (hw, start) = (st.log.log_end_offset(), st.log.log_start_offset());
+        drop(st);
+        self.publish(hw, start);
+        for (reply, result) in replies {
+            let result = match (&failure, result) {
+                (Some(f), Ok(offset)) if offset >= first_offset => Err(f.clone()),
+                (_, r) => r.map(|base_offset| Appended {
+                    base_offset,
+                    log_start_offset: start,
+                }),
+            };
+            let _ = reply.send(result);
+        }
+    }
+
+    fn publish(&self, high_watermark: i64, log_start_offset: i64) {
+        self.high_watermark.store(high_watermark, Ordering::Release);
+        self.log_start_offset.store(log_start_offset, Ordering::Release);
+        for w in std::mem::take(&mut *self.waiters.lock()) {
+            w.notify_one();
+        }
+    }
+
+    /// Registers a fetch to be woken by the next append. Entries of fetches
+    /// that have finished are pruned here, so idle partitions do not collect
+    /// them.
+    pub fn register_waiter(&self, waiter: &Arc<Notify>) {
+        let mut w = self.waiters.lock();
+        w.retain(|n| Arc::strong_count(n) > 1);
+        if !w.iter().any(|n| Arc::ptr_eq(n, waiter)) {
+            w.push(Arc::clone(waiter));
+        }
+    }
+
+    /// Plans a read under the lock; the caller executes it without the lock.
+    pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadError> {
+        self.state.lock().log.read_plan(offset, max_bytes)
+    }
+
+    /// Plans a ListOffsets-by-timestamp lookup under the lock (no I/O).
+    pub fn timestamp_plan(&self, timestamp_ms: i64) -> Option<keel_log::TimestampPlan> {
+        self.state.lock().log.timestamp_plan(timestamp_ms)
+    }
+
+    /// Flushes the log, writes its clean-shutdown marker and refuses every
+    /// later append. Blocking.
+    pub fn close(&self) -> std::io::Result<()> {
+        let mut st = self.state.lock();
+        st.closed = true;
+        st.log.close()
+    }
+
+    /// Runs `f` on the log under the partition lock. For short in-memory
+    /// work or maintenance that only this partition waits on.
+    pub fn with_log<T>(&self, f: impl FnOnce(&mut PartitionLog) -> T) -> T {
+        let mut st = self.state.lock();
+        let out = f(&mut st.log);
+        let (hw, start) = (st.log.log_end_offset(), st.log.log_start_offset());
+        drop(st);
+        self.high_watermark.store(hw, Ordering::Release);
+        self.log_start_offset.store(start, Ordering::Release);
+        out
+    }
+}
+
+enum Planned {
+    /// New data consuming this many offsets.
+    Append(i64),
+    Duplicate(i64),
+}
+
+/// Applies sequence checks to one request's batches, recording them in the
+/// producer state as if written at `base_offset` (undone on write failure).
+fn plan_item(
+    producers: &mut ProducerStates,
+    headers: &[BatchHeader],
+    base_offset: i64,
+    undo: &mut Vec<crate::producers::ProducerSnapshot>,
+) -> Result<Planned, AppendFailure> {
+    // Clients send one batch per partition per request; a request with
+    // several is checked as a whole: all new, or the first is a retry.
+    let mut offset = base_offset;
+    for (i, h) in headers.iter().enumerate() {
+        match producers.check(h) {
+            SequenceCheck::Append => {}
+            SequenceCheck::Duplicate { first_offset } if i == 0 => {
+                return Ok(Planned::Duplicate(first_offset))
+            }
+            SequenceCheck::Duplicate { .. } => {
+                return Err(AppendFailure {
+                    error: ResponseError::DuplicateSequenceNumber,
+                    message: "a request mixed new and retried batches".into(),
+                })
+            }
+            SequenceCheck::Reject(error) => {
+                let message = format!(
+                    "producer {} epoch {} sequence {} refused",
+                    h.producer_id, h.producer_epoch, h.base_sequence
+                );
+                return Err(AppendFailure { error, message });
+            }
+        }
+        undo.push(producers.snapshot(h.producer_id));
+        producers.record(h, offset);
+        offset += i64::from(h.last_offset_delta) + 1;
+    }
+    Ok(Planned::Append(offset - base_offset))
+}
+
+fn storage_failure(message: String) -> AppendFailure {
+    tracing::error!(%message, "append failed");
+    AppendFailure {
+        error: ResponseError::KafkaStorageError,
+        message,
+    }
+}
+
+/// Rebuilds producer sequence state from the batch headers in the log.
+fn rebuild_producers(log: &PartitionLog) -> std::io::Result<ProducerStates> {
+    let mut producers = ProducerStates::default();
+    for header in log.batch_headers(log.log_start_offset()) {
+        let header = header?;
+        producers.record(&header, header.base_offset);
+    }
+    Ok(producers)
+}

@@ -1,0 +1,105 @@
+//! The APIs and versions Keel implements. This table is the only source for
+//! the ApiVersions response and for refusing requests Keel cannot decode, so
+//! what is advertised is exactly what is implemented.
+
+use kafka_protocol::messages::ApiKey;
+
+/// One implemented API: the versions advertised to clients and the versions
+/// actually decoded. They differ only for Produce (see [`SUPPORTED`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiSupport {
+    pub key: ApiKey,
+    /// Lowest version advertised in ApiVersions.
+    pub advertised_min: i16,
+    /// Lowest version decoded; requests below it are refused.
+    pub min: i16,
+    pub max: i16,
+}
+
+const fn api(key: ApiKey, min: i16, max: i16) -> ApiSupport {
+    ApiSupport {
+        key,
+        advertised_min: min,
+        min,
+        max,
+    }
+}
+
+/// Every API Keel serves.
+///
+/// Produce is advertised from version 0, as Apache Kafka 4.x does, although
+/// versions below 3 (message formats v0/v1) are refused: librdkafka before
+/// 2.10 disables compression when a broker advertises Produce from 3.
+pub const SUPPORTED: &[ApiSupport] = &[
+    ApiSupport {
+        key: ApiKey::Produce,
+        advertised_min: 0,
+        min: 3,
+        max: 13,
+    },
+    api(ApiKey::Fetch, 4, 18),
+    api(ApiKey::ListOffsets, 1, 10),
+    api(ApiKey::Metadata, 0, 13),
+    api(ApiKey::ApiVersions, 0, 4),
+    api(ApiKey::CreateTopics, 2, 7),
+    api(ApiKey::DeleteTopics, 1, 6),
+    api(ApiKey::DeleteRecords, 0, 2),
+    api(ApiKey::InitProducerId, 0, 5),
+    api(ApiKey::OffsetForLeaderEpoch, 2, 4),
+    api(ApiKey::DescribeConfigs, 1, 4),
+    api(ApiKey::CreatePartitions, 0, 3),
+    api(ApiKey::DescribeCluster, 0, 2),
+];
+
+/// The support entry for an API key, if Keel implements it.
+pub fn support(key: ApiKey) -> Option<&'static ApiSupport> {
+    SUPPORTED.iter().find(|a| a.key == key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::*;
+    use kafka_protocol::protocol::Message;
+
+    /// Every advertised version must be decodable by the codec underneath;
+    /// a version outside the codec's range would be advertised but unusable.
+    #[test]
+    fn table_stays_within_codec_ranges() {
+        fn check<M: Message>(a: &ApiSupport) {
+            assert!(
+                a.min >= M::VERSIONS.min,
+                "{:?} min {} < codec {}",
+                a.key,
+                a.min,
+                M::VERSIONS.min
+            );
+            assert!(
+                a.max <= M::VERSIONS.max,
+                "{:?} max {} > codec {}",
+                a.key,
+                a.max,
+                M::VERSIONS.max
+            );
+            assert!(a.advertised_min <= a.min);
+        }
+        for a in SUPPORTED {
+            match a.key {
+                ApiKey::Produce => check::<ProduceRequest>(a),
+                ApiKey::Fetch => check::<FetchRequest>(a),
+                ApiKey::ListOffsets => check::<ListOffsetsRequest>(a),
+                ApiKey::Metadata => check::<MetadataRequest>(a),
+                ApiKey::ApiVersions => check::<ApiVersionsRequest>(a),
+                ApiKey::CreateTopics => check::<CreateTopicsRequest>(a),
+                ApiKey::DeleteTopics => check::<DeleteTopicsRequest>(a),
+                ApiKey::DeleteRecords => check::<DeleteRecordsRequest>(a),
+                ApiKey::InitProducerId => check::<InitProducerIdRequest>(a),
+                ApiKey::OffsetForLeaderEpoch => check::<OffsetForLeaderEpochRequest>(a),
+                ApiKey::DescribeConfigs => check::<DescribeConfigsRequest>(a),
+                ApiKey::CreatePartitions => check::<CreatePartitionsRequest>(a),
+                ApiKey::DescribeCluster => check::<DescribeClusterRequest>(a),
+                other => panic!("{other:?} is in the table but has no codec check"),
+            }
+        }
+    }
+}

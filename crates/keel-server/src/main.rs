@@ -1,0 +1,47 @@
+//! `keel`: the Keel broker and its tools.
+
+mod config;
+mod server;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use keel_protocol::alloc_guard::GuardedAlloc;
+
+/// Hostile array lengths in requests must not abort the broker.
+#[global_allocator]
+static ALLOC: GuardedAlloc = GuardedAlloc;
+
+#[derive(Parser)]
+#[command(name = "keel", version, about = "Keel: a Kafka-compatible streaming broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker.
+    Serve(config::ServeArgs),
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => match server::serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("keel: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
