@@ -176,6 +176,7 @@ impl Partition {
                 Err(e) => replies.push((item.reply, Err(e))),
             }
         }
+        stamp_leader_epoch(&mut buf, &headers);
         let written = if buf.is_empty() {
             Ok(())
         } else {
@@ -299,6 +300,16 @@ fn plan_item(
         offset += i64::from(h.last_offset_delta) + 1;
     }
     Ok(Planned::Append(offset - base_offset))
+}
+
+/// Sets the partition leader epoch of every batch, as a Kafka leader does
+/// (producers send -1). The field is outside the CRC.
+fn stamp_leader_epoch(buf: &mut [u8], headers: &[BatchHeader]) {
+    let mut at = 0;
+    for h in headers {
+        keel_log::batch::set_partition_leader_epoch(&mut buf[at..], LEADER_EPOCH);
+        at += h.total_len();
+    }
 }
 
 fn storage_failure(message: String) -> AppendFailure {

@@ -1,0 +1,56 @@
+//! Per-partition log settings, named after Kafka's topic configs.
+
+/// Settings of one partition log. `Default` gives Kafka's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    /// `segment.bytes`: roll when the active segment would exceed this.
+    pub segment_bytes: u64,
+    /// `segment.ms`: roll when the incoming data is this much newer than the
+    /// active segment's first batch.
+    pub segment_ms: i64,
+    /// `index.interval.bytes`: bytes of log between two index entries.
+    pub index_interval_bytes: u64,
+    /// `segment.index.bytes`: roll before an index file would exceed this.
+    pub segment_index_bytes: u64,
+    /// `retention.bytes`: -1 = unlimited.
+    pub retention_bytes: i64,
+    /// `retention.ms`: -1 = unlimited.
+    pub retention_ms: i64,
+    /// `flush.messages`: fsync after this many records; `u64::MAX` = never.
+    pub flush_messages: u64,
+    /// `flush.ms`: see [`crate::PartitionLog::needs_time_flush`].
+    pub flush_ms: i64,
+}
+
+const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            segment_bytes: 1 << 30,
+            segment_ms: 7 * DAY_MS,
+            index_interval_bytes: 4096,
+            segment_index_bytes: 10 * 1024 * 1024,
+            retention_bytes: -1,
+            retention_ms: 7 * DAY_MS,
+            flush_messages: u64::MAX,
+            flush_ms: i64::MAX,
+        }
+    }
+}
+
+impl LogConfig {
+    /// Rejects values Kafka's format cannot represent (positions are int32).
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        if self.segment_bytes == 0 || self.segment_bytes > i32::MAX as u64 {
+            return Err("segment_bytes must be in 1..=i32::MAX");
+        }
+        if self.segment_index_bytes < 12 {
+            return Err("segment_index_bytes must hold at least one entry");
+        }
+        if self.segment_ms <= 0 {
+            return Err("segment_ms must be positive");
+        }
+        Ok(())
+    }
+}
