@@ -226,7 +226,7 @@ mod tests {
         for p in 0..3 {
             std::fs::create_dir_all(store.partition_dir("t", p)).unwrap();
         }
-        let orphans = store.orphan_partition_dirs(&[meta.clone()]).unwrap();
+        let orphans = store.orphan_partition_dirs(std::slice::from_ref(&meta)).unwrap();
         assert_eq!(orphans, vec![store.partition_dir("t", 2)]);
         store.delete(&meta).unwrap();
         assert!(store.load_all().unwrap().is_empty());

@@ -47,7 +47,14 @@ unsafe impl GlobalAlloc for GuardedAlloc {
         }
         let flags = MapFlags::PRIVATE | MapFlags::NORESERVE;
         // SAFETY: a fresh anonymous mapping aliases nothing.
-        match unsafe { mmap_anonymous(null_mut(), layout.size(), ProtFlags::READ | ProtFlags::WRITE, flags) } {
+        match unsafe {
+            mmap_anonymous(
+                null_mut(),
+                layout.size(),
+                ProtFlags::READ | ProtFlags::WRITE,
+                flags,
+            )
+        } {
             Ok(p) => p.cast(),
             Err(_) => null_mut(),
         }

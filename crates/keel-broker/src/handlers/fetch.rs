@@ -19,6 +19,37 @@ use crate::Broker;
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
 const DEFAULT_FETCH_MAX_BYTES: usize = 50 * 1024 * 1024;
 
+/// A partition's failed read: the Kafka error and the offsets the client
+/// needs to recover (set for OFFSET_OUT_OF_RANGE).
+#[derive(Debug, Clone, Copy)]
+struct Failure {
+    error: ResponseError,
+    high_watermark: i64,
+    log_start_offset: i64,
+}
+
+impl Failure {
+    fn new(error: ResponseError, message: &str) -> Failure {
+        if !message.is_empty() {
+            tracing::warn!(%message, ?error, "fetch failed");
+        }
+        Failure {
+            error,
+            high_watermark: -1,
+            log_start_offset: -1,
+        }
+    }
+
+    fn into_data(self) -> PartitionData {
+        PartitionData::default()
+            .with_error_code(self.error.code())
+            .with_high_watermark(self.high_watermark)
+            .with_last_stable_offset(self.high_watermark)
+            .with_log_start_offset(self.log_start_offset)
+            .with_preferred_read_replica(BrokerId(-1))
+    }
+}
+
 /// One requested partition, resolved to a partition or an error.
 struct Target {
     topic_index: usize,
@@ -110,17 +141,14 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
 async fn read_all(targets: &[Target], total_max: usize) -> (Vec<PartitionData>, usize, bool) {
     // Plans are made under each partition's lock without I/O; the reads
     // happen on a blocking thread after every lock is released.
-    let mut plans: Vec<Result<Option<ReadPlan>, PartitionData>> = Vec::with_capacity(targets.len());
+    let mut plans: Vec<Result<Option<ReadPlan>, Failure>> = Vec::with_capacity(targets.len());
     for t in targets {
         plans.push(plan(t));
     }
     let results = tokio::task::spawn_blocking(move || execute(plans, total_max))
         .await
         .unwrap_or_else(|e| {
-            vec![Err(partition_error(
-                ResponseError::UnknownServerError,
-                &e.to_string(),
-            ))]
+            vec![Err(Failure::new(ResponseError::UnknownServerError, &e.to_string())); targets.len()]
         });
     let mut out = Vec::with_capacity(targets.len());
     let (mut bytes, mut failed) = (0, false);
@@ -137,9 +165,9 @@ async fn read_all(targets: &[Target], total_max: usize) -> (Vec<PartitionData>, 
                     .with_preferred_read_replica(BrokerId(-1))
                     .with_records(Some(records))
             }
-            Err(d) => {
+            Err(f) => {
                 failed = true;
-                d.with_partition_index(t.index)
+                f.into_data().with_partition_index(t.index)
             }
         };
         out.push(data);
@@ -147,26 +175,25 @@ async fn read_all(targets: &[Target], total_max: usize) -> (Vec<PartitionData>, 
     (out, bytes, failed)
 }
 
-fn plan(t: &Target) -> Result<Option<ReadPlan>, PartitionData> {
-    let p = t.partition.as_ref().map_err(|e| partition_error(*e, ""))?;
+fn plan(t: &Target) -> Result<Option<ReadPlan>, Failure> {
+    let p = t.partition.as_ref().map_err(|e| Failure::new(*e, ""))?;
     if t.max_bytes == 0 {
         return Ok(None);
     }
     match p.read_plan(t.fetch_offset, t.max_bytes) {
         Ok(plan) => Ok(Some(plan)),
-        Err(ReadError::OffsetOutOfRange { .. }) => Err(partition_error(ResponseError::OffsetOutOfRange, "")
-            .with_high_watermark(p.high_watermark())
-            .with_log_start_offset(p.log_start_offset())),
+        Err(ReadError::OffsetOutOfRange { .. }) => Err(Failure {
+            error: ResponseError::OffsetOutOfRange,
+            high_watermark: p.high_watermark(),
+            log_start_offset: p.log_start_offset(),
+        }),
     }
 }
 
 /// Runs the read plans within the request's byte budget. The first
 /// partition that returns data may exceed the budget by one batch (KIP-74),
 /// so a batch larger than the limits can still be consumed.
-fn execute(
-    plans: Vec<Result<Option<ReadPlan>, PartitionData>>,
-    total_max: usize,
-) -> Vec<Result<Bytes, PartitionData>> {
+fn execute(plans: Vec<Result<Option<ReadPlan>, Failure>>, total_max: usize) -> Vec<Result<Bytes, Failure>> {
     let mut remaining = total_max;
     let mut any_data = false;
     plans
@@ -179,24 +206,12 @@ fn execute(
                     remaining = remaining.saturating_sub(bytes.len());
                     Ok(bytes)
                 }
-                Err(e) => Err(partition_error(ResponseError::KafkaStorageError, &e.to_string())),
+                Err(e) => Err(Failure::new(ResponseError::KafkaStorageError, &e.to_string())),
             },
             Ok(_) => Ok(Bytes::new()),
             Err(d) => Err(d),
         })
         .collect()
-}
-
-fn partition_error(error: ResponseError, message: &str) -> PartitionData {
-    if !message.is_empty() {
-        tracing::warn!(%message, ?error, "fetch failed");
-    }
-    PartitionData::default()
-        .with_error_code(error.code())
-        .with_high_watermark(-1)
-        .with_last_stable_offset(-1)
-        .with_log_start_offset(-1)
-        .with_preferred_read_replica(BrokerId(-1))
 }
 
 fn assemble(

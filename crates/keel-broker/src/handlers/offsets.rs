@@ -65,24 +65,31 @@ async fn offset_at(p: &Partition, timestamp: i64) -> Result<(i64, i64), Response
     match timestamp {
         LATEST | LATEST_TIERED => Ok((p.high_watermark(), -1)),
         EARLIEST | EARLIEST_LOCAL | EARLIEST_PENDING_UPLOAD => Ok((p.log_start_offset(), -1)),
-        MAX_TIMESTAMP => Ok(p
-            .with_log(|log| log.max_timestamp())
-            .map_or((-1, -1), |(ts, off)| (off, ts))),
-        t if t >= 0 => {
-            let Some(plan) = p.timestamp_plan(t) else {
-                return Ok((-1, -1));
-            };
-            let found = tokio::task::spawn_blocking(move || plan.execute())
-                .await
-                .map_err(|_| ResponseError::UnknownServerError)?
-                .map_err(|e| {
-                    tracing::error!(error = %e, "timestamp lookup failed");
-                    ResponseError::KafkaStorageError
-                })?;
-            Ok(found.unwrap_or((-1, -1)))
-        }
+        // The record holding the largest timestamp is the first record
+        // whose timestamp reaches it.
+        MAX_TIMESTAMP => match p.with_log(|log| log.max_timestamp()) {
+            Some((max_ts, _)) => by_timestamp(p, max_ts).await,
+            None => Ok((-1, -1)),
+        },
+        t if t >= 0 => by_timestamp(p, t).await,
         _ => Err(ResponseError::InvalidRequest),
     }
+}
+
+/// The first record whose timestamp is at least `t`; the file is read on
+/// a blocking thread after the plan is made under the partition lock.
+async fn by_timestamp(p: &Partition, t: i64) -> Result<(i64, i64), ResponseError> {
+    let Some(plan) = p.timestamp_plan(t) else {
+        return Ok((-1, -1));
+    };
+    let found = tokio::task::spawn_blocking(move || plan.execute())
+        .await
+        .map_err(|_| ResponseError::UnknownServerError)?
+        .map_err(|e| {
+            tracing::error!(error = %e, "timestamp lookup failed");
+            ResponseError::KafkaStorageError
+        })?;
+    Ok(found.unwrap_or((-1, -1)))
 }
 
 /// One leader epoch (0) covers every Keel partition's whole log, so the
