@@ -165,7 +165,7 @@ impl Broker {
                 ApiKey::ListOffsets,
                 version,
                 id,
-                &handlers::offsets::list_offsets(self, r).await,
+                &handlers::offsets::list_offsets(self, r, version).await,
             ),
             Request::OffsetForLeaderEpoch(r) => {
                 let resp = handlers::offsets::offset_for_leader_epoch(self, r);

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use keel_protocol::ResponseError;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -81,6 +82,16 @@ impl TopicRegistry {
             .values()
             .find(|t| t.meta.topic_id == id)
             .cloned()
+    }
+
+    /// The topic a request names: by id when it carries one (Fetch and
+    /// Produce v13+), else by name, with Kafka's error for each miss.
+    pub fn resolve(&self, name: &str, id: Uuid) -> Result<Arc<Topic>, ResponseError> {
+        if id.is_nil() {
+            self.get(name).ok_or(ResponseError::UnknownTopicOrPartition)
+        } else {
+            self.get_by_id(id).ok_or(ResponseError::UnknownTopicId)
+        }
     }
 
     pub fn all(&self) -> Vec<Arc<Topic>> {

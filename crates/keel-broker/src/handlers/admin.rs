@@ -55,25 +55,35 @@ pub(crate) async fn create_topic(
     if validate_only {
         return Ok(meta);
     }
-    let b = Arc::clone(broker);
-    let m = meta.clone();
-    let opened = tokio::task::spawn_blocking(move || {
-        // Partition directories first, description last: the description
-        // is the commit point; a crash before it leaves orphans start-up removes.
-        let parts = b.open_partitions(&m, 0)?;
-        b.store.save(&m).map_err(|e| e.to_string())?;
-        Ok::<_, String>(parts)
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r)
-    .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    let opened = open_and_save(broker, &meta, 0).await?;
     broker.topics.insert(Arc::new(Topic {
         meta: meta.clone(),
         partitions: opened,
     }));
     tracing::info!(topic = name, partitions, "created topic");
     Ok(meta)
+}
+
+/// Opens partitions `from..meta.partitions` and then persists `meta`, on a
+/// blocking thread. Partition directories come first and the description
+/// last: the description is the commit point, and a crash before it leaves
+/// directories that start-up removes.
+async fn open_and_save(
+    broker: &Arc<Broker>,
+    meta: &TopicMeta,
+    from: i32,
+) -> Result<Vec<Arc<crate::partition::Partition>>, AdminError> {
+    let b = Arc::clone(broker);
+    let m = meta.clone();
+    tokio::task::spawn_blocking(move || {
+        let parts = b.open_partitions(&m, from)?;
+        b.store.save(&m).map_err(|e| e.to_string())?;
+        Ok::<_, String>(parts)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|e| (ResponseError::KafkaStorageError, e))
 }
 
 pub async fn create_topics(
@@ -276,17 +286,7 @@ async fn grow_topic(
     }
     let mut meta = topic.meta.clone();
     meta.partitions = count;
-    let b = Arc::clone(broker);
-    let m = meta.clone();
-    let added = tokio::task::spawn_blocking(move || {
-        let parts = b.open_partitions(&m, current)?;
-        b.store.save(&m).map_err(|e| e.to_string())?;
-        Ok::<_, String>(parts)
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r)
-    .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    let added = open_and_save(broker, &meta, current).await?;
     let mut partitions = topic.partitions.clone();
     partitions.extend(added);
     broker.topics.insert(Arc::new(Topic { meta, partitions }));

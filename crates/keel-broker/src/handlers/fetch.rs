@@ -98,17 +98,7 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
     let mut topics = Vec::new();
     let mut targets = Vec::new();
     for (topic_index, t) in req.topics.iter().enumerate() {
-        let topic = if t.topic_id.is_nil() {
-            broker
-                .topics
-                .get(t.topic.0.as_str())
-                .ok_or(ResponseError::UnknownTopicOrPartition)
-        } else {
-            broker
-                .topics
-                .get_by_id(t.topic_id)
-                .ok_or(ResponseError::UnknownTopicId)
-        };
+        let topic = broker.topics.resolve(t.topic.0.as_str(), t.topic_id);
         topics.push(
             FetchableTopicResponse::default()
                 .with_topic(t.topic.clone())

@@ -16,7 +16,7 @@ use keel_protocol::ResponseError;
 use crate::partition::{Partition, LEADER_EPOCH};
 use crate::Broker;
 
-/// ListOffsets' special timestamps.
+/// ListOffsets' special timestamps. The answer carries a leader epoch from v4 on.
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
@@ -32,7 +32,11 @@ fn partition_of(broker: &Broker, topic: &str, index: i32) -> Result<Arc<Partitio
         .ok_or(ResponseError::UnknownTopicOrPartition)
 }
 
-pub async fn list_offsets(broker: &Arc<Broker>, req: ListOffsetsRequest) -> ListOffsetsResponse {
+pub async fn list_offsets(
+    broker: &Arc<Broker>,
+    req: ListOffsetsRequest,
+    version: i16,
+) -> ListOffsetsResponse {
     let mut topics = Vec::new();
     for t in req.topics {
         let mut partitions = Vec::new();
@@ -43,7 +47,11 @@ pub async fn list_offsets(broker: &Arc<Broker>, req: ListOffsetsRequest) -> List
                     Ok((offset, timestamp)) => base
                         .with_offset(offset)
                         .with_timestamp(timestamp)
-                        .with_leader_epoch(if offset >= 0 { LEADER_EPOCH } else { -1 }),
+                        .with_leader_epoch(if offset >= 0 && version >= 4 {
+                            LEADER_EPOCH
+                        } else {
+                            -1
+                        }),
                     Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1),
                 },
                 Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1),

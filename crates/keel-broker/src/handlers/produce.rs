@@ -26,7 +26,7 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest) -> Option<Produc
     // hold back the others in the same request.
     let mut pending = Vec::new();
     for t in req.topic_data {
-        let topic = lookup(broker, &t);
+        let topic = broker.topics.resolve(t.name.0.as_str(), t.topic_id);
         for p in t.partition_data {
             let topic = topic.clone();
             let b = Arc::clone(broker);
@@ -51,20 +51,6 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest) -> Option<Produc
         }
     }
     (acks != 0).then(|| ProduceResponse::default().with_responses(responses))
-}
-
-fn lookup(broker: &Broker, t: &produce_request::TopicProduceData) -> Result<Arc<Topic>, ResponseError> {
-    if t.topic_id.is_nil() {
-        broker
-            .topics
-            .get(t.name.0.as_str())
-            .ok_or(ResponseError::UnknownTopicOrPartition)
-    } else {
-        broker
-            .topics
-            .get_by_id(t.topic_id)
-            .ok_or(ResponseError::UnknownTopicId)
-    }
 }
 
 async fn produce_partition(

@@ -1,0 +1,253 @@
+//! Every API Keel advertises, at every version it advertises, answered with
+//! a response that decodes at that version. Catches fields set on versions
+//! that cannot carry them (the encoder refuses those, and the connection
+//! would be closed).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use keel_broker::{Broker, BrokerConfig, Reply};
+use keel_protocol::versions::SUPPORTED;
+use keel_protocol::RequestFrame;
+
+fn name(s: &str) -> TopicName {
+    TopicName(StrBytes::from_string(s.to_string()))
+}
+
+async fn call<R: Encodable>(broker: &Arc<Broker>, key: ApiKey, version: i16, body: &R) -> Bytes {
+    let mut buf = BytesMut::new();
+    let header = RequestHeader::default()
+        .with_request_api_key(key as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(9)
+        .with_client_id(Some(StrBytes::from_static_str("versions-test")));
+    header
+        .encode(&mut buf, key.request_header_version(version))
+        .unwrap();
+    body.encode(&mut buf, version).unwrap();
+    match broker.handle(RequestFrame::parse(buf.freeze()).unwrap()).await {
+        Reply::Frame(mut bytes) => {
+            let _size = bytes::Buf::get_i32(&mut bytes);
+            let header_version = if key == ApiKey::ApiVersions {
+                0
+            } else {
+                key.response_header_version(version)
+            };
+            let header = ResponseHeader::decode(&mut bytes, header_version).unwrap();
+            assert_eq!(header.correlation_id, 9);
+            bytes
+        }
+        other => panic!("{key:?} v{version}: expected a response, got {other:?}"),
+    }
+}
+
+fn batch() -> Bytes {
+    let mut b = keel_log::testing::BatchBuilder::new(1_000);
+    for i in 0..3u8 {
+        b = b.record(Some(&[i]), Some(b"v"));
+    }
+    Bytes::from(b.build())
+}
+
+fn request(key: ApiKey, version: i16, topic_id: uuid::Uuid) -> Box<dyn Fn(&mut BytesMut)> {
+    let t = name("t");
+    let id = if version >= 13 {
+        topic_id
+    } else {
+        uuid::Uuid::nil()
+    };
+    match key {
+        ApiKey::Produce => {
+            let r = ProduceRequest::default()
+                .with_acks(1)
+                .with_timeout_ms(1000)
+                .with_topic_data(vec![produce_request::TopicProduceData::default()
+                    .with_name(if version >= 13 { name("") } else { t })
+                    .with_topic_id(id)
+                    .with_partition_data(vec![produce_request::PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(batch()))])]);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::Fetch => {
+            let r = FetchRequest::default()
+                .with_max_wait_ms(0)
+                .with_max_bytes(1 << 20)
+                .with_topics(vec![fetch_request::FetchTopic::default()
+                    .with_topic(if version >= 13 { name("") } else { t })
+                    .with_topic_id(id)
+                    .with_partitions(vec![fetch_request::FetchPartition::default()
+                        .with_partition(0)
+                        .with_fetch_offset(0)
+                        .with_partition_max_bytes(1 << 20)])]);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::ListOffsets => {
+            let r = ListOffsetsRequest::default().with_topics(vec![
+                list_offsets_request::ListOffsetsTopic::default()
+                    .with_name(t)
+                    .with_partitions(vec![list_offsets_request::ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_timestamp(0)]),
+            ]);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::Metadata => {
+            let r = MetadataRequest::default().with_topics(Some(vec![
+                metadata_request::MetadataRequestTopic::default().with_name(Some(t)),
+            ]));
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::ApiVersions => {
+            let r = ApiVersionsRequest::default()
+                .with_client_software_name(StrBytes::from_static_str("test"))
+                .with_client_software_version(StrBytes::from_static_str("1"));
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::CreateTopics => {
+            let r = CreateTopicsRequest::default().with_topics(vec![
+                create_topics_request::CreatableTopic::default()
+                    .with_name(name(&format!("new-{version}")))
+                    .with_num_partitions(1)
+                    .with_replication_factor(1),
+            ]);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::DeleteTopics => {
+            let n = name(&format!("new-{version}"));
+            let r = if version >= 6 {
+                DeleteTopicsRequest::default().with_topics(vec![
+                    delete_topics_request::DeleteTopicState::default().with_name(Some(n)),
+                ])
+            } else {
+                DeleteTopicsRequest::default().with_topic_names(vec![n])
+            };
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::DeleteRecords => {
+            let r = DeleteRecordsRequest::default().with_topics(vec![
+                delete_records_request::DeleteRecordsTopic::default()
+                    .with_name(t)
+                    .with_partitions(vec![delete_records_request::DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(0)]),
+            ]);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::InitProducerId => {
+            let r = InitProducerIdRequest::default()
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::OffsetForLeaderEpoch => {
+            let r = OffsetForLeaderEpochRequest::default().with_topics(vec![
+                offset_for_leader_epoch_request::OffsetForLeaderTopic::default()
+                    .with_topic(t)
+                    .with_partitions(vec![
+                        offset_for_leader_epoch_request::OffsetForLeaderPartition::default()
+                            .with_leader_epoch(0),
+                    ]),
+            ]);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::DescribeConfigs => {
+            let r = DescribeConfigsRequest::default()
+                .with_include_synonyms(version >= 1)
+                .with_resources(vec![
+                    describe_configs_request::DescribeConfigsResource::default()
+                        .with_resource_type(2)
+                        .with_resource_name(StrBytes::from_static_str("t")),
+                    describe_configs_request::DescribeConfigsResource::default()
+                        .with_resource_type(4)
+                        .with_resource_name(StrBytes::from_static_str("1")),
+                ]);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::CreatePartitions => {
+            let r = CreatePartitionsRequest::default().with_topics(vec![
+                create_partitions_request::CreatePartitionsTopic::default()
+                    .with_name(t)
+                    .with_count(2 + i32::from(version)),
+            ]);
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        ApiKey::DescribeCluster => {
+            let r = DescribeClusterRequest::default();
+            Box::new(move |b| r.encode(b, version).unwrap())
+        }
+        other => panic!("{other:?} has no request in this test"),
+    }
+}
+
+/// Wraps pre-encoded body bytes so `call` can frame them.
+struct Raw(Bytes);
+
+impl Encodable for Raw {
+    fn encode<B: kafka_protocol::protocol::buf::ByteBufMut>(
+        &self,
+        buf: &mut B,
+        _v: i16,
+    ) -> anyhow::Result<()> {
+        buf.put_slice(&self.0);
+        Ok(())
+    }
+    fn compute_size(&self, _v: i16) -> anyhow::Result<usize> {
+        Ok(self.0.len())
+    }
+}
+
+fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
+    let r = match key {
+        ApiKey::Produce => ProduceResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::Fetch => FetchResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::ListOffsets => ListOffsetsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::Metadata => MetadataResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::ApiVersions => ApiVersionsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::CreateTopics => CreateTopicsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DeleteTopics => DeleteTopicsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DeleteRecords => DeleteRecordsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::InitProducerId => InitProducerIdResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::OffsetForLeaderEpoch => OffsetForLeaderEpochResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeConfigs => DescribeConfigsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::CreatePartitions => CreatePartitionsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeCluster => DescribeClusterResponse::decode(&mut body, version).map(|_| ()),
+        other => panic!("{other:?} has no response in this test"),
+    };
+    r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));
+    assert!(
+        body.is_empty(),
+        "{key:?} v{version}: {} trailing bytes",
+        body.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_advertised_version_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut map = BTreeMap::new();
+    map.insert("log.dirs".to_string(), dir.path().display().to_string());
+    let config = BrokerConfig::from_map(&map).unwrap();
+    let broker = tokio::task::spawn_blocking(move || Broker::open(config, "127.0.0.1".into(), 9092))
+        .await
+        .unwrap()
+        .unwrap();
+    let create =
+        CreateTopicsRequest::default().with_topics(vec![create_topics_request::CreatableTopic::default()
+            .with_name(name("t"))
+            .with_num_partitions(1)
+            .with_replication_factor(1)]);
+    call(&broker, ApiKey::CreateTopics, 7, &create).await;
+    let topic_id = broker.topics.get("t").unwrap().meta.topic_id;
+    for api in SUPPORTED {
+        for version in api.min..=api.max {
+            let mut body = BytesMut::new();
+            request(api.key, version, topic_id)(&mut body);
+            let response = call(&broker, api.key, version, &Raw(body.freeze())).await;
+            decode_response(api.key, version, response);
+        }
+    }
+}
