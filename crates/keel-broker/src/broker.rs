@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
+use crate::groups::{GroupCoordinator, SystemClock};
 use crate::handlers;
 use crate::partition::Partition;
 use crate::producers::{write_atomically, ProducerIdAllocator};
@@ -29,11 +30,19 @@ pub enum Reply {
     Close(String),
 }
 
+/// Who sent a request, as group APIs report it.
+#[derive(Debug, Clone, Default)]
+pub struct ClientInfo {
+    /// Kafka's form: `/` followed by the peer's IP address.
+    pub host: String,
+}
+
 /// Why the broker could not start.
 #[derive(Debug)]
 pub enum StartError {
     Io { path: PathBuf, error: std::io::Error },
     Partition(String),
+    Groups(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -41,6 +50,7 @@ impl std::fmt::Display for StartError {
         match self {
             StartError::Io { path, error } => write!(f, "{}: {error}", path.display()),
             StartError::Partition(e) => write!(f, "cannot open partition: {e}"),
+            StartError::Groups(e) => write!(f, "cannot open the group log: {e}"),
         }
     }
 }
@@ -55,6 +65,7 @@ pub struct Broker {
     pub topics: TopicRegistry,
     pub store: TopicStore,
     pub producer_ids: Mutex<ProducerIdAllocator>,
+    pub groups: Arc<GroupCoordinator>,
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
@@ -79,6 +90,12 @@ impl Broker {
         let ids_path = meta_dir.join("producer-ids");
         let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
         let store = TopicStore::new(&data_dir);
+        let groups = GroupCoordinator::open(
+            &meta_dir.join("groups"),
+            config.coordinator_config(),
+            Arc::new(SystemClock),
+        )
+        .map_err(StartError::Groups)?;
         let broker = Broker {
             config,
             cluster_id,
@@ -87,6 +104,7 @@ impl Broker {
             topics: TopicRegistry::default(),
             store,
             producer_ids: Mutex::new(producer_ids),
+            groups: Arc::new(groups),
             admin: tokio::sync::Mutex::new(()),
         };
         broker.load_topics()?;
@@ -137,7 +155,7 @@ impl Broker {
     }
 
     /// Handles one request frame.
-    pub async fn handle(self: &Arc<Self>, frame: RequestFrame) -> Reply {
+    pub async fn handle(self: &Arc<Self>, frame: RequestFrame, client: &ClientInfo) -> Reply {
         let decoded = match keel_protocol::decode(&frame) {
             Ok(d) => d,
             Err(DecodeError::UnsupportedVersion { api_key, .. }) if api_key == ApiKey::ApiVersions as i16 => {
@@ -150,6 +168,7 @@ impl Broker {
         };
         let version = frame.api_version;
         let id = frame.correlation_id;
+        let client_id = decoded.header.client_id.as_ref().map_or("", |c| c.as_str());
         match decoded.body {
             Request::ApiVersions(_) => respond(ApiKey::ApiVersions, version, id, &handlers::api_versions()),
             Request::Metadata(r) => {
@@ -211,12 +230,91 @@ impl Broker {
                 id,
                 &handlers::produce::init_producer_id(self, r).await,
             ),
+            body => {
+                self.handle_group(body, version, id, client_id, &client.host)
+                    .await
+            }
+        }
+    }
+
+    /// The group coordinator's APIs.
+    async fn handle_group(
+        self: &Arc<Self>,
+        body: Request,
+        version: i16,
+        id: i32,
+        client_id: &str,
+        client_host: &str,
+    ) -> Reply {
+        use handlers::groups;
+        match body {
+            Request::FindCoordinator(r) => respond(
+                ApiKey::FindCoordinator,
+                version,
+                id,
+                &groups::find_coordinator(self, r, version),
+            ),
+            Request::JoinGroup(r) => {
+                let resp = groups::join_group(self, r, version, client_id, client_host).await;
+                respond(ApiKey::JoinGroup, version, id, &resp)
+            }
+            Request::SyncGroup(r) => respond(
+                ApiKey::SyncGroup,
+                version,
+                id,
+                &groups::sync_group(self, r, version).await,
+            ),
+            Request::Heartbeat(r) => respond(ApiKey::Heartbeat, version, id, &groups::heartbeat(self, r)),
+            Request::LeaveGroup(r) => respond(
+                ApiKey::LeaveGroup,
+                version,
+                id,
+                &groups::leave_group(self, r, version),
+            ),
+            Request::OffsetCommit(r) => respond(
+                ApiKey::OffsetCommit,
+                version,
+                id,
+                &groups::offset_commit(self, r, version).await,
+            ),
+            Request::OffsetFetch(r) => respond(
+                ApiKey::OffsetFetch,
+                version,
+                id,
+                &groups::offset_fetch(self, r, version),
+            ),
+            Request::ListGroups(r) => respond(
+                ApiKey::ListGroups,
+                version,
+                id,
+                &groups::list_groups(self, r, version),
+            ),
+            Request::DescribeGroups(r) => respond(
+                ApiKey::DescribeGroups,
+                version,
+                id,
+                &groups::describe_groups(self, r, version),
+            ),
+            Request::DeleteGroups(r) => respond(
+                ApiKey::DeleteGroups,
+                version,
+                id,
+                &groups::delete_groups(self, r).await,
+            ),
+            Request::OffsetDelete(r) => respond(
+                ApiKey::OffsetDelete,
+                version,
+                id,
+                &groups::offset_delete(self, r).await,
+            ),
+            other => Reply::Close(format!("no handler for {other:?}")),
         }
     }
 
     /// Background maintenance: retention and time-based flushes. Runs until
     /// the runtime shuts down.
     pub fn spawn_maintenance(self: &Arc<Self>) {
+        self.groups.spawn_timers();
         let me = Arc::clone(self);
         let retention_every = Duration::from_millis(self.config.retention_check_interval_ms());
         tokio::spawn(async move {
@@ -272,6 +370,7 @@ impl Broker {
 
     /// Flushes every log and marks it cleanly closed. Blocking.
     pub fn shutdown(&self) {
+        self.groups.close();
         for topic in self.topics.all() {
             for p in &topic.partitions {
                 if let Err(e) = p.close() {

@@ -11,6 +11,9 @@ use std::path::PathBuf;
 
 use keel_log::LogConfig;
 
+use crate::groups::group::GroupConfig;
+use crate::groups::CoordinatorConfig;
+
 /// Kafka's config value types, as DescribeConfigs reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigType {
@@ -182,6 +185,14 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("socket.request.max.bytes", "104857600", ConfigType::Int),
     ("log.retention.check.interval.ms", "300000", ConfigType::Long),
     ("delete.topic.enable", "true", ConfigType::Boolean),
+    ("group.min.session.timeout.ms", "6000", ConfigType::Int),
+    ("group.max.session.timeout.ms", "1800000", ConfigType::Int),
+    ("group.initial.rebalance.delay.ms", "3000", ConfigType::Int),
+    ("group.max.size", "2147483647", ConfigType::Int),
+    ("offsets.retention.minutes", "10080", ConfigType::Int),
+    ("offsets.retention.check.interval.ms", "600000", ConfigType::Long),
+    ("offset.metadata.max.bytes", "4096", ConfigType::Int),
+    ("offsets.topic.segment.bytes", "104857600", ConfigType::Int),
 ];
 
 /// Aliases accepted on input and stored under their canonical key.
@@ -301,7 +312,47 @@ impl BrokerConfig {
                 reason: "must be at least 1024".into(),
             });
         }
+        for (key, min) in [
+            ("group.min.session.timeout.ms", 0),
+            ("group.max.session.timeout.ms", 0),
+            ("group.initial.rebalance.delay.ms", 0),
+            ("group.max.size", 1),
+            ("offsets.retention.minutes", 1),
+            ("offsets.retention.check.interval.ms", 1),
+            ("offset.metadata.max.bytes", 0),
+            ("offsets.topic.segment.bytes", 1024),
+        ] {
+            if self.num(key) < min {
+                return Err(ConfigError {
+                    key: key.into(),
+                    reason: format!("must be at least {min}"),
+                });
+            }
+        }
+        if self.num("group.min.session.timeout.ms") > self.num("group.max.session.timeout.ms") {
+            return Err(ConfigError {
+                key: "group.min.session.timeout.ms".into(),
+                reason: "must not exceed group.max.session.timeout.ms".into(),
+            });
+        }
         self.topic_log_config(&BTreeMap::new()).map(|_| ())
+    }
+
+    /// The group coordinator's settings.
+    pub fn coordinator_config(&self) -> CoordinatorConfig {
+        let int = |key| i32::try_from(self.num(key)).unwrap_or(i32::MAX);
+        CoordinatorConfig {
+            group: GroupConfig {
+                min_session_timeout_ms: int("group.min.session.timeout.ms"),
+                max_session_timeout_ms: int("group.max.session.timeout.ms"),
+                initial_rebalance_delay_ms: int("group.initial.rebalance.delay.ms"),
+                max_size: usize::try_from(self.num("group.max.size")).unwrap_or(usize::MAX),
+            },
+            offsets_retention_ms: self.num("offsets.retention.minutes").saturating_mul(60_000),
+            offsets_retention_check_interval_ms: self.num("offsets.retention.check.interval.ms"),
+            offset_metadata_max_bytes: usize::try_from(self.num("offset.metadata.max.bytes")).unwrap_or(4096),
+            log_segment_bytes: u64::try_from(self.num("offsets.topic.segment.bytes")).unwrap_or(100 << 20),
+        }
     }
 
     /// The value of a key (every known key has one).

@@ -7,11 +7,12 @@
 
 pub mod broker;
 pub mod config;
+pub mod groups;
 mod handlers;
 pub mod partition;
 pub mod producers;
 mod time;
 pub mod topics;
 
-pub use broker::{Broker, Reply, StartError};
+pub use broker::{Broker, ClientInfo, Reply, StartError};
 pub use config::{BrokerConfig, ConfigError};

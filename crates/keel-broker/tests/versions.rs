@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use keel_broker::{Broker, BrokerConfig, Reply};
+use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
 use keel_protocol::versions::SUPPORTED;
 use keel_protocol::RequestFrame;
 
@@ -28,7 +28,10 @@ async fn call<R: Encodable>(broker: &Arc<Broker>, key: ApiKey, version: i16, bod
         .encode(&mut buf, key.request_header_version(version))
         .unwrap();
     body.encode(&mut buf, version).unwrap();
-    match broker.handle(RequestFrame::parse(buf.freeze()).unwrap()).await {
+    match broker
+        .handle(RequestFrame::parse(buf.freeze()).unwrap(), &ClientInfo::default())
+        .await
+    {
         Reply::Frame(mut bytes) => {
             let _size = bytes::Buf::get_i32(&mut bytes);
             let header_version = if key == ApiKey::ApiVersions {
@@ -179,6 +182,112 @@ fn request(key: ApiKey, version: i16, topic_id: uuid::Uuid) -> Box<dyn Fn(&mut B
             let r = DescribeClusterRequest::default();
             Box::new(move |b| r.encode(b, version).unwrap())
         }
+        _ => group_request(key, version),
+    }
+}
+
+fn group_id(s: &str) -> GroupId {
+    GroupId(StrBytes::from_string(s.to_string()))
+}
+
+fn str(s: &str) -> StrBytes {
+    StrBytes::from_string(s.to_string())
+}
+
+/// Group APIs. Joins complete at once (no initial delay, one member); the
+/// rest address an empty or unknown group, so nothing waits.
+fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
+    macro_rules! encoded {
+        ($r:expr) => {{
+            let r = $r;
+            Box::new(move |b: &mut BytesMut| r.encode(b, version).unwrap())
+        }};
+    }
+    match key {
+        ApiKey::FindCoordinator if version < 4 => {
+            encoded!(FindCoordinatorRequest::default().with_key(str("g")))
+        }
+        ApiKey::FindCoordinator => {
+            encoded!(FindCoordinatorRequest::default().with_coordinator_keys(vec![str("g"), str("")]))
+        }
+        ApiKey::JoinGroup => {
+            let r = JoinGroupRequest::default()
+                .with_group_id(group_id(&format!("join-v{version}")))
+                .with_session_timeout_ms(10_000)
+                .with_rebalance_timeout_ms(10_000)
+                .with_protocol_type(str("consumer"))
+                .with_protocols(vec![join_group_request::JoinGroupRequestProtocol::default()
+                    .with_name(str("range"))
+                    .with_metadata(Bytes::from_static(b"m"))]);
+            // v5+: a static member joins in one step.
+            encoded!(if version >= 5 {
+                r.with_group_instance_id(Some(str("instance")))
+            } else {
+                r
+            })
+        }
+        ApiKey::SyncGroup => encoded!(SyncGroupRequest::default()
+            .with_group_id(group_id("unknown"))
+            .with_member_id(str("m"))),
+        ApiKey::Heartbeat => encoded!(HeartbeatRequest::default()
+            .with_group_id(group_id("unknown"))
+            .with_member_id(str("m"))),
+        ApiKey::LeaveGroup if version < 3 => encoded!(LeaveGroupRequest::default()
+            .with_group_id(group_id("unknown"))
+            .with_member_id(str("m"))),
+        ApiKey::LeaveGroup => encoded!(LeaveGroupRequest::default()
+            .with_group_id(group_id("unknown"))
+            .with_members(vec![
+                leave_group_request::MemberIdentity::default().with_member_id(str("m"))
+            ])),
+        ApiKey::OffsetCommit => encoded!(OffsetCommitRequest::default()
+            .with_group_id(group_id("committed"))
+            .with_generation_id_or_member_epoch(-1)
+            .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default()
+                .with_name(name("t"))
+                .with_partitions(vec![
+                    offset_commit_request::OffsetCommitRequestPartition::default()
+                        .with_partition_index(0)
+                        .with_committed_offset(1)
+                        .with_committed_metadata(Some(str("meta"))),
+                    offset_commit_request::OffsetCommitRequestPartition::default().with_partition_index(9),
+                ])])),
+        ApiKey::OffsetFetch if version < 8 => encoded!(OffsetFetchRequest::default()
+            .with_group_id(group_id("committed"))
+            .with_topics(Some(vec![
+                offset_fetch_request::OffsetFetchRequestTopic::default()
+                    .with_name(name("t"))
+                    .with_partition_indexes(vec![0, 1])
+            ]))),
+        ApiKey::OffsetFetch => encoded!(OffsetFetchRequest::default().with_groups(vec![
+            offset_fetch_request::OffsetFetchRequestGroup::default()
+                .with_group_id(group_id("committed"))
+                .with_topics(None),
+            offset_fetch_request::OffsetFetchRequestGroup::default()
+                .with_group_id(group_id("unknown"))
+                .with_topics(Some(vec![
+                    offset_fetch_request::OffsetFetchRequestTopics::default()
+                        .with_name(name("t"))
+                        .with_partition_indexes(vec![0])
+                ])),
+        ])),
+        ApiKey::ListGroups => encoded!(ListGroupsRequest::default()),
+        ApiKey::DescribeGroups => encoded!(DescribeGroupsRequest::default().with_groups(vec![
+            group_id("join-v5"),
+            group_id("committed"),
+            group_id("unknown"),
+        ])),
+        ApiKey::DeleteGroups => {
+            encoded!(DeleteGroupsRequest::default()
+                .with_groups_names(vec![group_id("unknown"), group_id("join-v5")]))
+        }
+        ApiKey::OffsetDelete => encoded!(OffsetDeleteRequest::default()
+            .with_group_id(group_id("committed"))
+            .with_topics(vec![offset_delete_request::OffsetDeleteRequestTopic::default()
+                .with_name(name("t"))
+                .with_partitions(vec![
+                    offset_delete_request::OffsetDeleteRequestPartition::default().with_partition_index(0)
+                ])])),
         other => panic!("{other:?} has no request in this test"),
     }
 }
@@ -215,6 +324,23 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
         ApiKey::DescribeConfigs => DescribeConfigsResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::CreatePartitions => CreatePartitionsResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::DescribeCluster => DescribeClusterResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::FindCoordinator => FindCoordinatorResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::JoinGroup => JoinGroupResponse::decode(&mut body, version).map(|r| {
+            assert_eq!(
+                r.error_code,
+                if version == 4 { 79 } else { 0 },
+                "JoinGroup v{version}"
+            );
+        }),
+        ApiKey::SyncGroup => SyncGroupResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::Heartbeat => HeartbeatResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::LeaveGroup => LeaveGroupResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::OffsetCommit => OffsetCommitResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::OffsetFetch => OffsetFetchResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::ListGroups => ListGroupsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeGroups => DescribeGroupsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DeleteGroups => DeleteGroupsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::OffsetDelete => OffsetDeleteResponse::decode(&mut body, version).map(|_| ()),
         other => panic!("{other:?} has no response in this test"),
     };
     r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));
@@ -230,6 +356,7 @@ async fn every_advertised_version_is_answered() {
     let dir = tempfile::tempdir().unwrap();
     let mut map = BTreeMap::new();
     map.insert("log.dirs".to_string(), dir.path().display().to_string());
+    map.insert("group.initial.rebalance.delay.ms".to_string(), "0".to_string());
     let config = BrokerConfig::from_map(&map).unwrap();
     let broker = tokio::task::spawn_blocking(move || Broker::open(config, "127.0.0.1".into(), 9092))
         .await

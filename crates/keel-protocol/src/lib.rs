@@ -25,4 +25,5 @@ pub mod versions;
 pub use kafka_protocol::error::ResponseError;
 pub use kafka_protocol::messages;
 pub use kafka_protocol::protocol::{Encodable, StrBytes};
+pub use kafka_protocol::records;
 pub use request::{decode, DecodeError, DecodedRequest, Request, RequestFrame};

@@ -60,6 +60,17 @@ pub enum Request {
     DescribeConfigs(DescribeConfigsRequest),
     CreatePartitions(CreatePartitionsRequest),
     DescribeCluster(DescribeClusterRequest),
+    FindCoordinator(FindCoordinatorRequest),
+    JoinGroup(JoinGroupRequest),
+    SyncGroup(SyncGroupRequest),
+    Heartbeat(HeartbeatRequest),
+    LeaveGroup(LeaveGroupRequest),
+    OffsetCommit(OffsetCommitRequest),
+    OffsetFetch(OffsetFetchRequest),
+    ListGroups(ListGroupsRequest),
+    DescribeGroups(DescribeGroupsRequest),
+    DeleteGroups(DeleteGroupsRequest),
+    OffsetDelete(OffsetDeleteRequest),
 }
 
 /// A request with its full header.
@@ -157,6 +168,17 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         ApiKey::DescribeConfigs => Request::DescribeConfigs(DescribeConfigsRequest::decode(buf, v)?),
         ApiKey::CreatePartitions => Request::CreatePartitions(CreatePartitionsRequest::decode(buf, v)?),
         ApiKey::DescribeCluster => Request::DescribeCluster(DescribeClusterRequest::decode(buf, v)?),
+        ApiKey::FindCoordinator => Request::FindCoordinator(FindCoordinatorRequest::decode(buf, v)?),
+        ApiKey::JoinGroup => Request::JoinGroup(JoinGroupRequest::decode(buf, v)?),
+        ApiKey::SyncGroup => Request::SyncGroup(SyncGroupRequest::decode(buf, v)?),
+        ApiKey::Heartbeat => Request::Heartbeat(HeartbeatRequest::decode(buf, v)?),
+        ApiKey::LeaveGroup => Request::LeaveGroup(LeaveGroupRequest::decode(buf, v)?),
+        ApiKey::OffsetCommit => Request::OffsetCommit(OffsetCommitRequest::decode(buf, v)?),
+        ApiKey::OffsetFetch => Request::OffsetFetch(OffsetFetchRequest::decode(buf, v)?),
+        ApiKey::ListGroups => Request::ListGroups(ListGroupsRequest::decode(buf, v)?),
+        ApiKey::DescribeGroups => Request::DescribeGroups(DescribeGroupsRequest::decode(buf, v)?),
+        ApiKey::DeleteGroups => Request::DeleteGroups(DeleteGroupsRequest::decode(buf, v)?),
+        ApiKey::OffsetDelete => Request::OffsetDelete(OffsetDeleteRequest::decode(buf, v)?),
         other => anyhow::bail!("{other:?} is not implemented"),
     })
 }
@@ -200,10 +222,10 @@ mod tests {
             decode(&frame(999, 0, &[])).unwrap_err(),
             DecodeError::UnsupportedApi { api_key: 999 }
         );
-        // JoinGroup is a Kafka API Keel does not implement yet.
+        // AddPartitionsToTxn: transactions are not implemented.
         assert_eq!(
-            decode(&frame(11, 0, &[])).unwrap_err(),
-            DecodeError::UnsupportedApi { api_key: 11 }
+            decode(&frame(24, 0, &[])).unwrap_err(),
+            DecodeError::UnsupportedApi { api_key: 24 }
         );
         assert_eq!(
             decode(&frame(18, 99, &[])).unwrap_err(),

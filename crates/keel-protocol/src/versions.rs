@@ -49,6 +49,19 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::DescribeConfigs, 1, 4),
     api(ApiKey::CreatePartitions, 0, 3),
     api(ApiKey::DescribeCluster, 0, 2),
+    // The classic consumer group protocol. JoinGroup v0 and v1 were removed
+    // in Kafka 4.0 (KIP-896).
+    api(ApiKey::FindCoordinator, 0, 6),
+    api(ApiKey::JoinGroup, 2, 9),
+    api(ApiKey::SyncGroup, 0, 5),
+    api(ApiKey::Heartbeat, 0, 4),
+    api(ApiKey::LeaveGroup, 0, 5),
+    api(ApiKey::OffsetCommit, 2, 9),
+    api(ApiKey::OffsetFetch, 1, 9),
+    api(ApiKey::ListGroups, 0, 5),
+    api(ApiKey::DescribeGroups, 0, 6),
+    api(ApiKey::DeleteGroups, 0, 2),
+    api(ApiKey::OffsetDelete, 0, 0),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -98,6 +111,17 @@ mod tests {
                 ApiKey::DescribeConfigs => check::<DescribeConfigsRequest>(a),
                 ApiKey::CreatePartitions => check::<CreatePartitionsRequest>(a),
                 ApiKey::DescribeCluster => check::<DescribeClusterRequest>(a),
+                ApiKey::FindCoordinator => check::<FindCoordinatorRequest>(a),
+                ApiKey::JoinGroup => check::<JoinGroupRequest>(a),
+                ApiKey::SyncGroup => check::<SyncGroupRequest>(a),
+                ApiKey::Heartbeat => check::<HeartbeatRequest>(a),
+                ApiKey::LeaveGroup => check::<LeaveGroupRequest>(a),
+                ApiKey::OffsetCommit => check::<OffsetCommitRequest>(a),
+                ApiKey::OffsetFetch => check::<OffsetFetchRequest>(a),
+                ApiKey::ListGroups => check::<ListGroupsRequest>(a),
+                ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
+                ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),
+                ApiKey::OffsetDelete => check::<OffsetDeleteRequest>(a),
                 other => panic!("{other:?} is in the table but has no codec check"),
             }
         }

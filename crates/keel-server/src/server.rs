@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use keel_broker::{Broker, BrokerConfig, Reply};
+use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
 use keel_protocol::frame::{request_size, FRAME_PREFIX_BYTES};
 use keel_protocol::RequestFrame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -90,7 +90,10 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, max_request_byt
             Ok((stream, peer)) => {
                 let b = Arc::clone(&broker);
                 tokio::spawn(async move {
-                    if let Err(reason) = connection(stream, b, max_request_bytes).await {
+                    let client = ClientInfo {
+                        host: format!("/{}", peer.ip()),
+                    };
+                    if let Err(reason) = connection(stream, b, &client, max_request_bytes).await {
                         tracing::debug!(%peer, %reason, "connection closed");
                     }
                 });
@@ -106,7 +109,12 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, max_request_byt
 
 /// Serves one connection until the client closes it or sends something
 /// that cannot be answered.
-async fn connection(stream: TcpStream, broker: Arc<Broker>, max_request_bytes: usize) -> Result<(), String> {
+async fn connection(
+    stream: TcpStream,
+    broker: Arc<Broker>,
+    client: &ClientInfo,
+    max_request_bytes: usize,
+) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::with_capacity(64 * 1024, read);
@@ -126,7 +134,7 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, max_request_bytes: u
             .await
             .map_err(|e| format!("truncated frame: {e}"))?;
         let frame = RequestFrame::parse(Bytes::from(body)).map_err(|e| e.to_string())?;
-        match broker.handle(frame).await {
+        match broker.handle(frame, client).await {
             Reply::Frame(bytes) => write.write_all(&bytes).await.map_err(|e| e.to_string())?,
             Reply::Nothing => {}
             Reply::Close(reason) => {

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod configs;
 pub mod fetch;
+pub mod groups;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;

@@ -1,0 +1,634 @@
+//! The group coordinator: Kafka's classic consumer group protocol and
+//! committed offsets.
+//!
+//! * [`group`]: one group's membership state machine (no I/O, no clock);
+//! * [`store`]: the group log that persists offsets and group metadata;
+//! * [`records`]: that log's record schemas (Kafka's `__consumer_offsets`).
+//!
+//! Locking: `groups` guards every group's in-memory state and is never held
+//! across I/O or an `.await`; persisting happens after it is released. A
+//! single node coordinates every group, so FindCoordinator always names
+//! this broker.
+
+pub mod group;
+pub mod records;
+pub mod store;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use keel_log::LogConfig;
+use keel_protocol::ResponseError;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
+use records::{subscribed_topics, CommittedOffset, GroupRecord};
+use store::GroupStore;
+
+/// The time source of the coordinator, so tests can move time by hand.
+pub trait Clock: Send + Sync {
+    fn now_ms(&self) -> i64;
+}
+
+/// Wall-clock time.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        crate::time::now_ms()
+    }
+}
+
+/// Coordinator settings, from the broker's `group.*` and `offsets.*`
+/// configs.
+#[derive(Debug, Clone, Copy)]
+pub struct CoordinatorConfig {
+    pub group: GroupConfig,
+    /// `offsets.retention.minutes`, in ms.
+    pub offsets_retention_ms: i64,
+    /// `offsets.retention.check.interval.ms`.
+    pub offsets_retention_check_interval_ms: i64,
+    /// `offset.metadata.max.bytes`.
+    pub offset_metadata_max_bytes: usize,
+    /// `offsets.topic.segment.bytes`: the group log's segment size, and
+    /// how much it grows between snapshots.
+    pub log_segment_bytes: u64,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            group: GroupConfig::default(),
+            offsets_retention_ms: 7 * 24 * 60 * 60 * 1000,
+            offsets_retention_check_interval_ms: 600_000,
+            offset_metadata_max_bytes: 4096,
+            log_segment_bytes: 100 * 1024 * 1024,
+        }
+    }
+}
+
+/// A group as DescribeGroups reports it.
+#[derive(Debug, Clone)]
+pub struct GroupDescription {
+    pub state: GroupState,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub members: Vec<MemberDescription>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MemberDescription {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub metadata: Bytes,
+    pub assignment: Bytes,
+}
+
+/// One partition's offset to commit.
+#[derive(Debug, Clone)]
+pub struct OffsetToCommit {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: String,
+}
+
+pub struct GroupCoordinator {
+    groups: Mutex<HashMap<String, Group>>,
+    store: GroupStore,
+    config: CoordinatorConfig,
+    clock: Arc<dyn Clock>,
+    /// Wakes the timer task: a deadline may have moved earlier.
+    timer: Notify,
+}
+
+impl GroupCoordinator {
+    /// Loads the group log and rebuilds every group. Blocking.
+    pub fn open(
+        dir: &Path,
+        config: CoordinatorConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<GroupCoordinator, String> {
+        let log_config = LogConfig {
+            segment_bytes: config.log_segment_bytes,
+            retention_ms: -1,
+            ..LogConfig::default()
+        };
+        let store = GroupStore::open(dir, log_config, config.log_segment_bytes)?;
+        let now = clock.now_ms();
+        let mut groups = HashMap::new();
+        store.with_table(|table| {
+            for meta in table.groups.values() {
+                groups.insert(meta.group.clone(), Group::restore(meta, config.group, now));
+            }
+            for id in table.offsets.keys() {
+                groups
+                    .entry(id.clone())
+                    .or_insert_with(|| Group::new(id, config.group, now));
+            }
+        });
+        Ok(GroupCoordinator {
+            groups: Mutex::new(groups),
+            store,
+            config,
+            clock,
+            timer: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Handles JoinGroup; waits for the join phase to end when it must.
+    pub async fn join(&self, group_id: &str, params: JoinParams) -> JoinResult {
+        let member_id = params.member_id.clone();
+        let error = |e| JoinResult {
+            error: Some(e),
+            generation: -1,
+            member_id: member_id.clone(),
+            ..JoinResult::default()
+        };
+        if group_id.is_empty() {
+            return error(ResponseError::InvalidGroupId);
+        }
+        let limits = self.config.group;
+        if params.session_timeout_ms < limits.min_session_timeout_ms
+            || params.session_timeout_ms > limits.max_session_timeout_ms
+        {
+            return error(ResponseError::InvalidSessionTimeout);
+        }
+        let answer = {
+            let mut groups = self.groups.lock();
+            if !groups.contains_key(group_id) && !params.member_id.is_empty() {
+                return error(ResponseError::UnknownMemberId);
+            }
+            let now = self.now_ms();
+            let group = groups
+                .entry(group_id.to_string())
+                .or_insert_with(|| Group::new(group_id, limits, now));
+            group.join(params, now)
+        };
+        self.timer.notify_one();
+        match answer {
+            Answer::Now(result) => result,
+            Answer::Later(rx) => rx.await.unwrap_or_else(|_| error(ResponseError::UnknownMemberId)),
+        }
+    }
+
+    /// Handles SyncGroup; the leader's assignment is persisted before any
+    /// member gets its share.
+    pub async fn sync(
+        &self,
+        group_id: &str,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+        protocol: (Option<&str>, Option<&str>),
+        assignments: Vec<(String, Bytes)>,
+    ) -> SyncResult {
+        let outcome = {
+            let mut groups = self.groups.lock();
+            let Some(group) = groups.get_mut(group_id) else {
+                return Err(ResponseError::UnknownMemberId);
+            };
+            group.sync(
+                generation,
+                member_id,
+                instance_id,
+                protocol,
+                assignments,
+                self.now_ms(),
+            )
+        };
+        self.timer.notify_one();
+        let rx = match outcome {
+            SyncOutcome::Answer(Answer::Now(result)) => return result,
+            SyncOutcome::Answer(Answer::Later(rx)) => rx,
+            SyncOutcome::Persist {
+                metadata,
+                generation,
+                answer,
+            } => {
+                let record = GroupRecord::Group {
+                    group: group_id.to_string(),
+                    value: Some(metadata),
+                };
+                let written = self.store.write(vec![record]).await.map_err(|e| {
+                    tracing::error!(group = group_id, error = %e, "cannot persist the assignment");
+                    ResponseError::CoordinatorNotAvailable
+                });
+                if let Some(group) = self.groups.lock().get_mut(group_id) {
+                    group.assignment_persisted(generation, written, self.now_ms());
+                }
+                self.timer.notify_one();
+                answer
+            }
+        };
+        rx.await.unwrap_or(Err(ResponseError::UnknownMemberId))
+    }
+
+    pub fn heartbeat(
+        &self,
+        group_id: &str,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> Result<(), ResponseError> {
+        let mut groups = self.groups.lock();
+        let group = groups.get_mut(group_id).ok_or(ResponseError::UnknownMemberId)?;
+        group.heartbeat(generation, member_id, instance_id, self.now_ms())
+    }
+
+    /// Handles LeaveGroup: one result per leaving member.
+    pub fn leave(
+        &self,
+        group_id: &str,
+        members: &[(String, Option<String>)],
+    ) -> Vec<Result<(), ResponseError>> {
+        let mut groups = self.groups.lock();
+        let now = self.now_ms();
+        let results = members
+            .iter()
+            .map(|(member_id, instance_id)| match groups.get_mut(group_id) {
+                None => Err(ResponseError::UnknownMemberId),
+                Some(group) => group.leave(member_id, instance_id.as_deref(), now),
+            })
+            .collect();
+        drop(groups);
+        self.timer.notify_one();
+        results
+    }
+
+    /// Handles OffsetCommit for partitions of existing topics. `Err` is a
+    /// group-level error that applies to every partition.
+    pub async fn commit_offsets(
+        &self,
+        group_id: &str,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+        offsets: Vec<OffsetToCommit>,
+    ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
+        if group_id.is_empty() {
+            return Err(ResponseError::InvalidGroupId);
+        }
+        let now = self.now_ms();
+        {
+            let mut groups = self.groups.lock();
+            match groups.get_mut(group_id) {
+                Some(group) => group.validate_commit(generation, member_id, instance_id, now)?,
+                // Outside group management (assign() and admin tools): the
+                // group comes into being, Empty, as in Kafka.
+                None if generation < 0 => {
+                    groups.insert(group_id.to_string(), Group::new(group_id, self.config.group, now));
+                }
+                None => return Err(ResponseError::IllegalGeneration),
+            }
+        }
+        let max_metadata = self.config.offset_metadata_max_bytes;
+        let mut results = Vec::with_capacity(offsets.len());
+        let mut records = Vec::new();
+        for o in offsets {
+            if o.metadata.len() > max_metadata {
+                results.push(Err(ResponseError::OffsetMetadataTooLarge));
+                continue;
+            }
+            results.push(Ok(()));
+            records.push(GroupRecord::Offset {
+                group: group_id.to_string(),
+                topic: o.topic,
+                partition: o.partition,
+                value: Some(CommittedOffset {
+                    offset: o.offset,
+                    leader_epoch: o.leader_epoch,
+                    metadata: o.metadata,
+                    commit_timestamp_ms: now,
+                }),
+            });
+        }
+        self.store.write(records).await.map_err(|e| {
+            tracing::error!(group = group_id, error = %e, "cannot persist offsets");
+            ResponseError::CoordinatorNotAvailable
+        })?;
+        Ok(results)
+    }
+
+    /// Committed offsets of a group: of the given partitions, or of every
+    /// partition when `partitions` is `None`.
+    pub fn fetch_offsets(
+        &self,
+        group_id: &str,
+        partitions: Option<&[(String, i32)]>,
+    ) -> Vec<(String, i32, Option<CommittedOffset>)> {
+        self.store.with_table(|table| {
+            let committed = table.offsets.get(group_id);
+            match partitions {
+                Some(wanted) => wanted
+                    .iter()
+                    .map(|(t, p)| {
+                        let value = committed.and_then(|c| c.get(&(t.clone(), *p))).cloned();
+                        (t.clone(), *p, value)
+                    })
+                    .collect(),
+                None => committed
+                    .into_iter()
+                    .flatten()
+                    .map(|((t, p), v)| (t.clone(), *p, Some(v.clone())))
+                    .collect(),
+            }
+        })
+    }
+
+    /// Every group: `(id, protocol type, state)`.
+    pub fn list(&self) -> Vec<(String, String, GroupState)> {
+        let groups = self.groups.lock();
+        let mut out: Vec<_> = groups
+            .values()
+            .filter(|g| g.state() != GroupState::Dead)
+            .map(|g| {
+                (
+                    g.id.clone(),
+                    g.protocol_type().unwrap_or("").to_string(),
+                    g.state(),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    pub fn describe(&self, group_id: &str) -> Option<GroupDescription> {
+        let groups = self.groups.lock();
+        let g = groups.get(group_id)?;
+        let members = g
+            .describe_members()
+            .into_iter()
+            .map(
+                |(member_id, instance_id, client_id, client_host, metadata, assignment)| MemberDescription {
+                    member_id,
+                    instance_id,
+                    client_id,
+                    client_host,
+                    metadata,
+                    assignment,
+                },
+            )
+            .collect();
+        Some(GroupDescription {
+            state: g.state(),
+            protocol_type: g.protocol_type().unwrap_or("").to_string(),
+            protocol: if g.state() == GroupState::Stable {
+                g.protocol().unwrap_or("").to_string()
+            } else {
+                String::new()
+            },
+            members,
+        })
+    }
+
+    /// Handles DeleteGroups: only groups without members can go; their
+    /// offsets and metadata are deleted with them.
+    pub async fn delete_groups(&self, ids: &[String]) -> Vec<Result<(), ResponseError>> {
+        let mut results = Vec::with_capacity(ids.len());
+        let mut records = Vec::new();
+        {
+            let mut groups = self.groups.lock();
+            let now = self.now_ms();
+            for id in ids {
+                let result = match groups.get_mut(id) {
+                    None => Err(ResponseError::GroupIdNotFound),
+                    Some(g) if g.state() == GroupState::Dead => Err(ResponseError::GroupIdNotFound),
+                    Some(g) if !g.is_empty() => Err(ResponseError::NonEmptyGroup),
+                    Some(g) => {
+                        g.kill(now);
+                        groups.remove(id);
+                        records.extend(self.tombstones(id));
+                        Ok(())
+                    }
+                };
+                results.push(result);
+            }
+        }
+        if let Err(e) = self.store.write(records).await {
+            tracing::error!(error = %e, "cannot persist group deletion");
+            for r in results.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(ResponseError::CoordinatorNotAvailable);
+            }
+        }
+        results
+    }
+
+    /// Tombstones for a group's metadata and every committed offset.
+    fn tombstones(&self, group_id: &str) -> Vec<GroupRecord> {
+        self.store.with_table(|table| {
+            let offsets = table
+                .offsets
+                .get(group_id)
+                .into_iter()
+                .flatten()
+                .map(|((t, p), _)| GroupRecord::Offset {
+                    group: group_id.to_string(),
+                    topic: t.clone(),
+                    partition: *p,
+                    value: None,
+                });
+            let meta = table.groups.contains_key(group_id).then(|| GroupRecord::Group {
+                group: group_id.to_string(),
+                value: None,
+            });
+            offsets.chain(meta).collect()
+        })
+    }
+
+    /// Handles OffsetDelete. Offsets of topics an active consumer group is
+    /// subscribed to cannot be deleted.
+    pub async fn delete_offsets(
+        &self,
+        group_id: &str,
+        partitions: &[(String, i32)],
+    ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
+        let subscribed: BTreeSet<String> = {
+            let groups = self.groups.lock();
+            let group = groups.get(group_id).ok_or(ResponseError::GroupIdNotFound)?;
+            if group.is_empty() {
+                BTreeSet::new()
+            } else if group.protocol_type() == Some("consumer") {
+                group
+                    .subscriptions()
+                    .iter()
+                    .filter_map(|s| subscribed_topics(s))
+                    .flatten()
+                    .collect()
+            } else {
+                return Err(ResponseError::NonEmptyGroup);
+            }
+        };
+        let mut results = Vec::with_capacity(partitions.len());
+        let mut records = Vec::new();
+        let committed = self.fetch_offsets(group_id, Some(partitions));
+        for (topic, partition, value) in committed {
+            if subscribed.contains(&topic) {
+                results.push(Err(ResponseError::GroupSubscribedToTopic));
+                continue;
+            }
+            results.push(Ok(()));
+            if value.is_some() {
+                records.push(GroupRecord::Offset {
+                    group: group_id.to_string(),
+                    topic,
+                    partition,
+                    value: None,
+                });
+            }
+        }
+        self.store.write(records).await.map_err(|e| {
+            tracing::error!(group = group_id, error = %e, "cannot persist offset deletion");
+            ResponseError::CoordinatorNotAvailable
+        })?;
+        Ok(results)
+    }
+
+    /// Applies due timeouts in every group; returns the metadata of groups
+    /// that became empty, to persist.
+    fn tick(&self) -> Vec<GroupRecord> {
+        let now = self.now_ms();
+        let mut groups = self.groups.lock();
+        groups
+            .values_mut()
+            .filter(|g| g.next_deadline_ms().is_some_and(|d| d <= now))
+            .filter_map(|g| {
+                g.tick(now).then(|| GroupRecord::Group {
+                    group: g.id.clone(),
+                    value: Some(g.metadata()),
+                })
+            })
+            .collect()
+    }
+
+    fn next_deadline_ms(&self) -> Option<i64> {
+        self.groups
+            .lock()
+            .values()
+            .filter_map(Group::next_deadline_ms)
+            .min()
+    }
+
+    /// `offsets.retention.minutes`: offsets of an empty group expire that
+    /// long after it became empty (after their commit, for groups that
+    /// never had members); offsets of topics a live consumer group no
+    /// longer subscribes to expire that long after their commit. An empty
+    /// group left without offsets is deleted. Returns the tombstones.
+    fn expire_offsets(&self) -> Vec<GroupRecord> {
+        let now = self.now_ms();
+        let retention_ms = self.config.offsets_retention_ms;
+        let mut groups = self.groups.lock();
+        let mut records = Vec::new();
+        let mut emptied = Vec::new();
+        self.store.with_table(|table| {
+            for group in groups.values() {
+                let offsets = table.offsets.get(&group.id);
+                let subscribed: Option<BTreeSet<String>> = (!group.is_empty())
+                    .then(|| {
+                        (group.protocol_type() == Some("consumer")).then(|| {
+                            group
+                                .subscriptions()
+                                .iter()
+                                .filter_map(|s| subscribed_topics(s))
+                                .flatten()
+                                .collect()
+                        })
+                    })
+                    .flatten();
+                let mut remaining = 0;
+                for ((topic, partition), v) in offsets.into_iter().flatten() {
+                    let expired = if group.is_empty() {
+                        let since = if group.protocol_type().is_some() {
+                            group.state_since_ms().max(v.commit_timestamp_ms)
+                        } else {
+                            v.commit_timestamp_ms
+                        };
+                        since + retention_ms <= now
+                    } else {
+                        subscribed.as_ref().is_some_and(|s| !s.contains(topic))
+                            && v.commit_timestamp_ms + retention_ms <= now
+                    };
+                    if expired {
+                        records.push(GroupRecord::Offset {
+                            group: group.id.clone(),
+                            topic: topic.clone(),
+                            partition: *partition,
+                            value: None,
+                        });
+                    } else {
+                        remaining += 1;
+                    }
+                }
+                if group.is_empty() && remaining == 0 && group.state() == GroupState::Empty {
+                    emptied.push((group.id.clone(), table.groups.contains_key(&group.id)));
+                }
+            }
+        });
+        for (id, has_metadata) in emptied {
+            tracing::info!(group = %id, "removing empty group without offsets");
+            if let Some(mut g) = groups.remove(&id) {
+                g.kill(now);
+            }
+            if has_metadata {
+                records.push(GroupRecord::Group {
+                    group: id,
+                    value: None,
+                });
+            }
+        }
+        records
+    }
+
+    /// Runs group timeouts and offset expiry until the runtime stops.
+    pub fn spawn_timers(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                let records = me.tick();
+                if let Err(e) = me.store.write(records).await {
+                    tracing::error!(error = %e, "cannot persist group state");
+                }
+                let wait_ms = me
+                    .next_deadline_ms()
+                    .map_or(60_000, |d| (d - me.now_ms()).clamp(1, 60_000));
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(wait_ms as u64)) => {}
+                    _ = me.timer.notified() => {}
+                }
+            }
+        });
+        let me = Arc::clone(self);
+        let every = Duration::from_millis(self.config.offsets_retention_check_interval_ms.max(1) as u64);
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(every);
+            interval.tick().await;
+            loop {
+                interval.tick().await;
+                let records = me.expire_offsets();
+                if let Err(e) = me.store.write(records).await {
+                    tracing::error!(error = %e, "cannot persist expired offsets");
+                }
+            }
+        });
+    }
+
+    /// Flushes and closes the group log. Blocking.
+    pub fn close(&self) {
+        self.store.close();
+    }
+}
+
+#[cfg(test)]
+mod tests;

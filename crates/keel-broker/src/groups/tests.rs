@@ -1,0 +1,460 @@
+//! The coordinator on a hand-moved clock: rebalances, session expiry,
+//! Kafka's error codes, persistence across reopen and offset retention,
+//! with no sleeping.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use super::*;
+
+struct ManualClock(AtomicI64);
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+struct Harness {
+    dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    config: CoordinatorConfig,
+    coordinator: Arc<GroupCoordinator>,
+}
+
+const SESSION_MS: i32 = 10_000;
+const REBALANCE_MS: i32 = 30_000;
+const DELAY_MS: i32 = 500;
+
+impl Harness {
+    fn new() -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock(AtomicI64::new(1_000_000)));
+        let config = CoordinatorConfig {
+            group: GroupConfig {
+                initial_rebalance_delay_ms: DELAY_MS,
+                ..GroupConfig::default()
+            },
+            offsets_retention_ms: 60_000,
+            ..CoordinatorConfig::default()
+        };
+        let coordinator = Arc::new(GroupCoordinator::open(dir.path(), config, clock.clone()).unwrap());
+        Harness {
+            dir,
+            clock,
+            config,
+            coordinator,
+        }
+    }
+
+    fn reopen(&mut self) {
+        self.coordinator.close();
+        self.coordinator =
+            Arc::new(GroupCoordinator::open(self.dir.path(), self.config, self.clock.clone()).unwrap());
+    }
+
+    /// Moves the clock and runs the timers, letting woken tasks run.
+    async fn advance(&self, ms: i64) {
+        self.clock.0.fetch_add(ms, Ordering::SeqCst);
+        let records = self.coordinator.tick();
+        self.coordinator.store.write(records).await.unwrap();
+        settle().await;
+    }
+
+    fn join(&self, member_id: &str, instance: Option<&str>) -> JoinHandle<JoinResult> {
+        let c = Arc::clone(&self.coordinator);
+        let params = params(member_id, instance);
+        tokio::spawn(async move { c.join("g", params).await })
+    }
+
+    /// The two-step join of a new dynamic member (JoinGroup v4+).
+    async fn new_member(&self) -> JoinHandle<JoinResult> {
+        let first = self.join("", None).await.unwrap();
+        assert_eq!(first.error, Some(ResponseError::MemberIdRequired));
+        let handle = self.join(&first.member_id, None);
+        settle().await;
+        handle
+    }
+
+    fn sync(&self, r: &JoinResult, assignments: Vec<(String, Bytes)>) -> JoinHandle<SyncResult> {
+        let c = Arc::clone(&self.coordinator);
+        let (generation, member) = (r.generation, r.member_id.clone());
+        let instance = c
+            .describe("g")
+            .and_then(|d| d.members.into_iter().find(|m| m.member_id == member))
+            .and_then(|m| m.instance_id);
+        tokio::spawn(async move {
+            c.sync(
+                "g",
+                generation,
+                &member,
+                instance.as_deref(),
+                (None, None),
+                assignments,
+            )
+            .await
+        })
+    }
+
+    /// Joins `n` new members and completes the rebalance: each gets
+    /// "assignment-<i>" in join order.
+    async fn stable_group(&self, n: usize) -> Vec<JoinResult> {
+        let mut joins = Vec::new();
+        for _ in 0..n {
+            joins.push(self.new_member().await);
+        }
+        // Members that joined within the initial delay extend it once more.
+        self.advance(i64::from(DELAY_MS)).await;
+        if n > 1 {
+            assert!(joins.iter().all(|j| !j.is_finished()));
+            self.advance(i64::from(DELAY_MS)).await;
+        }
+        let mut results = Vec::new();
+        for j in joins {
+            results.push(j.await.unwrap());
+        }
+        self.complete_sync(&results).await;
+        results
+    }
+
+    async fn complete_sync(&self, results: &[JoinResult]) {
+        let leader = results
+            .iter()
+            .find(|r| r.member_id == r.leader)
+            .expect("a leader");
+        let assignments: Vec<(String, Bytes)> = leader
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.member_id.clone(), Bytes::from(format!("assignment-{i}"))))
+            .collect();
+        let mut syncs = Vec::new();
+        for r in results {
+            let a = if r.member_id == r.leader {
+                assignments.clone()
+            } else {
+                Vec::new()
+            };
+            syncs.push((r.member_id.clone(), self.sync(r, a)));
+        }
+        for (member, s) in syncs {
+            let answer = s.await.unwrap().unwrap();
+            let expected = assignments.iter().find(|(m, _)| *m == member).unwrap();
+            assert_eq!(answer.assignment, expected.1);
+        }
+    }
+
+    fn state(&self) -> GroupState {
+        self.coordinator.describe("g").unwrap().state
+    }
+}
+
+fn params(member_id: &str, instance: Option<&str>) -> JoinParams {
+    JoinParams {
+        member_id: member_id.into(),
+        instance_id: instance.map(String::from),
+        client_id: "client".into(),
+        client_host: "/127.0.0.1".into(),
+        session_timeout_ms: SESSION_MS,
+        rebalance_timeout_ms: REBALANCE_MS,
+        protocol_type: "consumer".into(),
+        protocols: vec![("range".into(), Bytes::from_static(b"meta"))],
+        require_known_member_id: true,
+    }
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn three_members_share_one_generation_and_one_leader() {
+    let h = Harness::new();
+    let results = h.stable_group(3).await;
+    let generation = results[0].generation;
+    assert!(results
+        .iter()
+        .all(|r| r.generation == generation && r.error.is_none()));
+    let leaders: Vec<_> = results.iter().filter(|r| r.member_id == r.leader).collect();
+    assert_eq!(leaders.len(), 1);
+    assert_eq!(leaders[0].members.len(), 3);
+    assert!(results
+        .iter()
+        .filter(|r| r.member_id != r.leader)
+        .all(|r| r.members.is_empty()));
+    assert_eq!(results[0].protocol_name.as_deref(), Some("range"));
+    assert_eq!(h.state(), GroupState::Stable);
+}
+
+#[tokio::test]
+async fn the_initial_delay_holds_the_first_rebalance() {
+    let h = Harness::new();
+    let first = h.new_member().await;
+    h.advance(i64::from(DELAY_MS) - 1).await;
+    assert!(!first.is_finished(), "the join waits out the initial delay");
+    let second = h.new_member().await;
+    // A member arrived within the delay: it is extended once more.
+    h.advance(1).await;
+    assert!(!first.is_finished());
+    h.advance(i64::from(DELAY_MS)).await;
+    let (a, b) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(a.generation, b.generation);
+}
+
+#[tokio::test]
+async fn an_expired_member_triggers_a_rebalance_without_it() {
+    let h = Harness::new();
+    let results = h.stable_group(3).await;
+    let generation = results[0].generation;
+    // Two members keep heartbeating; the third goes silent.
+    for _ in 0..3 {
+        h.clock.0.fetch_add(i64::from(SESSION_MS) / 3, Ordering::SeqCst);
+        for r in &results[..2] {
+            h.coordinator
+                .heartbeat("g", generation, &r.member_id, None)
+                .unwrap();
+        }
+        h.advance(0).await;
+    }
+    h.advance(1).await;
+    assert_eq!(h.state(), GroupState::PreparingRebalance);
+    let hb = h
+        .coordinator
+        .heartbeat("g", generation, &results[0].member_id, None);
+    assert_eq!(hb, Err(ResponseError::RebalanceInProgress));
+    assert_eq!(
+        h.coordinator
+            .heartbeat("g", generation, &results[2].member_id, None),
+        Err(ResponseError::UnknownMemberId)
+    );
+    let rejoins: Vec<_> = results[..2].iter().map(|r| h.join(&r.member_id, None)).collect();
+    settle().await;
+    let mut again = Vec::new();
+    for j in rejoins {
+        again.push(j.await.unwrap());
+    }
+    assert!(again.iter().all(|r| r.generation == generation + 1));
+    h.complete_sync(&again).await;
+    assert_eq!(h.coordinator.describe("g").unwrap().members.len(), 2);
+}
+
+#[tokio::test]
+async fn wrong_generations_and_unknown_members_get_kafkas_errors() {
+    let h = Harness::new();
+    let results = h.stable_group(2).await;
+    let (generation, member) = (results[0].generation, results[0].member_id.clone());
+    let c = &h.coordinator;
+    assert_eq!(
+        c.heartbeat("g", generation - 1, &member, None),
+        Err(ResponseError::IllegalGeneration)
+    );
+    assert_eq!(
+        c.heartbeat("g", generation, "nobody", None),
+        Err(ResponseError::UnknownMemberId)
+    );
+    assert_eq!(
+        c.heartbeat("nogroup", generation, &member, None),
+        Err(ResponseError::UnknownMemberId)
+    );
+    let sync = c
+        .sync("g", generation + 1, &member, None, (None, None), Vec::new())
+        .await;
+    assert_eq!(sync.unwrap_err(), ResponseError::IllegalGeneration);
+    let commit = |generation, member: &'static str| {
+        let offsets = vec![OffsetToCommit {
+            topic: "t".into(),
+            partition: 0,
+            offset: 5,
+            leader_epoch: -1,
+            metadata: String::new(),
+        }];
+        c.commit_offsets("g", generation, member, None, offsets)
+    };
+    let member: &'static str = Box::leak(member.into_boxed_str());
+    assert_eq!(
+        commit(generation - 1, member).await.unwrap_err(),
+        ResponseError::IllegalGeneration
+    );
+    assert_eq!(
+        commit(generation, "nobody").await.unwrap_err(),
+        ResponseError::UnknownMemberId
+    );
+    // A commit from outside the generation while the group has members.
+    assert_eq!(commit(-1, "").await.unwrap_err(), ResponseError::UnknownMemberId);
+    assert!(commit(generation, member).await.is_ok());
+    let unknown = c.join("g", params("nobody", None)).await;
+    assert_eq!(unknown.error, Some(ResponseError::UnknownMemberId));
+    let mut short = params("", None);
+    short.session_timeout_ms = 10;
+    assert_eq!(
+        c.join("g", short).await.error,
+        Some(ResponseError::InvalidSessionTimeout)
+    );
+    let mut other = params("", None);
+    other.protocols = vec![("roundrobin".into(), Bytes::new())];
+    assert_eq!(
+        c.join("g", other).await.error,
+        Some(ResponseError::InconsistentGroupProtocol)
+    );
+    // A follower that rejoins unchanged gets the current generation back;
+    // the leader's rejoin starts a rebalance.
+    let follower = results.iter().find(|r| r.member_id != r.leader).unwrap();
+    let same = c.join("g", params(&follower.member_id, None)).await;
+    assert_eq!((same.error, same.generation), (None, generation));
+    assert_eq!(h.state(), GroupState::Stable);
+    let rejoin = h.join(&results[0].leader, None);
+    settle().await;
+    assert_eq!(h.state(), GroupState::PreparingRebalance);
+    let sync = c
+        .sync("g", generation, member, None, (None, None), Vec::new())
+        .await;
+    assert_eq!(sync.unwrap_err(), ResponseError::RebalanceInProgress);
+    drop(rejoin);
+}
+
+#[tokio::test]
+async fn a_restarted_static_member_takes_its_place_without_a_rebalance() {
+    let h = Harness::new();
+    let a = h.join("", Some("instance-a"));
+    let b = h.join("", Some("instance-b"));
+    settle().await;
+    h.advance(i64::from(DELAY_MS)).await;
+    h.advance(i64::from(DELAY_MS)).await;
+    let results = vec![a.await.unwrap(), b.await.unwrap()];
+    h.complete_sync(&results).await;
+    let generation = results[0].generation;
+    let old = results
+        .iter()
+        .find(|r| r.member_id.starts_with("instance-b"))
+        .unwrap();
+    let old_assignment = h
+        .coordinator
+        .describe("g")
+        .unwrap()
+        .members
+        .into_iter()
+        .find(|m| m.member_id == old.member_id)
+        .unwrap()
+        .assignment;
+    // The client restarts: same instance id, no member id.
+    let again = h.join("", Some("instance-b")).await.unwrap();
+    assert_eq!(again.error, None);
+    assert_eq!(again.generation, generation, "no rebalance");
+    assert_ne!(again.member_id, old.member_id);
+    assert_eq!(h.state(), GroupState::Stable);
+    let answer = h
+        .coordinator
+        .sync(
+            "g",
+            generation,
+            &again.member_id,
+            Some("instance-b"),
+            (None, None),
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.assignment, old_assignment);
+    // The old instance is fenced.
+    assert_eq!(
+        h.coordinator
+            .heartbeat("g", generation, &old.member_id, Some("instance-b")),
+        Err(ResponseError::FencedInstanceId)
+    );
+}
+
+#[tokio::test]
+async fn groups_and_offsets_survive_a_reopen() {
+    let mut h = Harness::new();
+    let results = h.stable_group(2).await;
+    let generation = results[0].generation;
+    let offsets = vec![OffsetToCommit {
+        topic: "t".into(),
+        partition: 3,
+        offset: 42,
+        leader_epoch: 0,
+        metadata: "meta".into(),
+    }];
+    h.coordinator
+        .commit_offsets("g", generation, &results[0].member_id, None, offsets)
+        .await
+        .unwrap();
+    h.reopen();
+    assert_eq!(h.state(), GroupState::Stable);
+    for r in &results {
+        h.coordinator
+            .heartbeat("g", generation, &r.member_id, None)
+            .unwrap();
+    }
+    let fetched = h.coordinator.fetch_offsets("g", None);
+    assert_eq!(fetched.len(), 1);
+    let (topic, partition, value) = &fetched[0];
+    assert_eq!((topic.as_str(), *partition), ("t", 3));
+    let value = value.as_ref().unwrap();
+    assert_eq!(
+        (value.offset, value.leader_epoch, value.metadata.as_str()),
+        (42, 0, "meta")
+    );
+    // Members that never come back expire after the restart too.
+    h.advance(i64::from(SESSION_MS) + 1).await;
+    assert_eq!(h.state(), GroupState::Empty);
+}
+
+#[tokio::test]
+async fn offsets_of_an_empty_group_expire_after_retention() {
+    let mut h = Harness::new();
+    let offsets = |offset| {
+        vec![OffsetToCommit {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            leader_epoch: -1,
+            metadata: String::new(),
+        }]
+    };
+    h.coordinator
+        .commit_offsets("g", -1, "", None, offsets(1))
+        .await
+        .unwrap();
+    h.clock.0.fetch_add(30_000, Ordering::SeqCst);
+    h.coordinator
+        .commit_offsets("other", -1, "", None, offsets(2))
+        .await
+        .unwrap();
+    assert!(h.coordinator.expire_offsets().is_empty(), "nothing is due yet");
+    h.clock.0.fetch_add(30_000, Ordering::SeqCst);
+    let tombstones = h.coordinator.expire_offsets();
+    assert_eq!(tombstones.len(), 1);
+    h.coordinator.store.write(tombstones).await.unwrap();
+    assert!(h.coordinator.fetch_offsets("g", None).is_empty());
+    assert!(h.coordinator.describe("g").is_none(), "the empty group is gone");
+    assert_eq!(h.coordinator.fetch_offsets("other", None).len(), 1);
+    h.reopen();
+    assert!(h.coordinator.describe("g").is_none());
+    assert_eq!(h.coordinator.fetch_offsets("other", None).len(), 1);
+}
+
+#[tokio::test]
+async fn only_empty_groups_can_be_deleted() {
+    let h = Harness::new();
+    let results = h.stable_group(1).await;
+    let ids = vec!["g".to_string(), "missing".to_string()];
+    let r = h.coordinator.delete_groups(&ids).await;
+    assert_eq!(
+        r,
+        vec![
+            Err(ResponseError::NonEmptyGroup),
+            Err(ResponseError::GroupIdNotFound)
+        ]
+    );
+    let left = h.coordinator.leave("g", &[(results[0].member_id.clone(), None)]);
+    assert_eq!(left, vec![Ok(())]);
+    // The last member left: the join phase ends at once, with nobody.
+    assert_eq!(h.state(), GroupState::Empty);
+    assert_eq!(h.coordinator.delete_groups(&ids[..1]).await, vec![Ok(())]);
+    assert!(h.coordinator.describe("g").is_none());
+}

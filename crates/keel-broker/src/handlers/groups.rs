@@ -1,0 +1,561 @@
+//! The classic consumer group APIs: FindCoordinator, JoinGroup, SyncGroup,
+//! Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
+//! DescribeGroups, DeleteGroups and OffsetDelete. Each handler translates
+//! between the wire messages (whose fields vary by version) and
+//! [`crate::groups::GroupCoordinator`].
+
+use std::sync::Arc;
+
+use keel_protocol::messages::delete_groups_response::DeletableGroupResult;
+use keel_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use keel_protocol::messages::find_coordinator_response::Coordinator;
+use keel_protocol::messages::join_group_response::JoinGroupResponseMember;
+use keel_protocol::messages::leave_group_response::MemberResponse;
+use keel_protocol::messages::list_groups_response::ListedGroup;
+use keel_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use keel_protocol::messages::offset_delete_response::{
+    OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
+};
+use keel_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
+use keel_protocol::messages::*;
+use keel_protocol::{ResponseError, StrBytes};
+
+use super::{str_bytes, topic_name};
+use crate::groups::group::JoinParams;
+use crate::groups::records::CommittedOffset;
+use crate::groups::OffsetToCommit;
+use crate::Broker;
+
+/// FindCoordinator key types.
+const KEY_TYPE_GROUP: i8 = 0;
+const KEY_TYPE_TRANSACTION: i8 = 1;
+
+/// Operations are not reported (no ACLs yet): Kafka's "not requested"
+/// sentinel.
+const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
+
+fn code(result: Result<(), ResponseError>) -> i16 {
+    result.err().map_or(0, |e| e.code())
+}
+
+fn opt_str(s: &Option<StrBytes>) -> Option<&str> {
+    s.as_ref().map(|s| s.as_str())
+}
+
+pub fn find_coordinator(
+    broker: &Broker,
+    req: FindCoordinatorRequest,
+    version: i16,
+) -> FindCoordinatorResponse {
+    // `Ok` names this broker; every group is coordinated here.
+    let answer = |key: &str| -> Result<(), (ResponseError, String)> {
+        match req.key_type {
+            KEY_TYPE_GROUP if key.is_empty() => Err((ResponseError::InvalidGroupId, "empty group id".into())),
+            KEY_TYPE_GROUP => Ok(()),
+            KEY_TYPE_TRANSACTION => Err((
+                ResponseError::TransactionalIdAuthorizationFailed,
+                "Keel does not support transactions".into(),
+            )),
+            other => Err((
+                ResponseError::InvalidRequest,
+                format!("unsupported key type {other}"),
+            )),
+        }
+    };
+    let (host, port, node) = (
+        str_bytes(broker.advertised_host.clone()),
+        broker.advertised_port,
+        broker.config.node_id(),
+    );
+    if version < 4 {
+        let result = answer(req.key.as_str());
+        let ok = result.is_ok();
+        let (error, message) = result
+            .err()
+            .map_or((0, None), |(e, m)| (e.code(), Some(str_bytes(m))));
+        let mut resp = FindCoordinatorResponse::default()
+            .with_error_code(error)
+            .with_node_id(BrokerId(if ok { node } else { -1 }))
+            .with_host(if ok { host } else { str_bytes("") })
+            .with_port(if ok { port } else { -1 });
+        if version >= 1 {
+            resp = resp.with_error_message(message);
+        }
+        return resp;
+    }
+    let coordinators = req
+        .coordinator_keys
+        .iter()
+        .map(|key| {
+            let result = answer(key.as_str());
+            let ok = result.is_ok();
+            let (error, message) = result
+                .err()
+                .map_or((0, None), |(e, m)| (e.code(), Some(str_bytes(m))));
+            Coordinator::default()
+                .with_key(key.clone())
+                .with_node_id(BrokerId(if ok { node } else { -1 }))
+                .with_host(if ok { host.clone() } else { str_bytes("") })
+                .with_port(if ok { port } else { -1 })
+                .with_error_code(error)
+                .with_error_message(message)
+        })
+        .collect();
+    FindCoordinatorResponse::default().with_coordinators(coordinators)
+}
+
+pub async fn join_group(
+    broker: &Arc<Broker>,
+    req: JoinGroupRequest,
+    version: i16,
+    client_id: &str,
+    client_host: &str,
+) -> JoinGroupResponse {
+    let params = JoinParams {
+        member_id: req.member_id.to_string(),
+        instance_id: req.group_instance_id.as_ref().map(|s| s.to_string()),
+        client_id: client_id.to_string(),
+        client_host: client_host.to_string(),
+        session_timeout_ms: req.session_timeout_ms,
+        rebalance_timeout_ms: if version >= 1 {
+            req.rebalance_timeout_ms
+        } else {
+            req.session_timeout_ms
+        },
+        protocol_type: req.protocol_type.to_string(),
+        protocols: req
+            .protocols
+            .iter()
+            .map(|p| (p.name.to_string(), p.metadata.clone()))
+            .collect(),
+        require_known_member_id: version >= 4,
+    };
+    let r = broker.groups.join(req.group_id.as_str(), params).await;
+    let members = r
+        .members
+        .into_iter()
+        .map(|m| {
+            let member = JoinGroupResponseMember::default()
+                .with_member_id(str_bytes(m.member_id))
+                .with_metadata(m.metadata);
+            if version >= 5 {
+                member.with_group_instance_id(m.instance_id.map(str_bytes))
+            } else {
+                member
+            }
+        })
+        .collect();
+    let protocol_name = match (r.protocol_name, version >= 7) {
+        (Some(name), _) => Some(str_bytes(name)),
+        (None, true) => None,
+        (None, false) => Some(str_bytes("")),
+    };
+    let mut resp = JoinGroupResponse::default()
+        .with_error_code(r.error.map_or(0, |e| e.code()))
+        .with_generation_id(r.generation)
+        .with_protocol_name(protocol_name)
+        .with_leader(str_bytes(r.leader))
+        .with_member_id(str_bytes(r.member_id))
+        .with_members(members);
+    if version >= 7 {
+        resp = resp.with_protocol_type(r.protocol_type.map(str_bytes));
+    }
+    resp
+}
+
+pub async fn sync_group(broker: &Arc<Broker>, req: SyncGroupRequest, version: i16) -> SyncGroupResponse {
+    let assignments = req
+        .assignments
+        .iter()
+        .map(|a| (a.member_id.to_string(), a.assignment.clone()))
+        .collect();
+    let result = broker
+        .groups
+        .sync(
+            req.group_id.as_str(),
+            req.generation_id,
+            req.member_id.as_str(),
+            opt_str(&req.group_instance_id),
+            (opt_str(&req.protocol_type), opt_str(&req.protocol_name)),
+            assignments,
+        )
+        .await;
+    match result {
+        Ok(answer) => {
+            let resp = SyncGroupResponse::default().with_assignment(answer.assignment);
+            if version >= 5 {
+                resp.with_protocol_type(answer.protocol_type.map(str_bytes))
+                    .with_protocol_name(answer.protocol_name.map(str_bytes))
+            } else {
+                resp
+            }
+        }
+        Err(e) => SyncGroupResponse::default().with_error_code(e.code()),
+    }
+}
+
+pub fn heartbeat(broker: &Broker, req: HeartbeatRequest) -> HeartbeatResponse {
+    let result = broker.groups.heartbeat(
+        req.group_id.as_str(),
+        req.generation_id,
+        req.member_id.as_str(),
+        opt_str(&req.group_instance_id),
+    );
+    HeartbeatResponse::default().with_error_code(code(result))
+}
+
+pub fn leave_group(broker: &Broker, req: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
+    if version < 3 {
+        let results = broker
+            .groups
+            .leave(req.group_id.as_str(), &[(req.member_id.to_string(), None)]);
+        let result = results.into_iter().next().unwrap_or(Ok(()));
+        return LeaveGroupResponse::default().with_error_code(code(result));
+    }
+    let leaving: Vec<(String, Option<String>)> = req
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.member_id.to_string(),
+                m.group_instance_id.as_ref().map(|s| s.to_string()),
+            )
+        })
+        .collect();
+    let results = broker.groups.leave(req.group_id.as_str(), &leaving);
+    let members = req
+        .members
+        .into_iter()
+        .zip(results)
+        .map(|(m, r)| {
+            MemberResponse::default()
+                .with_member_id(m.member_id)
+                .with_group_instance_id(m.group_instance_id)
+                .with_error_code(code(r))
+        })
+        .collect();
+    LeaveGroupResponse::default().with_members(members)
+}
+
+pub async fn offset_commit(
+    broker: &Arc<Broker>,
+    req: OffsetCommitRequest,
+    version: i16,
+) -> OffsetCommitResponse {
+    // Partitions of unknown topics are refused one by one; the rest go to
+    // the coordinator together.
+    let mut to_commit = Vec::new();
+    let mut errors: Vec<Vec<Option<ResponseError>>> = Vec::new();
+    for t in &req.topics {
+        let topic = broker.topics.get(t.name.as_str());
+        let mut row = Vec::new();
+        for p in &t.partitions {
+            let known = topic
+                .as_ref()
+                .is_some_and(|t| t.partition(p.partition_index).is_some());
+            if known {
+                to_commit.push(OffsetToCommit {
+                    topic: t.name.to_string(),
+                    partition: p.partition_index,
+                    offset: p.committed_offset,
+                    leader_epoch: if version >= 6 {
+                        p.committed_leader_epoch
+                    } else {
+                        -1
+                    },
+                    metadata: p
+                        .committed_metadata
+                        .as_ref()
+                        .map_or_else(String::new, |m| m.to_string()),
+                });
+                row.push(None);
+            } else {
+                row.push(Some(ResponseError::UnknownTopicOrPartition));
+            }
+        }
+        errors.push(row);
+    }
+    let outcome = broker
+        .groups
+        .commit_offsets(
+            req.group_id.as_str(),
+            req.generation_id_or_member_epoch,
+            req.member_id.as_str(),
+            opt_str(&req.group_instance_id),
+            to_commit,
+        )
+        .await;
+    let mut results = match &outcome {
+        Ok(results) => results.clone().into_iter(),
+        Err(_) => Vec::new().into_iter(),
+    };
+    let topics = req
+        .topics
+        .into_iter()
+        .zip(errors)
+        .map(|(t, row)| {
+            let partitions = t
+                .partitions
+                .iter()
+                .zip(row)
+                .map(|(p, refused)| {
+                    let error = match (refused, &outcome) {
+                        (Some(e), _) => e.code(),
+                        (None, Err(e)) => e.code(),
+                        (None, Ok(_)) => code(results.next().unwrap_or(Ok(()))),
+                    };
+                    OffsetCommitResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(error)
+                })
+                .collect();
+            OffsetCommitResponseTopic::default()
+                .with_name(t.name)
+                .with_partitions(partitions)
+        })
+        .collect();
+    OffsetCommitResponse::default().with_topics(topics)
+}
+
+/// `(topic, [(partition, committed)])`, grouped by topic in request order
+/// (or name order when every partition was asked for).
+type FetchedOffsets = Vec<(String, Vec<(i32, Option<CommittedOffset>)>)>;
+
+fn fetch_group_offsets(
+    broker: &Broker,
+    group: &str,
+    wanted: Option<Vec<(String, Vec<i32>)>>,
+) -> FetchedOffsets {
+    let flat: Option<Vec<(String, i32)>> = wanted.as_ref().map(|w| {
+        w.iter()
+            .flat_map(|(t, ps)| ps.iter().map(move |p| (t.clone(), *p)))
+            .collect()
+    });
+    let found = broker.groups.fetch_offsets(group, flat.as_deref());
+    let mut out: FetchedOffsets = Vec::new();
+    for (topic, partition, value) in found {
+        match out.last_mut() {
+            Some((t, ps)) if *t == topic => ps.push((partition, value)),
+            _ => out.push((topic, vec![(partition, value)])),
+        }
+    }
+    out
+}
+
+pub fn offset_fetch(broker: &Broker, req: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
+    if version < 8 {
+        let topics = req.topics.map(|ts| {
+            ts.into_iter()
+                .map(|t| (t.name.to_string(), t.partition_indexes))
+                .collect()
+        });
+        let fetched = fetch_group_offsets(broker, req.group_id.as_str(), topics);
+        let topics = fetched
+            .into_iter()
+            .map(|(topic, partitions)| {
+                let partitions = partitions
+                    .into_iter()
+                    .map(|(p, v)| {
+                        let (offset, epoch, meta) = committed_fields(v, version >= 5);
+                        OffsetFetchResponsePartition::default()
+                            .with_partition_index(p)
+                            .with_committed_offset(offset)
+                            .with_committed_leader_epoch(epoch)
+                            .with_metadata(Some(str_bytes(meta)))
+                    })
+                    .collect();
+                OffsetFetchResponseTopic::default()
+                    .with_name(topic_name(&topic))
+                    .with_partitions(partitions)
+            })
+            .collect();
+        return OffsetFetchResponse::default().with_topics(topics);
+    }
+    let groups = req
+        .groups
+        .into_iter()
+        .map(|g| {
+            let topics = g.topics.map(|ts| {
+                ts.into_iter()
+                    .map(|t| (t.name.to_string(), t.partition_indexes))
+                    .collect()
+            });
+            let fetched = fetch_group_offsets(broker, g.group_id.as_str(), topics);
+            let topics = fetched
+                .into_iter()
+                .map(|(topic, partitions)| {
+                    let partitions = partitions
+                        .into_iter()
+                        .map(|(p, v)| {
+                            let (offset, epoch, meta) = committed_fields(v, true);
+                            OffsetFetchResponsePartitions::default()
+                                .with_partition_index(p)
+                                .with_committed_offset(offset)
+                                .with_committed_leader_epoch(epoch)
+                                .with_metadata(Some(str_bytes(meta)))
+                        })
+                        .collect();
+                    OffsetFetchResponseTopics::default()
+                        .with_name(topic_name(&topic))
+                        .with_partitions(partitions)
+                })
+                .collect();
+            OffsetFetchResponseGroup::default()
+                .with_group_id(g.group_id)
+                .with_topics(topics)
+        })
+        .collect();
+    OffsetFetchResponse::default().with_groups(groups)
+}
+
+/// `(offset, leader epoch, metadata)`; no commit is offset -1 with empty
+/// metadata, as in Kafka.
+fn committed_fields(v: Option<CommittedOffset>, with_epoch: bool) -> (i64, i32, String) {
+    match v {
+        Some(c) => (c.offset, if with_epoch { c.leader_epoch } else { -1 }, c.metadata),
+        None => (-1, -1, String::new()),
+    }
+}
+
+pub fn list_groups(broker: &Broker, req: ListGroupsRequest, version: i16) -> ListGroupsResponse {
+    let states: Vec<String> = req.states_filter.iter().map(|s| s.to_lowercase()).collect();
+    let types: Vec<String> = req.types_filter.iter().map(|s| s.to_lowercase()).collect();
+    let groups = broker
+        .groups
+        .list()
+        .into_iter()
+        .filter(|(_, _, state)| states.is_empty() || states.contains(&state.name().to_lowercase()))
+        .filter(|_| types.is_empty() || types.iter().any(|t| t == "classic"))
+        .map(|(id, protocol_type, state)| {
+            let g = ListedGroup::default()
+                .with_group_id(GroupId(str_bytes(id)))
+                .with_protocol_type(str_bytes(protocol_type));
+            match version {
+                0..=3 => g,
+                4 => g.with_group_state(str_bytes(state.name())),
+                _ => g
+                    .with_group_state(str_bytes(state.name()))
+                    .with_group_type(str_bytes("classic")),
+            }
+        })
+        .collect();
+    ListGroupsResponse::default().with_groups(groups)
+}
+
+pub fn describe_groups(broker: &Broker, req: DescribeGroupsRequest, version: i16) -> DescribeGroupsResponse {
+    let groups = req
+        .groups
+        .into_iter()
+        .map(|id| {
+            let base = DescribedGroup::default()
+                .with_group_id(id.clone())
+                .with_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED);
+            let Some(d) = broker.groups.describe(id.as_str()) else {
+                // Kafka: an unknown group is reported Dead; from v6 with
+                // GROUP_ID_NOT_FOUND.
+                let base = base
+                    .with_group_state(str_bytes("Dead"))
+                    .with_protocol_type(str_bytes(""))
+                    .with_protocol_data(str_bytes(""));
+                return if version >= 6 {
+                    base.with_error_code(ResponseError::GroupIdNotFound.code())
+                        .with_error_message(Some(str_bytes(format!("group {} not found", id.as_str()))))
+                } else {
+                    base
+                };
+            };
+            let members = d
+                .members
+                .into_iter()
+                .map(|m| {
+                    let member = DescribedGroupMember::default()
+                        .with_member_id(str_bytes(m.member_id))
+                        .with_client_id(str_bytes(m.client_id))
+                        .with_client_host(str_bytes(m.client_host))
+                        .with_member_metadata(m.metadata)
+                        .with_member_assignment(m.assignment);
+                    if version >= 4 {
+                        member.with_group_instance_id(m.instance_id.map(str_bytes))
+                    } else {
+                        member
+                    }
+                })
+                .collect();
+            base.with_group_state(str_bytes(d.state.name()))
+                .with_protocol_type(str_bytes(d.protocol_type))
+                .with_protocol_data(str_bytes(d.protocol))
+                .with_members(members)
+        })
+        .collect();
+    DescribeGroupsResponse::default().with_groups(groups)
+}
+
+pub async fn delete_groups(broker: &Arc<Broker>, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let ids: Vec<String> = req.groups_names.iter().map(|g| g.to_string()).collect();
+    let results = broker.groups.delete_groups(&ids).await;
+    let results = req
+        .groups_names
+        .into_iter()
+        .zip(results)
+        .map(|(g, r)| {
+            DeletableGroupResult::default()
+                .with_group_id(g)
+                .with_error_code(code(r))
+        })
+        .collect();
+    DeleteGroupsResponse::default().with_results(results)
+}
+
+pub async fn offset_delete(broker: &Arc<Broker>, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    let partitions: Vec<(String, i32)> = req
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (t.name.to_string(), p.partition_index))
+        })
+        .collect();
+    let outcome = broker
+        .groups
+        .delete_offsets(req.group_id.as_str(), &partitions)
+        .await;
+    let mut results = match outcome {
+        Err(e) => return OffsetDeleteResponse::default().with_error_code(e.code()),
+        Ok(results) => results.into_iter(),
+    };
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let partitions = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let known = broker
+                        .topics
+                        .get(t.name.as_str())
+                        .is_some_and(|topic| topic.partition(p.partition_index).is_some());
+                    let result = results.next().unwrap_or(Ok(()));
+                    let error = if known {
+                        code(result)
+                    } else {
+                        ResponseError::UnknownTopicOrPartition.code()
+                    };
+                    OffsetDeleteResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(error)
+                })
+                .collect();
+            OffsetDeleteResponseTopic::default()
+                .with_name(t.name)
+                .with_partitions(partitions)
+        })
+        .collect();
+    OffsetDeleteResponse::default().with_topics(topics)
+}
