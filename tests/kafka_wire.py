@@ -3,7 +3,8 @@
 
 Covers: request header v1/v2, ApiVersions v0-v3, Metadata v1, Produce v3-v7
 (non-flexible) with one record batch v2, Fetch v4, and the CRC-32C and
-zig-zag varints that record batches use.
+zig-zag varints that record batches use. `fetch_batches` and
+`advertised_apis` ask a broker what it stores and what it advertises.
 """
 from __future__ import annotations
 
@@ -317,3 +318,53 @@ class Conn:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ------------------------------------------------------ broker inspection
+
+def advertised_apis(bootstrap: str) -> dict[int, tuple[int, int]]:
+    """api_key -> (min, max) from an ApiVersions v0 request."""
+    with Conn(bootstrap) as c:
+        c.send(api_versions_request(0, 1))
+        _cid, body = c.recv_response()
+    err, apis = parse_api_versions(body, 0)
+    assert err == 0, f"ApiVersions error {err}"
+    return apis
+
+
+def parse_batch_headers(records: bytes, check_crc: bool = False) -> list[dict]:
+    """Headers of the whole v2 batches in a Fetch's records field; a partial
+    batch at the end (the fetch's byte limit) is left out. With check_crc,
+    `crc_ok` says whether the stored CRC-32C matches attributes..end (pure
+    Python: slow on megabytes)."""
+    out = []
+    pos = 0
+    while pos + 61 <= len(records):
+        r = Reader(records[pos:pos + 61])
+        base_offset, length, _epoch, magic = r.i64(), r.i32(), r.i32(), r.i8()
+        crc = struct.unpack(">I", r.take(4))[0]
+        end = pos + 12 + length
+        if end > len(records):
+            break
+        attributes, last_delta = r.i16(), r.i32()
+        base_ts, max_ts = r.i64(), r.i64()
+        out.append({
+            "base_offset": base_offset, "magic": magic, "attributes": attributes,
+            "codec": attributes & 0x7, "log_append_time": bool(attributes & 0x8),
+            "last_offset_delta": last_delta, "base_timestamp": base_ts,
+            "max_timestamp": max_ts,
+            "crc_ok": crc == crc32c(records[pos + 21:end]) if check_crc else None,
+        })
+        pos = end
+    return out
+
+
+def fetch_batches(bootstrap: str, topic: str, partition: int, offset: int = 0,
+                  max_bytes: int = 64 << 20, check_crc: bool = False) -> list[dict]:
+    """The stored batches from `offset` on, as one raw Fetch v4 returns them."""
+    with Conn(bootstrap) as c:
+        c.send(fetch_request_v4(1, topic, partition, offset, max_wait_ms=0, max_bytes=max_bytes))
+        _cid, body = c.recv_response()
+    [(_t, _p, err, _hw, records)] = parse_fetch_v4(body)
+    assert err == 0, f"raw fetch of {topic}-{partition}: error {err}"
+    return parse_batch_headers(records or b"", check_crc)
