@@ -1,5 +1,5 @@
 # The few commands a newcomer needs. `make test` is what CI runs.
-.PHONY: run build test test-rust test-integration lint fmt fuzz
+.PHONY: run build test test-rust test-integration lint fmt fuzz fuzz-seeds
 
 CARGO ?= cargo
 PYTHON ?= python3
@@ -26,6 +26,12 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+# Fuzzer seeds: a few random valid requests of every supported API and
+# version (see crates/keel-protocol/tests/roundtrip.rs).
+FUZZ_WORK := fuzz/work/decode_request
+fuzz-seeds:
+	KEEL_FUZZ_SEED_DIR=$(CURDIR)/$(FUZZ_WORK) $(CARGO) test -p keel-protocol --test roundtrip -- --ignored write_fuzz_seeds
 
 # Not part of CI: needs nightly and cargo-fuzz.
 fuzz:
