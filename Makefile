@@ -37,9 +37,11 @@ FUZZ_WORK := $(FUZZ_DIR)/work/decode_request
 FUZZ_INPUTS := $(FUZZ_DIR)/corpus/decode_request $(wildcard $(FUZZ_DIR)/regressions/decode_request)
 
 # Seeds: a few random valid requests of every supported API and version
-# (crates/keel-protocol/tests/roundtrip.rs).
+# (crates/keel-protocol/tests/roundtrip.rs) and the frames captured from
+# real clients (tests/tools/capture_frames.py).
 fuzz-seeds:
 	KEEL_FUZZ_SEED_DIR=$(FUZZ_WORK) $(CARGO) test -p keel-protocol --test roundtrip -- --ignored write_fuzz_seeds
+	cp crates/keel-protocol/tests/fixtures/frames/*.bin $(FUZZ_WORK)/
 
 fuzz:
 	mkdir -p $(FUZZ_WORK)
