@@ -144,11 +144,13 @@ def record(offset_delta: int, key: bytes | None, value: bytes | None,
 
 def record_batch(records: list[tuple[bytes | None, bytes | None]], base_timestamp: int | None = None,
                  producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
-                 attributes: int = 0) -> bytes:
-    """An uncompressed magic-2 batch (base offset 0) with a correct CRC."""
+                 attributes: int = 0, timestamp_deltas: list[int] | None = None) -> bytes:
+    """An uncompressed magic-2 batch (base offset 0) with a correct CRC.
+    Records carry the base timestamp plus their timestamp_deltas (default 0)."""
     ts = int(time.time() * 1000) if base_timestamp is None else base_timestamp
-    recs = b"".join(record(i, k, v) for i, (k, v) in enumerate(records))
-    after_crc = (i16(attributes) + i32(len(records) - 1) + i64(ts) + i64(ts)
+    deltas = timestamp_deltas or [0] * len(records)
+    recs = b"".join(record(i, k, v, ts_delta=d) for i, ((k, v), d) in enumerate(zip(records, deltas)))
+    after_crc = (i16(attributes) + i32(len(records) - 1) + i64(ts) + i64(ts + max(deltas, default=0))
                  + i64(producer_id) + i16(producer_epoch) + i32(base_sequence)
                  + i32(len(records)) + recs)
     # batchLength counts from partitionLeaderEpoch to the end.
@@ -245,6 +247,26 @@ def parse_produce(body: bytes, version: int) -> list[tuple[str, int, int, int]]:
             out.append((name, part, err, base))
     r.i32()  # throttle_time_ms
     assert r.done(), "trailing bytes in Produce response"
+    return out
+
+
+def parse_produce_v8(body: bytes) -> list[dict]:
+    """Produce v8 (the last non-flexible version) -> one dict per partition
+    with error_code, base_offset, log_append_time_ms, log_start_offset,
+    record_errors [(batch_index, message)] and error_message."""
+    r = Reader(body)
+    out = []
+    for _ in range(r.i32()):
+        name = r.string()
+        for _ in range(r.i32()):
+            p = {"topic": name, "partition": r.i32(), "error_code": r.i16(),
+                 "base_offset": r.i64(), "log_append_time_ms": r.i64(),
+                 "log_start_offset": r.i64()}
+            p["record_errors"] = [(r.i32(), r.string()) for _ in range(r.i32())]
+            p["error_message"] = r.string()
+            out.append(p)
+    r.i32()  # throttle_time_ms
+    assert r.done(), "trailing bytes in Produce v8 response"
     return out
 
 

@@ -341,3 +341,21 @@ def test_query_offsets_by_timestamp(shared_broker):
     assert query((1, base - 60_000)) == {1: 0}
     # After the last record: no such offset.
     assert query((0, base + 60_000)) == {0: -1}
+
+
+def test_log_append_time_topic(shared_broker):
+    """kcat sees the broker's append time, typed logappend, on a
+    message.timestamp.type=LogAppendTime topic."""
+    bs = shared_broker.bootstrap
+    topic = unique("kc-lat")
+    create_topic(bs, topic, partitions=1, config={"message.timestamp.type": "LogAppendTime"})
+    before_ms = int(time.time() * 1000)
+    records = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(20)]
+    kcat_produce(bs, topic, 0, records, "-z", "zstd")
+    after_ms = int(time.time() * 1000)
+    out = kcat(bs, "-C", "-t", topic, "-e", "-o", "beginning", "-J")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(m["key"], m["payload"]) for m in lines] == [(k.decode(), v.decode()) for k, v in records]
+    for m in lines:
+        assert m["tstype"] == "logappend", m
+        assert before_ms <= m["ts"] <= after_ms, (m["ts"], before_ms, after_ms)
