@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import Producer
 
-import kafka_wire as kw
 from conftest import unique
-from kclient import DeliveryLog, consume_range, create_topic, produce_all
+from kclient import (CODEC_IDS, DeliveryLog, consume_range, create_topic, expected_codec,
+                     produce_all, stored_codecs)
 from test_produce_fetch import make_records
 
 KCAT = shutil.which("kcat")
@@ -40,8 +40,6 @@ ALPHABET = bytes(b for b in range(256) if b not in (RECORD_END, KEY_END))
 FORMAT = r"%p %o %T %K %S\n%k%s\n%h\n"
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
-CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-FIND_COORDINATOR = 10
 
 
 @pytest.fixture(autouse=True)
@@ -140,19 +138,6 @@ def kcat_produce(bootstrap: str, topic: str, partition: int, records, *args: str
 def header_csv(headers) -> str:
     """Headers as kcat's %h prints them (n=v CSV, NULL for a null value)."""
     return ",".join(f"{k}={'NULL' if v is None else v.decode()}" for k, v in headers or [])
-
-
-def expected_codec(bootstrap: str, codec: str) -> int:
-    """The codec librdkafka actually uses for `codec`. It enables LZ4 only
-    when the broker advertises FindCoordinator (its proxy for "Kafka >=
-    0.8.2"), and sends uncompressed batches otherwise."""
-    if codec == "lz4" and FIND_COORDINATOR not in kw.advertised_apis(bootstrap):
-        return CODEC_IDS["none"]
-    return CODEC_IDS[codec]
-
-
-def stored_codecs(bootstrap: str, topic: str, partition: int) -> set[int]:
-    return {b["codec"] for b in kw.fetch_batches(bootstrap, topic, partition)}
 
 
 # ------------------------------------------------------------------- tests
