@@ -1,5 +1,5 @@
 # The few commands a newcomer needs. `make test` is what CI runs.
-.PHONY: run build test test-rust test-integration lint fmt fuzz
+.PHONY: run build test test-rust test-integration lint fmt fuzz fuzz-seeds fuzz-cmin
 
 CARGO ?= cargo
 PYTHON ?= python3
@@ -27,6 +27,29 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-# Not part of CI: needs nightly and cargo-fuzz.
+# Fuzzing (not part of CI: needs nightly and cargo-fuzz). New inputs land
+# in fuzz/work (ignored by git); `make fuzz-cmin` folds them into the
+# committed corpus, which `cargo test` replays (keel-protocol's
+# tests/fuzz_corpus.rs). Crash inputs go to fuzz/regressions/decode_request.
+FUZZ_SECONDS ?= 600
+FUZZ_DIR := $(CURDIR)/fuzz
+FUZZ_WORK := $(FUZZ_DIR)/work/decode_request
+FUZZ_INPUTS := $(FUZZ_DIR)/corpus/decode_request $(wildcard $(FUZZ_DIR)/regressions/decode_request)
+
+# Seeds: a few random valid requests of every supported API and version
+# (crates/keel-protocol/tests/roundtrip.rs) and the frames captured from
+# real clients (tests/tools/capture_frames.py).
+fuzz-seeds:
+	KEEL_FUZZ_SEED_DIR=$(FUZZ_WORK) $(CARGO) test -p keel-protocol --test roundtrip -- --ignored write_fuzz_seeds
+	cp crates/keel-protocol/tests/fixtures/frames/*.bin $(FUZZ_WORK)/
+
 fuzz:
-	cd fuzz && $(CARGO) +nightly fuzz run decode_request -- -max_total_time=60
+	mkdir -p $(FUZZ_WORK)
+	cd fuzz && nice -n 10 $(CARGO) +nightly fuzz run decode_request $(FUZZ_WORK) $(FUZZ_INPUTS) -- \
+		-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+
+# Keeps the inputs that cover new edges (edge coverage only, so the
+# committed corpus stays small).
+fuzz-cmin:
+	cp $(FUZZ_WORK)/* $(FUZZ_DIR)/corpus/decode_request/
+	cd fuzz && $(CARGO) +nightly fuzz cmin decode_request $(FUZZ_DIR)/corpus/decode_request -- -use_counters=0

@@ -3,7 +3,8 @@
 
 Covers: request header v1/v2, ApiVersions v0-v3, Metadata v1, Produce v3-v7
 (non-flexible) with one record batch v2, Fetch v4, and the CRC-32C and
-zig-zag varints that record batches use.
+zig-zag varints that record batches use. `fetch_batches` and
+`advertised_apis` ask a broker what it stores and what it advertises.
 """
 from __future__ import annotations
 
@@ -143,11 +144,13 @@ def record(offset_delta: int, key: bytes | None, value: bytes | None,
 
 def record_batch(records: list[tuple[bytes | None, bytes | None]], base_timestamp: int | None = None,
                  producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
-                 attributes: int = 0) -> bytes:
-    """An uncompressed magic-2 batch (base offset 0) with a correct CRC."""
+                 attributes: int = 0, timestamp_deltas: list[int] | None = None) -> bytes:
+    """An uncompressed magic-2 batch (base offset 0) with a correct CRC.
+    Records carry the base timestamp plus their timestamp_deltas (default 0)."""
     ts = int(time.time() * 1000) if base_timestamp is None else base_timestamp
-    recs = b"".join(record(i, k, v) for i, (k, v) in enumerate(records))
-    after_crc = (i16(attributes) + i32(len(records) - 1) + i64(ts) + i64(ts)
+    deltas = timestamp_deltas or [0] * len(records)
+    recs = b"".join(record(i, k, v, ts_delta=d) for i, ((k, v), d) in enumerate(zip(records, deltas)))
+    after_crc = (i16(attributes) + i32(len(records) - 1) + i64(ts) + i64(ts + max(deltas, default=0))
                  + i64(producer_id) + i16(producer_epoch) + i32(base_sequence)
                  + i32(len(records)) + recs)
     # batchLength counts from partitionLeaderEpoch to the end.
@@ -247,6 +250,26 @@ def parse_produce(body: bytes, version: int) -> list[tuple[str, int, int, int]]:
     return out
 
 
+def parse_produce_v8(body: bytes) -> list[dict]:
+    """Produce v8 (the last non-flexible version) -> one dict per partition
+    with error_code, base_offset, log_append_time_ms, log_start_offset,
+    record_errors [(batch_index, message)] and error_message."""
+    r = Reader(body)
+    out = []
+    for _ in range(r.i32()):
+        name = r.string()
+        for _ in range(r.i32()):
+            p = {"topic": name, "partition": r.i32(), "error_code": r.i16(),
+                 "base_offset": r.i64(), "log_append_time_ms": r.i64(),
+                 "log_start_offset": r.i64()}
+            p["record_errors"] = [(r.i32(), r.string()) for _ in range(r.i32())]
+            p["error_message"] = r.string()
+            out.append(p)
+    r.i32()  # throttle_time_ms
+    assert r.done(), "trailing bytes in Produce v8 response"
+    return out
+
+
 def parse_fetch_v4(body: bytes) -> list[tuple[str, int, int, int, bytes | None]]:
     """-> [(topic, partition, error_code, high_watermark, records)]."""
     r = Reader(body)
@@ -317,3 +340,53 @@ class Conn:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ------------------------------------------------------ broker inspection
+
+def advertised_apis(bootstrap: str) -> dict[int, tuple[int, int]]:
+    """api_key -> (min, max) from an ApiVersions v0 request."""
+    with Conn(bootstrap) as c:
+        c.send(api_versions_request(0, 1))
+        _cid, body = c.recv_response()
+    err, apis = parse_api_versions(body, 0)
+    assert err == 0, f"ApiVersions error {err}"
+    return apis
+
+
+def parse_batch_headers(records: bytes, check_crc: bool = False) -> list[dict]:
+    """Headers of the whole v2 batches in a Fetch's records field; a partial
+    batch at the end (the fetch's byte limit) is left out. With check_crc,
+    `crc_ok` says whether the stored CRC-32C matches attributes..end (pure
+    Python: slow on megabytes)."""
+    out = []
+    pos = 0
+    while pos + 61 <= len(records):
+        r = Reader(records[pos:pos + 61])
+        base_offset, length, _epoch, magic = r.i64(), r.i32(), r.i32(), r.i8()
+        crc = struct.unpack(">I", r.take(4))[0]
+        end = pos + 12 + length
+        if end > len(records):
+            break
+        attributes, last_delta = r.i16(), r.i32()
+        base_ts, max_ts = r.i64(), r.i64()
+        out.append({
+            "base_offset": base_offset, "magic": magic, "attributes": attributes,
+            "codec": attributes & 0x7, "log_append_time": bool(attributes & 0x8),
+            "last_offset_delta": last_delta, "base_timestamp": base_ts,
+            "max_timestamp": max_ts,
+            "crc_ok": crc == crc32c(records[pos + 21:end]) if check_crc else None,
+        })
+        pos = end
+    return out
+
+
+def fetch_batches(bootstrap: str, topic: str, partition: int, offset: int = 0,
+                  max_bytes: int = 64 << 20, check_crc: bool = False) -> list[dict]:
+    """The stored batches from `offset` on, as one raw Fetch v4 returns them."""
+    with Conn(bootstrap) as c:
+        c.send(fetch_request_v4(1, topic, partition, offset, max_wait_ms=0, max_bytes=max_bytes))
+        _cid, body = c.recv_response()
+    [(_t, _p, err, _hw, records)] = parse_fetch_v4(body)
+    assert err == 0, f"raw fetch of {topic}-{partition}: error {err}"
+    return parse_batch_headers(records or b"", check_crc)

@@ -7,10 +7,29 @@ from collections import defaultdict
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import kafka_wire as kw
 from conftest import wait_until
 
 # Short timeouts everywhere: a hung broker fails fast instead of stalling CI.
 CLIENT_TIMEOUT_S = 15
+
+
+CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+FIND_COORDINATOR = 10
+
+
+def expected_codec(bootstrap: str, codec: str) -> int:
+    """The codec id librdkafka actually writes for `codec`. It enables LZ4
+    only when the broker advertises FindCoordinator (its proxy for "Kafka >=
+    0.8.2") and sends uncompressed batches otherwise."""
+    if codec == "lz4" and FIND_COORDINATOR not in kw.advertised_apis(bootstrap):
+        return CODEC_IDS["none"]
+    return CODEC_IDS[codec]
+
+
+def stored_codecs(bootstrap: str, topic: str, partition: int, max_bytes: int = 1 << 20) -> set[int]:
+    """Codec ids of the first stored batches of a partition (up to max_bytes)."""
+    return {b["codec"] for b in kw.fetch_batches(bootstrap, topic, partition, max_bytes=max_bytes)}
 
 
 def admin(bootstrap: str) -> AdminClient:
