@@ -269,7 +269,10 @@ def test_committed_offsets_survive_the_broker(broker_factory, how):
         b.kill9()
         b.start()
     c = Consumer({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest"})
-    committed = c.committed([TopicPartition(topic, 0)], timeout=CLIENT_TIMEOUT_S)
+    # A coordinator that is still loading answers NOT_COORDINATOR or
+    # COORDINATOR_LOAD_IN_PROGRESS, which committed() does not retry.
+    committed = wait_until(lambda: c.committed([TopicPartition(topic, 0)], timeout=CLIENT_TIMEOUT_S),
+                           CLIENT_TIMEOUT_S, "the committed offset after the broker came back")
     assert committed[0].offset == 40
     c.close()
     rest = consume_n(bs, group, topic, 60)

@@ -52,8 +52,9 @@ const fn def(
 const LONG_MAX: &str = "9223372036854775807";
 
 /// Kafka's topic configs. Keel honours the storage ones (segment, index,
-/// retention, flush, max.message.bytes); the others are accepted and
-/// reported so that tools and clients that set them keep working.
+/// retention, flush, max.message.bytes) and the timestamp ones
+/// (message.timestamp.*); the others are accepted and reported so that
+/// tools and clients that set them keep working.
 pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
     def("cleanup.policy", "log.cleanup.policy", "delete", ConfigType::List),
     def(
@@ -243,7 +244,12 @@ pub fn check_value(key: &str, kind: ConfigType, value: &str) -> Result<(), Confi
         ConfigType::Int => value.parse::<i32>().is_ok(),
         ConfigType::Long => value.parse::<i64>().is_ok(),
         ConfigType::Double => value.parse::<f64>().is_ok(),
-        ConfigType::String | ConfigType::List => true,
+        ConfigType::String | ConfigType::List => match key {
+            "message.timestamp.type" | "log.message.timestamp.type" => {
+                matches!(value, "CreateTime" | "LogAppendTime")
+            }
+            _ => true,
+        },
     };
     if ok {
         Ok(())
@@ -507,5 +513,21 @@ mod tests {
         assert!(c
             .check_topic_overrides(&map(&[("cleanup.policy", "compact")]))
             .is_ok());
+        assert!(c
+            .check_topic_overrides(&map(&[("message.timestamp.type", "Sometime")]))
+            .is_err());
+        assert!(c
+            .check_topic_overrides(&map(&[("message.timestamp.type", "LogAppendTime")]))
+            .is_ok());
+        assert!(BrokerConfig::from_map(&map(&[("group.initial.rebalance.delay.ms", "-1")])).is_err());
+        let c = BrokerConfig::from_map(&map(&[
+            ("group.min.session.timeout.ms", "500"),
+            ("offsets.retention.minutes", "2"),
+        ]))
+        .unwrap()
+        .coordinator_config();
+        assert_eq!(c.group.min_session_timeout_ms, 500);
+        assert_eq!(c.offsets_retention_ms, 120_000);
+        assert_eq!(c.group.initial_rebalance_delay_ms, 3000);
     }
 }

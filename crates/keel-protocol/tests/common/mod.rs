@@ -190,6 +190,17 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::DescribeConfigs => Request::DescribeConfigs(describe_configs(g, v)),
         ApiKey::CreatePartitions => Request::CreatePartitions(create_partitions(g, v)),
         ApiKey::DescribeCluster => Request::DescribeCluster(describe_cluster(g, v)),
+        ApiKey::FindCoordinator => Request::FindCoordinator(find_coordinator(g, v)),
+        ApiKey::JoinGroup => Request::JoinGroup(join_group(g, v)),
+        ApiKey::SyncGroup => Request::SyncGroup(sync_group(g, v)),
+        ApiKey::Heartbeat => Request::Heartbeat(heartbeat(g, v)),
+        ApiKey::LeaveGroup => Request::LeaveGroup(leave_group(g, v)),
+        ApiKey::OffsetCommit => Request::OffsetCommit(offset_commit(g, v)),
+        ApiKey::OffsetFetch => Request::OffsetFetch(offset_fetch(g, v)),
+        ApiKey::ListGroups => Request::ListGroups(list_groups(g, v)),
+        ApiKey::DescribeGroups => Request::DescribeGroups(describe_groups(g, v)),
+        ApiKey::DeleteGroups => Request::DeleteGroups(delete_groups(g, v)),
+        ApiKey::OffsetDelete => Request::OffsetDelete(offset_delete(g, v)),
         _ => return None,
     })
 }
@@ -210,6 +221,17 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::DescribeConfigs(r) => r.encode(buf, v),
         Request::CreatePartitions(r) => r.encode(buf, v),
         Request::DescribeCluster(r) => r.encode(buf, v),
+        Request::FindCoordinator(r) => r.encode(buf, v),
+        Request::JoinGroup(r) => r.encode(buf, v),
+        Request::SyncGroup(r) => r.encode(buf, v),
+        Request::Heartbeat(r) => r.encode(buf, v),
+        Request::LeaveGroup(r) => r.encode(buf, v),
+        Request::OffsetCommit(r) => r.encode(buf, v),
+        Request::OffsetFetch(r) => r.encode(buf, v),
+        Request::ListGroups(r) => r.encode(buf, v),
+        Request::DescribeGroups(r) => r.encode(buf, v),
+        Request::DeleteGroups(r) => r.encode(buf, v),
+        Request::OffsetDelete(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -243,6 +265,17 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::DescribeConfigs(a), Request::DescribeConfigs(b)) => a == b,
         (Request::CreatePartitions(a), Request::CreatePartitions(b)) => a == b,
         (Request::DescribeCluster(a), Request::DescribeCluster(b)) => a == b,
+        (Request::FindCoordinator(a), Request::FindCoordinator(b)) => a == b,
+        (Request::JoinGroup(a), Request::JoinGroup(b)) => a == b,
+        (Request::SyncGroup(a), Request::SyncGroup(b)) => a == b,
+        (Request::Heartbeat(a), Request::Heartbeat(b)) => a == b,
+        (Request::LeaveGroup(a), Request::LeaveGroup(b)) => a == b,
+        (Request::OffsetCommit(a), Request::OffsetCommit(b)) => a == b,
+        (Request::OffsetFetch(a), Request::OffsetFetch(b)) => a == b,
+        (Request::ListGroups(a), Request::ListGroups(b)) => a == b,
+        (Request::DescribeGroups(a), Request::DescribeGroups(b)) => a == b,
+        (Request::DeleteGroups(a), Request::DeleteGroups(b)) => a == b,
+        (Request::OffsetDelete(a), Request::OffsetDelete(b)) => a == b,
         _ => false,
     }
 }
@@ -598,4 +631,237 @@ fn describe_cluster(g: &mut Gen, v: i16) -> DescribeClusterRequest {
         r = r.with_include_fenced_brokers(g.bool());
     }
     r
+}
+
+// ------------------------------------------------------- group generators
+
+fn group_id(g: &mut Gen) -> GroupId {
+    GroupId(g.string())
+}
+
+fn find_coordinator(g: &mut Gen, v: i16) -> FindCoordinatorRequest {
+    let flexible = is_flexible(ApiKey::FindCoordinator, v);
+    let mut r = FindCoordinatorRequest::default().with_unknown_tagged_fields(g.tags(flexible));
+    if v < 4 {
+        r = r.with_key(g.string());
+    } else {
+        r = r.with_coordinator_keys(g.vec(3, Gen::string));
+    }
+    if v >= 1 {
+        r = r.with_key_type(g.i8());
+    }
+    r
+}
+
+fn join_group(g: &mut Gen, v: i16) -> JoinGroupRequest {
+    use join_group_request::*;
+    let flexible = is_flexible(ApiKey::JoinGroup, v);
+    let protocols = g.vec(3, |g| {
+        JoinGroupRequestProtocol::default()
+            .with_name(g.string())
+            .with_metadata(g.bytes(64))
+            .with_unknown_tagged_fields(g.tags(flexible))
+    });
+    let mut r = JoinGroupRequest::default()
+        .with_group_id(group_id(g))
+        .with_session_timeout_ms(g.i32())
+        .with_rebalance_timeout_ms(g.i32())
+        .with_member_id(g.string())
+        .with_protocol_type(g.string())
+        .with_protocols(protocols)
+        .with_unknown_tagged_fields(g.tags(flexible));
+    if v >= 5 {
+        r = r.with_group_instance_id(g.opt_string());
+    }
+    if v >= 8 {
+        r = r.with_reason(g.opt_string());
+    }
+    r
+}
+
+fn sync_group(g: &mut Gen, v: i16) -> SyncGroupRequest {
+    use sync_group_request::*;
+    let flexible = is_flexible(ApiKey::SyncGroup, v);
+    let assignments = g.vec(3, |g| {
+        SyncGroupRequestAssignment::default()
+            .with_member_id(g.string())
+            .with_assignment(g.bytes(64))
+            .with_unknown_tagged_fields(g.tags(flexible))
+    });
+    let mut r = SyncGroupRequest::default()
+        .with_group_id(group_id(g))
+        .with_generation_id(g.i32())
+        .with_member_id(g.string())
+        .with_assignments(assignments)
+        .with_unknown_tagged_fields(g.tags(flexible));
+    if v >= 3 {
+        r = r.with_group_instance_id(g.opt_string());
+    }
+    if v >= 5 {
+        r = r
+            .with_protocol_type(g.opt_string())
+            .with_protocol_name(g.opt_string());
+    }
+    r
+}
+
+fn heartbeat(g: &mut Gen, v: i16) -> HeartbeatRequest {
+    let flexible = is_flexible(ApiKey::Heartbeat, v);
+    let r = HeartbeatRequest::default()
+        .with_group_id(group_id(g))
+        .with_generation_id(g.i32())
+        .with_member_id(g.string())
+        .with_unknown_tagged_fields(g.tags(flexible));
+    if v >= 3 {
+        r.with_group_instance_id(g.opt_string())
+    } else {
+        r
+    }
+}
+
+fn leave_group(g: &mut Gen, v: i16) -> LeaveGroupRequest {
+    use leave_group_request::*;
+    let flexible = is_flexible(ApiKey::LeaveGroup, v);
+    let r = LeaveGroupRequest::default()
+        .with_group_id(group_id(g))
+        .with_unknown_tagged_fields(g.tags(flexible));
+    if v < 3 {
+        return r.with_member_id(g.string());
+    }
+    let members = g.vec(3, |g| {
+        let m = MemberIdentity::default()
+            .with_member_id(g.string())
+            .with_group_instance_id(g.opt_string())
+            .with_unknown_tagged_fields(g.tags(flexible));
+        if v >= 5 {
+            m.with_reason(g.opt_string())
+        } else {
+            m
+        }
+    });
+    r.with_members(members)
+}
+
+fn offset_commit(g: &mut Gen, v: i16) -> OffsetCommitRequest {
+    use offset_commit_request::*;
+    let flexible = is_flexible(ApiKey::OffsetCommit, v);
+    let topics = g.vec(3, |g| {
+        let partitions = g.vec(3, |g| {
+            let p = OffsetCommitRequestPartition::default()
+                .with_partition_index(g.i32())
+                .with_committed_offset(g.i64())
+                .with_committed_metadata(g.opt_string())
+                .with_unknown_tagged_fields(g.tags(flexible));
+            if v >= 6 {
+                p.with_committed_leader_epoch(g.i32())
+            } else {
+                p
+            }
+        });
+        OffsetCommitRequestTopic::default()
+            .with_name(g.topic())
+            .with_partitions(partitions)
+            .with_unknown_tagged_fields(g.tags(flexible))
+    });
+    let mut r = OffsetCommitRequest::default()
+        .with_group_id(group_id(g))
+        .with_generation_id_or_member_epoch(g.i32())
+        .with_member_id(g.string())
+        .with_topics(topics)
+        .with_unknown_tagged_fields(g.tags(flexible));
+    if v <= 4 {
+        r = r.with_retention_time_ms(g.i64());
+    }
+    if v >= 7 {
+        r = r.with_group_instance_id(g.opt_string());
+    }
+    r
+}
+
+fn offset_fetch(g: &mut Gen, v: i16) -> OffsetFetchRequest {
+    use offset_fetch_request::*;
+    let flexible = is_flexible(ApiKey::OffsetFetch, v);
+    let mut r = OffsetFetchRequest::default().with_unknown_tagged_fields(g.tags(flexible));
+    if v < 8 {
+        let topics = g.vec(3, |g| {
+            OffsetFetchRequestTopic::default()
+                .with_name(g.topic())
+                .with_partition_indexes(g.vec(3, Gen::i32))
+                .with_unknown_tagged_fields(g.tags(flexible))
+        });
+        // Null ("every partition") from v2 on.
+        let topics = if v >= 2 && g.one_in(3) { None } else { Some(topics) };
+        r = r.with_group_id(group_id(g)).with_topics(topics);
+    } else {
+        let groups = g.vec(3, |g| {
+            let topics = (!g.one_in(3)).then(|| {
+                g.vec(3, |g| {
+                    OffsetFetchRequestTopics::default()
+                        .with_name(g.topic())
+                        .with_partition_indexes(g.vec(3, Gen::i32))
+                        .with_unknown_tagged_fields(g.tags(flexible))
+                })
+            });
+            let group = OffsetFetchRequestGroup::default()
+                .with_group_id(group_id(g))
+                .with_topics(topics)
+                .with_unknown_tagged_fields(g.tags(flexible));
+            if v >= 9 {
+                group.with_member_id(g.opt_string()).with_member_epoch(g.i32())
+            } else {
+                group
+            }
+        });
+        r = r.with_groups(groups);
+    }
+    if v >= 7 {
+        r = r.with_require_stable(g.bool());
+    }
+    r
+}
+
+fn list_groups(g: &mut Gen, v: i16) -> ListGroupsRequest {
+    let flexible = is_flexible(ApiKey::ListGroups, v);
+    let mut r = ListGroupsRequest::default().with_unknown_tagged_fields(g.tags(flexible));
+    if v >= 4 {
+        r = r.with_states_filter(g.vec(3, Gen::string));
+    }
+    if v >= 5 {
+        r = r.with_types_filter(g.vec(3, Gen::string));
+    }
+    r
+}
+
+fn describe_groups(g: &mut Gen, v: i16) -> DescribeGroupsRequest {
+    let flexible = is_flexible(ApiKey::DescribeGroups, v);
+    let r = DescribeGroupsRequest::default()
+        .with_groups(g.vec(3, group_id))
+        .with_unknown_tagged_fields(g.tags(flexible));
+    if v >= 3 {
+        r.with_include_authorized_operations(g.bool())
+    } else {
+        r
+    }
+}
+
+fn delete_groups(g: &mut Gen, v: i16) -> DeleteGroupsRequest {
+    let flexible = is_flexible(ApiKey::DeleteGroups, v);
+    DeleteGroupsRequest::default()
+        .with_groups_names(g.vec(3, group_id))
+        .with_unknown_tagged_fields(g.tags(flexible))
+}
+
+fn offset_delete(g: &mut Gen, _v: i16) -> OffsetDeleteRequest {
+    use offset_delete_request::*;
+    let topics = g.vec(3, |g| {
+        let partitions = g.vec(3, |g| {
+            OffsetDeleteRequestPartition::default().with_partition_index(g.i32())
+        });
+        OffsetDeleteRequestTopic::default()
+            .with_name(g.topic())
+            .with_partitions(partitions)
+    });
+    OffsetDeleteRequest::default()
+        .with_group_id(group_id(g))
+        .with_topics(topics)
 }
