@@ -17,6 +17,8 @@ use crate::partition::Partition;
 use crate::producers::{write_atomically, ProducerIdAllocator};
 use crate::time::now_ms;
 use crate::topics::{Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
+use keel_tier::memory::MemoryLimit;
+use keel_tier::TailCache;
 
 /// What to send back for one request.
 #[derive(Debug)]
@@ -66,6 +68,8 @@ pub struct Broker {
     pub store: TopicStore,
     pub producer_ids: Mutex<ProducerIdAllocator>,
     pub groups: Arc<GroupCoordinator>,
+    /// The newest batches of every partition, under one byte budget.
+    pub tail_cache: Arc<TailCache>,
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
@@ -90,6 +94,7 @@ impl Broker {
         let ids_path = meta_dir.join("producer-ids");
         let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
         let store = TopicStore::new(&data_dir);
+        let tail_cache = TailCache::new(tail_cache_budget(&config));
         let groups = GroupCoordinator::open(
             &meta_dir.join("groups"),
             config.coordinator_config(),
@@ -105,6 +110,7 @@ impl Broker {
             store,
             producer_ids: Mutex::new(producer_ids),
             groups: Arc::new(groups),
+            tail_cache,
             admin: tokio::sync::Mutex::new(()),
         };
         broker.load_topics()?;
@@ -149,7 +155,8 @@ impl Broker {
         (from..meta.partitions)
             .map(|p| {
                 let dir = self.store.partition_dir(&meta.name, p);
-                Partition::open(Arc::clone(&name), p, &dir, log_config.clone()).map(Arc::new)
+                let tail = self.tail_cache.partition();
+                Partition::open(Arc::clone(&name), p, &dir, log_config.clone(), tail).map(Arc::new)
             })
             .collect()
     }
@@ -370,6 +377,15 @@ impl Broker {
 
     /// Flushes every log and marks it cleanly closed. Blocking.
     pub fn shutdown(&self) {
+        let t = self.tail_cache.stats();
+        tracing::info!(
+            budget_bytes = t.budget_bytes,
+            used_bytes = t.used_bytes,
+            hit_bytes = t.hit_bytes,
+            cold_read_bytes = t.cold_read_bytes,
+            evicted_bytes = t.evicted_bytes,
+            "tail cache at shutdown"
+        );
         self.groups.close();
         for topic in self.topics.all() {
             for p in &topic.partitions {
@@ -379,6 +395,29 @@ impl Broker {
             }
         }
     }
+}
+
+/// `keel.tail.cache.bytes`, or by default a share of the memory the broker
+/// may use (host memory or its cgroup's limit, whichever is tighter).
+fn tail_cache_budget(config: &BrokerConfig) -> u64 {
+    let configured = config.num("keel.tail.cache.bytes");
+    if configured >= 0 {
+        tracing::info!(
+            budget_bytes = configured,
+            "tail cache budget from keel.tail.cache.bytes"
+        );
+        return configured as u64;
+    }
+    let limit = MemoryLimit::detect();
+    let budget = limit.default_tail_cache_bytes();
+    tracing::info!(
+        budget_bytes = budget,
+        memory_limit_bytes = limit.limit_bytes,
+        source = %limit.source,
+        "tail cache budget: {}% of the memory limit",
+        keel_tier::memory::TAIL_CACHE_SHARE_PERCENT
+    );
+    budget
 }
 
 fn respond<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {

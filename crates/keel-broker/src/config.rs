@@ -194,6 +194,8 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("offsets.retention.check.interval.ms", "600000", ConfigType::Long),
     ("offset.metadata.max.bytes", "4096", ConfigType::Int),
     ("offsets.topic.segment.bytes", "104857600", ConfigType::Int),
+    // -1: a share of the memory the broker may use (see keel_tier::memory).
+    ("keel.tail.cache.bytes", "-1", ConfigType::Long),
 ];
 
 /// Aliases accepted on input and stored under their canonical key.
@@ -327,6 +329,7 @@ impl BrokerConfig {
             ("offsets.retention.check.interval.ms", 1),
             ("offset.metadata.max.bytes", 0),
             ("offsets.topic.segment.bytes", 1024),
+            ("keel.tail.cache.bytes", -1),
         ] {
             if self.num(key) < min {
                 return Err(ConfigError {

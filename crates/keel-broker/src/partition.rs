@@ -13,6 +13,7 @@ use bytes::Bytes;
 use keel_log::batch::BatchHeader;
 use keel_log::{LogConfig, PartitionLog, ReadError, ReadPlan};
 use keel_protocol::ResponseError;
+use keel_tier::PartitionTail;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, Notify};
 
@@ -69,6 +70,17 @@ pub struct Partition {
     /// except when retention or truncation resets the log.
     high_watermark: AtomicI64,
     log_start_offset: AtomicI64,
+    /// The newest batches, in the broker's tail cache.
+    tail: PartitionTail,
+}
+
+/// Where a fetch's bytes come from.
+#[derive(Debug)]
+pub enum ReadSource {
+    /// Whole batches from the tail cache: no disk read.
+    Memory(Bytes),
+    /// A planned read of the log files, executed without the partition lock.
+    Disk(ReadPlan),
 }
 
 impl Partition {
@@ -79,6 +91,7 @@ impl Partition {
         index: i32,
         dir: &std::path::Path,
         config: LogConfig,
+        tail: PartitionTail,
     ) -> Result<Partition, String> {
         let log = PartitionLog::open(dir, config).map_err(|e| format!("{}: {e}", dir.display()))?;
         let producers = rebuild_producers(&log).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -95,6 +108,7 @@ impl Partition {
             waiters: Mutex::new(Vec::new()),
             high_watermark: AtomicI64::new(hw),
             log_start_offset: AtomicI64::new(start),
+            tail,
         })
     }
 
@@ -185,6 +199,10 @@ impl Partition {
                     info.base_offset, first_offset,
                     "log assigned offsets the plan did not expect"
                 );
+                // Cached before the high watermark moves, so a fetch woken
+                // by this append finds the batches in memory.
+                self.tail
+                    .insert(cached_batches(Bytes::from(buf), &headers, first_offset));
             })
         };
         let failure = written.err().map(|e| {
@@ -230,6 +248,18 @@ impl Partition {
     /// Plans a read under the lock; the caller executes it without the lock.
     pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadError> {
         self.state.lock().log.read_plan(offset, max_bytes)
+    }
+
+    /// Resolves a fetch at `offset` to its source: the tail cache when the
+    /// offset is in its run (below the high watermark), else a read plan.
+    pub fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadSource, ReadError> {
+        let (start, hw) = (self.log_start_offset(), self.high_watermark());
+        if offset >= start && offset < hw {
+            if let Some(bytes) = self.tail.read(offset, hw, max_bytes) {
+                return Ok(ReadSource::Memory(bytes));
+            }
+        }
+        self.read_plan(offset, max_bytes).map(ReadSource::Disk)
     }
 
     /// Plans a ListOffsets-by-timestamp lookup under the lock (no I/O).
@@ -300,6 +330,20 @@ fn plan_item(
         offset += i64::from(h.last_offset_delta) + 1;
     }
     Ok(Planned::Append(offset - base_offset))
+}
+
+/// Splits an appended buffer into its batches with their assigned offsets,
+/// sharing the buffer (no copy).
+fn cached_batches(buf: Bytes, headers: &[BatchHeader], first_offset: i64) -> Vec<(i64, i64, Bytes)> {
+    let mut out = Vec::with_capacity(headers.len());
+    let (mut at, mut base) = (0, first_offset);
+    for h in headers {
+        let last = base + i64::from(h.last_offset_delta);
+        out.push((base, last, buf.slice(at..at + h.total_len())));
+        at += h.total_len();
+        base = last + 1;
+    }
+    out
 }
 
 /// Sets the partition leader epoch of every batch, as a Kafka leader does

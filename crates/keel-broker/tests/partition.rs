@@ -27,7 +27,8 @@ fn open(dir: &std::path::Path) -> Arc<Partition> {
         segment_bytes: 4096,
         ..LogConfig::default()
     };
-    Arc::new(Partition::open(Arc::from("t"), 0, dir, config).unwrap())
+    let tail = keel_tier::TailCache::new(1 << 20).partition();
+    Arc::new(Partition::open(Arc::from("t"), 0, dir, config, tail).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,4 +103,64 @@ async fn appends_after_close_are_refused() {
         p.append(b, h).await.unwrap_err().error,
         ResponseError::NotLeaderOrFollower
     );
+}
+
+fn read_bytes(source: keel_broker::partition::ReadSource) -> (bool, Bytes) {
+    use keel_broker::partition::ReadSource;
+    match source {
+        ReadSource::Memory(b) => (true, b),
+        ReadSource::Disk(plan) => (false, plan.execute().unwrap()),
+    }
+}
+
+/// Fetches of freshly appended data come from the tail cache, byte for byte
+/// what the log holds; data older than the cache's run, and data written
+/// before the partition was opened, come from the log files.
+#[tokio::test]
+async fn the_tail_is_served_from_memory_and_history_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        segment_bytes: 4096,
+        ..LogConfig::default()
+    };
+    let cache = keel_tier::TailCache::new(2_000);
+    let p =
+        Arc::new(Partition::open(Arc::from("t"), 0, dir.path(), config.clone(), cache.partition()).unwrap());
+    let mut bases = Vec::new();
+    for _ in 0..20 {
+        let (bytes, headers) = batch(None, 5);
+        bases.push(p.append(bytes, headers).await.unwrap().base_offset);
+    }
+    let hw = p.high_watermark();
+    assert_eq!(hw, 100);
+    // The newest batch: from memory, identical to the log's copy.
+    let (memory, cached) = read_bytes(p.read(95, 1 << 20).unwrap());
+    assert!(memory);
+    let from_log = p.read_plan(95, 1 << 20).unwrap().execute().unwrap();
+    assert_eq!(cached, from_log);
+    // The budget holds only the newest batches; the oldest is read from the log.
+    let stats = cache.stats();
+    assert!(
+        stats.used_bytes <= 2_000 && stats.evicted_batches > 0,
+        "{stats:?}"
+    );
+    let (memory, oldest) = read_bytes(p.read(0, 1 << 20).unwrap());
+    assert!(!memory);
+    assert_eq!(
+        &oldest[..],
+        &p.read_plan(0, 1 << 20).unwrap().execute().unwrap()[..]
+    );
+    // At the high watermark there is nothing to read, from either source.
+    let (_, empty) = read_bytes(p.read(hw, 1 << 20).unwrap());
+    assert!(empty.is_empty());
+    p.close().unwrap();
+    drop(p);
+    assert_eq!(cache.stats().used_bytes, 0, "a dropped partition frees its cache");
+    // Reopened: nothing is cached until new appends arrive.
+    let p = Arc::new(Partition::open(Arc::from("t"), 0, dir.path(), config, cache.partition()).unwrap());
+    assert!(!read_bytes(p.read(95, 1 << 20).unwrap()).0);
+    let (bytes, headers) = batch(None, 5);
+    assert_eq!(p.append(bytes, headers).await.unwrap().base_offset, 100);
+    assert!(read_bytes(p.read(100, 1 << 20).unwrap()).0);
+    assert!(!read_bytes(p.read(99, 1 << 20).unwrap()).0);
 }

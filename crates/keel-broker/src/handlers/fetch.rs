@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use keel_log::{ReadError, ReadPlan};
+use keel_log::ReadError;
 use keel_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
+use keel_tier::TailCache;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::partition::{Partition, LEADER_EPOCH};
+use crate::partition::{Partition, ReadSource, LEADER_EPOCH};
 use crate::Broker;
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
@@ -77,7 +78,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchResponse {
                 p.register_waiter(&waiter);
             }
         }
-        let (partitions, bytes, failed) = read_all(&targets, total_max).await;
+        let (partitions, bytes, failed) = read_all(broker, &targets, total_max).await;
         let done = bytes >= min_bytes.max(1) || failed || Instant::now() >= deadline;
         if done
             || tokio::time::timeout_at(deadline, waiter.notified())
@@ -87,7 +88,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchResponse {
             let final_parts = if done {
                 partitions
             } else {
-                read_all(&targets, total_max).await.0
+                read_all(broker, &targets, total_max).await.0
             };
             return assemble(topics, &targets, final_parts);
         }
@@ -128,14 +129,20 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
 
 /// Reads every target once. Returns the per-target results (in target
 /// order), the bytes read, and whether any target failed.
-async fn read_all(targets: &[Target], total_max: usize) -> (Vec<PartitionData>, usize, bool) {
-    // Plans are made under each partition's lock without I/O; the reads
-    // happen on a blocking thread after every lock is released.
-    let mut plans: Vec<Result<Option<ReadPlan>, Failure>> = Vec::with_capacity(targets.len());
+async fn read_all(
+    broker: &Broker,
+    targets: &[Target],
+    total_max: usize,
+) -> (Vec<PartitionData>, usize, bool) {
+    // Sources are resolved under each partition's lock without I/O (tail
+    // cache hits are already data); file reads happen on a blocking thread
+    // after every lock is released.
+    let mut plans: Vec<Result<Option<ReadSource>, Failure>> = Vec::with_capacity(targets.len());
     for t in targets {
         plans.push(plan(t));
     }
-    let results = tokio::task::spawn_blocking(move || execute(plans, total_max))
+    let cache = Arc::clone(&broker.tail_cache);
+    let results = tokio::task::spawn_blocking(move || execute(plans, total_max, &cache))
         .await
         .unwrap_or_else(|e| {
             vec![Err(Failure::new(ResponseError::UnknownServerError, &e.to_string())); targets.len()]
@@ -165,13 +172,13 @@ async fn read_all(targets: &[Target], total_max: usize) -> (Vec<PartitionData>, 
     (out, bytes, failed)
 }
 
-fn plan(t: &Target) -> Result<Option<ReadPlan>, Failure> {
+fn plan(t: &Target) -> Result<Option<ReadSource>, Failure> {
     let p = t.partition.as_ref().map_err(|e| Failure::new(*e, ""))?;
     if t.max_bytes == 0 {
         return Ok(None);
     }
-    match p.read_plan(t.fetch_offset, t.max_bytes) {
-        Ok(plan) => Ok(Some(plan)),
+    match p.read(t.fetch_offset, t.max_bytes) {
+        Ok(source) => Ok(Some(source)),
         Err(ReadError::OffsetOutOfRange { .. }) => Err(Failure {
             error: ResponseError::OffsetOutOfRange,
             high_watermark: p.high_watermark(),
@@ -183,13 +190,27 @@ fn plan(t: &Target) -> Result<Option<ReadPlan>, Failure> {
 /// Runs the read plans within the request's byte budget. The first
 /// partition that returns data may exceed the budget by one batch (KIP-74),
 /// so a batch larger than the limits can still be consumed.
-fn execute(plans: Vec<Result<Option<ReadPlan>, Failure>>, total_max: usize) -> Vec<Result<Bytes, Failure>> {
+fn execute(
+    plans: Vec<Result<Option<ReadSource>, Failure>>,
+    total_max: usize,
+    cache: &TailCache,
+) -> Vec<Result<Bytes, Failure>> {
     let mut remaining = total_max;
     let mut any_data = false;
+    let read = |source: ReadSource| match source {
+        ReadSource::Memory(bytes) => Ok(bytes),
+        ReadSource::Disk(plan) => {
+            let bytes = plan.execute()?;
+            if !plan.is_empty() {
+                cache.record_cold_read(bytes.len() as u64);
+            }
+            Ok::<Bytes, std::io::Error>(bytes)
+        }
+    };
     plans
         .into_iter()
         .map(|p| match p {
-            Ok(Some(plan)) if remaining > 0 || !any_data => match plan.execute() {
+            Ok(Some(source)) if remaining > 0 || !any_data => match read(source) {
                 Ok(bytes) if any_data && bytes.len() > remaining => Ok(Bytes::new()),
                 Ok(bytes) => {
                     any_data |= !bytes.is_empty();

@@ -1,0 +1,419 @@
+//! The tail cache: the newest record batches of every partition, in broker
+//! memory, under one broker-wide byte budget.
+//!
+//! * Only appends insert. Reads never do, so a consumer reading history
+//!   cannot push the tail out (the "catch-up tax" this cache exists to end).
+//! * Eviction is by append age across all partitions: the batch appended
+//!   longest ago goes first, whatever was read recently.
+//! * Each partition's cached batches are a contiguous run of offsets that
+//!   ends at what was last appended, so a read at an offset at or after the
+//!   first cached batch is answered entirely from memory.
+//!
+//! Locking: one mutex over the index, held only for in-memory work (never
+//! across I/O). Batches are `Bytes`, so a read of one batch copies nothing.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+
+/// One cached batch: its offsets and its bytes as written to the log.
+#[derive(Debug, Clone)]
+struct CachedBatch {
+    base_offset: i64,
+    last_offset: i64,
+    bytes: Bytes,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    used_bytes: u64,
+    /// Every cached batch as `(partition id, base offset)`, oldest append
+    /// first. Entries of batches already gone (partition dropped or
+    /// cleared) are skipped when reached.
+    order: VecDeque<(u64, i64)>,
+    /// Entries in `order` whose batch is already gone.
+    stale_entries: usize,
+    partitions: HashMap<u64, VecDeque<CachedBatch>>,
+}
+
+/// Counters since start-up.
+#[derive(Debug, Default)]
+struct Counters {
+    inserted_bytes: AtomicU64,
+    evicted_bytes: AtomicU64,
+    evicted_batches: AtomicU64,
+    hit_reads: AtomicU64,
+    hit_bytes: AtomicU64,
+    miss_reads: AtomicU64,
+    cold_reads: AtomicU64,
+    cold_read_bytes: AtomicU64,
+}
+
+/// A snapshot of the cache's counters and occupancy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TailStats {
+    pub budget_bytes: u64,
+    pub used_bytes: u64,
+    pub cached_batches: u64,
+    pub inserted_bytes: u64,
+    pub evicted_bytes: u64,
+    pub evicted_batches: u64,
+    /// Reads answered from memory, and their bytes.
+    pub hit_reads: u64,
+    pub hit_bytes: u64,
+    /// Reads at an offset before the cached run.
+    pub miss_reads: u64,
+    /// Reads served from the log files instead, and their bytes.
+    pub cold_reads: u64,
+    pub cold_read_bytes: u64,
+}
+
+#[derive(Debug)]
+pub struct TailCache {
+    budget_bytes: u64,
+    inner: Mutex<Inner>,
+    next_id: AtomicU64,
+    counters: Counters,
+}
+
+/// One partition's place in the cache. Dropping it drops the partition's
+/// batches (a deleted topic frees its memory at once).
+#[derive(Debug)]
+pub struct PartitionTail {
+    id: u64,
+    cache: Arc<TailCache>,
+}
+
+impl TailCache {
+    pub fn new(budget_bytes: u64) -> Arc<TailCache> {
+        Arc::new(TailCache {
+            budget_bytes,
+            inner: Mutex::new(Inner::default()),
+            next_id: AtomicU64::new(1),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+
+    /// Registers a partition. Its run starts empty: data written before
+    /// start-up is on disk only.
+    pub fn partition(self: &Arc<Self>) -> PartitionTail {
+        PartitionTail {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            cache: Arc::clone(self),
+        }
+    }
+
+    pub fn stats(&self) -> TailStats {
+        let (used_bytes, cached_batches) = {
+            let inner = self.inner.lock();
+            let batches: usize = inner.partitions.values().map(VecDeque::len).sum();
+            (inner.used_bytes, batches as u64)
+        };
+        let c = &self.counters;
+        TailStats {
+            budget_bytes: self.budget_bytes,
+            used_bytes,
+            cached_batches,
+            inserted_bytes: c.inserted_bytes.load(Ordering::Relaxed),
+            evicted_bytes: c.evicted_bytes.load(Ordering::Relaxed),
+            evicted_batches: c.evicted_batches.load(Ordering::Relaxed),
+            hit_reads: c.hit_reads.load(Ordering::Relaxed),
+            hit_bytes: c.hit_bytes.load(Ordering::Relaxed),
+            miss_reads: c.miss_reads.load(Ordering::Relaxed),
+            cold_reads: c.cold_reads.load(Ordering::Relaxed),
+            cold_read_bytes: c.cold_read_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a read served from the log files (a cache miss, or data from
+    /// before start-up).
+    pub fn record_cold_read(&self, bytes: u64) {
+        self.counters.cold_reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.cold_read_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn insert(&self, id: u64, batches: impl IntoIterator<Item = (i64, i64, Bytes)>) {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let run = inner.partitions.entry(id).or_default();
+        let mut added = 0u64;
+        for (base_offset, last_offset, bytes) in batches {
+            assert!(last_offset >= base_offset, "batch offsets out of order");
+            if run.back().is_some_and(|b| b.last_offset + 1 != base_offset) {
+                // Not contiguous with what is cached (the log was truncated
+                // or reset): the old run can no longer answer reads.
+                inner.stale_entries += run.len();
+                let dropped: u64 = run.drain(..).map(|b| b.bytes.len() as u64).sum();
+                inner.used_bytes -= dropped;
+            }
+            added += bytes.len() as u64;
+            inner.order.push_back((id, base_offset));
+            run.push_back(CachedBatch {
+                base_offset,
+                last_offset,
+                bytes,
+            });
+        }
+        inner.used_bytes += added;
+        self.counters.inserted_bytes.fetch_add(added, Ordering::Relaxed);
+        self.evict(inner);
+    }
+
+    /// Drops the oldest batches until the budget holds.
+    fn evict(&self, inner: &mut Inner) {
+        let (mut bytes, mut batches) = (0u64, 0u64);
+        while inner.used_bytes > self.budget_bytes {
+            let Some((id, base)) = inner.order.pop_front() else {
+                break;
+            };
+            let run = inner.partitions.get_mut(&id);
+            match run {
+                Some(run) if run.front().is_some_and(|b| b.base_offset == base) => {
+                    let batch = run.pop_front().expect("front checked");
+                    inner.used_bytes -= batch.bytes.len() as u64;
+                    bytes += batch.bytes.len() as u64;
+                    batches += 1;
+                }
+                _ => inner.stale_entries = inner.stale_entries.saturating_sub(1),
+            }
+        }
+        self.counters.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.counters
+            .evicted_batches
+            .fetch_add(batches, Ordering::Relaxed);
+    }
+
+    fn read(&self, id: u64, offset: i64, end_offset: i64, max_bytes: usize) -> Option<Bytes> {
+        let inner = self.inner.lock();
+        let run = inner.partitions.get(&id);
+        let hit = run.filter(|r| r.front().is_some_and(|b| b.base_offset <= offset) && offset < end_offset);
+        let mut picked = hit.map(|run| run.range(run.partition_point(|b| b.last_offset < offset)..));
+        let Some(head) = picked.as_mut().and_then(Iterator::next) else {
+            self.counters.miss_reads.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let picked = picked.expect("head came from it");
+        let mut total = head.bytes.len();
+        let mut more = Vec::new();
+        for b in picked {
+            if b.base_offset >= end_offset || total + b.bytes.len() > max_bytes {
+                break;
+            }
+            total += b.bytes.len();
+            more.push(b.bytes.clone());
+        }
+        let head = head.bytes.clone();
+        drop(inner);
+        self.counters.hit_reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.hit_bytes.fetch_add(total as u64, Ordering::Relaxed);
+        if more.is_empty() {
+            return Some(head);
+        }
+        let mut out = BytesMut::with_capacity(total);
+        out.extend_from_slice(&head);
+        for b in more {
+            out.extend_from_slice(&b);
+        }
+        Some(out.freeze())
+    }
+
+    fn remove(&self, id: u64) {
+        let mut inner = self.inner.lock();
+        if let Some(run) = inner.partitions.remove(&id) {
+            inner.stale_entries += run.len();
+            inner.used_bytes -= run.iter().map(|b| b.bytes.len() as u64).sum::<u64>();
+        }
+        // Keep `order` from filling up with entries of dropped partitions
+        // while nothing is being evicted.
+        if inner.stale_entries > 1024 && inner.stale_entries * 2 > inner.order.len() {
+            let Inner {
+                order, partitions, ..
+            } = &mut *inner;
+            order.retain(|(id, base)| {
+                partitions
+                    .get(id)
+                    .is_some_and(|run| run.binary_search_by_key(base, |b| b.base_offset).is_ok())
+            });
+            inner.stale_entries = 0;
+        }
+    }
+}
+
+impl PartitionTail {
+    /// Caches batches just appended to the log, in log order:
+    /// `(base offset, last offset, bytes)`.
+    pub fn insert(&self, batches: impl IntoIterator<Item = (i64, i64, Bytes)>) {
+        self.cache.insert(self.id, batches);
+    }
+
+    /// Whole batches from the one holding `offset`, up to `max_bytes` but
+    /// at least one (KIP-74), none starting at or after `end_offset` (the
+    /// high watermark: batches are cached just before it moves), if
+    /// `offset` lies in the cached run. `None`: read the log.
+    pub fn read(&self, offset: i64, end_offset: i64, max_bytes: usize) -> Option<Bytes> {
+        self.cache.read(self.id, offset, end_offset, max_bytes)
+    }
+
+    /// Forgets the partition's batches (its log was truncated or reset).
+    pub fn clear(&self) {
+        self.cache.remove(self.id);
+    }
+}
+
+impl Drop for PartitionTail {
+    fn drop(&mut self) {
+        self.cache.remove(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    fn batch(base: i64, count: i64, len: usize) -> (i64, i64, Bytes) {
+        let mut v = vec![0u8; len];
+        v[..8].copy_from_slice(&base.to_be_bytes());
+        (base, base + count - 1, Bytes::from(v))
+    }
+
+    fn base_of(bytes: &[u8]) -> i64 {
+        i64::from_be_bytes(bytes[..8].try_into().unwrap())
+    }
+
+    #[test]
+    fn reads_start_at_the_batch_holding_the_offset() {
+        let cache = TailCache::new(1 << 20);
+        let p = cache.partition();
+        p.insert([batch(10, 5, 100), batch(15, 5, 100), batch(20, 5, 100)]);
+        assert!(p.read(9, i64::MAX, 1000).is_none(), "before the cached run");
+        let got = p.read(17, i64::MAX, 1000).unwrap();
+        assert_eq!(got.len(), 200);
+        assert_eq!(base_of(&got), 15);
+        // max_bytes limits whole batches, but one is always returned.
+        assert_eq!(p.read(10, i64::MAX, 150).unwrap().len(), 100);
+        assert_eq!(p.read(10, i64::MAX, 1).unwrap().len(), 100);
+        assert!(p.read(25, i64::MAX, 1000).is_none(), "past the end");
+        // Nothing at or past the end offset (the high watermark).
+        assert_eq!(p.read(10, 20, 1000).unwrap().len(), 200);
+        assert!(p.read(20, 20, 1000).is_none());
+        let s = cache.stats();
+        assert_eq!((s.hit_reads, s.miss_reads), (4, 3));
+    }
+
+    #[test]
+    fn eviction_is_by_append_age_across_partitions() {
+        let cache = TailCache::new(300);
+        let (a, b) = (cache.partition(), cache.partition());
+        a.insert([batch(0, 1, 100)]);
+        b.insert([batch(0, 1, 100)]);
+        a.insert([batch(1, 1, 100)]);
+        // Reading a's oldest batch does not protect it.
+        assert!(a.read(0, i64::MAX, 100).is_some());
+        b.insert([batch(1, 1, 100)]);
+        assert!(
+            a.read(0, i64::MAX, 100).is_none(),
+            "a's first batch was the oldest"
+        );
+        assert!(b.read(0, i64::MAX, 100).is_some());
+        a.insert([batch(2, 1, 100)]);
+        assert!(b.read(0, i64::MAX, 100).is_none());
+        let s = cache.stats();
+        assert_eq!((s.used_bytes, s.evicted_batches), (300, 2));
+    }
+
+    #[test]
+    fn dropping_a_partition_frees_its_bytes() {
+        let cache = TailCache::new(1000);
+        let a = cache.partition();
+        a.insert([batch(0, 1, 400)]);
+        drop(a);
+        assert_eq!(cache.stats().used_bytes, 0);
+        let b = cache.partition();
+        b.insert([batch(0, 1, 900)]);
+        assert!(
+            b.read(0, i64::MAX, 1000).is_some(),
+            "the dropped partition's stale entry is skipped"
+        );
+    }
+
+    #[test]
+    fn a_gap_in_offsets_restarts_the_run() {
+        let cache = TailCache::new(1000);
+        let p = cache.partition();
+        p.insert([batch(0, 10, 100)]);
+        p.insert([batch(50, 10, 100)]);
+        assert!(p.read(5, i64::MAX, 1000).is_none());
+        assert_eq!(base_of(&p.read(50, i64::MAX, 1000).unwrap()), 50);
+        assert_eq!(cache.stats().used_bytes, 100);
+    }
+
+    /// Random appends across partitions against a model: the budget always
+    /// holds, each partition's run is the suffix of its log that fits in
+    /// append order, and every read returns the right batches.
+    #[test]
+    fn random_appends_match_a_model() {
+        let seed = std::env::var("KEEL_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        println!("KEEL_TEST_SEED={seed}");
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let budget = 5_000u64;
+        let cache = TailCache::new(budget);
+        let parts: Vec<PartitionTail> = (0..4).map(|_| cache.partition()).collect();
+        let mut next = [0i64; 4];
+        // Model: every batch ever appended, in append order.
+        let mut appended: Vec<(usize, i64, i64, usize)> = Vec::new();
+        for _ in 0..2_000 {
+            let p = rng.gen_range(0..4);
+            let count = rng.gen_range(1..5);
+            let len = rng.gen_range(8..400);
+            parts[p].insert([batch(next[p], count, len)]);
+            appended.push((p, next[p], next[p] + count - 1, len));
+            next[p] += count;
+            // The model's cache: the newest batches (any partition) whose
+            // total fits the budget.
+            let mut used = 0usize;
+            let mut kept = Vec::new();
+            for &(bp, base, last, blen) in appended.iter().rev() {
+                if used + blen > budget as usize {
+                    break;
+                }
+                used += blen;
+                kept.push((bp, base, last));
+            }
+            assert_eq!(cache.stats().used_bytes, used as u64, "seed {seed}");
+            let q = rng.gen_range(0..4);
+            if next[q] == 0 {
+                continue;
+            }
+            let offset = rng.gen_range(0..next[q]);
+            let expected = kept
+                .iter()
+                .find(|(bp, base, last)| *bp == q && *base <= offset && offset <= *last);
+            let oldest_kept = kept
+                .iter()
+                .filter(|(bp, ..)| *bp == q)
+                .map(|(_, base, _)| *base)
+                .min();
+            match (parts[q].read(offset, i64::MAX, 1), expected) {
+                (Some(bytes), Some((_, base, _))) => assert_eq!(base_of(&bytes), *base, "seed {seed}"),
+                (None, None) => assert!(oldest_kept.is_none_or(|o| offset < o), "seed {seed}"),
+                (got, want) => panic!("seed {seed}: read {offset} of {q}: got {got:?}, model {want:?}"),
+            }
+        }
+    }
+}
