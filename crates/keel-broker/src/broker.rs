@@ -375,6 +375,48 @@ impl Broker {
         }
     }
 
+    /// Counters for operators, as JSON: the tail cache broker-wide and the
+    /// read sources of every partition.
+    pub fn stats_json(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = self.tail_cache.stats();
+        let mut partitions = Vec::new();
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                partitions.push(serde_json::json!({
+                    "topic": topic.meta.name,
+                    "partition": p.index,
+                    "log_start_offset": p.log_start_offset(),
+                    "high_watermark": p.high_watermark(),
+                    "cache_read_bytes": p.cache_read_bytes.load(Relaxed),
+                    "cold_read_bytes": p.cold_read_bytes.load(Relaxed),
+                }));
+            }
+        }
+        partitions.sort_by(|a, b| {
+            (a["topic"].as_str(), a["partition"].as_i64())
+                .cmp(&(b["topic"].as_str(), b["partition"].as_i64()))
+        });
+        serde_json::json!({
+            "tail_cache": {
+                "budget_bytes": t.budget_bytes,
+                "used_bytes": t.used_bytes,
+                "cached_batches": t.cached_batches,
+                "inserted_bytes": t.inserted_bytes,
+                "evicted_bytes": t.evicted_bytes,
+                "evicted_batches": t.evicted_batches,
+                "hit_reads": t.hit_reads,
+                "hit_bytes": t.hit_bytes,
+                "miss_reads": t.miss_reads,
+            },
+            "cold_reads": {
+                "reads": t.cold_reads,
+                "bytes": t.cold_read_bytes,
+            },
+            "partitions": partitions,
+        })
+    }
+
     /// Flushes every log and marks it cleanly closed. Blocking.
     pub fn shutdown(&self) {
         let t = self.tail_cache.stats();

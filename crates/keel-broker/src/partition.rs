@@ -6,7 +6,7 @@
 //! only to plan (no I/O) and read the file after releasing it. Nothing
 //! outside this partition ever waits on it.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -72,6 +72,9 @@ pub struct Partition {
     log_start_offset: AtomicI64,
     /// The newest batches, in the broker's tail cache.
     tail: PartitionTail,
+    /// Fetched bytes served from the tail cache and from the log files.
+    pub cache_read_bytes: AtomicU64,
+    pub cold_read_bytes: AtomicU64,
 }
 
 /// Where a fetch's bytes come from.
@@ -109,6 +112,8 @@ impl Partition {
             high_watermark: AtomicI64::new(hw),
             log_start_offset: AtomicI64::new(start),
             tail,
+            cache_read_bytes: AtomicU64::new(0),
+            cold_read_bytes: AtomicU64::new(0),
         })
     }
 
@@ -256,10 +261,17 @@ impl Partition {
         let (start, hw) = (self.log_start_offset(), self.high_watermark());
         if offset >= start && offset < hw {
             if let Some(bytes) = self.tail.read(offset, hw, max_bytes) {
+                self.cache_read_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 return Ok(ReadSource::Memory(bytes));
             }
         }
         self.read_plan(offset, max_bytes).map(ReadSource::Disk)
+    }
+
+    /// Counts bytes a read plan of this partition returned from the files.
+    pub fn note_cold_read(&self, bytes: u64) {
+        self.cold_read_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Plans a ListOffsets-by-timestamp lookup under the lock (no I/O).

@@ -142,7 +142,11 @@ async fn read_all(
         plans.push(plan(t));
     }
     let cache = Arc::clone(&broker.tail_cache);
-    let results = tokio::task::spawn_blocking(move || execute(plans, total_max, &cache))
+    let partitions: Vec<Option<Arc<Partition>>> = targets
+        .iter()
+        .map(|t| t.partition.as_ref().ok().cloned())
+        .collect();
+    let results = tokio::task::spawn_blocking(move || execute(plans, &partitions, total_max, &cache))
         .await
         .unwrap_or_else(|e| {
             vec![Err(Failure::new(ResponseError::UnknownServerError, &e.to_string())); targets.len()]
@@ -192,25 +196,30 @@ fn plan(t: &Target) -> Result<Option<ReadSource>, Failure> {
 /// so a batch larger than the limits can still be consumed.
 fn execute(
     plans: Vec<Result<Option<ReadSource>, Failure>>,
+    partitions: &[Option<Arc<Partition>>],
     total_max: usize,
     cache: &TailCache,
 ) -> Vec<Result<Bytes, Failure>> {
     let mut remaining = total_max;
     let mut any_data = false;
-    let read = |source: ReadSource| match source {
+    let read = |source: ReadSource, partition: &Option<Arc<Partition>>| match source {
         ReadSource::Memory(bytes) => Ok(bytes),
         ReadSource::Disk(plan) => {
             let bytes = plan.execute()?;
             if !plan.is_empty() {
                 cache.record_cold_read(bytes.len() as u64);
+                if let Some(p) = partition {
+                    p.note_cold_read(bytes.len() as u64);
+                }
             }
             Ok::<Bytes, std::io::Error>(bytes)
         }
     };
     plans
         .into_iter()
-        .map(|p| match p {
-            Ok(Some(source)) if remaining > 0 || !any_data => match read(source) {
+        .zip(partitions)
+        .map(|(p, partition)| match p {
+            Ok(Some(source)) if remaining > 0 || !any_data => match read(source, partition) {
                 Ok(bytes) if any_data && bytes.len() > remaining => Ok(Bytes::new()),
                 Ok(bytes) => {
                     any_data |= !bytes.is_empty();
