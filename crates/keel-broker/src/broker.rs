@@ -17,6 +17,7 @@ use crate::partition::Partition;
 use crate::producers::{write_atomically, ProducerIdAllocator};
 use crate::time::now_ms;
 use crate::topics::{Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
+use keel_log::ReadIo;
 use keel_tier::memory::MemoryLimit;
 use keel_tier::TailCache;
 
@@ -31,6 +32,9 @@ pub enum Reply {
     /// answered in its own protocol, as Kafka does.
     Close(String),
 }
+
+/// How often written segment data is dropped from the page cache.
+const PAGE_CACHE_DROP_EVERY: Duration = Duration::from_secs(1);
 
 /// Who sent a request, as group APIs report it.
 #[derive(Debug, Clone, Default)]
@@ -70,6 +74,8 @@ pub struct Broker {
     pub groups: Arc<GroupCoordinator>,
     /// The newest batches of every partition, under one byte budget.
     pub tail_cache: Arc<TailCache>,
+    /// How segment data is read back (`keel.io.direct`, probed at start-up).
+    pub read_io: ReadIo,
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
@@ -95,6 +101,10 @@ impl Broker {
         let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
         let store = TopicStore::new(&data_dir);
         let tail_cache = TailCache::new(tail_cache_budget(&config));
+        let read_io = choose_read_io(&config, &data_dir).map_err(|error| StartError::Io {
+            path: data_dir.clone(),
+            error,
+        })?;
         let groups = GroupCoordinator::open(
             &meta_dir.join("groups"),
             config.coordinator_config(),
@@ -111,6 +121,7 @@ impl Broker {
             producer_ids: Mutex::new(producer_ids),
             groups: Arc::new(groups),
             tail_cache,
+            read_io,
             admin: tokio::sync::Mutex::new(()),
         };
         broker.load_topics()?;
@@ -147,10 +158,11 @@ impl Broker {
 
     /// Opens partitions `from..meta.partitions` of a topic. Blocking.
     pub fn open_partitions(&self, meta: &TopicMeta, from: i32) -> Result<Vec<Arc<Partition>>, String> {
-        let log_config = self
+        let mut log_config = self
             .config
             .topic_log_config(&meta.configs)
             .map_err(|e| e.to_string())?;
+        log_config.read_io = self.read_io;
         let name: Arc<str> = Arc::from(meta.name.as_str());
         (from..meta.partitions)
             .map(|p| {
@@ -335,6 +347,15 @@ impl Broker {
         });
         let me = Arc::clone(self);
         tokio::spawn(async move {
+            let mut tick = tokio::time::interval(PAGE_CACHE_DROP_EVERY);
+            loop {
+                tick.tick().await;
+                let b = Arc::clone(&me);
+                let _ = tokio::task::spawn_blocking(move || b.drop_written_pages()).await;
+            }
+        });
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
             // flush.ms is checked at this resolution; Kafka's scheduler
             // checks it on a similar fixed interval.
             let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -344,6 +365,16 @@ impl Broker {
                 let _ = tokio::task::spawn_blocking(move || b.flush_due()).await;
             }
         });
+    }
+
+    /// Keeps written segment data out of the page cache (see
+    /// `Partition::drop_written_pages`).
+    fn drop_written_pages(&self) {
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                p.drop_written_pages();
+            }
+        }
     }
 
     fn apply_retention(&self) {
@@ -435,6 +466,36 @@ impl Broker {
                     tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "close failed");
                 }
             }
+        }
+    }
+}
+
+/// `keel.io.direct`: `on` requires O_DIRECT in the data directory, `off`
+/// reads through the page cache and drops what it read, `auto` uses O_DIRECT
+/// where the filesystem takes it and says so either way.
+fn choose_read_io(config: &BrokerConfig, data_dir: &std::path::Path) -> std::io::Result<ReadIo> {
+    let setting = config.get("keel.io.direct");
+    if setting == "off" {
+        tracing::info!("segment reads: pread + fadvise(DONTNEED) (keel.io.direct=off)");
+        return Ok(ReadIo::BufferedDontNeed);
+    }
+    std::fs::create_dir_all(data_dir)?;
+    match keel_log::probe_direct_io(data_dir) {
+        Ok(()) => {
+            tracing::info!(dir = %data_dir.display(), "segment reads: O_DIRECT");
+            Ok(ReadIo::Direct)
+        }
+        Err(e) if setting == "on" => Err(std::io::Error::new(
+            e.kind(),
+            format!("keel.io.direct=on but O_DIRECT does not work here: {e}"),
+        )),
+        Err(e) => {
+            tracing::warn!(
+                dir = %data_dir.display(),
+                error = %e,
+                "O_DIRECT is not supported here; segment reads use pread + fadvise(DONTNEED)"
+            );
+            Ok(ReadIo::BufferedDontNeed)
         }
     }
 }

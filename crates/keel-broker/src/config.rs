@@ -196,6 +196,8 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("offsets.topic.segment.bytes", "104857600", ConfigType::Int),
     // -1: a share of the memory the broker may use (see keel_tier::memory).
     ("keel.tail.cache.bytes", "-1", ConfigType::Long),
+    // auto | on | off: read segment data with O_DIRECT (see keel_log::ReadIo).
+    ("keel.io.direct", "auto", ConfigType::String),
 ];
 
 /// Aliases accepted on input and stored under their canonical key.
@@ -250,6 +252,7 @@ pub fn check_value(key: &str, kind: ConfigType, value: &str) -> Result<(), Confi
             "message.timestamp.type" | "log.message.timestamp.type" => {
                 matches!(value, "CreateTime" | "LogAppendTime")
             }
+            "keel.io.direct" => matches!(value, "auto" | "on" | "off"),
             _ => true,
         },
     };
@@ -457,6 +460,8 @@ impl BrokerConfig {
             retention_ms: get("retention.ms")?,
             flush_messages: positive("flush.messages", 1)?,
             flush_ms: positive("flush.ms", 0)? as i64,
+            // Decided once for the broker (see `Broker::open`).
+            read_io: keel_log::ReadIo::default(),
         })
     }
 

@@ -75,6 +75,8 @@ pub struct Partition {
     /// Fetched bytes served from the tail cache and from the log files.
     pub cache_read_bytes: AtomicU64,
     pub cold_read_bytes: AtomicU64,
+    /// Base offsets of the active segment at the last two page-cache passes.
+    page_cache_marks: Mutex<(i64, i64)>,
 }
 
 /// Where a fetch's bytes come from.
@@ -114,6 +116,7 @@ impl Partition {
             tail,
             cache_read_bytes: AtomicU64::new(0),
             cold_read_bytes: AtomicU64::new(0),
+            page_cache_marks: Mutex::new((0, 0)),
         })
     }
 
@@ -267,6 +270,25 @@ impl Partition {
             }
         }
         self.read_plan(offset, max_bytes).map(ReadSource::Disk)
+    }
+
+    /// Drops written segment data from the page cache: every segment active
+    /// in the last two passes (earlier ones were dropped then), so each one
+    /// gets a pass after its last write has been written back. The first
+    /// pass after start-up covers every segment. The tail cache holds the
+    /// newest data; the page cache holds none of it for long. Blocking.
+    pub fn drop_written_pages(&self) {
+        let from = self.page_cache_marks.lock().0;
+        let (files, active) = {
+            let st = self.state.lock();
+            let active = st.log.segment_base_offsets().last().copied().unwrap_or(0);
+            (st.log.segment_files_from(from), active)
+        };
+        for (_, file) in &files {
+            keel_log::drop_cached_pages(file);
+        }
+        let mut marks = self.page_cache_marks.lock();
+        *marks = (marks.1, active);
     }
 
     /// Counts bytes a read plan of this partition returned from the files.

@@ -20,6 +20,23 @@ pub struct LogConfig {
     pub flush_messages: u64,
     /// `flush.ms`: see [`crate::PartitionLog::needs_time_flush`].
     pub flush_ms: i64,
+    /// How read plans read segment files (`keel.io.direct`).
+    pub read_io: ReadIo,
+}
+
+/// How read plans read segment data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadIo {
+    /// Positional reads through the page cache.
+    #[default]
+    Buffered,
+    /// O_DIRECT reads into aligned buffers: segment data read back never
+    /// enters the page cache. Falls back to `BufferedDontNeed` for a read
+    /// whose file refuses O_DIRECT.
+    Direct,
+    /// Positional reads, then `posix_fadvise(DONTNEED)` on the range read,
+    /// for filesystems without O_DIRECT (tmpfs, some overlays).
+    BufferedDontNeed,
 }
 
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
@@ -35,6 +52,7 @@ impl Default for LogConfig {
             retention_ms: 7 * DAY_MS,
             flush_messages: u64::MAX,
             flush_ms: i64::MAX,
+            read_io: ReadIo::Buffered,
         }
     }
 }

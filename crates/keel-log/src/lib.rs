@@ -26,7 +26,7 @@ mod segment;
 pub mod testing;
 
 pub use batch::{BatchError, BatchHeader};
-pub use config::LogConfig;
+pub use config::{LogConfig, ReadIo};
 pub use error::{AppendError, DeleteRecordsError, OpenError, ReadError};
 pub use partition::{AppendInfo, PartitionLog, RetentionOutcome, CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE};
-pub use read::{HeaderScan, ReadPlan, TimestampPlan};
+pub use read::{drop_cached_pages, probe_direct_io, HeaderScan, ReadPlan, TimestampPlan};

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::batch::{set_base_offset, BatchHeader, NO_TIMESTAMP};
 use crate::config::LogConfig;
@@ -156,6 +157,17 @@ impl PartitionLog {
 
     fn active(&self) -> &Segment {
         self.segments.last().expect("at least one segment")
+    }
+
+    /// The segment files whose base offset is at least `from_base_offset`,
+    /// with their base offsets, for work done outside the partition lock
+    /// (dropping written data from the page cache).
+    pub fn segment_files_from(&self, from_base_offset: i64) -> Vec<(i64, Arc<File>)> {
+        self.segments
+            .iter()
+            .filter(|s| s.base_offset >= from_base_offset)
+            .map(|s| (s.base_offset, Arc::clone(&s.reader)))
+            .collect()
     }
 
     fn active_mut(&mut self) -> &mut Segment {
@@ -339,6 +351,7 @@ impl PartitionLog {
             end_position: segment.size_bytes,
             target_offset: offset,
             max_bytes,
+            io: self.config.read_io,
         })
     }
 

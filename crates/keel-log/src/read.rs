@@ -1,16 +1,22 @@
 //! The I/O half of reads. A plan is made under the partition lock without
 //! I/O and executed outside it with positional reads (`read_at`: no mmap, no
-//! sendfile) on a shared `Arc<File>`. The plan's end position is the
+//! sendfile) on a shared `Arc<File>`: with O_DIRECT into aligned buffers, or
+//! through the page cache and then dropped from it ([`ReadIo`]). The plan's end position is the
 //! segment's committed size when planned, so execution never sees a batch
 //! that was still being written; and a segment deleted meanwhile stays
 //! readable because the open file keeps its inode alive.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::num::NonZeroU64;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+
+use crate::config::ReadIo;
 
 use crate::batch::{check_crc, first_record_at_or_after, BatchHeader};
 use crate::segment::{invalid_data, read_header_at};
@@ -23,7 +29,15 @@ pub struct ReadPlan {
     pub(crate) end_position: u64,
     pub(crate) target_offset: i64,
     pub(crate) max_bytes: usize,
+    pub(crate) io: ReadIo,
 }
+
+/// Alignment of O_DIRECT offsets, lengths and buffers: the largest logical
+/// block size in common use.
+const DIRECT_ALIGN: usize = 4096;
+/// Smallest direct read: enough to find the target batch from an index
+/// entry (`index.interval.bytes` apart) in one read.
+const DIRECT_MIN_WINDOW: u64 = 64 * 1024;
 
 impl ReadPlan {
     pub(crate) fn empty(target_offset: i64, max_bytes: usize) -> Self {
@@ -33,6 +47,7 @@ impl ReadPlan {
             end_position: 0,
             target_offset,
             max_bytes,
+            io: ReadIo::Buffered,
         }
     }
 
@@ -54,6 +69,73 @@ impl ReadPlan {
         let Some(file) = &self.file else {
             return Ok(Bytes::new());
         };
+        match self.io {
+            ReadIo::Buffered => self.execute_buffered(file),
+            ReadIo::BufferedDontNeed => self.execute_dont_need(file),
+            ReadIo::Direct => match open_direct(file) {
+                Ok(direct) => self.execute_direct(&direct),
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                    self.execute_dont_need(file)
+                }
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// Reads through the page cache, then drops the pages read from it.
+    fn execute_dont_need(&self, file: &File) -> io::Result<Bytes> {
+        let out = self.execute_buffered(file);
+        let len = NonZeroU64::new(self.end_position.saturating_sub(self.start_position));
+        // Advice only: a failure changes nothing about the data read.
+        let _ = rustix::fs::fadvise(file, self.start_position, len, rustix::fs::Advice::DontNeed);
+        out
+    }
+
+    /// O_DIRECT: finds the target batch from the planned position in
+    /// aligned windows, then returns whole batches up to `max_bytes` (at
+    /// least one), CRC-checked. A window may end before `max_bytes`; the
+    /// caller fetches again from there.
+    fn execute_direct(&self, file: &File) -> io::Result<Bytes> {
+        let end = self.end_position;
+        let mut pos = self.start_position;
+        let mut window = (self.max_bytes as u64).max(DIRECT_MIN_WINDOW);
+        while pos < end {
+            let buf = read_aligned(file, pos, window.min(end - pos))?;
+            let mut at = 0usize;
+            let mut found = None;
+            while let Ok(header) = BatchHeader::parse(&buf[at..]) {
+                if header.last_offset() >= self.target_offset {
+                    found = Some(header);
+                    break;
+                }
+                at += header.total_len();
+                if at >= buf.len() {
+                    break;
+                }
+            }
+            let Some(header) = found else {
+                if at == 0 {
+                    return Err(invalid_data(format!("no batch header at {pos}")));
+                }
+                pos += at as u64;
+                continue;
+            };
+            let first_len = header.total_len();
+            if buf.len() - at < first_len {
+                // The first batch runs past the window: read from it.
+                pos += at as u64;
+                window = (first_len as u64).max(self.max_bytes as u64);
+                continue;
+            }
+            let take = (buf.len() - at).min(first_len.max(self.max_bytes));
+            let batches = buf.slice(at..at + take);
+            let keep = whole_batches_len(&batches, pos + at as u64)?;
+            return Ok(batches.slice(..keep));
+        }
+        Ok(Bytes::new())
+    }
+
+    fn execute_buffered(&self, file: &File) -> io::Result<Bytes> {
         let end = self.end_position;
         let Some((pos, first)) = find_batch(file, self.start_position, end, |h| {
             h.last_offset() >= self.target_offset
@@ -69,6 +151,65 @@ impl ReadPlan {
         buf.truncate(keep);
         Ok(Bytes::from(buf))
     }
+}
+
+/// The file again, opened with O_DIRECT (through `/proc/self/fd`, so a
+/// segment deleted after planning stays readable).
+fn open_direct(file: &File) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// Up to `len` bytes at `pos` (fewer at the end of the file), read with
+/// O_DIRECT: offset, length and buffer aligned to [`DIRECT_ALIGN`]. The
+/// alignment comes from over-allocating, so no unsafe code is needed.
+fn read_aligned(file: &File, pos: u64, len: u64) -> io::Result<Bytes> {
+    let align = DIRECT_ALIGN as u64;
+    let start = pos / align * align;
+    let lead = (pos - start) as usize;
+    let span = (lead as u64 + len).div_ceil(align) * align;
+    let span = usize::try_from(span).map_err(|_| invalid_data("read too large".into()))?;
+    let mut raw = vec![0u8; span + DIRECT_ALIGN];
+    let shift = raw.as_ptr().align_offset(DIRECT_ALIGN);
+    let aligned = &mut raw[shift..shift + span];
+    let mut got = 0usize;
+    while got < span {
+        let n = file.read_at(&mut aligned[got..], start + got as u64)?;
+        got += n;
+        // A short read that is not a whole number of blocks is the end of
+        // the file; another read would be misaligned.
+        if n == 0 || n % DIRECT_ALIGN != 0 {
+            break;
+        }
+    }
+    let available = got.saturating_sub(lead).min(len as usize);
+    Ok(Bytes::from(raw).slice(shift + lead..shift + lead + available))
+}
+
+/// Asks the kernel to drop a file's clean pages from the page cache; dirty
+/// pages are queued for writeback instead, and go on a later call. Advice
+/// only: nothing about the file's contents depends on it.
+pub fn drop_cached_pages(file: &File) {
+    let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
+}
+
+/// Whether files in `dir` can be read with O_DIRECT: writes a probe file,
+/// reads it back directly, removes it.
+pub fn probe_direct_io(dir: &Path) -> io::Result<()> {
+    let path = dir.join(".keel_direct_io_probe");
+    let result = (|| {
+        std::fs::write(&path, vec![7u8; DIRECT_ALIGN])?;
+        let file = File::open(&path)?;
+        let data = read_aligned(&open_direct(&file)?, 0, DIRECT_ALIGN as u64)?;
+        if data.len() != DIRECT_ALIGN || data.iter().any(|b| *b != 7) {
+            return Err(invalid_data("O_DIRECT probe read back wrong data".into()));
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&path);
+    result
 }
 
 /// Scans headers from `pos` for the first batch matching `pred`.
