@@ -19,7 +19,7 @@ use crate::time::now_ms;
 use crate::topics::{Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use keel_log::ReadIo;
 use keel_tier::memory::MemoryLimit;
-use keel_tier::TailCache;
+use keel_tier::{ColdReads, TailCache};
 
 /// What to send back for one request.
 #[derive(Debug)]
@@ -76,6 +76,8 @@ pub struct Broker {
     pub tail_cache: Arc<TailCache>,
     /// How segment data is read back (`keel.io.direct`, probed at start-up).
     pub read_io: ReadIo,
+    /// Reads below the tail cache: bounded, budgeted, read ahead.
+    pub cold: Arc<ColdReads>,
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
@@ -101,6 +103,10 @@ impl Broker {
         let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
         let store = TopicStore::new(&data_dir);
         let tail_cache = TailCache::new(tail_cache_budget(&config));
+        let cold = Arc::new(ColdReads::new(
+            u64::try_from(config.num("keel.cold.read.bytes.per.sec")).unwrap_or(0),
+            usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
+        ));
         let read_io = choose_read_io(&config, &data_dir).map_err(|error| StartError::Io {
             path: data_dir.clone(),
             error,
@@ -122,6 +128,7 @@ impl Broker {
             groups: Arc::new(groups),
             tail_cache,
             read_io,
+            cold,
             admin: tokio::sync::Mutex::new(()),
         };
         broker.load_topics()?;
@@ -168,7 +175,8 @@ impl Broker {
             .map(|p| {
                 let dir = self.store.partition_dir(&meta.name, p);
                 let tail = self.tail_cache.partition();
-                Partition::open(Arc::clone(&name), p, &dir, log_config.clone(), tail).map(Arc::new)
+                let cold = Arc::clone(&self.cold);
+                Partition::open(Arc::clone(&name), p, &dir, log_config.clone(), tail, cold).map(Arc::new)
             })
             .collect()
     }
@@ -411,6 +419,7 @@ impl Broker {
     pub fn stats_json(&self) -> serde_json::Value {
         use std::sync::atomic::Ordering::Relaxed;
         let t = self.tail_cache.stats();
+        let c = self.cold.stats();
         let mut partitions = Vec::new();
         for topic in self.topics.all() {
             for p in &topic.partitions {
@@ -443,6 +452,16 @@ impl Broker {
             "cold_reads": {
                 "reads": t.cold_reads,
                 "bytes": t.cold_read_bytes,
+                "budget_bytes_per_sec": c.budget_bytes_per_sec,
+                "max_concurrent": c.max_concurrent,
+                "queue_depth": c.queue_depth,
+                "executor_reads": c.reads,
+                "executor_bytes": c.bytes,
+                "wait_us_total": c.wait_us_total,
+                "throttled_us_total": c.throttled_us_total,
+                "read_ahead_hits": c.read_ahead_hits,
+                "read_ahead_held_bytes": c.read_ahead_held_bytes,
+                "read_ahead_limit_bytes": c.read_ahead_limit_bytes,
             },
             "partitions": partitions,
         })

@@ -198,6 +198,9 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("keel.tail.cache.bytes", "-1", ConfigType::Long),
     // auto | on | off: read segment data with O_DIRECT (see keel_log::ReadIo).
     ("keel.io.direct", "auto", ConfigType::String),
+    // Broker-wide budget of reads below the tail cache; 0 = unlimited.
+    ("keel.cold.read.bytes.per.sec", "0", ConfigType::Long),
+    ("keel.cold.read.max.concurrent", "4", ConfigType::Int),
 ];
 
 /// Aliases accepted on input and stored under their canonical key.
@@ -333,6 +336,8 @@ impl BrokerConfig {
             ("offset.metadata.max.bytes", 0),
             ("offsets.topic.segment.bytes", 1024),
             ("keel.tail.cache.bytes", -1),
+            ("keel.cold.read.bytes.per.sec", 0),
+            ("keel.cold.read.max.concurrent", 1),
         ] {
             if self.num(key) < min {
                 return Err(ConfigError {

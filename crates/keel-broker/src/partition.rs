@@ -13,7 +13,7 @@ use bytes::Bytes;
 use keel_log::batch::BatchHeader;
 use keel_log::{LogConfig, PartitionLog, ReadError, ReadPlan};
 use keel_protocol::ResponseError;
-use keel_tier::PartitionTail;
+use keel_tier::{ColdReads, PartitionTail};
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, Notify};
 
@@ -77,6 +77,11 @@ pub struct Partition {
     pub cold_read_bytes: AtomicU64,
     /// Base offsets of the active segment at the last two page-cache passes.
     page_cache_marks: Mutex<(i64, i64)>,
+    /// The broker's cold-read executor (reads below the tail cache).
+    cold: Arc<ColdReads>,
+    /// Read-ahead: the next chunk of a sequential scan below the tail, read
+    /// before it was asked for: `(offset, batches)`.
+    read_ahead: Mutex<Option<(i64, Bytes)>>,
 }
 
 /// Where a fetch's bytes come from.
@@ -97,6 +102,7 @@ impl Partition {
         dir: &std::path::Path,
         config: LogConfig,
         tail: PartitionTail,
+        cold: Arc<ColdReads>,
     ) -> Result<Partition, String> {
         let log = PartitionLog::open(dir, config).map_err(|e| format!("{}: {e}", dir.display()))?;
         let producers = rebuild_producers(&log).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -117,6 +123,8 @@ impl Partition {
             cache_read_bytes: AtomicU64::new(0),
             cold_read_bytes: AtomicU64::new(0),
             page_cache_marks: Mutex::new((0, 0)),
+            cold,
+            read_ahead: Mutex::new(None),
         })
     }
 
@@ -259,7 +267,8 @@ impl Partition {
     }
 
     /// Resolves a fetch at `offset` to its source: the tail cache when the
-    /// offset is in its run (below the high watermark), else a read plan.
+    /// offset is in its run (below the high watermark), the read-ahead slot
+    /// when a scan reached it, else a read plan of the files.
     pub fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadSource, ReadError> {
         let (start, hw) = (self.log_start_offset(), self.high_watermark());
         if offset >= start && offset < hw {
@@ -268,8 +277,90 @@ impl Partition {
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 return Ok(ReadSource::Memory(bytes));
             }
+            if let Some(bytes) = self.take_read_ahead(offset) {
+                self.cold_read_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                return Ok(ReadSource::Memory(bytes));
+            }
         }
         self.read_plan(offset, max_bytes).map(ReadSource::Disk)
+    }
+
+    fn take_read_ahead(&self, offset: i64) -> Option<Bytes> {
+        let mut slot = self.read_ahead.lock();
+        if slot.as_ref().is_some_and(|(at, _)| *at == offset) {
+            let (_, bytes) = slot.take().expect("checked");
+            self.cold.release_read_ahead(bytes.len() as u64, true);
+            return Some(bytes);
+        }
+        None
+    }
+
+    /// Keeps `bytes` read at `offset` for the next fetch, if the pool has
+    /// room; replaces what was held.
+    fn offer_read_ahead(&self, offset: i64, bytes: Bytes) {
+        if bytes.is_empty() || !self.cold.reserve_read_ahead(bytes.len() as u64) {
+            return;
+        }
+        let old = self.read_ahead.lock().replace((offset, bytes));
+        if let Some((_, old)) = old {
+            self.cold.release_read_ahead(old.len() as u64, false);
+        }
+    }
+
+    /// Runs a planned read on the cold executor. The answer comes on the
+    /// returned channel; if nobody is listening any more (the fetch was
+    /// answered without it at its deadline) it is kept for the next fetch
+    /// at `offset`. After a delivered read the next chunk is read ahead, so
+    /// a sequential backfill keeps the device busy between its fetches.
+    pub fn spawn_cold_read(
+        self: &Arc<Self>,
+        offset: i64,
+        plan: ReadPlan,
+        max_bytes: usize,
+        read_ahead: bool,
+    ) -> oneshot::Receiver<std::io::Result<Bytes>> {
+        let (tx, rx) = oneshot::channel();
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = me.cold.read(max_bytes, move || plan.execute()).await;
+            let next = result.as_ref().ok().and_then(|b| next_offset_after(b));
+            match tx.send(result) {
+                Ok(()) => {
+                    if let (true, Some(next)) = (read_ahead, next) {
+                        me.read_ahead_from(next, max_bytes);
+                    }
+                }
+                Err(Ok(bytes)) => me.offer_read_ahead(offset, bytes),
+                Err(Err(_)) => {}
+            }
+        });
+        rx
+    }
+
+    /// Reads the chunk at `offset` ahead of the fetch that will ask for it,
+    /// unless the tail cache or the read-ahead slot already holds it. A slot
+    /// holding another offset is stale (the scan moved past it) and is freed.
+    fn read_ahead_from(self: &Arc<Self>, offset: i64, max_bytes: usize) {
+        let in_tail = self.tail.first_offset().is_some_and(|first| offset >= first);
+        if in_tail || offset >= self.high_watermark() {
+            return;
+        }
+        {
+            let mut slot = self.read_ahead.lock();
+            match slot.as_ref() {
+                Some((at, _)) if *at == offset => return,
+                Some(_) => {
+                    let (_, stale) = slot.take().expect("checked");
+                    self.cold.release_read_ahead(stale.len() as u64, false);
+                }
+                None => {}
+            }
+        }
+        if let Ok(plan) = self.read_plan(offset, max_bytes) {
+            // Nobody listens: the result goes to the read-ahead slot.
+            drop(self.spawn_cold_read(offset, plan, max_bytes, false));
+        }
     }
 
     /// Drops written segment data from the page cache: every segment active
@@ -364,6 +455,20 @@ fn plan_item(
         offset += i64::from(h.last_offset_delta) + 1;
     }
     Ok(Planned::Append(offset - base_offset))
+}
+
+/// The offset after the last whole batch in `bytes`.
+fn next_offset_after(bytes: &[u8]) -> Option<i64> {
+    let mut at = 0;
+    let mut next = None;
+    while let Ok(h) = BatchHeader::parse(&bytes[at..]) {
+        if at + h.total_len() > bytes.len() {
+            break;
+        }
+        next = Some(h.last_offset() + 1);
+        at += h.total_len();
+    }
+    next
 }
 
 /// Splits an appended buffer into its batches with their assigned offsets,

@@ -28,7 +28,8 @@ fn open(dir: &std::path::Path) -> Arc<Partition> {
         ..LogConfig::default()
     };
     let tail = keel_tier::TailCache::new(1 << 20).partition();
-    Arc::new(Partition::open(Arc::from("t"), 0, dir, config, tail).unwrap())
+    let cold = Arc::new(keel_tier::ColdReads::new(0, 2));
+    Arc::new(Partition::open(Arc::from("t"), 0, dir, config, tail, cold).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,6 +106,10 @@ async fn appends_after_close_are_refused() {
     );
 }
 
+fn cold() -> Arc<keel_tier::ColdReads> {
+    Arc::new(keel_tier::ColdReads::new(0, 2))
+}
+
 fn read_bytes(source: keel_broker::partition::ReadSource) -> (bool, Bytes) {
     use keel_broker::partition::ReadSource;
     match source {
@@ -124,8 +129,17 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
         ..LogConfig::default()
     };
     let cache = keel_tier::TailCache::new(2_000);
-    let p =
-        Arc::new(Partition::open(Arc::from("t"), 0, dir.path(), config.clone(), cache.partition()).unwrap());
+    let p = Arc::new(
+        Partition::open(
+            Arc::from("t"),
+            0,
+            dir.path(),
+            config.clone(),
+            cache.partition(),
+            cold(),
+        )
+        .unwrap(),
+    );
     let mut bases = Vec::new();
     for _ in 0..20 {
         let (bytes, headers) = batch(None, 5);
@@ -157,10 +171,92 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
     drop(p);
     assert_eq!(cache.stats().used_bytes, 0, "a dropped partition frees its cache");
     // Reopened: nothing is cached until new appends arrive.
-    let p = Arc::new(Partition::open(Arc::from("t"), 0, dir.path(), config, cache.partition()).unwrap());
+    let p =
+        Arc::new(Partition::open(Arc::from("t"), 0, dir.path(), config, cache.partition(), cold()).unwrap());
     assert!(!read_bytes(p.read(95, 1 << 20).unwrap()).0);
     let (bytes, headers) = batch(None, 5);
     assert_eq!(p.append(bytes, headers).await.unwrap().base_offset, 100);
     assert!(read_bytes(p.read(100, 1 << 20).unwrap()).0);
     assert!(!read_bytes(p.read(99, 1 << 20).unwrap()).0);
+}
+
+/// A sequential scan below the tail cache is read ahead: after each cold
+/// read, the next chunk is read before it is asked for, and the next fetch
+/// is answered from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_cold_reads_are_read_ahead() {
+    use keel_broker::partition::ReadSource;
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        segment_bytes: 4096,
+        ..LogConfig::default()
+    };
+    // A tail cache too small to hold anything: every read is cold.
+    let cache = keel_tier::TailCache::new(1);
+    let cold = cold();
+    let p = Arc::new(
+        Partition::open(
+            Arc::from("t"),
+            0,
+            dir.path(),
+            config,
+            cache.partition(),
+            Arc::clone(&cold),
+        )
+        .unwrap(),
+    );
+    for _ in 0..40 {
+        let (bytes, headers) = batch(None, 5);
+        p.append(bytes, headers).await.unwrap();
+    }
+    let (mut offset, mut all) = (0i64, Vec::new());
+    let (mut disk, mut ahead) = (0, 0);
+    while offset < p.high_watermark() {
+        let bytes = match p.read(offset, 1_000).unwrap() {
+            ReadSource::Memory(b) => {
+                ahead += 1;
+                b
+            }
+            ReadSource::Disk(plan) => {
+                disk += 1;
+                let rx = p.spawn_cold_read(offset, plan, 1_000, true);
+                let bytes = rx.await.unwrap().unwrap();
+                let next = validate_batches(&bytes).unwrap().last().unwrap().last_offset() + 1;
+                // Let the read-ahead of the next chunk land before asking.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while next < p.high_watermark()
+                    && cold.stats().read_ahead_held_bytes == 0
+                    && std::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                bytes
+            }
+        };
+        let headers = validate_batches(&bytes).unwrap();
+        offset = headers.last().unwrap().last_offset() + 1;
+        all.extend_from_slice(&bytes);
+    }
+    let whole = p.read_plan(0, 1 << 20).unwrap().execute().unwrap();
+    let segments_total: usize = {
+        let mut n = 0;
+        let mut off = 0;
+        while off < p.high_watermark() {
+            let b = p.read_plan(off, 1 << 20).unwrap().execute().unwrap();
+            off = validate_batches(&b).unwrap().last().unwrap().last_offset() + 1;
+            n += b.len();
+        }
+        n
+    };
+    assert!(whole.len() <= segments_total);
+    assert_eq!(all.len(), segments_total, "every byte read once, in order");
+    let s = cold.stats();
+    assert!(
+        ahead > 0 && s.read_ahead_hits == ahead,
+        "disk {disk}, read ahead {ahead}, {s:?}"
+    );
+    assert!(
+        ahead >= disk - 1,
+        "read-ahead answered about every other fetch: disk {disk}, ahead {ahead}"
+    );
 }

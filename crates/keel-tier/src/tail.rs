@@ -261,6 +261,12 @@ impl PartitionTail {
         self.cache.read(self.id, offset, end_offset, max_bytes)
     }
 
+    /// The first offset of the cached run, if anything is cached.
+    pub fn first_offset(&self) -> Option<i64> {
+        let inner = self.cache.inner.lock();
+        inner.partitions.get(&self.id)?.front().map(|b| b.base_offset)
+    }
+
     /// Forgets the partition's batches (its log was truncated or reset).
     pub fn clear(&self) {
         self.cache.remove(self.id);

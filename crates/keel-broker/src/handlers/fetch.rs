@@ -10,7 +10,6 @@ use keel_log::ReadError;
 use keel_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
-use keel_tier::TailCache;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -78,7 +77,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchResponse {
                 p.register_waiter(&waiter);
             }
         }
-        let (partitions, bytes, failed) = read_all(broker, &targets, total_max).await;
+        let (partitions, bytes, failed) = read_all(&targets, total_max, deadline).await;
         let done = bytes >= min_bytes.max(1) || failed || Instant::now() >= deadline;
         if done
             || tokio::time::timeout_at(deadline, waiter.notified())
@@ -88,7 +87,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchResponse {
             let final_parts = if done {
                 partitions
             } else {
-                read_all(broker, &targets, total_max).await.0
+                read_all(&targets, total_max, deadline).await.0
             };
             return assemble(topics, &targets, final_parts);
         }
@@ -129,28 +128,57 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
 
 /// Reads every target once. Returns the per-target results (in target
 /// order), the bytes read, and whether any target failed.
+///
+/// Sources are resolved under each partition's lock without I/O: tail cache
+/// and read-ahead hits are data at once. Reads of the log files start
+/// together on the cold executor. When the tail part already has data, the
+/// cold part is waited for only until `deadline`; a cold read still running
+/// then is answered empty and its data kept for the next fetch.
 async fn read_all(
-    broker: &Broker,
     targets: &[Target],
     total_max: usize,
+    deadline: Instant,
 ) -> (Vec<PartitionData>, usize, bool) {
-    // Sources are resolved under each partition's lock without I/O (tail
-    // cache hits are already data); file reads happen on a blocking thread
-    // after every lock is released.
-    let mut plans: Vec<Result<Option<ReadSource>, Failure>> = Vec::with_capacity(targets.len());
-    for t in targets {
-        plans.push(plan(t));
+    let mut results: Vec<Option<Result<Bytes, Failure>>> = Vec::with_capacity(targets.len());
+    let mut cold = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        match plan(t) {
+            Ok(Some(ReadSource::Memory(bytes))) => results.push(Some(Ok(bytes))),
+            Ok(Some(ReadSource::Disk(plan))) if !plan.is_empty() => {
+                let p = t.partition.as_ref().expect("planned partitions exist");
+                cold.push((i, p.spawn_cold_read(t.fetch_offset, plan, t.max_bytes, true)));
+                results.push(None);
+            }
+            Ok(_) => results.push(Some(Ok(Bytes::new()))),
+            Err(f) => results.push(Some(Err(f))),
+        }
     }
-    let cache = Arc::clone(&broker.tail_cache);
-    let partitions: Vec<Option<Arc<Partition>>> = targets
-        .iter()
-        .map(|t| t.partition.as_ref().ok().cloned())
-        .collect();
-    let results = tokio::task::spawn_blocking(move || execute(plans, &partitions, total_max, &cache))
-        .await
-        .unwrap_or_else(|e| {
-            vec![Err(Failure::new(ResponseError::UnknownServerError, &e.to_string())); targets.len()]
+    let tail_has_data = results.iter().any(|r| matches!(r, Some(Ok(b)) if !b.is_empty()));
+    for (i, rx) in cold {
+        let outcome = if tail_has_data {
+            tokio::time::timeout_at(deadline, rx).await
+        } else {
+            Ok(rx.await)
+        };
+        results[i] = Some(match outcome {
+            Ok(Ok(Ok(bytes))) => {
+                if let Ok(p) = &targets[i].partition {
+                    p.note_cold_read(bytes.len() as u64);
+                }
+                Ok(bytes)
+            }
+            Ok(Ok(Err(e))) => Err(Failure::new(ResponseError::KafkaStorageError, &e.to_string())),
+            Ok(Err(_)) => Err(Failure::new(
+                ResponseError::UnknownServerError,
+                "cold read task ended",
+            )),
+            Err(_) => Ok(Bytes::new()),
         });
+    }
+    let results = limit_total(
+        results.into_iter().map(|r| r.expect("every target resolved")),
+        total_max,
+    );
     let mut out = Vec::with_capacity(targets.len());
     let (mut bytes, mut failed) = (0, false);
     for (t, r) in targets.iter().zip(results) {
@@ -191,45 +219,25 @@ fn plan(t: &Target) -> Result<Option<ReadSource>, Failure> {
     }
 }
 
-/// Runs the read plans within the request's byte budget. The first
-/// partition that returns data may exceed the budget by one batch (KIP-74),
-/// so a batch larger than the limits can still be consumed.
-fn execute(
-    plans: Vec<Result<Option<ReadSource>, Failure>>,
-    partitions: &[Option<Arc<Partition>>],
+/// Applies the request's byte budget in partition order. The first
+/// partition with data may exceed it by one batch (KIP-74), so a batch
+/// larger than the limits can still be consumed; data past the budget is
+/// dropped (the client fetches it again).
+fn limit_total(
+    results: impl Iterator<Item = Result<Bytes, Failure>>,
     total_max: usize,
-    cache: &TailCache,
 ) -> Vec<Result<Bytes, Failure>> {
     let mut remaining = total_max;
     let mut any_data = false;
-    let read = |source: ReadSource, partition: &Option<Arc<Partition>>| match source {
-        ReadSource::Memory(bytes) => Ok(bytes),
-        ReadSource::Disk(plan) => {
-            let bytes = plan.execute()?;
-            if !plan.is_empty() {
-                cache.record_cold_read(bytes.len() as u64);
-                if let Some(p) = partition {
-                    p.note_cold_read(bytes.len() as u64);
-                }
+    results
+        .map(|r| match r {
+            Ok(bytes) if any_data && bytes.len() > remaining => Ok(Bytes::new()),
+            Ok(bytes) => {
+                any_data |= !bytes.is_empty();
+                remaining = remaining.saturating_sub(bytes.len());
+                Ok(bytes)
             }
-            Ok::<Bytes, std::io::Error>(bytes)
-        }
-    };
-    plans
-        .into_iter()
-        .zip(partitions)
-        .map(|(p, partition)| match p {
-            Ok(Some(source)) if remaining > 0 || !any_data => match read(source, partition) {
-                Ok(bytes) if any_data && bytes.len() > remaining => Ok(Bytes::new()),
-                Ok(bytes) => {
-                    any_data |= !bytes.is_empty();
-                    remaining = remaining.saturating_sub(bytes.len());
-                    Ok(bytes)
-                }
-                Err(e) => Err(Failure::new(ResponseError::KafkaStorageError, &e.to_string())),
-            },
-            Ok(_) => Ok(Bytes::new()),
-            Err(d) => Err(d),
+            Err(f) => Err(f),
         })
         .collect()
 }

@@ -1,0 +1,249 @@
+//! Cold reads: fetches below the tail cache, read from the log files.
+//!
+//! They run on the blocking thread pool, never on request tasks, at most
+//! `max_concurrent` at a time, and within a broker-wide byte budget
+//! (`keel.cold.read.bytes.per.sec`; 0 = unlimited). Waiting readers are
+//! served first come, first served (a fair queue), so consumers reading
+//! history share the budget. Tail reads never come here: they are answered
+//! from memory and never wait behind a cold read.
+
+use std::future::Future;
+use std::io;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{Mutex, Semaphore};
+
+/// Counters since start-up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ColdStats {
+    pub budget_bytes_per_sec: u64,
+    pub max_concurrent: u64,
+    /// Cold reads waiting for a slot or for budget right now.
+    pub queue_depth: u64,
+    pub reads: u64,
+    pub bytes: u64,
+    /// Total time reads spent waiting before their I/O started.
+    pub wait_us_total: u64,
+    /// Time spent waiting for budget alone.
+    pub throttled_us_total: u64,
+    /// Read-ahead: bytes held for the next fetch of a sequential scan, the
+    /// pool's limit, and fetches answered from it.
+    pub read_ahead_held_bytes: u64,
+    pub read_ahead_limit_bytes: u64,
+    pub read_ahead_hits: u64,
+}
+
+/// A token bucket refilled at the budget rate, holding at most one
+/// second's worth.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+#[derive(Debug)]
+pub struct ColdReads {
+    budget_bytes_per_sec: u64,
+    max_concurrent: usize,
+    slots: Semaphore,
+    /// Held while a reader waits for budget: the head of the queue waits,
+    /// the others queue behind it in arrival order.
+    bucket: Mutex<Bucket>,
+    queue_depth: AtomicI64,
+    reads: AtomicU64,
+    bytes: AtomicU64,
+    wait_us_total: AtomicU64,
+    throttled_us_total: AtomicU64,
+    read_ahead_limit_bytes: u64,
+    read_ahead_held_bytes: AtomicU64,
+    read_ahead_hits: AtomicU64,
+}
+
+/// Bytes of the read-ahead pool at most, broker-wide.
+pub const READ_AHEAD_POOL_BYTES: u64 = 64 << 20;
+
+impl ColdReads {
+    pub fn new(budget_bytes_per_sec: u64, max_concurrent: usize) -> ColdReads {
+        let max_concurrent = max_concurrent.max(1);
+        ColdReads {
+            budget_bytes_per_sec,
+            max_concurrent,
+            slots: Semaphore::new(max_concurrent),
+            bucket: Mutex::new(Bucket {
+                tokens: budget_bytes_per_sec as f64,
+                refilled: Instant::now(),
+            }),
+            queue_depth: AtomicI64::new(0),
+            reads: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            wait_us_total: AtomicU64::new(0),
+            throttled_us_total: AtomicU64::new(0),
+            read_ahead_limit_bytes: READ_AHEAD_POOL_BYTES,
+            read_ahead_held_bytes: AtomicU64::new(0),
+            read_ahead_hits: AtomicU64::new(0),
+        }
+    }
+
+    /// Reserves room for `bytes` of read-ahead; false when the pool is full.
+    pub fn reserve_read_ahead(&self, bytes: u64) -> bool {
+        self.read_ahead_held_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + bytes <= self.read_ahead_limit_bytes).then_some(held + bytes)
+            })
+            .is_ok()
+    }
+
+    /// Returns read-ahead room; `hit` if the data answered a fetch.
+    pub fn release_read_ahead(&self, bytes: u64, hit: bool) {
+        self.read_ahead_held_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        if hit {
+            self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Runs a blocking read that returns up to about `expected_bytes`: waits
+    /// for a slot and for budget, then reads on the blocking pool. The bytes
+    /// actually read are charged; a read larger than expected borrows from
+    /// the budget of the readers after it.
+    pub async fn read<F>(&self, expected_bytes: usize, read: F) -> io::Result<Bytes>
+    where
+        F: FnOnce() -> io::Result<Bytes> + Send + 'static,
+    {
+        let queued = Instant::now();
+        self.queue_depth.fetch_add(1, Ordering::Relaxed);
+        let permit = self.slots.acquire().await;
+        let throttled = self.take_budget(expected_bytes as u64).await;
+        self.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        self.wait_us_total
+            .fetch_add(queued.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.throttled_us_total
+            .fetch_add(throttled.as_micros() as u64, Ordering::Relaxed);
+        let result = run_blocking(read).await;
+        drop(permit);
+        if let Ok(bytes) = &result {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let extra = (bytes.len() as u64).saturating_sub(expected_bytes as u64);
+            if extra > 0 && self.budget_bytes_per_sec > 0 {
+                self.bucket.lock().await.tokens -= extra as f64;
+            }
+        }
+        result
+    }
+
+    /// Waits until `bytes` of budget are available and takes them. Returns
+    /// how long it waited.
+    async fn take_budget(&self, bytes: u64) -> Duration {
+        if self.budget_bytes_per_sec == 0 {
+            return Duration::ZERO;
+        }
+        let started = Instant::now();
+        let rate = self.budget_bytes_per_sec as f64;
+        // A read larger than one second of budget waits for a full bucket
+        // and drives it negative; later readers repay the debt.
+        let want = (bytes as f64).min(rate);
+        let mut bucket = self.bucket.lock().await;
+        loop {
+            let now = Instant::now();
+            let elapsed = now.duration_since(bucket.refilled).as_secs_f64();
+            bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
+            bucket.refilled = now;
+            if bucket.tokens >= want {
+                bucket.tokens -= bytes as f64;
+                return started.elapsed();
+            }
+            let missing = want - bucket.tokens;
+            tokio::time::sleep(Duration::from_secs_f64(missing / rate)).await;
+        }
+    }
+
+    pub fn stats(&self) -> ColdStats {
+        ColdStats {
+            budget_bytes_per_sec: self.budget_bytes_per_sec,
+            max_concurrent: self.max_concurrent as u64,
+            queue_depth: self.queue_depth.load(Ordering::Relaxed).max(0) as u64,
+            reads: self.reads.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            wait_us_total: self.wait_us_total.load(Ordering::Relaxed),
+            throttled_us_total: self.throttled_us_total.load(Ordering::Relaxed),
+            read_ahead_held_bytes: self.read_ahead_held_bytes.load(Ordering::Relaxed),
+            read_ahead_limit_bytes: self.read_ahead_limit_bytes,
+            read_ahead_hits: self.read_ahead_hits.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn run_blocking<F>(read: F) -> impl Future<Output = io::Result<Bytes>>
+where
+    F: FnOnce() -> io::Result<Bytes> + Send + 'static,
+{
+    let task = tokio::task::spawn_blocking(read);
+    async move {
+        task.await
+            .unwrap_or_else(|e| Err(io::Error::other(format!("cold read task failed: {e}"))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_budget_bounds_bytes_over_time() {
+        let cold = Arc::new(ColdReads::new(1_000_000, 4));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let cold = Arc::clone(&cold);
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    cold.read(100_000, || Ok(Bytes::from(vec![0u8; 100_000])))
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let s = cold.stats();
+        assert_eq!((s.reads, s.bytes), (40, 4_000_000));
+        // 4 MB at 1 MB/s with a 1 MB initial bucket: at least 3 s.
+        assert!(elapsed >= 2.9, "4 MB read in {elapsed:.2}s under a 1 MB/s budget");
+        assert!(s.throttled_us_total > 0);
+        assert_eq!(s.queue_depth, 0);
+    }
+
+    #[tokio::test]
+    async fn unlimited_reads_do_not_wait_for_budget() {
+        let cold = ColdReads::new(0, 2);
+        for _ in 0..100 {
+            cold.read(1 << 20, || Ok(Bytes::from_static(b"x"))).await.unwrap();
+        }
+        let s = cold.stats();
+        assert_eq!((s.reads, s.bytes, s.throttled_us_total), (100, 100, 0));
+    }
+
+    #[test]
+    fn the_read_ahead_pool_is_bounded() {
+        let cold = ColdReads::new(0, 1);
+        assert!(cold.reserve_read_ahead(READ_AHEAD_POOL_BYTES - 10));
+        assert!(!cold.reserve_read_ahead(11));
+        assert!(cold.reserve_read_ahead(10));
+        cold.release_read_ahead(READ_AHEAD_POOL_BYTES, true);
+        let s = cold.stats();
+        assert_eq!((s.read_ahead_held_bytes, s.read_ahead_hits), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn errors_are_returned_and_not_counted() {
+        let cold = ColdReads::new(0, 1);
+        let r = cold.read(10, || Err(io::Error::other("disk on fire"))).await;
+        assert!(r.is_err());
+        assert_eq!(cold.stats().reads, 0);
+    }
+}

@@ -1,0 +1,49 @@
+"""Reads below the tail cache: byte-for-byte correct through O_DIRECT and
+read-ahead, and within the broker's cold-read budget over a backfill."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from conftest import IMPL, unique
+from kclient import CLIENT_TIMEOUT_S, create_topic
+
+BUDGET = 2_000_000  # bytes per second
+RECORDS = 16_000
+VALUE = 500  # ~8.5 MB of batches
+
+
+@pytest.mark.skipif(IMPL != "keel", reason="Keel's cold-read budget")
+def test_backfill_stays_within_the_cold_read_budget(broker_factory):
+    b = broker_factory({"keel.tail.cache.bytes": str(256 << 10),
+                        "keel.cold.read.bytes.per.sec": str(BUDGET)})
+    bs, topic = b.bootstrap, unique("cold")
+    create_topic(bs, topic, 1)
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 20})
+    for i in range(RECORDS):
+        p.produce(topic, value=(b"%08d" % i) * (VALUE // 8))
+        if i % 4000 == 0:
+            p.poll(0)
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+
+    c = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "enable.auto.commit": False,
+                  "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 20})
+    c.assign([TopicPartition(topic, 0, 0)])
+    started = time.monotonic()
+    seen = total = 0
+    while seen < RECORDS:
+        m = c.poll(10)
+        assert m is not None, f"stalled at {seen}"
+        assert not m.error(), m.error()
+        assert m.offset() == seen and m.value() == (b"%08d" % seen) * (VALUE // 8)
+        total += len(m.value())
+        seen += 1
+    elapsed = time.monotonic() - started
+    c.close()
+    # The bucket starts with one second of budget; everything else is paced.
+    # (Only a lower bound on time: a slow machine cannot fail this.)
+    allowed = BUDGET * (elapsed + 1.0)
+    assert total <= allowed, f"read {total} bytes in {elapsed:.2f}s under a {BUDGET} B/s budget"
+    assert elapsed > 2.0
