@@ -414,15 +414,21 @@ impl Broker {
         }
     }
 
-    /// Counters for operators, as JSON: the tail cache broker-wide and the
-    /// read sources of every partition.
+    /// Counters for operators, as JSON: the tail cache and cold reads
+    /// broker-wide, page-cache residency of the segment files (mincore), and
+    /// per partition the bytes served from each source. Blocking (the
+    /// residency check maps each segment file briefly).
     pub fn stats_json(&self) -> serde_json::Value {
         use std::sync::atomic::Ordering::Relaxed;
         let t = self.tail_cache.stats();
         let c = self.cold.stats();
         let mut partitions = Vec::new();
+        let (mut resident_total, mut size_total) = (0u64, 0u64);
         for topic in self.topics.all() {
             for p in &topic.partitions {
+                let (resident, size) = p.page_cache_residency();
+                resident_total += resident;
+                size_total += size;
                 partitions.push(serde_json::json!({
                     "topic": topic.meta.name,
                     "partition": p.index,
@@ -430,6 +436,8 @@ impl Broker {
                     "high_watermark": p.high_watermark(),
                     "cache_read_bytes": p.cache_read_bytes.load(Relaxed),
                     "cold_read_bytes": p.cold_read_bytes.load(Relaxed),
+                    "segment_bytes": size,
+                    "page_cache_resident_bytes": resident,
                 }));
             }
         }
@@ -462,6 +470,11 @@ impl Broker {
                 "read_ahead_hits": c.read_ahead_hits,
                 "read_ahead_held_bytes": c.read_ahead_held_bytes,
                 "read_ahead_limit_bytes": c.read_ahead_limit_bytes,
+            },
+            "page_cache": {
+                "segment_bytes": size_total,
+                "resident_bytes": resident_total,
+                "read_io": format!("{:?}", self.read_io),
             },
             "partitions": partitions,
         })

@@ -382,6 +382,16 @@ impl Partition {
         *marks = (marks.1, active);
     }
 
+    /// `(bytes of this partition's segment files in the page cache, their
+    /// size)`, measured with mincore. Blocking (one mmap per segment).
+    pub fn page_cache_residency(&self) -> (u64, u64) {
+        let files = self.state.lock().log.segment_files_from(i64::MIN);
+        files
+            .iter()
+            .filter_map(|(_, f)| keel_tier::resident::resident_bytes(f).ok())
+            .fold((0, 0), |(r, s), (fr, fs)| (r + fr, s + fs))
+    }
+
     /// Counts bytes a read plan of this partition returned from the files.
     pub fn note_cold_read(&self, bytes: u64) {
         self.cold_read_bytes.fetch_add(bytes, Ordering::Relaxed);

@@ -11,6 +11,7 @@
 
 pub mod cold;
 pub mod memory;
+pub mod resident;
 pub mod tail;
 
 pub use cold::{ColdReads, ColdStats};
