@@ -196,6 +196,8 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("offsets.topic.segment.bytes", "104857600", ConfigType::Int),
     // -1: a share of the memory the broker may use (see keel_tier::memory).
     ("keel.tail.cache.bytes", "-1", ConfigType::Long),
+    // HOST:PORT of the admin HTTP endpoint (/stats, /healthz); empty: off.
+    ("keel.admin.listen", "127.0.0.1:9644", ConfigType::String),
 ];
 
 /// Aliases accepted on input and stored under their canonical key.
@@ -337,6 +339,13 @@ impl BrokerConfig {
                     reason: format!("must be at least {min}"),
                 });
             }
+        }
+        let admin = self.get("keel.admin.listen");
+        if !admin.is_empty() && !is_host_port(admin) {
+            return Err(ConfigError {
+                key: "keel.admin.listen".into(),
+                reason: format!("`{admin}`: expected HOST:PORT, or empty to disable"),
+            });
         }
         if self.num("group.min.session.timeout.ms") > self.num("group.max.session.timeout.ms") {
             return Err(ConfigError {
@@ -480,6 +489,14 @@ impl BrokerConfig {
     }
 }
 
+/// `HOST:PORT` with a non-empty host and a port number (IPv6 hosts in
+/// brackets: `[::1]:9644`).
+fn is_host_port(value: &str) -> bool {
+    value
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -532,5 +549,21 @@ mod tests {
         assert_eq!(c.group.min_session_timeout_ms, 500);
         assert_eq!(c.offsets_retention_ms, 120_000);
         assert_eq!(c.group.initial_rebalance_delay_ms, 3000);
+    }
+
+    #[test]
+    fn admin_listen_is_host_port_or_empty() {
+        let c = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        assert_eq!(c.get("keel.admin.listen"), "127.0.0.1:9644");
+        for ok in ["", "127.0.0.1:0", "localhost:9644", "[::1]:9644"] {
+            assert!(
+                BrokerConfig::from_map(&map(&[("keel.admin.listen", ok)])).is_ok(),
+                "{ok:?}"
+            );
+        }
+        for bad in ["9644", ":9644", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:70000"] {
+            let e = BrokerConfig::from_map(&map(&[("keel.admin.listen", bad)])).unwrap_err();
+            assert_eq!(e.key, "keel.admin.listen", "{bad:?}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! `keel`: the Keel broker and its tools.
 
+mod admin;
 mod config;
 mod server;
 
