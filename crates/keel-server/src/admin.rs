@@ -393,6 +393,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn keel_stats_reads_the_endpoint() {
+        let addr = start(Limits::default()).await;
+        let admin = addr.to_string();
+        let body = tokio::task::spawn_blocking(move || crate::stats::fetch(&admin, "/stats"))
+            .await
+            .unwrap()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["tail_cache"]["used_bytes"], 7);
+        let admin = addr.to_string();
+        let e = tokio::task::spawn_blocking(move || crate::stats::fetch(&admin, "/nope"))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(e, crate::stats::FetchError::Status { status: 404, .. }),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
     async fn an_oversized_head_is_refused_and_its_answer_arrives() {
         let addr = start(Limits::default()).await;
         let mut request = b"GET /stats HTTP/1.1\r\n".to_vec();
