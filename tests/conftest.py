@@ -78,13 +78,15 @@ def unique(prefix: str) -> str:
 
 
 class Broker:
-    """A keel process on 127.0.0.1:port with its own data dir.
+    """A keel process on 127.0.0.1:port with its own data dir; `admin` is its
+    admin HTTP endpoint ("127.0.0.1:port", None where there is none).
 
     The port and data dir stay the same across stop/start/restart/kill9, so
     clients can reconnect and data must survive.
     """
 
     restartable = True
+    has_admin = True
 
     def __init__(self, data_dir: Path, log_path: Path, sets: dict[str, str] | None = None):
         self.bin = Path(os.environ.get("KEEL_BIN", REPO / "target" / "debug" / "keel"))
@@ -92,6 +94,16 @@ class Broker:
         self.log_path = Path(log_path)
         self.sets = dict(sets or {})
         self.port = free_port()
+        self.admin: str | None = None
+        if self.has_admin:
+            # A free port of its own, so brokers never collide on the
+            # default; an explicit empty keel.admin.listen disables it.
+            if "keel.admin.listen" not in self.sets:
+                admin_port = free_port()
+                while admin_port in (self.port, self.port + 1):
+                    admin_port = free_port()
+                self.sets["keel.admin.listen"] = f"127.0.0.1:{admin_port}"
+            self.admin = self.sets["keel.admin.listen"] or None
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -125,7 +137,8 @@ class Broker:
             if self.proc.poll() is not None:
                 raise AssertionError(f"broker exited with {self.proc.returncode} during startup:\n"
                                      + self.log_tail())
-            return port_accepts(self.port)
+            return port_accepts(self.port) and (
+                self.admin is None or port_accepts(int(self.admin.rsplit(":", 1)[1])))
         wait_until(ready, START_TIMEOUT_S, f"broker to listen on {self.bootstrap}")
 
     def stop(self) -> None:
@@ -168,6 +181,8 @@ class Broker:
 class KafkaLabBroker(Broker):
     """Apache Kafka started by bench/kafka/start.sh, driven like a keel Broker
     (KEEL_TEST_IMPL=kafka). Only the `sets` that are Kafka config keys apply."""
+
+    has_admin = False
 
     def command(self) -> list[str]:
         return [str(REPO / "bench" / "kafka" / "start.sh"), str(self.port), str(self.data_dir)]
@@ -237,6 +252,7 @@ class ExternalBroker:
     """A broker someone else runs (KEEL_TEST_BOOTSTRAP); cannot be restarted."""
 
     restartable = False
+    admin = None
 
     def __init__(self, bootstrap: str):
         self.bootstrap = bootstrap

@@ -201,6 +201,8 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // Broker-wide budget of reads below the tail cache; 0 = unlimited.
     ("keel.cold.read.bytes.per.sec", "0", ConfigType::Long),
     ("keel.cold.read.max.concurrent", "4", ConfigType::Int),
+    // HOST:PORT of the admin HTTP endpoint (/stats, /healthz); empty: off.
+    ("keel.admin.listen", "127.0.0.1:9644", ConfigType::String),
 ];
 
 /// Aliases accepted on input and stored under their canonical key.
@@ -346,6 +348,13 @@ impl BrokerConfig {
                 });
             }
         }
+        let admin = self.get("keel.admin.listen");
+        if !admin.is_empty() && !is_host_port(admin) {
+            return Err(ConfigError {
+                key: "keel.admin.listen".into(),
+                reason: format!("`{admin}`: expected HOST:PORT, or empty to disable"),
+            });
+        }
         if self.num("group.min.session.timeout.ms") > self.num("group.max.session.timeout.ms") {
             return Err(ConfigError {
                 key: "group.min.session.timeout.ms".into(),
@@ -490,6 +499,14 @@ impl BrokerConfig {
     }
 }
 
+/// `HOST:PORT` with a non-empty host and a port number (IPv6 hosts in
+/// brackets: `[::1]:9644`).
+fn is_host_port(value: &str) -> bool {
+    value
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -542,5 +559,21 @@ mod tests {
         assert_eq!(c.group.min_session_timeout_ms, 500);
         assert_eq!(c.offsets_retention_ms, 120_000);
         assert_eq!(c.group.initial_rebalance_delay_ms, 3000);
+    }
+
+    #[test]
+    fn admin_listen_is_host_port_or_empty() {
+        let c = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        assert_eq!(c.get("keel.admin.listen"), "127.0.0.1:9644");
+        for ok in ["", "127.0.0.1:0", "localhost:9644", "[::1]:9644"] {
+            assert!(
+                BrokerConfig::from_map(&map(&[("keel.admin.listen", ok)])).is_ok(),
+                "{ok:?}"
+            );
+        }
+        for bad in ["9644", ":9644", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:70000"] {
+            let e = BrokerConfig::from_map(&map(&[("keel.admin.listen", bad)])).unwrap_err();
+            assert_eq!(e.key, "keel.admin.listen", "{bad:?}");
+        }
     }
 }

@@ -271,6 +271,13 @@ impl Partition {
     /// when a scan reached it, else a read plan of the files.
     pub fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadSource, ReadError> {
         let (start, hw) = (self.log_start_offset(), self.high_watermark());
+        if offset == hw && offset >= start {
+            // Nothing to read yet. Planning a file read here would race an
+            // append landing meanwhile: its batches would come from disk
+            // (they are in the tail cache) and before the high watermark
+            // moved. The fetch is woken by that append instead.
+            return Ok(ReadSource::Memory(Bytes::new()));
+        }
         if offset >= start && offset < hw {
             if let Some(bytes) = self.tail.read(offset, hw, max_bytes) {
                 self.cache_read_bytes

@@ -1,7 +1,9 @@
 //! `keel`: the Keel broker and its tools.
 
+mod admin;
 mod config;
 mod server;
+mod stats;
 
 use std::process::ExitCode;
 
@@ -23,6 +25,9 @@ struct Cli {
 enum Command {
     /// Run the broker.
     Serve(config::ServeArgs),
+    /// Print a running broker's tail cache and read counters (from its
+    /// admin endpoint).
+    Stats(stats::StatsArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +45,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("keel: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Stats(args) => match stats::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("keel stats: {e}");
                 ExitCode::FAILURE
             }
         },

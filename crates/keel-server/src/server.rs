@@ -11,6 +11,7 @@ use keel_protocol::RequestFrame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::admin;
 use crate::config::{gather, ServeArgs};
 
 pub fn serve(args: ServeArgs) -> Result<(), String> {
@@ -30,6 +31,7 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let admin_listener = bind_admin(config.get("keel.admin.listen")).await?;
     let (host, port) = advertised(config.get("advertised"), local)?;
     let data_dir = config.data_dir();
     let broker = tokio::task::spawn_blocking(move || Broker::open(config, host, port))
@@ -38,16 +40,40 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     broker.spawn_maintenance();
     tracing::info!(data_dir = %data_dir.display(), advertised = %format!("{}:{}", broker.advertised_host, broker.advertised_port), "listening on {local}");
+    let admin_task = admin_listener.map(|l| {
+        let b = Arc::clone(&broker);
+        // Called on the blocking pool (see admin::connection).
+        let stats: admin::StatsSource = Arc::new(move || b.stats_json());
+        tokio::spawn(admin::serve(l, stats, admin::Limits::default()))
+    });
     let max_request_bytes = broker.config.request_max_bytes();
     tokio::select! {
         _ = accept_loop(listener, Arc::clone(&broker), max_request_bytes) => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),
+    }
+    if let Some(task) = admin_task {
+        task.abort();
     }
     tokio::task::spawn_blocking(move || broker.shutdown())
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Binds the admin endpoint, or says it is off (`keel.admin.listen` empty).
+/// Bound before the broker opens, so a taken port fails start-up at once.
+async fn bind_admin(addr: &str) -> Result<Option<TcpListener>, String> {
+    if addr.is_empty() {
+        tracing::info!("admin endpoint disabled (keel.admin.listen is empty)");
+        return Ok(None);
+    }
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("config `keel.admin.listen`: cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!("admin endpoint on http://{local} (/stats, /healthz)");
+    Ok(Some(listener))
 }
 
 fn advertised(value: &str, local: SocketAddr) -> Result<(String, i32), String> {

@@ -1,0 +1,380 @@
+//! `keel stats`: a running broker's counters, fetched from its admin
+//! endpoint (`keel.admin.listen`) and printed as a short table or as the
+//! JSON the broker sent.
+//!
+//! Plain blocking `std::net`: one request, one connection, no HTTP client
+//! library. Fields the table does not know are ignored and missing ones
+//! print as `-`, so brokers with more (or fewer) counters still work.
+
+use std::fmt::{self, Write as _};
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use serde_json::Value;
+
+#[derive(clap::Args, Debug)]
+pub struct StatsArgs {
+    /// The broker's admin endpoint (its `keel.admin.listen`).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9644")]
+    pub admin: String,
+    /// Print the JSON as the broker sent it.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Larger answers are refused rather than buffered.
+const MAX_RESPONSE_BYTES: u64 = 256 << 20;
+
+pub fn run(args: &StatsArgs) -> Result<(), FetchError> {
+    let body = fetch(&args.admin, "/stats")?;
+    let text = if args.json {
+        body
+    } else {
+        let stats: Value = serde_json::from_str(&body).map_err(|e| FetchError::BadResponse {
+            admin: args.admin.clone(),
+            reason: format!("the body is not JSON: {e}"),
+        })?;
+        render(&stats)
+    };
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (`keel stats | head`) is not worth an error.
+    let _ = out.write_all(text.as_bytes());
+    if !text.ends_with('\n') {
+        let _ = out.write_all(b"\n");
+    }
+    Ok(())
+}
+
+/// Why `keel stats` has nothing to print.
+#[derive(Debug)]
+pub enum FetchError {
+    /// No connection could be made.
+    Unreachable { admin: String, error: std::io::Error },
+    /// The connection broke or stalled mid-exchange.
+    Io { admin: String, error: std::io::Error },
+    /// Not an HTTP response Keel's admin endpoint sends.
+    BadResponse { admin: String, reason: String },
+    /// An answer other than 200.
+    Status {
+        admin: String,
+        status: u16,
+        body: String,
+    },
+}
+
+impl fmt::Display for FetchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FetchError::Unreachable { admin, error } => write!(
+                f,
+                "cannot reach the admin endpoint at {admin}: {error} \
+                 (is a broker running with keel.admin.listen={admin}?)"
+            ),
+            FetchError::Io { admin, error } => write!(f, "admin endpoint {admin}: {error}"),
+            FetchError::BadResponse { admin, reason } => write!(f, "admin endpoint {admin}: {reason}"),
+            FetchError::Status { admin, status, body } => {
+                write!(f, "admin endpoint {admin} answered {status}: {}", body.trim_end())
+            }
+        }
+    }
+}
+
+impl std::error::Error for FetchError {}
+
+/// `GET path` from the admin endpoint at `admin`; the body of a 200.
+pub fn fetch(admin: &str, path: &str) -> Result<String, FetchError> {
+    let mut stream = connect(admin)?;
+    let io = |error| FetchError::Io {
+        admin: admin.to_string(),
+        error,
+    };
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {admin}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).map_err(io)?;
+    let mut raw = Vec::new();
+    stream
+        .take(MAX_RESPONSE_BYTES)
+        .read_to_end(&mut raw)
+        .map_err(io)?;
+    let (status, body) = parse_response(&raw).map_err(|reason| FetchError::BadResponse {
+        admin: admin.to_string(),
+        reason,
+    })?;
+    if status != 200 {
+        return Err(FetchError::Status {
+            admin: admin.to_string(),
+            status,
+            body,
+        });
+    }
+    Ok(body)
+}
+
+fn connect(admin: &str) -> Result<TcpStream, FetchError> {
+    let unreachable = |error| FetchError::Unreachable {
+        admin: admin.to_string(),
+        error,
+    };
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address");
+    for addr in admin.to_socket_addrs().map_err(unreachable)? {
+        match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = e,
+        }
+    }
+    Err(unreachable(last))
+}
+
+/// Status code and body of a complete `Connection: close` response.
+fn parse_response(raw: &[u8]) -> Result<(u16, String), String> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP response ({} bytes, no end of head)", raw.len()))?;
+    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "response head is not text".to_string())?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = match status_line.split(' ').collect::<Vec<_>>()[..] {
+        [version, code, ..] if version.starts_with("HTTP/1.") => code.parse::<u16>().ok(),
+        _ => None,
+    }
+    .ok_or_else(|| format!("bad status line `{status_line}`"))?;
+    let mut body = &raw[end + 4..];
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case("content-length") {
+            let len: usize = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("bad Content-Length `{}`", value.trim()))?;
+            body = body
+                .get(..len)
+                .ok_or_else(|| format!("body cut short: {} of {len} bytes", body.len()))?;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(format!("unsupported Transfer-Encoding `{}`", value.trim()));
+        }
+    }
+    let body = String::from_utf8(body.to_vec()).map_err(|_| "body is not UTF-8".to_string())?;
+    Ok((status, body))
+}
+
+/// The counter at `path` in `v`, if present and a number.
+fn num(v: &Value, path: &[&str]) -> Option<u64> {
+    path.iter().try_fold(v, |v, key| v.get(key))?.as_u64()
+}
+
+fn bytes(n: Option<u64>) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    let Some(n) = n else {
+        return "-".into();
+    };
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+fn count(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+fn percent(part: Option<u64>, whole: Option<u64>) -> String {
+    match (part, whole) {
+        (Some(part), Some(whole)) if whole > 0 => format!("{:.1}%", part as f64 * 100.0 / whole as f64),
+        _ => "-".into(),
+    }
+}
+
+/// The human table: the tail cache, where fetched bytes came from, and the
+/// same per partition.
+pub fn render(stats: &Value) -> String {
+    let tail = |key| num(stats, &["tail_cache", key]);
+    let (hit_bytes, cold_bytes) = (tail("hit_bytes"), num(stats, &["cold_reads", "bytes"]));
+    let fetched = hit_bytes.zip(cold_bytes).map(|(h, c)| h + c);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "tail cache   budget {}, used {} ({}), {} batches",
+        bytes(tail("budget_bytes")),
+        bytes(tail("used_bytes")),
+        percent(tail("used_bytes"), tail("budget_bytes")),
+        count(tail("cached_batches")),
+    );
+    let _ = writeln!(
+        out,
+        "             inserted {}, evicted {} ({} batches)",
+        bytes(tail("inserted_bytes")),
+        bytes(tail("evicted_bytes")),
+        count(tail("evicted_batches")),
+    );
+    let _ = writeln!(
+        out,
+        "fetched      from cache {} ({} reads), cold from disk {} ({} reads): {} from cache",
+        bytes(hit_bytes),
+        count(tail("hit_reads")),
+        bytes(cold_bytes),
+        count(num(stats, &["cold_reads", "reads"])),
+        percent(hit_bytes, fetched),
+    );
+    let partitions = stats.get("partitions").and_then(Value::as_array);
+    let Some(partitions) = partitions.filter(|p| !p.is_empty()) else {
+        out.push_str("\nno partitions\n");
+        return out;
+    };
+    let rows: Vec<Vec<String>> = partitions
+        .iter()
+        .map(|p| {
+            let field = |key| num(p, &[key]);
+            vec![
+                p.get("topic").and_then(Value::as_str).unwrap_or("-").to_string(),
+                count(field("partition")),
+                count(field("log_start_offset")),
+                count(field("high_watermark")),
+                bytes(field("cache_read_bytes")),
+                bytes(field("cold_read_bytes")),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&table(
+        &[
+            "topic",
+            "partition",
+            "log start",
+            "high watermark",
+            "cache read",
+            "cold read",
+        ],
+        &rows,
+    ));
+    out
+}
+
+/// Aligned columns: the first left-aligned, the others (numbers) right.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            if i == 0 {
+                let _ = write!(line, "{cell:<w$}");
+            } else {
+                let _ = write!(line, "  {cell:>w$}");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_are_human() {
+        assert_eq!(bytes(Some(0)), "0 B");
+        assert_eq!(bytes(Some(1023)), "1023 B");
+        assert_eq!(bytes(Some(1024)), "1.0 KiB");
+        assert_eq!(bytes(Some(10 << 20)), "10.0 MiB");
+        assert_eq!(bytes(Some(3 << 30 | 512 << 20)), "3.5 GiB");
+        assert_eq!(bytes(None), "-");
+    }
+
+    #[test]
+    fn responses_parse() {
+        let ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(parse_response(ok), Ok((200, "{}".to_string())));
+        let no_length = b"HTTP/1.0 404 Not Found\r\n\r\nnot found\n";
+        assert_eq!(parse_response(no_length), Ok((404, "not found\n".to_string())));
+        let short = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}";
+        assert!(parse_response(short).unwrap_err().contains("cut short"));
+        assert!(parse_response(b"").is_err());
+        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+        assert!(parse_response(chunked).is_err());
+    }
+
+    #[test]
+    fn the_table_shows_the_cache_and_every_partition() {
+        let stats = serde_json::json!({
+            "tail_cache": {
+                "budget_bytes": 1 << 20, "used_bytes": 1 << 19, "cached_batches": 8,
+                "inserted_bytes": 10 << 20, "evicted_bytes": 9 << 20, "evicted_batches": 150,
+                "hit_reads": 3, "hit_bytes": 1 << 20, "miss_reads": 40,
+                "a_future_counter": 1,
+            },
+            "cold_reads": {"reads": 40, "bytes": 3 << 20},
+            "partitions": [
+                {"topic": "orders", "partition": 0, "log_start_offset": 0, "high_watermark": 20000,
+                 "cache_read_bytes": 1 << 20, "cold_read_bytes": 3 << 20},
+                {"topic": "a-much-longer-topic-name", "partition": 11, "high_watermark": 5,
+                 "cache_read_bytes": 0, "cold_read_bytes": 0, "extra": [1, 2]},
+            ],
+            "something_new": {"x": 1},
+        });
+        let text = render(&stats);
+        assert!(
+            text.contains("budget 1.0 MiB, used 512.0 KiB (50.0%), 8 batches"),
+            "{text}"
+        );
+        assert!(text.contains("evicted 9.0 MiB (150 batches)"), "{text}");
+        assert!(
+            text.contains("from cache 1.0 MiB (3 reads), cold from disk 3.0 MiB (40 reads): 25.0%"),
+            "{text}"
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines.iter().position(|l| l.starts_with("topic")).unwrap();
+        let orders = lines[header + 1];
+        assert!(orders.starts_with("orders "), "{text}");
+        assert!(orders.ends_with("1.0 MiB    3.0 MiB"), "{text}");
+        // The missing log start prints as `-`; columns line up.
+        let other = lines[header + 2];
+        assert!(other.starts_with("a-much-longer-topic-name  "), "{text}");
+        assert_eq!(orders.len(), other.len(), "{text}");
+        assert!(other.contains(" - "), "{text}");
+    }
+
+    #[test]
+    fn missing_sections_print_as_dashes() {
+        let text = render(&serde_json::json!({}));
+        assert!(text.contains("budget -, used - (-)"), "{text}");
+        assert!(text.ends_with("no partitions\n"), "{text}");
+    }
+
+    #[test]
+    fn an_unreachable_endpoint_is_named() {
+        // Bind and drop: a port with nothing listening.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let admin = format!("127.0.0.1:{port}");
+        let e = fetch(&admin, "/stats").unwrap_err();
+        assert!(matches!(e, FetchError::Unreachable { .. }), "{e:?}");
+        assert!(e.to_string().contains(&admin), "{e}");
+    }
+}
