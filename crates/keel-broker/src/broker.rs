@@ -458,13 +458,11 @@ impl Broker {
                 "miss_reads": t.miss_reads,
             },
             "cold_reads": {
-                "reads": t.cold_reads,
-                "bytes": t.cold_read_bytes,
+                "reads": c.reads,
+                "bytes": c.bytes,
                 "budget_bytes_per_sec": c.budget_bytes_per_sec,
                 "max_concurrent": c.max_concurrent,
                 "queue_depth": c.queue_depth,
-                "executor_reads": c.reads,
-                "executor_bytes": c.bytes,
                 "wait_us_total": c.wait_us_total,
                 "throttled_us_total": c.throttled_us_total,
                 "read_ahead_hits": c.read_ahead_hits,
@@ -487,7 +485,7 @@ impl Broker {
             budget_bytes = t.budget_bytes,
             used_bytes = t.used_bytes,
             hit_bytes = t.hit_bytes,
-            cold_read_bytes = t.cold_read_bytes,
+            cold_read_bytes = self.cold.stats().bytes,
             evicted_bytes = t.evicted_bytes,
             "tail cache at shutdown"
         );

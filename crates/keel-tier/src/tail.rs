@@ -48,8 +48,6 @@ struct Counters {
     hit_reads: AtomicU64,
     hit_bytes: AtomicU64,
     miss_reads: AtomicU64,
-    cold_reads: AtomicU64,
-    cold_read_bytes: AtomicU64,
 }
 
 /// A snapshot of the cache's counters and occupancy.
@@ -64,11 +62,9 @@ pub struct TailStats {
     /// Reads answered from memory, and their bytes.
     pub hit_reads: u64,
     pub hit_bytes: u64,
-    /// Reads at an offset before the cached run.
+    /// Reads at an offset before the cached run (see `ColdStats` for
+    /// what the log files then served).
     pub miss_reads: u64,
-    /// Reads served from the log files instead, and their bytes.
-    pub cold_reads: u64,
-    pub cold_read_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -127,16 +123,7 @@ impl TailCache {
             hit_reads: c.hit_reads.load(Ordering::Relaxed),
             hit_bytes: c.hit_bytes.load(Ordering::Relaxed),
             miss_reads: c.miss_reads.load(Ordering::Relaxed),
-            cold_reads: c.cold_reads.load(Ordering::Relaxed),
-            cold_read_bytes: c.cold_read_bytes.load(Ordering::Relaxed),
         }
-    }
-
-    /// Counts a read served from the log files (a cache miss, or data from
-    /// before start-up).
-    pub fn record_cold_read(&self, bytes: u64) {
-        self.counters.cold_reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.cold_read_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     fn insert(&self, id: u64, batches: impl IntoIterator<Item = (i64, i64, Bytes)>) {
