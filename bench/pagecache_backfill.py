@@ -10,7 +10,8 @@ again. For Keel it also reads the broker's counters (admin endpoint
 `/stats`): bytes served from the tail cache and from disk. A benchmark, not
 a test: it prints numbers and asserts none.
 
-usage: bench/pagecache_backfill.py [--mb 200] [--record-size 200] [--json FILE]
+usage: bench/pagecache_backfill.py [--mb 200] [--record-size 200]
+                                  [--tail-cache-bytes B] [--skip-kafka] [--json FILE]
 The keel binary defaults to target/release/keel.
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ TOPIC = "backfill"
 
 
 def produce(bootstrap: str, mb: int, size: int) -> int:
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the future resolves
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20,
                   "queue.buffering.max.kbytes": 1 << 20})
     n = mb * 1_000_000 // size
@@ -100,7 +102,10 @@ def with_keel(args) -> dict:
     port, admin = free_port(), free_port()
     data = Path(tempfile.mkdtemp(prefix="keel-pc-", dir=args.dir))
     proc = subprocess.Popen([args.keel, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
-                             "--set", f"keel.admin.listen=127.0.0.1:{admin}"], stderr=subprocess.DEVNULL)
+                             "--set", f"keel.admin.listen=127.0.0.1:{admin}"]
+                            + (["--set", f"keel.tail.cache.bytes={args.tail_cache_bytes}"]
+                               if args.tail_cache_bytes is not None else []),
+                            stderr=subprocess.DEVNULL)
     try:
         wait_port(port)
         return run("keel", f"127.0.0.1:{port}", data, args, f"http://127.0.0.1:{admin}/stats")
@@ -127,10 +132,13 @@ def main() -> int:
     ap.add_argument("--record-size", type=int, default=200)
     ap.add_argument("--settle", type=float, default=5.0, help="seconds between produce and the first measurement")
     ap.add_argument("--keel", default=str(REPO / "target" / "release" / "keel"))
+    ap.add_argument("--tail-cache-bytes", type=int, default=None,
+                    help="keel.tail.cache.bytes for Keel (default: Keel's own sizing)")
+    ap.add_argument("--skip-kafka", action="store_true")
     ap.add_argument("--dir", default=None, help="where the data dirs go (default: system temp)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    rows = [with_keel(args), with_kafka(args)]
+    rows = [with_keel(args)] + ([] if args.skip_kafka else [with_kafka(args)])
     mib = 1 << 20
     print(f"{args.mb} MB in {args.record_size}-byte records, one partition; page cache = resident bytes of "
           f"the segment files (mincore)")
