@@ -4,6 +4,7 @@ bring it back. Counts, not timings."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -63,3 +64,43 @@ def test_segments_stay_out_of_the_page_cache(broker_factory):
     c.close()
     frac, resident, total = fraction()
     assert frac < 0.05, f"after the backfill {resident} of {total} segment bytes are in the page cache"
+
+
+@pytest.mark.skipif(IMPL != "keel", reason="Keel's read modes")
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_a_data_dir_on_tmpfs_works_in_every_read_mode(tmp_path, mode):
+    """tmpfs took no O_DIRECT before Linux 6.6: `auto` then falls back to
+    pread + DONTNEED (and says so); `off` always reads that way. Either way
+    a backfill through a small tail cache reads back every byte."""
+    import shutil
+    import tempfile
+
+    from conftest import Broker, _live_brokers
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    data = Path(tempfile.mkdtemp(prefix="keel-shm-", dir="/dev/shm"))
+    b = Broker(data / "data", tmp_path / "broker.log",
+               {"keel.io.direct": mode, "keel.tail.cache.bytes": str(64 << 10)})
+    _live_brokers.append(b)
+    try:
+        b.start()
+        bs, topic = b.bootstrap, unique("shm")
+        create_topic(bs, topic, 1)
+        p = Producer({"bootstrap.servers": bs, "linger.ms": 5})
+        for i in range(5000):
+            p.produce(topic, value=b"%06d" % i * 50)
+        assert p.flush(CLIENT_TIMEOUT_S) == 0
+        c = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "enable.auto.commit": False})
+        c.assign([TopicPartition(topic, 0, 0)])
+        for i in range(5000):
+            m = c.poll(10)
+            assert m is not None and not m.error(), m and m.error()
+            assert m.offset() == i and m.value() == b"%06d" % i * 50
+        c.close()
+        log = b.log_tail()
+        said = "O_DIRECT" in log or "DONTNEED" in log
+        assert said, "the broker names its read mode at start-up"
+    finally:
+        _live_brokers.remove(b)
+        b.close()
+        shutil.rmtree(data, ignore_errors=True)

@@ -102,11 +102,14 @@ impl Broker {
         let ids_path = meta_dir.join("producer-ids");
         let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
         let store = TopicStore::new(&data_dir);
-        let tail_cache = TailCache::new(tail_cache_budget(&config));
-        let cold = Arc::new(ColdReads::new(
+        let memory = MemoryLimit::detect();
+        let tail_cache = TailCache::new(tail_cache_budget(&config, &memory));
+        let cold = ColdReads::new(
             u64::try_from(config.num("keel.cold.read.bytes.per.sec")).unwrap_or(0),
             usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
-        ));
+        )
+        .with_read_ahead_limit(memory.read_ahead_pool_bytes());
+        let cold = Arc::new(cold);
         let read_io = choose_read_io(&config, &data_dir).map_err(|error| StartError::Io {
             path: data_dir.clone(),
             error,
@@ -532,7 +535,7 @@ fn choose_read_io(config: &BrokerConfig, data_dir: &std::path::Path) -> std::io:
 
 /// `keel.tail.cache.bytes`, or by default a share of the memory the broker
 /// may use (host memory or its cgroup's limit, whichever is tighter).
-fn tail_cache_budget(config: &BrokerConfig) -> u64 {
+fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
     let configured = config.num("keel.tail.cache.bytes");
     if configured >= 0 {
         tracing::info!(
@@ -541,12 +544,12 @@ fn tail_cache_budget(config: &BrokerConfig) -> u64 {
         );
         return configured as u64;
     }
-    let limit = MemoryLimit::detect();
     let budget = limit.default_tail_cache_bytes();
     tracing::info!(
         budget_bytes = budget,
         memory_limit_bytes = limit.limit_bytes,
         source = %limit.source,
+        read_ahead_pool_bytes = limit.read_ahead_pool_bytes(),
         "tail cache budget: {}% of the memory limit",
         keel_tier::memory::TAIL_CACHE_SHARE_PERCENT
     );

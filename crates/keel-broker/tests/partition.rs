@@ -209,6 +209,7 @@ async fn sequential_cold_reads_are_read_ahead() {
         let (bytes, headers) = batch(None, 5);
         p.append(bytes, headers).await.unwrap();
     }
+    let inserted = cache.stats().inserted_bytes;
     let (mut offset, mut all) = (0i64, Vec::new());
     let (mut disk, mut ahead) = (0, 0);
     while offset < p.high_watermark() {

@@ -61,7 +61,8 @@ pub struct ColdReads {
     read_ahead_hits: AtomicU64,
 }
 
-/// Bytes of the read-ahead pool at most, broker-wide.
+/// Bytes of the read-ahead pool at most, broker-wide, unless set with
+/// [`ColdReads::with_read_ahead_limit`].
 pub const READ_AHEAD_POOL_BYTES: u64 = 64 << 20;
 
 impl ColdReads {
@@ -84,6 +85,12 @@ impl ColdReads {
             read_ahead_held_bytes: AtomicU64::new(0),
             read_ahead_hits: AtomicU64::new(0),
         }
+    }
+
+    /// Sets the read-ahead pool's limit (bytes held at once, broker-wide).
+    pub fn with_read_ahead_limit(mut self, bytes: u64) -> ColdReads {
+        self.read_ahead_limit_bytes = bytes;
+        self
     }
 
     /// Reserves room for `bytes` of read-ahead; false when the pool is full.
