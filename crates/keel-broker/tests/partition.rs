@@ -251,6 +251,11 @@ async fn sequential_cold_reads_are_read_ahead() {
     };
     assert!(whole.len() <= segments_total);
     assert_eq!(all.len(), segments_total, "every byte read once, in order");
+    assert_eq!(
+        cache.stats().inserted_bytes,
+        inserted,
+        "cold reads never insert into the tail cache"
+    );
     let s = cold.stats();
     assert!(
         ahead > 0 && s.read_ahead_hits == ahead,
