@@ -17,13 +17,13 @@
 //!                        +---- member joins, leaves or expires ---- Stable
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bytes::Bytes;
 use keel_protocol::ResponseError;
 use tokio::sync::oneshot;
 
-use super::records::{GroupMetadata, MemberMetadata};
+use super::records::{subscribed_topics, GroupMetadata, MemberMetadata};
 
 /// Timeouts and limits shared by every group (Kafka's `group.*` broker
 /// configs).
@@ -365,11 +365,21 @@ impl Group {
             .collect()
     }
 
-    /// Every member's subscription metadata for the chosen protocol (the
-    /// consumer protocol's subscribed topics are read from it).
-    pub fn subscriptions(&self) -> Vec<Bytes> {
+    /// For a consumer-protocol group, the topics its members subscribe to
+    /// (read from their subscription metadata); `None` for other protocol
+    /// types, whose metadata Keel cannot read.
+    pub fn subscribed_topics(&self) -> Option<BTreeSet<String>> {
+        if self.protocol_type.as_deref() != Some("consumer") {
+            return None;
+        }
         let protocol = self.protocol.clone().unwrap_or_default();
-        self.members.values().map(|m| m.metadata_for(&protocol)).collect()
+        let topics = self
+            .members
+            .values()
+            .filter_map(|m| subscribed_topics(&m.metadata_for(&protocol)))
+            .flatten()
+            .collect();
+        Some(topics)
     }
 
     fn take_seq(&mut self) -> u64 {

@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
-use records::{subscribed_topics, CommittedOffset, GroupRecord};
+use records::{CommittedOffset, GroupRecord};
 use store::GroupStore;
 
 /// The time source of the coordinator, so tests can move time by hand.
@@ -221,10 +221,7 @@ impl GroupCoordinator {
                     group: group_id.to_string(),
                     value: Some(metadata),
                 };
-                let written = self.store.write(vec![record]).await.map_err(|e| {
-                    tracing::error!(group = group_id, error = %e, "cannot persist the assignment");
-                    ResponseError::CoordinatorNotAvailable
-                });
+                let written = self.persist(group_id, vec![record], "the assignment").await;
                 if let Some(group) = self.groups.lock().get_mut(group_id) {
                     group.assignment_persisted(generation, written, self.now_ms());
                 }
@@ -233,6 +230,20 @@ impl GroupCoordinator {
             }
         };
         rx.await.unwrap_or(Err(ResponseError::UnknownMemberId))
+    }
+
+    /// Writes records to the group log; a failure is COORDINATOR_NOT_AVAILABLE
+    /// for the client (it retries) and an error in the broker's log.
+    async fn persist(
+        &self,
+        group_id: &str,
+        records: Vec<GroupRecord>,
+        what: &str,
+    ) -> Result<(), ResponseError> {
+        self.store.write(records).await.map_err(|e| {
+            tracing::error!(group = group_id, error = %e, "cannot persist {what}");
+            ResponseError::CoordinatorNotAvailable
+        })
     }
 
     pub fn heartbeat(
@@ -314,10 +325,7 @@ impl GroupCoordinator {
                 }),
             });
         }
-        self.store.write(records).await.map_err(|e| {
-            tracing::error!(group = group_id, error = %e, "cannot persist offsets");
-            ResponseError::CoordinatorNotAvailable
-        })?;
+        self.persist(group_id, records, "offsets").await?;
         Ok(results)
     }
 
@@ -460,15 +468,8 @@ impl GroupCoordinator {
             let group = groups.get(group_id).ok_or(ResponseError::GroupIdNotFound)?;
             if group.is_empty() {
                 BTreeSet::new()
-            } else if group.protocol_type() == Some("consumer") {
-                group
-                    .subscriptions()
-                    .iter()
-                    .filter_map(|s| subscribed_topics(s))
-                    .flatten()
-                    .collect()
             } else {
-                return Err(ResponseError::NonEmptyGroup);
+                group.subscribed_topics().ok_or(ResponseError::NonEmptyGroup)?
             }
         };
         let mut results = Vec::with_capacity(partitions.len());
@@ -489,10 +490,7 @@ impl GroupCoordinator {
                 });
             }
         }
-        self.store.write(records).await.map_err(|e| {
-            tracing::error!(group = group_id, error = %e, "cannot persist offset deletion");
-            ResponseError::CoordinatorNotAvailable
-        })?;
+        self.persist(group_id, records, "offset deletion").await?;
         Ok(results)
     }
 
@@ -535,18 +533,7 @@ impl GroupCoordinator {
         self.store.with_table(|table| {
             for group in groups.values() {
                 let offsets = table.offsets.get(&group.id);
-                let subscribed: Option<BTreeSet<String>> = (!group.is_empty())
-                    .then(|| {
-                        (group.protocol_type() == Some("consumer")).then(|| {
-                            group
-                                .subscriptions()
-                                .iter()
-                                .filter_map(|s| subscribed_topics(s))
-                                .flatten()
-                                .collect()
-                        })
-                    })
-                    .flatten();
+                let subscribed = (!group.is_empty()).then(|| group.subscribed_topics()).flatten();
                 let mut remaining = 0;
                 for ((topic, partition), v) in offsets.into_iter().flatten() {
                     let expired = if group.is_empty() {

@@ -458,3 +458,46 @@ async fn only_empty_groups_can_be_deleted() {
     assert_eq!(h.coordinator.delete_groups(&ids[..1]).await, vec![Ok(())]);
     assert!(h.coordinator.describe("g").is_none());
 }
+
+#[tokio::test]
+async fn offsets_of_subscribed_topics_cannot_be_deleted_while_members_consume() {
+    let h = Harness::new();
+    // A consumer-protocol subscription (version 0) to topic "t".
+    let subscription = Bytes::from_static(&[0, 0, 0, 0, 0, 1, 0, 1, b't', 255, 255, 255, 255]);
+    let mut p = params("", Some("instance"));
+    p.protocols = vec![("range".into(), subscription)];
+    let join = {
+        let c = Arc::clone(&h.coordinator);
+        tokio::spawn(async move { c.join("g", p).await })
+    };
+    settle().await;
+    h.advance(i64::from(DELAY_MS)).await;
+    let joined = join.await.unwrap();
+    h.complete_sync(&[joined.clone()]).await;
+    let offsets = |topic: &str| OffsetToCommit {
+        topic: topic.into(),
+        partition: 0,
+        offset: 1,
+        leader_epoch: -1,
+        metadata: String::new(),
+    };
+    h.coordinator
+        .commit_offsets(
+            "g",
+            joined.generation,
+            &joined.member_id,
+            Some("instance"),
+            vec![offsets("t"), offsets("u")],
+        )
+        .await
+        .unwrap();
+    let deleted = h
+        .coordinator
+        .delete_offsets("g", &[("t".into(), 0), ("u".into(), 0)])
+        .await
+        .unwrap();
+    assert_eq!(deleted, vec![Err(ResponseError::GroupSubscribedToTopic), Ok(())]);
+    let left = h.coordinator.fetch_offsets("g", None);
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].0, "t");
+}
