@@ -473,7 +473,7 @@ async fn offsets_of_subscribed_topics_cannot_be_deleted_while_members_consume() 
     settle().await;
     h.advance(i64::from(DELAY_MS)).await;
     let joined = join.await.unwrap();
-    h.complete_sync(&[joined.clone()]).await;
+    h.complete_sync(std::slice::from_ref(&joined)).await;
     let offsets = |topic: &str| OffsetToCommit {
         topic: topic.into(),
         partition: 0,
