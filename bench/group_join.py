@@ -57,7 +57,8 @@ def start_keel(keel: str, delay_ms: int):
     port = free_port()
     data = Path(tempfile.mkdtemp(prefix="keel-join-"))
     proc = subprocess.Popen([keel, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
-                             "--set", f"group.initial.rebalance.delay.ms={delay_ms}"],
+                             "--set", f"group.initial.rebalance.delay.ms={delay_ms}",
+                             "--set", "keel.admin.listen="],
                             stderr=subprocess.DEVNULL)
     wait_port(port)
 

@@ -95,7 +95,9 @@ def with_kafka(args, fn):
 def with_keel(args, fn):
     port = free_port()
     data = Path(tempfile.mkdtemp(prefix="keel-bench-"))
-    proc = subprocess.Popen([args.keel, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data)],
+    # The admin endpoint is off: a broker already running here may hold its port.
+    proc = subprocess.Popen([args.keel, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
+                             "--set", "keel.admin.listen="],
                             stderr=subprocess.DEVNULL)
     try:
         wait_port(port)
