@@ -101,6 +101,7 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 		return nil, err
 	}
 	bf := r.backfill(ctx, bfTarget)
+	sleepCtx(ctx, secs(cfg.BackfillMinS)-(r.since()-bfStart))
 	bfEnd := r.since()
 	marks = append(marks, timedBroker{bfEnd, probe.sample()})
 	r.phase.Store("after")

@@ -27,6 +27,7 @@ type config struct {
 	RateRecords    int     `json:"rate_records_per_s"`
 	BaselineS      float64 `json:"baseline_s"`
 	BackfillMaxS   float64 `json:"backfill_max_s"`
+	BackfillMinS   float64 `json:"backfill_min_s"`
 	AfterS         float64 `json:"after_s"`
 	BrokerPID      int     `json:"broker_pid"`
 	Cgroup         string  `json:"cgroup"`
@@ -81,6 +82,7 @@ func parseCatchup(args []string) config {
 	fs.IntVar(&c.RateRecords, "rate", 1000, "live producer rate, records per second")
 	fs.Float64Var(&c.BaselineS, "baseline-s", 20, "seconds of baseline before the backfill starts")
 	fs.Float64Var(&c.BackfillMaxS, "backfill-max-s", 120, "stop the backfill after this many seconds if not done")
+	fs.Float64Var(&c.BackfillMinS, "backfill-min-s", 0, "keep the backfill phase at least this long (for tiny histories that are read in a blink)")
 	fs.Float64Var(&c.AfterS, "after-s", 20, "seconds measured after the backfill ends")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker PID: report its disk reads (/proc/PID/io) and RSS")
 	fs.StringVar(&c.Cgroup, "cgroup", "", "broker's memory cgroup directory: report its page cache (memory.stat)")

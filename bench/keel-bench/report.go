@@ -103,8 +103,9 @@ func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, 
 		for _, b := range between(bfb, from, to) {
 			ph.BackfillBytes += b
 		}
-		if name == "backfill" && ph.Seconds > 0 {
-			ph.BackfillMBPerS = float64(ph.BackfillBytes) / 1e6 / ph.Seconds
+		if name == "backfill" && bf.Seconds > 0 {
+			// The consumer's own time: --backfill-min-s may keep the phase longer.
+			ph.BackfillMBPerS = float64(bf.Bytes) / 1e6 / bf.Seconds
 		}
 		ph.Broker = brokerPhase(marks[i], marks[i+1], periodic)
 		res.Phases = append(res.Phases, ph)
