@@ -1,6 +1,6 @@
 module keel-bench
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/twmb/franz-go v1.22.2
