@@ -154,6 +154,18 @@ def run_bench(name: str, cmd: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def tail_cache_line(log_path: Path) -> str:
+    """Keel's start-up line with the tail cache budget and where the memory
+    limit came from (the cgroup, when there is one)."""
+    for _ in range(50):
+        line = next((ln.strip() for ln in log_path.read_text(errors="replace").splitlines()
+                     if "tail cache budget" in ln), "")
+        if line:
+            return line
+        time.sleep(0.1)
+    return ""
+
+
 def run_keel(args, bench_bin: Path, work: Path) -> dict:
     cg = MemCgroup("keel-bench-keel", args.memory)
     print(f"keel: {cg.describe()}")
@@ -167,11 +179,10 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
                                 preexec_fn=cg.join)
     try:
         wait_port(port, 30)
-        budget = next((ln.strip() for ln in log_path.read_text().splitlines() if "tail cache budget" in ln), "")
-        print(f"keel: {budget or 'no tail cache budget line in ' + str(log_path)}")
+        print(f"keel: {tail_cache_line(log_path) or 'no tail cache budget line yet in ' + str(log_path)}")
         res = run_bench("keel", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg,
                                           work / "keel.json"), work / "keel.json")
-        res["tail_cache_log"] = budget
+        res["tail_cache_log"] = tail_cache_line(log_path)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
