@@ -281,7 +281,8 @@ def plot(results: dict, path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "plot skipped: matplotlib is not installed (pip install matplotlib)"
-    fig, axes = plt.subplots(len(results), 1, figsize=(10, 3.5 * len(results)), squeeze=False)
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, 3.5 * len(results)), squeeze=False,
+                             sharey=True)
     for ax, (name, res) in zip(axes[:, 0], results.items()):
         t = [p["t_s"] for p in res["timeline"]]
         ax.plot(t, [p["produce_p99_ms"] for p in res["timeline"]], label="produce p99 (per s)")
