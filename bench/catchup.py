@@ -21,6 +21,7 @@ numbers and asserts none.
 usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--record-size 1024] [--keys 100000] [--partitions 1]
                         [--baseline-s 20] [--backfill-max-s 180] [--after-s 20]
+                        [--backfill-max-mb-per-s 0]
                         [--kafka-heap 1g] [--skip-kafka] [--skip-keel]
                         [--json FILE] [--plot FILE]
 The keel binary defaults to target/release/keel.
@@ -142,7 +143,8 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, ou
            "--partitions", str(args.partitions), "--history-bytes", str(args.history_bytes),
            "--record-size", str(args.record_size), "--keys", str(args.keys), "--rate", str(args.rate),
            "--baseline-s", str(args.baseline_s), "--backfill-max-s", str(args.backfill_max_s),
-           "--after-s", str(args.after_s), "--broker-pid", str(pid), "--json", str(out)]
+           "--after-s", str(args.after_s), "--backfill-max-mb-per-s", str(args.backfill_max_mb_per_s),
+           "--broker-pid", str(pid), "--json", str(out)]
     if cg.path is not None:
         cmd += ["--cgroup", str(cg.path)]
     return cmd
@@ -310,6 +312,8 @@ def main() -> None:
     ap.add_argument("--baseline-s", type=float, default=20)
     ap.add_argument("--backfill-max-s", type=float, default=180)
     ap.add_argument("--after-s", type=float, default=20)
+    ap.add_argument("--backfill-max-mb-per-s", type=float, default=0,
+                    help="pace the backfill consumer (client side); 0: unpaced")
     ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--keel-bin", type=Path, default=REPO / "target" / "release" / "keel")
     ap.add_argument("--skip-kafka", action="store_true")

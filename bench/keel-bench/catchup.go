@@ -362,6 +362,10 @@ func (r *run) backfill(ctx context.Context, target map[int32]int64) backfillResu
 		res.Bytes += bytes
 		r.backfillBytes.Add(bytes)
 		r.backfillB.add(r.since(), bytes)
+		if rate := r.cfg.BackfillMBPerS; rate > 0 {
+			// Client-side pacing: sleep until the bytes so far fit the rate.
+			sleepCtx(bctx, secs(float64(res.Bytes)/1e6/rate)-time.Since(start))
+		}
 	}
 	res.Seconds = time.Since(start).Seconds()
 	res.Complete = len(remaining) == 0

@@ -28,6 +28,7 @@ type config struct {
 	BaselineS      float64 `json:"baseline_s"`
 	BackfillMaxS   float64 `json:"backfill_max_s"`
 	BackfillMinS   float64 `json:"backfill_min_s"`
+	BackfillMBPerS float64 `json:"backfill_max_mb_per_s"`
 	AfterS         float64 `json:"after_s"`
 	BrokerPID      int     `json:"broker_pid"`
 	Cgroup         string  `json:"cgroup"`
@@ -83,6 +84,7 @@ func parseCatchup(args []string) config {
 	fs.Float64Var(&c.BaselineS, "baseline-s", 20, "seconds of baseline before the backfill starts")
 	fs.Float64Var(&c.BackfillMaxS, "backfill-max-s", 120, "stop the backfill after this many seconds if not done")
 	fs.Float64Var(&c.BackfillMinS, "backfill-min-s", 0, "keep the backfill phase at least this long (for tiny histories that are read in a blink)")
+	fs.Float64Var(&c.BackfillMBPerS, "backfill-max-mb-per-s", 0, "pace the backfill consumer to at most this many MB/s (0: as fast as the broker serves)")
 	fs.Float64Var(&c.AfterS, "after-s", 20, "seconds measured after the backfill ends")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker PID: report its disk reads (/proc/PID/io) and RSS")
 	fs.StringVar(&c.Cgroup, "cgroup", "", "broker's memory cgroup directory: report its page cache (memory.stat)")
