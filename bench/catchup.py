@@ -14,8 +14,8 @@ the memory controller, memory.max). On v1 the group is made inside the
 memory cgroup this script runs in, so outer limits still apply. Without
 either, the brokers run unconstrained and the output says so.
 
-Defaults (2 GiB cgroup, 4 GiB of history, 2 MB/s live) take about ten minutes
-for both brokers on a 2-core machine. A benchmark, not a test: it prints
+Defaults (2 GiB cgroup, 4 GiB of history, 2 MB/s live) take about 2.5
+minutes for both brokers on a 2-core machine; 8 GiB of history about 3.5. A benchmark, not a test: it prints
 numbers and asserts none.
 
 usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
