@@ -1,0 +1,136 @@
+// keel-bench drives any Kafka-compatible broker with franz-go, a third-party
+// Go client, so that Keel and Apache Kafka are measured with the same client.
+//
+// Scenario `catchup`: preload keyed history, run a constant-rate acks=all
+// producer and a tailing consumer, then start a backfill consumer from the
+// earliest offset and report latencies per phase (baseline, during the
+// backfill, after it). It prints numbers and asserts none.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+)
+
+type config struct {
+	Bootstrap      string  `json:"bootstrap"`
+	Topic          string  `json:"topic"`
+	Partitions     int     `json:"partitions"`
+	HistoryBytes   int64   `json:"history_bytes"`
+	RecordSize     int     `json:"record_size"`
+	Keys           int     `json:"keys"`
+	RateRecords    int     `json:"rate_records_per_s"`
+	BaselineS      float64 `json:"baseline_s"`
+	BackfillMaxS   float64 `json:"backfill_max_s"`
+	BackfillMinS   float64 `json:"backfill_min_s"`
+	BackfillMBPerS float64 `json:"backfill_max_mb_per_s"`
+	AfterS         float64 `json:"after_s"`
+	BrokerPID      int     `json:"broker_pid"`
+	Cgroup         string  `json:"cgroup"`
+	JSONPath       string  `json:"-"`
+	ProgressS      float64 `json:"-"`
+	PreloadTimeout float64 `json:"-"`
+}
+
+func usage() {
+	fmt.Fprintf(os.Stderr, `usage: keel-bench catchup --bootstrap HOST:PORT [flags]
+
+Scenarios:
+  catchup   preload history, constant-rate producer + tailing consumer,
+            then a backfill consumer from the earliest offset; latencies
+            per phase (baseline / backfill / after)
+
+Run "keel-bench catchup -h" for the flags.
+`)
+}
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] != "catchup" {
+		usage()
+		os.Exit(2)
+	}
+	cfg := parseCatchup(os.Args[2:])
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := runCatchup(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "keel-bench:", err)
+		os.Exit(1)
+	}
+	printTable(os.Stdout, res)
+	if cfg.JSONPath != "" {
+		if err := writeJSON(cfg.JSONPath, res); err != nil {
+			fmt.Fprintln(os.Stderr, "keel-bench:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+func parseCatchup(args []string) config {
+	var c config
+	fs := flag.NewFlagSet("catchup", flag.ExitOnError)
+	fs.StringVar(&c.Bootstrap, "bootstrap", "", "broker HOST:PORT (required)")
+	fs.StringVar(&c.Topic, "topic", "", "topic to create (default catchup-<unix time>); must not exist")
+	fs.IntVar(&c.Partitions, "partitions", 1, "partitions of the topic")
+	history := fs.String("history-bytes", "256MiB", "bytes of keyed history to preload (suffixes KiB MiB GiB, KB MB GB)")
+	fs.IntVar(&c.RecordSize, "record-size", 1024, "bytes per record value (>= 16)")
+	fs.IntVar(&c.Keys, "keys", 100000, "size of the key space (keys key-0 .. key-N-1)")
+	fs.IntVar(&c.RateRecords, "rate", 1000, "live producer rate, records per second")
+	fs.Float64Var(&c.BaselineS, "baseline-s", 20, "seconds of baseline before the backfill starts")
+	fs.Float64Var(&c.BackfillMaxS, "backfill-max-s", 120, "stop the backfill after this many seconds if not done")
+	fs.Float64Var(&c.BackfillMinS, "backfill-min-s", 0, "keep the backfill phase at least this long (for tiny histories that are read in a blink)")
+	fs.Float64Var(&c.BackfillMBPerS, "backfill-max-mb-per-s", 0, "pace the backfill consumer to at most this many MB/s (0: as fast as the broker serves)")
+	fs.Float64Var(&c.AfterS, "after-s", 20, "seconds measured after the backfill ends")
+	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker PID: report its disk reads (/proc/PID/io) and RSS")
+	fs.StringVar(&c.Cgroup, "cgroup", "", "broker's memory cgroup directory: report its page cache (memory.stat)")
+	fs.StringVar(&c.JSONPath, "json", "", "also write the results as JSON to this file")
+	fs.Float64Var(&c.ProgressS, "progress-s", 5, "seconds between progress lines on stderr (0: none)")
+	fs.Float64Var(&c.PreloadTimeout, "preload-timeout-s", 1800, "give up if the preload takes longer")
+	_ = fs.Parse(args)
+	var err error
+	if c.HistoryBytes, err = parseBytes(*history); err != nil {
+		fatalf("--history-bytes: %v", err)
+	}
+	switch {
+	case c.Bootstrap == "":
+		fatalf("--bootstrap is required")
+	case c.RecordSize < 16:
+		fatalf("--record-size must be at least 16 (the value embeds a timestamp)")
+	case c.Partitions < 1 || c.Keys < 1 || c.RateRecords < 1:
+		fatalf("--partitions, --keys and --rate must be positive")
+	}
+	if c.Topic == "" {
+		c.Topic = fmt.Sprintf("catchup-%d", time.Now().Unix())
+	}
+	return c
+}
+
+func fatalf(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "keel-bench: "+format+"\n", a...)
+	os.Exit(2)
+}
+
+// parseBytes accepts "1048576", "512MiB", "8GiB", "100MB".
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	var n int64
+	if _, err := fmt.Sscan(s, &n); err != nil || n < 0 {
+		return 0, fmt.Errorf("not a byte count: %q", s)
+	}
+	return n * mult, nil
+}

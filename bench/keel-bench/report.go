@@ -1,0 +1,228 @@
+package main
+
+// Per-phase results, the human table and the JSON file. Byte rates are in
+// MB/s (10^6 bytes); memory figures in MiB.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"time"
+)
+
+type latencyJSON struct {
+	Count  int64   `json:"count"`
+	P50Ms  float64 `json:"p50_ms"`
+	P99Ms  float64 `json:"p99_ms"`
+	P999Ms float64 `json:"p999_ms"`
+	MaxMs  float64 `json:"max_ms"`
+}
+
+type tailJSON struct {
+	latencyJSON
+	MaxLagRecords int64 `json:"max_lag_records"`
+}
+
+// brokerJSON: nil fields were not measured (no PID, no cgroup, unreadable).
+type brokerJSON struct {
+	DiskReadBytes     *int64 `json:"disk_read_bytes"`
+	PageCacheBytesEnd *int64 `json:"page_cache_bytes_end"`
+	PageCacheBytesMax *int64 `json:"page_cache_bytes_max"`
+	RSSBytesEnd       *int64 `json:"rss_bytes_end"`
+	RSSBytesMax       *int64 `json:"rss_bytes_max"`
+}
+
+type phaseJSON struct {
+	Name           string      `json:"name"`
+	StartS         float64     `json:"start_s"`
+	Seconds        float64     `json:"seconds"`
+	Produce        latencyJSON `json:"produce"`
+	Tail           tailJSON    `json:"tail"`
+	BackfillBytes  int64       `json:"backfill_bytes"`
+	BackfillMBPerS float64     `json:"backfill_mb_per_s"`
+	Broker         brokerJSON  `json:"broker"`
+}
+
+type pointJSON struct {
+	TS             float64 `json:"t_s"`
+	ProduceP99Ms   float64 `json:"produce_p99_ms"`
+	ProduceMaxMs   float64 `json:"produce_max_ms"`
+	TailP99Ms      float64 `json:"tail_p99_ms"`
+	TailMaxMs      float64 `json:"tail_max_ms"`
+	TailLagMax     int64   `json:"tail_lag_max_records"`
+	BackfillMB     float64 `json:"backfill_mb"`
+	PageCacheBytes int64   `json:"page_cache_bytes"`
+	RSSBytes       int64   `json:"rss_bytes"`
+}
+
+type result struct {
+	Scenario      string         `json:"scenario"`
+	Client        string         `json:"client"`
+	Config        config         `json:"config"`
+	CgroupVersion string         `json:"cgroup_version"`
+	Preload       preloadResult  `json:"preload"`
+	Backfill      backfillResult `json:"backfill"`
+	ProduceErrors int64          `json:"produce_errors"`
+	FirstError    string         `json:"first_produce_error,omitempty"`
+	Phases        []phaseJSON    `json:"phases"`
+	BackfillStart float64        `json:"backfill_start_s"`
+	BackfillEnd   float64        `json:"backfill_end_s"`
+	Timeline      []pointJSON    `json:"timeline"`
+}
+
+func lat(s summary) latencyJSON {
+	return latencyJSON{s.Count, usToMs(s.P50), usToMs(s.P99), usToMs(s.P999), usToMs(s.Max)}
+}
+
+func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, probe brokerProbe) *result {
+	prod, tail, lag, bfb := r.produceLatUs.snapshot(), r.tailLatUs.snapshot(), r.tailLag.snapshot(), r.backfillB.snapshot()
+	r.brokerMu.Lock()
+	periodic := append([]timedBroker(nil), r.brokerS...)
+	r.brokerMu.Unlock()
+	res := &result{Scenario: "catchup", Client: "franz-go", Config: r.cfg, Preload: pre, Backfill: bf,
+		ProduceErrors: r.produceErrs.Load(), BackfillStart: marks[1].at.Seconds(), BackfillEnd: marks[2].at.Seconds()}
+	if probe.cgroup != "" {
+		res.CgroupVersion = cgroupVersion(probe.cgroup)
+	}
+	if e, ok := r.firstProduceErr.Load().(error); ok {
+		res.FirstError = e.Error()
+	}
+	names := []string{"baseline", "backfill", "after"}
+	for i, name := range names {
+		from, to := marks[i].at, marks[i+1].at
+		hi := to
+		if i == len(names)-1 {
+			hi = math.MaxInt64 // tail records that arrive after the producer stopped
+		}
+		ph := phaseJSON{Name: name, StartS: from.Seconds(), Seconds: (to - from).Seconds(),
+			Produce: lat(summarize(between(prod, from, to)))}
+		ph.Tail = tailJSON{latencyJSON: lat(summarize(between(tail, from, hi))),
+			MaxLagRecords: summarize(between(lag, from, hi)).Max}
+		for _, b := range between(bfb, from, to) {
+			ph.BackfillBytes += b
+		}
+		if name == "backfill" && bf.Seconds > 0 {
+			// The consumer's own time: --backfill-min-s may keep the phase longer.
+			ph.BackfillMBPerS = float64(bf.Bytes) / 1e6 / bf.Seconds
+		}
+		ph.Broker = brokerPhase(marks[i], marks[i+1], periodic)
+		res.Phases = append(res.Phases, ph)
+	}
+	res.Timeline = timeline(prod, tail, lag, bfb, periodic, marks[len(marks)-1].at)
+	return res
+}
+
+func brokerPhase(from, to timedBroker, periodic []timedBroker) brokerJSON {
+	var b brokerJSON
+	known := func(v int64) *int64 {
+		if v < 0 {
+			return nil
+		}
+		return &v
+	}
+	if from.s.ReadBytes >= 0 && to.s.ReadBytes >= 0 {
+		b.DiskReadBytes = known(to.s.ReadBytes - from.s.ReadBytes)
+	}
+	b.PageCacheBytesEnd, b.RSSBytesEnd = known(to.s.PageCacheBytes), known(to.s.RSSBytes)
+	pcMax, rssMax := to.s.PageCacheBytes, to.s.RSSBytes
+	for _, p := range periodic {
+		if p.at >= from.at && p.at <= to.at {
+			pcMax, rssMax = max(pcMax, p.s.PageCacheBytes), max(rssMax, p.s.RSSBytes)
+		}
+	}
+	b.PageCacheBytesMax, b.RSSBytesMax = known(pcMax), known(rssMax)
+	return b
+}
+
+// timeline: one point per second of the live phases, for plots.
+func timeline(prod, tail, lag, bfb []sample, periodic []timedBroker, end time.Duration) []pointJSON {
+	var out []pointJSON
+	for t := time.Duration(0); t < end; t += time.Second {
+		p := pointJSON{TS: t.Seconds(), PageCacheBytes: -1, RSSBytes: -1}
+		ps := summarize(between(prod, t, t+time.Second))
+		ts := summarize(between(tail, t, t+time.Second))
+		p.ProduceP99Ms, p.ProduceMaxMs = usToMs(ps.P99), usToMs(ps.Max)
+		p.TailP99Ms, p.TailMaxMs = usToMs(ts.P99), usToMs(ts.Max)
+		p.TailLagMax = summarize(between(lag, t, t+time.Second)).Max
+		for _, b := range between(bfb, t, t+time.Second) {
+			p.BackfillMB += float64(b) / 1e6
+		}
+		for _, s := range periodic {
+			if s.at >= t && s.at < t+time.Second {
+				p.PageCacheBytes, p.RSSBytes = s.s.PageCacheBytes, s.s.RSSBytes
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func writeJSON(path string, res *result) error {
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+func printTable(w io.Writer, res *result) {
+	c := res.Config
+	fmt.Fprintf(w, "catchup on %s, topic %s: %d partition(s), %d keys, records of %d B, live %d records/s (%.2f MB/s), acks=all, client franz-go\n",
+		c.Bootstrap, c.Topic, c.Partitions, c.Keys, c.RecordSize, c.RateRecords, float64(c.RateRecords*c.RecordSize)/1e6)
+	fmt.Fprintf(w, "preload: %d records, %.1f MB in %.1f s (%.1f MB/s)\n", res.Preload.Records,
+		float64(res.Preload.Bytes)/1e6, res.Preload.Seconds, float64(res.Preload.Bytes)/1e6/math.Max(res.Preload.Seconds, 1e-9))
+	state := "complete"
+	if !res.Backfill.Complete {
+		state = "INCOMPLETE (--backfill-max-s reached)"
+	}
+	fmt.Fprintf(w, "backfill: %d of %d records, %.1f MB in %.1f s (%.1f MB/s), %s\n", res.Backfill.Records,
+		res.Backfill.TargetRecords, float64(res.Backfill.Bytes)/1e6, res.Backfill.Seconds,
+		float64(res.Backfill.Bytes)/1e6/math.Max(res.Backfill.Seconds, 1e-9), state)
+	if res.ProduceErrors > 0 {
+		fmt.Fprintf(w, "produce errors: %d (first: %s)\n", res.ProduceErrors, res.FirstError)
+	}
+	rows := []struct {
+		name string
+		f    func(p phaseJSON) string
+	}{
+		{"seconds", func(p phaseJSON) string { return fmt.Sprintf("%.1f", p.Seconds) }},
+		{"produce acks", func(p phaseJSON) string { return fmt.Sprint(p.Produce.Count) }},
+		{"produce p50 ms", func(p phaseJSON) string { return ms(p.Produce.P50Ms) }},
+		{"produce p99 ms", func(p phaseJSON) string { return ms(p.Produce.P99Ms) }},
+		{"produce p999 ms", func(p phaseJSON) string { return ms(p.Produce.P999Ms) }},
+		{"produce max ms", func(p phaseJSON) string { return ms(p.Produce.MaxMs) }},
+		{"tail records", func(p phaseJSON) string { return fmt.Sprint(p.Tail.Count) }},
+		{"tail e2e p50 ms", func(p phaseJSON) string { return ms(p.Tail.P50Ms) }},
+		{"tail e2e p99 ms", func(p phaseJSON) string { return ms(p.Tail.P99Ms) }},
+		{"tail e2e max ms", func(p phaseJSON) string { return ms(p.Tail.MaxMs) }},
+		{"tail max lag (records)", func(p phaseJSON) string { return fmt.Sprint(p.Tail.MaxLagRecords) }},
+		{"backfill MB/s", func(p phaseJSON) string { return fmt.Sprintf("%.1f", p.BackfillMBPerS) }},
+		{"broker disk read MB", func(p phaseJSON) string { return opt(p.Broker.DiskReadBytes, 1e6) }},
+		{"cgroup page cache MiB (end)", func(p phaseJSON) string { return opt(p.Broker.PageCacheBytesEnd, 1<<20) }},
+		{"cgroup page cache MiB (max)", func(p phaseJSON) string { return opt(p.Broker.PageCacheBytesMax, 1<<20) }},
+		{"broker RSS MiB (max)", func(p phaseJSON) string { return opt(p.Broker.RSSBytesMax, 1<<20) }},
+	}
+	fmt.Fprintf(w, "%-28s", "")
+	for _, p := range res.Phases {
+		fmt.Fprintf(w, " %12s", p.Name)
+	}
+	fmt.Fprintln(w)
+	for _, row := range rows {
+		fmt.Fprintf(w, "%-28s", row.name)
+		for _, p := range res.Phases {
+			fmt.Fprintf(w, " %12s", row.f(p))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+func ms(v float64) string { return fmt.Sprintf("%.2f", v) }
+
+func opt(v *int64, unit float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", float64(*v)/unit)
+}

@@ -1,0 +1,61 @@
+"""Smoke test of the catch-up benchmark client (bench/keel-bench), so the tool
+cannot rot: build it with `go build`, run `catchup` for a few seconds against
+a broker from the fixtures, and check that the JSON report has every phase
+with samples in it. A smoke test only: no timing is asserted.
+
+Without `go` the test is skipped, unless CI=true, where it fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO
+
+BENCH_SRC = REPO / "bench" / "keel-bench"
+
+
+@pytest.fixture(scope="module")
+def keel_bench(tmp_path_factory):
+    go = shutil.which("go")
+    if go is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but `go` is not on PATH: the keel-bench smoke test needs Go")
+        pytest.skip("`go` is not on PATH; bench/keel-bench cannot be built")
+    out = tmp_path_factory.mktemp("keel-bench") / "keel-bench"
+    build = subprocess.run([go, "build", "-o", str(out), "."], cwd=BENCH_SRC,
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, f"go build failed:\n{build.stdout}\n{build.stderr}"
+    return out
+
+
+def test_catchup_reports_three_phases(keel_bench, broker, tmp_path):
+    report = tmp_path / "catchup.json"
+    cmd = [str(keel_bench), "catchup", "--bootstrap", broker.bootstrap,
+           "--partitions", "2", "--history-bytes", "2MiB", "--record-size", "512",
+           "--keys", "1000", "--rate", "200", "--baseline-s", "2",
+           "--backfill-min-s", "1", "--backfill-max-s", "20", "--after-s", "2",
+           "--progress-s", "0", "--json", str(report)]
+    proc = getattr(broker, "proc", None)
+    if proc is not None:
+        cmd += ["--broker-pid", str(proc.pid)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"keel-bench failed:\n{run.stdout}\n{run.stderr}"
+    assert "tail e2e p99 ms" in run.stdout, run.stdout
+
+    res = json.loads(report.read_text())
+    assert res["produce_errors"] == 0, res.get("first_produce_error")
+    phases = {p["name"]: p for p in res["phases"]}
+    assert list(phases) == ["baseline", "backfill", "after"]
+    for name, p in phases.items():
+        assert p["produce"]["count"] > 0, f"no produce acks in phase {name}: {p}"
+        assert p["tail"]["count"] > 0, f"no tail records in phase {name}: {p}"
+    assert res["backfill"]["bytes"] > 0, res["backfill"]
+    assert res["backfill"]["complete"], res["backfill"]
+    assert res["backfill"]["records"] == res["backfill"]["target_records"], res["backfill"]
+    if proc is not None:
+        assert phases["baseline"]["broker"]["rss_bytes_max"] > 0, phases["baseline"]["broker"]
