@@ -80,8 +80,25 @@ pub struct Partition {
     /// The broker's cold-read executor (reads below the tail cache).
     cold: Arc<ColdReads>,
     /// Read-ahead: the next chunk of a sequential scan below the tail, read
-    /// before it was asked for: `(offset, batches)`.
-    read_ahead: Mutex<Option<(i64, Bytes)>>,
+    /// before it is asked for.
+    read_ahead: Mutex<ReadAhead>,
+}
+
+/// The read-ahead slot of one partition.
+enum ReadAhead {
+    Empty,
+    /// Being read; fetches asking for `offset` meanwhile wait for it rather
+    /// than read the same bytes again.
+    InFlight {
+        offset: i64,
+        waiters: Vec<oneshot::Sender<std::io::Result<Bytes>>>,
+    },
+    /// Read and held (its bytes reserved in the pool) for the next fetch at
+    /// `offset`.
+    Ready {
+        offset: i64,
+        bytes: Bytes,
+    },
 }
 
 /// Where a fetch's bytes come from.
@@ -91,6 +108,8 @@ pub enum ReadSource {
     Memory(Bytes),
     /// A planned read of the log files, executed without the partition lock.
     Disk(ReadPlan),
+    /// The read-ahead of this offset is in flight; its bytes arrive here.
+    Pending(oneshot::Receiver<std::io::Result<Bytes>>),
 }
 
 impl Partition {
@@ -124,7 +143,7 @@ impl Partition {
             cold_read_bytes: AtomicU64::new(0),
             page_cache_marks: Mutex::new((0, 0)),
             cold,
-            read_ahead: Mutex::new(None),
+            read_ahead: Mutex::new(ReadAhead::Empty),
         })
     }
 
@@ -269,7 +288,7 @@ impl Partition {
     /// Resolves a fetch at `offset` to its source: the tail cache when the
     /// offset is in its run (below the high watermark), the read-ahead slot
     /// when a scan reached it, else a read plan of the files.
-    pub fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadSource, ReadError> {
+    pub fn read(self: &Arc<Self>, offset: i64, max_bytes: usize) -> Result<ReadSource, ReadError> {
         let (start, hw) = (self.log_start_offset(), self.high_watermark());
         if offset == hw && offset >= start {
             // Nothing to read yet. Planning a file read here would race an
@@ -284,33 +303,54 @@ impl Partition {
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 return Ok(ReadSource::Memory(bytes));
             }
-            if let Some(bytes) = self.take_read_ahead(offset) {
-                self.cold_read_bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                return Ok(ReadSource::Memory(bytes));
+            if let Some(source) = self.take_read_ahead(offset, max_bytes) {
+                return Ok(source);
             }
         }
         self.read_plan(offset, max_bytes).map(ReadSource::Disk)
     }
 
-    fn take_read_ahead(&self, offset: i64) -> Option<Bytes> {
+    /// The read-ahead of `offset`, if it is held (data now) or in flight (a
+    /// channel its data will arrive on).
+    /// Taking held data starts the read-ahead of the chunk after it.
+    fn take_read_ahead(self: &Arc<Self>, offset: i64, max_bytes: usize) -> Option<ReadSource> {
         let mut slot = self.read_ahead.lock();
-        if slot.as_ref().is_some_and(|(at, _)| *at == offset) {
-            let (_, bytes) = slot.take().expect("checked");
-            self.cold.release_read_ahead(bytes.len() as u64, true);
-            return Some(bytes);
+        match &mut *slot {
+            ReadAhead::Ready { offset: at, .. } if *at == offset => {
+                let ReadAhead::Ready { bytes, .. } = std::mem::replace(&mut *slot, ReadAhead::Empty) else {
+                    unreachable!("matched above");
+                };
+                drop(slot);
+                self.cold.release_read_ahead(bytes.len() as u64, true);
+                self.cold_read_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                if let Some(next) = next_offset_after(&bytes) {
+                    self.read_ahead_from(next, max_bytes);
+                }
+                Some(ReadSource::Memory(bytes))
+            }
+            ReadAhead::InFlight { offset: at, waiters } if *at == offset => {
+                let (tx, rx) = oneshot::channel();
+                waiters.push(tx);
+                Some(ReadSource::Pending(rx))
+            }
+            _ => None,
         }
-        None
     }
 
-    /// Keeps `bytes` read at `offset` for the next fetch, if the pool has
-    /// room; replaces what was held.
+    /// Keeps `bytes` read at `offset` for the next fetch, if the slot is
+    /// free (or holds stale data) and the pool has room.
     fn offer_read_ahead(&self, offset: i64, bytes: Bytes) {
-        if bytes.is_empty() || !self.cold.reserve_read_ahead(bytes.len() as u64) {
+        let mut slot = self.read_ahead.lock();
+        if matches!(*slot, ReadAhead::InFlight { .. }) || bytes.is_empty() {
             return;
         }
-        let old = self.read_ahead.lock().replace((offset, bytes));
-        if let Some((_, old)) = old {
+        if !self.cold.reserve_read_ahead(bytes.len() as u64) {
+            return;
+        }
+        if let ReadAhead::Ready { bytes: old, .. } =
+            std::mem::replace(&mut *slot, ReadAhead::Ready { offset, bytes })
+        {
             self.cold.release_read_ahead(old.len() as u64, false);
         }
     }
@@ -325,29 +365,31 @@ impl Partition {
         offset: i64,
         plan: ReadPlan,
         max_bytes: usize,
-        read_ahead: bool,
     ) -> oneshot::Receiver<std::io::Result<Bytes>> {
         let (tx, rx) = oneshot::channel();
         let me = Arc::clone(self);
         tokio::spawn(async move {
             let result = me.cold.read(max_bytes, move || plan.execute()).await;
-            let next = result.as_ref().ok().and_then(|b| next_offset_after(b));
-            match tx.send(result) {
-                Ok(()) => {
-                    if let (true, Some(next)) = (read_ahead, next) {
-                        me.read_ahead_from(next, max_bytes);
-                    }
+            if tx.is_closed() {
+                if let Ok(bytes) = result {
+                    me.offer_read_ahead(offset, bytes);
                 }
-                Err(Ok(bytes)) => me.offer_read_ahead(offset, bytes),
-                Err(Err(_)) => {}
+                return;
             }
+            // The read-ahead is marked in flight before the fetch gets its
+            // answer, so the next fetch finds it and waits for it.
+            if let Some(next) = result.as_ref().ok().and_then(|b| next_offset_after(b)) {
+                me.read_ahead_from(next, max_bytes);
+            }
+            let _ = tx.send(result);
         });
         rx
     }
 
     /// Reads the chunk at `offset` ahead of the fetch that will ask for it,
-    /// unless the tail cache or the read-ahead slot already holds it. A slot
-    /// holding another offset is stale (the scan moved past it) and is freed.
+    /// unless the tail cache holds it or the slot is busy with it. Held data
+    /// of another offset is stale (the scan moved past it) and is freed; one
+    /// read-ahead per partition is in flight at a time.
     fn read_ahead_from(self: &Arc<Self>, offset: i64, max_bytes: usize) {
         let in_tail = self.tail.first_offset().is_some_and(|first| offset >= first);
         if in_tail || offset >= self.high_watermark() {
@@ -355,18 +397,62 @@ impl Partition {
         }
         {
             let mut slot = self.read_ahead.lock();
-            match slot.as_ref() {
-                Some((at, _)) if *at == offset => return,
-                Some(_) => {
-                    let (_, stale) = slot.take().expect("checked");
-                    self.cold.release_read_ahead(stale.len() as u64, false);
-                }
-                None => {}
+            match &*slot {
+                ReadAhead::InFlight { .. } => return,
+                ReadAhead::Ready { offset: at, .. } if *at == offset => return,
+                ReadAhead::Ready { bytes, .. } => self.cold.release_read_ahead(bytes.len() as u64, false),
+                ReadAhead::Empty => {}
             }
+            *slot = ReadAhead::InFlight {
+                offset,
+                waiters: Vec::new(),
+            };
         }
-        if let Ok(plan) = self.read_plan(offset, max_bytes) {
-            // Nobody listens: the result goes to the read-ahead slot.
-            drop(self.spawn_cold_read(offset, plan, max_bytes, false));
+        let Ok(plan) = self.read_plan(offset, max_bytes) else {
+            *self.read_ahead.lock() = ReadAhead::Empty;
+            return;
+        };
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = me.cold.read(max_bytes, move || plan.execute()).await;
+            me.finish_read_ahead(offset, result, max_bytes);
+        });
+    }
+
+    /// A read-ahead completed: the fetches that waited for it get its data
+    /// (and the scan reads on), or it is held for the next fetch.
+    fn finish_read_ahead(self: &Arc<Self>, offset: i64, result: std::io::Result<Bytes>, max_bytes: usize) {
+        let waiters = {
+            let mut slot = self.read_ahead.lock();
+            match std::mem::replace(&mut *slot, ReadAhead::Empty) {
+                ReadAhead::InFlight { offset: at, waiters } if at == offset => waiters,
+                other => {
+                    *slot = other;
+                    Vec::new()
+                }
+            }
+        };
+        match result {
+            Ok(bytes) => {
+                if waiters.iter().all(|w| w.is_closed()) {
+                    self.offer_read_ahead(offset, bytes);
+                    return;
+                }
+                // Marked in flight before the waiters get their answer, so
+                // their next fetch finds it.
+                if let Some(next) = next_offset_after(&bytes) {
+                    self.read_ahead_from(next, max_bytes);
+                }
+                self.cold.note_read_ahead_hit();
+                for w in waiters {
+                    let _ = w.send(Ok(bytes.clone()));
+                }
+            }
+            Err(e) => {
+                for w in waiters {
+                    let _ = w.send(Err(std::io::Error::new(e.kind(), e.to_string())));
+                }
+            }
         }
     }
 

@@ -102,6 +102,11 @@ impl ColdReads {
             .is_ok()
     }
 
+    /// Counts a fetch answered by a read-ahead it waited for.
+    pub fn note_read_ahead_hit(&self) {
+        self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Returns read-ahead room; `hit` if the data answered a fetch.
     pub fn release_read_ahead(&self, bytes: u64, hit: bool) {
         self.read_ahead_held_bytes.fetch_sub(bytes, Ordering::AcqRel);

@@ -146,7 +146,11 @@ async fn read_all(
             Ok(Some(ReadSource::Memory(bytes))) => results.push(Some(Ok(bytes))),
             Ok(Some(ReadSource::Disk(plan))) if !plan.is_empty() => {
                 let p = t.partition.as_ref().expect("planned partitions exist");
-                cold.push((i, p.spawn_cold_read(t.fetch_offset, plan, t.max_bytes, true)));
+                cold.push((i, p.spawn_cold_read(t.fetch_offset, plan, t.max_bytes)));
+                results.push(None);
+            }
+            Ok(Some(ReadSource::Pending(rx))) => {
+                cold.push((i, rx));
                 results.push(None);
             }
             Ok(_) => results.push(Some(Ok(Bytes::new()))),
