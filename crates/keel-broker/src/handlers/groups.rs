@@ -25,7 +25,7 @@ use keel_protocol::messages::offset_fetch_response::{
 use keel_protocol::messages::*;
 use keel_protocol::{ResponseError, StrBytes};
 
-use super::{str_bytes, topic_name};
+use super::{partition_of, str_bytes, topic_name};
 use crate::groups::group::JoinParams;
 use crate::groups::records::CommittedOffset;
 use crate::groups::OffsetToCommit;
@@ -252,13 +252,9 @@ pub async fn offset_commit(
     let mut to_commit = Vec::new();
     let mut errors: Vec<Vec<Option<ResponseError>>> = Vec::new();
     for t in &req.topics {
-        let topic = broker.topics.get(t.name.as_str());
         let mut row = Vec::new();
         for p in &t.partitions {
-            let known = topic
-                .as_ref()
-                .is_some_and(|t| t.partition(p.partition_index).is_some());
-            if known {
+            if partition_of(broker, t.name.as_str(), p.partition_index).is_ok() {
                 to_commit.push(OffsetToCommit {
                     topic: t.name.to_string(),
                     partition: p.partition_index,
@@ -537,10 +533,7 @@ pub async fn offset_delete(broker: &Arc<Broker>, req: OffsetDeleteRequest) -> Of
                 .partitions
                 .iter()
                 .map(|p| {
-                    let known = broker
-                        .topics
-                        .get(t.name.as_str())
-                        .is_some_and(|topic| topic.partition(p.partition_index).is_some());
+                    let known = partition_of(broker, t.name.as_str(), p.partition_index).is_ok();
                     let result = results.next().unwrap_or(Ok(()));
                     let error = if known {
                         code(result)

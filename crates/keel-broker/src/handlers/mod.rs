@@ -16,6 +16,19 @@ pub fn api_versions() -> ApiVersionsResponse {
     keel_protocol::response::api_versions(0)
 }
 
+/// A partition of an existing topic, or UNKNOWN_TOPIC_OR_PARTITION.
+pub(crate) fn partition_of(
+    broker: &crate::Broker,
+    topic: &str,
+    index: i32,
+) -> Result<std::sync::Arc<crate::partition::Partition>, keel_protocol::ResponseError> {
+    broker
+        .topics
+        .get(topic)
+        .and_then(|t| t.partition(index).cloned())
+        .ok_or(keel_protocol::ResponseError::UnknownTopicOrPartition)
+}
+
 pub(crate) fn str_bytes(s: impl Into<String>) -> StrBytes {
     StrBytes::from_string(s.into())
 }

@@ -13,6 +13,7 @@ use keel_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, 
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
+use super::partition_of;
 use crate::partition::{Partition, LEADER_EPOCH};
 use crate::Broker;
 
@@ -23,14 +24,6 @@ const MAX_TIMESTAMP: i64 = -3;
 const EARLIEST_LOCAL: i64 = -4;
 const EARLIEST_PENDING_UPLOAD: i64 = -5;
 const LATEST_TIERED: i64 = -6;
-
-fn partition_of(broker: &Broker, topic: &str, index: i32) -> Result<Arc<Partition>, ResponseError> {
-    broker
-        .topics
-        .get(topic)
-        .and_then(|t| t.partition(index).cloned())
-        .ok_or(ResponseError::UnknownTopicOrPartition)
-}
 
 pub async fn list_offsets(
     broker: &Arc<Broker>,
