@@ -184,16 +184,17 @@ def test_partitions_move_when_a_member_leaves(group_broker):
     bs = group_broker.bootstrap
     topic, group = unique("grp-leave"), unique("g")
     fill_topic(bs, topic)
-    members = [Member(bs, group, topic) for _ in range(3)]
+    # A session far longer than the wait below: the partitions can only move
+    # in time because close() sends LeaveGroup, not because the session of
+    # the member that left expired.
+    long_session_ms = 60_000
+    members = [Member(bs, group, topic, **{"session.timeout.ms": long_session_ms}) for _ in range(3)]
     for m in members:
         m.start()
     try:
         wait_until(lambda: balanced(members), 30, "initial split")
-        t0 = time.monotonic()
         members[0].leave()  # close() sends LeaveGroup
-        wait_until(lambda: balanced(members[1:]), 15, "the leaver's partitions to move")
-        # A clean leave does not wait for the session timeout.
-        assert time.monotonic() - t0 < SESSION_MS / 1000
+        wait_until(lambda: balanced(members[1:]), long_session_ms / 4000, "the leaver's partitions to move")
     finally:
         for m in members[1:]:
             m.leave()
@@ -227,10 +228,7 @@ def test_partitions_move_when_a_member_is_killed(group_broker):
                    and all(m.assignment() for m in members), 30, "three-way split with the subprocess")
         victim.kill()
         victim.wait()
-        t0 = time.monotonic()
         wait_until(lambda: balanced(members), SESSION_MS / 1000 + 15, "the dead member's partitions to move")
-        elapsed = time.monotonic() - t0
-        assert elapsed < SESSION_MS / 1000 + 10, f"took {elapsed:.1f}s"
     finally:
         if victim.poll() is None:
             victim.kill()

@@ -93,10 +93,6 @@ impl TailCache {
         })
     }
 
-    pub fn budget_bytes(&self) -> u64 {
-        self.budget_bytes
-    }
-
     /// Registers a partition. Its run starts empty: data written before
     /// start-up is on disk only.
     pub fn partition(self: &Arc<Self>) -> PartitionTail {
@@ -252,11 +248,6 @@ impl PartitionTail {
     pub fn first_offset(&self) -> Option<i64> {
         let inner = self.cache.inner.lock();
         inner.partitions.get(&self.id)?.front().map(|b| b.base_offset)
-    }
-
-    /// Forgets the partition's batches (its log was truncated or reset).
-    pub fn clear(&self) {
-        self.cache.remove(self.id);
     }
 }
 

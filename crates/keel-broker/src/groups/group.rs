@@ -24,6 +24,7 @@ use keel_protocol::ResponseError;
 use tokio::sync::oneshot;
 
 use super::records::{subscribed_topics, GroupMetadata, MemberMetadata};
+use super::MemberDescription;
 
 /// Timeouts and limits shared by every group (Kafka's `group.*` broker
 /// configs).
@@ -339,28 +340,27 @@ impl Group {
         self.members.is_empty()
     }
 
-    /// Members as DescribeGroups shows them: `(member id, instance id,
-    /// client id, client host, metadata, assignment)`. Metadata and
-    /// assignment only in Stable, as in Kafka.
-    pub fn describe_members(&self) -> Vec<(String, Option<String>, String, String, Bytes, Bytes)> {
+    /// Members as DescribeGroups shows them: metadata and assignment only
+    /// in Stable, as in Kafka.
+    pub fn describe_members(&self) -> Vec<MemberDescription> {
         let stable = self.state == GroupState::Stable;
         let protocol = self.protocol.clone().unwrap_or_default();
         self.members
             .iter()
             .map(|(id, m)| {
-                let (meta, assignment) = if stable {
+                let (metadata, assignment) = if stable {
                     (m.metadata_for(&protocol), m.assignment.clone())
                 } else {
                     (Bytes::new(), Bytes::new())
                 };
-                (
-                    id.clone(),
-                    m.instance_id.clone(),
-                    m.client_id.clone(),
-                    m.client_host.clone(),
-                    meta,
+                MemberDescription {
+                    member_id: id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    metadata,
                     assignment,
-                )
+                }
             })
             .collect()
     }

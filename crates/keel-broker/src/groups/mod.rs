@@ -376,20 +376,7 @@ impl GroupCoordinator {
     pub fn describe(&self, group_id: &str) -> Option<GroupDescription> {
         let groups = self.groups.lock();
         let g = groups.get(group_id)?;
-        let members = g
-            .describe_members()
-            .into_iter()
-            .map(
-                |(member_id, instance_id, client_id, client_host, metadata, assignment)| MemberDescription {
-                    member_id,
-                    instance_id,
-                    client_id,
-                    client_host,
-                    metadata,
-                    assignment,
-                },
-            )
-            .collect();
+        let members = g.describe_members();
         Some(GroupDescription {
             state: g.state(),
             protocol_type: g.protocol_type().unwrap_or("").to_string(),
