@@ -127,6 +127,51 @@ pub(crate) fn lookup_time(entries: &[TimeEntry], timestamp_ms: i64) -> u32 {
     }
 }
 
+/// A segment's decoded `.index` and `.timeindex`, for segments read from a
+/// colder tier (whose indexes are fetched whole and kept in memory).
+#[derive(Debug, Clone, Default)]
+pub struct SegmentIndex {
+    base_offset: i64,
+    offsets: Vec<OffsetEntry>,
+    times: Vec<TimeEntry>,
+}
+
+impl SegmentIndex {
+    /// Decodes both index images of the segment at `base_offset` whose
+    /// `.log` is `log_size_bytes` long. A bad image is an error; the tier
+    /// copy was verified when it was made.
+    pub fn decode(
+        base_offset: i64,
+        log_size_bytes: u64,
+        index: &[u8],
+        time_index: &[u8],
+    ) -> Result<SegmentIndex, &'static str> {
+        Ok(SegmentIndex {
+            base_offset,
+            offsets: decode_offset_index(index, log_size_bytes)?,
+            times: decode_time_index(time_index)?,
+        })
+    }
+
+    /// Bytes held in memory.
+    pub fn memory_bytes(&self) -> usize {
+        self.offsets.len() * std::mem::size_of::<OffsetEntry>()
+            + self.times.len() * std::mem::size_of::<TimeEntry>()
+    }
+
+    /// Where to start scanning for `offset`.
+    pub fn position_of(&self, offset: i64) -> u64 {
+        u64::from(lookup_position(&self.offsets, offset - self.base_offset))
+    }
+
+    /// Where to start scanning for the first batch with a timestamp at or
+    /// after `timestamp_ms`.
+    pub fn position_for_timestamp(&self, timestamp_ms: i64) -> u64 {
+        let relative = lookup_time(&self.times, timestamp_ms);
+        u64::from(lookup_position(&self.offsets, i64::from(relative)))
+    }
+}
+
 /// The per-segment state of Kafka's index-entry rule, shared by append and
 /// rebuild so both produce identical indexes.
 #[derive(Debug, Clone, Copy)]

@@ -24,9 +24,17 @@ mod read;
 mod segment;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tiered;
 
 pub use batch::{BatchError, BatchHeader};
 pub use config::{LogConfig, ReadIo};
 pub use error::{AppendError, DeleteRecordsError, OpenError, ReadError};
-pub use partition::{AppendInfo, PartitionLog, RetentionOutcome, CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE};
-pub use read::{drop_cached_pages, probe_direct_io, HeaderScan, ReadPlan, TimestampPlan};
+pub use index::SegmentIndex;
+pub use partition::{
+    AppendInfo, PartitionLog, RetentionOutcome, SealedSegment, CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE,
+};
+pub use read::{
+    drop_cached_pages, find_timestamp_in_windows, probe_direct_io, read_uncached, read_windows, HeaderScan,
+    ReadPlan, TimestampPlan,
+};
+pub use tiered::{Tier, TierState, TieredSegment};

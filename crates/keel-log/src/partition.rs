@@ -12,6 +12,7 @@ use crate::error::{AppendError, DeleteRecordsError, OpenError, ReadError};
 use crate::index::{lookup_position, lookup_time, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
 use crate::read::{HeaderScan, ReadPlan, TimestampPlan};
 use crate::segment::{write_atomically, LoadMode, Segment, LOG_SUFFIX};
+use crate::tiered::{read_manifest, write_manifest, Tier, TierState, TieredSegment};
 
 /// Written by [`PartitionLog::close`], removed by [`PartitionLog::open`]:
 /// its presence means the last segment needs no CRC recovery scan.
@@ -56,9 +57,13 @@ pub struct RetentionOutcome {
 pub struct PartitionLog {
     dir: PathBuf,
     config: LogConfig,
-    /// Sorted by base offset; never empty; the last one is the active one.
+    /// The local (fast tier) segments, sorted by base offset; never empty;
+    /// the last one is the active one.
     segments: Vec<Segment>,
-    /// First readable offset; >= the first segment's base offset.
+    /// Colder copies, sorted by base offset (the tier manifest). The `Cold`
+    /// ones are contiguous and end where `segments` begins.
+    tiered: Vec<TieredSegment>,
+    /// First readable offset; >= the first readable segment's base offset.
     log_start_offset: i64,
     /// Every offset below this has been fsynced (or was found on disk at open).
     flushed_offset: i64,
@@ -86,12 +91,28 @@ impl PartitionLog {
         };
         fs::create_dir_all(dir).map_err(io_err)?;
         let clean = take_clean_marker(dir).map_err(io_err)?;
-        let bases = list_segments(dir).map_err(io_err)?;
+        let mut tiered = read_manifest(dir).map_err(io_err)?;
+        let manifest_changed = recover_tier_moves(dir, &mut tiered).map_err(io_err)?;
+        let mut bases = list_segments(dir).map_err(io_err)?;
+        let cold_end = tiered.iter().filter(|t| t.is_cold()).map(|t| t.next_offset).max();
+        if let Some(cold_end) = cold_end {
+            // A segment whose colder copy became the only one: a crash
+            // came between the manifest saying so and its deletion.
+            for base in bases.iter().filter(|b| **b < cold_end) {
+                tracing::info!(dir = %dir.display(), base, "finishing deletion of a local copy moved to a colder tier");
+                Segment::delete_files_of(dir, *base).map_err(io_err)?;
+            }
+            bases.retain(|b| *b >= cold_end);
+        }
+        if manifest_changed {
+            write_manifest(dir, &tiered).map_err(io_err)?;
+        }
         let stored_start = read_log_start_offset(dir).map_err(io_err)?;
-        let segments = load_segments(dir, &bases, clean, &config, stored_start).map_err(io_err)?;
+        let fresh_start = stored_start.or(cold_end);
+        let segments = load_segments(dir, &bases, clean, &config, fresh_start).map_err(io_err)?;
         let last = segments.last().expect("at least one segment");
         let log_end_offset = last.next_offset;
-        let first_base = segments[0].base_offset;
+        let first_base = first_cold_base(&tiered).unwrap_or(segments[0].base_offset);
         let log_start_offset = stored_start
             .unwrap_or(first_base)
             .clamp(first_base, log_end_offset);
@@ -108,6 +129,7 @@ impl PartitionLog {
             dir: dir.to_path_buf(),
             config,
             segments,
+            tiered,
             log_start_offset,
             flushed_offset: log_end_offset,
             unflushed_messages: 0,
@@ -341,11 +363,21 @@ impl PartitionLog {
                 log_end,
             });
         }
+        if offset < self.segments[0].base_offset {
+            let cold = self
+                .cold()
+                .find(|t| t.base_offset <= offset && offset < t.next_offset);
+            return Ok(match cold {
+                Some(t) => ReadPlan::tiered(t.clone(), offset, max_bytes),
+                None => ReadPlan::empty(offset, max_bytes),
+            });
+        }
         let Some(segment) = self.segment_holding(offset) else {
             return Ok(ReadPlan::empty(offset, max_bytes));
         };
         let start = lookup_position(&segment.offset_index, offset - segment.base_offset);
         Ok(ReadPlan {
+            tiered: None,
             file: Some(segment.reader.clone()),
             start_position: u64::from(start),
             end_position: segment.size_bytes,
@@ -365,6 +397,16 @@ impl PartitionLog {
     /// Plans a ListOffsets-by-timestamp lookup without I/O (Kafka's
     /// `fetchOffsetByTimestamp`): `None` if no batch is that recent.
     pub fn timestamp_plan(&self, timestamp_ms: i64) -> Option<TimestampPlan> {
+        if let Some(t) = self.cold().find(|t| t.max_timestamp_ms >= timestamp_ms) {
+            return Some(TimestampPlan {
+                file: None,
+                tiered: Some(t.clone()),
+                start_position: 0,
+                end_position: t.size_bytes,
+                timestamp_ms,
+                log_start_offset: self.log_start_offset,
+            });
+        }
         let segment = self
             .segments
             .iter()
@@ -372,7 +414,8 @@ impl PartitionLog {
         let relative = lookup_time(&segment.time_index, timestamp_ms);
         let start = lookup_position(&segment.offset_index, i64::from(relative));
         Some(TimestampPlan {
-            file: segment.reader.clone(),
+            file: Some(segment.reader.clone()),
+            tiered: None,
             start_position: u64::from(start),
             end_position: segment.size_bytes,
             timestamp_ms,
@@ -392,11 +435,17 @@ impl PartitionLog {
     /// `(max timestamp, offset)`: the largest batch max timestamp in the log
     /// and the last offset of the first batch that has it. No I/O.
     pub fn max_timestamp(&self) -> Option<(i64, i64)> {
+        let cold = self
+            .cold()
+            .map(|t| (t.max_timestamp_ms, t.offset_of_max_timestamp));
+        let local = self
+            .segments
+            .iter()
+            .map(|s| (s.indexer.max_timestamp_ms, s.indexer.offset_of_max_timestamp));
         let mut best: Option<(i64, i64)> = None;
-        for s in &self.segments {
-            let ts = s.indexer.max_timestamp_ms;
+        for (ts, offset) in cold.chain(local) {
             if ts >= 0 && best.is_none_or(|(b, _)| ts > b) {
-                best = Some((ts, s.indexer.offset_of_max_timestamp));
+                best = Some((ts, offset));
             }
         }
         best
@@ -427,33 +476,43 @@ impl PartitionLog {
     /// while the log would still be at least `retention_bytes` without the
     /// oldest segment (Kafka's rules). Segments without timestamps are never
     /// deleted by time.
+    /// The whole log counts, oldest first: the segments whose only copy is
+    /// in a colder tier, then the local ones.
     pub fn apply_retention(&mut self, now_ms: i64) -> io::Result<RetentionOutcome> {
-        let sealed = self.segments.len() - 1;
+        // (size, max timestamp) of every deletable segment, oldest first.
+        let candidates: Vec<(u64, i64)> = self
+            .cold()
+            .map(|t| (t.size_bytes, t.max_timestamp_ms))
+            .chain(
+                self.segments[..self.segments.len() - 1]
+                    .iter()
+                    .map(|s| (s.size_bytes, s.indexer.max_timestamp_ms)),
+            )
+            .collect();
         let mut count = 0;
         if self.config.retention_ms >= 0 {
-            count = self.segments[..sealed]
+            count = candidates
                 .iter()
-                .take_while(|s| {
-                    let ts = s.indexer.max_timestamp_ms;
-                    ts >= 0 && now_ms.saturating_sub(ts) > self.config.retention_ms
-                })
+                .take_while(|(_, ts)| *ts >= 0 && now_ms.saturating_sub(*ts) > self.config.retention_ms)
                 .count();
         }
         if self.config.retention_bytes >= 0 {
-            let mut excess = self.size_bytes() as i64 - self.config.retention_bytes;
-            excess -= self.segments[..count]
+            let mut excess = self.total_bytes() as i64 - self.config.retention_bytes;
+            excess -= candidates[..count]
                 .iter()
-                .map(|s| s.size_bytes as i64)
+                .map(|(size, _)| *size as i64)
                 .sum::<i64>();
-            for s in &self.segments[count..sealed] {
-                if excess - (s.size_bytes as i64) < 0 {
+            for (size, _) in &candidates[count..] {
+                if excess - (*size as i64) < 0 {
                     break;
                 }
-                excess -= s.size_bytes as i64;
+                excess -= *size as i64;
                 count += 1;
             }
         }
-        let deleted_bytes = self.delete_oldest(count)?;
+        let cold_count = count.min(self.cold().count());
+        let mut deleted_bytes = self.retire_cold(cold_count)?;
+        deleted_bytes += self.delete_oldest(count - cold_count)?;
         Ok(RetentionOutcome {
             deleted_segments: count,
             deleted_bytes,
@@ -461,19 +520,53 @@ impl PartitionLog {
         })
     }
 
+    /// Marks the `count` oldest cold segments for deletion from their tier
+    /// and advances the log start past them.
+    fn retire_cold(&mut self, count: usize) -> io::Result<u64> {
+        if count == 0 {
+            return Ok(0);
+        }
+        let mut bytes = 0;
+        for t in self.tiered.iter_mut().filter(|t| t.is_cold()).take(count) {
+            t.state = TierState::Deleting;
+            bytes += t.size_bytes;
+        }
+        write_manifest(&self.dir, &self.tiered)?;
+        self.advance_start_to_first_readable();
+        Ok(bytes)
+    }
+
+    fn advance_start_to_first_readable(&mut self) {
+        let first_base = first_cold_base(&self.tiered).unwrap_or(self.segments[0].base_offset);
+        self.log_start_offset = self.log_start_offset.max(first_base);
+    }
+
     /// Deletes the `count` oldest segments and advances the log start.
     fn delete_oldest(&mut self, count: usize) -> io::Result<u64> {
         assert!(count < self.segments.len(), "never delete the active segment");
+        if count == 0 {
+            return Ok(0);
+        }
+        let end = self.segments[count].base_offset;
+        // Colder copies of these segments (being made or made) go too; the
+        // manifest says so before the local files go.
+        let mut manifest_changed = false;
+        for t in self.tiered.iter_mut().filter(|t| t.next_offset <= end) {
+            if matches!(t.state, TierState::Copying | TierState::Both) {
+                t.state = TierState::Deleting;
+                manifest_changed = true;
+            }
+        }
+        if manifest_changed {
+            write_manifest(&self.dir, &self.tiered)?;
+        }
         let mut deleted_bytes = 0;
         for segment in self.segments.drain(..count) {
             deleted_bytes += segment.size_bytes;
             segment.delete_files()?;
             self.unflushed_sealed.retain(|b| *b != segment.base_offset);
         }
-        let first_base = self.segments[0].base_offset;
-        let new_start = self.log_start_offset.max(first_base);
-        assert!(new_start >= self.log_start_offset, "log start only moves forward");
-        self.log_start_offset = new_start;
+        self.advance_start_to_first_readable();
         Ok(deleted_bytes)
     }
 
@@ -489,6 +582,8 @@ impl PartitionLog {
         }
         write_log_start_offset(&self.dir, offset)?;
         self.log_start_offset = offset;
+        let cold_below = self.cold().take_while(|t| t.next_offset <= offset).count();
+        self.retire_cold(cold_below)?;
         let below = self
             .segments
             .windows(2)
@@ -506,7 +601,8 @@ impl PartitionLog {
         if offset >= self.log_end_offset() {
             return Ok(());
         }
-        if offset < self.log_start_offset {
+        if offset < self.log_start_offset || offset < self.segments[0].base_offset {
+            // Offsets only in a colder tier cannot be cut there: start over.
             return self.truncate_fully_and_start_at(offset);
         }
         while self.segments.len() > 1 && self.active().base_offset > offset {
@@ -528,6 +624,7 @@ impl PartitionLog {
     }
 
     fn truncate_fully_and_start_at(&mut self, offset: i64) -> io::Result<()> {
+        self.retire_all_tiered()?;
         for segment in self.segments.drain(..) {
             segment.delete_files()?;
         }
@@ -555,12 +652,226 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// Removes the partition directory and everything in it.
-    pub fn delete(self) -> io::Result<()> {
+    /// Removes the partition directory and everything in it. Returns the
+    /// colder copies, which the caller deletes from their tiers.
+    pub fn delete(mut self) -> io::Result<Vec<TieredSegment>> {
+        let tiered = std::mem::take(&mut self.tiered);
         let dir = self.dir.clone();
         drop(self);
-        fs::remove_dir_all(dir)
+        fs::remove_dir_all(dir)?;
+        Ok(tiered)
     }
+
+    // ------------------------------------------------------------- tiers
+
+    /// Every colder copy the manifest records, oldest first.
+    pub fn tiered_segments(&self) -> &[TieredSegment] {
+        &self.tiered
+    }
+
+    /// Segments whose only copy is in a colder tier, oldest first.
+    fn cold(&self) -> impl Iterator<Item = &TieredSegment> {
+        self.tiered.iter().filter(|t| t.is_cold())
+    }
+
+    /// Bytes of the segments read from a colder tier.
+    pub fn cold_bytes(&self) -> u64 {
+        self.cold().map(|t| t.size_bytes).sum()
+    }
+
+    /// The whole log: local segments and those only in a colder tier.
+    pub fn total_bytes(&self) -> u64 {
+        self.size_bytes() + self.cold_bytes()
+    }
+
+    /// Sealed local segments without a colder copy (made or being made),
+    /// oldest first: what the mover copies next.
+    pub fn copy_candidates(&self) -> Vec<SealedSegment> {
+        let covered = |s: &Segment| {
+            self.tiered
+                .iter()
+                .any(|t| t.base_offset == s.base_offset && t.state != TierState::Deleting)
+        };
+        self.segments[..self.segments.len() - 1]
+            .iter()
+            .filter(|s| !covered(s) && !s.is_empty())
+            .map(|s| SealedSegment {
+                base_offset: s.base_offset,
+                next_offset: s.next_offset,
+                size_bytes: s.size_bytes,
+                max_timestamp_ms: s.indexer.max_timestamp_ms,
+                offset_of_max_timestamp: s.indexer.offset_of_max_timestamp,
+                log: Arc::clone(&s.reader),
+                index_path: s.path(crate::segment::INDEX_SUFFIX),
+                time_index_path: s.path(crate::segment::TIME_INDEX_SUFFIX),
+            })
+            .collect()
+    }
+
+    /// Records, durably, that `segment` is being copied to `tier` as
+    /// `object`. The copy itself is the caller's, outside the lock.
+    pub fn begin_copy(
+        &mut self,
+        segment: &SealedSegment,
+        tier: Tier,
+        object: String,
+    ) -> io::Result<TieredSegment> {
+        let sealed = &self.segments[..self.segments.len() - 1];
+        if !sealed.iter().any(|s| s.base_offset == segment.base_offset) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no sealed local segment at {}", segment.base_offset),
+            ));
+        }
+        if !crate::tiered::valid_object_name(&object) || self.tiered.iter().any(|t| t.object == object) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad or reused object name {object:?}"),
+            ));
+        }
+        let entry = TieredSegment {
+            base_offset: segment.base_offset,
+            next_offset: segment.next_offset,
+            size_bytes: segment.size_bytes,
+            max_timestamp_ms: segment.max_timestamp_ms,
+            offset_of_max_timestamp: segment.offset_of_max_timestamp,
+            tier,
+            state: TierState::Copying,
+            object,
+        };
+        self.tiered.push(entry.clone());
+        self.tiered.sort_by_key(|t| t.base_offset);
+        write_manifest(&self.dir, &self.tiered)?;
+        Ok(entry)
+    }
+
+    /// The copy `object` is complete and verified: `Copying` -> `Both`.
+    /// False if the segment was deleted meanwhile (the entry is then
+    /// `Deleting` and the caller's copy is removed like any other).
+    pub fn finish_copy(&mut self, object: &str) -> io::Result<bool> {
+        self.set_state(object, TierState::Copying, TierState::Both)
+    }
+
+    /// The copy `object` failed: its remains are to be deleted.
+    pub fn abort_copy(&mut self, object: &str) -> io::Result<()> {
+        self.set_state(object, TierState::Copying, TierState::Deleting)
+            .map(drop)
+    }
+
+    /// The colder copy `object` is deleted from its tier: forget it.
+    pub fn forget_deleted(&mut self, object: &str) -> io::Result<()> {
+        let before = self.tiered.len();
+        self.tiered
+            .retain(|t| !(t.object == object && t.state == TierState::Deleting));
+        if self.tiered.len() != before {
+            write_manifest(&self.dir, &self.tiered)?;
+        }
+        Ok(())
+    }
+
+    fn set_state(&mut self, object: &str, from: TierState, to: TierState) -> io::Result<bool> {
+        let Some(t) = self
+            .tiered
+            .iter_mut()
+            .find(|t| t.object == object && t.state == from)
+        else {
+            return Ok(false);
+        };
+        t.state = to;
+        write_manifest(&self.dir, &self.tiered)?;
+        Ok(true)
+    }
+
+    /// Colder copies waiting to be deleted from their tier.
+    pub fn pending_deletes(&self) -> Vec<TieredSegment> {
+        self.tiered
+            .iter()
+            .filter(|t| t.state == TierState::Deleting)
+            .cloned()
+            .collect()
+    }
+
+    /// The oldest local segment, if it is sealed and has a verified colder
+    /// copy, so its local files may go: `(base offset, bytes, max timestamp)`.
+    pub fn oldest_releasable(&self) -> Option<(i64, u64, i64)> {
+        if self.segments.len() < 2 {
+            return None;
+        }
+        let s = &self.segments[0];
+        let copied = self
+            .tiered
+            .iter()
+            .any(|t| t.base_offset == s.base_offset && t.state == TierState::Both);
+        copied.then_some((s.base_offset, s.size_bytes, s.indexer.max_timestamp_ms))
+    }
+
+    /// Deletes the local files of the oldest segment (see
+    /// [`PartitionLog::oldest_releasable`]); its offsets are read from the
+    /// colder tier from now on. Returns the bytes freed locally.
+    pub fn release_local(&mut self, base_offset: i64) -> io::Result<u64> {
+        if self.oldest_releasable().map(|(base, ..)| base) != Some(base_offset) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("segment {base_offset} is not the oldest local segment with a colder copy"),
+            ));
+        }
+        let entry = self
+            .tiered
+            .iter_mut()
+            .find(|t| t.base_offset == base_offset && t.state == TierState::Both)
+            .expect("checked by oldest_releasable");
+        entry.state = TierState::Cold;
+        write_manifest(&self.dir, &self.tiered)?;
+        let segment = self.segments.remove(0);
+        self.unflushed_sealed.retain(|b| *b != base_offset);
+        segment.delete_files()?;
+        Ok(segment.size_bytes)
+    }
+
+    fn retire_all_tiered(&mut self) -> io::Result<()> {
+        let mut changed = false;
+        for t in self.tiered.iter_mut().filter(|t| t.state != TierState::Deleting) {
+            t.state = TierState::Deleting;
+            changed = true;
+        }
+        if changed {
+            write_manifest(&self.dir, &self.tiered)?;
+        }
+        Ok(())
+    }
+}
+
+/// A sealed local segment the mover may copy. Its files are immutable; the
+/// `.log` handle stays readable even if retention deletes the segment.
+#[derive(Debug, Clone)]
+pub struct SealedSegment {
+    pub base_offset: i64,
+    pub next_offset: i64,
+    pub size_bytes: u64,
+    pub max_timestamp_ms: i64,
+    pub offset_of_max_timestamp: i64,
+    pub log: Arc<File>,
+    pub index_path: PathBuf,
+    pub time_index_path: PathBuf,
+}
+
+/// Base offset of the oldest segment read from a colder tier.
+fn first_cold_base(tiered: &[TieredSegment]) -> Option<i64> {
+    tiered.iter().find(|t| t.is_cold()).map(|t| t.base_offset)
+}
+
+/// Start-up half of the tier lifecycle: a copy that was being made when the
+/// process stopped is rolled back (its remains are deleted by the mover, and
+/// the segment is copied again under a new name). Returns whether the
+/// manifest changed.
+fn recover_tier_moves(dir: &Path, tiered: &mut [TieredSegment]) -> io::Result<bool> {
+    let mut changed = false;
+    for t in tiered.iter_mut().filter(|t| t.state == TierState::Copying) {
+        tracing::info!(dir = %dir.display(), object = %t.object, "rolling back an interrupted copy to the {} tier", t.tier.name());
+        t.state = TierState::Deleting;
+        changed = true;
+    }
+    Ok(changed)
 }
 
 /// Checks that `headers` describe `records`; returns the offsets they use.

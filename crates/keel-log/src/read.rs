@@ -20,10 +20,14 @@ use crate::config::ReadIo;
 
 use crate::batch::{check_crc, first_record_at_or_after, BatchHeader};
 use crate::segment::{invalid_data, read_header_at};
+use crate::tiered::TieredSegment;
 
 /// A planned fetch from one segment. `Send + 'static`.
 #[derive(Debug, Clone)]
 pub struct ReadPlan {
+    /// Set when the offsets are only in a colder tier: the tier store
+    /// executes the plan ([`ReadPlan::execute`] refuses it).
+    pub(crate) tiered: Option<TieredSegment>,
     pub(crate) file: Option<Arc<File>>,
     pub(crate) start_position: u64,
     pub(crate) end_position: u64,
@@ -42,6 +46,7 @@ const DIRECT_MIN_WINDOW: u64 = 64 * 1024;
 impl ReadPlan {
     pub(crate) fn empty(target_offset: i64, max_bytes: usize) -> Self {
         ReadPlan {
+            tiered: None,
             file: None,
             start_position: 0,
             end_position: 0,
@@ -51,13 +56,34 @@ impl ReadPlan {
         }
     }
 
+    pub(crate) fn tiered(segment: TieredSegment, target_offset: i64, max_bytes: usize) -> Self {
+        ReadPlan {
+            end_position: segment.size_bytes,
+            tiered: Some(segment),
+            file: None,
+            start_position: 0,
+            target_offset,
+            max_bytes,
+            io: ReadIo::Direct,
+        }
+    }
+
     /// True if the plan reads nothing (the offset was the log end offset).
     pub fn is_empty(&self) -> bool {
-        self.file.is_none()
+        self.file.is_none() && self.tiered.is_none()
     }
 
     pub fn target_offset(&self) -> i64 {
         self.target_offset
+    }
+
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// The colder copy this plan reads, if the offsets are only there.
+    pub fn tiered_segment(&self) -> Option<&TieredSegment> {
+        self.tiered.as_ref()
     }
 
     /// Whole batches starting with the one holding the target offset, up to
@@ -66,6 +92,16 @@ impl ReadPlan {
     /// Every returned batch's CRC is checked (data is checked twice: when
     /// produced and when read back). Corrupt data is an `InvalidData` error.
     pub fn execute(&self) -> io::Result<Bytes> {
+        if let Some(t) = &self.tiered {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "segment {} is in the {} tier: read it through the tier store",
+                    t.base_offset,
+                    t.tier.name()
+                ),
+            ));
+        }
         let Some(file) = &self.file else {
             return Ok(Bytes::new());
         };
@@ -96,43 +132,13 @@ impl ReadPlan {
     /// least one), CRC-checked. A window may end before `max_bytes`; the
     /// caller fetches again from there.
     fn execute_direct(&self, file: &File) -> io::Result<Bytes> {
-        let end = self.end_position;
-        let mut pos = self.start_position;
-        let mut window = (self.max_bytes as u64).max(DIRECT_MIN_WINDOW);
-        while pos < end {
-            let buf = read_aligned(file, pos, window.min(end - pos))?;
-            let mut at = 0usize;
-            let mut found = None;
-            while let Ok(header) = BatchHeader::parse(&buf[at..]) {
-                if header.last_offset() >= self.target_offset {
-                    found = Some(header);
-                    break;
-                }
-                at += header.total_len();
-                if at >= buf.len() {
-                    break;
-                }
-            }
-            let Some(header) = found else {
-                if at == 0 {
-                    return Err(invalid_data(format!("no batch header at {pos}")));
-                }
-                pos += at as u64;
-                continue;
-            };
-            let first_len = header.total_len();
-            if buf.len() - at < first_len {
-                // The first batch runs past the window: read from it.
-                pos += at as u64;
-                window = (first_len as u64).max(self.max_bytes as u64);
-                continue;
-            }
-            let take = (buf.len() - at).min(first_len.max(self.max_bytes));
-            let batches = buf.slice(at..at + take);
-            let keep = whole_batches_len(&batches, pos + at as u64)?;
-            return Ok(batches.slice(..keep));
-        }
-        Ok(Bytes::new())
+        read_windows(
+            self.start_position,
+            self.end_position,
+            self.target_offset,
+            self.max_bytes,
+            |pos, len| read_aligned(file, pos, len),
+        )
     }
 
     fn execute_buffered(&self, file: &File) -> io::Result<Bytes> {
@@ -150,6 +156,30 @@ impl ReadPlan {
         let keep = whole_batches_len(&buf, pos)?;
         buf.truncate(keep);
         Ok(Bytes::from(buf))
+    }
+}
+
+/// Up to `len` bytes of `file` at `pos` (fewer only at its end), read with
+/// O_DIRECT where the file allows it, otherwise through the page cache and
+/// dropped from it. For reading whole files that must not stay cached (tier
+/// copies, colder-tier segments).
+pub fn read_uncached(file: &File, pos: u64, len: u64) -> io::Result<Bytes> {
+    match open_direct(file) {
+        Ok(direct) => read_aligned(&direct, pos, len),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+            let mut buf = vec![0u8; len as usize];
+            let mut got = 0;
+            while got < buf.len() {
+                match file.read_at(&mut buf[got..], pos + got as u64)? {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+            buf.truncate(got);
+            let _ = rustix::fs::fadvise(file, pos, NonZeroU64::new(len), rustix::fs::Advice::DontNeed);
+            Ok(Bytes::from(buf))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -251,10 +281,111 @@ fn whole_batches_len(buf: &[u8], file_pos: u64) -> io::Result<usize> {
     Ok(at)
 }
 
+/// Whole batches from `[start, end)` of a segment, starting with the one
+/// holding `target_offset`, up to `max_bytes` (at least one batch),
+/// CRC-checked, read in windows by `read(position, len)`, which may return
+/// fewer bytes only at the end of the data. Used for direct file reads and
+/// for colder tiers (ranged reads of a file or an object).
+pub fn read_windows(
+    start: u64,
+    end: u64,
+    target_offset: i64,
+    max_bytes: usize,
+    mut read: impl FnMut(u64, u64) -> io::Result<Bytes>,
+) -> io::Result<Bytes> {
+    let mut pos = start;
+    let mut window = (max_bytes as u64).max(DIRECT_MIN_WINDOW);
+    while pos < end {
+        let buf = read(pos, window.min(end - pos))?;
+        if buf.is_empty() {
+            return Err(invalid_data(format!("data ends at {pos}, before {end}")));
+        }
+        let mut at = 0usize;
+        let mut found = None;
+        while let Ok(header) = BatchHeader::parse(&buf[at..]) {
+            if header.last_offset() >= target_offset {
+                found = Some(header);
+                break;
+            }
+            at += header.total_len();
+            if at >= buf.len() {
+                break;
+            }
+        }
+        let Some(header) = found else {
+            if at == 0 {
+                return Err(invalid_data(format!("no batch header at {pos}")));
+            }
+            pos += at as u64;
+            continue;
+        };
+        let first_len = header.total_len();
+        if buf.len() - at < first_len {
+            // The first batch runs past the window: read from it.
+            pos += at as u64;
+            window = (first_len as u64).max(max_bytes as u64);
+            continue;
+        }
+        let take = (buf.len() - at).min(first_len.max(max_bytes));
+        let batches = buf.slice(at..at + take);
+        let keep = whole_batches_len(&batches, pos + at as u64)?;
+        return Ok(batches.slice(..keep));
+    }
+    Ok(Bytes::new())
+}
+
+/// Like [`TimestampPlan::execute`] over windows of a segment read by
+/// `read(position, len)` (see [`read_windows`]).
+pub fn find_timestamp_in_windows(
+    start: u64,
+    end: u64,
+    timestamp_ms: i64,
+    log_start_offset: i64,
+    mut read: impl FnMut(u64, u64) -> io::Result<Bytes>,
+) -> io::Result<Option<(i64, i64)>> {
+    let mut pos = start;
+    let mut window = DIRECT_MIN_WINDOW;
+    while pos < end {
+        let buf = read(pos, window.min(end - pos))?;
+        let mut at = 0usize;
+        // Length of a batch the window cut, to read whole next time.
+        let mut cut = None;
+        while at < buf.len() {
+            let Ok(header) = BatchHeader::parse(&buf[at..]) else {
+                break;
+            };
+            let len = header.total_len();
+            let Some(batch) = buf.get(at..at + len) else {
+                cut = Some(len as u64);
+                break;
+            };
+            if header.max_timestamp >= timestamp_ms {
+                check_crc(batch, &header)
+                    .map_err(|e| invalid_data(format!("batch at {}: {e}", pos + at as u64)))?;
+                let (offset, timestamp) = first_record_at_or_after(batch, &header, timestamp_ms)
+                    .unwrap_or((header.base_offset, header.max_timestamp));
+                return Ok(Some((offset.max(log_start_offset), timestamp)));
+            }
+            at += len;
+        }
+        if at == 0 {
+            match cut {
+                Some(len) if len > window => window = len,
+                _ => return Err(invalid_data(format!("no whole batch at {pos}"))),
+            }
+        }
+        pos += at as u64;
+    }
+    Ok(None)
+}
+
 /// A planned ListOffsets-by-timestamp lookup in one segment. `Send + 'static`.
 #[derive(Debug, Clone)]
 pub struct TimestampPlan {
-    pub(crate) file: Arc<File>,
+    /// Set when the segment is only in a colder tier: the tier store
+    /// executes the plan.
+    pub(crate) tiered: Option<TieredSegment>,
+    pub(crate) file: Option<Arc<File>>,
     pub(crate) start_position: u64,
     pub(crate) end_position: u64,
     pub(crate) timestamp_ms: i64,
@@ -268,17 +399,36 @@ impl TimestampPlan {
     /// with its base offset and max timestamp, so a consumer may see a few
     /// older records of that batch first.
     pub fn execute(&self) -> io::Result<Option<(i64, i64)>> {
-        let found = find_batch(&self.file, self.start_position, self.end_position, |h| {
+        let Some(file) = &self.file else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the segment is in a colder tier: look it up through the tier store",
+            ));
+        };
+        let found = find_batch(file, self.start_position, self.end_position, |h| {
             h.max_timestamp >= self.timestamp_ms
         })?;
         let Some((pos, h)) = found else { return Ok(None) };
         let mut batch = vec![0u8; h.total_len()];
-        self.file.read_exact_at(&mut batch, pos)?;
+        file.read_exact_at(&mut batch, pos)?;
         // Exact record for uncompressed batches, as Kafka answers; compressed
         // batches are answered at batch granularity.
         let (offset, timestamp) = first_record_at_or_after(&batch, &h, self.timestamp_ms)
             .unwrap_or((h.base_offset, h.max_timestamp));
         Ok(Some((offset.max(self.log_start_offset), timestamp)))
+    }
+
+    /// The colder copy to look in, if the segment is only there.
+    pub fn tiered_segment(&self) -> Option<&TieredSegment> {
+        self.tiered.as_ref()
+    }
+
+    pub fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    pub fn log_start_offset(&self) -> i64 {
+        self.log_start_offset
     }
 }
 

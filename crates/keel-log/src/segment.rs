@@ -429,8 +429,14 @@ impl Segment {
     /// Deletes the segment's files. Open read plans keep reading the
     /// unlinked `.log` through their `Arc<File>`.
     pub fn delete_files(&self) -> io::Result<()> {
+        Segment::delete_files_of(&self.dir, self.base_offset)
+    }
+
+    /// Deletes the files of the segment at `base_offset` in `dir`, those
+    /// that exist.
+    pub fn delete_files_of(dir: &Path, base_offset: i64) -> io::Result<()> {
         for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
-            match fs::remove_file(self.path(suffix)) {
+            match fs::remove_file(segment_path(dir, base_offset, suffix)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
