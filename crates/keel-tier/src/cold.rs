@@ -10,12 +10,13 @@
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 use bytes::Bytes;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
+
+use crate::pace::Pacer;
 
 /// Counters since start-up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -37,22 +38,14 @@ pub struct ColdStats {
     pub read_ahead_hits: u64,
 }
 
-/// A token bucket refilled at the budget rate, holding at most one
-/// second's worth.
-#[derive(Debug)]
-struct Bucket {
-    tokens: f64,
-    refilled: Instant,
-}
-
 #[derive(Debug)]
 pub struct ColdReads {
     budget_bytes_per_sec: u64,
     max_concurrent: usize,
     slots: Semaphore,
-    /// Held while a reader waits for budget: the head of the queue waits,
-    /// the others queue behind it in arrival order.
-    bucket: Mutex<Bucket>,
+    /// The byte budget: the head of the queue waits for it, the others
+    /// queue behind it in arrival order.
+    budget: Pacer,
     queue_depth: AtomicI64,
     reads: AtomicU64,
     bytes: AtomicU64,
@@ -74,10 +67,7 @@ impl ColdReads {
             budget_bytes_per_sec,
             max_concurrent,
             slots: Semaphore::new(max_concurrent),
-            bucket: Mutex::new(Bucket {
-                tokens: budget_bytes_per_sec as f64,
-                refilled: Instant::now(),
-            }),
+            budget: Pacer::new(budget_bytes_per_sec),
             queue_depth: AtomicI64::new(0),
             reads: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -128,7 +118,7 @@ impl ColdReads {
         let queued = Instant::now();
         self.queue_depth.fetch_add(1, Ordering::Relaxed);
         let permit = self.slots.acquire().await;
-        let throttled = self.take_budget(expected_bytes as u64).await;
+        let throttled = self.budget.take(expected_bytes as u64).await;
         self.queue_depth.fetch_sub(1, Ordering::Relaxed);
         self.wait_us_total
             .fetch_add(queued.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -140,37 +130,9 @@ impl ColdReads {
             self.reads.fetch_add(1, Ordering::Relaxed);
             self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             let extra = (bytes.len() as u64).saturating_sub(expected_bytes as u64);
-            if extra > 0 && self.budget_bytes_per_sec > 0 {
-                self.bucket.lock().await.tokens -= extra as f64;
-            }
+            self.budget.charge(extra).await;
         }
         result
-    }
-
-    /// Waits until `bytes` of budget are available and takes them. Returns
-    /// how long it waited.
-    async fn take_budget(&self, bytes: u64) -> Duration {
-        if self.budget_bytes_per_sec == 0 {
-            return Duration::ZERO;
-        }
-        let started = Instant::now();
-        let rate = self.budget_bytes_per_sec as f64;
-        // A read larger than one second of budget waits for a full bucket
-        // and drives it negative; later readers repay the debt.
-        let want = (bytes as f64).min(rate);
-        let mut bucket = self.bucket.lock().await;
-        loop {
-            let now = Instant::now();
-            let elapsed = now.duration_since(bucket.refilled).as_secs_f64();
-            bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
-            bucket.refilled = now;
-            if bucket.tokens >= want {
-                bucket.tokens -= bytes as f64;
-                return started.elapsed();
-            }
-            let missing = want - bucket.tokens;
-            tokio::time::sleep(Duration::from_secs_f64(missing / rate)).await;
-        }
     }
 
     pub fn stats(&self) -> ColdStats {

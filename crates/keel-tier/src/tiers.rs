@@ -1,0 +1,661 @@
+//! The colder tiers: capacity directories and the object store.
+//!
+//! [`Tiers`] copies sealed segments into a colder tier (paced, then read
+//! back and verified), reads segments that are only there (the indexes
+//! fetched whole and cached, the data with ranged reads), finds timestamps
+//! in them, and deletes copies. A copy is named by its manifest object name
+//! (`keel_log::tiered`), never by a local path: its files are
+//! `<object>.log`, `<object>.index` and `<object>.timeindex` under a
+//! capacity directory or the object store's root.
+//!
+//! Capacity files are read with direct I/O (`keel_log::read_uncached`), so
+//! they never enter the page cache; object store reads are ranged GETs.
+//! Reads are blocking calls, made on the cold-read executor's threads; the
+//! object store's async client runs them on the runtime handle given at
+//! construction.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use keel_log::batch::check_crc;
+use keel_log::{
+    find_timestamp_in_windows, read_uncached, read_windows, BatchHeader, SealedSegment, SegmentIndex, Tier,
+    TieredSegment,
+};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, PutPayload, WriteMultipart};
+use parking_lot::Mutex;
+use tokio::runtime::Handle;
+
+use crate::pace::Pacer;
+
+/// Bytes moved per step of a copy or verification (and per multipart part).
+const CHUNK: u64 = 8 << 20;
+/// Memory for cached indexes of colder-tier segments, broker-wide.
+const INDEX_CACHE_BYTES: usize = 64 << 20;
+
+/// Settings of `keel.tier.remote`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemoteSettings {
+    /// `file:///absolute/dir` or `s3://bucket[/prefix]`.
+    pub url: String,
+    /// S3 endpoint (for S3-compatible servers); empty: AWS.
+    pub endpoint: String,
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+/// Counters since start-up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub copies: u64,
+    pub copied_bytes: u64,
+    pub copy_failures: u64,
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub read_failures: u64,
+    pub deletes: u64,
+    pub delete_failures: u64,
+    pub index_cache_bytes: u64,
+    pub last_error: Option<String>,
+}
+
+/// One colder tier's storage.
+#[derive(Debug)]
+enum Store {
+    Dirs(Vec<PathBuf>),
+    Objects {
+        store: Arc<dyn ObjectStore>,
+        describe: String,
+    },
+}
+
+#[derive(Debug)]
+pub struct Tiers {
+    capacity: Option<Store>,
+    remote: Option<Store>,
+    runtime: Handle,
+    indexes: Mutex<IndexCache>,
+    copies: AtomicU64,
+    copied_bytes: AtomicU64,
+    copy_failures: AtomicU64,
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+    read_failures: AtomicU64,
+    deletes: AtomicU64,
+    delete_failures: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Tiers {
+    /// Tiers over `capacity_dirs` (none: no capacity tier) and the object
+    /// store of `remote` (`None`: no remote tier). Must be called inside a
+    /// tokio runtime, which runs the object store client.
+    pub fn new(capacity_dirs: &[PathBuf], remote: Option<&RemoteSettings>) -> io::Result<Tiers> {
+        let capacity = if capacity_dirs.is_empty() {
+            None
+        } else {
+            for dir in capacity_dirs {
+                fs::create_dir_all(dir)
+                    .map_err(|e| io::Error::new(e.kind(), format!("capacity dir {}: {e}", dir.display())))?;
+            }
+            Some(Store::Dirs(capacity_dirs.to_vec()))
+        };
+        let remote = remote.map(open_remote).transpose()?;
+        Ok(Tiers {
+            capacity,
+            remote,
+            runtime: Handle::current(),
+            indexes: Mutex::new(IndexCache::default()),
+            copies: AtomicU64::new(0),
+            copied_bytes: AtomicU64::new(0),
+            copy_failures: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            read_failures: AtomicU64::new(0),
+            deletes: AtomicU64::new(0),
+            delete_failures: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        })
+    }
+
+    pub fn has(&self, tier: Tier) -> bool {
+        self.store(tier).is_ok()
+    }
+
+    /// Where a tier's copies go, for logs.
+    pub fn describe(&self, tier: Tier) -> String {
+        match self.store(tier) {
+            Ok(Store::Dirs(dirs)) => {
+                let dirs: Vec<_> = dirs.iter().map(|d| d.display().to_string()).collect();
+                dirs.join(",")
+            }
+            Ok(Store::Objects { describe, .. }) => describe.clone(),
+            Err(_) => "none".into(),
+        }
+    }
+
+    fn store(&self, tier: Tier) -> io::Result<&Store> {
+        match tier {
+            Tier::Capacity => self.capacity.as_ref(),
+            Tier::Remote => self.remote.as_ref(),
+        }
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no {} tier is configured", tier.name()),
+            )
+        })
+    }
+
+    pub fn stats(&self) -> TierStats {
+        TierStats {
+            copies: self.copies.load(Ordering::Relaxed),
+            copied_bytes: self.copied_bytes.load(Ordering::Relaxed),
+            copy_failures: self.copy_failures.load(Ordering::Relaxed),
+            reads: self.reads.load(Ordering::Relaxed),
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            read_failures: self.read_failures.load(Ordering::Relaxed),
+            deletes: self.deletes.load(Ordering::Relaxed),
+            delete_failures: self.delete_failures.load(Ordering::Relaxed),
+            index_cache_bytes: self.indexes.lock().bytes as u64,
+            last_error: self.last_error.lock().clone(),
+        }
+    }
+
+    fn note_error(&self, what: &str, e: &io::Error) {
+        *self.last_error.lock() = Some(format!("{what}: {e}"));
+    }
+
+    /// Copies `segment` into `tier` as `object`, paced by `pacer` (reads of
+    /// the source and of the copy both count), then reads the copy back and
+    /// checks every batch's CRC and offsets and the index files' bytes.
+    pub async fn copy(
+        &self,
+        tier: Tier,
+        segment: &SealedSegment,
+        object: &str,
+        pacer: &Pacer,
+    ) -> io::Result<()> {
+        let result = self.copy_and_verify(tier, segment, object, pacer).await;
+        match &result {
+            Ok(()) => {
+                self.copies.fetch_add(1, Ordering::Relaxed);
+                self.copied_bytes.fetch_add(segment.size_bytes, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.copy_failures.fetch_add(1, Ordering::Relaxed);
+                self.note_error(&format!("copy of {object} to the {} tier", tier.name()), e);
+            }
+        }
+        result
+    }
+
+    async fn copy_and_verify(
+        &self,
+        tier: Tier,
+        segment: &SealedSegment,
+        object: &str,
+        pacer: &Pacer,
+    ) -> io::Result<()> {
+        let store = self.store(tier)?;
+        let index = read_small(segment.index_path.clone()).await?;
+        let time_index = read_small(segment.time_index_path.clone()).await?;
+        store.put(&format!("{object}.index"), index.clone()).await?;
+        store
+            .put(&format!("{object}.timeindex"), time_index.clone())
+            .await?;
+        store
+            .put_file(&format!("{object}.log"), &segment.log, segment.size_bytes, pacer)
+            .await?;
+
+        // Read everything back.
+        if store.get(&format!("{object}.index")).await? != index
+            || store.get(&format!("{object}.timeindex")).await? != time_index
+        {
+            return Err(invalid(format!("{object}: index files differ after the copy")));
+        }
+        let name = format!("{object}.log");
+        let mut pos = 0u64;
+        let mut next_offset = segment.base_offset;
+        let mut want = CHUNK;
+        while pos < segment.size_bytes {
+            let len = want.min(segment.size_bytes - pos);
+            pacer.take(len).await;
+            let buf = store.get_range(&name, pos, len).await?;
+            let mut at = 0usize;
+            while let Ok(header) = BatchHeader::parse(&buf[at..]) {
+                let Some(batch) = buf.get(at..at + header.total_len()) else {
+                    break;
+                };
+                check_crc(batch, &header)
+                    .map_err(|e| invalid(format!("{name} at {}: {e}", pos + at as u64)))?;
+                if header.base_offset < next_offset || header.last_offset() >= segment.next_offset {
+                    return Err(invalid(format!(
+                        "{name} at {}: offsets out of order",
+                        pos + at as u64
+                    )));
+                }
+                next_offset = header.last_offset() + 1;
+                at += header.total_len();
+            }
+            if at == 0 {
+                let header =
+                    BatchHeader::parse(&buf).map_err(|e| invalid(format!("{name} at {pos}: {e}")))?;
+                if header.total_len() as u64 <= len {
+                    return Err(invalid(format!("{name} at {pos}: copy is short")));
+                }
+                want = header.total_len() as u64;
+                continue;
+            }
+            want = CHUNK;
+            pos += at as u64;
+        }
+        if next_offset != segment.next_offset {
+            return Err(invalid(format!(
+                "{name}: copy ends at offset {next_offset}, expected {}",
+                segment.next_offset
+            )));
+        }
+        Ok(())
+    }
+
+    /// Deletes a copy's files; those already gone count as deleted.
+    pub async fn delete(&self, segment: &TieredSegment) -> io::Result<()> {
+        self.indexes.lock().remove(&segment.object);
+        let result = async {
+            let store = self.store(segment.tier)?;
+            for suffix in ["log", "index", "timeindex"] {
+                store.delete(&format!("{}.{suffix}", segment.object)).await?;
+            }
+            Ok(())
+        }
+        .await;
+        match &result {
+            Ok(()) => self.deletes.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                self.note_error(&format!("delete of {}", segment.object), e);
+                self.delete_failures.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        result
+    }
+
+    /// Whole batches of a colder-tier segment from the one holding
+    /// `offset`, up to `max_bytes` (at least one), CRC-checked. Blocking:
+    /// call it from a blocking thread (the cold-read executor).
+    pub fn read_blocking(&self, segment: &TieredSegment, offset: i64, max_bytes: usize) -> io::Result<Bytes> {
+        let result = (|| {
+            let index = self.index_blocking(segment)?;
+            let store = self.store(segment.tier)?;
+            let name = format!("{}.log", segment.object);
+            read_windows(
+                index.position_of(offset),
+                segment.size_bytes,
+                offset,
+                max_bytes,
+                |pos, len| self.get_range_blocking(store, &name, pos, len),
+            )
+        })();
+        self.count_read(&segment.object, &result);
+        result
+    }
+
+    /// ListOffsets by timestamp in a colder-tier segment: `(offset,
+    /// timestamp)` of the first record at or after `timestamp_ms`.
+    /// Blocking, like [`Tiers::read_blocking`].
+    pub fn find_timestamp_blocking(
+        &self,
+        segment: &TieredSegment,
+        timestamp_ms: i64,
+        log_start_offset: i64,
+    ) -> io::Result<Option<(i64, i64)>> {
+        let index = self.index_blocking(segment)?;
+        let store = self.store(segment.tier)?;
+        let name = format!("{}.log", segment.object);
+        find_timestamp_in_windows(
+            index.position_for_timestamp(timestamp_ms),
+            segment.size_bytes,
+            timestamp_ms,
+            log_start_offset,
+            |pos, len| self.get_range_blocking(store, &name, pos, len),
+        )
+    }
+
+    fn count_read(&self, object: &str, result: &io::Result<Bytes>) {
+        match result {
+            Ok(bytes) => {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                self.read_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.read_failures.fetch_add(1, Ordering::Relaxed);
+                self.note_error(&format!("read of {object}"), e);
+            }
+        }
+    }
+
+    fn get_range_blocking(&self, store: &Store, name: &str, pos: u64, len: u64) -> io::Result<Bytes> {
+        match store {
+            Store::Dirs(dirs) => read_uncached(&File::open(locate(dirs, name)?)?, pos, len),
+            Store::Objects { .. } => self.runtime.block_on(store.get_range(name, pos, len)),
+        }
+    }
+
+    fn index_blocking(&self, segment: &TieredSegment) -> io::Result<Arc<SegmentIndex>> {
+        if let Some(index) = self.indexes.lock().get(&segment.object) {
+            return Ok(index);
+        }
+        let store = self.store(segment.tier)?;
+        let fetch = |suffix: &str| -> io::Result<Bytes> {
+            let name = format!("{}.{suffix}", segment.object);
+            match store {
+                Store::Dirs(dirs) => fs::read(locate(dirs, &name)?).map(Bytes::from),
+                Store::Objects { .. } => self.runtime.block_on(store.get(&name)),
+            }
+        };
+        let index = SegmentIndex::decode(
+            segment.base_offset,
+            segment.size_bytes,
+            &fetch("index")?,
+            &fetch("timeindex")?,
+        )
+        .map_err(|why| invalid(format!("{}: bad index: {why}", segment.object)))?;
+        let index = Arc::new(index);
+        self.indexes
+            .lock()
+            .insert(segment.object.clone(), Arc::clone(&index));
+        Ok(index)
+    }
+}
+
+impl Store {
+    async fn put(&self, name: &str, bytes: Bytes) -> io::Result<()> {
+        match self {
+            Store::Dirs(dirs) => {
+                let path = place(dirs, name)?;
+                blocking(move || write_file(&path, |f| f.write_all_at(&bytes, 0))).await
+            }
+            Store::Objects { store, .. } => {
+                store
+                    .put(&object_path(name)?, PutPayload::from_bytes(bytes))
+                    .await
+                    .map_err(io_error)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies `len` bytes of `src` (read uncached, chunk by chunk, each
+    /// chunk paced) to `name`.
+    async fn put_file(&self, name: &str, src: &Arc<File>, len: u64, pacer: &Pacer) -> io::Result<()> {
+        let chunks = (0..len.div_ceil(CHUNK)).map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK)));
+        match self {
+            Store::Dirs(dirs) => {
+                let path = place(dirs, name)?;
+                let dst = Arc::new(create_file(&path)?);
+                for (pos, n) in chunks {
+                    pacer.take(n).await;
+                    let (src, dst) = (Arc::clone(src), Arc::clone(&dst));
+                    blocking(move || dst.write_all_at(&read_uncached(&src, pos, n)?, pos)).await?;
+                }
+                blocking(move || finish_file(&dst, &path)).await
+            }
+            Store::Objects { store, .. } => {
+                let upload = store.put_multipart(&object_path(name)?).await.map_err(io_error)?;
+                let mut writer = WriteMultipart::new_with_chunk_size(upload, CHUNK as usize);
+                for (pos, n) in chunks {
+                    pacer.take(n).await;
+                    let src = Arc::clone(src);
+                    let data = blocking(move || read_uncached(&src, pos, n)).await;
+                    let data = match data {
+                        Ok(data) => data,
+                        Err(e) => {
+                            let _ = writer.abort().await;
+                            return Err(e);
+                        }
+                    };
+                    if let Err(e) = writer.wait_for_capacity(2).await {
+                        let _ = writer.abort().await;
+                        return Err(io_error(e));
+                    }
+                    writer.put(data);
+                }
+                writer.finish().await.map_err(io_error)?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn get(&self, name: &str) -> io::Result<Bytes> {
+        match self {
+            Store::Dirs(dirs) => {
+                let path = locate(dirs, name)?;
+                blocking(move || fs::read(path).map(Bytes::from)).await
+            }
+            Store::Objects { store, .. } => store
+                .get(&object_path(name)?)
+                .await
+                .map_err(io_error)?
+                .bytes()
+                .await
+                .map_err(io_error),
+        }
+    }
+
+    async fn get_range(&self, name: &str, pos: u64, len: u64) -> io::Result<Bytes> {
+        match self {
+            Store::Dirs(dirs) => {
+                let path = locate(dirs, name)?;
+                blocking(move || read_uncached(&File::open(path)?, pos, len)).await
+            }
+            Store::Objects { store, .. } => store
+                .get_range(&object_path(name)?, pos..pos + len)
+                .await
+                .map_err(io_error),
+        }
+    }
+
+    async fn delete(&self, name: &str) -> io::Result<()> {
+        match self {
+            Store::Dirs(dirs) => {
+                let dirs = dirs.clone();
+                let name = name.to_string();
+                blocking(move || {
+                    for dir in &dirs {
+                        match fs::remove_file(dir.join(&name)) {
+                            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                            _ => {}
+                        }
+                    }
+                    Ok(())
+                })
+                .await
+            }
+            Store::Objects { store, .. } => match store.delete(&object_path(name)?).await {
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                other => other.map_err(io_error),
+            },
+        }
+    }
+}
+
+fn open_remote(settings: &RemoteSettings) -> io::Result<Store> {
+    let url = settings.url.as_str();
+    let bad = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("keel.tier.remote={url:?}: {why}"),
+        )
+    };
+    if let Some(path) = url.strip_prefix("file://") {
+        if !path.starts_with('/') {
+            return Err(bad("a file:// URL needs an absolute path (file:///dir)"));
+        }
+        fs::create_dir_all(path)?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(path).map_err(io_error)?;
+        return Ok(Store::Objects {
+            store: Arc::new(store),
+            describe: url.to_string(),
+        });
+    }
+    if let Some(rest) = url.strip_prefix("s3://") {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(bad("no bucket"));
+        }
+        let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if !settings.endpoint.is_empty() {
+            builder = builder
+                .with_endpoint(&settings.endpoint)
+                .with_allow_http(settings.endpoint.starts_with("http://"))
+                .with_virtual_hosted_style_request(false);
+        }
+        if !settings.region.is_empty() {
+            builder = builder.with_region(&settings.region);
+        }
+        if !settings.access_key_id.is_empty() {
+            builder = builder
+                .with_access_key_id(&settings.access_key_id)
+                .with_secret_access_key(&settings.secret_access_key);
+        }
+        let store: Arc<dyn ObjectStore> = Arc::new(builder.build().map_err(io_error)?);
+        let store: Arc<dyn ObjectStore> = match prefix.trim_matches('/') {
+            "" => store,
+            prefix => Arc::new(object_store::prefix::PrefixStore::new(store, prefix)),
+        };
+        return Ok(Store::Objects {
+            store,
+            describe: url.to_string(),
+        });
+    }
+    Err(bad("expected file:///dir or s3://bucket[/prefix]"))
+}
+
+fn object_path(name: &str) -> io::Result<ObjectPath> {
+    ObjectPath::parse(name).map_err(|e| invalid(format!("object name {name:?}: {e}")))
+}
+
+fn io_error(e: object_store::Error) -> io::Error {
+    let kind = match &e {
+        object_store::Error::NotFound { .. } => io::ErrorKind::NotFound,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e.to_string())
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(format!("tier task failed: {e}"))))
+}
+
+async fn read_small(path: PathBuf) -> io::Result<Bytes> {
+    blocking(move || fs::read(path).map(Bytes::from)).await
+}
+
+/// The capacity dir holding `name`.
+fn locate(dirs: &[PathBuf], name: &str) -> io::Result<PathBuf> {
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|p| p.exists())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{name} is in no capacity dir")))
+}
+
+/// Where a new capacity file goes: next to the copy's other files if any
+/// exist, else in the dir with the most free space.
+fn place(dirs: &[PathBuf], name: &str) -> io::Result<PathBuf> {
+    let object = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+    let sibling = dirs.iter().find(|d| {
+        ["log", "index", "timeindex"]
+            .iter()
+            .any(|s| d.join(format!("{object}.{s}")).exists())
+    });
+    let dir = match sibling {
+        Some(dir) => dir,
+        None => dirs
+            .iter()
+            .max_by_key(|d| free_bytes(d))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no capacity dir"))?,
+    };
+    let path = dir.join(name);
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    Ok(path)
+}
+
+fn free_bytes(dir: &Path) -> u64 {
+    rustix::fs::statvfs(dir).map_or(0, |s| s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+fn create_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+}
+
+fn write_file(path: &Path, write: impl FnOnce(&File) -> io::Result<()>) -> io::Result<()> {
+    let file = create_file(path)?;
+    write(&file)?;
+    finish_file(&file, path)
+}
+
+/// fsyncs a written capacity file and its directory, and drops its pages
+/// from the page cache (a copy is cold data).
+fn finish_file(file: &File, path: &Path) -> io::Result<()> {
+    file.sync_all()?;
+    keel_log::drop_cached_pages(file);
+    if let Some(parent) = path.parent() {
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Decoded indexes of colder-tier segments, oldest evicted first, within
+/// [`INDEX_CACHE_BYTES`].
+#[derive(Debug, Default)]
+struct IndexCache {
+    map: HashMap<String, Arc<SegmentIndex>>,
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl IndexCache {
+    fn get(&self, object: &str) -> Option<Arc<SegmentIndex>> {
+        self.map.get(object).cloned()
+    }
+
+    fn insert(&mut self, object: String, index: Arc<SegmentIndex>) {
+        if self.map.contains_key(&object) {
+            return;
+        }
+        self.bytes += index.memory_bytes();
+        self.map.insert(object.clone(), index);
+        self.order.push_back(object);
+        while self.bytes > INDEX_CACHE_BYTES && self.order.len() > 1 {
+            let oldest = self.order.pop_front().expect("more than one");
+            self.remove(&oldest);
+        }
+    }
+
+    fn remove(&mut self, object: &str) {
+        if let Some(index) = self.map.remove(object) {
+            self.bytes -= index.memory_bytes();
+            self.order.retain(|o| o != object);
+        }
+    }
+}
