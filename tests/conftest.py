@@ -10,6 +10,8 @@ Modes (environment):
   KEEL_TEST_IMPL=kafka     start Apache Kafka from bench/kafka/ instead of keel
                            (same Broker API, restart/kill9 included), to check
                            that the tests themselves are right.
+  KEEL_VERSITYGW=path      versitygw binary for the `s3server` fixture
+                           (tests/s3server.py says where it looks otherwise).
 """
 from __future__ import annotations
 
@@ -290,6 +292,7 @@ def _make_broker(tmp_path_factory, name: str, sets=None):
     return b
 
 
+# Brokers and S3 servers alive now, whose logs a failing test's report gets.
 _live_brokers: list = []
 
 
@@ -332,12 +335,38 @@ def shared_broker(tmp_path_factory):
     b.close()
 
 
+@pytest.fixture
+def s3server(request, tmp_path_factory):
+    """A fresh S3-compatible server (versitygw, posix backend) with one empty
+    bucket, for this test alone (stop/start/kill9 allowed). See
+    tests/s3server.py. Without versitygw the test is skipped, unless CI=true,
+    where it fails (.ci/run installs it)."""
+    # Imported here: s3server imports helpers from this module.
+    from s3server import INSTALL_HINT, S3Server, find_versitygw
+    if find_versitygw() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"versitygw not found (CI=true); install it with {INSTALL_HINT}")
+        pytest.skip(f"versitygw not found; install it with {INSTALL_HINT}")
+    s = _register(S3Server(tmp_path_factory.mktemp("s3")))
+
+    def teardown():
+        _live_brokers.remove(s)
+        s.close()
+    # A finalizer rather than a yield, so a server that fails to start is
+    # still registered when the setup failure is reported, and its log shows.
+    request.addfinalizer(teardown)
+    s.start()
+    return s
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """On failure, attach the log of every broker alive during the test."""
+    """On failure, attach the log of every broker (and S3 server) alive during
+    the test."""
     outcome = yield
     rep = outcome.get_result()
     if rep.failed:
         for b in list(_live_brokers):
-            rep.sections.append((f"broker log ({getattr(b, 'log_path', b.bootstrap)})",
-                                 b.log_tail()))
+            name = getattr(b, "log_name", "broker")
+            where = getattr(b, "log_path", None) or b.bootstrap
+            rep.sections.append((f"{name} log ({where})", b.log_tail()))
