@@ -19,7 +19,9 @@ use crate::time::now_ms;
 use crate::topics::{Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use keel_log::ReadIo;
 use keel_tier::memory::MemoryLimit;
-use keel_tier::{ColdReads, TailCache};
+use keel_tier::{ColdReads, TailCache, Tiers};
+
+use crate::mover::Mover;
 
 /// What to send back for one request.
 #[derive(Debug)]
@@ -78,6 +80,9 @@ pub struct Broker {
     pub read_io: ReadIo,
     /// Reads below the tail cache: bounded, budgeted, read ahead.
     pub cold: Arc<ColdReads>,
+    /// The capacity dirs and the object store, where sealed segments go.
+    pub tiers: Arc<Tiers>,
+    pub mover: Arc<Mover>,
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
@@ -114,6 +119,27 @@ impl Broker {
             path: data_dir.clone(),
             error,
         })?;
+        let tiers =
+            Tiers::new(&config.capacity_dirs(), config.remote_settings().as_ref()).map_err(|error| {
+                StartError::Io {
+                    path: PathBuf::from(config.get("keel.tier.remote")),
+                    error,
+                }
+            })?;
+        for tier in [keel_log::Tier::Capacity, keel_log::Tier::Remote] {
+            if tiers.has(tier) {
+                tracing::info!(tier = tier.name(), at = %tiers.describe(tier), "colder tier");
+            }
+        }
+        let mover = Mover::new(
+            u64::try_from(config.num("keel.tier.move.bytes.per.sec")).unwrap_or(0),
+            Duration::from_millis(
+                u64::try_from(config.num("keel.tier.check.interval.ms"))
+                    .unwrap_or(1000)
+                    .max(10),
+            ),
+            config.num("keel.tier.fast.max.bytes"),
+        );
         let groups = GroupCoordinator::open(
             &meta_dir.join("groups"),
             config.coordinator_config(),
@@ -132,6 +158,8 @@ impl Broker {
             tail_cache,
             read_io,
             cold,
+            tiers: Arc::new(tiers),
+            mover: Arc::new(mover),
             admin: tokio::sync::Mutex::new(()),
         };
         broker.load_topics()?;
@@ -179,7 +207,9 @@ impl Broker {
                 let dir = self.store.partition_dir(&meta.name, p);
                 let tail = self.tail_cache.partition();
                 let cold = Arc::clone(&self.cold);
-                Partition::open(Arc::clone(&name), p, &dir, log_config.clone(), tail, cold).map(Arc::new)
+                let tiers = Arc::clone(&self.tiers);
+                Partition::open(Arc::clone(&name), p, &dir, log_config.clone(), tail, cold, tiers)
+                    .map(Arc::new)
             })
             .collect()
     }
@@ -356,6 +386,7 @@ impl Broker {
                 let _ = tokio::task::spawn_blocking(move || b.apply_retention()).await;
             }
         });
+        tokio::spawn(crate::mover::run(Arc::clone(self)));
         let me = Arc::clone(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(PAGE_CACHE_DROP_EVERY);
@@ -432,6 +463,15 @@ impl Broker {
                 let (resident, size) = p.page_cache_residency();
                 resident_total += resident;
                 size_total += size;
+                let (local_segments, local_bytes, tiered) = p.with_log(|log| {
+                    (
+                        log.segment_count(),
+                        log.size_bytes(),
+                        log.tiered_segments().to_vec(),
+                    )
+                });
+                let count = |state| tiered.iter().filter(|t| t.state == state).count();
+                let cold_bytes: u64 = tiered.iter().filter(|t| t.is_cold()).map(|t| t.size_bytes).sum();
                 partitions.push(serde_json::json!({
                     "topic": topic.meta.name,
                     "partition": p.index,
@@ -441,6 +481,15 @@ impl Broker {
                     "cold_read_bytes": p.cold_read_bytes.load(Relaxed),
                     "segment_bytes": size,
                     "page_cache_resident_bytes": resident,
+                    "tiers": {
+                        "local_segments": local_segments,
+                        "local_bytes": local_bytes,
+                        "copying": count(keel_log::TierState::Copying),
+                        "both": count(keel_log::TierState::Both),
+                        "cold": count(keel_log::TierState::Cold),
+                        "deleting": count(keel_log::TierState::Deleting),
+                        "cold_bytes": cold_bytes,
+                    },
                 }));
             }
         }
@@ -472,12 +521,43 @@ impl Broker {
                 "read_ahead_held_bytes": c.read_ahead_held_bytes,
                 "read_ahead_limit_bytes": c.read_ahead_limit_bytes,
             },
+            "tiers": self.tiers_json(),
             "page_cache": {
                 "segment_bytes": size_total,
                 "resident_bytes": resident_total,
                 "read_io": format!("{:?}", self.read_io),
             },
             "partitions": partitions,
+        })
+    }
+
+    fn tiers_json(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = self.tiers.stats();
+        let m = &self.mover;
+        let describe = |tier| self.tiers.has(tier).then(|| self.tiers.describe(tier));
+        serde_json::json!({
+            "capacity": describe(keel_log::Tier::Capacity),
+            "remote": describe(keel_log::Tier::Remote),
+            "move_bytes_per_sec": m.bytes_per_sec(),
+            "fast_max_bytes": m.fast_max_bytes(),
+            "fast_bytes": m.fast_bytes.load(Relaxed),
+            "fast_copied_bytes": m.fast_copied_bytes.load(Relaxed),
+            "fast_over_budget": m.over_budget.load(Relaxed),
+            "released_segments": m.released_segments.load(Relaxed),
+            "released_bytes": m.released_bytes.load(Relaxed),
+            "failed_passes": m.failed_passes.load(Relaxed),
+            "backoff_ms": m.backoff_ms(),
+            "copies": s.copies,
+            "copied_bytes": s.copied_bytes,
+            "copy_failures": s.copy_failures,
+            "reads": s.reads,
+            "read_bytes": s.read_bytes,
+            "read_failures": s.read_failures,
+            "deletes": s.deletes,
+            "delete_failures": s.delete_failures,
+            "index_cache_bytes": s.index_cache_bytes,
+            "last_error": s.last_error,
         })
     }
 

@@ -23,6 +23,8 @@ pub enum ConfigType {
     Long = 5,
     Double = 6,
     List = 7,
+    /// Kafka's PASSWORD: described as sensitive, its value never shown.
+    Password = 8,
 }
 
 /// A topic-level config Keel knows: its topic name, the broker default it
@@ -203,11 +205,28 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("keel.cold.read.max.concurrent", "4", ConfigType::Int),
     // HOST:PORT of the admin HTTP endpoint (/stats, /healthz); empty: off.
     ("keel.admin.listen", "127.0.0.1:9644", ConfigType::String),
+    // Tiers (see keel_tier::tiers). `log.dirs` is the fast tier, where all
+    // writes land; sealed segments are copied to the capacity dirs, or to
+    // the object store for topics with remote.storage.enable=true.
+    ("keel.tier.capacity.dirs", "", ConfigType::List),
+    // file:///dir or s3://bucket[/prefix]; empty: no object store.
+    ("keel.tier.remote", "", ConfigType::String),
+    ("keel.tier.remote.endpoint", "", ConfigType::String),
+    ("keel.tier.remote.region", "us-east-1", ConfigType::String),
+    ("keel.tier.remote.access.key.id", "", ConfigType::String),
+    ("keel.tier.remote.secret.access.key", "", ConfigType::Password),
+    // Local copies of segments already copied to a colder tier are
+    // deleted, oldest first, while the fast tier holds more; -1: no limit.
+    ("keel.tier.fast.max.bytes", "-1", ConfigType::Long),
+    // Budget of the mover (copies and their verification); 0: unlimited.
+    ("keel.tier.move.bytes.per.sec", "52428800", ConfigType::Long),
+    ("keel.tier.check.interval.ms", "1000", ConfigType::Long),
 ];
 
 /// Aliases accepted on input and stored under their canonical key.
 const ALIASES: &[(&str, &str)] = &[
     ("data.dir", "log.dirs"),
+    ("keel.tier.fast.dirs", "log.dirs"),
     ("log.dir", "log.dirs"),
     ("listeners", "listen"),
     ("advertised.listeners", "advertised"),
@@ -253,11 +272,18 @@ pub fn check_value(key: &str, kind: ConfigType, value: &str) -> Result<(), Confi
         ConfigType::Int => value.parse::<i32>().is_ok(),
         ConfigType::Long => value.parse::<i64>().is_ok(),
         ConfigType::Double => value.parse::<f64>().is_ok(),
-        ConfigType::String | ConfigType::List => match key {
+        ConfigType::String | ConfigType::List | ConfigType::Password => match key {
             "message.timestamp.type" | "log.message.timestamp.type" => {
                 matches!(value, "CreateTime" | "LogAppendTime")
             }
             "keel.io.direct" => matches!(value, "auto" | "on" | "off"),
+            "keel.tier.remote" => {
+                value.is_empty()
+                    || value.starts_with("file:///")
+                    || value
+                        .strip_prefix("s3://")
+                        .is_some_and(|b| !b.is_empty() && !b.starts_with('/'))
+            }
             _ => true,
         },
     };
@@ -316,6 +342,13 @@ impl BrokerConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        let fast = self.data_dir();
+        if self.capacity_dirs().iter().any(|d| d == &fast) {
+            return Err(ConfigError {
+                key: "keel.tier.capacity.dirs".into(),
+                reason: format!("{} is the fast tier (log.dirs)", fast.display()),
+            });
+        }
         if self.num("num.partitions") < 1 {
             return Err(ConfigError {
                 key: "num.partitions".into(),
@@ -495,8 +528,73 @@ impl BrokerConfig {
             })?;
             check_value(k, d.kind, v)?;
         }
+        if overrides
+            .get("remote.storage.enable")
+            .is_some_and(|v| v == "true")
+            && self.get("keel.tier.remote").is_empty()
+        {
+            return Err(ConfigError {
+                key: "remote.storage.enable".into(),
+                reason: "the broker has no object store (keel.tier.remote is not set)".into(),
+            });
+        }
         self.topic_log_config(overrides).map(|_| ())
     }
+
+    /// `keel.tier.capacity.dirs`, split.
+    pub fn capacity_dirs(&self) -> Vec<PathBuf> {
+        split_list(self.get("keel.tier.capacity.dirs"))
+            .map(PathBuf::from)
+            .collect()
+    }
+
+    /// The object store settings, if `keel.tier.remote` is set.
+    pub fn remote_settings(&self) -> Option<keel_tier::RemoteSettings> {
+        let url = self.get("keel.tier.remote");
+        (!url.is_empty()).then(|| keel_tier::RemoteSettings {
+            url: url.to_string(),
+            endpoint: self.get("keel.tier.remote.endpoint").to_string(),
+            region: self.get("keel.tier.remote.region").to_string(),
+            access_key_id: self.get("keel.tier.remote.access.key.id").to_string(),
+            secret_access_key: self.get("keel.tier.remote.secret.access.key").to_string(),
+        })
+    }
+
+    /// Where a topic's sealed segments go, and how much stays local.
+    pub fn tier_policy(&self, overrides: &BTreeMap<String, String>) -> TierPolicy {
+        let value = |name: &str| topic_def(name).map_or("", |d| self.topic_value(overrides, d));
+        let num = |name: &str| value(name).parse::<i64>().unwrap_or(-1);
+        let tier = if value("remote.storage.enable") == "true" && !self.get("keel.tier.remote").is_empty() {
+            Some(keel_log::Tier::Remote)
+        } else if !self.get("keel.tier.capacity.dirs").trim().is_empty() {
+            Some(keel_log::Tier::Capacity)
+        } else {
+            None
+        };
+        // Kafka's rule: -2 means "the same as the total retention".
+        let local = |local: &str, total: &str| match num(local) {
+            -2 => num(total),
+            v => v,
+        };
+        TierPolicy {
+            tier,
+            local_retention_bytes: local("local.retention.bytes", "retention.bytes"),
+            local_retention_ms: local("local.retention.ms", "retention.ms"),
+        }
+    }
+}
+
+/// Where a topic's sealed segments are copied, and how much of its log
+/// the fast tier keeps once they are (-1: no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierPolicy {
+    pub tier: Option<keel_log::Tier>,
+    pub local_retention_bytes: i64,
+    pub local_retention_ms: i64,
+}
+
+fn split_list(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
 /// `HOST:PORT` with a non-empty host and a port number (IPv6 hosts in

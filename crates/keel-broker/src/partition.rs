@@ -13,7 +13,7 @@ use bytes::Bytes;
 use keel_log::batch::BatchHeader;
 use keel_log::{LogConfig, PartitionLog, ReadError, ReadPlan};
 use keel_protocol::ResponseError;
-use keel_tier::{ColdReads, PartitionTail};
+use keel_tier::{ColdReads, PartitionTail, Tiers};
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, Notify};
 
@@ -79,6 +79,8 @@ pub struct Partition {
     page_cache_marks: Mutex<(i64, i64)>,
     /// The broker's cold-read executor (reads below the tail cache).
     cold: Arc<ColdReads>,
+    /// The colder tiers, which serve the offsets no longer in the fast tier.
+    tiers: Arc<Tiers>,
     /// Read-ahead: the next chunk of a sequential scan below the tail, read
     /// before it is asked for.
     read_ahead: Mutex<ReadAhead>,
@@ -122,6 +124,7 @@ impl Partition {
         config: LogConfig,
         tail: PartitionTail,
         cold: Arc<ColdReads>,
+        tiers: Arc<Tiers>,
     ) -> Result<Partition, String> {
         let log = PartitionLog::open(dir, config).map_err(|e| format!("{}: {e}", dir.display()))?;
         let producers = rebuild_producers(&log).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -143,6 +146,7 @@ impl Partition {
             cold_read_bytes: AtomicU64::new(0),
             page_cache_marks: Mutex::new((0, 0)),
             cold,
+            tiers,
             read_ahead: Mutex::new(ReadAhead::Empty),
         })
     }
@@ -355,6 +359,31 @@ impl Partition {
         }
     }
 
+    /// The blocking read of a plan: the local file, or the colder tier that
+    /// holds its offsets.
+    fn plan_reader(&self, plan: ReadPlan) -> impl FnOnce() -> std::io::Result<Bytes> + Send + 'static {
+        let tiers = Arc::clone(&self.tiers);
+        move || match plan.tiered_segment() {
+            Some(segment) => tiers.read_blocking(segment, plan.target_offset(), plan.max_bytes()),
+            None => plan.execute(),
+        }
+    }
+
+    /// The blocking ListOffsets-by-timestamp lookup of a plan, local or in
+    /// a colder tier.
+    pub fn timestamp_reader(
+        &self,
+        plan: keel_log::TimestampPlan,
+    ) -> impl FnOnce() -> std::io::Result<Option<(i64, i64)>> + Send + 'static {
+        let tiers = Arc::clone(&self.tiers);
+        move || match plan.tiered_segment() {
+            Some(segment) => {
+                tiers.find_timestamp_blocking(segment, plan.timestamp_ms(), plan.log_start_offset())
+            }
+            None => plan.execute(),
+        }
+    }
+
     /// Runs a planned read on the cold executor. The answer comes on the
     /// returned channel; if nobody is listening any more (the fetch was
     /// answered without it at its deadline) it is kept for the next fetch
@@ -369,7 +398,7 @@ impl Partition {
         let (tx, rx) = oneshot::channel();
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let result = me.cold.read(max_bytes, move || plan.execute()).await;
+            let result = me.cold.read(max_bytes, me.plan_reader(plan)).await;
             if tx.is_closed() {
                 if let Ok(bytes) = result {
                     me.offer_read_ahead(offset, bytes);
@@ -414,7 +443,7 @@ impl Partition {
         };
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let result = me.cold.read(max_bytes, move || plan.execute()).await;
+            let result = me.cold.read(max_bytes, me.plan_reader(plan)).await;
             me.finish_read_ahead(offset, result, max_bytes);
         });
     }

@@ -29,7 +29,7 @@ fn open(dir: &std::path::Path) -> Arc<Partition> {
     };
     let tail = keel_tier::TailCache::new(1 << 20).partition();
     let cold = Arc::new(keel_tier::ColdReads::new(0, 2));
-    Arc::new(Partition::open(Arc::from("t"), 0, dir, config, tail, cold).unwrap())
+    Arc::new(Partition::open(Arc::from("t"), 0, dir, config, tail, cold, no_tiers()).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,6 +110,10 @@ fn cold() -> Arc<keel_tier::ColdReads> {
     Arc::new(keel_tier::ColdReads::new(0, 2))
 }
 
+fn no_tiers() -> Arc<keel_tier::Tiers> {
+    Arc::new(keel_tier::Tiers::new(&[], None).unwrap())
+}
+
 fn read_bytes(source: keel_broker::partition::ReadSource) -> (bool, Bytes) {
     use keel_broker::partition::ReadSource;
     match source {
@@ -138,6 +142,7 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
             config.clone(),
             cache.partition(),
             cold(),
+            no_tiers(),
         )
         .unwrap(),
     );
@@ -172,8 +177,18 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
     drop(p);
     assert_eq!(cache.stats().used_bytes, 0, "a dropped partition frees its cache");
     // Reopened: nothing is cached until new appends arrive.
-    let p =
-        Arc::new(Partition::open(Arc::from("t"), 0, dir.path(), config, cache.partition(), cold()).unwrap());
+    let p = Arc::new(
+        Partition::open(
+            Arc::from("t"),
+            0,
+            dir.path(),
+            config,
+            cache.partition(),
+            cold(),
+            no_tiers(),
+        )
+        .unwrap(),
+    );
     assert!(!read_bytes(p.read(95, 1 << 20).unwrap()).0);
     let (bytes, headers) = batch(None, 5);
     assert_eq!(p.append(bytes, headers).await.unwrap().base_offset, 100);
@@ -204,6 +219,7 @@ async fn sequential_cold_reads_are_read_ahead_once() {
             config,
             cache.partition(),
             Arc::clone(&cold),
+            no_tiers(),
         )
         .unwrap(),
     );

@@ -684,6 +684,20 @@ impl PartitionLog {
         self.size_bytes() + self.cold_bytes()
     }
 
+    /// Bytes of local segments that also have a verified colder copy (what
+    /// releasing local copies could free).
+    pub fn local_copied_bytes(&self) -> u64 {
+        self.segments
+            .iter()
+            .filter(|s| {
+                self.tiered
+                    .iter()
+                    .any(|t| t.base_offset == s.base_offset && t.state == TierState::Both)
+            })
+            .map(|s| s.size_bytes)
+            .sum()
+    }
+
     /// Sealed local segments without a colder copy (made or being made),
     /// oldest first: what the mover copies next.
     pub fn copy_candidates(&self) -> Vec<SealedSegment> {

@@ -8,8 +8,11 @@
 //! `<object>.log`, `<object>.index` and `<object>.timeindex` under a
 //! capacity directory or the object store's root.
 //!
-//! Capacity files are read with direct I/O (`keel_log::read_uncached`), so
-//! they never enter the page cache; object store reads are ranged GETs.
+//! Capacity files (and a `file://` object store, which is a directory too)
+//! are read with direct I/O (`keel_log::read_uncached`), so they never enter
+//! the page cache; S3 reads are ranged GETs. S3 copies are multipart
+//! uploads; one interrupted by a crash leaves an incomplete upload behind,
+//! which the bucket's AbortIncompleteMultipartUpload lifecycle rule removes.
 //! Reads are blocking calls, made on the cold-read executor's threads; the
 //! object store's async client runs them on the runtime handle given at
 //! construction.
@@ -81,7 +84,8 @@ enum Store {
 pub struct Tiers {
     capacity: Option<Store>,
     remote: Option<Store>,
-    runtime: Handle,
+    /// Runs the object store client for blocking reads.
+    runtime: Option<Handle>,
     indexes: Mutex<IndexCache>,
     copies: AtomicU64,
     copied_bytes: AtomicU64,
@@ -96,8 +100,8 @@ pub struct Tiers {
 
 impl Tiers {
     /// Tiers over `capacity_dirs` (none: no capacity tier) and the object
-    /// store of `remote` (`None`: no remote tier). Must be called inside a
-    /// tokio runtime, which runs the object store client.
+    /// store of `remote` (`None`: no remote tier). An object store needs to
+    /// be opened inside a tokio runtime, which then runs its client.
     pub fn new(capacity_dirs: &[PathBuf], remote: Option<&RemoteSettings>) -> io::Result<Tiers> {
         let capacity = if capacity_dirs.is_empty() {
             None
@@ -109,10 +113,14 @@ impl Tiers {
             Some(Store::Dirs(capacity_dirs.to_vec()))
         };
         let remote = remote.map(open_remote).transpose()?;
+        let runtime = Handle::try_current().ok();
+        if remote.is_some() && runtime.is_none() {
+            return Err(io::Error::other("an object store tier needs a tokio runtime"));
+        }
         Ok(Tiers {
             capacity,
             remote,
-            runtime: Handle::current(),
+            runtime,
             indexes: Mutex::new(IndexCache::default()),
             copies: AtomicU64::new(0),
             copied_bytes: AtomicU64::new(0),
@@ -133,6 +141,7 @@ impl Tiers {
     /// Where a tier's copies go, for logs.
     pub fn describe(&self, tier: Tier) -> String {
         match self.store(tier) {
+            Ok(Store::Dirs(dirs)) if tier == Tier::Remote => format!("file://{}", dirs[0].display()),
             Ok(Store::Dirs(dirs)) => {
                 let dirs: Vec<_> = dirs.iter().map(|d| d.display().to_string()).collect();
                 dirs.join(",")
@@ -345,7 +354,14 @@ impl Tiers {
     fn get_range_blocking(&self, store: &Store, name: &str, pos: u64, len: u64) -> io::Result<Bytes> {
         match store {
             Store::Dirs(dirs) => read_uncached(&File::open(locate(dirs, name)?)?, pos, len),
-            Store::Objects { .. } => self.runtime.block_on(store.get_range(name, pos, len)),
+            Store::Objects { .. } => self.block_on(store.get_range(name, pos, len)),
+        }
+    }
+
+    fn block_on<T>(&self, f: impl std::future::Future<Output = io::Result<T>>) -> io::Result<T> {
+        match &self.runtime {
+            Some(runtime) => runtime.block_on(f),
+            None => Err(io::Error::other("no runtime for the object store")),
         }
     }
 
@@ -358,7 +374,7 @@ impl Tiers {
             let name = format!("{}.{suffix}", segment.object);
             match store {
                 Store::Dirs(dirs) => fs::read(locate(dirs, &name)?).map(Bytes::from),
-                Store::Objects { .. } => self.runtime.block_on(store.get(&name)),
+                Store::Objects { .. } => self.block_on(store.get(&name)),
             }
         };
         let index = SegmentIndex::decode(
@@ -499,12 +515,11 @@ fn open_remote(settings: &RemoteSettings) -> io::Result<Store> {
         if !path.starts_with('/') {
             return Err(bad("a file:// URL needs an absolute path (file:///dir)"));
         }
+        // A directory store, like a capacity dir: files written under their
+        // final names (so a rolled-back copy leaves nothing behind) and read
+        // with direct I/O.
         fs::create_dir_all(path)?;
-        let store = object_store::local::LocalFileSystem::new_with_prefix(path).map_err(io_error)?;
-        return Ok(Store::Objects {
-            store: Arc::new(store),
-            describe: url.to_string(),
-        });
+        return Ok(Store::Dirs(vec![PathBuf::from(path)]));
     }
     if let Some(rest) = url.strip_prefix("s3://") {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));

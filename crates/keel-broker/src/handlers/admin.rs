@@ -235,6 +235,12 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
     }
     let _admin = broker.admin.lock().await;
     broker.topics.remove(&topic.meta.name);
+    // Colder copies go with the topic; the manifests go with its dirs.
+    let tiered: Vec<_> = topic
+        .partitions
+        .iter()
+        .flat_map(|p| p.with_log(|log| log.tiered_segments().to_vec()))
+        .collect();
     let b = Arc::clone(broker);
     let meta = topic.meta.clone();
     tokio::task::spawn_blocking(move || b.store.delete(&meta))
@@ -242,6 +248,17 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()))
         .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    if !tiered.is_empty() {
+        let b = Arc::clone(broker);
+        let name = topic.meta.name.clone();
+        tokio::spawn(async move {
+            for segment in &tiered {
+                if let Err(e) = b.tiers.delete(segment).await {
+                    tracing::warn!(topic = %name, object = %segment.object, error = %e, "could not delete a colder copy of a deleted topic");
+                }
+            }
+        });
+    }
     tracing::info!(topic = %topic.meta.name, "deleted topic");
     Ok(())
 }

@@ -156,9 +156,17 @@ fn to_result(e: Entry, include_synonyms: bool) -> DescribeConfigsResourceResult 
     } else {
         Vec::new()
     };
+    // Secrets are described as sensitive, without their value (as Kafka does).
+    let sensitive = e.kind == ConfigType::Password;
+    let synonyms = if sensitive {
+        synonyms.into_iter().map(|s| s.with_value(None)).collect()
+    } else {
+        synonyms
+    };
     DescribeConfigsResourceResult::default()
         .with_name(str_bytes(e.name))
-        .with_value(Some(str_bytes(e.value)))
+        .with_value((!sensitive).then(|| str_bytes(e.value)))
+        .with_is_sensitive(sensitive)
         .with_read_only(e.read_only)
         .with_config_source(e.source)
         .with_config_type(e.kind as i8)

@@ -83,7 +83,7 @@ async fn by_timestamp(p: &Partition, t: i64) -> Result<(i64, i64), ResponseError
     let Some(plan) = p.timestamp_plan(t) else {
         return Ok((-1, -1));
     };
-    let found = tokio::task::spawn_blocking(move || plan.execute())
+    let found = tokio::task::spawn_blocking(p.timestamp_reader(plan))
         .await
         .map_err(|_| ResponseError::UnknownServerError)?
         .map_err(|e| {

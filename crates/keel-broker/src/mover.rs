@@ -1,0 +1,312 @@
+//! The mover: takes sealed segments from the fast tier to the colder one
+//! their topic uses, within `keel.tier.move.bytes.per.sec`.
+//!
+//! Each pass, in order:
+//! 1. deletes the colder copies the manifests mark `Deleting` (retention,
+//!    DeleteRecords, rolled-back copies), then forgets them;
+//! 2. copies sealed segments without a colder copy, oldest first within a
+//!    partition, partitions in turn, one segment at a time: `begin_copy`
+//!    (persisted) -> copy and verify (no partition lock held) ->
+//!    `finish_copy`, or `abort_copy` on failure;
+//! 3. after each copy, deletes local copies that are no longer needed:
+//!    past the topic's `local.retention.bytes` / `local.retention.ms`, then,
+//!    oldest first across all partitions, while the fast tier holds more
+//!    than `keel.tier.fast.max.bytes`.
+//!
+//! A failing tier (an object store that does not answer) makes passes
+//! back off exponentially, up to a minute; produce and fetch never wait for
+//! the mover. A fast tier over its budget with nothing left to release is
+//! logged, with the mover's last error, at most once a minute.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keel_log::{PartitionLog, SealedSegment, Tier};
+use keel_tier::Pacer;
+use parking_lot::Mutex;
+
+use crate::broker::Broker;
+use crate::config::TierPolicy;
+use crate::partition::Partition;
+use crate::time::now_ms;
+use crate::topics::Topic;
+
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+const OVER_BUDGET_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The mover's state, shared with stats.
+#[derive(Debug)]
+pub struct Mover {
+    pacer: Pacer,
+    interval: Duration,
+    fast_max_bytes: i64,
+    /// Local bytes of every partition at the end of the last pass.
+    pub fast_bytes: AtomicU64,
+    /// Local bytes already copied to a colder tier (releasable).
+    pub fast_copied_bytes: AtomicU64,
+    pub released_segments: AtomicU64,
+    pub released_bytes: AtomicU64,
+    pub failed_passes: AtomicU64,
+    pub over_budget: AtomicBool,
+    backoff_ms: AtomicU64,
+    last_over_budget_log: Mutex<Option<Instant>>,
+}
+
+impl Mover {
+    pub fn new(move_bytes_per_sec: u64, interval: Duration, fast_max_bytes: i64) -> Mover {
+        Mover {
+            pacer: Pacer::new(move_bytes_per_sec),
+            interval,
+            fast_max_bytes,
+            fast_bytes: AtomicU64::new(0),
+            fast_copied_bytes: AtomicU64::new(0),
+            released_segments: AtomicU64::new(0),
+            released_bytes: AtomicU64::new(0),
+            failed_passes: AtomicU64::new(0),
+            over_budget: AtomicBool::new(false),
+            backoff_ms: AtomicU64::new(0),
+            last_over_budget_log: Mutex::new(None),
+        }
+    }
+
+    pub fn bytes_per_sec(&self) -> u64 {
+        self.pacer.bytes_per_sec()
+    }
+
+    pub fn fast_max_bytes(&self) -> i64 {
+        self.fast_max_bytes
+    }
+
+    /// Current back-off after failures (0 when healthy).
+    pub fn backoff_ms(&self) -> u64 {
+        self.backoff_ms.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs passes forever (until the runtime stops).
+pub async fn run(broker: Arc<Broker>) {
+    let mover = Arc::clone(&broker.mover);
+    let mut backoff = Duration::ZERO;
+    loop {
+        tokio::time::sleep(mover.interval.max(backoff)).await;
+        match pass(&broker).await {
+            Ok(()) => backoff = Duration::ZERO,
+            Err(e) => {
+                mover.failed_passes.fetch_add(1, Ordering::Relaxed);
+                backoff = (backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "tier mover: pass failed");
+            }
+        }
+        mover
+            .backoff_ms
+            .store(backoff.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// One partition with its topic's tier policy.
+struct Target {
+    topic: Arc<Topic>,
+    partition: Arc<Partition>,
+    policy: TierPolicy,
+}
+
+fn targets(broker: &Broker) -> Vec<Target> {
+    let mut out = Vec::new();
+    for topic in broker.topics.all() {
+        let policy = broker.config.tier_policy(&topic.meta.configs);
+        for p in &topic.partitions {
+            out.push(Target {
+                topic: Arc::clone(&topic),
+                partition: Arc::clone(p),
+                policy,
+            });
+        }
+    }
+    out
+}
+
+/// Runs `f` on a partition's log on a blocking thread (the partition lock
+/// may be held by a write, and manifest updates fsync).
+async fn on_log<T: Send + 'static>(
+    p: &Arc<Partition>,
+    f: impl FnOnce(&mut PartitionLog) -> T + Send + 'static,
+) -> std::io::Result<T> {
+    let p = Arc::clone(p);
+    tokio::task::spawn_blocking(move || p.with_log(f))
+        .await
+        .map_err(|e| std::io::Error::other(format!("mover task failed: {e}")))
+}
+
+async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
+    let targets = targets(broker);
+    let mut first_error = None;
+    // 1. Deletions.
+    for t in &targets {
+        let pending = on_log(&t.partition, |log| log.pending_deletes()).await?;
+        for segment in pending {
+            if !broker.tiers.has(segment.tier) {
+                continue; // A tier no longer configured: keep the record.
+            }
+            match broker.tiers.delete(&segment).await {
+                Ok(()) => {
+                    let object = segment.object.clone();
+                    on_log(&t.partition, move |log| log.forget_deleted(&object)).await??;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+    }
+    // 2. Copies, each followed by releases.
+    release(broker, &targets).await?;
+    for t in &targets {
+        let Some(tier) = t.policy.tier else { continue };
+        let candidates = on_log(&t.partition, |log| log.copy_candidates()).await?;
+        for segment in candidates {
+            if let Err(e) = copy_one(broker, t, tier, &segment).await {
+                tracing::warn!(
+                    topic = %t.topic.meta.name, partition = t.partition.index, base_offset = segment.base_offset,
+                    tier = tier.name(), error = %e, "tier mover: copy failed"
+                );
+                return Err(e);
+            }
+            release(broker, &targets).await?;
+        }
+    }
+    release(broker, &targets).await?;
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+async fn copy_one(
+    broker: &Arc<Broker>,
+    t: &Target,
+    tier: Tier,
+    segment: &SealedSegment,
+) -> std::io::Result<()> {
+    let object = object_name(&t.topic, t.partition.index, segment.base_offset);
+    let (s, o) = (segment.clone(), object.clone());
+    match on_log(&t.partition, move |log| log.begin_copy(&s, tier, o)).await? {
+        Ok(_) => {}
+        // Retention or DeleteRecords removed it since the candidates were listed.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    let copied = broker
+        .tiers
+        .copy(tier, segment, &object, &broker.mover.pacer)
+        .await;
+    let o = object.clone();
+    match copied {
+        Ok(()) => {
+            let kept = on_log(&t.partition, move |log| log.finish_copy(&o)).await??;
+            tracing::debug!(object = %object, kept, "tier mover: copied");
+            Ok(())
+        }
+        Err(e) => {
+            on_log(&t.partition, move |log| log.abort_copy(&o)).await??;
+            Err(e)
+        }
+    }
+}
+
+/// `<topic>-<topic id>/<partition>/<base offset>-<random>`: stable across
+/// brokers and local paths, never reused (a retried copy gets a new name).
+fn object_name(topic: &Topic, partition: i32, base_offset: i64) -> String {
+    format!(
+        "{}-{}/{partition}/{base_offset:020}-{}",
+        topic.meta.name,
+        topic.meta.topic_id.simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Deletes local copies no longer needed (see the module docs).
+async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()> {
+    let now = now_ms();
+    // Local retention, per partition.
+    for t in targets {
+        let policy = t.policy;
+        let released = on_log(&t.partition, move |log| -> std::io::Result<(u64, u64)> {
+            let (mut count, mut bytes) = (0, 0);
+            while let Some((base, size, max_ts)) = log.oldest_releasable() {
+                let over_bytes = policy.local_retention_bytes >= 0
+                    && log.size_bytes().saturating_sub(size) as i64 >= policy.local_retention_bytes;
+                let too_old =
+                    policy.local_retention_ms >= 0 && max_ts >= 0 && now - max_ts > policy.local_retention_ms;
+                if !(over_bytes || too_old) {
+                    break;
+                }
+                bytes += log.release_local(base)?;
+                count += 1;
+            }
+            Ok((count, bytes))
+        })
+        .await??;
+        note_released(broker, released);
+    }
+    // The fast tier's budget, oldest first across partitions.
+    let budget = broker.mover.fast_max_bytes;
+    let mut fast = fast_bytes(targets).await?;
+    while budget >= 0 && fast > budget as u64 {
+        let mut oldest: Option<(&Target, i64, i64)> = None;
+        for t in targets {
+            if let Some((base, _, max_ts)) = on_log(&t.partition, |log| log.oldest_releasable()).await? {
+                if oldest.is_none_or(|(_, _, ts)| max_ts < ts) {
+                    oldest = Some((t, base, max_ts));
+                }
+            }
+        }
+        let Some((t, base, _)) = oldest else { break };
+        let freed = on_log(&t.partition, move |log| log.release_local(base)).await??;
+        note_released(broker, (1, freed));
+        fast = fast.saturating_sub(freed);
+    }
+    let copied = copied_local_bytes(targets).await?;
+    let mover = &broker.mover;
+    mover.fast_bytes.store(fast, Ordering::Relaxed);
+    mover.fast_copied_bytes.store(copied, Ordering::Relaxed);
+    let over = budget >= 0 && fast > budget as u64;
+    mover.over_budget.store(over, Ordering::Relaxed);
+    if over {
+        let mut last = mover.last_over_budget_log.lock();
+        if last.is_none_or(|at| at.elapsed() >= OVER_BUDGET_LOG_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                fast_bytes = fast,
+                budget_bytes = budget,
+                last_error = broker.tiers.stats().last_error.unwrap_or_default(),
+                "fast tier over keel.tier.fast.max.bytes and nothing copied left to release: \
+                 segments are waiting to be copied to a colder tier (or no colder tier applies)"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn note_released(broker: &Broker, (count, bytes): (u64, u64)) {
+    if count > 0 {
+        broker.mover.released_segments.fetch_add(count, Ordering::Relaxed);
+        broker.mover.released_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+async fn fast_bytes(targets: &[Target]) -> std::io::Result<u64> {
+    let mut total = 0;
+    for t in targets {
+        total += on_log(&t.partition, |log| log.size_bytes()).await?;
+    }
+    Ok(total)
+}
+
+async fn copied_local_bytes(targets: &[Target]) -> std::io::Result<u64> {
+    let mut total = 0;
+    for t in targets {
+        total += on_log(&t.partition, |log| log.local_copied_bytes()).await?;
+    }
+    Ok(total)
+}

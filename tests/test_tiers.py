@@ -1,0 +1,261 @@
+"""Tiered storage: sealed segments move from the fast tier to a capacity dir,
+a `file://` object store or a real S3-compatible server (versitygw), and
+everything reads back byte for byte with a real client, across kill -9,
+retention, DeleteRecords and an object store that goes away.
+
+Each scenario runs against every tier configuration."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from conftest import IMPL, unique, wait_until
+from kclient import CLIENT_TIMEOUT_S, DeliveryLog, consume_range, consumer, create_topic, produce_all
+
+pytestmark = pytest.mark.skipif(IMPL != "keel", reason="Keel's tiers")
+
+TIERS = ["capacity", "file", "s3"]
+SEGMENT = 16_384
+# Record timestamps: recent enough that time-based retention keeps them.
+T0 = int(time.time() * 1000) - 3_600_000
+
+
+def tier_setup(kind: str, request, tmp_path: Path) -> tuple[dict, dict, callable]:
+    """Broker settings, topic configs, and a function listing the files of
+    every copy in the tier (paths relative to the tier's root)."""
+    # A small tail cache, so history is read from the tiers, not memory.
+    sets = {"keel.tier.check.interval.ms": "100", "keel.tier.move.bytes.per.sec": "0",
+            "keel.tail.cache.bytes": str(64 << 10)}
+    if kind == "capacity":
+        root = tmp_path / "capacity"
+        sets["keel.tier.capacity.dirs"] = str(root)
+        return sets, {"segment.bytes": str(SEGMENT)}, lambda: files_under(root)
+    if kind == "file":
+        root = tmp_path / "remote"
+        sets["keel.tier.remote"] = f"file://{root}"
+        return sets, {"segment.bytes": str(SEGMENT), "remote.storage.enable": "true"}, lambda: files_under(root)
+    s3 = request.getfixturevalue("s3server")
+    sets.update({
+        "keel.tier.remote": f"s3://{s3.bucket}",
+        "keel.tier.remote.endpoint": s3.endpoint,
+        "keel.tier.remote.region": s3.region,
+        "keel.tier.remote.access.key.id": s3.access_key,
+        "keel.tier.remote.secret.access.key": s3.secret_key,
+    })
+    return sets, {"segment.bytes": str(SEGMENT), "remote.storage.enable": "true"}, s3.object_keys
+
+
+def files_under(root: Path) -> list[str]:
+    if not root.exists():
+        return []
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def stats(b) -> dict:
+    with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
+        return json.load(r)
+
+
+def tier_counts(b, topic: str) -> dict:
+    """Per partition: the tier block of /stats."""
+    return {p["partition"]: p["tiers"] for p in stats(b)["partitions"] if p["topic"] == topic}
+
+
+def records(n: int, partitions: int):
+    """Record i goes to partition i % partitions with timestamp T0 + i."""
+    for i in range(n):
+        yield {"partition": i % partitions, "key": b"k%06d" % i, "value": (b"v%06d-" % i) * 20,
+               "headers": [("i", b"%d" % i)], "timestamp": T0 + i}
+
+
+def check_all(bs: str, topic: str, n: int, partitions: int, start: dict | None = None):
+    """Reads every partition from its start and compares with `records`."""
+    start = start or {}
+    for p in range(partitions):
+        first = start.get(p, 0)
+        expected = [r for r in records(n, partitions) if r["partition"] == p][first:]
+        got = consume_range(bs, topic, [p], len(expected), timeout_s=120, start_offset=first)[p]
+        assert len(got) == len(expected)
+        for off, (m, r) in enumerate(zip(got, expected), start=first):
+            assert m.offset() == off
+            assert (m.key(), m.value(), m.headers(), m.timestamp()[1]) == \
+                (r["key"], r["value"], r["headers"], r["timestamp"]), f"partition {p} offset {off}"
+
+
+def produce(bs: str, topic: str, n: int, partitions: int, **conf):
+    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True, "linger.ms": 5,
+                  "batch.size": 4096, **conf})
+    log = DeliveryLog()
+    produce_all(p, records(n, partitions), log, topic)
+    log.check()
+
+
+@pytest.mark.parametrize("kind", TIERS)
+def test_segments_move_and_read_back_from_every_tier(kind, broker_factory, request, tmp_path):
+    sets, topic_config, tier_files = tier_setup(kind, request, tmp_path)
+    b = broker_factory({**sets, "keel.tier.fast.max.bytes": str(6 * SEGMENT)})
+    bs, topic, n = b.bootstrap, unique("tier"), 6000
+    create_topic(bs, topic, 2, topic_config)
+    produce(bs, topic, n, 2)
+
+    # Sealed segments are copied, then the oldest local copies go until the
+    # fast tier is within its budget.
+    def moved():
+        counts = tier_counts(b, topic)
+        return all(c["cold"] >= 5 and c["copying"] == 0 for c in counts.values()) and \
+            not stats(b)["tiers"]["fast_over_budget"]
+    wait_until(moved, 60, f"segments of {topic} moved to the {kind} tier")
+    s = stats(b)
+    t = s["tiers"]
+    assert t["copies"] >= 10 and t["copy_failures"] == 0 and t["fast_bytes"] <= 6 * SEGMENT, t
+    assert sum(c["local_bytes"] for c in tier_counts(b, topic).values()) <= 6 * SEGMENT
+
+    # The copies are named by topic, topic id, partition and base offset,
+    # never by a local path; each has a .log, .index and .timeindex.
+    def copies_match():
+        copies = sum(c["both"] + c["cold"] + c["copying"] for c in tier_counts(b, topic).values())
+        return len(tier_files()) == 3 * copies
+    wait_until(copies_match, 30, "three files per copy")
+    files = tier_files()
+    assert all(f.startswith(f"{topic}-") and str(b.data_dir) not in f for f in files), files
+    assert {f.rsplit(".", 1)[1] for f in files} == {"log", "index", "timeindex"}
+
+    # Everything reads back, from the colder tier and from the fast one.
+    check_all(bs, topic, n, 2)
+    assert stats(b)["tiers"]["read_bytes"] > 0
+
+    # ListOffsets by timestamp, inside cold segments and locally.
+    c = consumer(bs)
+    try:
+        for i in (0, 1, 10, 501, 2400, n - 2, n - 1):
+            want = TopicPartition(topic, i % 2, T0 + i)
+            got = c.offsets_for_times([want], timeout=CLIENT_TIMEOUT_S)[0]
+            assert got.offset == i // 2, (i, got)
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=CLIENT_TIMEOUT_S)
+        assert (lo, hi) == (0, n // 2)
+    finally:
+        c.close()
+
+    # kill -9 and restart: the manifests bring the same routing back.
+    b.kill9()
+    b.start()
+    check_all(bs, topic, n, 2)
+
+
+@pytest.mark.parametrize("kind", TIERS)
+def test_kill9_during_moves_loses_nothing_and_leaves_no_stray_copies(kind, broker_factory, request, tmp_path):
+    sets, topic_config, tier_files = tier_setup(kind, request, tmp_path)
+    # A slow mover, so kills land in the middle of copies.
+    sets["keel.tier.move.bytes.per.sec"] = str(64 << 10)
+    b = broker_factory({**sets, "keel.tier.fast.max.bytes": str(4 * SEGMENT)})
+    bs, topic, n = b.bootstrap, unique("tierkill"), 6000
+    create_topic(bs, topic, 2, topic_config)
+    produce(bs, topic, n, 2)
+    for delay in (0.3, 0.7, 0.2, 1.1, 0.5):
+        time.sleep(delay)
+        b.kill9()
+        b.start()
+    b.stop()
+    b.sets["keel.tier.move.bytes.per.sec"] = "0"
+    b.start()
+
+    def settled():
+        counts = tier_counts(b, topic)
+        return all(c["cold"] >= 5 and c["copying"] == 0 and c["deleting"] == 0 for c in counts.values())
+    wait_until(settled, 60, "moves to finish after the kills")
+    check_all(bs, topic, n, 2)
+    # Rolled-back copies were deleted: the tier holds exactly the live ones.
+    copies = sum(c["both"] + c["cold"] for c in tier_counts(b, topic).values())
+    wait_until(lambda: len(tier_files()) == 3 * copies, 30, "stray copies deleted")
+
+
+@pytest.mark.parametrize("kind", TIERS)
+def test_retention_and_delete_records_reach_the_colder_tier(kind, broker_factory, request, tmp_path):
+    sets, topic_config, tier_files = tier_setup(kind, request, tmp_path)
+    b = broker_factory({**sets, "keel.tier.fast.max.bytes": str(4 * SEGMENT),
+                        "log.retention.check.interval.ms": "200"})
+    bs, topic, n = b.bootstrap, unique("tierret"), 6000
+    create_topic(bs, topic, 2, topic_config)
+    produce(bs, topic, n, 2)
+    wait_until(lambda: all(c["cold"] >= 5 for c in tier_counts(b, topic).values()), 60, "moves")
+
+    # DeleteRecords deep inside the cold range of partition 0.
+    a = AdminClient({"bootstrap.servers": bs})
+    fs = a.delete_records([TopicPartition(topic, 0, 1000)], request_timeout=CLIENT_TIMEOUT_S)
+    for f in fs.values():
+        assert f.result(timeout=CLIENT_TIMEOUT_S).low_watermark == 1000
+    check_all(bs, topic, n, 2, start={0: 1000})
+    c = consumer(bs)
+    try:
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=CLIENT_TIMEOUT_S)[0] == 1000
+    finally:
+        c.close()
+
+    # Retention: the topic keeps ~5 segments per partition, across tiers.
+    b.stop()
+    b.sets["log.retention.bytes"] = str(5 * SEGMENT)
+    b.start()
+
+    def retained():
+        ps = [p for p in stats(b)["partitions"] if p["topic"] == topic]
+        return all(p["log_start_offset"] > 1000 and p["tiers"]["deleting"] == 0 for p in ps)
+    wait_until(retained, 60, "retention across tiers")
+    starts = {p["partition"]: p["log_start_offset"] for p in stats(b)["partitions"] if p["topic"] == topic}
+    check_all(bs, topic, n, 2, start=starts)
+    copies = sum(c["both"] + c["cold"] for c in tier_counts(b, topic).values())
+    wait_until(lambda: len(tier_files()) == 3 * copies, 30, "deleted copies gone from the tier")
+
+
+def test_object_store_outage_does_not_stop_produce_or_tail_reads(broker_factory, request, tmp_path):
+    sets, topic_config, tier_files = tier_setup("s3", request, tmp_path)
+    s3 = request.getfixturevalue("s3server")
+    b = broker_factory({**sets, "keel.tier.fast.max.bytes": str(4 * SEGMENT)})
+    bs, topic = b.bootstrap, unique("tierout")
+    create_topic(bs, topic, 1, topic_config)
+    produce(bs, topic, 2000, 1)
+    wait_until(lambda: tier_counts(b, topic)[0]["cold"] >= 3, 60, "first moves")
+
+    s3.stop()
+    produce(bs, topic, 6000, 1)  # the same records again, offsets 2000..7999
+    wait_until(lambda: stats(b)["tiers"]["copy_failures"] > 0, 30, "a failed copy")
+    t = stats(b)["tiers"]
+    assert t["last_error"] and t["backoff_ms"] > 0, t
+    assert t["fast_over_budget"], t
+    # The tail is served from the fast tier meanwhile.
+    got = consume_range(bs, topic, [0], 1000, start_offset=7000)[0]
+    assert got[0].offset() == 7000 and got[-1].offset() == 7999
+
+    s3.start()
+    wait_until(lambda: not stats(b)["tiers"]["fast_over_budget"] and tier_counts(b, topic)[0]["copying"] == 0,
+               90, "moves to resume after the object store returns")
+    assert tier_counts(b, topic)[0]["cold"] > 5
+    got = consume_range(bs, topic, [0], 8000, timeout_s=120)[0]
+    values = [m.value() for m in got]
+    want = [r["value"] for r in records(2000, 1)] + [r["value"] for r in records(6000, 1)]
+    assert values == want
+
+
+def test_tier_settings_are_checked(broker_factory, tmp_path):
+    b = broker_factory({})
+    a = AdminClient({"bootstrap.servers": b.bootstrap})
+    fs = a.create_topics([NewTopic(unique("noremote"), 1, 1, config={"remote.storage.enable": "true"})],
+                         request_timeout=CLIENT_TIMEOUT_S)
+    err = next(iter(fs.values())).exception(timeout=CLIENT_TIMEOUT_S)
+    assert err is not None and "keel.tier.remote" in str(err), err
+
+    for bad in ("ftp://nowhere", "file://relative/dir", "s3://"):
+        out = subprocess.run([str(b.bin), "serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
+                              "--set", f"keel.tier.remote={bad}"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0 and "keel.tier.remote" in out.stdout + out.stderr, (bad, out)
+    out = subprocess.run([str(b.bin), "serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
+                          "--set", f"keel.tier.capacity.dirs={tmp_path / 'd'}"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "fast tier" in out.stdout + out.stderr, out
