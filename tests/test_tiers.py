@@ -117,14 +117,14 @@ def test_segments_move_and_read_back_from_every_tier(kind, broker_factory, reque
     assert t["copies"] >= 10 and t["copy_failures"] == 0 and t["fast_bytes"] <= 6 * SEGMENT, t
     assert sum(c["local_bytes"] for c in tier_counts(b, topic).values()) <= 6 * SEGMENT
 
-    # The copies are named by topic, topic id, partition and base offset,
+    # The copies are named by cluster, topic, topic id, partition and base offset,
     # never by a local path; each has a .log, .index and .timeindex.
     def copies_match():
         copies = sum(c["both"] + c["cold"] + c["copying"] for c in tier_counts(b, topic).values())
         return len(tier_files()) == 3 * copies
     wait_until(copies_match, 30, "three files per copy")
     files = tier_files()
-    assert all(f.startswith(f"{topic}-") and str(b.data_dir) not in f for f in files), files
+    assert all(f.split("/")[1].startswith(f"{topic}-") and str(b.data_dir) not in f for f in files), files
     assert {f.rsplit(".", 1)[1] for f in files} == {"log", "index", "timeindex"}
 
     # Everything reads back, from the colder tier and from the fast one.
@@ -152,8 +152,11 @@ def test_segments_move_and_read_back_from_every_tier(kind, broker_factory, reque
 @pytest.mark.parametrize("kind", TIERS)
 def test_kill9_during_moves_loses_nothing_and_leaves_no_stray_copies(kind, broker_factory, request, tmp_path):
     sets, topic_config, tier_files = tier_setup(kind, request, tmp_path)
-    # A slow mover, so kills land in the middle of copies.
+    # A slow mover, so kills land in the middle of copies; a short orphan
+    # grace, so an object store write that completes after a kill (and whose
+    # copy was rolled back) is swept within the test.
     sets["keel.tier.move.bytes.per.sec"] = str(64 << 10)
+    sets["keel.tier.orphan.grace.ms"] = "1000"
     b = broker_factory({**sets, "keel.tier.fast.max.bytes": str(4 * SEGMENT)})
     bs, topic, n = b.bootstrap, unique("tierkill"), 6000
     create_topic(bs, topic, 2, topic_config)
@@ -211,6 +214,43 @@ def test_retention_and_delete_records_reach_the_colder_tier(kind, broker_factory
     check_all(bs, topic, n, 2, start=starts)
     copies = sum(c["both"] + c["cold"] for c in tier_counts(b, topic).values())
     wait_until(lambda: len(tier_files()) == 3 * copies, 30, "deleted copies gone from the tier")
+
+
+@pytest.mark.parametrize("kind", TIERS)
+def test_deleted_topics_and_orphans_leave_the_tier(kind, broker_factory, request, tmp_path):
+    sets, topic_config, tier_files = tier_setup(kind, request, tmp_path)
+    b = broker_factory({**sets, "keel.tier.orphan.grace.ms": "1500"})
+    bs, gone, kept = b.bootstrap, unique("tiergone"), unique("tierkept")
+    create_topic(bs, gone, 1, topic_config)
+    create_topic(bs, kept, 1, topic_config)
+    produce(bs, gone, 2000, 1)
+    produce(bs, kept, 2000, 1)
+    wait_until(lambda: all(tier_counts(b, t)[0]["both"] >= 5 for t in (gone, kept)), 60, "copies")
+    assert any(f.split("/")[1].startswith(gone) for f in tier_files())
+
+    a = AdminClient({"bootstrap.servers": bs})
+    a.delete_topics([gone], request_timeout=CLIENT_TIMEOUT_S)[gone].result(timeout=CLIENT_TIMEOUT_S)
+    wait_until(lambda: not any(f.split("/")[1].startswith(gone) for f in tier_files()), 30,
+               "the deleted topic's copies to go")
+
+    # A copy under this cluster's prefix that no manifest names is deleted
+    # once older than the grace; the live topic's copies stay.
+    live = [f for f in tier_files() if f.endswith(".log")]
+    cluster = live[0].split("/")[0]
+    orphan = f"{cluster}/{kept}-0000/0/00000000000000000000-feed"
+    for suffix in ("log", "index", "timeindex"):
+        if kind == "s3":
+            s3 = request.getfixturevalue("s3server")
+            s3.client().put(s3.bucket, f"{orphan}.{suffix}", b"x")
+        else:
+            root = tmp_path / ("capacity" if kind == "capacity" else "remote")
+            path = root / f"{orphan}.{suffix}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x")
+    wait_until(lambda: not any(f.startswith(orphan) for f in tier_files()), 30, "the orphan to be swept")
+    assert stats(b)["tiers"]["orphans_deleted"] >= 1
+    assert set(live) <= set(tier_files()), "live copies are never swept"
+    check_all(bs, kept, 2000, 1)
 
 
 def test_object_store_outage_does_not_stop_produce_or_tail_reads(broker_factory, request, tmp_path):

@@ -139,6 +139,7 @@ impl Broker {
                     .max(10),
             ),
             config.num("keel.tier.fast.max.bytes"),
+            Duration::from_millis(u64::try_from(config.num("keel.tier.orphan.grace.ms")).unwrap_or(600_000)),
         );
         let groups = GroupCoordinator::open(
             &meta_dir.join("groups"),
@@ -547,6 +548,9 @@ impl Broker {
             "released_segments": m.released_segments.load(Relaxed),
             "released_bytes": m.released_bytes.load(Relaxed),
             "failed_passes": m.failed_passes.load(Relaxed),
+            "orphans_deleted": m.orphans_deleted.load(Relaxed),
+            "fast_fs_free_bytes": m.fast_fs_free_bytes.load(Relaxed),
+            "fast_fs_total_bytes": m.fast_fs_total_bytes.load(Relaxed),
             "backoff_ms": m.backoff_ms(),
             "copies": s.copies,
             "copied_bytes": s.copied_bytes,

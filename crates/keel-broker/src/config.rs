@@ -221,6 +221,10 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // Budget of the mover (copies and their verification); 0: unlimited.
     ("keel.tier.move.bytes.per.sec", "52428800", ConfigType::Long),
     ("keel.tier.check.interval.ms", "1000", ConfigType::Long),
+    // Copies in a tier that no manifest names (of deleted topics, or written
+    // by a request still in flight when the broker crashed) are deleted once
+    // this old; the sweep runs at this interval too.
+    ("keel.tier.orphan.grace.ms", "600000", ConfigType::Long),
 ];
 
 /// Aliases accepted on input and stored under their canonical key.

@@ -13,6 +13,11 @@
 //!    oldest first across all partitions, while the fast tier holds more
 //!    than `keel.tier.fast.max.bytes`.
 //!
+//! Every `keel.tier.orphan.grace.ms` it also sweeps each tier for copies
+//! under this cluster's prefix that no manifest names and that are older
+//! than that grace: copies of deleted topics, and writes an object store
+//! finished after the broker crashed and rolled their copy back.
+//!
 //! A failing tier (an object store that does not answer) makes passes
 //! back off exponentially, up to a minute; produce and fetch never wait for
 //! the mover. A fast tier over its budget with nothing left to release is
@@ -49,13 +54,35 @@ pub struct Mover {
     pub released_bytes: AtomicU64,
     pub failed_passes: AtomicU64,
     pub over_budget: AtomicBool,
+    pub orphans_deleted: AtomicU64,
+    /// Free and total bytes of the fast tier's filesystem at the last pass.
+    pub fast_fs_free_bytes: AtomicU64,
+    pub fast_fs_total_bytes: AtomicU64,
     backoff_ms: AtomicU64,
+    orphan_grace: Duration,
+    last_sweep: Mutex<Option<Instant>>,
     last_over_budget_log: Mutex<Option<Instant>>,
+    last_fs_full_log: Mutex<Option<Instant>>,
 }
 
+/// Below this share of free space the fast tier's filesystem is reported as
+/// filling up.
+const FAST_FS_LOW_FREE: f64 = 0.10;
+
 impl Mover {
-    pub fn new(move_bytes_per_sec: u64, interval: Duration, fast_max_bytes: i64) -> Mover {
+    pub fn new(
+        move_bytes_per_sec: u64,
+        interval: Duration,
+        fast_max_bytes: i64,
+        orphan_grace: Duration,
+    ) -> Mover {
         Mover {
+            orphans_deleted: AtomicU64::new(0),
+            fast_fs_free_bytes: AtomicU64::new(0),
+            fast_fs_total_bytes: AtomicU64::new(0),
+            orphan_grace,
+            last_sweep: Mutex::new(None),
+            last_fs_full_log: Mutex::new(None),
             pacer: Pacer::new(move_bytes_per_sec),
             interval,
             fast_max_bytes,
@@ -176,6 +203,18 @@ async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
         }
     }
     release(broker, &targets).await?;
+    check_fast_space(broker);
+    let sweep_due = broker
+        .mover
+        .last_sweep
+        .lock()
+        .is_none_or(|at| at.elapsed() >= broker.mover.orphan_grace);
+    if sweep_due {
+        *broker.mover.last_sweep.lock() = Some(Instant::now());
+        if let Err(e) = sweep_orphans(broker).await {
+            first_error.get_or_insert(e);
+        }
+    }
     match first_error {
         Some(e) => Err(e),
         None => Ok(()),
@@ -188,7 +227,12 @@ async fn copy_one(
     tier: Tier,
     segment: &SealedSegment,
 ) -> std::io::Result<()> {
-    let object = object_name(&t.topic, t.partition.index, segment.base_offset);
+    let object = object_name(
+        &broker.cluster_id,
+        &t.topic,
+        t.partition.index,
+        segment.base_offset,
+    );
     let (s, o) = (segment.clone(), object.clone());
     match on_log(&t.partition, move |log| log.begin_copy(&s, tier, o)).await? {
         Ok(_) => {}
@@ -214,11 +258,13 @@ async fn copy_one(
     }
 }
 
-/// `<topic>-<topic id>/<partition>/<base offset>-<random>`: stable across
-/// brokers and local paths, never reused (a retried copy gets a new name).
-fn object_name(topic: &Topic, partition: i32, base_offset: i64) -> String {
+/// `<cluster id>/<topic>-<topic id>/<partition>/<base offset>-<random>`:
+/// independent of local paths, never reused (a retried copy gets a new
+/// name), and under the cluster's own prefix, so clusters sharing a bucket
+/// never touch each other's copies.
+fn object_name(cluster_id: &str, topic: &Topic, partition: i32, base_offset: i64) -> String {
     format!(
-        "{}-{}/{partition}/{base_offset:020}-{}",
+        "{cluster_id}/{}-{}/{partition}/{base_offset:020}-{}",
         topic.meta.name,
         topic.meta.topic_id.simple(),
         uuid::Uuid::new_v4().simple()
@@ -309,4 +355,71 @@ async fn copied_local_bytes(targets: &[Target]) -> std::io::Result<u64> {
         total += on_log(&t.partition, |log| log.local_copied_bytes()).await?;
     }
     Ok(total)
+}
+
+/// Deletes copies under this cluster's prefix that no manifest names and
+/// that are older than the grace (see the module docs).
+async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
+    for tier in [Tier::Capacity, Tier::Remote] {
+        if !broker.tiers.has(tier) {
+            continue;
+        }
+        let listed = broker.tiers.list_copies(tier, &broker.cluster_id).await?;
+        if listed.is_empty() {
+            continue;
+        }
+        // Read after listing: a copy begun meanwhile is in its manifest, or
+        // younger than the grace.
+        let mut known = std::collections::HashSet::new();
+        for t in targets(broker) {
+            let names = on_log(&t.partition, move |log| {
+                log.tiered_segments()
+                    .iter()
+                    .filter(|s| s.tier == tier)
+                    .map(|s| s.object.clone())
+                    .collect::<Vec<_>>()
+            })
+            .await?;
+            known.extend(names);
+        }
+        let grace_ms = broker.mover.orphan_grace.as_millis() as u64;
+        for (object, age_ms) in listed {
+            if known.contains(&object) || age_ms < grace_ms {
+                continue;
+            }
+            tracing::info!(tier = tier.name(), object = %object, age_ms, "deleting a copy no manifest names");
+            broker.tiers.delete_orphan(tier, &object).await?;
+            broker.mover.orphans_deleted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// Records the fast tier's free space and says so, at most once a minute,
+/// when it runs low while segments wait to move.
+fn check_fast_space(broker: &Broker) {
+    let Some((free, total)) = keel_tier::filesystem_space(&broker.config.data_dir()) else {
+        return;
+    };
+    let mover = &broker.mover;
+    mover.fast_fs_free_bytes.store(free, Ordering::Relaxed);
+    mover.fast_fs_total_bytes.store(total, Ordering::Relaxed);
+    if total == 0 || (free as f64) >= FAST_FS_LOW_FREE * total as f64 {
+        return;
+    }
+    let mut last = mover.last_fs_full_log.lock();
+    if last.is_none_or(|at| at.elapsed() >= OVER_BUDGET_LOG_EVERY) {
+        *last = Some(Instant::now());
+        tracing::warn!(
+            dir = %broker.config.data_dir().display(),
+            free_bytes = free,
+            total_bytes = total,
+            fast_bytes = mover.fast_bytes.load(Ordering::Relaxed),
+            releasable_bytes = mover.fast_copied_bytes.load(Ordering::Relaxed),
+            mover_backoff_ms = mover.backoff_ms(),
+            last_error = broker.tiers.stats().last_error.unwrap_or_default(),
+            "fast tier filesystem below 10% free: produce fails when it is full; \
+             check that the mover is copying (keel stats) or lower keel.tier.fast.max.bytes"
+        );
+    }
 }

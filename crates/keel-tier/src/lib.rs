@@ -19,4 +19,4 @@ pub mod tiers;
 pub use cold::{ColdReads, ColdStats};
 pub use pace::Pacer;
 pub use tail::{PartitionTail, TailCache, TailStats};
-pub use tiers::{RemoteSettings, TierStats, Tiers};
+pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers};

@@ -297,6 +297,69 @@ impl Tiers {
         result
     }
 
+    /// Every copy in `tier`, by object name, with the age of its newest
+    /// file in milliseconds (for finding copies no manifest names: leftovers
+    /// of deleted topics and of writes that finished after a crash).
+    /// Only copies under `prefix` (`<prefix>/<topic>-<id>/<partition>/...`),
+    /// by their full names.
+    pub async fn list_copies(&self, tier: Tier, prefix: &str) -> io::Result<HashMap<String, u64>> {
+        let store = self.store(tier)?;
+        let mut files = Vec::new();
+        match store {
+            Store::Dirs(dirs) => {
+                let dirs = dirs.clone();
+                let prefix = prefix.to_string();
+                files = blocking(move || {
+                    let mut out = Vec::new();
+                    for dir in &dirs {
+                        walk(dir, &dir.join(&prefix), &mut out)?;
+                    }
+                    Ok(out)
+                })
+                .await?;
+            }
+            Store::Objects { store, .. } => {
+                // Three levels below the prefix: <topic>-<id>/<partition>/<files>.
+                let mut prefixes = vec![Some(object_path(prefix)?)];
+                for _ in 0..3 {
+                    let mut next = Vec::new();
+                    for prefix in &prefixes {
+                        let listed = store
+                            .list_with_delimiter(prefix.as_ref())
+                            .await
+                            .map_err(io_error)?;
+                        for meta in listed.objects {
+                            let age = now_ms().saturating_sub(meta.last_modified.timestamp_millis());
+                            files.push((meta.location.to_string(), age.max(0) as u64));
+                        }
+                        next.extend(listed.common_prefixes.into_iter().map(Some));
+                    }
+                    prefixes = next;
+                }
+            }
+        }
+        let mut copies: HashMap<String, u64> = HashMap::new();
+        for (name, age) in files {
+            let Some((stem, suffix)) = name.rsplit_once('.') else {
+                continue;
+            };
+            if ["log", "index", "timeindex"].contains(&suffix) {
+                let youngest = copies.entry(stem.to_string()).or_insert(age);
+                *youngest = (*youngest).min(age);
+            }
+        }
+        Ok(copies)
+    }
+
+    /// Deletes the files of a copy no manifest names.
+    pub async fn delete_orphan(&self, tier: Tier, object: &str) -> io::Result<()> {
+        let store = self.store(tier)?;
+        for suffix in ["log", "index", "timeindex"] {
+            store.delete(&format!("{object}.{suffix}")).await?;
+        }
+        Ok(())
+    }
+
     /// Whole batches of a colder-tier segment from the one holding
     /// `offset`, up to `max_bytes` (at least one), CRC-checked. Blocking:
     /// call it from a blocking thread (the cold-read executor).
@@ -609,6 +672,41 @@ fn place(dirs: &[PathBuf], name: &str) -> io::Result<PathBuf> {
         fs::create_dir_all(parent)?;
     }
     Ok(path)
+}
+
+/// Files under `dir` as (path relative to `root`, age in ms).
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, u64)>) -> io::Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    };
+    for entry in entries {
+        let entry = entry?;
+        let path = entry.path();
+        let meta = entry.metadata()?;
+        if meta.is_dir() {
+            walk(root, &path, out)?;
+        } else if let Ok(rel) = path.strip_prefix(root) {
+            let age = meta.modified()?.elapsed().map_or(0, |d| d.as_millis() as u64);
+            out.push((rel.to_string_lossy().into_owned(), age));
+        }
+    }
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Bytes free and total of the filesystem holding `dir`.
+pub fn filesystem_space(dir: &Path) -> Option<(u64, u64)> {
+    let s = rustix::fs::statvfs(dir).ok()?;
+    Some((
+        s.f_bavail.saturating_mul(s.f_frsize),
+        s.f_blocks.saturating_mul(s.f_frsize),
+    ))
 }
 
 fn free_bytes(dir: &Path) -> u64 {
