@@ -169,7 +169,7 @@ def test_keel_stats_prints_table_and_json(shared_broker):
     assert "fetched      from cache " in r.stdout, r.stdout
     header = next(line for line in r.stdout.splitlines() if line.startswith("topic"))
     assert header.split() == ["topic", "partition", "log", "start", "high", "watermark",
-                              "cache", "read", "cold", "read"], header
+                              "cache", "read", "cold", "read", "local", "in", "colder", "tier"], header
     [row] = [line for line in r.stdout.splitlines() if line.startswith(topic + " ")]
     assert row.split()[1:4] == ["0", "0", "300"], row
 

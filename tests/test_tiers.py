@@ -127,6 +127,15 @@ def test_segments_move_and_read_back_from_every_tier(kind, broker_factory, reque
     assert all(f.split("/")[1].startswith(f"{topic}-") and str(b.data_dir) not in f for f in files), files
     assert {f.rsplit(".", 1)[1] for f in files} == {"log", "index", "timeindex"}
 
+    # `keel stats` shows the tier and where each partition's bytes are.
+    out = subprocess.run([str(b.bin), "stats", "--admin", b.admin], capture_output=True, text=True,
+                         timeout=CLIENT_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    assert "\ntiers        " in out.stdout and "fast tier " in out.stdout, out.stdout
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(topic + " ")]
+    # The last column (bytes in the colder tier, "<n> <unit>") is not zero.
+    assert len(rows) == 2 and all(r[-2:] != ["0", "B"] for r in rows), out.stdout
+
     # Everything reads back, from the colder tier and from the fast one.
     check_all(bs, topic, n, 2)
     assert stats(b)["tiers"]["read_bytes"] > 0

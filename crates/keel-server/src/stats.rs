@@ -230,6 +230,46 @@ pub fn render(stats: &Value) -> String {
         count(num(stats, &["cold_reads", "reads"])),
         percent(hit_bytes, fetched),
     );
+    let tier = |key| num(stats, &["tiers", key]);
+    let tier_name = |key| {
+        stats
+            .get("tiers")
+            .and_then(|t| t.get(key))
+            .and_then(Value::as_str)
+    };
+    if let Some(place) = tier_name("capacity").or(tier_name("remote")) {
+        let _ = writeln!(
+            out,
+            "tiers        {}{}: copied {} ({} copies, {} failed), read {}, deleted {}",
+            place,
+            tier_name("remote")
+                .filter(|_| tier_name("capacity").is_some())
+                .map_or(String::new(), |r| format!(" and {r}")),
+            bytes(tier("copied_bytes")),
+            count(tier("copies")),
+            count(tier("copy_failures")),
+            bytes(tier("read_bytes")),
+            count(tier("deletes")),
+        );
+        let _ = writeln!(
+            out,
+            "             fast tier {} of budget {}{}, fs {} free",
+            bytes(tier("fast_bytes")),
+            stats["tiers"]["fast_max_bytes"]
+                .as_i64()
+                .filter(|b| *b >= 0)
+                .map_or("unlimited".into(), |b| bytes(Some(b as u64))),
+            if stats["tiers"]["fast_over_budget"].as_bool() == Some(true) {
+                " (OVER)"
+            } else {
+                ""
+            },
+            bytes(tier("fast_fs_free_bytes")),
+        );
+        if let Some(e) = tier_name("last_error") {
+            let _ = writeln!(out, "             last error: {e}");
+        }
+    }
     let partitions = stats.get("partitions").and_then(Value::as_array);
     let Some(partitions) = partitions.filter(|p| !p.is_empty()) else {
         out.push_str("\nno partitions\n");
@@ -246,6 +286,8 @@ pub fn render(stats: &Value) -> String {
                 count(field("high_watermark")),
                 bytes(field("cache_read_bytes")),
                 bytes(field("cold_read_bytes")),
+                bytes(num(p, &["tiers", "local_bytes"])),
+                bytes(num(p, &["tiers", "cold_bytes"])),
             ]
         })
         .collect();
@@ -258,6 +300,8 @@ pub fn render(stats: &Value) -> String {
             "high watermark",
             "cache read",
             "cold read",
+            "local",
+            "in colder tier",
         ],
         &rows,
     ));
