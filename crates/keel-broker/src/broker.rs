@@ -35,6 +35,10 @@ pub enum Reply {
     Close(String),
 }
 
+/// Fetch responses with at least this many record bytes are assembled and
+/// encoded on a bulk thread (see `keel_tier::bulk`).
+const BULK_RESPONSE_BYTES: usize = 256 << 10;
+
 /// How often written segment data is dropped from the page cache.
 const PAGE_CACHE_DROP_EVERY: Duration = Duration::from_secs(1);
 
@@ -240,7 +244,19 @@ impl Broker {
                 Some(resp) => respond(ApiKey::Produce, version, id, &resp),
                 None => Reply::Nothing,
             },
-            Request::Fetch(r) => respond(ApiKey::Fetch, version, id, &handlers::fetch::fetch(self, r).await),
+            Request::Fetch(r) => {
+                let answer = handlers::fetch::fetch(self, r).await;
+                if answer.bytes() < BULK_RESPONSE_BYTES {
+                    return respond(ApiKey::Fetch, version, id, &answer.into_response());
+                }
+                // Joining and encoding megabytes of records: on a bulk
+                // thread, so no produce or tail fetch waits behind the copy.
+                let encode = move || respond(ApiKey::Fetch, version, id, &answer.into_response());
+                match self.cold.bulk().run(encode).await {
+                    Ok(reply) => reply,
+                    Err(e) => Reply::Close(format!("fetch response: {e}")),
+                }
+            }
             Request::ListOffsets(r) => respond(
                 ApiKey::ListOffsets,
                 version,

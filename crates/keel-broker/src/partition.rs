@@ -13,7 +13,7 @@ use bytes::Bytes;
 use keel_log::batch::BatchHeader;
 use keel_log::{LogConfig, PartitionLog, ReadError, ReadPlan};
 use keel_protocol::ResponseError;
-use keel_tier::{ColdReads, PartitionTail, Tiers};
+use keel_tier::{Chunks, ColdReads, PartitionTail, Tiers};
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, Notify};
 
@@ -106,8 +106,8 @@ enum ReadAhead {
 /// Where a fetch's bytes come from.
 #[derive(Debug)]
 pub enum ReadSource {
-    /// Whole batches from the tail cache: no disk read.
-    Memory(Bytes),
+    /// Whole batches from the tail cache (or held read-ahead): no disk read.
+    Memory(Chunks),
     /// A planned read of the log files, executed without the partition lock.
     Disk(ReadPlan),
     /// The read-ahead of this offset is in flight; its bytes arrive here.
@@ -299,7 +299,7 @@ impl Partition {
             // append landing meanwhile: its batches would come from disk
             // (they are in the tail cache) and before the high watermark
             // moved. The fetch is woken by that append instead.
-            return Ok(ReadSource::Memory(Bytes::new()));
+            return Ok(ReadSource::Memory(Chunks::default()));
         }
         if offset >= start && offset < hw {
             if let Some(bytes) = self.tail.read(offset, hw, max_bytes) {
@@ -331,7 +331,7 @@ impl Partition {
                 if let Some(next) = next_offset_after(&bytes) {
                     self.read_ahead_from(next, max_bytes);
                 }
-                Some(ReadSource::Memory(bytes))
+                Some(ReadSource::Memory(bytes.into()))
             }
             ReadAhead::InFlight { offset: at, waiters } if *at == offset => {
                 let (tx, rx) = oneshot::channel();

@@ -117,7 +117,7 @@ fn no_tiers() -> Arc<keel_tier::Tiers> {
 fn read_bytes(source: keel_broker::partition::ReadSource) -> (bool, Bytes) {
     use keel_broker::partition::ReadSource;
     match source {
-        ReadSource::Memory(b) => (true, b),
+        ReadSource::Memory(b) => (true, b.join()),
         ReadSource::Disk(plan) => (false, plan.execute().unwrap()),
         ReadSource::Pending(_) => panic!("no read-ahead runs in these tests"),
     }
@@ -234,7 +234,7 @@ async fn sequential_cold_reads_are_read_ahead_once() {
         let bytes = match p.read(offset, 1_000).unwrap() {
             ReadSource::Memory(b) => {
                 ahead += 1;
-                b
+                b.join()
             }
             ReadSource::Pending(rx) => {
                 ahead += 1;

@@ -35,7 +35,12 @@ pub fn encode<R: Encodable>(
         _ => key.response_header_version(api_version),
     };
     let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    let mut buf = BytesMut::with_capacity(64);
+    // Sized up front: a large response is copied once, not regrown.
+    let size = header
+        .compute_size(header_version)
+        .and_then(|h| Ok(h + body.compute_size(api_version)?))
+        .unwrap_or(0);
+    let mut buf = BytesMut::with_capacity(FRAME_PREFIX_BYTES + size);
     buf.put_i32(0);
     header
         .encode(&mut buf, header_version)

@@ -373,13 +373,15 @@ mod tests {
             "cold_reads": {"reads": 40, "bytes": 3 << 20},
             "partitions": [
                 {"topic": "orders", "partition": 0, "log_start_offset": 0, "high_watermark": 20000,
-                 "cache_read_bytes": 1 << 20, "cold_read_bytes": 3 << 20},
+                 "cache_read_bytes": 1 << 20, "cold_read_bytes": 3 << 20,
+                 "tiers": {"local_bytes": 2 << 20, "cold_bytes": 5 << 20}},
                 {"topic": "a-much-longer-topic-name", "partition": 11, "high_watermark": 5,
                  "cache_read_bytes": 0, "cold_read_bytes": 0, "extra": [1, 2]},
             ],
             "something_new": {"x": 1},
         });
         let text = render(&stats);
+        assert!(!text.contains("tiers "), "no tier lines without tiers: {text}");
         assert!(
             text.contains("budget 1.0 MiB, used 512.0 KiB (50.0%), 8 batches"),
             "{text}"
@@ -393,7 +395,7 @@ mod tests {
         let header = lines.iter().position(|l| l.starts_with("topic")).unwrap();
         let orders = lines[header + 1];
         assert!(orders.starts_with("orders "), "{text}");
-        assert!(orders.ends_with("1.0 MiB    3.0 MiB"), "{text}");
+        assert!(orders.ends_with("1.0 MiB    3.0 MiB  2.0 MiB         5.0 MiB"), "{text}");
         // The missing log start prints as `-`; columns line up.
         let other = lines[header + 2];
         assert!(other.starts_with("a-much-longer-topic-name  "), "{text}");

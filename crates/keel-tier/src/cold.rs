@@ -1,21 +1,21 @@
 //! Cold reads: fetches below the tail cache, read from the log files.
 //!
-//! They run on the blocking thread pool, never on request tasks, at most
+//! They run on the bulk threads ([`Bulk`]), never on request tasks, at most
 //! `max_concurrent` at a time, and within a broker-wide byte budget
 //! (`keel.cold.read.bytes.per.sec`; 0 = unlimited). Waiting readers are
 //! served first come, first served (a fair queue), so consumers reading
 //! history share the budget. Tail reads never come here: they are answered
 //! from memory and never wait behind a cold read.
 
-use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-
-use tokio::time::Instant;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
+use crate::bulk::Bulk;
 use crate::pace::Pacer;
 
 /// Counters since start-up.
@@ -43,6 +43,8 @@ pub struct ColdReads {
     budget_bytes_per_sec: u64,
     max_concurrent: usize,
     slots: Semaphore,
+    /// Where reads run; shared with other bulk work (large fetch responses).
+    bulk: Arc<Bulk>,
     /// The byte budget: the head of the queue waits for it, the others
     /// queue behind it in arrival order.
     budget: Pacer,
@@ -67,6 +69,8 @@ impl ColdReads {
             budget_bytes_per_sec,
             max_concurrent,
             slots: Semaphore::new(max_concurrent),
+            // Room for every read plus response encoding beside them.
+            bulk: Arc::new(Bulk::new(max_concurrent + 2).expect("start the bulk threads")),
             budget: Pacer::new(budget_bytes_per_sec),
             queue_depth: AtomicI64::new(0),
             reads: AtomicU64::new(0),
@@ -77,6 +81,11 @@ impl ColdReads {
             read_ahead_held_bytes: AtomicU64::new(0),
             read_ahead_hits: AtomicU64::new(0),
         }
+    }
+
+    /// The bulk threads reads run on, for other bulk work.
+    pub fn bulk(&self) -> &Arc<Bulk> {
+        &self.bulk
     }
 
     /// Sets the read-ahead pool's limit (bytes held at once, broker-wide).
@@ -124,7 +133,11 @@ impl ColdReads {
             .fetch_add(queued.elapsed().as_micros() as u64, Ordering::Relaxed);
         self.throttled_us_total
             .fetch_add(throttled.as_micros() as u64, Ordering::Relaxed);
-        let result = run_blocking(read).await;
+        let result = self
+            .bulk
+            .run(read)
+            .await
+            .unwrap_or_else(|e| Err(io::Error::other(format!("cold read: {e}"))));
         drop(permit);
         if let Ok(bytes) = &result {
             self.reads.fetch_add(1, Ordering::Relaxed);
@@ -148,17 +161,6 @@ impl ColdReads {
             read_ahead_limit_bytes: self.read_ahead_limit_bytes,
             read_ahead_hits: self.read_ahead_hits.load(Ordering::Relaxed),
         }
-    }
-}
-
-fn run_blocking<F>(read: F) -> impl Future<Output = io::Result<Bytes>>
-where
-    F: FnOnce() -> io::Result<Bytes> + Send + 'static,
-{
-    let task = tokio::task::spawn_blocking(read);
-    async move {
-        task.await
-            .unwrap_or_else(|e| Err(io::Error::other(format!("cold read task failed: {e}"))))
     }
 }
 

@@ -9,6 +9,7 @@
 //! This crate does no socket I/O and knows nothing of Kafka requests; it
 //! stores and returns record batches by offset.
 
+pub mod bulk;
 pub mod cold;
 pub mod memory;
 pub mod pace;
@@ -16,7 +17,8 @@ pub mod resident;
 pub mod tail;
 pub mod tiers;
 
+pub use bulk::Bulk;
 pub use cold::{ColdReads, ColdStats};
 pub use pace::Pacer;
-pub use tail::{PartitionTail, TailCache, TailStats};
+pub use tail::{Chunks, PartitionTail, TailCache, TailStats};
 pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers};

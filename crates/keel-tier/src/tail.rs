@@ -67,6 +67,48 @@ pub struct TailStats {
     pub miss_reads: u64,
 }
 
+/// Record batches as the buffers they are held in, in offset order: a read
+/// from the cache shares them (no copy); they are joined into one buffer
+/// only where a response is encoded, off the request threads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chunks {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl Chunks {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// One buffer: the single part itself, else a copy of all of them.
+    pub fn join(self) -> Bytes {
+        match <[Bytes; 1]>::try_from(self.parts) {
+            Ok([one]) => one,
+            Err(parts) => {
+                let mut out = BytesMut::with_capacity(self.len);
+                for part in parts {
+                    out.extend_from_slice(&part);
+                }
+                out.freeze()
+            }
+        }
+    }
+}
+
+impl From<Bytes> for Chunks {
+    fn from(bytes: Bytes) -> Chunks {
+        Chunks {
+            len: bytes.len(),
+            parts: vec![bytes],
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct TailCache {
     budget_bytes: u64,
@@ -173,7 +215,7 @@ impl TailCache {
             .fetch_add(batches, Ordering::Relaxed);
     }
 
-    fn read(&self, id: u64, offset: i64, end_offset: i64, max_bytes: usize) -> Option<Bytes> {
+    fn read(&self, id: u64, offset: i64, end_offset: i64, max_bytes: usize) -> Option<Chunks> {
         let inner = self.inner.lock();
         let run = inner.partitions.get(&id);
         let hit = run.filter(|r| r.front().is_some_and(|b| b.base_offset <= offset) && offset < end_offset);
@@ -192,19 +234,14 @@ impl TailCache {
             total += b.bytes.len();
             more.push(b.bytes.clone());
         }
-        let head = head.bytes.clone();
+        more.insert(0, head.bytes.clone());
         drop(inner);
         self.counters.hit_reads.fetch_add(1, Ordering::Relaxed);
         self.counters.hit_bytes.fetch_add(total as u64, Ordering::Relaxed);
-        if more.is_empty() {
-            return Some(head);
-        }
-        let mut out = BytesMut::with_capacity(total);
-        out.extend_from_slice(&head);
-        for b in more {
-            out.extend_from_slice(&b);
-        }
-        Some(out.freeze())
+        Some(Chunks {
+            parts: more,
+            len: total,
+        })
     }
 
     fn remove(&self, id: u64) {
@@ -240,7 +277,7 @@ impl PartitionTail {
     /// at least one (KIP-74), none starting at or after `end_offset` (the
     /// high watermark: batches are cached just before it moves), if
     /// `offset` lies in the cached run. `None`: read the log.
-    pub fn read(&self, offset: i64, end_offset: i64, max_bytes: usize) -> Option<Bytes> {
+    pub fn read(&self, offset: i64, end_offset: i64, max_bytes: usize) -> Option<Chunks> {
         self.cache.read(self.id, offset, end_offset, max_bytes)
     }
 
@@ -281,7 +318,11 @@ mod tests {
         assert!(p.read(9, i64::MAX, 1000).is_none(), "before the cached run");
         let got = p.read(17, i64::MAX, 1000).unwrap();
         assert_eq!(got.len(), 200);
-        assert_eq!(base_of(&got), 15);
+        let joined = got.join();
+        assert_eq!(
+            (joined.len(), base_of(&joined), base_of(&joined[100..])),
+            (200, 15, 20)
+        );
         // max_bytes limits whole batches, but one is always returned.
         assert_eq!(p.read(10, i64::MAX, 150).unwrap().len(), 100);
         assert_eq!(p.read(10, i64::MAX, 1).unwrap().len(), 100);
@@ -336,7 +377,7 @@ mod tests {
         p.insert([batch(0, 10, 100)]);
         p.insert([batch(50, 10, 100)]);
         assert!(p.read(5, i64::MAX, 1000).is_none());
-        assert_eq!(base_of(&p.read(50, i64::MAX, 1000).unwrap()), 50);
+        assert_eq!(base_of(&p.read(50, i64::MAX, 1000).unwrap().join()), 50);
         assert_eq!(cache.stats().used_bytes, 100);
     }
 
@@ -394,7 +435,7 @@ mod tests {
                 .map(|(_, base, _)| *base)
                 .min();
             match (parts[q].read(offset, i64::MAX, 1), expected) {
-                (Some(bytes), Some((_, base, _))) => assert_eq!(base_of(&bytes), *base, "seed {seed}"),
+                (Some(bytes), Some((_, base, _))) => assert_eq!(base_of(&bytes.join()), *base, "seed {seed}"),
                 (None, None) => assert!(oldest_kept.is_none_or(|o| offset < o), "seed {seed}"),
                 (got, want) => panic!("seed {seed}: read {offset} of {q}: got {got:?}, model {want:?}"),
             }

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use keel_log::ReadError;
 use keel_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
+use keel_tier::Chunks;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -59,7 +59,57 @@ struct Target {
     partition: Result<Arc<Partition>, ResponseError>,
 }
 
-pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchResponse {
+/// A fetch's answer before encoding: the records are still the buffers
+/// they were read into, so joining and encoding them can happen off the
+/// request threads ([`FetchAnswer::into_response`]).
+pub struct FetchAnswer {
+    topics: Vec<FetchableTopicResponse>,
+    /// Per requested partition: its topic's index in `topics` and its data.
+    parts: Vec<(usize, PartData)>,
+    bytes: usize,
+}
+
+enum PartData {
+    Records {
+        index: i32,
+        high_watermark: i64,
+        log_start_offset: i64,
+        records: Chunks,
+    },
+    Failed(PartitionData),
+}
+
+impl FetchAnswer {
+    /// Record bytes in the answer.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn into_response(self) -> FetchResponse {
+        let mut topics = self.topics;
+        for (topic_index, part) in self.parts {
+            let data = match part {
+                PartData::Records {
+                    index,
+                    high_watermark,
+                    log_start_offset,
+                    records,
+                } => PartitionData::default()
+                    .with_partition_index(index)
+                    .with_high_watermark(high_watermark)
+                    .with_last_stable_offset(high_watermark)
+                    .with_log_start_offset(log_start_offset)
+                    .with_preferred_read_replica(BrokerId(-1))
+                    .with_records(Some(records.join())),
+                PartData::Failed(data) => data,
+            };
+            topics[topic_index].partitions.push(data);
+        }
+        FetchResponse::default().with_responses(topics)
+    }
+}
+
+pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
     let (topics, targets) = resolve(broker, &req);
     let total_max = usize::try_from(req.max_bytes)
         .ok()
@@ -77,7 +127,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchResponse {
                 p.register_waiter(&waiter);
             }
         }
-        let (partitions, bytes, failed) = read_all(&targets, total_max, deadline).await;
+        let (partitions, mut bytes, failed) = read_all(&targets, total_max, deadline).await;
         let done = bytes >= min_bytes.max(1) || failed || Instant::now() >= deadline;
         if done
             || tokio::time::timeout_at(deadline, waiter.notified())
@@ -87,9 +137,15 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchResponse {
             let final_parts = if done {
                 partitions
             } else {
-                read_all(&targets, total_max, deadline).await.0
+                let (parts, read, _) = read_all(&targets, total_max, deadline).await;
+                bytes = read;
+                parts
             };
-            return assemble(topics, &targets, final_parts);
+            return FetchAnswer {
+                parts: targets.iter().map(|t| t.topic_index).zip(final_parts).collect(),
+                topics,
+                bytes,
+            };
         }
     }
 }
@@ -134,12 +190,8 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
 /// together on the cold executor. When the tail part already has data, the
 /// cold part is waited for only until `deadline`; a cold read still running
 /// then is answered empty and its data kept for the next fetch.
-async fn read_all(
-    targets: &[Target],
-    total_max: usize,
-    deadline: Instant,
-) -> (Vec<PartitionData>, usize, bool) {
-    let mut results: Vec<Option<Result<Bytes, Failure>>> = Vec::with_capacity(targets.len());
+async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (Vec<PartData>, usize, bool) {
+    let mut results: Vec<Option<Result<Chunks, Failure>>> = Vec::with_capacity(targets.len());
     let mut cold = Vec::new();
     for (i, t) in targets.iter().enumerate() {
         match plan(t) {
@@ -153,7 +205,7 @@ async fn read_all(
                 cold.push((i, rx));
                 results.push(None);
             }
-            Ok(_) => results.push(Some(Ok(Bytes::new()))),
+            Ok(_) => results.push(Some(Ok(Chunks::default()))),
             Err(f) => results.push(Some(Err(f))),
         }
     }
@@ -169,14 +221,14 @@ async fn read_all(
                 if let Ok(p) = &targets[i].partition {
                     p.note_cold_read(bytes.len() as u64);
                 }
-                Ok(bytes)
+                Ok(bytes.into())
             }
             Ok(Ok(Err(e))) => Err(Failure::new(ResponseError::KafkaStorageError, &e.to_string())),
             Ok(Err(_)) => Err(Failure::new(
                 ResponseError::UnknownServerError,
                 "cold read task ended",
             )),
-            Err(_) => Ok(Bytes::new()),
+            Err(_) => Ok(Chunks::default()),
         });
     }
     let results = limit_total(
@@ -190,17 +242,16 @@ async fn read_all(
             Ok(records) => {
                 bytes += records.len();
                 let p = t.partition.as_ref().ok();
-                PartitionData::default()
-                    .with_partition_index(t.index)
-                    .with_high_watermark(p.map_or(-1, |p| p.high_watermark()))
-                    .with_last_stable_offset(p.map_or(-1, |p| p.high_watermark()))
-                    .with_log_start_offset(p.map_or(-1, |p| p.log_start_offset()))
-                    .with_preferred_read_replica(BrokerId(-1))
-                    .with_records(Some(records))
+                PartData::Records {
+                    index: t.index,
+                    high_watermark: p.map_or(-1, |p| p.high_watermark()),
+                    log_start_offset: p.map_or(-1, |p| p.log_start_offset()),
+                    records,
+                }
             }
             Err(f) => {
                 failed = true;
-                f.into_data().with_partition_index(t.index)
+                PartData::Failed(f.into_data().with_partition_index(t.index))
             }
         };
         out.push(data);
@@ -228,14 +279,14 @@ fn plan(t: &Target) -> Result<Option<ReadSource>, Failure> {
 /// larger than the limits can still be consumed; data past the budget is
 /// dropped (the client fetches it again).
 fn limit_total(
-    results: impl Iterator<Item = Result<Bytes, Failure>>,
+    results: impl Iterator<Item = Result<Chunks, Failure>>,
     total_max: usize,
-) -> Vec<Result<Bytes, Failure>> {
+) -> Vec<Result<Chunks, Failure>> {
     let mut remaining = total_max;
     let mut any_data = false;
     results
         .map(|r| match r {
-            Ok(bytes) if any_data && bytes.len() > remaining => Ok(Bytes::new()),
+            Ok(bytes) if any_data && bytes.len() > remaining => Ok(Chunks::default()),
             Ok(bytes) => {
                 any_data |= !bytes.is_empty();
                 remaining = remaining.saturating_sub(bytes.len());
@@ -244,15 +295,4 @@ fn limit_total(
             Err(f) => Err(f),
         })
         .collect()
-}
-
-fn assemble(
-    mut topics: Vec<FetchableTopicResponse>,
-    targets: &[Target],
-    parts: Vec<PartitionData>,
-) -> FetchResponse {
-    for (t, p) in targets.iter().zip(parts) {
-        topics[t.topic_index].partitions.push(p);
-    }
-    FetchResponse::default().with_responses(topics)
 }

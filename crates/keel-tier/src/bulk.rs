@@ -1,0 +1,124 @@
+//! [`Bulk`]: a few threads, at a lower CPU priority, for work done on
+//! behalf of consumers reading history: cold reads (I/O, CRC checks, copies)
+//! and assembling and encoding large fetch responses.
+//!
+//! The request threads (the async runtime's workers) then never spend
+//! milliseconds copying a backfill's megabytes while a producer's request
+//! waits behind it, and when the CPU is short the kernel runs the live
+//! path's threads first: bulk threads are niced by [`BULK_NICE`] (on Linux
+//! a thread's nice value is its own). Where lowering the priority is not
+//! allowed the threads run at normal priority and say so once.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// How much lower the bulk threads' priority is (CFS weight about a tenth).
+pub const BULK_NICE: i32 = 10;
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+#[derive(Debug)]
+pub struct Bulk {
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    threads: usize,
+}
+
+impl Bulk {
+    /// Starts `threads` (at least one) bulk threads named `keel-bulk`.
+    pub fn new(threads: usize) -> std::io::Result<Bulk> {
+        let threads = threads.max(1);
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads {
+            let rx = Arc::clone(&rx);
+            std::thread::Builder::new()
+                .name("keel-bulk".into())
+                .spawn(move || {
+                    if let Err(e) = rustix::process::nice(BULK_NICE) {
+                        if i == 0 {
+                            tracing::info!(error = %e, "bulk threads run at normal priority");
+                        }
+                    }
+                    loop {
+                        // One receiver at a time; the job runs unlocked.
+                        let job = rx.lock().recv();
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                })?;
+        }
+        Ok(Bulk {
+            jobs: Mutex::new(Some(tx)),
+            threads,
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f` on a bulk thread and returns its result. A job that panics
+    /// is an error, not a crash of the caller.
+    pub async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> std::io::Result<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            let _ = tx.send(out);
+        });
+        let sent = self.jobs.lock().as_ref().map(|jobs| jobs.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            return Err(std::io::Error::other("the bulk threads have stopped"));
+        }
+        match rx.await {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(_)) => Err(std::io::Error::other("a bulk job panicked")),
+            Err(_) => Err(std::io::Error::other("a bulk job was dropped")),
+        }
+    }
+}
+
+impl Drop for Bulk {
+    fn drop(&mut self) {
+        // Closing the channel ends the threads once their jobs are done.
+        self.jobs.lock().take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn jobs_run_off_the_caller_at_lower_priority() {
+        let bulk = Bulk::new(2).unwrap();
+        let caller = std::thread::current().id();
+        let (thread, name, nice) = bulk
+            .run(|| {
+                let t = std::thread::current();
+                (
+                    t.id(),
+                    t.name().map(String::from),
+                    rustix::process::getpriority_process(None).ok(),
+                )
+            })
+            .await
+            .unwrap();
+        assert_ne!(thread, caller);
+        assert_eq!(name.as_deref(), Some("keel-bulk"));
+        let own = rustix::process::getpriority_process(None).unwrap();
+        assert!(nice.is_some_and(|n| n >= own), "{nice:?} vs {own}");
+        for i in 0..8 {
+            assert_eq!(bulk.run(move || i * i).await.unwrap(), i * i);
+        }
+        assert!(bulk.run(|| panic!("boom")).await.is_err());
+        assert_eq!(
+            bulk.run(|| 7).await.unwrap(),
+            7,
+            "a panicking job does not take a thread down"
+        );
+    }
+}
