@@ -76,7 +76,7 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 		return nil, err
 	}
 
-	probe := brokerProbe{pid: cfg.BrokerPID, cgroup: cfg.Cgroup}
+	probe := brokerProbe{pid: cfg.BrokerPID, cgroup: cfg.Cgroup, device: cfg.Device}
 	live, cancelLive := context.WithCancel(ctx)
 	defer cancelLive()
 	r.t0 = time.Now()
@@ -100,7 +100,10 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	bf := r.backfill(ctx, bfTarget)
+	bf, err := r.backfill(ctx, bfTarget)
+	if err != nil {
+		return nil, err
+	}
 	sleepCtx(ctx, secs(cfg.BackfillMinS)-(r.since()-bfStart))
 	bfEnd := r.since()
 	marks = append(marks, timedBroker{bfEnd, probe.sample()})
@@ -310,66 +313,6 @@ func (r *run) drainTail(ctx context.Context, limit time.Duration) {
 	for r.tailRecords.Load() < r.acked.Load() && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-type backfillResult struct {
-	Records       int64   `json:"records"`
-	Bytes         int64   `json:"bytes"`
-	Seconds       float64 `json:"seconds"`
-	TargetRecords int64   `json:"target_records"`
-	Complete      bool    `json:"complete"`
-}
-
-// backfill reads every partition from its earliest offset up to `target`
-// (the end offsets when the backfill starts), as fast as the broker serves.
-func (r *run) backfill(ctx context.Context, target map[int32]int64) backfillResult {
-	parts := map[int32]kgo.Offset{}
-	remaining := map[int32]bool{}
-	var res backfillResult
-	for p, o := range target {
-		parts[p] = kgo.NewOffset().AtStart()
-		if o > 0 {
-			remaining[p] = true
-		}
-		res.TargetRecords += o
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(r.cfg.Bootstrap),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.cfg.Topic: parts}),
-		kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(16<<20),
-		kgo.FetchMaxWait(500*time.Millisecond))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "backfill consumer:", err)
-		return res
-	}
-	defer cl.Close()
-	start := time.Now()
-	bctx, cancel := context.WithTimeout(ctx, secs(r.cfg.BackfillMaxS))
-	defer cancel()
-	for len(remaining) > 0 && bctx.Err() == nil {
-		fs := cl.PollFetches(bctx)
-		var bytes int64
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			for _, rec := range p.Records {
-				if rec.Offset < target[p.Partition] {
-					bytes += int64(len(rec.Key) + len(rec.Value))
-					res.Records++
-				}
-			}
-			if n := len(p.Records); n > 0 && p.Records[n-1].Offset+1 >= target[p.Partition] {
-				delete(remaining, p.Partition)
-			}
-		})
-		res.Bytes += bytes
-		r.backfillBytes.Add(bytes)
-		r.backfillB.add(r.since(), bytes)
-		if rate := r.cfg.BackfillMBPerS; rate > 0 {
-			// Client-side pacing: sleep until the bytes so far fit the rate.
-			sleepCtx(bctx, secs(float64(res.Bytes)/1e6/rate)-time.Since(start))
-		}
-	}
-	res.Seconds = time.Since(start).Seconds()
-	res.Complete = len(remaining) == 0
-	return res
 }
 
 func (r *run) sampleBroker(ctx context.Context, probe brokerProbe) {
