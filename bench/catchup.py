@@ -61,6 +61,7 @@ usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--hdd-mb-per-s 150] [--hdd-iops 300] [--loop-bytes N]
                         [--backfill-process] [--backfill-nice N]
                         [--backfill-sched-idle] [--backfill-cpus LIST]
+                        [--backfill-fetch-bytes 16MiB]
                         [--broker-cpus LIST] [--bench-cpus LIST]
                         [--kafka-heap 1g] [--skip-kafka] [--skip-keel]
                         [--json FILE] [--plot FILE]
@@ -381,6 +382,8 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
         cmd += ["--backfill-sched-idle"]
     if args.backfill_cpus:
         cmd += ["--backfill-cpus", args.backfill_cpus]
+    if args.backfill_fetch_bytes:
+        cmd += ["--backfill-partition-fetch-bytes", str(args.backfill_fetch_bytes)]
     return cmd
 
 
@@ -489,6 +492,12 @@ ROWS = [  # (label, value of one phase's JSON or None)
     ("broker RSS MiB (max)", lambda p: mb(p["broker"]["rss_bytes_max"], 2**20)),
     ("broker CPU cores", lambda p: p["broker"].get("cpu_cores")),
     ("bench CPU cores", lambda p: p["broker"].get("bench_cpu_cores")),
+    ("host busy cores", lambda p: (p["broker"].get("host") or {}).get("busy_cores")),
+    ("host irq+softirq cores", lambda p: (p["broker"].get("host") or {}).get("irq_softirq_cores")),
+    ("host steal cores", lambda p: (p["broker"].get("host") or {}).get("steal_cores")),
+    ("broker busiest thread cores", lambda p: p["broker"].get("busiest_thread_cores")),
+    ("broker run-queue wait ms/s", lambda p: p["broker"].get("runq_ms_per_s")),
+    ("bench run-queue wait ms/s", lambda p: p["broker"].get("bench_runq_ms_per_s")),
     ("backfill process CPU cores", lambda p: p.get("backfill_process_cpu_cores")),
     ("disk read MB/s", lambda p: dev(p, lambda d: d["read_mb"] / p["seconds"])),
     ("disk write MB/s", lambda p: dev(p, lambda d: d["write_mb"] / p["seconds"])),
@@ -597,6 +606,8 @@ def main() -> None:
     ap.add_argument("--backfill-sched-idle", action="store_true",
                     help="run the backfill process with SCHED_IDLE")
     ap.add_argument("--backfill-cpus", help="pin the backfill process (taskset -c LIST)")
+    ap.add_argument("--backfill-fetch-bytes", type=parse_bytes, default=0,
+                    help="backfill fetch.max.partition.bytes (keel-bench default 16MiB; fetch.max.bytes is 4x)")
     ap.add_argument("--broker-cpus", help="pin the broker to these CPUs (e.g. 0)")
     ap.add_argument("--bench-cpus", help="pin keel-bench (and a backfill process, unless --backfill-cpus)")
     ap.add_argument("--kafka-heap", default="1g")

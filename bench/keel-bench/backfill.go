@@ -52,6 +52,9 @@ type backfillOpts struct {
 	Topic     string
 	MaxS      float64
 	MBPerS    float64
+	// PartitionFetchBytes: fetch.max.partition.bytes (franz-go
+	// FetchMaxPartitionBytes); fetch.max.bytes is four times it.
+	PartitionFetchBytes int32
 }
 
 // backfillLoop reads every partition of `target` from its earliest offset
@@ -69,7 +72,7 @@ func backfillLoop(ctx context.Context, o backfillOpts, target map[int32]int64, o
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Bootstrap),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{o.Topic: parts}),
-		kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(16<<20),
+		kgo.FetchMaxBytes(4*o.PartitionFetchBytes), kgo.FetchMaxPartitionBytes(o.PartitionFetchBytes),
 		kgo.FetchMaxWait(500*time.Millisecond))
 	if err != nil {
 		return res, fmt.Errorf("backfill consumer: %w", err)
@@ -106,7 +109,7 @@ func backfillLoop(ctx context.Context, o backfillOpts, target map[int32]int64, o
 
 // backfill runs the backfill of the catch-up scenario the configured way.
 func (r *run) backfill(ctx context.Context, target map[int32]int64) (backfillResult, error) {
-	o := backfillOpts{r.cfg.Bootstrap, r.cfg.Topic, r.cfg.BackfillMaxS, r.cfg.BackfillMBPerS}
+	o := backfillOpts{r.cfg.Bootstrap, r.cfg.Topic, r.cfg.BackfillMaxS, r.cfg.BackfillMBPerS, r.cfg.BackfillFetchBytes}
 	onBytes := func(b int64) {
 		r.backfillBytes.Add(b)
 		r.backfillB.add(r.since(), b)
@@ -137,7 +140,8 @@ func backfillCommand(cfg config, target map[int32]int64) ([]string, error) {
 	}
 	return append(argv, self, "backfill", "--bootstrap", cfg.Bootstrap, "--topic", cfg.Topic,
 		"--target", formatTarget(target), "--max-s", fmt.Sprint(cfg.BackfillMaxS),
-		"--max-mb-per-s", fmt.Sprint(cfg.BackfillMBPerS)), nil
+		"--max-mb-per-s", fmt.Sprint(cfg.BackfillMBPerS),
+		"--partition-fetch-bytes", fmt.Sprint(cfg.BackfillFetchBytes)), nil
 }
 
 func runBackfillChild(ctx context.Context, cfg config, target map[int32]int64, onBytes func(int64)) (backfillResult, error) {
@@ -227,10 +231,12 @@ func mainBackfill(ctx context.Context, args []string) error {
 	targetS := fs.String("target", "", "end offsets to read up to: partition=offset,... (required)")
 	fs.Float64Var(&o.MaxS, "max-s", 120, "stop after this many seconds if not done")
 	fs.Float64Var(&o.MBPerS, "max-mb-per-s", 0, "pace to at most this many MB/s (0: unpaced)")
+	fetchBytes := fs.Int("partition-fetch-bytes", 16<<20, "fetch.max.partition.bytes (fetch.max.bytes is 4x)")
 	_ = fs.Parse(args)
 	if o.Bootstrap == "" || o.Topic == "" || *targetS == "" {
 		return errors.New("backfill: --bootstrap, --topic and --target are required")
 	}
+	o.PartitionFetchBytes = int32(*fetchBytes)
 	target, err := parseTarget(*targetS)
 	if err != nil {
 		return fmt.Errorf("--target: %w", err)

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,8 +39,12 @@ type run struct {
 	tailLatUs    series // at = receive time
 	tailLag      series // records behind the high watermark, summed over partitions
 	backfillB    series // bytes received by the backfill consumer per poll
-	brokerS      []timedBroker
-	brokerMu     sync.Mutex
+	// Per sampling interval (about 1 s, at = its end), in microseconds:
+	// run-queue wait summed over the broker's threads and over this
+	// process's, and the CPU time of the broker's busiest thread.
+	brokerRunqUs, benchRunqUs, brokerBusiestUs series
+	brokerS                                    []timedBroker
+	brokerMu                                   sync.Mutex
 
 	phase                        atomic.Value // string
 	produced, acked, produceErrs atomic.Int64
@@ -318,11 +323,28 @@ func (r *run) drainTail(ctx context.Context, limit time.Duration) {
 func (r *run) sampleBroker(ctx context.Context, probe brokerProbe) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var prevBroker, prevBench threadSched
 	for {
 		s := probe.sample()
+		now := r.since()
 		r.brokerMu.Lock()
-		r.brokerS = append(r.brokerS, timedBroker{r.since(), s})
+		r.brokerS = append(r.brokerS, timedBroker{now, s})
 		r.brokerMu.Unlock()
+		bench := readThreadSched("self")
+		if prevBench != nil {
+			wait, _ := schedDelta(prevBench, bench)
+			r.benchRunqUs.add(now, wait)
+		}
+		prevBench = bench
+		if probe.pid > 0 {
+			broker := readThreadSched(strconv.Itoa(probe.pid))
+			if prevBroker != nil {
+				wait, busiest := schedDelta(prevBroker, broker)
+				r.brokerRunqUs.add(now, wait)
+				r.brokerBusiestUs.add(now, busiest)
+			}
+			prevBroker = broker
+		}
 		select {
 		case <-ctx.Done():
 			return

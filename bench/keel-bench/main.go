@@ -36,13 +36,15 @@ type config struct {
 	Device         string  `json:"device"`
 	// Where the backfill consumer runs: in this process (the default) or
 	// in a child process, optionally niced, SCHED_IDLE or pinned.
-	BackfillProcess   bool    `json:"backfill_process"`
-	BackfillNice      int     `json:"backfill_nice"`
-	BackfillSchedIdle bool    `json:"backfill_sched_idle"`
-	BackfillCPUs      string  `json:"backfill_cpus"`
-	JSONPath          string  `json:"-"`
-	ProgressS         float64 `json:"-"`
-	PreloadTimeout    float64 `json:"-"`
+	BackfillProcess   bool   `json:"backfill_process"`
+	BackfillNice      int    `json:"backfill_nice"`
+	BackfillSchedIdle bool   `json:"backfill_sched_idle"`
+	BackfillCPUs      string `json:"backfill_cpus"`
+	// The backfill consumer's fetch.max.partition.bytes.
+	BackfillFetchBytes int32   `json:"backfill_partition_fetch_bytes"`
+	JSONPath           string  `json:"-"`
+	ProgressS          float64 `json:"-"`
+	PreloadTimeout     float64 `json:"-"`
 }
 
 func usage() {
@@ -103,6 +105,7 @@ func parseCatchup(args []string) config {
 	fs.Float64Var(&c.BackfillMaxS, "backfill-max-s", 120, "stop the backfill after this many seconds if not done")
 	fs.Float64Var(&c.BackfillMinS, "backfill-min-s", 0, "keep the backfill phase at least this long (for tiny histories that are read in a blink)")
 	fs.Float64Var(&c.BackfillMBPerS, "backfill-max-mb-per-s", 0, "pace the backfill consumer to at most this many MB/s (0: as fast as the broker serves)")
+	fetchBytes := fs.String("backfill-partition-fetch-bytes", "16MiB", "backfill consumer's fetch.max.partition.bytes (fetch.max.bytes is 4x)")
 	fs.Float64Var(&c.AfterS, "after-s", 20, "seconds measured after the backfill ends")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker PID: report its disk reads (/proc/PID/io) and RSS")
 	fs.StringVar(&c.Cgroup, "cgroup", "", "broker's memory cgroup directory: report its page cache (memory.stat)")
@@ -119,6 +122,11 @@ func parseCatchup(args []string) config {
 	if c.HistoryBytes, err = parseBytes(*history); err != nil {
 		fatalf("--history-bytes: %v", err)
 	}
+	fb, err := parseBytes(*fetchBytes)
+	if err != nil || fb < 1 || fb > 1<<28 {
+		fatalf("--backfill-partition-fetch-bytes: want 1 B .. 256 MiB, got %q", *fetchBytes)
+	}
+	c.BackfillFetchBytes = int32(fb)
 	switch {
 	case c.Bootstrap == "":
 		fatalf("--bootstrap is required")
@@ -138,10 +146,14 @@ func parseCatchup(args []string) config {
 
 // setup says where the backfill consumer ran, for tables and JSON.
 func (c config) setup() string {
-	if !c.BackfillProcess {
-		return "backfill consumer in the bench process (beside the live producer and tail)"
+	fetch := fmt.Sprintf("backfill fetches of %.0f MiB per partition", float64(c.BackfillFetchBytes)/(1<<20))
+	if c.BackfillFetchBytes < 1<<20 {
+		fetch = fmt.Sprintf("backfill fetches of %d KiB per partition", c.BackfillFetchBytes>>10)
 	}
-	s := "backfill consumer in its own process"
+	if !c.BackfillProcess {
+		return fetch + ", consumer in the bench process (beside the live producer and tail)"
+	}
+	s := fetch + ", consumer in its own process"
 	if c.BackfillNice != 0 {
 		s += fmt.Sprintf(", nice %d", c.BackfillNice)
 	}

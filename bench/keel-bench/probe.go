@@ -30,6 +30,36 @@ type brokerSample struct {
 	CPUTicks       int64 // /proc/PID/stat utime+stime, all threads, in clock ticks
 	SelfCPUUs      int64 // this (bench) process's user+system CPU, microseconds
 	Dev            devStat
+	Host           hostCPU
+}
+
+// hostCPU: the machine's CPU time from the first line of /proc/stat, in
+// clock ticks, all CPUs together; Ok is false when unread.
+type hostCPU struct {
+	Ok                          bool
+	Total, Idle, IOWait         int64
+	SoftIRQ, Steal, System, IRQ int64
+}
+
+func readHostCPU() hostCPU {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return hostCPU{}
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return hostCPU{}
+	}
+	v := make([]int64, 8) // user nice system idle iowait irq softirq steal
+	var total int64
+	for i := range v {
+		if v[i], err = strconv.ParseInt(f[i+1], 10, 64); err != nil {
+			return hostCPU{}
+		}
+		total += v[i]
+	}
+	return hostCPU{Ok: true, Total: total, Idle: v[3], IOWait: v[4], SoftIRQ: v[6], Steal: v[7], System: v[2], IRQ: v[5]}
 }
 
 // devStat: cumulative counters of /sys/dev/block/MAJ:MIN/stat (see the
@@ -64,6 +94,7 @@ func (p brokerProbe) sample() brokerSample {
 	if p.device != "" {
 		s.Dev = readDevStat(p.device)
 	}
+	s.Host = readHostCPU()
 	return s
 }
 
@@ -160,4 +191,53 @@ func readKeyed(path, key string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// threadSched: per-thread scheduler counters of a process, from
+// /proc/PID/task/TID/schedstat: nanoseconds on a CPU and nanoseconds
+// runnable but waiting for one (run-queue delay).
+type threadSched map[int]struct{ runNs, waitNs int64 }
+
+func readThreadSched(pid string) threadSched {
+	out := threadSched{}
+	dir := filepath.Join("/proc", pid, "task")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return out
+	}
+	for _, e := range entries {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, e.Name(), "schedstat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(data))
+		if len(f) < 2 {
+			continue
+		}
+		run, err1 := strconv.ParseInt(f[0], 10, 64)
+		wait, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 == nil && err2 == nil {
+			out[tid] = struct{ runNs, waitNs int64 }{run, wait}
+		}
+	}
+	return out
+}
+
+// schedDelta: over the threads present in both readings, the total
+// run-queue wait and the CPU time of the busiest thread, in microseconds.
+// Threads that started or ended in between are left out.
+func schedDelta(a, b threadSched) (waitUs, busiestRunUs int64) {
+	for tid, nb := range b {
+		na, ok := a[tid]
+		if !ok {
+			continue
+		}
+		waitUs += (nb.waitNs - na.waitNs) / 1000
+		busiestRunUs = max(busiestRunUs, (nb.runNs-na.runNs)/1000)
+	}
+	return waitUs, busiestRunUs
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"runtime"
 	"time"
 )
 
@@ -38,6 +39,24 @@ type brokerJSON struct {
 	CPUCores      *float64 `json:"cpu_cores"`
 	BenchCPUCores *float64 `json:"bench_cpu_cores"`
 	Device        *devJSON `json:"device,omitempty"`
+	// Run-queue wait (runnable, no CPU free), milliseconds per second of
+	// the phase, summed over threads; and the busiest broker thread's CPU
+	// in cores (mean over 1 s intervals). From /proc/PID/task/*/schedstat.
+	Host              *hostJSON `json:"host,omitempty"`
+	RunqMsPerS        *float64  `json:"runq_ms_per_s"`
+	BenchRunqMsPerS   *float64  `json:"bench_runq_ms_per_s"`
+	BusiestThreadCore *float64  `json:"busiest_thread_cores"`
+}
+
+// hostJSON: the whole machine's CPU during a phase, in cores (CPU seconds
+// per second, summed over CPUs): busy (not idle, not iowait), and parts of it.
+type hostJSON struct {
+	Cores       int     `json:"cores"`
+	BusyCores   float64 `json:"busy_cores"`
+	SystemCores float64 `json:"system_cores"`
+	IRQCores    float64 `json:"irq_softirq_cores"`
+	StealCores  float64 `json:"steal_cores"`
+	IOWaitCores float64 `json:"iowait_cores"`
 }
 
 // devJSON: the data disk during a phase (every process's I/O on it, not
@@ -102,6 +121,7 @@ func lat(s summary) latencyJSON {
 
 func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, probe brokerProbe) *result {
 	prod, tail, lag, bfb := r.produceLatUs.snapshot(), r.tailLatUs.snapshot(), r.tailLag.snapshot(), r.backfillB.snapshot()
+	brunq, benchq, busiest := r.brokerRunqUs.snapshot(), r.benchRunqUs.snapshot(), r.brokerBusiestUs.snapshot()
 	r.brokerMu.Lock()
 	periodic := append([]timedBroker(nil), r.brokerS...)
 	r.brokerMu.Unlock()
@@ -136,6 +156,9 @@ func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, 
 			}
 		}
 		ph.Broker = brokerPhase(marks[i], marks[i+1], periodic)
+		ph.Broker.RunqMsPerS = perSecond(between(brunq, from, to), 1e3)
+		ph.Broker.BenchRunqMsPerS = perSecond(between(benchq, from, to), 1e3)
+		ph.Broker.BusiestThreadCore = perSecond(between(busiest, from, to), 1e6)
 		res.Phases = append(res.Phases, ph)
 	}
 	res.Timeline = timeline(prod, tail, lag, bfb, periodic, marks[len(marks)-1].at)
@@ -170,10 +193,32 @@ func brokerPhase(from, to timedBroker, periodic []timedBroker) brokerJSON {
 		c := float64(to.s.SelfCPUUs-from.s.SelfCPUUs) / 1e6 / secs
 		b.BenchCPUCores = &c
 	}
+	if a, z := from.s.Host, to.s.Host; a.Ok && z.Ok && secs > 0 {
+		c := func(x, y int64) float64 { return float64(y-x) / clockTicksPerS / secs }
+		b.Host = &hostJSON{Cores: runtime.NumCPU(),
+			BusyCores:   c(a.Total-a.Idle-a.IOWait, z.Total-z.Idle-z.IOWait),
+			SystemCores: c(a.System, z.System), IRQCores: c(a.IRQ+a.SoftIRQ, z.IRQ+z.SoftIRQ),
+			StealCores: c(a.Steal, z.Steal), IOWaitCores: c(a.IOWait, z.IOWait)}
+	}
 	if from.s.Dev.Ok && to.s.Dev.Ok && secs > 0 {
 		b.Device = devPhase(from.s.Dev, to.s.Dev, secs)
 	}
 	return b
+}
+
+// perSecond: the mean over sampling intervals (1 s each, so a rate per
+// second) of microsecond values, divided by unit (1e3: ms/s, 1e6: cores);
+// nil without samples.
+func perSecond(us []int64, unit float64) *float64 {
+	if len(us) == 0 {
+		return nil
+	}
+	var sum int64
+	for _, v := range us {
+		sum += v
+	}
+	m := float64(sum) / float64(len(us)) / unit
+	return &m
 }
 
 func devPhase(a, b devStat, secs float64) *devJSON {
@@ -286,6 +331,13 @@ func printTable(w io.Writer, res *result) {
 		{"broker RSS MiB (max)", func(p phaseJSON) string { return opt(p.Broker.RSSBytesMax, 1<<20) }},
 		{"broker CPU cores", func(p phaseJSON) string { return optF(p.Broker.CPUCores) }},
 		{"bench CPU cores", func(p phaseJSON) string { return optF(p.Broker.BenchCPUCores) }},
+		{"host busy cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.BusyCores }) }},
+		{"host system cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.SystemCores }) }},
+		{"host irq+softirq cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.IRQCores }) }},
+		{"host steal cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.StealCores }) }},
+		{"broker busiest thread cores", func(p phaseJSON) string { return optF(p.Broker.BusiestThreadCore) }},
+		{"broker run-queue wait ms/s", func(p phaseJSON) string { return optF(p.Broker.RunqMsPerS) }},
+		{"bench run-queue wait ms/s", func(p phaseJSON) string { return optF(p.Broker.BenchRunqMsPerS) }},
 		{"backfill process CPU cores", func(p phaseJSON) string { return optF(p.BackfillCPUCores) }},
 		{"disk read MB/s", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.ReadMB / p.Seconds }) }},
 		{"disk write MB/s", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.WriteMB / p.Seconds }) }},
@@ -314,6 +366,13 @@ func optF(v *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", *v)
+}
+
+func host(p phaseJSON, f func(*hostJSON) float64) string {
+	if p.Broker.Host == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", f(p.Broker.Host))
 }
 
 func dev(p phaseJSON, f func(*devJSON) float64) string {
