@@ -538,7 +538,8 @@ def side_by_side(results: dict) -> str:
             row = f"| {phase} | {label} | " + " | ".join(fmt(v) for v in vals)
             if len(names) == 2:
                 k, r = vals[0], vals[1]
-                row += " | " + (f"{r / k:.2f}" if k and r is not None else "-")
+                # No ratio to a value that prints as zero.
+                row += " | " + (f"{r / k:.2f}" if k and abs(k) >= 0.005 and r is not None else "-")
             lines.append(row + " |")
     return "\n".join(lines)
 
