@@ -43,11 +43,15 @@ Where the backfill consumer runs (to tell the client's CPU from the
 broker's): by default inside the keel-bench process, beside the live
 producer and the tailing consumer; --backfill-process runs it as a child
 process, and --backfill-nice N, --backfill-sched-idle (SCHED_IDLE) and
---backfill-cpus LIST (taskset) run that child deprioritised or pinned.
+--backfill-cpus LIST (taskset) run that child deprioritised or pinned;
+--backfill-fetch-bytes sets its fetch.max.partition.bytes (default 16 MiB).
 --broker-cpus and --bench-cpus pin the broker and keel-bench. The settings
 apply to both brokers alike, and the output names them. Per phase, the
 table has the broker's CPU (/proc/PID/stat utime+stime) and keel-bench's,
-in cores.
+in cores, the machine's busy cores (/proc/stat), and the run-queue wait of
+the broker's and keel-bench's threads (/proc/PID/task/*/schedstat).
+bench/catchup_plot.py plots runs from several --json files one above the
+other.
 
 Defaults (2 GiB cgroup, 4 GiB of history, 2 MB/s live) take about 2.5
 minutes for both brokers on a 2-core machine; 8 GiB of history about 3.5. A
@@ -555,6 +559,12 @@ def setup_line(args, results: dict) -> str:
     return text
 
 
+def short_disk(text: str) -> str:
+    """"ext4 on /dev/loop0 (...) over sparse FILE, throttled" -> "ext4 on a loop device, throttled"."""
+    fs, on, rest = text.partition(" on /dev/loop")
+    return f"{fs} on a loop device, {rest.rpartition(', ')[2]}" if on else text
+
+
 def plot(results: dict, path: Path) -> str:
     try:
         import matplotlib
@@ -570,7 +580,7 @@ def plot(results: dict, path: Path) -> str:
         ax.plot(t, [p["tail_p99_ms"] for p in res["timeline"]], label="tail e2e p99 (per s)")
         ax.axvspan(res["backfill_start_s"], res["backfill_end_s"], color="orange", alpha=0.2, label="backfill")
         ax.set_yscale("log")
-        ax.set_title(f"{name}: latency over time ({res.get('disk', 'host disk')})", fontsize=9)
+        ax.set_title(f"{name}: latency over time ({short_disk(res.get('disk', 'host disk'))})", fontsize=9)
         ax.set_xlabel("seconds since the live producer started")
         ax.set_ylabel("ms")
         ax.legend(loc="upper right")
