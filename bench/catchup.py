@@ -14,14 +14,59 @@ the memory controller, memory.max). On v1 the group is made inside the
 memory cgroup this script runs in, so outer limits still apply. Without
 either, the brokers run unconstrained and the output says so.
 
+Disk profiles (--disk), for the broker's data directory:
+  host  (default) a directory under the lab dir (LAB_DIR, default bench/lab)
+        on the machine's own disk and filesystem;
+  loop  a filesystem of its own (--fs ext4|xfs, default ext4) on a loop
+        device over a fresh sparse file under the lab dir, attached with
+        `losetup --direct-io=on` so the backing file's page cache cannot
+        mask the device; not throttled. Giving --fs without --disk means
+        this profile: a filesystem choice needs a filesystem of its own;
+  hdd   the loop filesystem, its I/O throttled for the broker's cgroup to
+        --hdd-mb-per-s (MB = 10^6 bytes, reads and writes each) and
+        --hdd-iops (reads and writes each) to emulate a spinning disk:
+        cgroup v1 blkio.throttle.{read,write}_{bps,iops}_device, or v2
+        io.max, "MAJ:MIN ..." of the loop device. On cgroup v1 only I/O the
+        broker's own threads submit is throttled (its reads, its fsyncs);
+        buffered writes that the kernel's flusher threads write back are
+        not (v1 has no cgroup writeback), so the throttle is mostly on reads.
+A loop or hdd profile is made afresh for each broker run (backing file,
+losetup, mkfs, mount) and always torn down after it (stop the broker,
+umount, losetup -d, delete the file, remove the cgroups), also on an error,
+Ctrl-C or SIGTERM. Where loop devices, mkfs, or (for hdd) blkio/io
+throttling are missing, the script says why and exits before starting any
+broker; `--fs xfs` installs xfsprogs with apt-get when mkfs.xfs is missing.
+The table reports the data disk's reads, writes, await and utilisation per
+phase (/sys/dev/block/MAJ:MIN/stat: every process's I/O on that device).
+
+Where the backfill consumer runs (to tell the client's CPU from the
+broker's): by default inside the keel-bench process, beside the live
+producer and the tailing consumer; --backfill-process runs it as a child
+process, and --backfill-nice N, --backfill-sched-idle (SCHED_IDLE) and
+--backfill-cpus LIST (taskset) run that child deprioritised or pinned;
+--backfill-fetch-bytes sets its fetch.max.partition.bytes (default 16 MiB).
+--broker-cpus and --bench-cpus pin the broker and keel-bench. The settings
+apply to both brokers alike, and the output names them. Per phase, the
+table has the broker's CPU (/proc/PID/stat utime+stime) and keel-bench's,
+in cores, the machine's busy cores (/proc/stat), and the run-queue wait of
+the broker's and keel-bench's threads (/proc/PID/task/*/schedstat).
+bench/catchup_plot.py plots runs from several --json files one above the
+other.
+
 Defaults (2 GiB cgroup, 4 GiB of history, 2 MB/s live) take about 2.5
-minutes for both brokers on a 2-core machine; 8 GiB of history about 3.5. A benchmark, not a test: it prints
-numbers and asserts none.
+minutes for both brokers on a 2-core machine; 8 GiB of history about 3.5. A
+benchmark, not a test: it prints numbers and asserts none.
 
 usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--record-size 1024] [--keys 100000] [--partitions 1]
                         [--baseline-s 20] [--backfill-max-s 180] [--after-s 20]
                         [--backfill-max-mb-per-s 0]
+                        [--disk host|loop|hdd] [--fs ext4|xfs]
+                        [--hdd-mb-per-s 150] [--hdd-iops 300] [--loop-bytes N]
+                        [--backfill-process] [--backfill-nice N]
+                        [--backfill-sched-idle] [--backfill-cpus LIST]
+                        [--backfill-fetch-bytes 16MiB]
+                        [--broker-cpus LIST] [--bench-cpus LIST]
                         [--kafka-heap 1g] [--skip-kafka] [--skip-keel]
                         [--json FILE] [--plot FILE]
 The keel binary defaults to target/release/keel.
@@ -29,6 +74,7 @@ The keel binary defaults to target/release/keel.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -60,20 +106,38 @@ def parse_bytes(s: str) -> int:
 
 # ---------------------------------------------------------------- cgroups
 
+def self_cgroup_v1(controller: str) -> str:
+    """This process's path in the v1 hierarchy of `controller` ("" = root)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, rel = line.split(":", 2)
+        if controller in controllers.split(","):
+            return rel.lstrip("/")
+    return ""
+
+
 class MemCgroup:
     """A memory cgroup limited to `limit` bytes; `path` is None when neither
-    cgroup v1 nor v2 memory control is usable here (`why` says why)."""
+    cgroup v1 nor v2 memory control is usable here (`why` says why). With
+    `io_limit` (an IoLimit) the broker's I/O on one device is throttled too:
+    a v1 blkio group of the same name, or io.max in the same v2 group."""
 
-    def __init__(self, name: str, limit: int):
+    def __init__(self, name: str, limit: int, io_limit: IoLimit | None = None):
         self.limit = limit
+        self.io_limit = io_limit
         self.version: str | None = None
         self.path: Path | None = None
+        self.blkio: Path | None = None  # v1 only; v2 throttles in `path`
         self.why = ""
         try:
             self._create(name)
+            if io_limit is not None:
+                self._throttle(name, io_limit)
         except OSError as e:
+            self.remove()
             self.path, self.version = None, None
             self.why = f"could not create a memory cgroup: {e}"
+            if io_limit is not None:
+                raise SystemExit(f"--disk hdd: could not set up the I/O throttle: {e}") from e
 
     def _create(self, name: str) -> None:
         if os.geteuid() != 0:
@@ -96,13 +160,8 @@ class MemCgroup:
         if not (v1 / "memory.limit_in_bytes").exists():
             self.why = "no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory and no cgroup v2"
             return
-        parent = v1
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, rel = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                parent = v1 / rel.lstrip("/")
         try:
-            path = parent / name
+            path = v1 / self_cgroup_v1("memory") / name
             path.mkdir(exist_ok=True)
         except OSError:
             path = v1 / name
@@ -110,49 +169,231 @@ class MemCgroup:
         (path / "memory.limit_in_bytes").write_text(str(self.limit))
         self.version, self.path = "v1", path
 
+    def _throttle(self, name: str, io: IoLimit) -> None:
+        if self.version == "v2":
+            sub = CGROUP_ROOT / "cgroup.subtree_control"
+            if "io" not in sub.read_text().split():
+                sub.write_text("+io")
+            (self.path / "io.max").write_text(
+                f"{io.dev} rbps={io.bps} wbps={io.bps} riops={io.iops} wiops={io.iops}")
+            return
+        if self.version != "v1":
+            raise OSError(f"no cgroup to throttle in ({self.why})")
+        self.blkio = CGROUP_ROOT / "blkio" / self_cgroup_v1("blkio") / name
+        self.blkio.mkdir(exist_ok=True)
+        for op in ("read", "write"):
+            (self.blkio / f"blkio.throttle.{op}_bps_device").write_text(f"{io.dev} {io.bps}")
+            (self.blkio / f"blkio.throttle.{op}_iops_device").write_text(f"{io.dev} {io.iops}")
+
     def join(self) -> None:
-        """preexec_fn for the broker: put this (child) process in the group
-        before it execs, so the broker and everything it forks start inside."""
-        if self.path is not None:
-            with open(self.path / "cgroup.procs", "w") as f:
-                f.write(str(os.getpid()))
+        """Puts this (child) process in the group(s) before it execs, so the
+        broker and everything it forks start inside."""
+        for group in (self.path, self.blkio):
+            if group is not None:
+                with open(group / "cgroup.procs", "w") as f:
+                    f.write(str(os.getpid()))
 
     def describe(self) -> str:
         if self.path is None:
             return f"no memory cgroup ({self.why}); brokers run without a memory limit"
-        return f"memory cgroup {self.version} {self.path}, limit {self.limit / 2**30:.2f} GiB"
+        text = f"memory cgroup {self.version} {self.path}, limit {self.limit / 2**30:.2f} GiB"
+        if self.io_limit is not None:
+            where = self.blkio if self.version == "v1" else self.path / "io.max"
+            text += f"; I/O on {self.io_limit.dev} throttled to {self.io_limit.bps / 1e6:.0f} MB/s and " \
+                    f"{self.io_limit.iops} IOPS each way ({where})"
+        return text
 
     def remove(self) -> None:
-        if self.path is None:
+        for group in (self.blkio, self.path):
+            if group is not None:
+                rmdir_cgroup(group)
+
+
+def rmdir_cgroup(path: Path) -> None:
+    for _ in range(50):
+        try:
+            path.rmdir()
             return
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)  # exiting processes leave the group asynchronously
-        print(f"warning: could not remove {self.path}", file=sys.stderr)
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)  # exiting processes leave the group asynchronously
+    print(f"warning: could not remove {path}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- disks
+
+class IoLimit:
+    """A throttle on one block device: bytes/s and IOPS, each way."""
+
+    def __init__(self, dev: str, bps: int, iops: int):
+        self.dev, self.bps, self.iops = dev, bps, iops
+
+
+def run_root(cmd: list[str], what: str) -> str:
+    """Runs a setup command; a failure ends the script with its output."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{what}: `{' '.join(cmd)}` failed: {(p.stderr or p.stdout).strip()}")
+    return p.stdout.strip()
+
+
+def ensure_mkfs(fs: str) -> str:
+    """Path of mkfs.<fs>; installs xfsprogs when XFS is asked for and missing."""
+    tool = f"mkfs.{fs}"
+    if shutil.which(tool):
+        return shutil.which(tool)
+    if fs == "xfs" and shutil.which("apt-get"):
+        print(f"{tool} not found: installing xfsprogs with apt-get", flush=True)
+        subprocess.run(["apt-get", "install", "-y", "-q", "xfsprogs"], check=False,
+                       stdout=subprocess.DEVNULL)
+    if not shutil.which(tool):
+        raise SystemExit(f"--fs {fs}: {tool} is not installed and could not be installed "
+                         f"({'apt-get install xfsprogs failed' if fs == 'xfs' else 'install its mkfs tool'})")
+    return shutil.which(tool)
+
+
+def preflight_disk(args) -> None:
+    """Says why the loop/hdd profile cannot run here, before any broker."""
+    if args.disk == "host":
+        return
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root (losetup, mkfs and mount need root)")
+    if not shutil.which("losetup"):
+        problems.append("losetup not found (util-linux)")
+    if not Path("/dev/loop-control").exists():
+        problems.append("no /dev/loop-control: the loop driver is not available")
+    if args.fs not in Path("/proc/filesystems").read_text().split():
+        problems.append(f"the kernel does not list {args.fs} in /proc/filesystems")
+    if args.disk == "hdd":
+        v2 = (CGROUP_ROOT / "cgroup.controllers").exists()
+        if v2 and "io" not in (CGROUP_ROOT / "cgroup.controllers").read_text().split():
+            problems.append("cgroup v2 without the io controller (io.max)")
+        if not v2 and not (CGROUP_ROOT / "blkio" / "blkio.throttle.read_bps_device").exists():
+            problems.append("no cgroup v1 blkio throttling at /sys/fs/cgroup/blkio")
+        if not v2 and not (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists():
+            problems.append("no memory cgroup to hold the broker")
+    if problems:
+        raise SystemExit(f"--disk {args.disk} cannot run here: " + "; ".join(problems))
+    ensure_mkfs(args.fs)
+
+
+class LoopDisk:
+    """A fresh filesystem on a loop device over a sparse file under the lab
+    directory; `mount` is where it is mounted and `dev` its MAJ:MIN."""
+
+    def __init__(self, name: str, size: int, fs: str):
+        self.file = LAB / f"{name}.img"
+        self.mount = LAB / f"{name}-mnt"
+        self.loop = ""
+        self.mounted = False
+        try:
+            self._create(size, fs)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _create(self, size: int, fs: str) -> None:
+        self.file.unlink(missing_ok=True)
+        with open(self.file, "wb") as f:
+            f.truncate(size)  # sparse: blocks are allocated as the broker writes
+        self.loop = run_root(["losetup", "--direct-io=on", "--find", "--show", str(self.file)], "losetup")
+        dio = Path(f"/sys/block/{Path(self.loop).name}/loop/dio")
+        if dio.exists() and dio.read_text().strip() != "1":
+            print(f"warning: {self.loop} did not enable direct I/O; the backing file's page cache may "
+                  "mask the device", file=sys.stderr)
+        mkfs = ensure_mkfs(fs)
+        run_root([mkfs, "-q", *(["-f"] if fs == "xfs" else ["-F"]), self.loop], "mkfs")
+        self.mount.mkdir(parents=True, exist_ok=True)
+        run_root(["mount", "-t", fs, self.loop, str(self.mount)], "mount")
+        self.mounted = True
+        rdev = os.stat(self.loop).st_rdev
+        self.dev = f"{os.major(rdev)}:{os.minor(rdev)}"
+        self.fs = fs
+
+    def describe(self) -> str:
+        return f"{self.fs} on {self.loop} ({self.dev}, --direct-io=on) over sparse {self.file}"
+
+    def remove(self) -> None:
+        if self.mounted:
+            for _ in range(50):
+                if subprocess.run(["umount", str(self.mount)], capture_output=True).returncode == 0:
+                    self.mounted = False
+                    break
+                time.sleep(0.2)  # a broker that just exited may still hold files
+            else:
+                print(f"warning: could not umount {self.mount}", file=sys.stderr)
+        if self.loop and not self.mounted:
+            subprocess.run(["losetup", "-d", self.loop], check=False)
+            self.loop = ""
+        if not self.mounted:
+            self.file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.mount.rmdir()
+
+
+def host_dev(path: Path) -> str:
+    """MAJ:MIN of the block device holding `path`, for its I/O counters."""
+    st = os.stat(path)
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+def lab_for(args, name: str, stack: contextlib.ExitStack) -> tuple[Path, str, MemCgroup, str]:
+    """The broker's data parent directory, its device, its cgroup, and a line
+    describing the disk; everything is undone by `stack`."""
+    if args.disk == "host":
+        cg = MemCgroup(f"keel-bench-{name}", args.memory)
+        stack.callback(cg.remove)
+        return LAB / "catchup", host_dev(LAB), cg, f"host disk ({host_dev(LAB)}), not throttled"
+    disk = LoopDisk(f"catchup-{name}", args.loop_bytes or args.history_bytes * 3 // 2 + (4 << 30), args.fs)
+    stack.callback(disk.remove)
+    io = IoLimit(disk.dev, int(args.hdd_mb_per_s * 1e6), args.hdd_iops) if args.disk == "hdd" else None
+    cg = MemCgroup(f"keel-bench-{name}", args.memory, io)
+    stack.callback(cg.remove)
+    text = disk.describe() + (", throttled" if io else ", not throttled")
+    return disk.mount, disk.dev, cg, text
+
+
+def pin(cpus: str | None):
+    """preexec_fn part: restrict this (child) process to `cpus` ("0", "0,1", "0-1")."""
+    if not cpus:
+        return
+    chosen = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        chosen.update(range(int(lo), int(hi or lo) + 1))
+    os.sched_setaffinity(0, chosen)
 
 
 # ---------------------------------------------------------------- brokers
 
-def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, out: Path) -> list[str]:
+def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, dev: str,
+              out: Path) -> list[str]:
     cmd = [str(bench_bin), "catchup", "--bootstrap", bootstrap, "--topic", "catchup",
            "--partitions", str(args.partitions), "--history-bytes", str(args.history_bytes),
            "--record-size", str(args.record_size), "--keys", str(args.keys), "--rate", str(args.rate),
            "--baseline-s", str(args.baseline_s), "--backfill-max-s", str(args.backfill_max_s),
            "--after-s", str(args.after_s), "--backfill-max-mb-per-s", str(args.backfill_max_mb_per_s),
-           "--broker-pid", str(pid), "--json", str(out)]
+           "--broker-pid", str(pid), "--device", dev, "--json", str(out)]
     if cg.path is not None:
         cmd += ["--cgroup", str(cg.path)]
+    if args.backfill_process:
+        cmd += ["--backfill-process"]
+    if args.backfill_nice:
+        cmd += ["--backfill-nice", str(args.backfill_nice)]
+    if args.backfill_sched_idle:
+        cmd += ["--backfill-sched-idle"]
+    if args.backfill_cpus:
+        cmd += ["--backfill-cpus", args.backfill_cpus]
+    if args.backfill_fetch_bytes:
+        cmd += ["--backfill-partition-fetch-bytes", str(args.backfill_fetch_bytes)]
     return cmd
 
 
-def run_bench(name: str, cmd: list[str], out: Path) -> dict:
-    print(f"\n== {name}: {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True)
+def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None) -> dict:
+    print(f"\n== {name}: {' '.join(cmd)}" + (f" (pinned to CPUs {cpus})" if cpus else ""), flush=True)
+    subprocess.run(cmd, check=True, preexec_fn=lambda: pin(cpus))
     return json.loads(out.read_text())
 
 
@@ -168,55 +409,66 @@ def tail_cache_line(log_path: Path) -> str:
     return ""
 
 
+def broker_preexec(cg: MemCgroup, cpus: str | None):
+    def preexec() -> None:
+        cg.join()
+        pin(cpus)
+    return preexec
+
+
 def run_keel(args, bench_bin: Path, work: Path) -> dict:
-    cg = MemCgroup("keel-bench-keel", args.memory)
-    print(f"keel: {cg.describe()}")
-    data, log_path = work / "keel-data", work / "keel.log"
-    shutil.rmtree(data, ignore_errors=True)
-    port = free_port()
-    cmd = [str(args.keel_bin), "serve", "--listen", f"127.0.0.1:{port}",
-           "--advertised", f"127.0.0.1:{port}", "--data-dir", str(data), "--set", "keel.admin.listen="]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=cg.join)
-    try:
+    with contextlib.ExitStack() as stack:
+        parent, dev, cg, disk = lab_for(args, "keel", stack)
+        print(f"keel: {cg.describe()}\nkeel: data on {disk}")
+        data, log_path = parent / "keel-data", work / "keel.log"
+        shutil.rmtree(data, ignore_errors=True)
+        stack.callback(shutil.rmtree, data, ignore_errors=True)
+        port = free_port()
+        cmd = [str(args.keel_bin), "serve", "--listen", f"127.0.0.1:{port}",
+               "--advertised", f"127.0.0.1:{port}", "--data-dir", str(data), "--set", "keel.admin.listen="]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=broker_preexec(cg, args.broker_cpus))
+        stack.callback(stop_keel, proc)
         wait_port(port, 30)
         print(f"keel: {tail_cache_line(log_path) or 'no tail cache budget line yet in ' + str(log_path)}")
-        res = run_bench("keel", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg,
-                                          work / "keel.json"), work / "keel.json")
+        res = run_bench("keel", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg, dev,
+                                          work / "keel.json"), work / "keel.json", args.bench_cpus)
         res["tail_cache_log"] = tail_cache_line(log_path)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        cg.remove()
-        shutil.rmtree(data, ignore_errors=True)
-    res["memory_cgroup"] = cg.describe()
+        res["memory_cgroup"] = cg.describe()
+        res["disk"] = disk
     return res
 
 
-def run_kafka(args, bench_bin: Path, work: Path) -> dict:
-    cg = MemCgroup("keel-bench-kafka", args.memory)
-    print(f"kafka: {cg.describe()}")
-    data = work / "kafka-data"
-    shutil.rmtree(data, ignore_errors=True)
-    port = free_port()
-    env = dict(os.environ, KAFKA_HEAP=args.kafka_heap)
-    subprocess.run([str(HERE / "kafka" / "start.sh"), str(port), str(data)], check=True, env=env,
-                   preexec_fn=cg.join, timeout=300)
+def stop_keel(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
     try:
-        pid = int((data / "kafka.pid").read_text())
-        res = run_bench("kafka", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", pid, cg,
-                                           work / "kafka.json"), work / "kafka.json")
-    finally:
-        subprocess.run([str(HERE / "kafka" / "stop.sh"), str(data)], check=False, timeout=180)
-        cg.remove()
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_kafka(args, bench_bin: Path, work: Path) -> dict:
+    with contextlib.ExitStack() as stack:
+        parent, dev, cg, disk = lab_for(args, "kafka", stack)
+        print(f"kafka: {cg.describe()}\nkafka: data on {disk}")
+        data = parent / "kafka-data"
         shutil.rmtree(data, ignore_errors=True)
-    res["memory_cgroup"] = cg.describe()
-    res["kafka_heap"] = args.kafka_heap
+        stack.callback(shutil.rmtree, data, ignore_errors=True)
+        port = free_port()
+        env = dict(os.environ, KAFKA_HEAP=args.kafka_heap, LAB_DIR=str(LAB))
+        # Registered first, so it also runs when start.sh fails half-way.
+        stack.callback(lambda: subprocess.run([str(HERE / "kafka" / "stop.sh"), str(data)], check=False,
+                                              timeout=180))
+        subprocess.run([str(HERE / "kafka" / "start.sh"), str(port), str(data)], check=True, env=env,
+                       preexec_fn=broker_preexec(cg, args.broker_cpus), timeout=300)
+        pid = int((data / "kafka.pid").read_text())
+        res = run_bench("kafka", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", pid, cg, dev,
+                                           work / "kafka.json"), work / "kafka.json", args.bench_cpus)
+        res["memory_cgroup"] = cg.describe()
+        res["disk"] = disk
+        res["kafka_heap"] = args.kafka_heap
     return res
 
 
@@ -242,7 +494,26 @@ ROWS = [  # (label, value of one phase's JSON or None)
     ("broker disk read MB", lambda p: mb(p["broker"]["disk_read_bytes"], 1e6)),
     ("page cache MiB (max)", lambda p: mb(p["broker"]["page_cache_bytes_max"], 2**20)),
     ("broker RSS MiB (max)", lambda p: mb(p["broker"]["rss_bytes_max"], 2**20)),
+    ("broker CPU cores", lambda p: p["broker"].get("cpu_cores")),
+    ("bench CPU cores", lambda p: p["broker"].get("bench_cpu_cores")),
+    ("host busy cores", lambda p: (p["broker"].get("host") or {}).get("busy_cores")),
+    ("host irq+softirq cores", lambda p: (p["broker"].get("host") or {}).get("irq_softirq_cores")),
+    ("host steal cores", lambda p: (p["broker"].get("host") or {}).get("steal_cores")),
+    ("broker busiest thread cores", lambda p: p["broker"].get("busiest_thread_cores")),
+    ("broker run-queue wait ms/s", lambda p: p["broker"].get("runq_ms_per_s")),
+    ("bench run-queue wait ms/s", lambda p: p["broker"].get("bench_runq_ms_per_s")),
+    ("backfill process CPU cores", lambda p: p.get("backfill_process_cpu_cores")),
+    ("disk read MB/s", lambda p: dev(p, lambda d: d["read_mb"] / p["seconds"])),
+    ("disk write MB/s", lambda p: dev(p, lambda d: d["write_mb"] / p["seconds"])),
+    ("disk read await ms", lambda p: dev(p, lambda d: d["read_await_ms"])),
+    ("disk write await ms", lambda p: dev(p, lambda d: d["write_await_ms"])),
+    ("disk util %", lambda p: dev(p, lambda d: d["util_pct"])),
 ]
+
+
+def dev(phase: dict, get):
+    d = phase["broker"].get("device")
+    return None if d is None or not phase["seconds"] else get(d)
 
 
 def mb(v, unit):
@@ -271,9 +542,27 @@ def side_by_side(results: dict) -> str:
             row = f"| {phase} | {label} | " + " | ".join(fmt(v) for v in vals)
             if len(names) == 2:
                 k, r = vals[0], vals[1]
-                row += " | " + (f"{r / k:.2f}" if k and r is not None else "-")
+                # No ratio to a value that prints as zero.
+                row += " | " + (f"{r / k:.2f}" if k and abs(k) >= 0.005 and r is not None else "-")
             lines.append(row + " |")
     return "\n".join(lines)
+
+
+def setup_line(args, results: dict) -> str:
+    """Where the clients ran: the same for both brokers, named in the output."""
+    first = next(iter(results.values()), {})
+    text = first.get("setup", "")
+    if args.broker_cpus:
+        text += f"; broker pinned to CPUs {args.broker_cpus}"
+    if args.bench_cpus:
+        text += f"; keel-bench pinned to CPUs {args.bench_cpus}"
+    return text
+
+
+def short_disk(text: str) -> str:
+    """"ext4 on /dev/loop0 (...) over sparse FILE, throttled" -> "ext4 on a loop device, throttled"."""
+    fs, on, rest = text.partition(" on /dev/loop")
+    return f"{fs} on a loop device, {rest.rpartition(', ')[2]}" if on else text
 
 
 def plot(results: dict, path: Path) -> str:
@@ -291,7 +580,7 @@ def plot(results: dict, path: Path) -> str:
         ax.plot(t, [p["tail_p99_ms"] for p in res["timeline"]], label="tail e2e p99 (per s)")
         ax.axvspan(res["backfill_start_s"], res["backfill_end_s"], color="orange", alpha=0.2, label="backfill")
         ax.set_yscale("log")
-        ax.set_title(f"{name}: latency over time")
+        ax.set_title(f"{name}: latency over time ({short_disk(res.get('disk', 'host disk'))})", fontsize=9)
         ax.set_xlabel("seconds since the live producer started")
         ax.set_ylabel("ms")
         ax.legend(loc="upper right")
@@ -314,6 +603,24 @@ def main() -> None:
     ap.add_argument("--after-s", type=float, default=20)
     ap.add_argument("--backfill-max-mb-per-s", type=float, default=0,
                     help="pace the backfill consumer (client side); 0: unpaced")
+    ap.add_argument("--disk", choices=("host", "loop", "hdd"), default=None,
+                    help="where the data dir lives (see above; default host, or loop with --fs)")
+    ap.add_argument("--fs", choices=("ext4", "xfs"), default=None,
+                    help="filesystem of the loop/hdd profiles (default ext4)")
+    ap.add_argument("--hdd-mb-per-s", type=float, default=150, help="--disk hdd: MB/s each way")
+    ap.add_argument("--hdd-iops", type=int, default=300, help="--disk hdd: IOPS each way")
+    ap.add_argument("--loop-bytes", type=parse_bytes, default=0,
+                    help="size of the sparse backing file (default 1.5 x history + 4 GiB)")
+    ap.add_argument("--backfill-process", action="store_true",
+                    help="run the backfill consumer as a process of its own")
+    ap.add_argument("--backfill-nice", type=int, default=0, help="nice value of the backfill process")
+    ap.add_argument("--backfill-sched-idle", action="store_true",
+                    help="run the backfill process with SCHED_IDLE")
+    ap.add_argument("--backfill-cpus", help="pin the backfill process (taskset -c LIST)")
+    ap.add_argument("--backfill-fetch-bytes", type=parse_bytes, default=0,
+                    help="backfill fetch.max.partition.bytes (keel-bench default 16MiB; fetch.max.bytes is 4x)")
+    ap.add_argument("--broker-cpus", help="pin the broker to these CPUs (e.g. 0)")
+    ap.add_argument("--bench-cpus", help="pin keel-bench (and a backfill process, unless --backfill-cpus)")
     ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--keel-bin", type=Path, default=REPO / "target" / "release" / "keel")
     ap.add_argument("--skip-kafka", action="store_true")
@@ -321,6 +628,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write both brokers' results here")
     ap.add_argument("--plot", type=Path, default=LAB / "catchup.png", help="PNG of latency over time")
     args = ap.parse_args()
+    if args.disk is None:
+        args.disk = "loop" if args.fs else "host"
+    args.fs = args.fs or "ext4"
+    preflight_disk(args)
+    # SIGTERM unwinds like Ctrl-C, so every broker, mount and cgroup is undone.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     work = LAB / "catchup"
     work.mkdir(parents=True, exist_ok=True)
@@ -334,8 +647,10 @@ def main() -> None:
         results["keel"] = run_keel(args, bench_bin, work)
 
     print(f"\nmachine: {platform.node()}, {os.cpu_count()} cores, {platform.platform()}")
+    print(f"setup: {setup_line(args, results)}")
     for name, res in results.items():
         print(f"{name}: {res['memory_cgroup']}")
+        print(f"{name}: data on {res['disk']}")
         b = res["backfill"]
         print(f"{name}: backfill {b['records']}/{b['target_records']} records, {b['bytes'] / 1e6:.0f} MB "
               f"in {b['seconds']:.1f} s{'' if b['complete'] else ' (INCOMPLETE)'}; "

@@ -33,21 +33,26 @@ def keel_bench(tmp_path_factory):
     return out
 
 
-def test_catchup_reports_three_phases(keel_bench, broker, tmp_path):
+def run_catchup(keel_bench, broker, tmp_path, *extra: str) -> tuple[dict, object]:
+    """Runs a few seconds of `catchup` and returns its JSON report and the
+    broker's process (None for an external broker)."""
     report = tmp_path / "catchup.json"
     cmd = [str(keel_bench), "catchup", "--bootstrap", broker.bootstrap,
            "--partitions", "2", "--history-bytes", "2MiB", "--record-size", "512",
            "--keys", "1000", "--rate", "200", "--baseline-s", "2",
            "--backfill-min-s", "1", "--backfill-max-s", "20", "--after-s", "2",
-           "--progress-s", "0", "--json", str(report)]
+           "--progress-s", "0", "--json", str(report), *extra]
     proc = getattr(broker, "proc", None)
     if proc is not None:
         cmd += ["--broker-pid", str(proc.pid)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, f"keel-bench failed:\n{run.stdout}\n{run.stderr}"
     assert "tail e2e p99 ms" in run.stdout, run.stdout
+    return json.loads(report.read_text()), proc
 
-    res = json.loads(report.read_text())
+
+def test_catchup_reports_three_phases(keel_bench, broker, tmp_path):
+    res, proc = run_catchup(keel_bench, broker, tmp_path)
     assert res["produce_errors"] == 0, res.get("first_produce_error")
     phases = {p["name"]: p for p in res["phases"]}
     assert list(phases) == ["baseline", "backfill", "after"]
@@ -59,3 +64,17 @@ def test_catchup_reports_three_phases(keel_bench, broker, tmp_path):
     assert res["backfill"]["records"] == res["backfill"]["target_records"], res["backfill"]
     if proc is not None:
         assert phases["baseline"]["broker"]["rss_bytes_max"] > 0, phases["baseline"]["broker"]
+
+
+def test_catchup_backfill_in_its_own_process(keel_bench, broker, tmp_path):
+    """The child-process backfill (`keel-bench backfill`, niced, small
+    fetches) reads the same records and reports its CPU."""
+    res, _ = run_catchup(keel_bench, broker, tmp_path, "--backfill-nice", "10",
+                         "--backfill-partition-fetch-bytes", "64KiB")
+    assert res["config"]["backfill_process"], res["config"]
+    assert "own process, nice 10" in res["setup"], res["setup"]
+    bf = res["backfill"]
+    assert bf["complete"] and bf["records"] == bf["target_records"] > 0, bf
+    assert bf["cpu_s"] > 0, bf
+    phase = next(p for p in res["phases"] if p["name"] == "backfill")
+    assert phase["backfill_bytes"] == bf["bytes"], (phase, bf)

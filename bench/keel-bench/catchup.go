@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,8 +39,12 @@ type run struct {
 	tailLatUs    series // at = receive time
 	tailLag      series // records behind the high watermark, summed over partitions
 	backfillB    series // bytes received by the backfill consumer per poll
-	brokerS      []timedBroker
-	brokerMu     sync.Mutex
+	// Per sampling interval (about 1 s, at = its end), in microseconds:
+	// run-queue wait summed over the broker's threads and over this
+	// process's, and the CPU time of the broker's busiest thread.
+	brokerRunqUs, benchRunqUs, brokerBusiestUs series
+	brokerS                                    []timedBroker
+	brokerMu                                   sync.Mutex
 
 	phase                        atomic.Value // string
 	produced, acked, produceErrs atomic.Int64
@@ -76,7 +81,7 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 		return nil, err
 	}
 
-	probe := brokerProbe{pid: cfg.BrokerPID, cgroup: cfg.Cgroup}
+	probe := brokerProbe{pid: cfg.BrokerPID, cgroup: cfg.Cgroup, device: cfg.Device}
 	live, cancelLive := context.WithCancel(ctx)
 	defer cancelLive()
 	r.t0 = time.Now()
@@ -100,7 +105,10 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	bf := r.backfill(ctx, bfTarget)
+	bf, err := r.backfill(ctx, bfTarget)
+	if err != nil {
+		return nil, err
+	}
 	sleepCtx(ctx, secs(cfg.BackfillMinS)-(r.since()-bfStart))
 	bfEnd := r.since()
 	marks = append(marks, timedBroker{bfEnd, probe.sample()})
@@ -312,74 +320,31 @@ func (r *run) drainTail(ctx context.Context, limit time.Duration) {
 	}
 }
 
-type backfillResult struct {
-	Records       int64   `json:"records"`
-	Bytes         int64   `json:"bytes"`
-	Seconds       float64 `json:"seconds"`
-	TargetRecords int64   `json:"target_records"`
-	Complete      bool    `json:"complete"`
-}
-
-// backfill reads every partition from its earliest offset up to `target`
-// (the end offsets when the backfill starts), as fast as the broker serves.
-func (r *run) backfill(ctx context.Context, target map[int32]int64) backfillResult {
-	parts := map[int32]kgo.Offset{}
-	remaining := map[int32]bool{}
-	var res backfillResult
-	for p, o := range target {
-		parts[p] = kgo.NewOffset().AtStart()
-		if o > 0 {
-			remaining[p] = true
-		}
-		res.TargetRecords += o
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(r.cfg.Bootstrap),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.cfg.Topic: parts}),
-		kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(16<<20),
-		kgo.FetchMaxWait(500*time.Millisecond))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "backfill consumer:", err)
-		return res
-	}
-	defer cl.Close()
-	start := time.Now()
-	bctx, cancel := context.WithTimeout(ctx, secs(r.cfg.BackfillMaxS))
-	defer cancel()
-	for len(remaining) > 0 && bctx.Err() == nil {
-		fs := cl.PollFetches(bctx)
-		var bytes int64
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			for _, rec := range p.Records {
-				if rec.Offset < target[p.Partition] {
-					bytes += int64(len(rec.Key) + len(rec.Value))
-					res.Records++
-				}
-			}
-			if n := len(p.Records); n > 0 && p.Records[n-1].Offset+1 >= target[p.Partition] {
-				delete(remaining, p.Partition)
-			}
-		})
-		res.Bytes += bytes
-		r.backfillBytes.Add(bytes)
-		r.backfillB.add(r.since(), bytes)
-		if rate := r.cfg.BackfillMBPerS; rate > 0 {
-			// Client-side pacing: sleep until the bytes so far fit the rate.
-			sleepCtx(bctx, secs(float64(res.Bytes)/1e6/rate)-time.Since(start))
-		}
-	}
-	res.Seconds = time.Since(start).Seconds()
-	res.Complete = len(remaining) == 0
-	return res
-}
-
 func (r *run) sampleBroker(ctx context.Context, probe brokerProbe) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var prevBroker, prevBench threadSched
 	for {
 		s := probe.sample()
+		now := r.since()
 		r.brokerMu.Lock()
-		r.brokerS = append(r.brokerS, timedBroker{r.since(), s})
+		r.brokerS = append(r.brokerS, timedBroker{now, s})
 		r.brokerMu.Unlock()
+		bench := readThreadSched("self")
+		if prevBench != nil {
+			wait, _ := schedDelta(prevBench, bench)
+			r.benchRunqUs.add(now, wait)
+		}
+		prevBench = bench
+		if probe.pid > 0 {
+			broker := readThreadSched(strconv.Itoa(probe.pid))
+			if prevBroker != nil {
+				wait, busiest := schedDelta(prevBroker, broker)
+				r.brokerRunqUs.add(now, wait)
+				r.brokerBusiestUs.add(now, busiest)
+			}
+			prevBroker = broker
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -32,31 +33,50 @@ type config struct {
 	AfterS         float64 `json:"after_s"`
 	BrokerPID      int     `json:"broker_pid"`
 	Cgroup         string  `json:"cgroup"`
-	JSONPath       string  `json:"-"`
-	ProgressS      float64 `json:"-"`
-	PreloadTimeout float64 `json:"-"`
+	Device         string  `json:"device"`
+	// Where the backfill consumer runs: in this process (the default) or
+	// in a child process, optionally niced, SCHED_IDLE or pinned.
+	BackfillProcess   bool   `json:"backfill_process"`
+	BackfillNice      int    `json:"backfill_nice"`
+	BackfillSchedIdle bool   `json:"backfill_sched_idle"`
+	BackfillCPUs      string `json:"backfill_cpus"`
+	// The backfill consumer's fetch.max.partition.bytes.
+	BackfillFetchBytes int32   `json:"backfill_partition_fetch_bytes"`
+	JSONPath           string  `json:"-"`
+	ProgressS          float64 `json:"-"`
+	PreloadTimeout     float64 `json:"-"`
 }
 
 func usage() {
 	fmt.Fprintf(os.Stderr, `usage: keel-bench catchup --bootstrap HOST:PORT [flags]
+       keel-bench backfill --bootstrap HOST:PORT --topic T --target P=OFFSET,...
 
 Scenarios:
   catchup   preload history, constant-rate producer + tailing consumer,
             then a backfill consumer from the earliest offset; latencies
             per phase (baseline / backfill / after)
+  backfill  the backfill consumer alone, as the child process that
+            "catchup --backfill-process" starts; reports on stdout
 
 Run "keel-bench catchup -h" for the flags.
 `)
 }
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != "catchup" {
+	if len(os.Args) < 2 || (os.Args[1] != "catchup" && os.Args[1] != "backfill") {
 		usage()
 		os.Exit(2)
 	}
-	cfg := parseCatchup(os.Args[2:])
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if os.Args[1] == "backfill" {
+		if err := mainBackfill(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "keel-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	cfg := parseCatchup(os.Args[2:])
 	res, err := runCatchup(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "keel-bench:", err)
@@ -85,9 +105,15 @@ func parseCatchup(args []string) config {
 	fs.Float64Var(&c.BackfillMaxS, "backfill-max-s", 120, "stop the backfill after this many seconds if not done")
 	fs.Float64Var(&c.BackfillMinS, "backfill-min-s", 0, "keep the backfill phase at least this long (for tiny histories that are read in a blink)")
 	fs.Float64Var(&c.BackfillMBPerS, "backfill-max-mb-per-s", 0, "pace the backfill consumer to at most this many MB/s (0: as fast as the broker serves)")
+	fetchBytes := fs.String("backfill-partition-fetch-bytes", "16MiB", "backfill consumer's fetch.max.partition.bytes (fetch.max.bytes is 4x)")
 	fs.Float64Var(&c.AfterS, "after-s", 20, "seconds measured after the backfill ends")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker PID: report its disk reads (/proc/PID/io) and RSS")
 	fs.StringVar(&c.Cgroup, "cgroup", "", "broker's memory cgroup directory: report its page cache (memory.stat)")
+	fs.StringVar(&c.Device, "device", "", "MAJ:MIN of the block device holding the broker's data: report its I/O (/sys/dev/block/MAJ:MIN/stat)")
+	fs.BoolVar(&c.BackfillProcess, "backfill-process", false, "run the backfill consumer as a child process (keel-bench backfill) instead of in this one")
+	fs.IntVar(&c.BackfillNice, "backfill-nice", 0, "run the backfill process under nice -n N (implies --backfill-process)")
+	fs.BoolVar(&c.BackfillSchedIdle, "backfill-sched-idle", false, "run the backfill process with SCHED_IDLE, chrt --idle 0 (implies --backfill-process)")
+	fs.StringVar(&c.BackfillCPUs, "backfill-cpus", "", "pin the backfill process to these CPUs, taskset -c LIST (implies --backfill-process)")
 	fs.StringVar(&c.JSONPath, "json", "", "also write the results as JSON to this file")
 	fs.Float64Var(&c.ProgressS, "progress-s", 5, "seconds between progress lines on stderr (0: none)")
 	fs.Float64Var(&c.PreloadTimeout, "preload-timeout-s", 1800, "give up if the preload takes longer")
@@ -96,6 +122,11 @@ func parseCatchup(args []string) config {
 	if c.HistoryBytes, err = parseBytes(*history); err != nil {
 		fatalf("--history-bytes: %v", err)
 	}
+	fb, err := parseBytes(*fetchBytes)
+	if err != nil || fb < 1 || fb > 1<<28 {
+		fatalf("--backfill-partition-fetch-bytes: want 1 B .. 256 MiB, got %q", *fetchBytes)
+	}
+	c.BackfillFetchBytes = int32(fb)
 	switch {
 	case c.Bootstrap == "":
 		fatalf("--bootstrap is required")
@@ -104,10 +135,35 @@ func parseCatchup(args []string) config {
 	case c.Partitions < 1 || c.Keys < 1 || c.RateRecords < 1:
 		fatalf("--partitions, --keys and --rate must be positive")
 	}
+	if c.BackfillNice != 0 || c.BackfillSchedIdle || c.BackfillCPUs != "" {
+		c.BackfillProcess = true
+	}
 	if c.Topic == "" {
 		c.Topic = fmt.Sprintf("catchup-%d", time.Now().Unix())
 	}
 	return c
+}
+
+// setup says where the backfill consumer ran, for tables and JSON.
+func (c config) setup() string {
+	fetch := fmt.Sprintf("backfill fetches of %.0f MiB per partition", float64(c.BackfillFetchBytes)/(1<<20))
+	if c.BackfillFetchBytes < 1<<20 {
+		fetch = fmt.Sprintf("backfill fetches of %d KiB per partition", c.BackfillFetchBytes>>10)
+	}
+	if !c.BackfillProcess {
+		return fetch + ", consumer in the bench process (beside the live producer and tail)"
+	}
+	s := fetch + ", consumer in its own process"
+	if c.BackfillNice != 0 {
+		s += fmt.Sprintf(", nice %d", c.BackfillNice)
+	}
+	if c.BackfillSchedIdle {
+		s += ", SCHED_IDLE"
+	}
+	if c.BackfillCPUs != "" {
+		s += ", CPUs " + c.BackfillCPUs
+	}
+	return s
 }
 
 func fatalf(format string, a ...any) {

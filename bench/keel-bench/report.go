@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"runtime"
 	"time"
 )
 
@@ -32,6 +33,42 @@ type brokerJSON struct {
 	PageCacheBytesMax *int64 `json:"page_cache_bytes_max"`
 	RSSBytesEnd       *int64 `json:"rss_bytes_end"`
 	RSSBytesMax       *int64 `json:"rss_bytes_max"`
+	// CPU in cores: CPU seconds per second of the phase (2.0 = two cores
+	// busy). BenchCPUCores is this process: live producer, tail and, unless
+	// the backfill runs in its own process, the backfill consumer.
+	CPUCores      *float64 `json:"cpu_cores"`
+	BenchCPUCores *float64 `json:"bench_cpu_cores"`
+	Device        *devJSON `json:"device,omitempty"`
+	// Run-queue wait (runnable, no CPU free), milliseconds per second of
+	// the phase, summed over threads; and the busiest broker thread's CPU
+	// in cores (mean over 1 s intervals). From /proc/PID/task/*/schedstat.
+	Host              *hostJSON `json:"host,omitempty"`
+	RunqMsPerS        *float64  `json:"runq_ms_per_s"`
+	BenchRunqMsPerS   *float64  `json:"bench_runq_ms_per_s"`
+	BusiestThreadCore *float64  `json:"busiest_thread_cores"`
+}
+
+// hostJSON: the whole machine's CPU during a phase, in cores (CPU seconds
+// per second, summed over CPUs): busy (not idle, not iowait), and parts of it.
+type hostJSON struct {
+	Cores       int     `json:"cores"`
+	BusyCores   float64 `json:"busy_cores"`
+	SystemCores float64 `json:"system_cores"`
+	IRQCores    float64 `json:"irq_softirq_cores"`
+	StealCores  float64 `json:"steal_cores"`
+	IOWaitCores float64 `json:"iowait_cores"`
+}
+
+// devJSON: the data disk during a phase (every process's I/O on it, not
+// only the broker's). Await is the mean time per completed request.
+type devJSON struct {
+	ReadMB       float64 `json:"read_mb"`
+	WriteMB      float64 `json:"write_mb"`
+	ReadIOPS     float64 `json:"read_iops"`
+	WriteIOPS    float64 `json:"write_iops"`
+	ReadAwaitMs  float64 `json:"read_await_ms"`
+	WriteAwaitMs float64 `json:"write_await_ms"`
+	UtilPct      float64 `json:"util_pct"`
 }
 
 type phaseJSON struct {
@@ -42,7 +79,10 @@ type phaseJSON struct {
 	Tail           tailJSON    `json:"tail"`
 	BackfillBytes  int64       `json:"backfill_bytes"`
 	BackfillMBPerS float64     `json:"backfill_mb_per_s"`
-	Broker         brokerJSON  `json:"broker"`
+	// CPU of the backfill process over its own run time, in cores (only
+	// with --backfill-process; otherwise it is in the bench's CPU).
+	BackfillCPUCores *float64   `json:"backfill_process_cpu_cores,omitempty"`
+	Broker           brokerJSON `json:"broker"`
 }
 
 type pointJSON struct {
@@ -55,11 +95,14 @@ type pointJSON struct {
 	BackfillMB     float64 `json:"backfill_mb"`
 	PageCacheBytes int64   `json:"page_cache_bytes"`
 	RSSBytes       int64   `json:"rss_bytes"`
+	BrokerCPUCores float64 `json:"broker_cpu_cores"` // -1: unknown
+	BenchCPUCores  float64 `json:"bench_cpu_cores"`
 }
 
 type result struct {
 	Scenario      string         `json:"scenario"`
 	Client        string         `json:"client"`
+	Setup         string         `json:"setup"`
 	Config        config         `json:"config"`
 	CgroupVersion string         `json:"cgroup_version"`
 	Preload       preloadResult  `json:"preload"`
@@ -78,10 +121,11 @@ func lat(s summary) latencyJSON {
 
 func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, probe brokerProbe) *result {
 	prod, tail, lag, bfb := r.produceLatUs.snapshot(), r.tailLatUs.snapshot(), r.tailLag.snapshot(), r.backfillB.snapshot()
+	brunq, benchq, busiest := r.brokerRunqUs.snapshot(), r.benchRunqUs.snapshot(), r.brokerBusiestUs.snapshot()
 	r.brokerMu.Lock()
 	periodic := append([]timedBroker(nil), r.brokerS...)
 	r.brokerMu.Unlock()
-	res := &result{Scenario: "catchup", Client: "franz-go", Config: r.cfg, Preload: pre, Backfill: bf,
+	res := &result{Scenario: "catchup", Client: "franz-go", Setup: r.cfg.setup(), Config: r.cfg, Preload: pre, Backfill: bf,
 		ProduceErrors: r.produceErrs.Load(), BackfillStart: marks[1].at.Seconds(), BackfillEnd: marks[2].at.Seconds()}
 	if probe.cgroup != "" {
 		res.CgroupVersion = cgroupVersion(probe.cgroup)
@@ -106,8 +150,15 @@ func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, 
 		if name == "backfill" && bf.Seconds > 0 {
 			// The consumer's own time: --backfill-min-s may keep the phase longer.
 			ph.BackfillMBPerS = float64(bf.Bytes) / 1e6 / bf.Seconds
+			if bf.CPUSeconds != nil {
+				c := *bf.CPUSeconds / bf.Seconds
+				ph.BackfillCPUCores = &c
+			}
 		}
 		ph.Broker = brokerPhase(marks[i], marks[i+1], periodic)
+		ph.Broker.RunqMsPerS = perSecond(between(brunq, from, to), 1e3)
+		ph.Broker.BenchRunqMsPerS = perSecond(between(benchq, from, to), 1e3)
+		ph.Broker.BusiestThreadCore = perSecond(between(busiest, from, to), 1e6)
 		res.Phases = append(res.Phases, ph)
 	}
 	res.Timeline = timeline(prod, tail, lag, bfb, periodic, marks[len(marks)-1].at)
@@ -133,14 +184,66 @@ func brokerPhase(from, to timedBroker, periodic []timedBroker) brokerJSON {
 		}
 	}
 	b.PageCacheBytesMax, b.RSSBytesMax = known(pcMax), known(rssMax)
+	secs := (to.at - from.at).Seconds()
+	if from.s.CPUTicks >= 0 && to.s.CPUTicks >= 0 && secs > 0 {
+		c := float64(to.s.CPUTicks-from.s.CPUTicks) / clockTicksPerS / secs
+		b.CPUCores = &c
+	}
+	if from.s.SelfCPUUs >= 0 && to.s.SelfCPUUs >= 0 && secs > 0 {
+		c := float64(to.s.SelfCPUUs-from.s.SelfCPUUs) / 1e6 / secs
+		b.BenchCPUCores = &c
+	}
+	if a, z := from.s.Host, to.s.Host; a.Ok && z.Ok && secs > 0 {
+		c := func(x, y int64) float64 { return float64(y-x) / clockTicksPerS / secs }
+		b.Host = &hostJSON{Cores: runtime.NumCPU(),
+			BusyCores:   c(a.Total-a.Idle-a.IOWait, z.Total-z.Idle-z.IOWait),
+			SystemCores: c(a.System, z.System), IRQCores: c(a.IRQ+a.SoftIRQ, z.IRQ+z.SoftIRQ),
+			StealCores: c(a.Steal, z.Steal), IOWaitCores: c(a.IOWait, z.IOWait)}
+	}
+	if from.s.Dev.Ok && to.s.Dev.Ok && secs > 0 {
+		b.Device = devPhase(from.s.Dev, to.s.Dev, secs)
+	}
 	return b
+}
+
+// perSecond: the mean over sampling intervals (1 s each, so a rate per
+// second) of microsecond values, divided by unit (1e3: ms/s, 1e6: cores);
+// nil without samples.
+func perSecond(us []int64, unit float64) *float64 {
+	if len(us) == 0 {
+		return nil
+	}
+	var sum int64
+	for _, v := range us {
+		sum += v
+	}
+	m := float64(sum) / float64(len(us)) / unit
+	return &m
+}
+
+func devPhase(a, b devStat, secs float64) *devJSON {
+	reads, writes := float64(b.ReadIOs-a.ReadIOs), float64(b.WriteIOs-a.WriteIOs)
+	d := &devJSON{
+		ReadMB:    float64(b.ReadSectors-a.ReadSectors) * 512 / 1e6,
+		WriteMB:   float64(b.WriteSectors-a.WriteSectors) * 512 / 1e6,
+		ReadIOPS:  reads / secs,
+		WriteIOPS: writes / secs,
+		UtilPct:   float64(b.IOTicksMs-a.IOTicksMs) / 10 / secs,
+	}
+	if reads > 0 {
+		d.ReadAwaitMs = float64(b.ReadTicksMs-a.ReadTicksMs) / reads
+	}
+	if writes > 0 {
+		d.WriteAwaitMs = float64(b.WriteTicksMs-a.WriteTicksMs) / writes
+	}
+	return d
 }
 
 // timeline: one point per second of the live phases, for plots.
 func timeline(prod, tail, lag, bfb []sample, periodic []timedBroker, end time.Duration) []pointJSON {
 	var out []pointJSON
 	for t := time.Duration(0); t < end; t += time.Second {
-		p := pointJSON{TS: t.Seconds(), PageCacheBytes: -1, RSSBytes: -1}
+		p := pointJSON{TS: t.Seconds(), PageCacheBytes: -1, RSSBytes: -1, BrokerCPUCores: -1, BenchCPUCores: -1}
 		ps := summarize(between(prod, t, t+time.Second))
 		ts := summarize(between(tail, t, t+time.Second))
 		p.ProduceP99Ms, p.ProduceMaxMs = usToMs(ps.P99), usToMs(ps.Max)
@@ -149,14 +252,33 @@ func timeline(prod, tail, lag, bfb []sample, periodic []timedBroker, end time.Du
 		for _, b := range between(bfb, t, t+time.Second) {
 			p.BackfillMB += float64(b) / 1e6
 		}
-		for _, s := range periodic {
+		for i, s := range periodic {
 			if s.at >= t && s.at < t+time.Second {
 				p.PageCacheBytes, p.RSSBytes = s.s.PageCacheBytes, s.s.RSSBytes
+				if i > 0 {
+					p.BrokerCPUCores, p.BenchCPUCores = cpuBetween(periodic[i-1], s)
+				}
 			}
 		}
 		out = append(out, p)
 	}
 	return out
+}
+
+// cpuBetween: broker and bench CPU in cores between two samples (-1: unknown).
+func cpuBetween(a, b timedBroker) (broker, bench float64) {
+	broker, bench = -1, -1
+	dt := (b.at - a.at).Seconds()
+	if dt <= 0 {
+		return
+	}
+	if a.s.CPUTicks >= 0 && b.s.CPUTicks >= 0 {
+		broker = float64(b.s.CPUTicks-a.s.CPUTicks) / clockTicksPerS / dt
+	}
+	if a.s.SelfCPUUs >= 0 && b.s.SelfCPUUs >= 0 {
+		bench = float64(b.s.SelfCPUUs-a.s.SelfCPUUs) / 1e6 / dt
+	}
+	return
 }
 
 func writeJSON(path string, res *result) error {
@@ -180,6 +302,10 @@ func printTable(w io.Writer, res *result) {
 	fmt.Fprintf(w, "backfill: %d of %d records, %.1f MB in %.1f s (%.1f MB/s), %s\n", res.Backfill.Records,
 		res.Backfill.TargetRecords, float64(res.Backfill.Bytes)/1e6, res.Backfill.Seconds,
 		float64(res.Backfill.Bytes)/1e6/math.Max(res.Backfill.Seconds, 1e-9), state)
+	fmt.Fprintf(w, "setup: %s\n", res.Setup)
+	if c := res.Backfill.CPUSeconds; c != nil && res.Backfill.Seconds > 0 {
+		fmt.Fprintf(w, "backfill process: %.1f CPU s in %.1f s (%.2f cores)\n", *c, res.Backfill.Seconds, *c/res.Backfill.Seconds)
+	}
 	if res.ProduceErrors > 0 {
 		fmt.Fprintf(w, "produce errors: %d (first: %s)\n", res.ProduceErrors, res.FirstError)
 	}
@@ -203,6 +329,21 @@ func printTable(w io.Writer, res *result) {
 		{"cgroup page cache MiB (end)", func(p phaseJSON) string { return opt(p.Broker.PageCacheBytesEnd, 1<<20) }},
 		{"cgroup page cache MiB (max)", func(p phaseJSON) string { return opt(p.Broker.PageCacheBytesMax, 1<<20) }},
 		{"broker RSS MiB (max)", func(p phaseJSON) string { return opt(p.Broker.RSSBytesMax, 1<<20) }},
+		{"broker CPU cores", func(p phaseJSON) string { return optF(p.Broker.CPUCores) }},
+		{"bench CPU cores", func(p phaseJSON) string { return optF(p.Broker.BenchCPUCores) }},
+		{"host busy cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.BusyCores }) }},
+		{"host system cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.SystemCores }) }},
+		{"host irq+softirq cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.IRQCores }) }},
+		{"host steal cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.StealCores }) }},
+		{"broker busiest thread cores", func(p phaseJSON) string { return optF(p.Broker.BusiestThreadCore) }},
+		{"broker run-queue wait ms/s", func(p phaseJSON) string { return optF(p.Broker.RunqMsPerS) }},
+		{"bench run-queue wait ms/s", func(p phaseJSON) string { return optF(p.Broker.BenchRunqMsPerS) }},
+		{"backfill process CPU cores", func(p phaseJSON) string { return optF(p.BackfillCPUCores) }},
+		{"disk read MB/s", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.ReadMB / p.Seconds }) }},
+		{"disk write MB/s", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.WriteMB / p.Seconds }) }},
+		{"disk read await ms", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.ReadAwaitMs }) }},
+		{"disk write await ms", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.WriteAwaitMs }) }},
+		{"disk util %", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.UtilPct }) }},
 	}
 	fmt.Fprintf(w, "%-28s", "")
 	for _, p := range res.Phases {
@@ -219,6 +360,27 @@ func printTable(w io.Writer, res *result) {
 }
 
 func ms(v float64) string { return fmt.Sprintf("%.2f", v) }
+
+func optF(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", *v)
+}
+
+func host(p phaseJSON, f func(*hostJSON) float64) string {
+	if p.Broker.Host == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", f(p.Broker.Host))
+}
+
+func dev(p phaseJSON, f func(*devJSON) float64) string {
+	if p.Broker.Device == nil || p.Seconds <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", f(p.Broker.Device))
+}
 
 func opt(v *int64, unit float64) string {
 	if v == nil {
