@@ -84,6 +84,9 @@ pub struct Partition {
     /// Read-ahead: the next chunk of a sequential scan below the tail, read
     /// before it is asked for.
     read_ahead: Mutex<ReadAhead>,
+    /// Where the last cold read ended, so the next read of a sequential
+    /// scan starts exactly at its batch (`keel_log::ScanHint`).
+    scan_hint: Mutex<Option<keel_log::ScanHint>>,
 }
 
 /// The read-ahead slot of one partition.
@@ -148,6 +151,7 @@ impl Partition {
             cold,
             tiers,
             read_ahead: Mutex::new(ReadAhead::Empty),
+            scan_hint: Mutex::new(None),
         })
     }
 
@@ -286,7 +290,8 @@ impl Partition {
 
     /// Plans a read under the lock; the caller executes it without the lock.
     pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadError> {
-        self.state.lock().log.read_plan(offset, max_bytes)
+        let hint = *self.scan_hint.lock();
+        self.state.lock().log.read_plan_after(offset, max_bytes, hint)
     }
 
     /// Resolves a fetch at `offset` to its source: the tail cache when the
@@ -361,11 +366,22 @@ impl Partition {
 
     /// The blocking read of a plan: the local file, or the colder tier that
     /// holds its offsets.
-    fn plan_reader(&self, plan: ReadPlan) -> impl FnOnce() -> std::io::Result<Bytes> + Send + 'static {
-        let tiers = Arc::clone(&self.tiers);
+    fn plan_reader(
+        self: &Arc<Self>,
+        plan: ReadPlan,
+    ) -> impl FnOnce() -> std::io::Result<Bytes> + Send + 'static {
+        let me = Arc::clone(self);
         move || match plan.tiered_segment() {
-            Some(segment) => tiers.read_blocking(segment, plan.target_offset(), plan.max_bytes()),
-            None => plan.execute(),
+            Some(segment) => me
+                .tiers
+                .read_blocking(segment, plan.target_offset(), plan.max_bytes()),
+            None => {
+                let (bytes, hint) = plan.execute_scan()?;
+                if hint.is_some() {
+                    *me.scan_hint.lock() = hint;
+                }
+                Ok(bytes)
+            }
         }
     }
 

@@ -117,6 +117,21 @@ pub(crate) fn lookup_position(entries: &[OffsetEntry], relative_target: i64) -> 
     }
 }
 
+/// A read window's end on a batch boundary: the greatest indexed batch
+/// start in `(start, start + max_bytes]`, else the first one past that (a
+/// first batch larger than `max_bytes` is still read whole); `None` when no
+/// indexed batch starts after `start`. Reading up to it takes whole batches,
+/// so no partial batch at a window's end is read twice.
+pub(crate) fn window_end(entries: &[OffsetEntry], start: u64, max_bytes: usize) -> Option<u64> {
+    let limit = start.saturating_add(max_bytes as u64);
+    let idx = entries.partition_point(|e| u64::from(e.position) <= limit);
+    let within = idx
+        .checked_sub(1)
+        .map(|i| u64::from(entries[i].position))
+        .filter(|end| *end > start);
+    within.or_else(|| entries.get(idx).map(|e| u64::from(e.position)))
+}
+
 /// Relative offset to start a timestamp search from: that of the greatest
 /// entry whose timestamp is <= the target, else the segment start.
 pub(crate) fn lookup_time(entries: &[TimeEntry], timestamp_ms: i64) -> u32 {
@@ -162,6 +177,12 @@ impl SegmentIndex {
     /// Where to start scanning for `offset`.
     pub fn position_of(&self, offset: i64) -> u64 {
         u64::from(lookup_position(&self.offsets, offset - self.base_offset))
+    }
+
+    /// Where a read of `max_bytes` from `start` should end to take whole
+    /// batches (see [`window_end`]).
+    pub fn window_end(&self, start: u64, max_bytes: usize) -> Option<u64> {
+        window_end(&self.offsets, start, max_bytes)
     }
 
     /// Where to start scanning for the first batch with a timestamp at or

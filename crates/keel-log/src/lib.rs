@@ -35,6 +35,6 @@ pub use partition::{
 };
 pub use read::{
     drop_cached_pages, find_timestamp_in_windows, probe_direct_io, read_uncached, read_windows, HeaderScan,
-    ReadPlan, TimestampPlan,
+    ReadPlan, ScanHint, TimestampPlan,
 };
 pub use tiered::{Tier, TierState, TieredSegment};

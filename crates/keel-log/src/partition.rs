@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::batch::{set_base_offset, BatchHeader, NO_TIMESTAMP};
-use crate::config::LogConfig;
+use crate::config::{LogConfig, ReadIo};
 use crate::error::{AppendError, DeleteRecordsError, OpenError, ReadError};
-use crate::index::{lookup_position, lookup_time, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
-use crate::read::{HeaderScan, ReadPlan, TimestampPlan};
+use crate::index::{lookup_position, lookup_time, window_end, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
+use crate::read::{HeaderScan, ReadPlan, ScanHint, TimestampPlan};
 use crate::segment::{write_atomically, LoadMode, Segment, LOG_SUFFIX};
 use crate::tiered::{read_manifest, write_manifest, Tier, TierState, TieredSegment};
 
@@ -356,6 +356,19 @@ impl PartitionLog {
     /// Plans a fetch at `offset` without doing I/O. `offset == log end`
     /// gives an empty plan; outside `[log start, log end]` is an error.
     pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadError> {
+        self.read_plan_after(offset, max_bytes, None)
+    }
+
+    /// [`PartitionLog::read_plan`] for the next step of a sequential scan:
+    /// with the hint the previous step's [`ReadPlan::execute_scan`] gave
+    /// (ignored unless it is for this offset), the plan starts exactly at
+    /// the batch holding `offset`.
+    pub fn read_plan_after(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        hint: Option<ScanHint>,
+    ) -> Result<ReadPlan, ReadError> {
         let log_end = self.log_end_offset();
         if offset < self.log_start_offset || offset > log_end {
             return Err(ReadError::OffsetOutOfRange {
@@ -375,15 +388,39 @@ impl PartitionLog {
         let Some(segment) = self.segment_holding(offset) else {
             return Ok(ReadPlan::empty(offset, max_bytes));
         };
-        let start = lookup_position(&segment.offset_index, offset - segment.base_offset);
+        let indexed = u64::from(lookup_position(
+            &segment.offset_index,
+            offset - segment.base_offset,
+        ));
+        let start = match hint {
+            Some(h)
+                if h.segment_base == segment.base_offset
+                    && h.next_offset == offset
+                    && h.position >= indexed
+                    && h.position < segment.size_bytes =>
+            {
+                h.position
+            }
+            _ => indexed,
+        };
+        let active = std::ptr::eq(segment, self.active());
+        let io = match self.config.read_io {
+            // A direct read of the file being appended to holds its inode
+            // lock (ext4, XFS) until the read completes, and appends wait for
+            // it; read that one through the page cache (and drop the pages).
+            ReadIo::Direct if active => ReadIo::BufferedDontNeed,
+            io => io,
+        };
         Ok(ReadPlan {
             tiered: None,
             file: Some(segment.reader.clone()),
-            start_position: u64::from(start),
+            start_position: start,
             end_position: segment.size_bytes,
             target_offset: offset,
             max_bytes,
-            io: self.config.read_io,
+            io,
+            window_end: window_end(&segment.offset_index, start, max_bytes),
+            segment_base: segment.base_offset,
         })
     }
 
@@ -1034,5 +1071,61 @@ fn remove_if_exists(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod scan_tests {
+    use super::*;
+    use crate::batch::validate_batches;
+    use crate::testing::simple_batch;
+
+    /// A sequential scan that passes each read's hint to the next plan
+    /// starts every read exactly at its batch and ends it on a batch
+    /// boundary: the windows it asks for add up to the data, once.
+    #[test]
+    fn hinted_scans_plan_each_batch_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig {
+            index_interval_bytes: 512,
+            ..LogConfig::default()
+        };
+        let mut log = PartitionLog::open(dir.path(), config).unwrap();
+        for i in 0..60 {
+            let mut buf = simple_batch(5, 80 + i % 7, i as i64);
+            let headers = validate_batches(&buf).unwrap();
+            log.append(&mut buf, &headers, 0).unwrap();
+        }
+        let size = log.size_bytes();
+        for max_bytes in [600usize, 1500, 5000] {
+            let (mut offset, mut planned, mut served, mut hint) = (0, 0u64, 0u64, None);
+            let mut index_starts_earlier = 0;
+            while offset < log.log_end_offset() {
+                let plan = log.read_plan_after(offset, max_bytes, hint).unwrap();
+                let cold = log.read_plan(offset, max_bytes).unwrap();
+                // One segment, read in order: the batch holding `offset`
+                // starts where the data served so far ends.
+                assert_eq!(
+                    plan.start_position, served,
+                    "max_bytes {max_bytes}, offset {offset}"
+                );
+                index_starts_earlier += usize::from(cold.start_position < served);
+                planned += plan.window_end.unwrap_or(size) - plan.start_position;
+                let (bytes, next) = plan.execute_scan().unwrap();
+                assert_eq!(bytes, cold.execute().unwrap(), "same data either way");
+                served += bytes.len() as u64;
+                hint = next;
+                offset = next.unwrap().next_offset();
+            }
+            assert_eq!(served, size);
+            assert!(
+                planned <= size + size / 20,
+                "max_bytes {max_bytes}: planned {planned} for {size}"
+            );
+            assert!(
+                index_starts_earlier > 0,
+                "without the hint, reads start at an earlier batch"
+            );
+        }
     }
 }

@@ -34,6 +34,11 @@ pub struct ReadPlan {
     pub(crate) target_offset: i64,
     pub(crate) max_bytes: usize,
     pub(crate) io: ReadIo,
+    /// Where the first window should end: a batch boundary, so the read
+    /// takes whole batches (see `index::window_end`).
+    pub(crate) window_end: Option<u64>,
+    /// Base offset of the segment read (for [`ScanHint`]s).
+    pub(crate) segment_base: i64,
 }
 
 /// Alignment of O_DIRECT offsets, lengths and buffers: the largest logical
@@ -53,6 +58,8 @@ impl ReadPlan {
             target_offset,
             max_bytes,
             io: ReadIo::Buffered,
+            window_end: None,
+            segment_base: -1,
         }
     }
 
@@ -65,6 +72,8 @@ impl ReadPlan {
             target_offset,
             max_bytes,
             io: ReadIo::Direct,
+            window_end: None,
+            segment_base: -1,
         }
     }
 
@@ -92,6 +101,15 @@ impl ReadPlan {
     /// Every returned batch's CRC is checked (data is checked twice: when
     /// produced and when read back). Corrupt data is an `InvalidData` error.
     pub fn execute(&self) -> io::Result<Bytes> {
+        self.execute_scan().map(|(bytes, _)| bytes)
+    }
+
+    /// [`ReadPlan::execute`], plus where the data after the returned batches
+    /// starts: passed to the next plan of a sequential scan
+    /// ([`crate::PartitionLog::read_plan_after`]), it starts exactly there
+    /// instead of at the index entry before (which, with fetches of a batch
+    /// or two, would read every batch twice).
+    pub fn execute_scan(&self) -> io::Result<(Bytes, Option<ScanHint>)> {
         if let Some(t) = &self.tiered {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -103,9 +121,9 @@ impl ReadPlan {
             ));
         }
         let Some(file) = &self.file else {
-            return Ok(Bytes::new());
+            return Ok((Bytes::new(), None));
         };
-        match self.io {
+        let (position, bytes) = match self.io {
             ReadIo::Buffered => self.execute_buffered(file),
             ReadIo::BufferedDontNeed => self.execute_dont_need(file),
             ReadIo::Direct => match open_direct(file) {
@@ -115,11 +133,17 @@ impl ReadPlan {
                 }
                 Err(e) => Err(e),
             },
-        }
+        }?;
+        let hint = last_offset_of(&bytes).map(|last| ScanHint {
+            segment_base: self.segment_base,
+            next_offset: last + 1,
+            position: position + bytes.len() as u64,
+        });
+        Ok((bytes, hint))
     }
 
     /// Reads through the page cache, then drops the pages read from it.
-    fn execute_dont_need(&self, file: &File) -> io::Result<Bytes> {
+    fn execute_dont_need(&self, file: &File) -> io::Result<(u64, Bytes)> {
         let out = self.execute_buffered(file);
         let len = NonZeroU64::new(self.end_position.saturating_sub(self.start_position));
         // Advice only: a failure changes nothing about the data read.
@@ -131,23 +155,24 @@ impl ReadPlan {
     /// aligned windows, then returns whole batches up to `max_bytes` (at
     /// least one), CRC-checked. A window may end before `max_bytes`; the
     /// caller fetches again from there.
-    fn execute_direct(&self, file: &File) -> io::Result<Bytes> {
-        read_windows(
+    fn execute_direct(&self, file: &File) -> io::Result<(u64, Bytes)> {
+        read_windows_at(
             self.start_position,
             self.end_position,
             self.target_offset,
             self.max_bytes,
+            self.window_end,
             |pos, len| read_aligned(file, pos, len),
         )
     }
 
-    fn execute_buffered(&self, file: &File) -> io::Result<Bytes> {
+    fn execute_buffered(&self, file: &File) -> io::Result<(u64, Bytes)> {
         let end = self.end_position;
         let Some((pos, first)) = find_batch(file, self.start_position, end, |h| {
             h.last_offset() >= self.target_offset
         })?
         else {
-            return Ok(Bytes::new());
+            return Ok((end, Bytes::new()));
         };
         let first_len = first.total_len() as u64;
         let want = (self.max_bytes as u64).max(first_len).min(end - pos);
@@ -155,8 +180,37 @@ impl ReadPlan {
         file.read_exact_at(&mut buf, pos)?;
         let keep = whole_batches_len(&buf, pos)?;
         buf.truncate(keep);
-        Ok(Bytes::from(buf))
+        Ok((pos, Bytes::from(buf)))
     }
+}
+
+/// Where a sequential scan of a segment continues: the file position of the
+/// batch holding `next_offset` (see [`ReadPlan::execute_scan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanHint {
+    pub(crate) segment_base: i64,
+    pub(crate) next_offset: i64,
+    pub(crate) position: u64,
+}
+
+impl ScanHint {
+    pub fn next_offset(&self) -> i64 {
+        self.next_offset
+    }
+}
+
+/// The last offset of the last of `batches`, if any.
+fn last_offset_of(batches: &[u8]) -> Option<i64> {
+    let mut at = 0;
+    let mut last = None;
+    while let Ok(header) = BatchHeader::parse(&batches[at..]) {
+        last = Some(header.last_offset());
+        at += header.total_len();
+        if at >= batches.len() {
+            break;
+        }
+    }
+    last
 }
 
 /// Up to `len` bytes of `file` at `pos` (fewer only at its end), read with
@@ -284,17 +338,36 @@ fn whole_batches_len(buf: &[u8], file_pos: u64) -> io::Result<usize> {
 /// Whole batches from `[start, end)` of a segment, starting with the one
 /// holding `target_offset`, up to `max_bytes` (at least one batch),
 /// CRC-checked, read in windows by `read(position, len)`, which may return
-/// fewer bytes only at the end of the data. Used for direct file reads and
-/// for colder tiers (ranged reads of a file or an object).
+/// fewer bytes only at the end of the data. The first window ends at
+/// `window_end` when given (a batch boundary from the index), so a scan
+/// reads each batch once. Used for direct file reads and for colder tiers
+/// (ranged reads of a file or an object).
 pub fn read_windows(
     start: u64,
     end: u64,
     target_offset: i64,
     max_bytes: usize,
-    mut read: impl FnMut(u64, u64) -> io::Result<Bytes>,
+    window_end: Option<u64>,
+    read: impl FnMut(u64, u64) -> io::Result<Bytes>,
 ) -> io::Result<Bytes> {
+    read_windows_at(start, end, target_offset, max_bytes, window_end, read).map(|(_, bytes)| bytes)
+}
+
+/// [`read_windows`], with the position of the first returned batch.
+fn read_windows_at(
+    start: u64,
+    end: u64,
+    target_offset: i64,
+    max_bytes: usize,
+    window_end: Option<u64>,
+    mut read: impl FnMut(u64, u64) -> io::Result<Bytes>,
+) -> io::Result<(u64, Bytes)> {
     let mut pos = start;
-    let mut window = (max_bytes as u64).max(DIRECT_MIN_WINDOW);
+    let mut window = match window_end {
+        // Unless the data ends within reach: then read to its end.
+        Some(at) if at > start && start.saturating_add(max_bytes as u64) < end => at - start,
+        _ => (max_bytes as u64).max(DIRECT_MIN_WINDOW),
+    };
     while pos < end {
         let buf = read(pos, window.min(end - pos))?;
         if buf.is_empty() {
@@ -329,9 +402,9 @@ pub fn read_windows(
         let take = (buf.len() - at).min(first_len.max(max_bytes));
         let batches = buf.slice(at..at + take);
         let keep = whole_batches_len(&batches, pos + at as u64)?;
-        return Ok(batches.slice(..keep));
+        return Ok((pos + at as u64, batches.slice(..keep)));
     }
-    Ok(Bytes::new())
+    Ok((end, Bytes::new()))
 }
 
 /// Like [`TimestampPlan::execute`] over windows of a segment read by

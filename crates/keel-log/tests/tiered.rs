@@ -83,11 +83,13 @@ fn read_tiered(tier: &Path, t: &TieredSegment, offset: i64, max_bytes: usize) ->
     )
     .unwrap();
     let data = Bytes::from(read_file("log"));
+    let start = index.position_of(offset);
     read_windows(
-        index.position_of(offset),
+        start,
         t.size_bytes,
         offset,
         max_bytes,
+        index.window_end(start, max_bytes),
         |pos, len| Ok(data.slice(pos as usize..(pos + len) as usize)),
     )
     .unwrap()
@@ -320,4 +322,64 @@ fn a_copy_of_a_segment_deleted_meanwhile_is_not_kept() {
     assert!(!log.finish_copy(&object).unwrap(), "retention won the race");
     assert_eq!(log.pending_deletes()[0].object, object);
     assert!(log.oldest_releasable().is_none());
+}
+
+#[test]
+fn sequential_scans_read_each_batch_once() {
+    // Windows end on batch boundaries from the index, so a scan with fetches
+    // smaller than a window does not re-read the batch a window cut.
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(
+        dir.path(),
+        LogConfig {
+            segment_bytes: 1 << 20,
+            ..config()
+        },
+    )
+    .unwrap();
+    fill(&mut log);
+    assert_eq!(log.segment_count(), 1);
+    let data = Bytes::from(fs::read(dir.path().join(format!("{:020}.log", 0))).unwrap());
+    let index = SegmentIndex::decode(
+        0,
+        data.len() as u64,
+        &fs::read(dir.path().join(format!("{:020}.index", 0))).unwrap(),
+        &fs::read(dir.path().join(format!("{:020}.timeindex", 0))).unwrap(),
+    )
+    .unwrap();
+    for max_bytes in [700usize, 1500, 5000] {
+        let (mut offset, mut requested, mut served) = (0i64, 0u64, 0usize);
+        // A scan continues where the last read ended (the broker keeps that
+        // position as a `ScanHint`); the first read starts from the index.
+        let mut next_start = index.position_of(0);
+        while offset < log.log_end_offset() {
+            let start = next_start;
+            let got = read_windows(
+                start,
+                data.len() as u64,
+                offset,
+                max_bytes,
+                index.window_end(start, max_bytes),
+                |pos, len| {
+                    requested += len;
+                    Ok(data.slice(pos as usize..(pos + len) as usize))
+                },
+            )
+            .unwrap();
+            served += got.len();
+            next_start = start + got.len() as u64;
+            let mut at = 0;
+            while at < got.len() {
+                let h = keel_log::BatchHeader::parse(&got[at..]).unwrap();
+                offset = h.last_offset() + 1;
+                at += h.total_len();
+            }
+        }
+        assert_eq!(served, data.len());
+        assert!(
+            requested as f64 <= data.len() as f64 * 1.05,
+            "max_bytes {max_bytes}: read {requested} for {}",
+            data.len()
+        );
+    }
 }

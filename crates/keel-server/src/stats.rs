@@ -395,7 +395,10 @@ mod tests {
         let header = lines.iter().position(|l| l.starts_with("topic")).unwrap();
         let orders = lines[header + 1];
         assert!(orders.starts_with("orders "), "{text}");
-        assert!(orders.ends_with("1.0 MiB    3.0 MiB  2.0 MiB         5.0 MiB"), "{text}");
+        assert!(
+            orders.ends_with("1.0 MiB    3.0 MiB  2.0 MiB         5.0 MiB"),
+            "{text}"
+        );
         // The missing log start prints as `-`; columns line up.
         let other = lines[header + 2];
         assert!(other.starts_with("a-much-longer-topic-name  "), "{text}");

@@ -368,11 +368,13 @@ impl Tiers {
             let index = self.index_blocking(segment)?;
             let store = self.store(segment.tier)?;
             let name = format!("{}.log", segment.object);
+            let start = index.position_of(offset);
             read_windows(
-                index.position_of(offset),
+                start,
                 segment.size_bytes,
                 offset,
                 max_bytes,
+                index.window_end(start, max_bytes),
                 |pos, len| self.get_range_blocking(store, &name, pos, len),
             )
         })();
