@@ -49,6 +49,20 @@ def wait_until(cond, timeout_s: float, what: str, interval_s: float = 0.05):
         time.sleep(interval_s)
 
 
+def terminate(proc: subprocess.Popen | None, what: str) -> None:
+    """SIGTERM and wait for a clean exit (nothing to do if not running); a
+    process that needs SIGKILL fails the test."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{what} ignored SIGTERM for {STOP_TIMEOUT_S}s")
+
+
 def free_port() -> int:
     """A port that was free a moment ago, and whose +1 is free too (Kafka lab
     mode puts its controller there)."""
@@ -145,15 +159,7 @@ class Broker:
 
     def stop(self) -> None:
         """SIGTERM and wait for a clean exit; a broker that needs SIGKILL fails the test."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"broker ignored SIGTERM for {STOP_TIMEOUT_S}s")
+        terminate(self.proc, "broker")
 
     def kill9(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, "broker not running"

@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
-from conftest import free_port
+from conftest import free_port, terminate
 from s3client import S3Client
 
 VERSITYGW_VERSION = "v1.8.0"
@@ -171,15 +170,7 @@ class S3Server:
 
     def stop(self) -> None:
         """SIGTERM and wait: the object store is gone, its data stays."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"versitygw ignored SIGTERM for {STOP_TIMEOUT_S}s")
+        terminate(self.proc, "versitygw")
 
     def kill9(self) -> None:
         assert self.alive(), "versitygw not running"

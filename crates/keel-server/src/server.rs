@@ -161,7 +161,7 @@ async fn connection(
             .map_err(|e| format!("truncated frame: {e}"))?;
         let frame = RequestFrame::parse(Bytes::from(body)).map_err(|e| e.to_string())?;
         match broker.handle(frame, client).await {
-            Reply::Frame(bytes) => write.write_all(&bytes).await.map_err(|e| e.to_string())?,
+            Reply::Frame(bytes) => write_frame(&mut write, &bytes).await.map_err(|e| e.to_string())?,
             Reply::Nothing => {}
             Reply::Close(reason) => {
                 tracing::warn!(%reason, "closing connection");
@@ -169,4 +169,21 @@ async fn connection(
             }
         }
     }
+}
+
+/// Bytes written per poll of a connection: a large response (a backfill's
+/// megabytes) goes out in pieces with a yield between them, so the
+/// kernel's copy of it never holds a request thread for long while other
+/// connections' requests wait.
+const WRITE_PIECE_BYTES: usize = 256 << 10;
+
+async fn write_frame(write: &mut (impl AsyncWriteExt + Unpin), frame: &[u8]) -> std::io::Result<()> {
+    let mut pieces = frame.chunks(WRITE_PIECE_BYTES).peekable();
+    while let Some(piece) = pieces.next() {
+        write.write_all(piece).await?;
+        if pieces.peek().is_some() {
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(())
 }
