@@ -39,6 +39,37 @@ broker; `--fs xfs` installs xfsprogs with apt-get when mkfs.xfs is missing.
 The table reports the data disk's reads, writes, await and utilisation per
 phase (/sys/dev/block/MAJ:MIN/stat: every process's I/O on that device).
 
+Keel's tiers (--keel-tier capacity|s3; Keel only: Apache Kafka's tiered
+storage needs a RemoteStorageManager plugin, none is installed here, so
+Kafka runs untiered and the output says so). Keel's fast tier (log.dirs) is
+on the host disk; its colder tier is on the profile's disk:
+  capacity  keel.tier.capacity.dirs is a directory on the loop/hdd
+            filesystem, or with the host profile a directory of its own
+            beside the fast tier. With --disk hdd this is the SSD+HDD design:
+            the throttle is per device for the broker's cgroup, so it
+            applies exactly to the capacity tier's I/O (the mover's writes
+            and fsyncs, its read-back, and cold reads of the history), while
+            appends and tail reads on the fast tier are not throttled;
+  s3        versitygw (tests/s3server.py) on 127.0.0.1 with its objects on
+            the profile's disk, in a memory cgroup of its own (--s3-memory,
+            so the objects it serves are not just the host's page cache);
+            the topic has remote.storage.enable=true. Not with --disk hdd:
+            versitygw's disk I/O is outside the broker's cgroup, so the
+            throttle would not apply to it.
+The topic gets segment.bytes 128 MiB (--segment-bytes; on Kafka too, so
+the topics are the same), Keel keel.tier.fast.max.bytes 512 MiB
+(--keel-fast-max-bytes), keel.tier.move.bytes.per.sec 0 (unlimited) for
+the whole run (--keel-move-bytes-per-sec; the setting is read at start-up)
+and an admin endpoint on a free port. keel-bench pauses after the preload
+(--pause-after-preload) until /stats shows the topic's bytes released to
+the colder tier >= its size - the fast budget - one segment and the fast
+tier within its budget (a progress line every 5 s; --tier-stall-s without
+progress or --tier-wait-max-s end the run with /stats saved as evidence).
+Per phase the table adds Keel's tier counters from /stats: bytes and reads
+served from the colder tier, copies, failures, the fast tier's bytes and the
+topic's colder-tier bytes at the phase's end. --keel-set KEY=VALUE passes
+any other setting to Keel.
+
 Where the backfill consumer runs (to tell the client's CPU from the
 broker's): by default inside the keel-bench process, beside the live
 producer and the tailing consumer; --backfill-process runs it as a child
@@ -67,7 +98,10 @@ usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--backfill-sched-idle] [--backfill-cpus LIST]
                         [--backfill-fetch-bytes 16MiB]
                         [--broker-cpus LIST] [--bench-cpus LIST]
-                        [--kafka-heap 1g] [--skip-kafka] [--skip-keel]
+                        [--keel-tier none|capacity|s3] [--keel-fast-max-bytes 512MiB]
+                        [--keel-move-bytes-per-sec 0] [--segment-bytes N]
+                        [--keel-set KEY=VALUE] [--s3-memory 512MiB]
+                        [--kafka-heap 1g] [--skip-kafka] [--skip-keel] [--bench-bin PATH]
                         [--json FILE] [--plot FILE]
 The keel binary defaults to target/release/keel.
 """
@@ -870,6 +904,7 @@ def main() -> None:
                     help="extra Keel setting (repeatable), e.g. keel.tail.cache.bytes=65536")
     ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--keel-bin", type=Path, default=REPO / "target" / "release" / "keel")
+    ap.add_argument("--bench-bin", type=Path, help="a keel-bench binary already built (default: go build)")
     ap.add_argument("--skip-kafka", action="store_true")
     ap.add_argument("--skip-keel", action="store_true")
     ap.add_argument("--json", type=Path, help="write both brokers' results here")
@@ -891,7 +926,7 @@ def main() -> None:
 
     work = LAB / "catchup"
     work.mkdir(parents=True, exist_ok=True)
-    bench_bin = build_bench(LAB / "keel-bench")
+    bench_bin = args.bench_bin or build_bench(LAB / "keel-bench")
     results: dict = {}
     if not args.skip_kafka:
         results["kafka"] = run_kafka(args, bench_bin, work)
