@@ -407,6 +407,7 @@ class KeelTier:
                      "keel.tier.fast.max.bytes": str(args.keel_fast_max_bytes),
                      "keel.tier.move.bytes.per.sec": str(args.keel_move_bytes_per_sec), **sets}
         self.topic_configs = topic_configs
+        self.title = kind  # for plots; tiered_lab sets a longer one
 
     def describe(self) -> str:
         move = (f"{self.sets['keel.tier.move.bytes.per.sec']} B/s"
@@ -496,6 +497,8 @@ def tiered_lab(args, stack: contextlib.ExitStack) -> tuple[Path, str, MemCgroup,
                          "keel.tier.remote.secret.access.key": s3.secret_key},
                         ["remote.storage.enable=true"])
     disk = f"fast tier on {fast_disk}; colder tier: {tier.where}"
+    store = "the capacity dir" if args.keel_tier == "capacity" else "S3 (versitygw)"
+    tier.title = f"fast tier on the host disk, history in {store} on {short_disk(cold_disk)}"
     return fast_parent, dev, cg, disk, tier
 
 
@@ -653,6 +656,7 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
         res["disk"] = disk
         if tier is not None:
             res["tier"] = tier.describe()
+            res["tier_title"] = tier.title
             res["tier_log_problems"] = tier_log_problems(log_path)
     return res
 
@@ -788,15 +792,6 @@ def setup_line(args, results: dict) -> str:
     return text
 
 
-def args_tier_title(res: dict) -> str:
-    """"fast tier on the host disk, history in capacity dir on ext4 on a loop device, throttled"."""
-    where = res["tier"].split(";")[0]
-    kind, _, disk = where.partition(" on ")
-    if " at http" in kind:  # the object store: name it, not its port
-        kind = "S3 object store (versitygw)"
-    return f"fast tier on the host disk, history in {kind.split(' /')[0]} on {short_disk(disk)}"
-
-
 def short_disk(text: str) -> str:
     """"ext4 on /dev/loop0 (...) over sparse FILE, throttled" -> "ext4 on a loop device, throttled"."""
     fs, on, rest = text.partition(" on /dev/loop")
@@ -842,7 +837,7 @@ def plot(results: dict, path: Path) -> str:
         ax.plot(t, [p["tail_p99_ms"] for p in res["timeline"]], label="tail e2e p99 (per s)")
         ax.axvspan(res["backfill_start_s"], res["backfill_end_s"], color="orange", alpha=0.2, label="backfill")
         ax.set_yscale("log")
-        where = f"{args_tier_title(res)}" if res.get("tier") else short_disk(res.get("disk", "host disk"))
+        where = res.get("tier_title") or short_disk(res.get("disk", "host disk"))
         ax.set_title(f"{name}: latency over time ({where})", fontsize=9)
         ax.set_xlabel("seconds since the live producer started")
         ax.set_ylabel("ms")
