@@ -577,20 +577,21 @@ def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=Non
         return json.loads(out.read_text())
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: pin(cpus))
-    preloaded = threading.Event()
+    preloaded, marker = threading.Event(), []
 
     def relay() -> None:  # keel-bench's progress lines, and the pause marker
         for line in proc.stderr:
             sys.stderr.write(line)
             if line.startswith("keel-bench: preload done"):
+                marker.append(line)
                 preloaded.set()
-        preloaded.set()  # exited: do not wait for a marker that cannot come
+        preloaded.set()  # stderr closed: do not wait for a marker that cannot come
 
     threading.Thread(target=relay, daemon=True).start()
     try:
         preloaded.wait()
-        if proc.poll() is not None:
-            raise SystemExit(f"{name}: keel-bench exited with {proc.returncode} before the preload ended")
+        if not marker:
+            raise SystemExit(f"{name}: keel-bench exited with {proc.wait()} before the preload ended")
         settled = settle()
         proc.stdin.write("go\n")
         proc.stdin.close()
