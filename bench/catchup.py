@@ -39,6 +39,37 @@ broker; `--fs xfs` installs xfsprogs with apt-get when mkfs.xfs is missing.
 The table reports the data disk's reads, writes, await and utilisation per
 phase (/sys/dev/block/MAJ:MIN/stat: every process's I/O on that device).
 
+Keel's tiers (--keel-tier capacity|s3; Keel only: Apache Kafka's tiered
+storage needs a RemoteStorageManager plugin, none is installed here, so
+Kafka runs untiered and the output says so). Keel's fast tier (log.dirs) is
+on the host disk; its colder tier is on the profile's disk:
+  capacity  keel.tier.capacity.dirs is a directory on the loop/hdd
+            filesystem, or with the host profile a directory of its own
+            beside the fast tier. With --disk hdd this is the SSD+HDD design:
+            the throttle is per device for the broker's cgroup, so it
+            applies exactly to the capacity tier's I/O (the mover's writes
+            and fsyncs, its read-back, and cold reads of the history), while
+            appends and tail reads on the fast tier are not throttled;
+  s3        versitygw (tests/s3server.py) on 127.0.0.1 with its objects on
+            the profile's disk, in a memory cgroup of its own (--s3-memory,
+            so the objects it serves are not just the host's page cache);
+            the topic has remote.storage.enable=true. Not with --disk hdd:
+            versitygw's disk I/O is outside the broker's cgroup, so the
+            throttle would not apply to it.
+The topic gets segment.bytes 128 MiB (--segment-bytes; on Kafka too, so
+the topics are the same), Keel keel.tier.fast.max.bytes 512 MiB
+(--keel-fast-max-bytes), keel.tier.move.bytes.per.sec 0 (unlimited) for
+the whole run (--keel-move-bytes-per-sec; the setting is read at start-up)
+and an admin endpoint on a free port. keel-bench pauses after the preload
+(--pause-after-preload) until /stats shows the topic's bytes released to
+the colder tier >= its size - the fast budget - one segment and the fast
+tier within its budget (a progress line every 5 s; --tier-stall-s without
+progress or --tier-wait-max-s end the run with /stats saved as evidence).
+Per phase the table adds Keel's tier counters from /stats: bytes and reads
+served from the colder tier, copies, failures, the fast tier's bytes and the
+topic's colder-tier bytes at the phase's end. --keel-set KEY=VALUE passes
+any other setting to Keel.
+
 Where the backfill consumer runs (to tell the client's CPU from the
 broker's): by default inside the keel-bench process, beside the live
 producer and the tailing consumer; --backfill-process runs it as a child
@@ -67,7 +98,10 @@ usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--backfill-sched-idle] [--backfill-cpus LIST]
                         [--backfill-fetch-bytes 16MiB]
                         [--broker-cpus LIST] [--bench-cpus LIST]
-                        [--kafka-heap 1g] [--skip-kafka] [--skip-keel]
+                        [--keel-tier none|capacity|s3] [--keel-fast-max-bytes 512MiB]
+                        [--keel-move-bytes-per-sec 0] [--segment-bytes N]
+                        [--keel-set KEY=VALUE] [--s3-memory 512MiB]
+                        [--kafka-heap 1g] [--skip-kafka] [--skip-keel] [--bench-bin PATH]
                         [--json FILE] [--plot FILE]
 The keel binary defaults to target/release/keel.
 """
@@ -83,7 +117,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -355,6 +391,141 @@ def lab_for(args, name: str, stack: contextlib.ExitStack) -> tuple[Path, str, Me
     return disk.mount, disk.dev, cg, text
 
 
+# ---------------------------------------------------------------- Keel's tiers
+
+class KeelTier:
+    """Keel's tier settings for one run (--keel-tier capacity|s3): the
+    broker's --set options, the topic configs, and the admin endpoint whose
+    /stats shows the history moving."""
+
+    def __init__(self, args, kind: str, where: str, sets: dict[str, str], topic_configs: list[str]):
+        self.kind, self.where = kind, where
+        self.admin = f"127.0.0.1:{free_port()}"
+        self.stats_url = f"http://{self.admin}/stats"
+        self.fast_max_bytes = args.keel_fast_max_bytes
+        self.sets = {"keel.admin.listen": self.admin,
+                     "keel.tier.fast.max.bytes": str(args.keel_fast_max_bytes),
+                     "keel.tier.move.bytes.per.sec": str(args.keel_move_bytes_per_sec), **sets}
+        self.topic_configs = topic_configs
+        self.title = kind  # for plots; tiered_lab sets a longer one
+
+    def describe(self) -> str:
+        move = (f"{self.sets['keel.tier.move.bytes.per.sec']} B/s"
+                if self.sets["keel.tier.move.bytes.per.sec"] != "0" else "unlimited")
+        return (f"{self.where}; fast tier budget (keel.tier.fast.max.bytes) "
+                f"{self.fast_max_bytes / 2**20:.0f} MiB, mover budget {move}")
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(self.stats_url, timeout=10) as r:
+            return json.load(r)
+
+    def wait_moved(self, args, work: Path, log_path: Path) -> dict:
+        """After the preload: waits until the history is in the colder tier
+        and the fast tier within its budget (the topic's bytes released from
+        the fast tier >= its size - the fast budget - one segment), printing
+        progress. A stall or a timeout ends the run with the evidence saved."""
+        start = time.monotonic()
+        last_progress = last_change = start
+        last_cold = -1
+        while True:
+            s = self.stats()
+            t = s["tiers"]
+            parts = [p["tiers"] for p in s["partitions"] if p["topic"] == "catchup"]
+            local = sum(p["local_bytes"] for p in parts)
+            cold = sum(p["cold_bytes"] for p in parts)
+            want = local + cold - self.fast_max_bytes - args.segment_bytes
+            done = cold >= want and t["fast_bytes"] <= self.fast_max_bytes and \
+                sum(p["copying"] for p in parts) == 0
+            now = time.monotonic()
+            if cold != last_cold:
+                last_cold, last_change = cold, now
+            line = (f"keel: history to the {self.kind} tier: {cold / 1e9:.2f} of >= {max(want, 0) / 1e9:.2f} GB "
+                    f"released to it, fast tier {t['fast_bytes'] / 1e9:.2f} GB (budget "
+                    f"{self.fast_max_bytes / 1e9:.2f}), {t['copies']} copies ({t['copy_failures']} failed), "
+                    f"{now - start:.0f} s")
+            if done:
+                print(line + ": done", flush=True)
+                return {"seconds": now - start, "tiers": t, "topic_local_bytes": local, "topic_cold_bytes": cold}
+            if now - last_progress >= 5:
+                print(line, flush=True)
+                last_progress = now
+            if now - last_change > args.tier_stall_s or now - start > args.tier_wait_max_s:
+                evidence = work / "keel-tier-stall.json"
+                evidence.write_text(json.dumps(s, indent=2) + "\n")
+                raise SystemExit(f"keel: the history did not reach the {self.kind} tier ({line}); "
+                                 f"/stats saved to {evidence}, log {log_path}; problems logged:\n"
+                                 + "\n".join(tier_log_problems(log_path)))
+            time.sleep(1)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def tier_log_problems(log_path: Path, limit: int = 20) -> list[str]:
+    """Keel's WARN and ERROR lines (the first `limit`), e.g. failed copies."""
+    lines = [ANSI.sub("", ln).strip() for ln in log_path.read_text(errors="replace").splitlines()]
+    return [ln for ln in lines if " WARN " in ln or " ERROR " in ln][:limit]
+
+
+def tiered_lab(args, stack: contextlib.ExitStack) -> tuple[Path, str, MemCgroup, str, KeelTier]:
+    """Like lab_for, for Keel with --keel-tier: the fast tier (log.dirs)
+    always on the host disk; the colder tier on the profile's disk (with a
+    loop or hdd profile, the loop device, which is then the one reported and,
+    for hdd, the only one throttled), else a directory of its own beside the
+    fast tier."""
+    fast_parent = LAB / "catchup"
+    if args.disk == "host":
+        cg = MemCgroup("keel-bench-keel", args.memory)
+        stack.callback(cg.remove)
+        cold_parent, dev, cold_disk = fast_parent, host_dev(LAB), f"host disk ({host_dev(LAB)}), not throttled"
+    else:
+        cold_parent, dev, cg, cold_disk = lab_for(args, "keel", stack)
+    fast_disk = f"host disk ({host_dev(LAB)}), not throttled"
+    if args.keel_tier == "capacity":
+        cap = cold_parent / "keel-capacity"
+        shutil.rmtree(cap, ignore_errors=True)
+        stack.callback(shutil.rmtree, cap, ignore_errors=True)
+        tier = KeelTier(args, "capacity", f"capacity dir {cap} on {cold_disk}",
+                        {"keel.tier.capacity.dirs": str(cap)}, [])
+    else:
+        s3 = start_s3(args, cold_parent / "keel-s3", stack)
+        tier = KeelTier(args, "s3", f"object store s3://{s3.bucket} (versitygw at {s3.endpoint}, objects in "
+                        f"{s3.data_dir} on {cold_disk}, in a memory cgroup of its own limited to "
+                        f"{args.s3_memory / 2**20:.0f} MiB)",
+                        {"keel.tier.remote": f"s3://{s3.bucket}", "keel.tier.remote.endpoint": s3.endpoint,
+                         "keel.tier.remote.region": s3.region, "keel.tier.remote.access.key.id": s3.access_key,
+                         "keel.tier.remote.secret.access.key": s3.secret_key},
+                        ["remote.storage.enable=true"])
+    disk = f"fast tier on {fast_disk}; colder tier: {tier.where}"
+    store = "the capacity dir" if args.keel_tier == "capacity" else "S3 (versitygw)"
+    tier.title = f"fast tier on the host disk, history in {store} on {short_disk(cold_disk)}"
+    return fast_parent, dev, cg, disk, tier
+
+
+def start_s3(args, base: Path, stack: contextlib.ExitStack):
+    """versitygw (tests/s3server.py) with its objects under `base`, moved
+    into a memory cgroup of its own (--s3-memory), so that the object files
+    it serves are not simply the host's page cache."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from s3server import INSTALL_HINT, S3Server, find_versitygw
+    finally:
+        sys.path.pop(0)
+    if find_versitygw() is None:
+        raise SystemExit(f"--keel-tier s3: versitygw not found; install it with {INSTALL_HINT}")
+    shutil.rmtree(base, ignore_errors=True)
+    stack.callback(shutil.rmtree, base, ignore_errors=True)
+    cg = MemCgroup("keel-bench-s3", args.s3_memory)
+    stack.callback(cg.remove)
+    s3 = S3Server(base, bucket="keel-catchup")
+    stack.callback(s3.close)
+    s3.start()
+    if cg.path is not None:
+        (cg.path / "cgroup.procs").write_text(str(s3.proc.pid))
+    print(f"keel: versitygw at {s3.endpoint}: {cg.describe()}")
+    return s3
+
+
 def pin(cpus: str | None):
     """preexec_fn part: restrict this (child) process to `cpus` ("0", "0,1", "0-1")."""
     if not cpus:
@@ -369,7 +540,7 @@ def pin(cpus: str | None):
 # ---------------------------------------------------------------- brokers
 
 def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, dev: str,
-              out: Path) -> list[str]:
+              out: Path, tier: "KeelTier | None" = None) -> list[str]:
     cmd = [str(bench_bin), "catchup", "--bootstrap", bootstrap, "--topic", "catchup",
            "--partitions", str(args.partitions), "--history-bytes", str(args.history_bytes),
            "--record-size", str(args.record_size), "--keys", str(args.keys), "--rate", str(args.rate),
@@ -388,13 +559,51 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
         cmd += ["--backfill-cpus", args.backfill_cpus]
     if args.backfill_fetch_bytes:
         cmd += ["--backfill-partition-fetch-bytes", str(args.backfill_fetch_bytes)]
+    if args.segment_bytes:
+        cmd += ["--topic-config", f"segment.bytes={args.segment_bytes}"]
+    if tier is not None:
+        cmd += ["--pause-after-preload", "--stats-url", tier.stats_url]
+        cmd += [a for kv in tier.topic_configs for a in ("--topic-config", kv)]
     return cmd
 
 
-def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None) -> dict:
+def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=None) -> dict:
+    """Runs keel-bench; with `settle` (a function returning a dict), keel-bench
+    pauses after the preload (--pause-after-preload), `settle()` runs, and
+    its result is stored under "settle" in the returned dict."""
     print(f"\n== {name}: {' '.join(cmd)}" + (f" (pinned to CPUs {cpus})" if cpus else ""), flush=True)
-    subprocess.run(cmd, check=True, preexec_fn=lambda: pin(cpus))
-    return json.loads(out.read_text())
+    if settle is None:
+        subprocess.run(cmd, check=True, preexec_fn=lambda: pin(cpus))
+        return json.loads(out.read_text())
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: pin(cpus))
+    preloaded, marker = threading.Event(), []
+
+    def relay() -> None:  # keel-bench's progress lines, and the pause marker
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            if line.startswith("keel-bench: preload done"):
+                marker.append(line)
+                preloaded.set()
+        preloaded.set()  # stderr closed: do not wait for a marker that cannot come
+
+    threading.Thread(target=relay, daemon=True).start()
+    try:
+        preloaded.wait()
+        if not marker:
+            raise SystemExit(f"{name}: keel-bench exited with {proc.wait()} before the preload ended")
+        settled = settle()
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        if proc.wait() != 0:
+            raise SystemExit(f"{name}: keel-bench exited with {proc.returncode}")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+    res = json.loads(out.read_text())
+    res["settle"] = settled
+    return res
 
 
 def tail_cache_line(log_path: Path) -> str:
@@ -418,25 +627,38 @@ def broker_preexec(cg: MemCgroup, cpus: str | None):
 
 def run_keel(args, bench_bin: Path, work: Path) -> dict:
     with contextlib.ExitStack() as stack:
-        parent, dev, cg, disk = lab_for(args, "keel", stack)
+        if args.keel_tier == "none":
+            parent, dev, cg, disk = lab_for(args, "keel", stack)
+            tier = None
+        else:
+            parent, dev, cg, disk, tier = tiered_lab(args, stack)
         print(f"keel: {cg.describe()}\nkeel: data on {disk}")
         data, log_path = parent / "keel-data", work / "keel.log"
         shutil.rmtree(data, ignore_errors=True)
         stack.callback(shutil.rmtree, data, ignore_errors=True)
         port = free_port()
         cmd = [str(args.keel_bin), "serve", "--listen", f"127.0.0.1:{port}",
-               "--advertised", f"127.0.0.1:{port}", "--data-dir", str(data), "--set", "keel.admin.listen="]
+               "--advertised", f"127.0.0.1:{port}", "--data-dir", str(data)]
+        sets = {"keel.admin.listen": ""} if tier is None else dict(tier.sets)
+        sets.update(kv.split("=", 1) for kv in args.keel_set)
+        cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=broker_preexec(cg, args.broker_cpus))
         stack.callback(stop_keel, proc)
         wait_port(port, 30)
         print(f"keel: {tail_cache_line(log_path) or 'no tail cache budget line yet in ' + str(log_path)}")
+        settle = None if tier is None else lambda: tier.wait_moved(args, work, log_path)
         res = run_bench("keel", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg, dev,
-                                          work / "keel.json"), work / "keel.json", args.bench_cpus)
+                                          work / "keel.json", tier), work / "keel.json", args.bench_cpus,
+                        settle)
         res["tail_cache_log"] = tail_cache_line(log_path)
         res["memory_cgroup"] = cg.describe()
         res["disk"] = disk
+        if tier is not None:
+            res["tier"] = tier.describe()
+            res["tier_title"] = tier.title
+            res["tier_log_problems"] = tier_log_problems(log_path)
     return res
 
 
@@ -508,7 +730,19 @@ ROWS = [  # (label, value of one phase's JSON or None)
     ("disk read await ms", lambda p: dev(p, lambda d: d["read_await_ms"])),
     ("disk write await ms", lambda p: dev(p, lambda d: d["write_await_ms"])),
     ("disk util %", lambda p: dev(p, lambda d: d["util_pct"])),
+    # Keel's tiers (--keel-tier; /stats at the phase boundaries).
+    ("colder tier read MB", lambda p: tiers(p, lambda t: t["cold_tier_read_bytes"] / 1e6)),
+    ("colder tier reads", lambda p: tiers(p, lambda t: t["cold_tier_reads"])),
+    ("tier copies", lambda p: tiers(p, lambda t: t["copies"])),
+    ("tier copy+read failures", lambda p: tiers(p, lambda t: t["copy_failures"] + t["read_failures"])),
+    ("fast tier MB (end)", lambda p: tiers(p, lambda t: t["fast_bytes_end"] / 1e6)),
+    ("topic in colder tier MB (end)", lambda p: tiers(p, lambda t: t["topic_cold_bytes_end"] / 1e6)),
 ]
+
+
+def tiers(phase: dict, get):
+    t = phase.get("tiers")
+    return None if t is None else get(t)
 
 
 def dev(phase: dict, get):
@@ -565,6 +799,30 @@ def short_disk(text: str) -> str:
     return f"{fs} on a loop device, {rest.rpartition(', ')[2]}" if on else text
 
 
+def tier_lines(args, results: dict) -> list[str]:
+    """What was tiered, and how the history got there; Kafka is never tiered."""
+    if args.keel_tier == "none":
+        return []
+    seg = f"segment.bytes {args.segment_bytes / 2**20:.0f} MiB on both brokers"
+    lines = []
+    if "kafka" in results:
+        lines.append("kafka: untiered (Apache Kafka's tiered storage needs a RemoteStorageManager plugin; "
+                     f"none is installed here), all history in its log dir; {seg}")
+    keel = results.get("keel")
+    if keel is not None:
+        st = keel["settle"]
+        t = st["tiers"]
+        lines.append(f"keel: tiered: {keel['tier']}; {seg}")
+        lines.append(f"keel: before the live phases: {st['topic_cold_bytes'] / 1e6:,.0f} MB of the topic released "
+                     f"to the colder tier, {st['topic_local_bytes'] / 1e6:,.0f} MB left on the fast tier "
+                     f"(fast tier {t['fast_bytes'] / 1e6:,.0f} MB), {t['copies']} copies of "
+                     f"{t['copied_bytes'] / 1e6:,.0f} MB ({t['copy_failures']} failed); waited "
+                     f"{st['seconds']:.0f} s after the preload")
+        for ln in keel.get("tier_log_problems") or []:
+            lines.append(f"keel: log: {ln}")
+    return lines
+
+
 def plot(results: dict, path: Path) -> str:
     try:
         import matplotlib
@@ -580,7 +838,8 @@ def plot(results: dict, path: Path) -> str:
         ax.plot(t, [p["tail_p99_ms"] for p in res["timeline"]], label="tail e2e p99 (per s)")
         ax.axvspan(res["backfill_start_s"], res["backfill_end_s"], color="orange", alpha=0.2, label="backfill")
         ax.set_yscale("log")
-        ax.set_title(f"{name}: latency over time ({short_disk(res.get('disk', 'host disk'))})", fontsize=9)
+        where = res.get("tier_title") or short_disk(res.get("disk", "host disk"))
+        ax.set_title(f"{name}: latency over time ({where})", fontsize=9)
         ax.set_xlabel("seconds since the live producer started")
         ax.set_ylabel("ms")
         ax.legend(loc="upper right")
@@ -621,8 +880,27 @@ def main() -> None:
                     help="backfill fetch.max.partition.bytes (keel-bench default 16MiB; fetch.max.bytes is 4x)")
     ap.add_argument("--broker-cpus", help="pin the broker to these CPUs (e.g. 0)")
     ap.add_argument("--bench-cpus", help="pin keel-bench (and a backfill process, unless --backfill-cpus)")
+    ap.add_argument("--keel-tier", choices=("none", "capacity", "s3"), default="none",
+                    help="Keel only: move the history to a capacity dir or an S3 object store (versitygw) "
+                         "before the live phases; Kafka runs untiered")
+    ap.add_argument("--keel-fast-max-bytes", type=parse_bytes, default=parse_bytes("512MiB"),
+                    help="--keel-tier: keel.tier.fast.max.bytes (default 512MiB)")
+    ap.add_argument("--keel-move-bytes-per-sec", type=parse_bytes, default=0,
+                    help="--keel-tier: keel.tier.move.bytes.per.sec for the whole run (default 0: unlimited)")
+    ap.add_argument("--segment-bytes", type=parse_bytes, default=None,
+                    help="the topic's segment.bytes on both brokers (default 128MiB with --keel-tier, "
+                         "else the brokers' default)")
+    ap.add_argument("--tier-wait-max-s", type=float, default=1800,
+                    help="--keel-tier: give up if the history has not moved after this long")
+    ap.add_argument("--tier-stall-s", type=float, default=300,
+                    help="--keel-tier: give up if no bytes move for this long")
+    ap.add_argument("--s3-memory", type=parse_bytes, default=parse_bytes("512MiB"),
+                    help="--keel-tier s3: memory cgroup limit of versitygw (its page cache)")
+    ap.add_argument("--keel-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Keel setting (repeatable), e.g. keel.tail.cache.bytes=65536")
     ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--keel-bin", type=Path, default=REPO / "target" / "release" / "keel")
+    ap.add_argument("--bench-bin", type=Path, help="a keel-bench binary already built (default: go build)")
     ap.add_argument("--skip-kafka", action="store_true")
     ap.add_argument("--skip-keel", action="store_true")
     ap.add_argument("--json", type=Path, help="write both brokers' results here")
@@ -631,13 +909,20 @@ def main() -> None:
     if args.disk is None:
         args.disk = "loop" if args.fs else "host"
     args.fs = args.fs or "ext4"
+    if args.segment_bytes is None:
+        args.segment_bytes = parse_bytes("128MiB") if args.keel_tier != "none" else 0
+    if args.keel_tier == "s3" and args.disk == "hdd":
+        raise SystemExit("--keel-tier s3 --disk hdd: not supported: versitygw does the object store's disk "
+                         "I/O outside the broker's cgroup, so the broker's throttle would not apply to it")
+    if any("=" not in kv for kv in args.keel_set):
+        raise SystemExit("--keel-set: want KEY=VALUE")
     preflight_disk(args)
     # SIGTERM unwinds like Ctrl-C, so every broker, mount and cgroup is undone.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     work = LAB / "catchup"
     work.mkdir(parents=True, exist_ok=True)
-    bench_bin = build_bench(LAB / "keel-bench")
+    bench_bin = args.bench_bin or build_bench(LAB / "keel-bench")
     results: dict = {}
     if not args.skip_kafka:
         results["kafka"] = run_kafka(args, bench_bin, work)
@@ -658,6 +943,8 @@ def main() -> None:
               f"produce errors {res['produce_errors']}")
     if "keel" in results:
         print(f"keel: {results['keel'].get('tail_cache_log') or 'tail cache line not found'}")
+    for line in tier_lines(args, results):
+        print(line)
     print()
     print(side_by_side(results))
     print(plot(results, args.plot))

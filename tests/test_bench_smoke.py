@@ -1,7 +1,8 @@
 """Smoke test of the catch-up benchmark client (bench/keel-bench), so the tool
 cannot rot: build it with `go build`, run `catchup` for a few seconds against
 a broker from the fixtures, and check that the JSON report has every phase
-with samples in it. A smoke test only: no timing is asserted.
+with samples in it; and run bench/catchup.py with each --keel-tier at a tiny
+size. A smoke test only: no timing is asserted.
 
 Without `go` the test is skipped, unless CI=true, where it fails.
 """
@@ -11,10 +12,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import IMPL, REPO
 
 BENCH_SRC = REPO / "bench" / "keel-bench"
 
@@ -78,3 +81,38 @@ def test_catchup_backfill_in_its_own_process(keel_bench, broker, tmp_path):
     assert bf["cpu_s"] > 0, bf
     phase = next(p for p in res["phases"] if p["name"] == "backfill")
     assert phase["backfill_bytes"] == bf["bytes"], (phase, bf)
+
+
+@pytest.mark.parametrize("tier", ["capacity", "s3"])
+def test_catchup_py_with_keel_tier(tier, keel_bench, tmp_path):
+    """bench/catchup.py --keel-tier: the history is moved to the colder tier
+    before the live phases, and the backfill reads it from there (a 64 KiB
+    tail cache, so it cannot come from memory). Keel only, tiny sizes."""
+    if IMPL != "keel":
+        pytest.skip("Keel's tiers")
+    if tier == "s3":
+        from s3server import INSTALL_HINT, find_versitygw
+        if find_versitygw() is None:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"versitygw not found (CI=true); install it with {INSTALL_HINT}")
+            pytest.skip(f"versitygw not found; install it with {INSTALL_HINT}")
+    keel_bin = Path(os.environ.get("KEEL_BIN", REPO / "target" / "debug" / "keel"))
+    out = tmp_path / "catchup.json"
+    cmd = [sys.executable, str(REPO / "bench" / "catchup.py"), "--skip-kafka", "--keel-bin", str(keel_bin),
+           "--bench-bin", str(keel_bench), "--keel-tier", tier, "--history-bytes", "8MiB",
+           "--record-size", "512", "--keys", "1000", "--rate", "200", "--segment-bytes", "1MiB",
+           "--keel-fast-max-bytes", "2MiB", "--keel-set", "keel.tail.cache.bytes=65536",
+           "--keel-set", "keel.tier.check.interval.ms=100", "--baseline-s", "1", "--after-s", "1",
+           "--tier-wait-max-s", "60", "--json", str(out), "--plot", str(tmp_path / "catchup.png")]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                         env=dict(os.environ, LAB_DIR=str(tmp_path / "lab")))
+    assert run.returncode == 0, f"catchup.py failed:\n{run.stdout}\n{run.stderr}"
+    assert "colder tier read MB" in run.stdout, run.stdout
+    keel = json.loads(out.read_text())["results"]["keel"]
+    settled = keel["settle"]
+    assert settled["topic_cold_bytes"] >= 4 << 20, settled
+    assert settled["tiers"]["copy_failures"] == 0, settled
+    assert keel["backfill"]["complete"], keel["backfill"]
+    backfill = next(p for p in keel["phases"] if p["name"] == "backfill")
+    assert backfill["tiers"]["cold_tier_read_bytes"] > 0, backfill["tiers"]
+    assert backfill["tiers"]["read_failures"] == 0, backfill["tiers"]

@@ -15,6 +15,7 @@ package main
 // carries, so tail end-to-end latency starts from the same instant.
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -80,6 +81,11 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.PauseAfterPreload {
+		if err := waitForGo(ctx); err != nil {
+			return nil, err
+		}
+	}
 
 	probe := brokerProbe{pid: cfg.BrokerPID, cgroup: cfg.Cgroup, device: cfg.Device}
 	live, cancelLive := context.WithCancel(ctx)
@@ -97,9 +103,11 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	go func() { prodDone <- r.produceLive(live) }()
 
 	marks := []timedBroker{{0, probe.sample()}}
+	tierMarks := []tierSample{readTiers(cfg.StatsURL, cfg.Topic)}
 	sleepCtx(ctx, secs(cfg.BaselineS))
 	bfStart := r.since()
 	marks = append(marks, timedBroker{bfStart, probe.sample()})
+	tierMarks = append(tierMarks, readTiers(cfg.StatsURL, cfg.Topic))
 	r.phase.Store("backfill")
 	bfTarget, err := endOffsets(ctx, admin, cfg.Topic)
 	if err != nil {
@@ -112,6 +120,7 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	sleepCtx(ctx, secs(cfg.BackfillMinS)-(r.since()-bfStart))
 	bfEnd := r.since()
 	marks = append(marks, timedBroker{bfEnd, probe.sample()})
+	tierMarks = append(tierMarks, readTiers(cfg.StatsURL, cfg.Topic))
 	r.phase.Store("after")
 	sleepCtx(ctx, secs(cfg.AfterS))
 	cancelLive()
@@ -120,17 +129,46 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	}
 	stop := r.since()
 	marks = append(marks, timedBroker{stop, probe.sample()})
+	tierMarks = append(tierMarks, readTiers(cfg.StatsURL, cfg.Topic))
 	r.drainTail(ctx, 5*time.Second)
 	stopTail()
 	wg.Wait()
 	if ctx.Err() != nil {
 		return nil, errors.New("interrupted")
 	}
-	return r.result(pre, bf, marks, probe), nil
+	return r.result(pre, bf, marks, tierMarks, probe), nil
+}
+
+// waitForGo: --pause-after-preload. The line on stderr is what the caller
+// waits for; one line on stdin lets the live phases start. Stdin closing
+// first means the caller is gone, so the run stops.
+func waitForGo(ctx context.Context) error {
+	fmt.Fprintln(os.Stderr, "keel-bench: preload done; waiting for a line on stdin")
+	line := make(chan error, 1)
+	go func() {
+		_, err := bufio.NewReader(os.Stdin).ReadString('\n')
+		line <- err
+	}()
+	select {
+	case <-ctx.Done():
+		return errors.New("interrupted")
+	case err := <-line:
+		if err != nil {
+			return fmt.Errorf("--pause-after-preload: stdin: %w", err)
+		}
+		return nil
+	}
 }
 
 func createTopic(ctx context.Context, admin *kadm.Client, cfg config) error {
-	resp, err := admin.CreateTopics(ctx, int32(cfg.Partitions), 1, nil, cfg.Topic)
+	var configs map[string]*string
+	for k, v := range cfg.TopicConfigs {
+		if configs == nil {
+			configs = map[string]*string{}
+		}
+		configs[k] = kadm.StringPtr(v)
+	}
+	resp, err := admin.CreateTopics(ctx, int32(cfg.Partitions), 1, configs, cfg.Topic)
 	if err != nil {
 		return fmt.Errorf("create topic %s: %w", cfg.Topic, err)
 	}

@@ -41,10 +41,18 @@ type config struct {
 	BackfillSchedIdle bool   `json:"backfill_sched_idle"`
 	BackfillCPUs      string `json:"backfill_cpus"`
 	// The backfill consumer's fetch.max.partition.bytes.
-	BackfillFetchBytes int32   `json:"backfill_partition_fetch_bytes"`
-	JSONPath           string  `json:"-"`
-	ProgressS          float64 `json:"-"`
-	PreloadTimeout     float64 `json:"-"`
+	BackfillFetchBytes int32 `json:"backfill_partition_fetch_bytes"`
+	// Topic configs for CreateTopics (segment.bytes, remote.storage.enable).
+	TopicConfigs map[string]string `json:"topic_configs,omitempty"`
+	// Wait for a line on stdin between the preload and the live phases, so
+	// the caller can let the broker settle (e.g. move the history to a
+	// colder tier) first.
+	PauseAfterPreload bool `json:"pause_after_preload"`
+	// Keel's admin /stats URL: tier counters per phase.
+	StatsURL       string  `json:"stats_url,omitempty"`
+	JSONPath       string  `json:"-"`
+	ProgressS      float64 `json:"-"`
+	PreloadTimeout float64 `json:"-"`
 }
 
 func usage() {
@@ -114,6 +122,18 @@ func parseCatchup(args []string) config {
 	fs.IntVar(&c.BackfillNice, "backfill-nice", 0, "run the backfill process under nice -n N (implies --backfill-process)")
 	fs.BoolVar(&c.BackfillSchedIdle, "backfill-sched-idle", false, "run the backfill process with SCHED_IDLE, chrt --idle 0 (implies --backfill-process)")
 	fs.StringVar(&c.BackfillCPUs, "backfill-cpus", "", "pin the backfill process to these CPUs, taskset -c LIST (implies --backfill-process)")
+	c.TopicConfigs = map[string]string{}
+	fs.Func("topic-config", "topic config KEY=VALUE for the created topic (repeatable)", func(kv string) error {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE, got %q", kv)
+		}
+		c.TopicConfigs[k] = v
+		return nil
+	})
+	fs.BoolVar(&c.PauseAfterPreload, "pause-after-preload", false,
+		"after the preload, print \"keel-bench: preload done\" on stderr and wait for a line on stdin before the live phases")
+	fs.StringVar(&c.StatsURL, "stats-url", "", "Keel's admin endpoint, http://HOST:PORT/stats: report tier counters per phase")
 	fs.StringVar(&c.JSONPath, "json", "", "also write the results as JSON to this file")
 	fs.Float64Var(&c.ProgressS, "progress-s", 5, "seconds between progress lines on stderr (0: none)")
 	fs.Float64Var(&c.PreloadTimeout, "preload-timeout-s", 1800, "give up if the preload takes longer")

@@ -83,6 +83,8 @@ type phaseJSON struct {
 	// with --backfill-process; otherwise it is in the bench's CPU).
 	BackfillCPUCores *float64   `json:"backfill_process_cpu_cores,omitempty"`
 	Broker           brokerJSON `json:"broker"`
+	// Keel's tier counters (--stats-url); nil for other brokers.
+	Tiers *tiersPhaseJSON `json:"tiers,omitempty"`
 }
 
 type pointJSON struct {
@@ -119,7 +121,8 @@ func lat(s summary) latencyJSON {
 	return latencyJSON{s.Count, usToMs(s.P50), usToMs(s.P99), usToMs(s.P999), usToMs(s.Max)}
 }
 
-func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, probe brokerProbe) *result {
+func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, tierMarks []tierSample,
+	probe brokerProbe) *result {
 	prod, tail, lag, bfb := r.produceLatUs.snapshot(), r.tailLatUs.snapshot(), r.tailLag.snapshot(), r.backfillB.snapshot()
 	brunq, benchq, busiest := r.brokerRunqUs.snapshot(), r.benchRunqUs.snapshot(), r.brokerBusiestUs.snapshot()
 	r.brokerMu.Lock()
@@ -159,6 +162,7 @@ func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, 
 		ph.Broker.RunqMsPerS = perSecond(between(brunq, from, to), 1e3)
 		ph.Broker.BenchRunqMsPerS = perSecond(between(benchq, from, to), 1e3)
 		ph.Broker.BusiestThreadCore = perSecond(between(busiest, from, to), 1e6)
+		ph.Tiers = tiersPhase(tierMarks[i], tierMarks[i+1])
 		res.Phases = append(res.Phases, ph)
 	}
 	res.Timeline = timeline(prod, tail, lag, bfb, periodic, marks[len(marks)-1].at)
@@ -344,6 +348,24 @@ func printTable(w io.Writer, res *result) {
 		{"disk read await ms", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.ReadAwaitMs }) }},
 		{"disk write await ms", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.WriteAwaitMs }) }},
 		{"disk util %", func(p phaseJSON) string { return dev(p, func(d *devJSON) float64 { return d.UtilPct }) }},
+		{"colder tier read MB", func(p phaseJSON) string {
+			return tierCell(p, func(t *tiersPhaseJSON) string { return mbCell(t.ColdReadBytes) })
+		}},
+		{"tier copies", func(p phaseJSON) string {
+			return tierCell(p, func(t *tiersPhaseJSON) string { return fmt.Sprint(t.Copies) })
+		}},
+		{"tier copied MB", func(p phaseJSON) string {
+			return tierCell(p, func(t *tiersPhaseJSON) string { return mbCell(t.CopiedBytes) })
+		}},
+		{"tier copy/read failures", func(p phaseJSON) string {
+			return tierCell(p, func(t *tiersPhaseJSON) string { return fmt.Sprintf("%d/%d", t.CopyFailures, t.ReadFailures) })
+		}},
+		{"fast tier MB (end)", func(p phaseJSON) string {
+			return tierCell(p, func(t *tiersPhaseJSON) string { return mbCell(t.FastBytesEnd) })
+		}},
+		{"topic colder-tier MB (end)", func(p phaseJSON) string {
+			return tierCell(p, func(t *tiersPhaseJSON) string { return mbCell(t.TopicColderBytes) })
+		}},
 	}
 	fmt.Fprintf(w, "%-28s", "")
 	for _, p := range res.Phases {
