@@ -198,7 +198,12 @@ def test_produce_consume_per_codec(shared_broker, codec):
             assert r.value == value, f"partition {p} offset {r.offset}: value differs"
             assert r.headers == "trace=abc-123,empty=,null=NULL", r.headers
             assert before_ms - 1000 <= r.timestamp <= after_ms + 1000, r.timestamp
-        assert stored_codecs(bs, topic, p) == {expected_codec(bs, codec)}
+        # librdkafka sends a batch uncompressed when compressing would not
+        # shrink it (these records are random bytes), so codec 0 may appear
+        # beside the requested one; the requested one must be there.
+        want = expected_codec(bs, codec)
+        stored = stored_codecs(bs, topic, p)
+        assert want in stored and stored <= {0, want}, (codec, stored)
 
 
 def test_confluent_produce_kcat_consume(shared_broker):
