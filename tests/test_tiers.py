@@ -304,7 +304,14 @@ def test_tier_settings_are_checked(broker_factory, tmp_path):
                               "--set", f"keel.tier.remote={bad}"],
                              capture_output=True, text=True, timeout=30)
         assert out.returncode != 0 and "keel.tier.remote" in out.stdout + out.stderr, (bad, out)
-    out = subprocess.run([str(b.bin), "serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
-                          "--set", f"keel.tier.capacity.dirs={tmp_path / 'd'}"],
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode != 0 and "fast tier" in out.stdout + out.stderr, out
+    # The fast tier, a capacity dir nested in it (or holding it), or a file://
+    # store inside it: each would see the other's files, so start-up refuses.
+    for setting in (f"keel.tier.capacity.dirs={tmp_path / 'd'}",
+                    f"keel.tier.capacity.dirs={tmp_path / 'd' / 'cold'}",
+                    f"keel.tier.capacity.dirs={tmp_path}",
+                    f"keel.tier.remote=file://{tmp_path / 'd' / 'bucket'}"):
+        out = subprocess.run([str(b.bin), "serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
+                              "--set", setting],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0 and "log.dirs" in out.stdout + out.stderr, (setting, out)
+        assert not (tmp_path / "d" / "cold").exists()

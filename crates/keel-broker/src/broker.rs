@@ -13,11 +13,13 @@ use uuid::Uuid;
 use crate::config::BrokerConfig;
 use crate::groups::{GroupCoordinator, SystemClock};
 use crate::handlers;
-use crate::partition::Partition;
+use crate::health::DirHealth;
+use crate::partition::{Partition, PartitionParts};
 use crate::producers::{write_atomically, ProducerIdAllocator};
 use crate::time::now_ms;
-use crate::topics::{Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
-use keel_log::ReadIo;
+use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
+use keel_log::faults::FaultyStorage;
+use keel_log::{DiskStorage, ReadIo, Storage};
 use keel_tier::memory::MemoryLimit;
 use keel_tier::{ColdReads, TailCache, Tiers};
 
@@ -76,6 +78,13 @@ pub struct Broker {
     pub advertised_port: i32,
     pub topics: TopicRegistry,
     pub store: TopicStore,
+    /// Every file operation of partition logs and topic metadata.
+    pub storage: Arc<dyn Storage>,
+    /// The fault-injecting layer under `storage`, when the broker was started
+    /// with `KEEL_FAILPOINTS=1` (tests only).
+    pub failpoints: Option<FaultyStorage>,
+    /// The health of the data dir (`log.dirs`).
+    pub dir_health: Arc<DirHealth>,
     pub producer_ids: Mutex<ProducerIdAllocator>,
     pub groups: Arc<GroupCoordinator>,
     /// The newest batches of every partition, under one byte budget.
@@ -110,7 +119,15 @@ impl Broker {
         let cluster_id = load_cluster_id(&data_dir, config.node_id()).map_err(io(&data_dir))?;
         let ids_path = meta_dir.join("producer-ids");
         let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
-        let store = TopicStore::new(&data_dir);
+        let failpoints = (std::env::var("KEEL_FAILPOINTS").as_deref() == Ok("1")).then(|| {
+            tracing::warn!("KEEL_FAILPOINTS=1: storage faults can be injected through the admin endpoint");
+            FaultyStorage::new(DiskStorage::shared())
+        });
+        let storage: Arc<dyn Storage> = match &failpoints {
+            Some(f) => Arc::new(f.clone()),
+            None => DiskStorage::shared(),
+        };
+        let store = TopicStore::new(&data_dir, Arc::clone(&storage));
         let memory = MemoryLimit::detect();
         let tail_cache = TailCache::new(tail_cache_budget(&config, &memory));
         let cold = ColdReads::new(
@@ -145,7 +162,8 @@ impl Broker {
             config.num("keel.tier.fast.max.bytes"),
             Duration::from_millis(u64::try_from(config.num("keel.tier.orphan.grace.ms")).unwrap_or(600_000)),
         );
-        let groups = GroupCoordinator::open(
+        let groups = GroupCoordinator::open_with(
+            Arc::clone(&storage),
             &meta_dir.join("groups"),
             config.coordinator_config(),
             Arc::new(SystemClock),
@@ -158,6 +176,9 @@ impl Broker {
             advertised_port,
             topics: TopicRegistry::default(),
             store,
+            storage,
+            failpoints,
+            dir_health: DirHealth::new(&data_dir),
             producer_ids: Mutex::new(producer_ids),
             groups: Arc::new(groups),
             tail_cache,
@@ -173,50 +194,105 @@ impl Broker {
 
     fn load_topics(&self) -> Result<(), StartError> {
         let data_dir = self.config.data_dir();
-        let metas = self.store.load_all().map_err(|error| StartError::Io {
+        let io = |error| StartError::Io {
             path: data_dir.clone(),
             error,
-        })?;
-        let orphans = self
-            .store
-            .orphan_partition_dirs(&metas)
-            .map_err(|error| StartError::Io {
-                path: data_dir.clone(),
-                error,
-            })?;
-        for dir in orphans {
-            tracing::warn!(dir = %dir.display(), "removing partition directory of a deleted topic");
-            std::fs::remove_dir_all(&dir).map_err(|error| StartError::Io {
-                path: dir.clone(),
-                error,
-            })?;
-        }
+        };
+        let metas = self.store.load_all().map_err(io)?;
+        let (metas, sweep) = self.store.sweep(metas).map_err(io)?;
+        self.remove_in_background(sweep.deleted);
         for meta in metas {
-            let partitions = self.open_partitions(&meta, 0).map_err(StartError::Partition)?;
+            let partitions = self
+                .open_partitions(&meta, 0, true)
+                .map_err(StartError::Partition)?;
             tracing::info!(topic = %meta.name, partitions = meta.partitions, "loaded topic");
             self.topics.insert(Arc::new(Topic { meta, partitions }));
         }
         Ok(())
     }
 
-    /// Opens partitions `from..meta.partitions` of a topic. Blocking.
-    pub fn open_partitions(&self, meta: &TopicMeta, from: i32) -> Result<Vec<Arc<Partition>>, String> {
+    /// Removes directories of deleted partitions on a thread of their own.
+    pub fn remove_in_background(&self, dirs: Vec<PathBuf>) {
+        if dirs.is_empty() {
+            return;
+        }
+        let storage = Arc::clone(&self.storage);
+        let spawned = std::thread::Builder::new()
+            .name("keel-delete".into())
+            .spawn(move || {
+                for dir in dirs {
+                    match keel_log::remove_retired(storage.as_ref(), &dir) {
+                        Ok(()) => tracing::info!(dir = %dir.display(), "removed a deleted partition's directory"),
+                        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted partition's directory"),
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the thread that removes deleted partitions");
+        }
+    }
+
+    /// Opens partitions `from..meta.partitions` of a topic. Blocking. At
+    /// start-up (`tolerate_failures`) a partition whose log cannot be opened
+    /// is kept offline and the others serve; when creating partitions, a
+    /// failure is the caller's error.
+    pub fn open_partitions(
+        &self,
+        meta: &TopicMeta,
+        from: i32,
+        tolerate_failures: bool,
+    ) -> Result<Vec<Arc<Partition>>, String> {
         let mut log_config = self
             .config
             .topic_log_config(&meta.configs)
             .map_err(|e| e.to_string())?;
         log_config.read_io = self.read_io;
         let name: Arc<str> = Arc::from(meta.name.as_str());
-        (from..meta.partitions)
-            .map(|p| {
-                let dir = self.store.partition_dir(&meta.name, p);
-                let tail = self.tail_cache.partition();
-                let cold = Arc::clone(&self.cold);
-                let tiers = Arc::clone(&self.tiers);
-                Partition::open(Arc::clone(&name), p, &dir, log_config.clone(), tail, cold, tiers)
-                    .map(Arc::new)
-            })
-            .collect()
+        let mut out = Vec::new();
+        for p in from..meta.partitions {
+            let dir = self.store.partition_dir(&meta.name, p);
+            let parts = PartitionParts {
+                topic: Arc::clone(&name),
+                index: p,
+                dir: dir.clone(),
+                config: log_config.clone(),
+                storage: Arc::clone(&self.storage),
+                health: Arc::clone(&self.dir_health),
+                tail: self.tail_cache.partition(),
+                cold: Arc::clone(&self.cold),
+                tiers: Arc::clone(&self.tiers),
+            };
+            let opened = Partition::open(parts).and_then(|partition| {
+                self.store
+                    .ensure_partition_metadata(&dir, meta.topic_id)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
+                Ok(partition)
+            });
+            let partition = match opened {
+                Ok(partition) => partition,
+                Err(e) if tolerate_failures => {
+                    tracing::error!(
+                        topic = %meta.name, partition = p, error = %e,
+                        "partition offline: its log cannot be opened; the other partitions serve"
+                    );
+                    let parts = PartitionParts {
+                        topic: Arc::clone(&name),
+                        index: p,
+                        dir,
+                        config: log_config.clone(),
+                        storage: Arc::clone(&self.storage),
+                        health: Arc::clone(&self.dir_health),
+                        tail: self.tail_cache.partition(),
+                        cold: Arc::clone(&self.cold),
+                        tiers: Arc::clone(&self.tiers),
+                    };
+                    Partition::offline(parts, e)
+                }
+                Err(e) => return Err(e),
+            };
+            out.push(Arc::new(partition));
+        }
+        Ok(out)
     }
 
     /// Handles one request frame.
@@ -403,6 +479,21 @@ impl Broker {
                 let _ = tokio::task::spawn_blocking(move || b.apply_retention()).await;
             }
         });
+        let me = Arc::clone(self);
+        let expire_every = Duration::from_millis(
+            u64::try_from(self.config.num("producer.id.expiration.check.interval.ms"))
+                .unwrap_or(600_000)
+                .max(1),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(expire_every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let b = Arc::clone(&me);
+                let _ = tokio::task::spawn_blocking(move || b.expire_producers()).await;
+            }
+        });
         tokio::spawn(crate::mover::run(Arc::clone(self)));
         let me = Arc::clone(self);
         tokio::spawn(async move {
@@ -440,10 +531,30 @@ impl Broker {
         let now = now_ms();
         for topic in self.topics.all() {
             for p in &topic.partitions {
-                if let Err(e) = p.with_log(|log| log.apply_retention(now)) {
-                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "retention failed");
+                if p.unavailable().is_some() {
+                    continue;
+                }
+                match p.with_log(|log| log.apply_retention(now)) {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) | Err(e) => {
+                        tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "retention failed")
+                    }
                 }
             }
+        }
+    }
+
+    /// Forgets producers idle for `producer.id.expiration.ms`.
+    fn expire_producers(&self) {
+        let (now, expiration_ms) = (now_ms(), self.config.num("producer.id.expiration.ms"));
+        let mut expired = 0;
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                expired += p.expire_producers(now, expiration_ms);
+            }
+        }
+        if expired > 0 {
+            tracing::info!(expired, "expired idle producer ids");
         }
     }
 
@@ -451,6 +562,9 @@ impl Broker {
         let now = now_ms();
         for topic in self.topics.all() {
             for p in &topic.partitions {
+                if p.unavailable().is_some() {
+                    continue;
+                }
                 let result = p.with_log(|log| {
                     if log.needs_time_flush(now) {
                         log.flush()
@@ -458,7 +572,7 @@ impl Broker {
                         Ok(())
                     }
                 });
-                if let Err(e) = result {
+                if let Ok(Err(e)) = result {
                     tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "flush failed");
                 }
             }
@@ -480,13 +594,22 @@ impl Broker {
                 let (resident, size) = p.page_cache_residency();
                 resident_total += resident;
                 size_total += size;
-                let (local_segments, local_bytes, tiered) = p.with_log(|log| {
-                    (
-                        log.segment_count(),
-                        log.size_bytes(),
-                        log.tiered_segments().to_vec(),
-                    )
-                });
+                let reader = p.reader();
+                let (local_segments, local_bytes, tiered, damaged) = match &reader {
+                    Some(r) => (
+                        r.segment_count(),
+                        r.size_bytes(),
+                        r.tiered_segments(),
+                        r.damaged_segments(),
+                    ),
+                    None => (0, 0, Vec::new(), Vec::new()),
+                };
+                let damaged: Vec<_> = damaged
+                    .into_iter()
+                    .map(|(base, valid, reason)| {
+                        serde_json::json!({"base_offset": base, "valid_bytes": valid, "reason": reason})
+                    })
+                    .collect();
                 let count = |state| tiered.iter().filter(|t| t.state == state).count();
                 let cold_bytes: u64 = tiered.iter().filter(|t| t.is_cold()).map(|t| t.size_bytes).sum();
                 partitions.push(serde_json::json!({
@@ -498,6 +621,9 @@ impl Broker {
                     "cold_read_bytes": p.cold_read_bytes.load(Relaxed),
                     "segment_bytes": size,
                     "page_cache_resident_bytes": resident,
+                    "offline": p.unavailable(),
+                    "damaged_segments": damaged,
+                    "producers": p.producer_count(),
                     "tiers": {
                         "local_segments": local_segments,
                         "local_bytes": local_bytes,
@@ -529,6 +655,7 @@ impl Broker {
             "cold_reads": {
                 "reads": c.reads,
                 "bytes": c.bytes,
+                "disk_bytes": c.disk_bytes,
                 "budget_bytes_per_sec": c.budget_bytes_per_sec,
                 "max_concurrent": c.max_concurrent,
                 "queue_depth": c.queue_depth,
@@ -539,6 +666,11 @@ impl Broker {
                 "read_ahead_limit_bytes": c.read_ahead_limit_bytes,
             },
             "tiers": self.tiers_json(),
+            "log_dirs": [{
+                "path": self.dir_health.path().display().to_string(),
+                "offline": self.dir_health.is_offline(),
+                "error": self.dir_health.offline_reason(),
+            }],
             "page_cache": {
                 "segment_bytes": size_total,
                 "resident_bytes": resident_total,
@@ -678,28 +810,4 @@ fn load_cluster_id(data_dir: &std::path::Path, node_id: i32) -> std::io::Result<
     let text = format!("#Written by Keel\nversion=1\ncluster.id={id}\nnode.id={node_id}\n");
     write_atomically(&path, text.as_bytes())?;
     Ok(id)
-}
-
-/// URL-safe base64 without padding: Kafka's encoding of cluster ids.
-fn base64_url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..=chunk.len() {
-            out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn cluster_ids_look_like_kafkas() {
-        let id = super::base64_url(&[0xff; 16]);
-        assert_eq!(id.len(), 22);
-        assert_eq!(super::base64_url(b"Man"), "TWFu");
-    }
 }

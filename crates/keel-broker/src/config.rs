@@ -186,6 +186,20 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("num.partitions", "1", ConfigType::Int),
     ("default.replication.factor", "1", ConfigType::Int),
     ("socket.request.max.bytes", "104857600", ConfigType::Int),
+    // The most record bytes one Fetch response carries, whatever it asks.
+    ("fetch.max.bytes", "57671680", ConfigType::Int),
+    // Connections: in all, per client address, and how long one may idle.
+    ("max.connections", "2147483647", ConfigType::Int),
+    ("max.connections.per.ip", "2147483647", ConfigType::Int),
+    ("connections.max.idle.ms", "600000", ConfigType::Long),
+    // Idempotent producers' state is forgotten after this long without a
+    // write, checked at this interval.
+    ("producer.id.expiration.ms", "86400000", ConfigType::Int),
+    (
+        "producer.id.expiration.check.interval.ms",
+        "600000",
+        ConfigType::Int,
+    ),
     ("log.retention.check.interval.ms", "300000", ConfigType::Long),
     ("delete.topic.enable", "true", ConfigType::Boolean),
     ("group.min.session.timeout.ms", "6000", ConfigType::Int),
@@ -346,13 +360,7 @@ impl BrokerConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let fast = self.data_dir();
-        if self.capacity_dirs().iter().any(|d| d == &fast) {
-            return Err(ConfigError {
-                key: "keel.tier.capacity.dirs".into(),
-                reason: format!("{} is the fast tier (log.dirs)", fast.display()),
-            });
-        }
+        self.check_tier_dirs()?;
         if self.num("num.partitions") < 1 {
             return Err(ConfigError {
                 key: "num.partitions".into(),
@@ -377,6 +385,12 @@ impl BrokerConfig {
             ("keel.tail.cache.bytes", -1),
             ("keel.cold.read.bytes.per.sec", 0),
             ("keel.cold.read.max.concurrent", 1),
+            ("fetch.max.bytes", 0),
+            ("max.connections", 0),
+            ("max.connections.per.ip", 0),
+            ("connections.max.idle.ms", -1),
+            ("producer.id.expiration.ms", 1),
+            ("producer.id.expiration.check.interval.ms", 1),
         ] {
             if self.num(key) < min {
                 return Err(ConfigError {
@@ -399,6 +413,39 @@ impl BrokerConfig {
             });
         }
         self.topic_log_config(&BTreeMap::new()).map(|_| ())
+    }
+
+    /// The fast tier, the capacity dirs and a `file://` object store must
+    /// not overlap: each owns what is in its directory (start-up renames
+    /// partition directories it does not know, the mover deletes copies no
+    /// manifest names), so one nested in another would see the other's files.
+    fn check_tier_dirs(&self) -> Result<(), ConfigError> {
+        let mut dirs: Vec<(&str, PathBuf)> = vec![("log.dirs", self.data_dir())];
+        dirs.extend(
+            self.capacity_dirs()
+                .into_iter()
+                .map(|d| ("keel.tier.capacity.dirs", d)),
+        );
+        if let Some(path) = self.get("keel.tier.remote").strip_prefix("file://") {
+            dirs.push(("keel.tier.remote", PathBuf::from(path)));
+        }
+        let absolute: Vec<(&str, PathBuf)> = dirs.into_iter().map(|(key, d)| (key, normalize(&d))).collect();
+        for (i, (key_a, a)) in absolute.iter().enumerate() {
+            for (key_b, b) in &absolute[i + 1..] {
+                if a.starts_with(b) || b.starts_with(a) {
+                    return Err(ConfigError {
+                        key: key_b.to_string(),
+                        reason: format!(
+                            "{} and {} ({key_a}) are the same directory or one holds the other; \
+                             tiers need directories of their own",
+                            b.display(),
+                            a.display()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The group coordinator's settings.
@@ -511,6 +558,7 @@ impl BrokerConfig {
             retention_ms: get("retention.ms")?,
             flush_messages: positive("flush.messages", 1)?,
             flush_ms: positive("flush.ms", 0)? as i64,
+            file_delete_delay_ms: positive("file.delete.delay.ms", 0)?,
             // Decided once for the broker (see `Broker::open`).
             read_io: keel_log::ReadIo::default(),
         })
@@ -597,6 +645,23 @@ pub struct TierPolicy {
     pub local_retention_ms: i64,
 }
 
+/// An absolute path with `.` and `..` resolved lexically (the directories
+/// may not exist yet).
+fn normalize(path: &std::path::Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
 fn split_list(value: &str) -> impl Iterator<Item = &str> {
     value.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
@@ -661,6 +726,38 @@ mod tests {
         assert_eq!(c.group.min_session_timeout_ms, 500);
         assert_eq!(c.offsets_retention_ms, 120_000);
         assert_eq!(c.group.initial_rebalance_delay_ms, 3000);
+    }
+
+    #[test]
+    fn nested_tier_dirs_are_refused() {
+        for (data, capacity) in [
+            ("/data", "/data/cold"),
+            ("/data/hot", "/data"),
+            ("/data", "/data/"),
+            ("/data", "/other/../data/x"),
+        ] {
+            let e =
+                BrokerConfig::from_map(&map(&[("log.dirs", data), ("keel.tier.capacity.dirs", capacity)]))
+                    .unwrap_err();
+            assert_eq!(e.key, "keel.tier.capacity.dirs", "{data} {capacity}");
+        }
+        let e = BrokerConfig::from_map(&map(&[
+            ("log.dirs", "/data"),
+            ("keel.tier.remote", "file:///data/bucket"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.key, "keel.tier.remote");
+        assert!(BrokerConfig::from_map(&map(&[
+            ("log.dirs", "/data"),
+            ("keel.tier.capacity.dirs", "/cold,/colder"),
+            ("keel.tier.remote", "file:///bucket")
+        ]))
+        .is_ok());
+        assert!(BrokerConfig::from_map(&map(&[
+            ("log.dirs", "/d"),
+            ("keel.tier.capacity.dirs", "/c,/c/x")
+        ]))
+        .is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod broker;
 pub mod config;
 pub mod groups;
 mod handlers;
+pub mod health;
 pub mod mover;
 pub mod partition;
 pub mod producers;

@@ -162,7 +162,7 @@ async fn on_log<T: Send + 'static>(
     let p = Arc::clone(p);
     tokio::task::spawn_blocking(move || p.with_log(f))
         .await
-        .map_err(|e| std::io::Error::other(format!("mover task failed: {e}")))
+        .map_err(|e| std::io::Error::other(format!("mover task failed: {e}")))?
 }
 
 async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {

@@ -1,22 +1,29 @@
 //! One topic-partition: its log, its producers' sequence state, the append
 //! pipeline (group commit) and the long-poll wake-ups.
 //!
-//! Locking: `state` guards the log and producer state. It is held for
-//! in-memory work and for the one `write` of a group commit; reads take it
-//! only to plan (no I/O) and read the file after releasing it. Nothing
-//! outside this partition ever waits on it.
+//! Locking:
+//! * `writer` guards the log's writer and the producer state. It is held
+//!   across an append's `write` (and its fsync when the flush policy says
+//!   so) and by maintenance (retention, the mover's manifest steps). Only
+//!   blocking threads wait on it.
+//! * Reads (fetch planning, ListOffsets, stats) go through the log's
+//!   [`LogReader`], whose lock is only ever held for in-memory work. So a
+//!   write or fsync stalled on a slow disk delays that partition's appends
+//!   and nothing else: no request thread waits on it.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_log::batch::BatchHeader;
-use keel_log::{LogConfig, PartitionLog, ReadError, ReadPlan};
+use keel_log::{AppendError, LogConfig, LogReader, PartitionLog, ReadError, ReadPlan, Storage};
 use keel_protocol::ResponseError;
-use keel_tier::{Chunks, ColdReads, PartitionTail, Tiers};
-use parking_lot::Mutex;
+use keel_tier::{Chunks, ColdRead, ColdReads, PartitionTail, Tiers};
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::{oneshot, Notify};
 
+use crate::health::DirHealth;
 use crate::producers::{ProducerStates, SequenceCheck};
 use crate::time::now_ms;
 
@@ -37,10 +44,28 @@ pub struct AppendFailure {
     pub message: String,
 }
 
+/// Why a read could not be planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadFailure {
+    OffsetOutOfRange,
+    /// The partition or its log dir is offline, or its data is damaged.
+    Storage(String),
+}
+
 struct PendingAppend {
     records: Bytes,
     headers: Vec<BatchHeader>,
     reply: oneshot::Sender<Result<Appended, AppendFailure>>,
+}
+
+impl PendingAppend {
+    /// Offsets the batches use.
+    fn offsets(&self) -> i64 {
+        self.headers
+            .iter()
+            .map(|h| i64::from(h.last_offset_delta) + 1)
+            .sum()
+    }
 }
 
 #[derive(Default)]
@@ -50,18 +75,36 @@ struct AppendQueue {
     writer_active: bool,
 }
 
-struct PartitionState {
-    log: PartitionLog,
+/// Why appends are refused for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    /// The broker is shutting down (the clean-shutdown marker is written).
+    Shutdown,
+    /// The topic was deleted: the log was fenced and renamed away.
+    Deleted,
+}
+
+struct Writer {
+    /// `None` when the log could not be opened (the partition is offline)
+    /// or was taken away by a deletion.
+    log: Option<PartitionLog>,
     producers: ProducerStates,
-    /// Set by [`Partition::close`]; no append may follow the clean-shutdown
-    /// marker.
-    closed: bool,
+    closed: Option<Closed>,
 }
 
 pub struct Partition {
     pub topic: Arc<str>,
     pub index: i32,
-    state: Mutex<PartitionState>,
+    dir: PathBuf,
+    config: LogConfig,
+    storage: Arc<dyn Storage>,
+    writer: Mutex<Writer>,
+    /// The log's read side; replaced when the log is reloaded.
+    reader: RwLock<Option<LogReader>>,
+    /// The health of the log dir this partition lives in.
+    health: Arc<DirHealth>,
+    /// Why this partition alone is unavailable (its log failed to open).
+    offline: Mutex<Option<String>>,
     queue: Mutex<AppendQueue>,
     /// Fetches waiting for data; each is woken once per append.
     waiters: Mutex<Vec<Arc<Notify>>>,
@@ -87,6 +130,8 @@ pub struct Partition {
     /// Where the last cold read ended, so the next read of a sequential
     /// scan starts exactly at its batch (`keel_log::ScanHint`).
     scan_hint: Mutex<Option<keel_log::ScanHint>>,
+    /// A background thread is running the log's queued seals.
+    sealing: Arc<AtomicBool>,
 }
 
 /// The read-ahead slot of one partition.
@@ -111,48 +156,84 @@ enum ReadAhead {
 pub enum ReadSource {
     /// Whole batches from the tail cache (or held read-ahead): no disk read.
     Memory(Chunks),
-    /// A planned read of the log files, executed without the partition lock.
+    /// A planned read of the log files, executed without any lock.
     Disk(ReadPlan),
     /// The read-ahead of this offset is in flight; its bytes arrive here.
     Pending(oneshot::Receiver<std::io::Result<Bytes>>),
 }
 
+/// What a partition is made of: where it lives and the broker's shared parts.
+pub struct PartitionParts {
+    pub topic: Arc<str>,
+    pub index: i32,
+    pub dir: PathBuf,
+    pub config: LogConfig,
+    pub storage: Arc<dyn Storage>,
+    pub health: Arc<DirHealth>,
+    pub tail: PartitionTail,
+    pub cold: Arc<ColdReads>,
+    pub tiers: Arc<Tiers>,
+}
+
 impl Partition {
-    /// Opens (and recovers) the log and rebuilds producer state from the
-    /// batch headers of its newest data. Blocking: run off the async threads.
-    pub fn open(
-        topic: Arc<str>,
-        index: i32,
-        dir: &std::path::Path,
-        config: LogConfig,
-        tail: PartitionTail,
-        cold: Arc<ColdReads>,
-        tiers: Arc<Tiers>,
-    ) -> Result<Partition, String> {
-        let log = PartitionLog::open(dir, config).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let producers = rebuild_producers(&log).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let (hw, start) = (log.log_end_offset(), log.log_start_offset());
-        Ok(Partition {
-            topic,
-            index,
-            state: Mutex::new(PartitionState {
+    /// Opens (and recovers) the log and loads producer state: the newest
+    /// snapshot, then the batch headers after it. Blocking: run off the
+    /// async threads.
+    pub fn open(parts: PartitionParts) -> Result<Partition, String> {
+        let (log, producers) = open_log(&parts.storage, &parts.dir, &parts.config)?;
+        let reader = log.reader().clone();
+        let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
+        let p = Partition::assemble(parts, Some(log), producers, None);
+        *p.reader.write() = Some(reader);
+        p.high_watermark.store(hw, Ordering::Release);
+        p.log_start_offset.store(start, Ordering::Release);
+        Ok(p)
+    }
+
+    /// A partition whose log could not be opened: every request for it is
+    /// answered with KAFKA_STORAGE_ERROR, and the rest of the broker serves.
+    pub fn offline(parts: PartitionParts, reason: String) -> Partition {
+        Partition::assemble(parts, None, ProducerStates::default(), Some(reason))
+    }
+
+    fn assemble(
+        parts: PartitionParts,
+        log: Option<PartitionLog>,
+        producers: ProducerStates,
+        offline: Option<String>,
+    ) -> Partition {
+        Partition {
+            topic: parts.topic,
+            index: parts.index,
+            dir: parts.dir,
+            config: parts.config,
+            storage: parts.storage,
+            writer: Mutex::new(Writer {
                 log,
                 producers,
-                closed: false,
+                closed: None,
             }),
+            reader: RwLock::new(None),
+            health: parts.health,
+            offline: Mutex::new(offline),
             queue: Mutex::new(AppendQueue::default()),
             waiters: Mutex::new(Vec::new()),
-            high_watermark: AtomicI64::new(hw),
-            log_start_offset: AtomicI64::new(start),
-            tail,
+            high_watermark: AtomicI64::new(0),
+            log_start_offset: AtomicI64::new(0),
+            tail: parts.tail,
             cache_read_bytes: AtomicU64::new(0),
             cold_read_bytes: AtomicU64::new(0),
             page_cache_marks: Mutex::new((0, 0)),
-            cold,
-            tiers,
+            cold: parts.cold,
+            tiers: parts.tiers,
             read_ahead: Mutex::new(ReadAhead::Empty),
             scan_hint: Mutex::new(None),
-        })
+            sealing: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     pub fn high_watermark(&self) -> i64 {
@@ -163,6 +244,20 @@ impl Partition {
         self.log_start_offset.load(Ordering::Acquire)
     }
 
+    /// The log's read side, unless the partition is offline.
+    pub fn reader(&self) -> Option<LogReader> {
+        self.reader.read().clone()
+    }
+
+    /// Why the partition cannot serve, if it cannot: its log dir is
+    /// offline, or its own log could not be opened.
+    pub fn unavailable(&self) -> Option<String> {
+        self.health
+            .offline_reason()
+            .map(|why| format!("log dir {} is offline: {why}", self.health.path().display()))
+            .or_else(|| self.offline.lock().clone())
+    }
+
     /// Appends validated batches. Concurrent calls are grouped: whoever
     /// finds no writer running drains the queue on a blocking thread, in
     /// arrival order, with one write per drained group.
@@ -171,6 +266,12 @@ impl Partition {
         records: Bytes,
         headers: Vec<BatchHeader>,
     ) -> Result<Appended, AppendFailure> {
+        if let Some(why) = self.unavailable() {
+            return Err(AppendFailure {
+                error: ResponseError::KafkaStorageError,
+                message: why,
+            });
+        }
         let (reply, done) = oneshot::channel();
         let start_writer = {
             let mut q = self.queue.lock();
@@ -185,13 +286,20 @@ impl Partition {
             let me = Arc::clone(self);
             tokio::task::spawn_blocking(move || me.drain_queue());
         }
-        done.await
-            .unwrap_or_else(|_| Err(storage_failure("append task ended without a reply".into())))
+        done.await.unwrap_or_else(|_| {
+            Err(storage_failure(
+                "the partition's writer failed on this request; the partition was reloaded".into(),
+            ))
+        })
     }
 
-    fn drain_queue(&self) {
+    /// Writes queued appends until the queue is empty. A panic while
+    /// writing a group fails that group's requests (their reply channels
+    /// close) and reloads the log from disk; the partition keeps taking
+    /// appends.
+    fn drain_queue(self: Arc<Self>) {
         loop {
-            let group = {
+            let items = {
                 let mut q = self.queue.lock();
                 if q.items.is_empty() {
                     q.writer_active = false;
@@ -199,30 +307,37 @@ impl Partition {
                 }
                 std::mem::take(&mut q.items)
             };
-            self.write_group(group);
+            for group in split_by_offsets(items) {
+                let written =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.write_group(group)));
+                if written.is_err() {
+                    self.reload("a panic while appending");
+                }
+            }
+            self.spawn_seals();
         }
     }
 
     /// Writes one group of pending appends and replies to each.
     fn write_group(&self, group: Vec<PendingAppend>) {
         let mut replies = Vec::with_capacity(group.len());
-        let mut st = self.state.lock();
-        if st.closed {
+        let mut st = self.writer.lock();
+        if let Some(why) = self.refusal(&st) {
+            drop(st);
             for item in group {
-                let _ = item.reply.send(Err(AppendFailure {
-                    error: ResponseError::NotLeaderOrFollower,
-                    message: "the broker is shutting down".into(),
-                }));
+                let _ = item.reply.send(Err(why.clone()));
             }
             return;
         }
-        let first_offset = st.log.log_end_offset();
+        let Writer { log, producers, .. } = &mut *st;
+        let log = log.as_mut().expect("refusal() checked the log is open");
+        let first_offset = log.log_end_offset();
         let mut next_offset = first_offset;
         let mut buf = Vec::new();
         let mut headers = Vec::new();
         let mut undo = Vec::new();
         for item in group {
-            match plan_item(&mut st.producers, &item.headers, next_offset, &mut undo) {
+            match plan_item(producers, &item.headers, next_offset, &mut undo) {
                 Ok(Planned::Append(n)) => {
                     replies.push((item.reply, Ok(next_offset)));
                     next_offset += n;
@@ -234,27 +349,36 @@ impl Partition {
             }
         }
         stamp_leader_epoch(&mut buf, &headers);
-        let written = if buf.is_empty() {
-            Ok(())
+        let failure = if buf.is_empty() {
+            None
         } else {
-            st.log.append(&mut buf, &headers, now_ms()).map(|info| {
-                assert_eq!(
-                    info.base_offset, first_offset,
-                    "log assigned offsets the plan did not expect"
-                );
-                // Cached before the high watermark moves, so a fetch woken
-                // by this append finds the batches in memory.
-                self.tail
-                    .insert(cached_batches(Bytes::from(buf), &headers, first_offset));
-            })
-        };
-        let failure = written.err().map(|e| {
-            for snapshot in undo.into_iter().rev() {
-                st.producers.restore(snapshot);
+            match log.append(&mut buf, &headers, now_ms()) {
+                Ok(info) => {
+                    assert_eq!(
+                        info.base_offset, first_offset,
+                        "log assigned offsets the plan did not expect"
+                    );
+                    // Cached before the high watermark moves, so a fetch woken
+                    // by this append finds the batches in memory.
+                    self.tail
+                        .insert(cached_batches(Bytes::from(buf), &headers, first_offset));
+                    if info.rolled {
+                        log.queue_producer_snapshot(log.log_end_offset(), producers.encode_snapshot());
+                    }
+                    None
+                }
+                Err(e) => {
+                    for snapshot in undo.into_iter().rev() {
+                        producers.restore(snapshot);
+                    }
+                    if let AppendError::Offline(why) = &e {
+                        self.health.take_offline(why);
+                    }
+                    Some(storage_failure(e.to_string()))
+                }
             }
-            storage_failure(e.to_string())
-        });
-        let (hw, start) = (st.log.log_end_offset(), st.log.log_start_offset());
+        };
+        let (hw, start) = (log.log_end_offset(), log.log_start_offset());
         drop(st);
         self.publish(hw, start);
         for (reply, result) in replies {
@@ -266,6 +390,97 @@ impl Partition {
                 }),
             };
             let _ = reply.send(result);
+        }
+    }
+
+    /// Why appends are refused now, if they are.
+    fn refusal(&self, st: &Writer) -> Option<AppendFailure> {
+        let (error, message) = match st.closed {
+            Some(Closed::Shutdown) => (
+                ResponseError::NotLeaderOrFollower,
+                "the broker is shutting down".to_string(),
+            ),
+            Some(Closed::Deleted) => (
+                ResponseError::UnknownTopicOrPartition,
+                "the topic was deleted".to_string(),
+            ),
+            None => match (self.unavailable(), &st.log) {
+                (Some(why), _) => (ResponseError::KafkaStorageError, why),
+                (None, None) => (
+                    ResponseError::KafkaStorageError,
+                    "the partition's log is not open".to_string(),
+                ),
+                (None, Some(_)) => return None,
+            },
+        };
+        Some(AppendFailure { error, message })
+    }
+
+    /// Drops the in-memory log and producer state and opens the log again
+    /// from disk (recovering what an unfinished write left), after a panic
+    /// left them in an unknown state. If that fails the partition goes
+    /// offline. Blocking.
+    fn reload(&self, why: &str) {
+        tracing::error!(topic = %self.topic, partition = self.index, why, "reloading the partition's log");
+        let mut st = self.writer.lock();
+        if let Some(old) = st.log.take() {
+            // The old log's queued seals must not run beside the new one.
+            old.sealer().fence();
+        }
+        if st.closed.is_some() {
+            return;
+        }
+        self.tail.clear();
+        match open_log(&self.storage, &self.dir, &self.config) {
+            Ok((log, producers)) => {
+                let reader = log.reader().clone();
+                let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
+                st.log = Some(log);
+                st.producers = producers;
+                *self.reader.write() = Some(reader);
+                drop(st);
+                *self.scan_hint.lock() = None;
+                self.high_watermark.store(hw, Ordering::Release);
+                self.log_start_offset.store(start, Ordering::Release);
+            }
+            Err(e) => {
+                tracing::error!(topic = %self.topic, partition = self.index, error = %e, "the partition goes offline");
+                *self.offline.lock() = Some(e);
+            }
+        }
+    }
+
+    /// Runs the log's queued seals (index files and fsync of rolled
+    /// segments, producer snapshots) on a blocking thread, unless one is
+    /// already doing it. Appends never wait for them.
+    fn spawn_seals(self: &Arc<Self>) {
+        let sealer = match &self.writer.lock().log {
+            Some(log) if log.sealer().has_pending() => Arc::clone(log.sealer()),
+            _ => return,
+        };
+        if self.sealing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // The task holds no reference to the partition, so dropping the
+        // partition is never held up by a seal in progress.
+        let (sealing, health) = (Arc::clone(&self.sealing), Arc::clone(&self.health));
+        let name = format!("{}-{}", self.topic, self.index);
+        let run = move || {
+            loop {
+                if let Err(e) = sealer.run_pending() {
+                    health.take_offline(&format!("{name}: {e}"));
+                }
+                sealing.store(false, Ordering::Release);
+                // Work queued after the run looked: take it, unless another
+                // thread already did.
+                if !sealer.has_pending() || sealing.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => drop(handle.spawn_blocking(run)),
+            Err(_) => run(),
         }
     }
 
@@ -288,16 +503,35 @@ impl Partition {
         }
     }
 
-    /// Plans a read under the lock; the caller executes it without the lock.
-    pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadError> {
+    /// Plans a read from the view (no I/O, no writer lock).
+    pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadFailure> {
+        let reader = self.available_reader()?;
         let hint = *self.scan_hint.lock();
-        self.state.lock().log.read_plan_after(offset, max_bytes, hint)
+        reader
+            .read_plan_after(offset, max_bytes, hint)
+            .map_err(|e| match e {
+                ReadError::OffsetOutOfRange { .. } => ReadFailure::OffsetOutOfRange,
+                damaged @ ReadError::Damaged { .. } => {
+                    ReadFailure::Storage(format!("{}-{}: {damaged}", self.topic, self.index))
+                }
+            })
+    }
+
+    fn available_reader(&self) -> Result<LogReader, ReadFailure> {
+        if let Some(why) = self.unavailable() {
+            return Err(ReadFailure::Storage(why));
+        }
+        self.reader()
+            .ok_or_else(|| ReadFailure::Storage("the partition's log is not open".into()))
     }
 
     /// Resolves a fetch at `offset` to its source: the tail cache when the
     /// offset is in its run (below the high watermark), the read-ahead slot
     /// when a scan reached it, else a read plan of the files.
-    pub fn read(self: &Arc<Self>, offset: i64, max_bytes: usize) -> Result<ReadSource, ReadError> {
+    pub fn read(self: &Arc<Self>, offset: i64, max_bytes: usize) -> Result<ReadSource, ReadFailure> {
+        if let Some(why) = self.unavailable() {
+            return Err(ReadFailure::Storage(why));
+        }
         let (start, hw) = (self.log_start_offset(), self.high_watermark());
         if offset == hw && offset >= start {
             // Nothing to read yet. Planning a file read here would race an
@@ -365,22 +599,25 @@ impl Partition {
     }
 
     /// The blocking read of a plan: the local file, or the colder tier that
-    /// holds its offsets.
+    /// holds its offsets. Says how many bytes it took from the disk.
     fn plan_reader(
         self: &Arc<Self>,
         plan: ReadPlan,
-    ) -> impl FnOnce() -> std::io::Result<Bytes> + Send + 'static {
+    ) -> impl FnOnce() -> std::io::Result<ColdRead> + Send + 'static {
         let me = Arc::clone(self);
         move || match plan.tiered_segment() {
             Some(segment) => me
                 .tiers
                 .read_blocking(segment, plan.target_offset(), plan.max_bytes()),
             None => {
-                let (bytes, hint) = plan.execute_scan()?;
-                if hint.is_some() {
-                    *me.scan_hint.lock() = hint;
+                let read = plan.execute_scan()?;
+                if read.hint.is_some() {
+                    *me.scan_hint.lock() = read.hint;
                 }
-                Ok(bytes)
+                Ok(ColdRead {
+                    bytes: read.bytes,
+                    disk_bytes: read.disk_bytes,
+                })
             }
         }
     }
@@ -403,8 +640,9 @@ impl Partition {
     /// Runs a planned read on the cold executor. The answer comes on the
     /// returned channel; if nobody is listening any more (the fetch was
     /// answered without it at its deadline) it is kept for the next fetch
-    /// at `offset`. After a delivered read the next chunk is read ahead, so
-    /// a sequential backfill keeps the device busy between its fetches.
+    /// at `offset`. After a delivered read the next chunk is read ahead
+    /// (within the same `max_bytes`), so a sequential backfill keeps the
+    /// device busy between its fetches.
     pub fn spawn_cold_read(
         self: &Arc<Self>,
         offset: i64,
@@ -414,7 +652,7 @@ impl Partition {
         let (tx, rx) = oneshot::channel();
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let result = me.cold.read(max_bytes, me.plan_reader(plan)).await;
+            let result = me.cold.read(me.plan_reader(plan)).await;
             if tx.is_closed() {
                 if let Ok(bytes) = result {
                     me.offer_read_ahead(offset, bytes);
@@ -459,7 +697,7 @@ impl Partition {
         };
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let result = me.cold.read(max_bytes, me.plan_reader(plan)).await;
+            let result = me.cold.read(me.plan_reader(plan)).await;
             me.finish_read_ahead(offset, result, max_bytes);
         });
     }
@@ -507,14 +745,14 @@ impl Partition {
     /// pass after start-up covers every segment. The tail cache holds the
     /// newest data; the page cache holds none of it for long. Blocking.
     pub fn drop_written_pages(&self) {
+        let Some(reader) = self.reader() else { return };
         let from = self.page_cache_marks.lock().0;
-        let (files, active) = {
-            let st = self.state.lock();
-            let active = st.log.segment_base_offsets().last().copied().unwrap_or(0);
-            (st.log.segment_files_from(from), active)
-        };
+        let files = reader.segment_files_from(from);
+        let active = files.last().map_or(0, |(base, _)| *base);
         for (_, file) in &files {
-            keel_log::drop_cached_pages(file);
+            if let Ok(f) = file.open() {
+                f.drop_cache();
+            }
         }
         let mut marks = self.page_cache_marks.lock();
         *marks = (marks.1, active);
@@ -523,10 +761,16 @@ impl Partition {
     /// `(bytes of this partition's segment files in the page cache, their
     /// size)`, measured with mincore. Blocking (one mmap per segment).
     pub fn page_cache_residency(&self) -> (u64, u64) {
-        let files = self.state.lock().log.segment_files_from(i64::MIN);
-        files
+        let Some(reader) = self.reader() else {
+            return (0, 0);
+        };
+        reader
+            .segment_files_from(i64::MIN)
             .iter()
-            .filter_map(|(_, f)| keel_tier::resident::resident_bytes(f).ok())
+            .filter_map(|(_, f)| {
+                let f = f.open().ok()?;
+                keel_tier::resident::resident_bytes(f.std_file()?).ok()
+            })
             .fold((0, 0), |(r, s), (fr, fs)| (r + fr, s + fs))
     }
 
@@ -535,30 +779,121 @@ impl Partition {
         self.cold_read_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// Plans a ListOffsets-by-timestamp lookup under the lock (no I/O).
-    pub fn timestamp_plan(&self, timestamp_ms: i64) -> Option<keel_log::TimestampPlan> {
-        self.state.lock().log.timestamp_plan(timestamp_ms)
+    /// Plans a ListOffsets-by-timestamp lookup from the view (no I/O).
+    pub fn timestamp_plan(&self, timestamp_ms: i64) -> Result<Option<keel_log::TimestampPlan>, ReadFailure> {
+        Ok(self.available_reader()?.timestamp_plan(timestamp_ms))
     }
 
-    /// Flushes the log, writes its clean-shutdown marker and refuses every
-    /// later append. Blocking.
+    /// Writes a producer snapshot, flushes the log, writes its
+    /// clean-shutdown marker and refuses every later append. Blocking.
     pub fn close(&self) -> std::io::Result<()> {
-        let mut st = self.state.lock();
-        st.closed = true;
-        st.log.close()
+        let mut st = self.writer.lock();
+        st.closed.get_or_insert(Closed::Shutdown);
+        let Writer { log, producers, .. } = &mut *st;
+        let Some(log) = log.as_mut() else { return Ok(()) };
+        if log.failure().is_some() {
+            return Ok(()); // An untrusted log is recovered at the next start.
+        }
+        log.write_producer_snapshot(log.log_end_offset(), &producers.encode_snapshot())?;
+        log.close()
     }
 
-    /// Runs `f` on the log under the partition lock. For short in-memory
-    /// work or maintenance that only this partition waits on.
-    pub fn with_log<T>(&self, f: impl FnOnce(&mut PartitionLog) -> T) -> T {
-        let mut st = self.state.lock();
-        let out = f(&mut st.log);
-        let (hw, start) = (st.log.log_end_offset(), st.log.log_start_offset());
+    /// Fences the partition for deletion: refuses every later append and
+    /// maintenance step and returns its log (after any write in progress),
+    /// for the caller to retire. Blocking.
+    pub fn fence(&self) -> Option<PartitionLog> {
+        let mut st = self.writer.lock();
+        st.closed = Some(Closed::Deleted);
+        st.log.take()
+    }
+
+    /// Runs `f` on the log's writer under the partition's writer lock, then
+    /// publishes the offsets. For maintenance that only this partition's
+    /// appends wait on: call it from a blocking thread. Fails if the
+    /// partition is offline, closed or deleted.
+    pub fn with_log<T>(&self, f: impl FnOnce(&mut PartitionLog) -> T) -> std::io::Result<T> {
+        let mut st = self.writer.lock();
+        if let Some(why) = self.refusal(&st) {
+            return Err(std::io::Error::other(why.message));
+        }
+        let log = st.log.as_mut().expect("refusal() checked the log is open");
+        let out = f(log);
+        if let Some(why) = log.failure() {
+            self.health.take_offline(&why);
+        }
+        let (hw, start) = (log.log_end_offset(), log.log_start_offset());
         drop(st);
         self.high_watermark.store(hw, Ordering::Release);
         self.log_start_offset.store(start, Ordering::Release);
-        out
+        Ok(out)
     }
+
+    /// Forgets producers idle for `expiration_ms`. Returns how many.
+    pub fn expire_producers(&self, now_ms: i64, expiration_ms: i64) -> usize {
+        self.writer.lock().producers.expire(now_ms, expiration_ms)
+    }
+
+    /// How many producers this partition has state for.
+    pub fn producer_count(&self) -> usize {
+        self.writer.lock().producers.len()
+    }
+}
+
+/// Opens a partition's log and loads its producer state: the newest
+/// snapshot, then every batch header after it.
+fn open_log(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    config: &LogConfig,
+) -> Result<(PartitionLog, ProducerStates), String> {
+    let mut log = PartitionLog::open_with(Arc::clone(storage), dir, config.clone())
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let producers = load_producers(&mut log).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok((log, producers))
+}
+
+/// Producer state from the newest snapshot and the batches after it. A
+/// snapshot that does not decode is ignored (with a warning) and the state
+/// is rebuilt from the whole log instead.
+fn load_producers(log: &mut PartitionLog) -> std::io::Result<ProducerStates> {
+    let (mut producers, from) = match log.take_producer_snapshot() {
+        Some((offset, bytes)) => match ProducerStates::decode_snapshot(&bytes) {
+            Ok(states) => (states, offset),
+            Err(why) => {
+                tracing::warn!(dir = %log.dir().display(), offset, %why, "ignoring a producer snapshot");
+                (ProducerStates::default(), log.log_start_offset())
+            }
+        },
+        None => (ProducerStates::default(), log.log_start_offset()),
+    };
+    let now = now_ms();
+    for header in log.batch_headers(from.max(log.log_start_offset())) {
+        let header = header?;
+        producers.record(&header, header.base_offset, now);
+    }
+    Ok(producers)
+}
+
+/// Splits queued appends into groups that each span at most 2^31 offsets
+/// (what one append to the log may), keeping their order.
+fn split_by_offsets(items: Vec<PendingAppend>) -> Vec<Vec<PendingAppend>> {
+    const MAX_GROUP_OFFSETS: i64 = 1 << 31;
+    let mut groups: Vec<Vec<PendingAppend>> = Vec::new();
+    let mut span = 0i64;
+    for item in items {
+        let n = item.offsets();
+        match groups.last_mut() {
+            Some(g) if span + n <= MAX_GROUP_OFFSETS => {
+                span += n;
+                g.push(item);
+            }
+            _ => {
+                span = n;
+                groups.push(vec![item]);
+            }
+        }
+    }
+    groups
 }
 
 enum Planned {
@@ -569,15 +904,21 @@ enum Planned {
 
 /// Applies sequence checks to one request's batches, recording them in the
 /// producer state as if written at `base_offset` (undone on write failure).
+/// A request whose batches are not all accepted records none of them.
 fn plan_item(
     producers: &mut ProducerStates,
     headers: &[BatchHeader],
     base_offset: i64,
     undo: &mut Vec<crate::producers::ProducerSnapshot>,
 ) -> Result<Planned, AppendFailure> {
-    // Clients send one batch per partition per request; a request with
-    // several is checked as a whole: all new, or the first is a retry.
     let mut offset = base_offset;
+    let mark = undo.len();
+    let refuse = |producers: &mut ProducerStates, undo: &mut Vec<_>, failure: AppendFailure| {
+        for snapshot in undo.drain(mark..).rev() {
+            producers.restore(snapshot);
+        }
+        Err(failure)
+    };
     for (i, h) in headers.iter().enumerate() {
         match producers.check(h) {
             SequenceCheck::Append => {}
@@ -585,21 +926,22 @@ fn plan_item(
                 return Ok(Planned::Duplicate(first_offset))
             }
             SequenceCheck::Duplicate { .. } => {
-                return Err(AppendFailure {
+                let failure = AppendFailure {
                     error: ResponseError::DuplicateSequenceNumber,
                     message: "a request mixed new and retried batches".into(),
-                })
+                };
+                return refuse(producers, undo, failure);
             }
             SequenceCheck::Reject(error) => {
                 let message = format!(
                     "producer {} epoch {} sequence {} refused",
                     h.producer_id, h.producer_epoch, h.base_sequence
                 );
-                return Err(AppendFailure { error, message });
+                return refuse(producers, undo, AppendFailure { error, message });
             }
         }
         undo.push(producers.snapshot(h.producer_id));
-        producers.record(h, offset);
+        producers.record(h, offset, now_ms());
         offset += i64::from(h.last_offset_delta) + 1;
     }
     Ok(Planned::Append(offset - base_offset))
@@ -649,14 +991,4 @@ fn storage_failure(message: String) -> AppendFailure {
         error: ResponseError::KafkaStorageError,
         message,
     }
-}
-
-/// Rebuilds producer sequence state from the batch headers in the log.
-fn rebuild_producers(log: &PartitionLog) -> std::io::Result<ProducerStates> {
-    let mut producers = ProducerStates::default();
-    for header in log.batch_headers(log.log_start_offset()) {
-        let header = header?;
-        producers.record(&header, header.base_offset);
-    }
-    Ok(producers)
 }

@@ -1,10 +1,17 @@
 //! Idempotent producers: producer id allocation and the per-partition
 //! sequence state that turns retries into duplicates instead of copies.
 //!
-//! The rules follow Kafka's (KIP-98, KIP-360): a producer id owns an epoch;
-//! within an epoch, batch sequences must follow each other without gaps; a
-//! batch equal to one of the last [`RETAINED_BATCHES`] is a retry and is
-//! answered with its original offset; an older epoch is fenced.
+//! The rules follow Kafka's (KIP-98, KIP-360, and Kafka 2.5+'s
+//! `ProducerAppendInfo.checkSequence`): a producer id owns an epoch; within
+//! an epoch, batch sequences must follow each other without gaps; a batch
+//! equal to one of the last [`RETAINED_BATCHES`] is a retry and is answered
+//! with its original offset; an older epoch is fenced. A producer this
+//! partition has no state for (new, or expired) may start at any sequence.
+//!
+//! The state survives restarts and retention in producer-state snapshots:
+//! Kafka's `.snapshot` file format (version 1, CRC-32C; see
+//! `docs/format.md`), written at each roll and at clean shutdown. A
+//! producer is forgotten after `producer.id.expiration.ms` without writes.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs;
@@ -18,7 +25,8 @@ use keel_protocol::ResponseError;
 /// detection: clients keep at most five requests in flight per partition.
 pub const RETAINED_BATCHES: usize = 5;
 
-/// The producer id of a batch from a non-idempotent producer.
+/// The producer id of a batch from a non-idempotent producer (Kafka treats
+/// every negative id as none).
 pub const NO_PRODUCER_ID: i64 = -1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,12 +34,15 @@ struct BatchMeta {
     first_seq: i32,
     last_seq: i32,
     first_offset: i64,
+    last_offset: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ProducerEntry {
     epoch: i16,
     batches: VecDeque<BatchMeta>,
+    /// Broker clock at the producer's last write (what expiration uses).
+    last_write_ms: i64,
 }
 
 /// What to do with an incoming batch.
@@ -54,15 +65,13 @@ pub struct ProducerStates {
 impl ProducerStates {
     /// Decides whether a batch is new, a retry, or out of order.
     pub fn check(&self, h: &BatchHeader) -> SequenceCheck {
-        if h.producer_id == NO_PRODUCER_ID {
+        if h.producer_id < 0 {
             return SequenceCheck::Append;
         }
         let Some(entry) = self.producers.get(&h.producer_id) else {
-            return if h.base_sequence == 0 {
-                SequenceCheck::Append
-            } else {
-                SequenceCheck::Reject(ResponseError::OutOfOrderSequenceNumber)
-            };
+            // No state (a new producer, or one whose state expired or was
+            // lost with its data): any sequence starts it, as in Kafka 2.5+.
+            return SequenceCheck::Append;
         };
         if h.producer_epoch < entry.epoch {
             return SequenceCheck::Reject(ResponseError::InvalidProducerEpoch);
@@ -92,10 +101,10 @@ impl ProducerStates {
         }
     }
 
-    /// Records a batch written at `first_offset`. Also used to rebuild the
-    /// state from the log at start-up.
-    pub fn record(&mut self, h: &BatchHeader, first_offset: i64) {
-        if h.producer_id == NO_PRODUCER_ID {
+    /// Records a batch written at `first_offset` at broker time `now_ms`.
+    /// Also used to rebuild the state from the log at start-up.
+    pub fn record(&mut self, h: &BatchHeader, first_offset: i64, now_ms: i64) {
+        if h.producer_id < 0 {
             return;
         }
         let entry = self
@@ -104,6 +113,7 @@ impl ProducerStates {
             .or_insert_with(|| ProducerEntry {
                 epoch: h.producer_epoch,
                 batches: VecDeque::new(),
+                last_write_ms: now_ms,
             });
         if h.producer_epoch != entry.epoch {
             entry.epoch = h.producer_epoch;
@@ -116,7 +126,9 @@ impl ProducerStates {
             first_seq: h.base_sequence,
             last_seq: h.last_sequence(),
             first_offset,
+            last_offset: first_offset + i64::from(h.last_offset_delta),
         });
+        entry.last_write_ms = entry.last_write_ms.max(now_ms);
     }
 
     /// A copy of one producer's state, to restore if a write fails.
@@ -134,6 +146,15 @@ impl ProducerStates {
         };
     }
 
+    /// Forgets producers that have not written for `expiration_ms`
+    /// (`producer.id.expiration.ms`). Returns how many.
+    pub fn expire(&mut self, now_ms: i64, expiration_ms: i64) -> usize {
+        let before = self.producers.len();
+        self.producers
+            .retain(|_, e| now_ms.saturating_sub(e.last_write_ms) < expiration_ms);
+        before - self.producers.len()
+    }
+
     pub fn len(&self) -> usize {
         self.producers.len()
     }
@@ -141,7 +162,100 @@ impl ProducerStates {
     pub fn is_empty(&self) -> bool {
         self.producers.is_empty()
     }
+
+    /// Kafka's producer snapshot (version 1): the last batch of every
+    /// producer, sorted by producer id.
+    pub fn encode_snapshot(&self) -> Vec<u8> {
+        let mut ids: Vec<_> = self.producers.keys().copied().collect();
+        ids.sort_unstable();
+        let mut out = Vec::with_capacity(10 + ids.len() * SNAPSHOT_ENTRY_LEN);
+        out.extend_from_slice(&SNAPSHOT_VERSION.to_be_bytes());
+        out.extend_from_slice(&[0; 4]); // CRC, below
+        out.extend_from_slice(&(ids.len() as i32).to_be_bytes());
+        for id in ids {
+            let e = &self.producers[&id];
+            let Some(last) = e.batches.back() else { continue };
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(&e.epoch.to_be_bytes());
+            out.extend_from_slice(&last.last_seq.to_be_bytes());
+            out.extend_from_slice(&last.last_offset.to_be_bytes());
+            let offset_delta = (last.last_offset - last.first_offset) as i32;
+            out.extend_from_slice(&offset_delta.to_be_bytes());
+            out.extend_from_slice(&e.last_write_ms.to_be_bytes());
+            out.extend_from_slice(&(-1i32).to_be_bytes()); // coordinator epoch
+            out.extend_from_slice(&(-1i64).to_be_bytes()); // no transaction
+        }
+        let crc = crc32c::crc32c(&out[SNAPSHOT_ENTRIES_AT..]);
+        out[2..6].copy_from_slice(&crc.to_be_bytes());
+        out
+    }
+
+    /// Decodes a snapshot written by [`ProducerStates::encode_snapshot`] or
+    /// by Kafka. Each producer's last batch becomes its one retained batch.
+    pub fn decode_snapshot(bytes: &[u8]) -> Result<ProducerStates, String> {
+        let read = |at: usize, n: usize| bytes.get(at..at + n).ok_or("snapshot truncated");
+        let version = i16::from_be_bytes(read(0, 2)?.try_into().map_err(|_| "version")?);
+        if version != SNAPSHOT_VERSION {
+            return Err(format!("snapshot version {version} is not {SNAPSHOT_VERSION}"));
+        }
+        let crc = u32::from_be_bytes(read(2, 4)?.try_into().map_err(|_| "crc")?);
+        let actual = crc32c::crc32c(bytes.get(SNAPSHOT_ENTRIES_AT..).ok_or("snapshot truncated")?);
+        if crc != actual {
+            return Err(format!("snapshot CRC {crc:#x} does not match {actual:#x}"));
+        }
+        let count = i32::from_be_bytes(read(6, 4)?.try_into().map_err(|_| "count")?);
+        let count = usize::try_from(count).map_err(|_| "negative count")?;
+        if bytes.len() != 10 + count.saturating_mul(SNAPSHOT_ENTRY_LEN) {
+            return Err("snapshot length does not match its count".into());
+        }
+        let mut states = ProducerStates::default();
+        for i in 0..count {
+            let e = &bytes[10 + i * SNAPSHOT_ENTRY_LEN..10 + (i + 1) * SNAPSHOT_ENTRY_LEN];
+            let i64_at = |at: usize| i64::from_be_bytes(e[at..at + 8].try_into().unwrap_or_default());
+            let i32_at = |at: usize| i32::from_be_bytes(e[at..at + 4].try_into().unwrap_or_default());
+            let id = i64_at(0);
+            let epoch = i16::from_be_bytes([e[8], e[9]]);
+            let last_seq = i32_at(10);
+            let last_offset = i64_at(14);
+            let offset_delta = i32_at(22);
+            let last_write_ms = i64_at(26);
+            let first_seq = decrement_sequence(last_seq, offset_delta.max(0));
+            states.producers.insert(
+                id,
+                ProducerEntry {
+                    epoch,
+                    batches: VecDeque::from([BatchMeta {
+                        first_seq,
+                        last_seq,
+                        first_offset: last_offset - i64::from(offset_delta.max(0)),
+                        last_offset,
+                    }]),
+                    last_write_ms,
+                },
+            );
+        }
+        Ok(states)
+    }
 }
+
+/// Kafka's `DefaultRecordBatch.decrementSequence`: the first sequence of
+/// a batch from its last, wrapping below 0 to `i32::MAX`.
+fn decrement_sequence(sequence: i32, decrement: i32) -> i32 {
+    if sequence < 0 {
+        return sequence;
+    }
+    if sequence < decrement {
+        return i32::MAX - (decrement - sequence) + 1;
+    }
+    sequence - decrement
+}
+
+const SNAPSHOT_VERSION: i16 = 1;
+/// The CRC covers everything from here (the entries array) to the end.
+const SNAPSHOT_ENTRIES_AT: usize = 6;
+/// id 8, epoch 2, last sequence 4, last offset 8, offset delta 4,
+/// timestamp 8, coordinator epoch 4, transaction first offset 8.
+const SNAPSHOT_ENTRY_LEN: usize = 46;
 
 /// One producer's state as it was before an append (see [`ProducerStates::restore`]).
 #[derive(Debug, Clone)]
@@ -230,11 +344,11 @@ mod tests {
         let mut s = ProducerStates::default();
         let b0 = header(7, 0, 0, 3);
         assert_eq!(s.check(&b0), SequenceCheck::Append);
-        s.record(&b0, 100);
+        s.record(&b0, 100, 0);
         assert_eq!(s.check(&b0), SequenceCheck::Duplicate { first_offset: 100 });
         let b1 = header(7, 0, 3, 2);
         assert_eq!(s.check(&b1), SequenceCheck::Append);
-        s.record(&b1, 103);
+        s.record(&b1, 103, 0);
         let gap = header(7, 0, 9, 1);
         assert_eq!(
             s.check(&gap),
@@ -247,8 +361,11 @@ mod tests {
         );
         let bumped = header(7, 1, 0, 1);
         assert_eq!(s.check(&bumped), SequenceCheck::Append);
+        // A producer with no state here may start anywhere (Kafka 2.5+).
+        assert_eq!(s.check(&header(8, 0, 4, 1)), SequenceCheck::Append);
+        let bumped_mid = header(7, 2, 5, 1);
         assert_eq!(
-            s.check(&header(8, 0, 4, 1)),
+            s.check(&bumped_mid),
             SequenceCheck::Reject(ResponseError::OutOfOrderSequenceNumber)
         );
         let plain = header(NO_PRODUCER_ID, -1, -1, 1);
@@ -259,7 +376,7 @@ mod tests {
     fn only_recent_batches_are_remembered_and_snapshots_restore() {
         let mut s = ProducerStates::default();
         for i in 0..10 {
-            s.record(&header(1, 0, i, 1), i64::from(i));
+            s.record(&header(1, 0, i, 1), i64::from(i), 0);
         }
         assert_eq!(
             s.check(&header(1, 0, 9, 1)),
@@ -270,9 +387,42 @@ mod tests {
             SequenceCheck::Reject(ResponseError::OutOfOrderSequenceNumber)
         );
         let snap = s.snapshot(1);
-        s.record(&header(1, 0, 10, 1), 10);
+        s.record(&header(1, 0, 10, 1), 10, 0);
         s.restore(snap);
         assert_eq!(s.check(&header(1, 0, 10, 1)), SequenceCheck::Append);
+    }
+
+    #[test]
+    fn snapshots_round_trip_in_kafkas_format_and_expiry_forgets() {
+        let mut s = ProducerStates::default();
+        s.record(&header(9, 3, 0, 4), 100, 1_000);
+        s.record(&header(9, 3, 4, 2), 104, 2_000);
+        s.record(&header(5, 0, i32::MAX, 1), 7, 3_000);
+        let bytes = s.encode_snapshot();
+        assert_eq!(bytes.len(), 10 + 2 * 46);
+        assert_eq!(&bytes[..2], &[0, 1], "version 1");
+        let back = ProducerStates::decode_snapshot(&bytes).unwrap();
+        assert_eq!(back.len(), 2);
+        // The last batch survives: its retry is a duplicate, the next is in sequence.
+        assert_eq!(
+            back.check(&header(9, 3, 4, 2)),
+            SequenceCheck::Duplicate { first_offset: 104 }
+        );
+        assert_eq!(back.check(&header(9, 3, 6, 1)), SequenceCheck::Append);
+        assert_eq!(
+            back.check(&header(9, 3, 9, 1)),
+            SequenceCheck::Reject(ResponseError::OutOfOrderSequenceNumber)
+        );
+        assert_eq!(back.check(&header(5, 0, 0, 1)), SequenceCheck::Append, "wraps");
+        assert_eq!(decrement_sequence(1, 3), i32::MAX - 1);
+        assert_eq!(increment_sequence(decrement_sequence(1, 3), 3), 1);
+        let mut bad = bytes.clone();
+        bad[20] ^= 1;
+        assert!(ProducerStates::decode_snapshot(&bad).unwrap_err().contains("CRC"));
+        assert!(ProducerStates::decode_snapshot(&bytes[..30]).is_err());
+        let mut back = back;
+        assert_eq!(back.expire(3_500, 1_000), 1, "producer 9 last wrote at 2000");
+        assert_eq!(back.len(), 1);
     }
 
     #[test]

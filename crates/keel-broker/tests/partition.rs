@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use keel_broker::partition::Partition;
+use keel_broker::health::DirHealth;
+use keel_broker::partition::{Partition, PartitionParts};
 use keel_log::batch::{validate_batches, BatchHeader};
 use keel_log::testing::BatchBuilder;
 use keel_log::LogConfig;
@@ -28,8 +29,26 @@ fn open(dir: &std::path::Path) -> Arc<Partition> {
         ..LogConfig::default()
     };
     let tail = keel_tier::TailCache::new(1 << 20).partition();
-    let cold = Arc::new(keel_tier::ColdReads::new(0, 2));
-    Arc::new(Partition::open(Arc::from("t"), 0, dir, config, tail, cold, no_tiers()).unwrap())
+    Arc::new(Partition::open(parts(dir, config, tail, cold())).unwrap())
+}
+
+fn parts(
+    dir: &std::path::Path,
+    config: LogConfig,
+    tail: keel_tier::PartitionTail,
+    cold: Arc<keel_tier::ColdReads>,
+) -> PartitionParts {
+    PartitionParts {
+        topic: Arc::from("t"),
+        index: 0,
+        dir: dir.to_path_buf(),
+        config,
+        storage: keel_log::DiskStorage::shared(),
+        health: DirHealth::new(dir),
+        tail,
+        cold,
+        tiers: no_tiers(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,18 +153,7 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
         ..LogConfig::default()
     };
     let cache = keel_tier::TailCache::new(2_000);
-    let p = Arc::new(
-        Partition::open(
-            Arc::from("t"),
-            0,
-            dir.path(),
-            config.clone(),
-            cache.partition(),
-            cold(),
-            no_tiers(),
-        )
-        .unwrap(),
-    );
+    let p = Arc::new(Partition::open(parts(dir.path(), config.clone(), cache.partition(), cold())).unwrap());
     let mut bases = Vec::new();
     for _ in 0..20 {
         let (bytes, headers) = batch(None, 5);
@@ -174,21 +182,17 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
     let (_, empty) = read_bytes(p.read(hw, 1 << 20).unwrap());
     assert!(empty.is_empty());
     p.close().unwrap();
+    // The writer task lets go of the partition just after its last reply.
+    for _ in 0..1000 {
+        if Arc::strong_count(&p) == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     drop(p);
     assert_eq!(cache.stats().used_bytes, 0, "a dropped partition frees its cache");
     // Reopened: nothing is cached until new appends arrive.
-    let p = Arc::new(
-        Partition::open(
-            Arc::from("t"),
-            0,
-            dir.path(),
-            config,
-            cache.partition(),
-            cold(),
-            no_tiers(),
-        )
-        .unwrap(),
-    );
+    let p = Arc::new(Partition::open(parts(dir.path(), config, cache.partition(), cold())).unwrap());
     assert!(!read_bytes(p.read(95, 1 << 20).unwrap()).0);
     let (bytes, headers) = batch(None, 5);
     assert_eq!(p.append(bytes, headers).await.unwrap().base_offset, 100);
@@ -211,18 +215,8 @@ async fn sequential_cold_reads_are_read_ahead_once() {
     // A tail cache too small to hold anything: every read is cold.
     let cache = keel_tier::TailCache::new(1);
     let cold = cold();
-    let p = Arc::new(
-        Partition::open(
-            Arc::from("t"),
-            0,
-            dir.path(),
-            config,
-            cache.partition(),
-            Arc::clone(&cold),
-            no_tiers(),
-        )
-        .unwrap(),
-    );
+    let p =
+        Arc::new(Partition::open(parts(dir.path(), config, cache.partition(), Arc::clone(&cold))).unwrap());
     for _ in 0..40 {
         let (bytes, headers) = batch(None, 5);
         p.append(bytes, headers).await.unwrap();

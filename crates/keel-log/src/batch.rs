@@ -224,6 +224,88 @@ pub fn get_varlong(buf: &[u8], pos: &mut usize) -> Option<i64> {
     None
 }
 
+/// Checks the records of an uncompressed batch as Kafka's `DefaultRecord`
+/// reads them: exactly `records_count` records filling the batch, each
+/// record's fields within its length, and offset deltas 0, 1, 2, ...
+/// (what offsets consumers compute). Compressed batches are not opened:
+/// `Ok` without a look.
+pub fn validate_records(batch: &[u8], header: &BatchHeader) -> Result<(), String> {
+    if header.compression_codec() != 0 {
+        return Ok(());
+    }
+    let body = batch
+        .get(BATCH_HEADER_LEN..header.total_len())
+        .ok_or("record batch truncated")?;
+    let mut pos = 0usize;
+    let mut count = 0i64;
+    while pos < body.len() {
+        let len = get_varlong(body, &mut pos).ok_or_else(|| format!("record {count}: bad length"))?;
+        let len = usize::try_from(len).map_err(|_| format!("record {count}: negative length {len}"))?;
+        let end = pos.checked_add(len).filter(|e| *e <= body.len());
+        let end = end.ok_or_else(|| format!("record {count}: length {len} runs past the batch"))?;
+        let record = &body[pos..end];
+        check_record_fields(record, count).map_err(|why| format!("record {count}: {why}"))?;
+        pos = end;
+        count += 1;
+    }
+    if count != i64::from(header.records_count) {
+        return Err(format!(
+            "the batch holds {count} records but its header says {}",
+            header.records_count
+        ));
+    }
+    Ok(())
+}
+
+/// One record's body: attributes, timestamp delta, offset delta (must be
+/// `index`), key, value and headers, ending exactly at its end.
+fn check_record_fields(record: &[u8], index: i64) -> Result<(), String> {
+    let mut at = 1; // attributes
+    if record.is_empty() {
+        return Err("empty".into());
+    }
+    get_varlong(record, &mut at).ok_or("bad timestamp delta")?;
+    let offset_delta = get_varlong(record, &mut at).ok_or("bad offset delta")?;
+    if offset_delta != index {
+        return Err(format!("offset delta {offset_delta}, expected {index}"));
+    }
+    skip_bytes(record, &mut at).ok_or("bad key")?;
+    skip_bytes(record, &mut at).ok_or("bad value")?;
+    let headers = get_varlong(record, &mut at).ok_or("bad header count")?;
+    if headers < 0 {
+        return Err(format!("negative header count {headers}"));
+    }
+    for _ in 0..headers {
+        let key_len = get_varlong(record, &mut at).ok_or("bad header key")?;
+        if key_len < 0 {
+            return Err("null header key".into());
+        }
+        at = at
+            .checked_add(key_len as usize)
+            .filter(|a| *a <= record.len())
+            .ok_or("bad header key")?;
+        skip_bytes(record, &mut at).ok_or("bad header value")?;
+    }
+    if at != record.len() {
+        return Err(format!("{} bytes left after its fields", record.len() - at));
+    }
+    Ok(())
+}
+
+/// Skips a varint-length-prefixed byte string (-1 = null).
+fn skip_bytes(buf: &[u8], at: &mut usize) -> Option<()> {
+    let len = get_varlong(buf, at)?;
+    if len < -1 {
+        return None;
+    }
+    if len > 0 {
+        *at = at
+            .checked_add(usize::try_from(len).ok()?)
+            .filter(|a| *a <= buf.len())?;
+    }
+    Some(())
+}
+
 /// The first record of an uncompressed CreateTime batch whose timestamp is
 /// at least `target_ms`, as `(offset, timestamp)`. `None` for a compressed
 /// batch (its records are not readable without the codec), for a
@@ -463,6 +545,28 @@ mod tests {
         let mut huge = sample();
         huge[LENGTH_AT..LENGTH_AT + 4].copy_from_slice(&i32::MAX.to_be_bytes());
         assert_eq!(validate_batches(&huge), Err(BatchError::Truncated));
+    }
+
+    #[test]
+    fn records_are_checked_like_kafka_reads_them() {
+        let batch = sample();
+        let h = BatchHeader::parse(&batch).unwrap();
+        assert_eq!(validate_records(&batch, &h), Ok(()));
+        // A count the records do not match.
+        let mut lying = h;
+        lying.records_count = 2;
+        assert!(validate_records(&batch, &lying)
+            .unwrap_err()
+            .contains("3 records"));
+        // A record length that runs past the batch, anywhere.
+        for at in BATCH_HEADER_LEN..batch.len() {
+            let mut bad = batch.clone();
+            bad[at] = 0x7f;
+            let _ = validate_records(&bad, &h); // never panics
+        }
+        let mut bad = batch.clone();
+        bad[BATCH_HEADER_LEN] = 0x7e; // first record claims 63 bytes
+        assert!(validate_records(&bad, &h).is_err());
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub struct LogConfig {
     pub flush_messages: u64,
     /// `flush.ms`: see [`crate::PartitionLog::needs_time_flush`].
     pub flush_ms: i64,
+    /// `file.delete.delay.ms`: how long a deleted segment's file stays
+    /// readable by reads planned before the deletion.
+    pub file_delete_delay_ms: u64,
     /// How read plans read segment files (`keel.io.direct`).
     pub read_io: ReadIo,
 }
@@ -52,6 +55,7 @@ impl Default for LogConfig {
             retention_ms: 7 * DAY_MS,
             flush_messages: u64::MAX,
             flush_ms: i64::MAX,
+            file_delete_delay_ms: 60_000,
             read_io: ReadIo::Buffered,
         }
     }

@@ -33,10 +33,14 @@ impl std::error::Error for OpenError {
 }
 
 /// Why [`crate::PartitionLog::append`] failed. After an error the log holds
-/// exactly what it held before the call (best effort on disk, exact in memory).
+/// exactly what it held before the call, except after `Offline`.
 #[derive(Debug)]
 pub enum AppendError {
+    /// The write failed and was undone; the log is usable.
     Io(io::Error),
+    /// The log's files can no longer be trusted (an fsync failed, or a
+    /// failed write could not be undone): this and every later write fail.
+    Offline(String),
     /// No batches given.
     Empty,
     /// The headers do not describe `records` (their lengths do not add up).
@@ -44,7 +48,8 @@ pub enum AppendError {
         headers_bytes: usize,
         records_bytes: usize,
     },
-    /// Offsets would pass `i64::MAX`.
+    /// Offsets would pass `i64::MAX`, or one append spans more than 2^31
+    /// offsets (more than one segment can index).
     OffsetOverflow,
 }
 
@@ -52,6 +57,7 @@ impl fmt::Display for AppendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AppendError::Io(e) => write!(f, "append I/O error: {e}"),
+            AppendError::Offline(why) => write!(f, "the log is offline: {why}"),
             AppendError::Empty => write!(f, "append of no batches"),
             AppendError::HeadersMismatch {
                 headers_bytes,
@@ -85,6 +91,12 @@ impl From<io::Error> for AppendError {
 pub enum ReadError {
     /// The offset is outside `[log_start, log_end]`.
     OffsetOutOfRange { log_start: i64, log_end: i64 },
+    /// The offset lies in data found invalid below the recovery point.
+    Damaged {
+        segment_base_offset: i64,
+        position: u64,
+        reason: String,
+    },
 }
 
 impl fmt::Display for ReadError {
@@ -93,6 +105,14 @@ impl fmt::Display for ReadError {
             ReadError::OffsetOutOfRange { log_start, log_end } => {
                 write!(f, "offset out of range [{log_start}, {log_end}]")
             }
+            ReadError::Damaged {
+                segment_base_offset,
+                position,
+                reason,
+            } => write!(
+                f,
+                "segment {segment_base_offset} is damaged from byte {position}: {reason}"
+            ),
         }
     }
 }

@@ -239,7 +239,7 @@ impl Indexer {
         let mut out = (None, None);
         if self.bytes_since_last_entry > interval_bytes {
             out.0 = Some(OffsetEntry {
-                relative_offset: relative(meta.last_offset, base_offset),
+                relative_offset: in_segment(meta.last_offset, base_offset),
                 position: meta.position,
             });
             out.1 = self.time_entry_if_newer(base_offset, last_time_entry);
@@ -258,20 +258,23 @@ impl Indexer {
         let last_ts = last_time_entry.map_or(NO_TIMESTAMP, |e| e.timestamp_ms);
         (self.max_timestamp_ms > last_ts).then(|| TimeEntry {
             timestamp_ms: self.max_timestamp_ms,
-            relative_offset: relative(self.offset_of_max_timestamp, base_offset),
+            relative_offset: in_segment(self.offset_of_max_timestamp, base_offset),
         })
     }
 }
 
-/// `offset - base` as a Kafka relative offset. Callers roll segments before
-/// an offset could leave the int32 range, so failure is a broken invariant.
-pub(crate) fn relative(offset: i64, base_offset: i64) -> u32 {
-    let rel = offset - base_offset;
-    assert!(
-        (0..=i64::from(i32::MAX)).contains(&rel),
-        "relative offset {rel} out of range (offset {offset}, base {base_offset})"
-    );
-    rel as u32
+/// `offset - base` as a Kafka relative offset, if it fits int32.
+pub(crate) fn relative(offset: i64, base_offset: i64) -> Option<u32> {
+    let rel = offset.checked_sub(base_offset)?;
+    (0..=i64::from(i32::MAX)).contains(&rel).then_some(rel as u32)
+}
+
+/// [`relative`] for offsets known to be in the segment: appends check the
+/// range before indexing and loading stops at the first batch outside it,
+/// so failure is a broken in-memory invariant.
+fn in_segment(offset: i64, base_offset: i64) -> u32 {
+    relative(offset, base_offset)
+        .unwrap_or_else(|| panic!("offset {offset} outside the segment at {base_offset}"))
 }
 
 fn array_at<const N: usize>(buf: &[u8], at: usize) -> [u8; N] {

@@ -1,25 +1,39 @@
-//! [`PartitionLog`]: the segments of one topic-partition directory.
+//! [`PartitionLog`]: the writer of one topic-partition directory.
+//!
+//! One owner writes (the caller serializes appends and maintenance); every
+//! reader goes through the shared [`LogReader`]. File I/O happens outside
+//! the view's lock: the writer writes first and then publishes what it
+//! wrote, so a read planned meanwhile sees the old state, never a torn one.
 
-use std::collections::VecDeque;
-use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::batch::{set_base_offset, BatchHeader, NO_TIMESTAMP};
-use crate::config::{LogConfig, ReadIo};
-use crate::error::{AppendError, DeleteRecordsError, OpenError, ReadError};
-use crate::index::{lookup_position, lookup_time, window_end, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
-use crate::read::{HeaderScan, ReadPlan, ScanHint, TimestampPlan};
-use crate::segment::{write_atomically, LoadMode, Segment, LOG_SUFFIX};
+use crate::config::LogConfig;
+use crate::error::{AppendError, DeleteRecordsError, OpenError};
+use crate::index::{relative, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
+use crate::seal::{
+    read_offset_file, snapshot_path, write_offset_file, write_snapshot, SealWork, Sealer,
+    RECOVERY_POINT_FILE, SNAPSHOT_SUFFIX,
+};
+use crate::segment::{
+    self, batch_meta, segment_path, LoadMode, SegMeta, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
+};
+use crate::storage::{
+    read_file, remove_if_exists, sync_parent, write_all_at, write_atomically, DiskStorage, OpenMode, Storage,
+    StoredFile,
+};
 use crate::tiered::{read_manifest, write_manifest, Tier, TierState, TieredSegment};
+use crate::view::{LogReader, ViewState};
 
 /// Written by [`PartitionLog::close`], removed by [`PartitionLog::open`]:
-/// its presence means the last segment needs no CRC recovery scan.
+/// its presence means no segment needs a recovery scan.
 pub const CLEAN_SHUTDOWN_FILE: &str = ".keel_clean_shutdown";
 /// The log start offset set by DeleteRecords: "0\n<offset>\n" (version, value).
 pub const LOG_START_OFFSET_FILE: &str = "log-start-offset";
-const LOG_START_OFFSET_VERSION: &str = "0";
 
 /// Leftovers of interrupted renames, deletions and rewrites.
 const STRAY_SUFFIXES: [&str; 4] = [".tmp", ".deleted", ".cleaned", ".swap"];
@@ -41,6 +55,9 @@ pub struct AppendInfo {
     pub records_count: u64,
     /// True if this append was fsynced because of `flush_messages`.
     pub flushed: bool,
+    /// True if the active segment rolled before this append (its seal is
+    /// queued: see [`PartitionLog::sealer`]).
+    pub rolled: bool,
 }
 
 /// What [`PartitionLog::apply_retention`] deleted.
@@ -51,92 +68,167 @@ pub struct RetentionOutcome {
     pub log_start_offset: i64,
 }
 
-/// The log of one partition. Not internally synchronized: the caller holds it
-/// behind a mutex and does read I/O outside it via [`ReadPlan`].
+/// The writer of one partition log. Not internally synchronized: the
+/// caller owns it (behind a lock only writers and maintenance wait on);
+/// readers use [`PartitionLog::reader`].
 #[derive(Debug)]
 pub struct PartitionLog {
     dir: PathBuf,
     config: LogConfig,
-    /// The local (fast tier) segments, sorted by base offset; never empty;
-    /// the last one is the active one.
-    segments: Vec<Segment>,
-    /// Colder copies, sorted by base offset (the tier manifest). The `Cold`
-    /// ones are contiguous and end where `segments` begins.
-    tiered: Vec<TieredSegment>,
-    /// First readable offset; >= the first readable segment's base offset.
-    log_start_offset: i64,
-    /// Every offset below this has been fsynced (or was found on disk at open).
+    storage: Arc<dyn Storage>,
+    view: LogReader,
+    /// Write handle of the active segment's `.log` (pinned in its file).
+    active: Arc<dyn StoredFile>,
+    sealer: Arc<Sealer>,
+    /// Every offset below this has been fsynced by a flush of this writer.
     flushed_offset: i64,
     unflushed_messages: u64,
     /// Caller clock at the first append since the last flush.
     first_unflushed_append_ms: Option<i64>,
-    /// Sealed segments rolled since the last flush, still to fsync.
-    unflushed_sealed: Vec<i64>,
-    /// New segment files were created since the directory was last fsynced.
-    dir_dirty: bool,
     /// The clean-shutdown marker is on disk.
     closed: bool,
+    /// A failed fsync (or a failed undo of a failed write) left the files
+    /// untrusted: every later write is refused.
+    failed: Option<String>,
+    /// The newest producer-state snapshot found at open, until taken.
+    producer_snapshot: Option<(i64, Vec<u8>)>,
+    /// Files of deleted segments, held open until the deadline so reads
+    /// planned before the deletion still find them (Kafka's
+    /// `file.delete.delay.ms`).
+    graveyard: Vec<(std::time::Instant, Arc<dyn StoredFile>)>,
+}
+
+/// Segment base offsets and snapshot offsets found in a directory.
+struct Listing {
+    bases: Vec<i64>,
+    snapshots: Vec<i64>,
 }
 
 impl PartitionLog {
+    /// Opens (creating if needed) the partition directory `dir` on the real
+    /// filesystem. See [`PartitionLog::open_with`].
+    pub fn open(dir: &Path, config: LogConfig) -> Result<PartitionLog, OpenError> {
+        PartitionLog::open_with(DiskStorage::shared(), dir, config)
+    }
+
     /// Opens (creating if needed) the partition directory `dir`, repairing
     /// what a crash may have left: stray temp files, missing or corrupt
-    /// indexes, and, unless the clean-shutdown marker is present, a torn tail
-    /// in the last segment.
-    pub fn open(dir: &Path, config: LogConfig) -> Result<PartitionLog, OpenError> {
+    /// indexes, and, unless the clean-shutdown marker is present, torn data
+    /// in every segment from the one holding the recovery point on (cut at
+    /// the first invalid batch, later segments deleted). Invalid data below
+    /// the recovery point is reported and left in place; reads stop there.
+    pub fn open_with(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        config: LogConfig,
+    ) -> Result<PartitionLog, OpenError> {
         config.check().map_err(OpenError::InvalidConfig)?;
         let io_err = |source| OpenError::Io {
             path: dir.to_path_buf(),
             source,
         };
-        fs::create_dir_all(dir).map_err(io_err)?;
-        let clean = take_clean_marker(dir).map_err(io_err)?;
-        let mut tiered = read_manifest(dir).map_err(io_err)?;
-        let manifest_changed = recover_tier_moves(dir, &mut tiered).map_err(io_err)?;
-        let mut bases = list_segments(dir).map_err(io_err)?;
+        ensure_dir(storage.as_ref(), dir).map_err(io_err)?;
+        let clean = take_clean_marker(storage.as_ref(), dir).map_err(io_err)?;
+        let mut tiered = read_manifest(storage.as_ref(), dir).map_err(io_err)?;
+        let manifest_changed = recover_tier_moves(dir, &mut tiered);
+        let mut listing = list_dir(storage.as_ref(), dir).map_err(io_err)?;
         let cold_end = tiered.iter().filter(|t| t.is_cold()).map(|t| t.next_offset).max();
         if let Some(cold_end) = cold_end {
             // A segment whose colder copy became the only one: a crash
             // came between the manifest saying so and its deletion.
-            for base in bases.iter().filter(|b| **b < cold_end) {
+            for base in listing.bases.iter().filter(|b| **b < cold_end) {
                 tracing::info!(dir = %dir.display(), base, "finishing deletion of a local copy moved to a colder tier");
-                Segment::delete_files_of(dir, *base).map_err(io_err)?;
+                segment::delete_files(storage.as_ref(), dir, *base).map_err(io_err)?;
             }
-            bases.retain(|b| *b >= cold_end);
+            listing.bases.retain(|b| *b >= cold_end);
         }
         if manifest_changed {
-            write_manifest(dir, &tiered).map_err(io_err)?;
+            write_manifest(storage.as_ref(), dir, &tiered).map_err(io_err)?;
         }
-        let stored_start = read_log_start_offset(dir).map_err(io_err)?;
-        let fresh_start = stored_start.or(cold_end);
-        let segments = load_segments(dir, &bases, clean, &config, fresh_start).map_err(io_err)?;
-        let last = segments.last().expect("at least one segment");
-        let log_end_offset = last.next_offset;
-        let first_base = first_cold_base(&tiered).unwrap_or(segments[0].base_offset);
+        let stored_start =
+            read_offset_file(storage.as_ref(), &dir.join(LOG_START_OFFSET_FILE)).map_err(io_err)?;
+        let recovery_point =
+            read_offset_file(storage.as_ref(), &dir.join(RECOVERY_POINT_FILE)).map_err(io_err)?;
+        let loaded = load_segments(
+            &storage,
+            dir,
+            &listing.bases,
+            clean,
+            recovery_point,
+            &config,
+            stored_start.or(cold_end),
+        )
+        .map_err(io_err)?;
+        let segments = loaded.segments;
+        let log_end_offset = segments.last().expect("at least one segment").next_offset;
+        let first_base = tiered
+            .iter()
+            .find(|t| t.is_cold())
+            .map_or(segments[0].base_offset, |t| t.base_offset);
         let log_start_offset = stored_start
             .unwrap_or(first_base)
             .clamp(first_base, log_end_offset);
         if stored_start.is_some_and(|stored| stored > log_end_offset) {
             // Recovery cut below the stored start; persist the lower value so
             // it does not jump back up once appends pass it again.
-            write_log_start_offset(dir, log_start_offset).map_err(io_err)?;
+            write_offset_file(
+                storage.as_ref(),
+                &dir.join(LOG_START_OFFSET_FILE),
+                log_start_offset,
+            )
+            .map_err(io_err)?;
         }
-        if !clean {
-            // What recovery kept is what we call flushed from now on.
-            last.sync().map_err(io_err)?;
+        if !clean || loaded.created {
+            write_offset_file(storage.as_ref(), &dir.join(RECOVERY_POINT_FILE), log_end_offset)
+                .map_err(io_err)?;
         }
+        let producer_snapshot =
+            newest_snapshot(storage.as_ref(), dir, &listing.snapshots, log_end_offset).map_err(io_err)?;
+        let active_base = segments.last().expect("at least one segment").base_offset;
+        let active = storage
+            .open(&segment_path(dir, active_base, LOG_SUFFIX), OpenMode::Write)
+            .map_err(io_err)?;
+        let durable_through = segments
+            .iter()
+            .take_while(|s| s.durable)
+            .last()
+            .map_or(i64::MIN, |s| s.next_offset);
+        let active_file = Arc::clone(&segments.last().expect("at least one segment").file);
+        let view = LogReader::new(
+            dir,
+            ViewState {
+                segments,
+                tiered,
+                log_start_offset,
+                read_io: config.read_io,
+            },
+        );
+        let pinned = Arc::new(segment::SegmentFile::pinned(
+            Arc::clone(&storage),
+            active_file.path().to_path_buf(),
+            Arc::clone(&active),
+        ));
+        view.state.write().active_mut().file = pinned;
+        let sealer = Arc::new(Sealer::new(
+            Arc::clone(&storage),
+            dir,
+            view.clone(),
+            durable_through,
+        ));
         Ok(PartitionLog {
             dir: dir.to_path_buf(),
             config,
-            segments,
-            tiered,
-            log_start_offset,
+            storage,
+            view,
+            active,
+            sealer,
             flushed_offset: log_end_offset,
             unflushed_messages: 0,
             first_unflushed_append_ms: None,
-            unflushed_sealed: Vec::new(),
-            dir_dirty: false,
             closed: false,
+            failed: None,
+            producer_snapshot,
+            graveyard: Vec::new(),
         })
     }
 
@@ -148,16 +240,32 @@ impl PartitionLog {
         &self.config
     }
 
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    /// The read side, shared with readers on any thread.
+    pub fn reader(&self) -> &LogReader {
+        &self.view
+    }
+
+    /// The seal queue, for a background thread to run
+    /// ([`Sealer::run_pending`]) after a roll.
+    pub fn sealer(&self) -> &Arc<Sealer> {
+        &self.sealer
+    }
+
     pub fn log_start_offset(&self) -> i64 {
-        self.log_start_offset
+        self.view.log_start_offset()
     }
 
     pub fn log_end_offset(&self) -> i64 {
-        self.active().next_offset
+        self.view.log_end_offset()
     }
 
+    /// Every offset below this has been fsynced.
     pub fn flushed_offset(&self) -> i64 {
-        self.flushed_offset
+        self.flushed_offset.max(self.sealer.durable_offset())
     }
 
     pub fn unflushed_messages(&self) -> u64 {
@@ -165,48 +273,75 @@ impl PartitionLog {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.segments.iter().map(|s| s.size_bytes).sum()
+        self.view.size_bytes()
     }
 
     pub fn segment_count(&self) -> usize {
-        self.segments.len()
+        self.view.segment_count()
     }
 
-    /// Base offsets of the segments, oldest first.
     pub fn segment_base_offsets(&self) -> Vec<i64> {
-        self.segments.iter().map(|s| s.base_offset).collect()
+        self.view.segment_base_offsets()
     }
 
-    fn active(&self) -> &Segment {
-        self.segments.last().expect("at least one segment")
+    /// Why the log refuses writes, if it does (a failed fsync).
+    pub fn failure(&self) -> Option<String> {
+        self.failed.clone().or_else(|| self.sealer.failure())
     }
 
-    /// The segment files whose base offset is at least `from_base_offset`,
-    /// with their base offsets, for work done outside the partition lock
-    /// (dropping written data from the page cache).
-    pub fn segment_files_from(&self, from_base_offset: i64) -> Vec<(i64, Arc<File>)> {
-        self.segments
-            .iter()
-            .filter(|s| s.base_offset >= from_base_offset)
-            .map(|s| (s.base_offset, Arc::clone(&s.reader)))
-            .collect()
+    /// The newest producer-state snapshot found at open (at or below the
+    /// log end offset): `(offset, bytes)`. Taken once.
+    pub fn take_producer_snapshot(&mut self) -> Option<(i64, Vec<u8>)> {
+        self.producer_snapshot.take()
     }
 
-    fn active_mut(&mut self) -> &mut Segment {
-        self.segments.last_mut().expect("at least one segment")
+    /// Queues a producer-state snapshot at `offset` (the state of every
+    /// batch below it) for the sealer to write.
+    pub fn queue_producer_snapshot(&self, offset: i64, bytes: Vec<u8>) {
+        self.sealer.push(SealWork::Snapshot { offset, bytes });
+    }
+
+    /// Writes a producer-state snapshot now. Blocking.
+    pub fn write_producer_snapshot(&mut self, offset: i64, bytes: &[u8]) -> io::Result<()> {
+        self.check_writable()?;
+        write_snapshot(self.storage.as_ref(), &self.dir, offset, bytes)
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        match self.failure() {
+            Some(why) => Err(io::Error::other(format!("the log is offline: {why}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Remembers that the files can no longer be trusted.
+    fn fail(&mut self, what: &str, e: &io::Error) {
+        let why = format!("{what}: {e}");
+        tracing::error!(dir = %self.dir.display(), %why, "the log goes offline");
+        self.failed.get_or_insert(why.clone());
+        self.sealer.set_failed(why);
     }
 
     /// Appends validated batches (see [`crate::batch::validate_batches`]),
     /// rewriting their base offsets so they get contiguous offsets from the
-    /// log end offset. One `write` for the whole buffer: the caller may
-    /// concatenate several producers' batches (group commit). The partition
-    /// leader epoch field is left as given: setting it is the caller's job.
+    /// log end offset. One `write` for the whole buffer, into one segment:
+    /// the caller may concatenate several producers' batches (group commit)
+    /// as long as they span at most 2^31 offsets. The partition leader epoch
+    /// field is left as given: setting it is the caller's job.
+    ///
+    /// On an error the log is as it was: nothing was published and the
+    /// bytes written were cut away. [`AppendError::Offline`] means the
+    /// files can no longer be trusted (a failed fsync); every later write
+    /// fails too.
     pub fn append(
         &mut self,
         records: &mut [u8],
         headers: &[BatchHeader],
         now_ms: i64,
     ) -> Result<AppendInfo, AppendError> {
+        if let Some(why) = self.failure() {
+            return Err(AppendError::Offline(why));
+        }
         let offsets_needed = check_append(records, headers)?;
         let base_offset = self.log_end_offset();
         let last_offset = base_offset
@@ -217,7 +352,7 @@ impl PartitionLog {
             .map(|h| h.max_timestamp)
             .max()
             .unwrap_or(NO_TIMESTAMP);
-        self.maybe_roll(
+        let rolled = self.maybe_roll(
             records.len() as u64,
             headers.len(),
             last_offset,
@@ -225,38 +360,82 @@ impl PartitionLog {
             now_ms,
         )?;
         if self.closed {
-            remove_if_exists(&self.dir.join(CLEAN_SHUTDOWN_FILE))?;
+            remove_if_exists(self.storage.as_ref(), &self.dir.join(CLEAN_SHUTDOWN_FILE))?;
+            self.storage.sync_dir(&self.dir)?;
             self.closed = false;
         }
         let assigned = assign_offsets(records, headers, base_offset);
-        let interval = self.config.index_interval_bytes;
-        let segment = self.active_mut();
-        let done = segment.append(records, &assigned, interval)?;
-        let segment_base_offset = segment.base_offset;
-        assert_eq!(
-            self.log_end_offset(),
-            last_offset + 1,
-            "log end offset advanced by the batches"
-        );
-        let records_count: u64 = headers.iter().map(|h| h.records_count as u64).sum();
+        let (segment_base_offset, position) = self.write_batches(records, &assigned)?;
+        let records_count: u64 = headers.iter().map(|h| h.records_count.max(0) as u64).sum();
         let flushed = self.note_unflushed(records_count, now_ms)?;
         Ok(AppendInfo {
             base_offset,
             last_offset,
             max_timestamp_ms,
             segment_base_offset,
-            position: done.position,
+            position,
             records_count,
             flushed,
+            rolled,
         })
     }
 
+    /// Writes batches with assigned offsets at the end of the active
+    /// segment, then publishes them (size, next offset, index entries).
+    fn write_batches(&mut self, records: &[u8], assigned: &[BatchHeader]) -> Result<(i64, u64), AppendError> {
+        let interval = self.config.index_interval_bytes;
+        let (base, position, mut indexer, last_time) = {
+            let st = self.view.state.read();
+            let a = st.active();
+            (
+                a.base_offset,
+                a.size_bytes,
+                a.indexer,
+                a.time_index.last().copied(),
+            )
+        };
+        let mut new_offsets = Vec::new();
+        let mut new_times = Vec::new();
+        let mut pos = position;
+        for h in assigned {
+            // maybe_roll made the active segment hold the whole range.
+            relative(h.last_offset(), base).ok_or(AppendError::OffsetOverflow)?;
+            let last = new_times.last().copied().or(last_time);
+            let (o, t) = indexer.on_batch(batch_meta(h, pos), base, interval, last);
+            new_offsets.extend(o);
+            new_times.extend(t);
+            pos += h.total_len() as u64;
+        }
+        if let Err(e) = write_all_at(self.active.as_ref(), records, position) {
+            // Never leave bytes the log does not count: they would be read
+            // by recovery as a torn tail at best.
+            if let Err(undo) = self.active.set_len(position) {
+                self.fail("cutting back a failed write", &undo);
+                return Err(AppendError::Offline(format!(
+                    "write failed ({e}) and could not be undone ({undo})"
+                )));
+            }
+            return Err(AppendError::Io(e));
+        }
+        let mut st = self.view.state.write();
+        let a = st.active_mut();
+        a.size_bytes = pos;
+        a.next_offset = assigned.last().map_or(a.next_offset, |h| h.last_offset() + 1);
+        a.offset_index.extend(new_offsets);
+        a.time_index.extend(new_times);
+        a.indexer = indexer;
+        if a.first_batch_max_timestamp_ms.is_none() {
+            a.first_batch_max_timestamp_ms = assigned.first().map(|h| h.max_timestamp);
+        }
+        Ok((base, position))
+    }
+
     /// Counts records for the flush policy; fsyncs on `flush_messages`.
-    fn note_unflushed(&mut self, records_count: u64, now_ms: i64) -> io::Result<bool> {
+    fn note_unflushed(&mut self, records_count: u64, now_ms: i64) -> Result<bool, AppendError> {
         self.unflushed_messages = self.unflushed_messages.saturating_add(records_count);
         self.first_unflushed_append_ms.get_or_insert(now_ms);
         if self.unflushed_messages >= self.config.flush_messages {
-            self.flush()?;
+            self.flush().map_err(|e| AppendError::Offline(e.to_string()))?;
             return Ok(true);
         }
         Ok(false)
@@ -272,68 +451,93 @@ impl PartitionLog {
         last_offset: i64,
         max_timestamp_ms: i64,
         now_ms: i64,
-    ) -> io::Result<()> {
-        let config = &self.config;
-        let active = self.active();
-        if active.is_empty() {
-            return Ok(());
-        }
-        let new_size = active.size_bytes + len_bytes;
-        let too_big = new_size > config.segment_bytes || new_size > i32::MAX as u64;
-        let waited_ms = match active.first_batch_max_timestamp_ms {
-            Some(first_ms) if first_ms >= 0 => max_timestamp_ms.saturating_sub(first_ms),
-            _ => active.created_ms.map_or(0, |c| now_ms.saturating_sub(c)),
+    ) -> Result<bool, AppendError> {
+        let should_roll = {
+            let st = self.view.state.read();
+            let active = st.active();
+            let config = &self.config;
+            if active.is_empty() {
+                false
+            } else {
+                let new_size = active.size_bytes + len_bytes;
+                let too_big = new_size > config.segment_bytes || new_size > i32::MAX as u64;
+                let waited_ms = match active.first_batch_max_timestamp_ms {
+                    Some(first_ms) if first_ms >= 0 => max_timestamp_ms.saturating_sub(first_ms),
+                    _ => active.created_ms.map_or(0, |c| now_ms.saturating_sub(c)),
+                };
+                let too_old = waited_ms > config.segment_ms;
+                // An append adds at most one entry per batch to each index, and
+                // sealing one more time entry; neither file may pass the limit.
+                let offset_entries = (active.offset_index.len() + batches) as u64;
+                let time_entries = (active.time_index.len() + batches + 1) as u64;
+                let index_full = offset_entries * OFFSET_ENTRY_LEN as u64 > config.segment_index_bytes
+                    || time_entries * TIME_ENTRY_LEN as u64 > config.segment_index_bytes;
+                let offset_overflow = last_offset - active.base_offset > i64::from(i32::MAX);
+                too_big || too_old || index_full || offset_overflow
+            }
         };
-        let too_old = waited_ms > config.segment_ms;
-        // An append adds at most one entry per batch to each index, and
-        // sealing one more time entry; neither file may pass the limit.
-        let offset_entries = (active.offset_index.len() + batches) as u64;
-        let time_entries = (active.time_index.len() + batches + 1) as u64;
-        let index_full = offset_entries * OFFSET_ENTRY_LEN as u64 > config.segment_index_bytes
-            || time_entries * TIME_ENTRY_LEN as u64 > config.segment_index_bytes;
-        let offset_overflow = last_offset - active.base_offset > i64::from(i32::MAX);
-        if too_big || too_old || index_full || offset_overflow {
-            self.roll(now_ms)?;
+        if should_roll {
+            self.roll(now_ms).map_err(AppendError::Io)?;
         }
-        Ok(())
+        // A fresh segment starts at the log end, so a range of at most 2^31
+        // offsets fits it.
+        let base = self.view.state.read().active().base_offset;
+        if last_offset - base > i64::from(i32::MAX) {
+            return Err(AppendError::OffsetOverflow);
+        }
+        Ok(should_roll)
     }
 
-    /// Seals the active segment and starts a new one at the log end offset.
+    /// Creates the next segment at the log end offset, then seals the
+    /// active one: its final time entry, and its index files and fsync
+    /// queued for the sealer. If the new segment cannot be created, nothing
+    /// changes and nothing is left behind.
     fn roll(&mut self, now_ms: i64) -> io::Result<()> {
         let log_end_offset = self.log_end_offset();
-        let active = self.active_mut();
-        active.seal()?;
-        let sealed_base = active.base_offset;
-        if self.flushed_offset < log_end_offset {
-            self.unflushed_sealed.push(sealed_base);
-        }
-        let segment = match Segment::create(&self.dir, log_end_offset, Some(now_ms)) {
-            Ok(segment) => segment,
-            Err(e) => {
-                // Keep appending to the old segment rather than have no
-                // active one.
-                self.active_mut().activate()?;
-                return Err(e);
-            }
+        let (meta, handle) = segment::create(&self.storage, &self.dir, log_end_offset, Some(now_ms))?;
+        self.sealer.note_dir_dirty();
+        let old = std::mem::replace(&mut self.active, handle);
+        let work = {
+            let mut st = self.view.state.write();
+            let sealed = st.active_mut();
+            sealed.add_final_time_entry();
+            let (index, time_index) = sealed.index_images();
+            let work = SealWork::Segment {
+                base_offset: sealed.base_offset,
+                next_offset: sealed.next_offset,
+                handle: old,
+                index,
+                time_index,
+            };
+            st.segments.push(meta);
+            work
         };
-        self.segments.push(segment);
-        self.dir_dirty = true;
+        self.sealer.push(work);
         Ok(())
     }
 
-    /// fsyncs everything appended so far: sealed segments rolled since the
-    /// last flush, the active segment and its indexes, and the directory if
-    /// segment files were created.
+    /// Runs the queued seal work now (index files, fsync, recovery point).
+    /// The broker runs it on a background thread instead.
+    pub fn complete_seals(&mut self) -> io::Result<usize> {
+        self.sealer.run_pending()
+    }
+
+    /// fsyncs everything appended so far: sealed segments rolled since (with
+    /// their index files), the active segment, and the directory if segment
+    /// files were created. A failure takes the log offline.
     pub fn flush(&mut self) -> io::Result<()> {
-        for base in std::mem::take(&mut self.unflushed_sealed) {
-            if let Some(segment) = self.segments.iter().find(|s| s.base_offset == base) {
-                segment.sync()?;
+        self.check_writable()?;
+        let result = (|| {
+            self.sealer.run_pending()?;
+            self.active.sync_data()?;
+            if self.sealer.take_dir_dirty() {
+                self.storage.sync_dir(&self.dir)?;
             }
-        }
-        self.active().sync()?;
-        if self.dir_dirty {
-            File::open(&self.dir)?.sync_all()?;
-            self.dir_dirty = false;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            self.fail("fsync", &e);
+            return Err(e);
         }
         let log_end_offset = self.log_end_offset();
         assert!(
@@ -353,179 +557,86 @@ impl PartitionLog {
             .is_some_and(|first| now_ms.saturating_sub(first) >= self.config.flush_ms)
     }
 
-    /// Plans a fetch at `offset` without doing I/O. `offset == log end`
-    /// gives an empty plan; outside `[log start, log end]` is an error.
-    pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadError> {
-        self.read_plan_after(offset, max_bytes, None)
+    // ------------------------------------------------------ reads (forwarded)
+
+    /// See [`LogReader::read_plan`].
+    pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<crate::ReadPlan, crate::ReadError> {
+        self.view.read_plan(offset, max_bytes)
     }
 
-    /// [`PartitionLog::read_plan`] for the next step of a sequential scan:
-    /// with the hint the previous step's [`ReadPlan::execute_scan`] gave
-    /// (ignored unless it is for this offset), the plan starts exactly at
-    /// the batch holding `offset`.
+    /// See [`LogReader::read_plan_after`].
     pub fn read_plan_after(
         &self,
         offset: i64,
         max_bytes: usize,
-        hint: Option<ScanHint>,
-    ) -> Result<ReadPlan, ReadError> {
-        let log_end = self.log_end_offset();
-        if offset < self.log_start_offset || offset > log_end {
-            return Err(ReadError::OffsetOutOfRange {
-                log_start: self.log_start_offset,
-                log_end,
-            });
-        }
-        if offset < self.segments[0].base_offset {
-            let cold = self
-                .cold()
-                .find(|t| t.base_offset <= offset && offset < t.next_offset);
-            return Ok(match cold {
-                Some(t) => ReadPlan::tiered(t.clone(), offset, max_bytes),
-                None => ReadPlan::empty(offset, max_bytes),
-            });
-        }
-        let Some(segment) = self.segment_holding(offset) else {
-            return Ok(ReadPlan::empty(offset, max_bytes));
-        };
-        let indexed = u64::from(lookup_position(
-            &segment.offset_index,
-            offset - segment.base_offset,
-        ));
-        let start = match hint {
-            Some(h)
-                if h.segment_base == segment.base_offset
-                    && h.next_offset == offset
-                    && h.position >= indexed
-                    && h.position < segment.size_bytes =>
-            {
-                h.position
-            }
-            _ => indexed,
-        };
-        let active = std::ptr::eq(segment, self.active());
-        let io = match self.config.read_io {
-            // A direct read of the file being appended to holds its inode
-            // lock (ext4, XFS) until the read completes, and appends wait for
-            // it; read that one through the page cache (and drop the pages).
-            ReadIo::Direct if active => ReadIo::BufferedDontNeed,
-            io => io,
-        };
-        Ok(ReadPlan {
-            tiered: None,
-            file: Some(segment.reader.clone()),
-            start_position: start,
-            end_position: segment.size_bytes,
-            target_offset: offset,
-            max_bytes,
-            io,
-            window_end: window_end(&segment.offset_index, start, max_bytes),
-            segment_base: segment.base_offset,
-        })
+        hint: Option<crate::ScanHint>,
+    ) -> Result<crate::ReadPlan, crate::ReadError> {
+        self.view.read_plan_after(offset, max_bytes, hint)
     }
 
-    /// The segment whose offsets include `offset`, if any.
-    fn segment_holding(&self, offset: i64) -> Option<&Segment> {
-        let after = self.segments.partition_point(|s| s.base_offset <= offset);
-        let from = after.checked_sub(1)?;
-        self.segments[from..].iter().find(|s| offset < s.next_offset)
-    }
-
-    /// Plans a ListOffsets-by-timestamp lookup without I/O (Kafka's
-    /// `fetchOffsetByTimestamp`): `None` if no batch is that recent.
-    pub fn timestamp_plan(&self, timestamp_ms: i64) -> Option<TimestampPlan> {
-        if let Some(t) = self.cold().find(|t| t.max_timestamp_ms >= timestamp_ms) {
-            return Some(TimestampPlan {
-                file: None,
-                tiered: Some(t.clone()),
-                start_position: 0,
-                end_position: t.size_bytes,
-                timestamp_ms,
-                log_start_offset: self.log_start_offset,
-            });
-        }
-        let segment = self
-            .segments
-            .iter()
-            .find(|s| s.indexer.max_timestamp_ms >= timestamp_ms && !s.is_empty())?;
-        let relative = lookup_time(&segment.time_index, timestamp_ms);
-        let start = lookup_position(&segment.offset_index, i64::from(relative));
-        Some(TimestampPlan {
-            file: Some(segment.reader.clone()),
-            tiered: None,
-            start_position: u64::from(start),
-            end_position: segment.size_bytes,
-            timestamp_ms,
-            log_start_offset: self.log_start_offset,
-        })
-    }
-
-    /// [`PartitionLog::timestamp_plan`] and its execution in one call. Does
-    /// I/O: call it outside the partition lock or use the plan.
+    /// See [`LogReader::offset_for_timestamp`].
     pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> io::Result<Option<(i64, i64)>> {
-        match self.timestamp_plan(timestamp_ms) {
-            Some(plan) => plan.execute(),
-            None => Ok(None),
-        }
+        self.view.offset_for_timestamp(timestamp_ms)
     }
 
-    /// `(max timestamp, offset)`: the largest batch max timestamp in the log
-    /// and the last offset of the first batch that has it. No I/O.
+    /// See [`LogReader::max_timestamp`].
     pub fn max_timestamp(&self) -> Option<(i64, i64)> {
-        let cold = self
-            .cold()
-            .map(|t| (t.max_timestamp_ms, t.offset_of_max_timestamp));
-        let local = self
-            .segments
-            .iter()
-            .map(|s| (s.indexer.max_timestamp_ms, s.indexer.offset_of_max_timestamp));
-        let mut best: Option<(i64, i64)> = None;
-        for (ts, offset) in cold.chain(local) {
-            if ts >= 0 && best.is_none_or(|(b, _)| ts > b) {
-                best = Some((ts, offset));
-            }
-        }
-        best
+        self.view.max_timestamp()
     }
 
-    /// Batch headers from the batch holding `from_offset` to the current log
-    /// end, read lazily by the returned iterator (which does I/O).
-    pub fn batch_headers(&self, from_offset: i64) -> HeaderScan {
-        let first = self
-            .segments
-            .partition_point(|s| s.base_offset <= from_offset)
-            .saturating_sub(1);
-        let segments: VecDeque<_> = self.segments[first..]
-            .iter()
-            .map(|s| {
-                let start = lookup_position(&s.offset_index, from_offset - s.base_offset);
-                (s.reader.clone(), u64::from(start), s.size_bytes)
-            })
-            .collect();
-        HeaderScan {
-            segments,
-            from_offset,
-        }
+    /// See [`LogReader::batch_headers`].
+    pub fn batch_headers(&self, from_offset: i64) -> crate::HeaderScan {
+        self.view.batch_headers(from_offset)
     }
+
+    pub fn tiered_segments(&self) -> Vec<TieredSegment> {
+        self.view.tiered_segments()
+    }
+
+    pub fn cold_bytes(&self) -> u64 {
+        self.view.cold_bytes()
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.view.total_bytes()
+    }
+
+    pub fn local_copied_bytes(&self) -> u64 {
+        self.view.local_copied_bytes()
+    }
+
+    // ------------------------------------------------ retention and deletes
 
     /// Deletes sealed segments (never the active one), oldest first: those
     /// whose max timestamp is more than `retention_ms` before `now_ms`, then
     /// while the log would still be at least `retention_bytes` without the
-    /// oldest segment (Kafka's rules). Segments without timestamps are never
-    /// deleted by time.
+    /// oldest segment (Kafka's rules), and those wholly below the log start
+    /// offset. Segments without timestamps are never deleted by time; a
+    /// segment whose seal is not durable yet waits for it.
     /// The whole log counts, oldest first: the segments whose only copy is
     /// in a colder tier, then the local ones.
     pub fn apply_retention(&mut self, now_ms: i64) -> io::Result<RetentionOutcome> {
-        // (size, max timestamp) of every deletable segment, oldest first.
-        let candidates: Vec<(u64, i64)> = self
-            .cold()
-            .map(|t| (t.size_bytes, t.max_timestamp_ms))
-            .chain(
-                self.segments[..self.segments.len() - 1]
-                    .iter()
-                    .map(|s| (s.size_bytes, s.indexer.max_timestamp_ms)),
-            )
-            .collect();
+        self.check_writable()?;
+        let (candidates, cold_count, total, below_start) = {
+            let st = self.view.state.read();
+            // (size, max timestamp) of every deletable segment, oldest first.
+            let local = st.segments[..st.segments.len() - 1]
+                .iter()
+                .take_while(|s| s.durable);
+            let candidates: Vec<(u64, i64)> = st
+                .cold()
+                .map(|t| (t.size_bytes, t.max_timestamp_ms))
+                .chain(local.clone().map(|s| (s.size_bytes, s.indexer.max_timestamp_ms)))
+                .collect();
+            let below_start = st
+                .cold()
+                .take_while(|t| t.next_offset <= st.log_start_offset)
+                .count()
+                + local.take_while(|s| s.next_offset <= st.log_start_offset).count();
+            let total = st.segments.iter().map(|s| s.size_bytes).sum::<u64>()
+                + st.cold().map(|t| t.size_bytes).sum::<u64>();
+            (candidates, st.cold().count(), total, below_start)
+        };
         let mut count = 0;
         if self.config.retention_ms >= 0 {
             count = candidates
@@ -534,7 +645,7 @@ impl PartitionLog {
                 .count();
         }
         if self.config.retention_bytes >= 0 {
-            let mut excess = self.total_bytes() as i64 - self.config.retention_bytes;
+            let mut excess = total as i64 - self.config.retention_bytes;
             excess -= candidates[..count]
                 .iter()
                 .map(|(size, _)| *size as i64)
@@ -547,13 +658,14 @@ impl PartitionLog {
                 count += 1;
             }
         }
-        let cold_count = count.min(self.cold().count());
-        let mut deleted_bytes = self.retire_cold(cold_count)?;
-        deleted_bytes += self.delete_oldest(count - cold_count)?;
+        let count = count.max(below_start);
+        let cold_deleted = count.min(cold_count);
+        let mut deleted_bytes = self.retire_cold(cold_deleted)?;
+        deleted_bytes += self.delete_oldest(count - cold_deleted)?;
         Ok(RetentionOutcome {
             deleted_segments: count,
             deleted_bytes,
-            log_start_offset: self.log_start_offset,
+            log_start_offset: self.log_start_offset(),
         })
     }
 
@@ -563,70 +675,119 @@ impl PartitionLog {
         if count == 0 {
             return Ok(0);
         }
+        let mut tiered = self.view.tiered_segments();
         let mut bytes = 0;
-        for t in self.tiered.iter_mut().filter(|t| t.is_cold()).take(count) {
+        for t in tiered.iter_mut().filter(|t| t.is_cold()).take(count) {
             t.state = TierState::Deleting;
             bytes += t.size_bytes;
         }
-        write_manifest(&self.dir, &self.tiered)?;
-        self.advance_start_to_first_readable();
+        self.publish_manifest(tiered)?;
+        self.view.state.write().advance_start_to_first_readable();
         Ok(bytes)
     }
 
-    fn advance_start_to_first_readable(&mut self) {
-        let first_base = first_cold_base(&self.tiered).unwrap_or(self.segments[0].base_offset);
-        self.log_start_offset = self.log_start_offset.max(first_base);
+    /// Writes the manifest, then publishes it.
+    fn publish_manifest(&mut self, tiered: Vec<TieredSegment>) -> io::Result<()> {
+        write_manifest(self.storage.as_ref(), &self.dir, &tiered)?;
+        self.view.state.write().tiered = tiered;
+        Ok(())
     }
 
-    /// Deletes the `count` oldest segments and advances the log start.
+    /// Deletes up to `count` oldest local segments (only sealed, durable
+    /// ones) and advances the log start.
     fn delete_oldest(&mut self, count: usize) -> io::Result<u64> {
-        assert!(count < self.segments.len(), "never delete the active segment");
-        if count == 0 {
-            return Ok(0);
-        }
-        let end = self.segments[count].base_offset;
+        let end = {
+            let st = self.view.state.read();
+            let deletable = st.segments[..st.segments.len() - 1]
+                .iter()
+                .take_while(|s| s.durable)
+                .count();
+            let count = count.min(deletable);
+            if count == 0 {
+                return Ok(0);
+            }
+            st.segments[count].base_offset
+        };
         // Colder copies of these segments (being made or made) go too; the
         // manifest says so before the local files go.
+        let mut tiered = self.view.tiered_segments();
         let mut manifest_changed = false;
-        for t in self.tiered.iter_mut().filter(|t| t.next_offset <= end) {
+        for t in tiered.iter_mut().filter(|t| t.next_offset <= end) {
             if matches!(t.state, TierState::Copying | TierState::Both) {
                 t.state = TierState::Deleting;
                 manifest_changed = true;
             }
         }
         if manifest_changed {
-            write_manifest(&self.dir, &self.tiered)?;
+            self.publish_manifest(tiered)?;
         }
+        let removed: Vec<SegMeta> = {
+            let mut st = self.view.state.write();
+            let n = st.segments.iter().take_while(|s| s.base_offset < end).count();
+            let removed = st.segments.drain(..n).collect();
+            st.advance_start_to_first_readable();
+            removed
+        };
         let mut deleted_bytes = 0;
-        for segment in self.segments.drain(..count) {
+        for segment in removed {
             deleted_bytes += segment.size_bytes;
-            segment.delete_files()?;
-            self.unflushed_sealed.retain(|b| *b != segment.base_offset);
+            self.bury(&segment);
+            segment::delete_files(self.storage.as_ref(), &self.dir, segment.base_offset)?;
         }
-        self.advance_start_to_first_readable();
         Ok(deleted_bytes)
     }
 
+    /// Keeps a segment's file open for `file_delete_delay_ms` after its
+    /// deletion, and closes the files whose time is up. Best effort: a
+    /// file that cannot be opened is just deleted (a read planned before
+    /// then finds it gone: `NotFound`).
+    fn bury(&mut self, segment: &SegMeta) {
+        let now = std::time::Instant::now();
+        self.graveyard.retain(|(until, _)| *until > now);
+        let delay = std::time::Duration::from_millis(self.config.file_delete_delay_ms);
+        if delay.is_zero() {
+            return;
+        }
+        let file = segment
+            .file
+            .if_open()
+            .map(Ok)
+            .unwrap_or_else(|| segment.file.open());
+        if let Ok(file) = file {
+            self.graveyard.push((now + delay, file));
+        }
+    }
+
     /// DeleteRecords: makes `offset` the log start offset (persisted) and
-    /// deletes the sealed segments wholly below it. No-op if not an advance.
+    /// deletes the sealed segments wholly below it (those whose seal is not
+    /// durable yet go at a later retention pass). No-op if not an advance.
     pub fn delete_records_before(&mut self, offset: i64) -> Result<(), DeleteRecordsError> {
+        self.check_writable()?;
         let log_end = self.log_end_offset();
         if offset > log_end {
             return Err(DeleteRecordsError::OffsetOutOfRange { offset, log_end });
         }
-        if offset <= self.log_start_offset {
+        if offset <= self.log_start_offset() {
             return Ok(());
         }
-        write_log_start_offset(&self.dir, offset)?;
-        self.log_start_offset = offset;
-        let cold_below = self.cold().take_while(|t| t.next_offset <= offset).count();
+        write_offset_file(
+            self.storage.as_ref(),
+            &self.dir.join(LOG_START_OFFSET_FILE),
+            offset,
+        )?;
+        let (cold_below, local_below) = {
+            let mut st = self.view.state.write();
+            st.log_start_offset = offset;
+            let cold_below = st.cold().take_while(|t| t.next_offset <= offset).count();
+            let local_below = st
+                .segments
+                .windows(2)
+                .take_while(|p| p[1].base_offset <= offset)
+                .count();
+            (cold_below, local_below)
+        };
         self.retire_cold(cold_below)?;
-        let below = self
-            .segments
-            .windows(2)
-            .take_while(|pair| pair[1].base_offset <= offset)
-            .count();
-        self.delete_oldest(below)?;
+        self.delete_oldest(local_below)?;
         Ok(())
     }
 
@@ -635,151 +796,239 @@ impl PartitionLog {
     /// `offset`). Below the log start offset, empties the log and restarts it
     /// at `offset`. The only way offsets move backwards.
     pub fn truncate_to(&mut self, offset: i64) -> io::Result<()> {
+        self.check_writable()?;
         if offset >= self.log_end_offset() {
             return Ok(());
         }
-        if offset < self.log_start_offset || offset < self.segments[0].base_offset {
+        // Queued seals name segments this may remove.
+        self.sealer.run_pending()?;
+        let (start, first_base) = {
+            let st = self.view.state.read();
+            (st.log_start_offset, st.segments[0].base_offset)
+        };
+        if offset < start || offset < first_base {
             // Offsets only in a colder tier cannot be cut there: start over.
             return self.truncate_fully_and_start_at(offset);
         }
-        while self.segments.len() > 1 && self.active().base_offset > offset {
-            let segment = self.segments.pop().expect("more than one segment");
-            segment.delete_files()?;
+        let popped: Vec<SegMeta> = {
+            let mut st = self.view.state.write();
+            let keep = st.segments.partition_point(|s| s.base_offset <= offset).max(1);
+            st.segments.drain(keep..).collect()
+        };
+        let reactivate = !popped.is_empty();
+        for s in &popped {
+            self.bury(s);
+            segment::delete_files(self.storage.as_ref(), &self.dir, s.base_offset)?;
         }
-        let interval = self.config.index_interval_bytes;
-        self.active_mut().truncate_to(offset, interval)?;
+        if reactivate {
+            let base = self.view.state.read().active().base_offset;
+            self.active = self
+                .storage
+                .open(&segment_path(&self.dir, base, LOG_SUFFIX), OpenMode::Write)?;
+            for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+                remove_if_exists(self.storage.as_ref(), &segment_path(&self.dir, base, suffix))?;
+            }
+        }
+        self.cut_active(offset)?;
         let log_end = self.log_end_offset();
-        self.unflushed_sealed.retain(|b| *b < log_end);
         self.flushed_offset = self.flushed_offset.min(log_end);
-        if self.log_start_offset > log_end {
+        let base = self.view.state.read().active().base_offset;
+        write_offset_file(self.storage.as_ref(), &self.dir.join(RECOVERY_POINT_FILE), base)?;
+        if self.log_start_offset() > log_end {
             // A batch straddling the log start was cut; persist the lower
             // start so a reopen does not clamp it back up later.
-            write_log_start_offset(&self.dir, log_end)?;
-            self.log_start_offset = log_end;
+            write_offset_file(
+                self.storage.as_ref(),
+                &self.dir.join(LOG_START_OFFSET_FILE),
+                log_end,
+            )?;
+            self.view.state.write().log_start_offset = log_end;
         }
+        Ok(())
+    }
+
+    /// Cuts the active segment at the batch holding `offset`, rebuilds its
+    /// indexes and publishes it.
+    fn cut_active(&mut self, offset: i64) -> io::Result<()> {
+        let interval = self.config.index_interval_bytes;
+        let mut meta = {
+            let st = self.view.state.read();
+            let a = st.active();
+            let mut copy = SegMeta {
+                base_offset: a.base_offset,
+                file: Arc::clone(&a.file),
+                size_bytes: a.size_bytes,
+                next_offset: a.next_offset,
+                offset_index: a.offset_index.clone(),
+                time_index: Vec::new(),
+                indexer: a.indexer,
+                first_batch_max_timestamp_ms: None,
+                created_ms: a.created_ms,
+                damage: None,
+                durable: false,
+            };
+            copy.time_index.clone_from(&a.time_index);
+            copy
+        };
+        let start = u64::from(crate::index::lookup_position(
+            &meta.offset_index,
+            offset - meta.base_offset,
+        ));
+        let cut = segment::cut_position(self.active.as_ref(), &meta, start, offset)?;
+        self.active.set_len(cut)?;
+        self.active.sync_data()?;
+        meta.size_bytes = cut;
+        segment::reindex(&mut meta, self.active.as_ref(), interval)?;
+        let mut st = self.view.state.write();
+        *st.active_mut() = meta;
         Ok(())
     }
 
     fn truncate_fully_and_start_at(&mut self, offset: i64) -> io::Result<()> {
-        self.retire_all_tiered()?;
-        for segment in self.segments.drain(..) {
-            segment.delete_files()?;
+        let mut tiered = self.view.tiered_segments();
+        for t in tiered.iter_mut() {
+            t.state = TierState::Deleting;
         }
-        self.segments.push(Segment::create(&self.dir, offset, None)?);
-        write_log_start_offset(&self.dir, offset)?;
-        self.log_start_offset = offset;
+        self.publish_manifest(tiered)?;
+        let (meta, handle) = segment::create(&self.storage, &self.dir, offset, None)?;
+        let old: Vec<SegMeta> = {
+            let mut st = self.view.state.write();
+            let old = std::mem::replace(&mut st.segments, vec![meta]);
+            st.log_start_offset = offset;
+            old
+        };
+        self.active = handle;
+        for s in old.iter().filter(|s| s.base_offset != offset) {
+            self.bury(s);
+            segment::delete_files(self.storage.as_ref(), &self.dir, s.base_offset)?;
+        }
+        self.storage.sync_dir(&self.dir)?;
+        write_offset_file(
+            self.storage.as_ref(),
+            &self.dir.join(LOG_START_OFFSET_FILE),
+            offset,
+        )?;
+        write_offset_file(self.storage.as_ref(), &self.dir.join(RECOVERY_POINT_FILE), offset)?;
         self.flushed_offset = offset;
-        self.unflushed_sealed.clear();
         self.unflushed_messages = 0;
         self.first_unflushed_append_ms = None;
-        self.dir_dirty = true;
         Ok(())
     }
 
-    /// Flushes, records the active segment's max timestamp in its time index
-    /// (like Kafka's `LogSegment.close`) and writes the clean-shutdown
-    /// marker, so the next open skips the recovery scan. An append after
-    /// `close` removes the marker again.
+    /// Flushes, writes the active segment's index files (like Kafka's
+    /// `LogSegment.close`), moves the recovery point to the log end and
+    /// writes the clean-shutdown marker, so the next open skips recovery.
+    /// An append after `close` removes the marker again.
     pub fn close(&mut self) -> io::Result<()> {
-        self.active_mut().append_final_time_entry()?;
         self.flush()?;
-        write_atomically(&self.dir.join(CLEAN_SHUTDOWN_FILE), b"")?;
-        File::open(&self.dir)?.sync_all()?;
+        let (base, index, time_index, log_end) = {
+            let st = self.view.state.read();
+            let a = st.active();
+            let (index, time_index) = a.index_images();
+            (a.base_offset, index, time_index, a.next_offset)
+        };
+        let storage = self.storage.as_ref();
+        write_atomically(storage, &segment_path(&self.dir, base, INDEX_SUFFIX), &index)?;
+        write_atomically(
+            storage,
+            &segment_path(&self.dir, base, TIME_INDEX_SUFFIX),
+            &time_index,
+        )?;
+        write_offset_file(storage, &self.dir.join(RECOVERY_POINT_FILE), log_end)?;
+        write_atomically(storage, &self.dir.join(CLEAN_SHUTDOWN_FILE), b"")?;
         self.closed = true;
         Ok(())
     }
 
-    /// Removes the partition directory and everything in it. Returns the
+    /// Fences the log and renames its directory to
+    /// `<name>.<unique>-delete` beside it (Kafka's name for a log being
+    /// deleted), made durable in the parent. Nothing of this log touches
+    /// the old path afterwards, so a new log may be created there at once.
+    /// Returns the new path, to remove with [`remove_retired`], and the
     /// colder copies, which the caller deletes from their tiers.
-    pub fn delete(mut self) -> io::Result<Vec<TieredSegment>> {
-        let tiered = std::mem::take(&mut self.tiered);
+    pub fn retire(self, unique: &str) -> io::Result<(PathBuf, Vec<TieredSegment>)> {
+        self.sealer.fence();
+        let tiered = self.view.tiered_segments();
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let retired = self.dir.with_file_name(format!("{name}.{unique}-delete"));
+        let storage = Arc::clone(&self.storage);
         let dir = self.dir.clone();
         drop(self);
-        fs::remove_dir_all(dir)?;
+        storage.rename(&dir, &retired)?;
+        sync_parent(storage.as_ref(), &dir)?;
+        Ok((retired, tiered))
+    }
+
+    /// Removes the partition directory and everything in it. Returns the
+    /// colder copies, which the caller deletes from their tiers.
+    pub fn delete(self) -> io::Result<Vec<TieredSegment>> {
+        let storage = Arc::clone(&self.storage);
+        let (retired, tiered) = self.retire("0")?;
+        remove_retired(storage.as_ref(), &retired)?;
         Ok(tiered)
     }
 
     // ------------------------------------------------------------- tiers
 
-    /// Every colder copy the manifest records, oldest first.
-    pub fn tiered_segments(&self) -> &[TieredSegment] {
-        &self.tiered
-    }
-
-    /// Segments whose only copy is in a colder tier, oldest first.
-    fn cold(&self) -> impl Iterator<Item = &TieredSegment> {
-        self.tiered.iter().filter(|t| t.is_cold())
-    }
-
-    /// Bytes of the segments read from a colder tier.
-    pub fn cold_bytes(&self) -> u64 {
-        self.cold().map(|t| t.size_bytes).sum()
-    }
-
-    /// The whole log: local segments and those only in a colder tier.
-    pub fn total_bytes(&self) -> u64 {
-        self.size_bytes() + self.cold_bytes()
-    }
-
-    /// Bytes of local segments that also have a verified colder copy (what
-    /// releasing local copies could free).
-    pub fn local_copied_bytes(&self) -> u64 {
-        self.segments
-            .iter()
-            .filter(|s| {
-                self.tiered
-                    .iter()
-                    .any(|t| t.base_offset == s.base_offset && t.state == TierState::Both)
-            })
-            .map(|s| s.size_bytes)
-            .sum()
-    }
-
-    /// Sealed local segments without a colder copy (made or being made),
-    /// oldest first: what the mover copies next.
+    /// Sealed, durable local segments without a colder copy (made or being
+    /// made), oldest first: what the mover copies next.
     pub fn copy_candidates(&self) -> Vec<SealedSegment> {
-        let covered = |s: &Segment| {
-            self.tiered
+        let st = self.view.state.read();
+        let covered = |s: &SegMeta| {
+            st.tiered
                 .iter()
                 .any(|t| t.base_offset == s.base_offset && t.state != TierState::Deleting)
         };
-        self.segments[..self.segments.len() - 1]
+        st.segments[..st.segments.len() - 1]
             .iter()
-            .filter(|s| !covered(s) && !s.is_empty())
-            .map(|s| SealedSegment {
-                base_offset: s.base_offset,
-                next_offset: s.next_offset,
-                size_bytes: s.size_bytes,
-                max_timestamp_ms: s.indexer.max_timestamp_ms,
-                offset_of_max_timestamp: s.indexer.offset_of_max_timestamp,
-                log: Arc::clone(&s.reader),
-                index_path: s.path(crate::segment::INDEX_SUFFIX),
-                time_index_path: s.path(crate::segment::TIME_INDEX_SUFFIX),
+            .take_while(|s| s.durable)
+            .filter(|s| !covered(s) && !s.is_empty() && s.damage.is_none())
+            .map(|s| {
+                let (index, time_index) = s.index_images();
+                SealedSegment {
+                    base_offset: s.base_offset,
+                    next_offset: s.next_offset,
+                    size_bytes: s.size_bytes,
+                    max_timestamp_ms: s.indexer.max_timestamp_ms,
+                    offset_of_max_timestamp: s.indexer.offset_of_max_timestamp,
+                    log: Arc::clone(&s.file),
+                    index: Bytes::from(index),
+                    time_index: Bytes::from(time_index),
+                }
             })
             .collect()
     }
 
     /// Records, durably, that `segment` is being copied to `tier` as
-    /// `object`. The copy itself is the caller's, outside the lock.
+    /// `object`. The copy itself is the caller's, outside any lock.
     pub fn begin_copy(
         &mut self,
         segment: &SealedSegment,
         tier: Tier,
         object: String,
     ) -> io::Result<TieredSegment> {
-        let sealed = &self.segments[..self.segments.len() - 1];
-        if !sealed.iter().any(|s| s.base_offset == segment.base_offset) {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no sealed local segment at {}", segment.base_offset),
-            ));
-        }
-        if !crate::tiered::valid_object_name(&object) || self.tiered.iter().any(|t| t.object == object) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("bad or reused object name {object:?}"),
-            ));
-        }
+        self.check_writable()?;
+        let mut tiered = {
+            let st = self.view.state.read();
+            let sealed = &st.segments[..st.segments.len() - 1];
+            if !sealed.iter().any(|s| s.base_offset == segment.base_offset) {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no sealed local segment at {}", segment.base_offset),
+                ));
+            }
+            if !crate::tiered::valid_object_name(&object) || st.tiered.iter().any(|t| t.object == object) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("bad or reused object name {object:?}"),
+                ));
+            }
+            st.tiered.clone()
+        };
         let entry = TieredSegment {
             base_offset: segment.base_offset,
             next_offset: segment.next_offset,
@@ -790,9 +1039,9 @@ impl PartitionLog {
             state: TierState::Copying,
             object,
         };
-        self.tiered.push(entry.clone());
-        self.tiered.sort_by_key(|t| t.base_offset);
-        write_manifest(&self.dir, &self.tiered)?;
+        tiered.push(entry.clone());
+        tiered.sort_by_key(|t| t.base_offset);
+        self.publish_manifest(tiered)?;
         Ok(entry)
     }
 
@@ -811,45 +1060,44 @@ impl PartitionLog {
 
     /// The colder copy `object` is deleted from its tier: forget it.
     pub fn forget_deleted(&mut self, object: &str) -> io::Result<()> {
-        let before = self.tiered.len();
-        self.tiered
-            .retain(|t| !(t.object == object && t.state == TierState::Deleting));
-        if self.tiered.len() != before {
-            write_manifest(&self.dir, &self.tiered)?;
+        let mut tiered = self.view.tiered_segments();
+        let before = tiered.len();
+        tiered.retain(|t| !(t.object == object && t.state == TierState::Deleting));
+        if tiered.len() != before {
+            self.publish_manifest(tiered)?;
         }
         Ok(())
     }
 
     fn set_state(&mut self, object: &str, from: TierState, to: TierState) -> io::Result<bool> {
-        let Some(t) = self
-            .tiered
-            .iter_mut()
-            .find(|t| t.object == object && t.state == from)
-        else {
+        self.check_writable()?;
+        let mut tiered = self.view.tiered_segments();
+        let Some(t) = tiered.iter_mut().find(|t| t.object == object && t.state == from) else {
             return Ok(false);
         };
         t.state = to;
-        write_manifest(&self.dir, &self.tiered)?;
+        self.publish_manifest(tiered)?;
         Ok(true)
     }
 
     /// Colder copies waiting to be deleted from their tier.
     pub fn pending_deletes(&self) -> Vec<TieredSegment> {
-        self.tiered
-            .iter()
+        self.view
+            .tiered_segments()
+            .into_iter()
             .filter(|t| t.state == TierState::Deleting)
-            .cloned()
             .collect()
     }
 
     /// The oldest local segment, if it is sealed and has a verified colder
     /// copy, so its local files may go: `(base offset, bytes, max timestamp)`.
     pub fn oldest_releasable(&self) -> Option<(i64, u64, i64)> {
-        if self.segments.len() < 2 {
+        let st = self.view.state.read();
+        if st.segments.len() < 2 {
             return None;
         }
-        let s = &self.segments[0];
-        let copied = self
+        let s = &st.segments[0];
+        let copied = st
             .tiered
             .iter()
             .any(|t| t.base_offset == s.base_offset && t.state == TierState::Both);
@@ -860,40 +1108,42 @@ impl PartitionLog {
     /// [`PartitionLog::oldest_releasable`]); its offsets are read from the
     /// colder tier from now on. Returns the bytes freed locally.
     pub fn release_local(&mut self, base_offset: i64) -> io::Result<u64> {
+        self.check_writable()?;
         if self.oldest_releasable().map(|(base, ..)| base) != Some(base_offset) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("segment {base_offset} is not the oldest local segment with a colder copy"),
             ));
         }
-        let entry = self
-            .tiered
+        let mut tiered = self.view.tiered_segments();
+        let entry = tiered
             .iter_mut()
             .find(|t| t.base_offset == base_offset && t.state == TierState::Both)
             .expect("checked by oldest_releasable");
         entry.state = TierState::Cold;
-        write_manifest(&self.dir, &self.tiered)?;
-        let segment = self.segments.remove(0);
-        self.unflushed_sealed.retain(|b| *b != base_offset);
-        segment.delete_files()?;
+        write_manifest(self.storage.as_ref(), &self.dir, &tiered)?;
+        let segment = {
+            let mut st = self.view.state.write();
+            st.tiered = tiered;
+            st.segments.remove(0)
+        };
+        self.bury(&segment);
+        segment::delete_files(self.storage.as_ref(), &self.dir, base_offset)?;
         Ok(segment.size_bytes)
-    }
-
-    fn retire_all_tiered(&mut self) -> io::Result<()> {
-        let mut changed = false;
-        for t in self.tiered.iter_mut().filter(|t| t.state != TierState::Deleting) {
-            t.state = TierState::Deleting;
-            changed = true;
-        }
-        if changed {
-            write_manifest(&self.dir, &self.tiered)?;
-        }
-        Ok(())
     }
 }
 
-/// A sealed local segment the mover may copy. Its files are immutable; the
-/// `.log` handle stays readable even if retention deletes the segment.
+/// Removes a directory [`PartitionLog::retire`] renamed. Blocking.
+pub fn remove_retired(storage: &dyn Storage, retired: &Path) -> io::Result<()> {
+    match storage.remove_dir_all(retired) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A sealed local segment the mover may copy: durable, with its index
+/// images from memory. Its file stays readable even if retention deletes
+/// the segment while it is open.
 #[derive(Debug, Clone)]
 pub struct SealedSegment {
     pub base_offset: i64,
@@ -901,31 +1151,27 @@ pub struct SealedSegment {
     pub size_bytes: u64,
     pub max_timestamp_ms: i64,
     pub offset_of_max_timestamp: i64,
-    pub log: Arc<File>,
-    pub index_path: PathBuf,
-    pub time_index_path: PathBuf,
-}
-
-/// Base offset of the oldest segment read from a colder tier.
-fn first_cold_base(tiered: &[TieredSegment]) -> Option<i64> {
-    tiered.iter().find(|t| t.is_cold()).map(|t| t.base_offset)
+    pub log: Arc<segment::SegmentFile>,
+    pub index: Bytes,
+    pub time_index: Bytes,
 }
 
 /// Start-up half of the tier lifecycle: a copy that was being made when the
 /// process stopped is rolled back (its remains are deleted by the mover, and
 /// the segment is copied again under a new name). Returns whether the
 /// manifest changed.
-fn recover_tier_moves(dir: &Path, tiered: &mut [TieredSegment]) -> io::Result<bool> {
+fn recover_tier_moves(dir: &Path, tiered: &mut [TieredSegment]) -> bool {
     let mut changed = false;
     for t in tiered.iter_mut().filter(|t| t.state == TierState::Copying) {
         tracing::info!(dir = %dir.display(), object = %t.object, "rolling back an interrupted copy to the {} tier", t.tier.name());
         t.state = TierState::Deleting;
         changed = true;
     }
-    Ok(changed)
+    changed
 }
 
-/// Checks that `headers` describe `records`; returns the offsets they use.
+/// Checks that `headers` describe `records` and span at most 2^31
+/// offsets; returns the offsets they use.
 fn check_append(records: &[u8], headers: &[BatchHeader]) -> Result<i64, AppendError> {
     if headers.is_empty() {
         return Err(AppendError::Empty);
@@ -937,7 +1183,11 @@ fn check_append(records: &[u8], headers: &[BatchHeader]) -> Result<i64, AppendEr
             records_bytes: records.len(),
         });
     }
-    Ok(headers.iter().map(|h| i64::from(h.last_offset_delta) + 1).sum())
+    let offsets: i64 = headers.iter().map(|h| i64::from(h.last_offset_delta) + 1).sum();
+    if offsets - 1 > i64::from(i32::MAX) {
+        return Err(AppendError::OffsetOverflow);
+    }
+    Ok(offsets)
 }
 
 /// Rewrites each batch's base offset; returns the headers as written.
@@ -948,58 +1198,139 @@ fn assign_offsets(records: &mut [u8], headers: &[BatchHeader], base_offset: i64)
     for h in headers {
         let len = h.total_len();
         set_base_offset(&mut records[pos..pos + len], next);
-        assigned.push(BatchHeader {
+        let written = BatchHeader {
             base_offset: next,
             ..*h
-        });
-        next = assigned[assigned.len() - 1].last_offset() + 1;
+        };
+        next = written.last_offset() + 1;
+        assigned.push(written);
         pos += len;
     }
     assigned
 }
 
+/// The segments loaded at open, and whether the first one was created.
+struct LoadedSegments {
+    segments: Vec<SegMeta>,
+    created: bool,
+}
+
 /// Loads the segments named by `bases` (sorted), or creates the first one.
+/// After an unclean shutdown, every segment from the one holding the
+/// recovery point on is recovered (CRC scan, cut at the first invalid
+/// batch); a cut deletes every later segment (Kafka's rule: the log has
+/// no holes), and what recovery kept is fsynced.
 fn load_segments(
+    storage: &Arc<dyn Storage>,
     dir: &Path,
     bases: &[i64],
     clean: bool,
+    recovery_point: Option<i64>,
     config: &LogConfig,
-    stored_start: Option<i64>,
-) -> io::Result<Vec<Segment>> {
+    fresh_start: Option<i64>,
+) -> io::Result<LoadedSegments> {
     let interval = config.index_interval_bytes;
     if bases.is_empty() {
-        return Ok(vec![Segment::create(
-            dir,
-            stored_start.unwrap_or(0).max(0),
-            None,
-        )?]);
+        let (meta, _) = segment::create(storage, dir, fresh_start.unwrap_or(0).max(0), None)?;
+        storage.sync_dir(dir)?;
+        return Ok(LoadedSegments {
+            segments: vec![meta],
+            created: true,
+        });
     }
-    let mut segments = Vec::with_capacity(bases.len());
+    let first_recovered = match (clean, recovery_point) {
+        (true, _) => bases.len(),
+        (false, None) => 0,
+        (false, Some(rp)) => bases.partition_point(|b| *b <= rp).saturating_sub(1),
+    };
+    let mut segments: Vec<SegMeta> = Vec::with_capacity(bases.len());
     for (i, &base) in bases.iter().enumerate() {
-        let mode = match (i + 1 == bases.len(), clean) {
-            (false, _) => LoadMode::Sealed,
-            (true, true) => LoadMode::LastClean,
-            (true, false) => LoadMode::LastRecover,
+        let last = i + 1 == bases.len();
+        let mode = match (i >= first_recovered, last) {
+            (true, _) => LoadMode::Recover,
+            (false, true) => LoadMode::TrustedLast,
+            (false, false) => LoadMode::Trusted,
         };
-        segments.push(Segment::load(dir, base, mode, interval)?);
+        let loaded = segment::load(storage, dir, base, mode, interval)?;
+        let mut meta = loaded.meta;
+        meta.durable = !last && mode != LoadMode::Recover;
+        if loaded.rebuilt && meta.durable {
+            // Missing or corrupt index files: write back what was rebuilt.
+            let (index, time_index) = meta.index_images();
+            write_atomically(storage.as_ref(), &segment_path(dir, base, INDEX_SUFFIX), &index)?;
+            write_atomically(
+                storage.as_ref(),
+                &segment_path(dir, base, TIME_INDEX_SUFFIX),
+                &time_index,
+            )?;
+        }
+        segments.push(meta);
+        if loaded.truncated && !last {
+            for later in &bases[i + 1..] {
+                tracing::warn!(dir = %dir.display(), base = later, "deleting a segment after a recovered cut");
+                segment::delete_files(storage.as_ref(), dir, *later)?;
+            }
+            break;
+        }
     }
-    segments.last_mut().expect("non-empty").activate()?;
-    Ok(segments)
+    if first_recovered < segments.len() {
+        make_recovered_durable(storage.as_ref(), dir, &mut segments[first_recovered..])?;
+    }
+    Ok(LoadedSegments {
+        segments,
+        created: false,
+    })
 }
 
-/// Base offsets of the `.log` files in `dir`, sorted; removes stray temp
-/// files and index files without a `.log`.
-fn list_segments(dir: &Path) -> io::Result<Vec<i64>> {
+/// fsyncs what recovery kept, and writes the index files of the recovered
+/// segments that are sealed: from now on they are below the recovery point.
+fn make_recovered_durable(storage: &dyn Storage, dir: &Path, recovered: &mut [SegMeta]) -> io::Result<()> {
+    let n = recovered.len();
+    for (i, s) in recovered.iter_mut().enumerate() {
+        let file = storage.open(&segment_path(dir, s.base_offset, LOG_SUFFIX), OpenMode::Write)?;
+        file.sync_data()?;
+        if i + 1 < n {
+            s.add_final_time_entry();
+            let (index, time_index) = s.index_images();
+            write_atomically(storage, &segment_path(dir, s.base_offset, INDEX_SUFFIX), &index)?;
+            write_atomically(
+                storage,
+                &segment_path(dir, s.base_offset, TIME_INDEX_SUFFIX),
+                &time_index,
+            )?;
+            s.durable = true;
+        }
+    }
+    storage.sync_dir(dir)
+}
+
+/// Creates `dir` if missing, durably (its entry in the parent is fsynced).
+fn ensure_dir(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
+    match storage.read_dir(dir) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            storage.create_dir_all(dir)?;
+            sync_parent(storage, dir)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Base offsets of the `.log` files in `dir` and of the snapshots, sorted;
+/// removes stray temp files and index files without a `.log`.
+fn list_dir(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
     let mut bases = Vec::new();
+    let mut snapshots = Vec::new();
     let mut orphans = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+    for entry in storage.read_dir(dir)? {
+        let name = entry.name;
+        let path = dir.join(&name);
+        if entry.is_dir {
             continue;
-        };
+        }
         if STRAY_SUFFIXES.iter().any(|s| name.ends_with(s)) {
             tracing::warn!(file = %path.display(), "removing stray file");
-            remove_if_exists(&path)?;
+            remove_if_exists(storage, &path)?;
             continue;
         }
         let Some((stem, ext)) = name.split_once('.') else {
@@ -1010,18 +1341,54 @@ fn list_segments(dir: &Path) -> io::Result<Vec<i64>> {
         };
         match ext {
             LOG_SUFFIX => bases.push(base),
-            "index" | "timeindex" => orphans.push((base, path)),
+            SNAPSHOT_SUFFIX => snapshots.push(base),
+            INDEX_SUFFIX | TIME_INDEX_SUFFIX => orphans.push((base, path)),
             _ => {}
         }
     }
     bases.sort_unstable();
+    snapshots.sort_unstable();
     for (base, path) in orphans {
         if bases.binary_search(&base).is_err() {
             tracing::warn!(file = %path.display(), "removing index without a log");
-            remove_if_exists(&path)?;
+            remove_if_exists(storage, &path)?;
         }
     }
-    Ok(bases)
+    Ok(Listing { bases, snapshots })
+}
+
+/// Offsets of the producer-state snapshots in `dir`.
+pub(crate) fn list_snapshots(storage: &dyn Storage, dir: &Path) -> io::Result<Vec<i64>> {
+    Ok(storage
+        .read_dir(dir)?
+        .into_iter()
+        .filter_map(|e| {
+            let (stem, ext) = e.name.split_once('.')?;
+            (ext == SNAPSHOT_SUFFIX)
+                .then(|| parse_base_offset(stem))
+                .flatten()
+        })
+        .collect())
+}
+
+/// The newest snapshot at or below `log_end`; snapshots above it describe
+/// data recovery cut, and are deleted.
+fn newest_snapshot(
+    storage: &dyn Storage,
+    dir: &Path,
+    snapshots: &[i64],
+    log_end: i64,
+) -> io::Result<Option<(i64, Vec<u8>)>> {
+    for &offset in snapshots.iter().filter(|o| **o > log_end) {
+        tracing::info!(dir = %dir.display(), offset, "removing a producer snapshot above the log end");
+        remove_if_exists(storage, &snapshot_path(dir, offset))?;
+    }
+    for &offset in snapshots.iter().rev().filter(|o| **o <= log_end) {
+        if let Some(bytes) = read_file(storage, &snapshot_path(dir, offset))? {
+            return Ok(Some((offset, bytes)));
+        }
+    }
+    Ok(None)
 }
 
 /// Kafka's file stem: exactly 20 decimal digits.
@@ -1033,45 +1400,14 @@ fn parse_base_offset(stem: &str) -> Option<i64> {
 }
 
 /// Removes the clean-shutdown marker; returns whether it was there.
-fn take_clean_marker(dir: &Path) -> io::Result<bool> {
+fn take_clean_marker(storage: &dyn Storage, dir: &Path) -> io::Result<bool> {
     let path = dir.join(CLEAN_SHUTDOWN_FILE);
-    let present = path.exists();
+    let present = storage.file_len(&path)?.is_some();
     if present {
-        remove_if_exists(&path)?;
-        File::open(dir)?.sync_all()?;
+        storage.remove_file(&path)?;
+        storage.sync_dir(dir)?;
     }
     Ok(present)
-}
-
-fn read_log_start_offset(dir: &Path) -> io::Result<Option<i64>> {
-    let path = dir.join(LOG_START_OFFSET_FILE);
-    let text = match fs::read_to_string(&path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => String::new(),
-        other => other?,
-    };
-    let mut lines = text.lines();
-    let parsed = match (lines.next(), lines.next()) {
-        (Some(LOG_START_OFFSET_VERSION), Some(value)) => value.trim().parse::<i64>().ok(),
-        _ => None,
-    };
-    if parsed.is_none() {
-        tracing::warn!(file = %path.display(), "ignoring unreadable log start offset file");
-    }
-    Ok(parsed.filter(|v| *v >= 0))
-}
-
-fn write_log_start_offset(dir: &Path, offset: i64) -> io::Result<()> {
-    let text = format!("{LOG_START_OFFSET_VERSION}\n{offset}\n");
-    write_atomically(&dir.join(LOG_START_OFFSET_FILE), text.as_bytes())?;
-    File::open(dir)?.sync_all()
-}
-
-fn remove_if_exists(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    }
 }
 
 #[cfg(test)]
@@ -1111,11 +1447,11 @@ mod scan_tests {
                 );
                 index_starts_earlier += usize::from(cold.start_position < served);
                 planned += plan.window_end.unwrap_or(size) - plan.start_position;
-                let (bytes, next) = plan.execute_scan().unwrap();
-                assert_eq!(bytes, cold.execute().unwrap(), "same data either way");
-                served += bytes.len() as u64;
-                hint = next;
-                offset = next.unwrap().next_offset();
+                let read = plan.execute_scan().unwrap();
+                assert_eq!(read.bytes, cold.execute().unwrap(), "same data either way");
+                served += read.bytes.len() as u64;
+                hint = read.hint;
+                offset = read.hint.unwrap().next_offset();
             }
             assert_eq!(served, size);
             assert!(

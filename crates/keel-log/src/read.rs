@@ -1,25 +1,22 @@
-//! The I/O half of reads. A plan is made under the partition lock without
-//! I/O and executed outside it with positional reads (`read_at`: no mmap, no
-//! sendfile) on a shared `Arc<File>`: with O_DIRECT into aligned buffers, or
-//! through the page cache and then dropped from it ([`ReadIo`]). The plan's end position is the
-//! segment's committed size when planned, so execution never sees a batch
-//! that was still being written; and a segment deleted meanwhile stays
-//! readable because the open file keeps its inode alive.
+//! The I/O half of reads. A plan is made from the partition's in-memory
+//! view without I/O and executed outside any lock with positional reads
+//! (no mmap, no sendfile) of the segment's file, opened when the plan runs:
+//! with O_DIRECT into aligned buffers, or through the page cache and then
+//! dropped from it ([`ReadIo`]). The plan's end position is the segment's
+//! committed size when planned, so execution never sees a batch that was
+//! still being written. A segment deleted before the plan runs reads as
+//! `NotFound`; one deleted while its file is open stays readable.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::num::NonZeroU64;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::ReadIo;
-
 use crate::batch::{check_crc, first_record_at_or_after, BatchHeader};
-use crate::segment::{invalid_data, read_header_at};
+use crate::config::ReadIo;
+use crate::segment::{invalid_data, read_header_at, SegmentFile};
+use crate::storage::{read_exact_at, StoredFile};
 use crate::tiered::TieredSegment;
 
 /// A planned fetch from one segment. `Send + 'static`.
@@ -28,7 +25,7 @@ pub struct ReadPlan {
     /// Set when the offsets are only in a colder tier: the tier store
     /// executes the plan ([`ReadPlan::execute`] refuses it).
     pub(crate) tiered: Option<TieredSegment>,
-    pub(crate) file: Option<Arc<File>>,
+    pub(crate) file: Option<Arc<SegmentFile>>,
     pub(crate) start_position: u64,
     pub(crate) end_position: u64,
     pub(crate) target_offset: i64,
@@ -41,9 +38,6 @@ pub struct ReadPlan {
     pub(crate) segment_base: i64,
 }
 
-/// Alignment of O_DIRECT offsets, lengths and buffers: the largest logical
-/// block size in common use.
-const DIRECT_ALIGN: usize = 4096;
 /// Smallest direct read: enough to find the target batch from an index
 /// entry (`index.interval.bytes` apart) in one read.
 const DIRECT_MIN_WINDOW: u64 = 64 * 1024;
@@ -101,15 +95,16 @@ impl ReadPlan {
     /// Every returned batch's CRC is checked (data is checked twice: when
     /// produced and when read back). Corrupt data is an `InvalidData` error.
     pub fn execute(&self) -> io::Result<Bytes> {
-        self.execute_scan().map(|(bytes, _)| bytes)
+        self.execute_scan().map(|r| r.bytes)
     }
 
     /// [`ReadPlan::execute`], plus where the data after the returned batches
     /// starts: passed to the next plan of a sequential scan
-    /// ([`crate::PartitionLog::read_plan_after`]), it starts exactly there
+    /// ([`crate::LogReader::read_plan_after`]), it starts exactly there
     /// instead of at the index entry before (which, with fetches of a batch
-    /// or two, would read every batch twice).
-    pub fn execute_scan(&self) -> io::Result<(Bytes, Option<ScanHint>)> {
+    /// or two, would read every batch twice). Also says how many bytes the
+    /// read took from the file, which budgets charge.
+    pub fn execute_scan(&self) -> io::Result<ScanRead> {
         if let Some(t) = &self.tiered {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -120,53 +115,39 @@ impl ReadPlan {
                 ),
             ));
         }
-        let Some(file) = &self.file else {
-            return Ok((Bytes::new(), None));
+        let Some(segment) = &self.file else {
+            return Ok(ScanRead::default());
         };
+        let file = segment.open()?;
+        let mut disk_bytes = 0u64;
         let (position, bytes) = match self.io {
-            ReadIo::Buffered => self.execute_buffered(file),
-            ReadIo::BufferedDontNeed => self.execute_dont_need(file),
-            ReadIo::Direct => match open_direct(file) {
-                Ok(direct) => self.execute_direct(&direct),
-                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-                    self.execute_dont_need(file)
-                }
-                Err(e) => Err(e),
-            },
+            ReadIo::Buffered => self.execute_buffered(file.as_ref(), &mut disk_bytes),
+            io => read_windows_at(
+                self.start_position,
+                self.end_position,
+                self.target_offset,
+                self.max_bytes,
+                self.window_end,
+                |pos, len| {
+                    let got = file.read_uncached(pos, len, io == ReadIo::Direct)?;
+                    disk_bytes += got.len() as u64;
+                    Ok(got)
+                },
+            ),
         }?;
         let hint = last_offset_of(&bytes).map(|last| ScanHint {
             segment_base: self.segment_base,
             next_offset: last + 1,
             position: position + bytes.len() as u64,
         });
-        Ok((bytes, hint))
+        Ok(ScanRead {
+            bytes,
+            hint,
+            disk_bytes,
+        })
     }
 
-    /// Reads through the page cache, then drops the pages read from it.
-    fn execute_dont_need(&self, file: &File) -> io::Result<(u64, Bytes)> {
-        let out = self.execute_buffered(file);
-        let len = NonZeroU64::new(self.end_position.saturating_sub(self.start_position));
-        // Advice only: a failure changes nothing about the data read.
-        let _ = rustix::fs::fadvise(file, self.start_position, len, rustix::fs::Advice::DontNeed);
-        out
-    }
-
-    /// O_DIRECT: finds the target batch from the planned position in
-    /// aligned windows, then returns whole batches up to `max_bytes` (at
-    /// least one), CRC-checked. A window may end before `max_bytes`; the
-    /// caller fetches again from there.
-    fn execute_direct(&self, file: &File) -> io::Result<(u64, Bytes)> {
-        read_windows_at(
-            self.start_position,
-            self.end_position,
-            self.target_offset,
-            self.max_bytes,
-            self.window_end,
-            |pos, len| read_aligned(file, pos, len),
-        )
-    }
-
-    fn execute_buffered(&self, file: &File) -> io::Result<(u64, Bytes)> {
+    fn execute_buffered(&self, file: &dyn StoredFile, disk_bytes: &mut u64) -> io::Result<(u64, Bytes)> {
         let end = self.end_position;
         let Some((pos, first)) = find_batch(file, self.start_position, end, |h| {
             h.last_offset() >= self.target_offset
@@ -177,11 +158,23 @@ impl ReadPlan {
         let first_len = first.total_len() as u64;
         let want = (self.max_bytes as u64).max(first_len).min(end - pos);
         let mut buf = vec![0u8; want as usize];
-        file.read_exact_at(&mut buf, pos)?;
+        read_exact_at(file, &mut buf, pos)?;
+        *disk_bytes += want;
         let keep = whole_batches_len(&buf, pos)?;
         buf.truncate(keep);
         Ok((pos, Bytes::from(buf)))
     }
+}
+
+/// What [`ReadPlan::execute_scan`] read.
+#[derive(Debug, Clone, Default)]
+pub struct ScanRead {
+    /// Whole, CRC-checked batches.
+    pub bytes: Bytes,
+    /// Where the scan continues (see [`ScanHint`]).
+    pub hint: Option<ScanHint>,
+    /// Bytes read from the file, including what was read and not returned.
+    pub disk_bytes: u64,
 }
 
 /// Where a sequential scan of a segment continues: the file position of the
@@ -213,65 +206,6 @@ fn last_offset_of(batches: &[u8]) -> Option<i64> {
     last
 }
 
-/// Up to `len` bytes of `file` at `pos` (fewer only at its end), read with
-/// O_DIRECT where the file allows it, otherwise through the page cache and
-/// dropped from it. For reading whole files that must not stay cached (tier
-/// copies, colder-tier segments).
-pub fn read_uncached(file: &File, pos: u64, len: u64) -> io::Result<Bytes> {
-    match open_direct(file) {
-        Ok(direct) => read_aligned(&direct, pos, len),
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-            let mut buf = vec![0u8; len as usize];
-            let mut got = 0;
-            while got < buf.len() {
-                match file.read_at(&mut buf[got..], pos + got as u64)? {
-                    0 => break,
-                    n => got += n,
-                }
-            }
-            buf.truncate(got);
-            let _ = rustix::fs::fadvise(file, pos, NonZeroU64::new(len), rustix::fs::Advice::DontNeed);
-            Ok(Bytes::from(buf))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// The file again, opened with O_DIRECT (through `/proc/self/fd`, so a
-/// segment deleted after planning stays readable).
-fn open_direct(file: &File) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-}
-
-/// Up to `len` bytes at `pos` (fewer at the end of the file), read with
-/// O_DIRECT: offset, length and buffer aligned to [`DIRECT_ALIGN`]. The
-/// alignment comes from over-allocating, so no unsafe code is needed.
-fn read_aligned(file: &File, pos: u64, len: u64) -> io::Result<Bytes> {
-    let align = DIRECT_ALIGN as u64;
-    let start = pos / align * align;
-    let lead = (pos - start) as usize;
-    let span = (lead as u64 + len).div_ceil(align) * align;
-    let span = usize::try_from(span).map_err(|_| invalid_data("read too large".into()))?;
-    let mut raw = vec![0u8; span + DIRECT_ALIGN];
-    let shift = raw.as_ptr().align_offset(DIRECT_ALIGN);
-    let aligned = &mut raw[shift..shift + span];
-    let mut got = 0usize;
-    while got < span {
-        let n = file.read_at(&mut aligned[got..], start + got as u64)?;
-        got += n;
-        // A short read that is not a whole number of blocks is the end of
-        // the file; another read would be misaligned.
-        if n == 0 || n % DIRECT_ALIGN != 0 {
-            break;
-        }
-    }
-    let available = got.saturating_sub(lead).min(len as usize);
-    Ok(Bytes::from(raw).slice(shift + lead..shift + lead + available))
-}
-
 /// Asks the kernel to drop a file's clean pages from the page cache; dirty
 /// pages are queued for writeback instead, and go on a later call. Advice
 /// only: nothing about the file's contents depends on it.
@@ -279,26 +213,9 @@ pub fn drop_cached_pages(file: &File) {
     let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
 }
 
-/// Whether files in `dir` can be read with O_DIRECT: writes a probe file,
-/// reads it back directly, removes it.
-pub fn probe_direct_io(dir: &Path) -> io::Result<()> {
-    let path = dir.join(".keel_direct_io_probe");
-    let result = (|| {
-        std::fs::write(&path, vec![7u8; DIRECT_ALIGN])?;
-        let file = File::open(&path)?;
-        let data = read_aligned(&open_direct(&file)?, 0, DIRECT_ALIGN as u64)?;
-        if data.len() != DIRECT_ALIGN || data.iter().any(|b| *b != 7) {
-            return Err(invalid_data("O_DIRECT probe read back wrong data".into()));
-        }
-        Ok(())
-    })();
-    let _ = std::fs::remove_file(&path);
-    result
-}
-
 /// Scans headers from `pos` for the first batch matching `pred`.
 fn find_batch(
-    file: &File,
+    file: &dyn StoredFile,
     mut pos: u64,
     end: u64,
     pred: impl Fn(&BatchHeader) -> bool,
@@ -458,7 +375,7 @@ pub struct TimestampPlan {
     /// Set when the segment is only in a colder tier: the tier store
     /// executes the plan.
     pub(crate) tiered: Option<TieredSegment>,
-    pub(crate) file: Option<Arc<File>>,
+    pub(crate) file: Option<Arc<SegmentFile>>,
     pub(crate) start_position: u64,
     pub(crate) end_position: u64,
     pub(crate) timestamp_ms: i64,
@@ -472,18 +389,20 @@ impl TimestampPlan {
     /// with its base offset and max timestamp, so a consumer may see a few
     /// older records of that batch first.
     pub fn execute(&self) -> io::Result<Option<(i64, i64)>> {
-        let Some(file) = &self.file else {
+        let Some(segment) = &self.file else {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "the segment is in a colder tier: look it up through the tier store",
             ));
         };
+        let file = segment.open()?;
+        let file = file.as_ref();
         let found = find_batch(file, self.start_position, self.end_position, |h| {
             h.max_timestamp >= self.timestamp_ms
         })?;
         let Some((pos, h)) = found else { return Ok(None) };
         let mut batch = vec![0u8; h.total_len()];
-        file.read_exact_at(&mut batch, pos)?;
+        read_exact_at(file, &mut batch, pos)?;
         // Exact record for uncompressed batches, as Kafka answers; compressed
         // batches are answered at batch granularity.
         let (offset, timestamp) = first_record_at_or_after(&batch, &h, self.timestamp_ms)
@@ -507,12 +426,14 @@ impl TimestampPlan {
 
 /// Batch headers from a starting offset to the end of the log as planned,
 /// read one header at a time (records are not read). Used by the broker to
-/// rebuild producer state. Yields at most one error, then ends.
+/// rebuild producer state. Stops before damaged data. Yields at most one
+/// error, then ends.
 #[derive(Debug)]
 pub struct HeaderScan {
     /// `(file, next position, end position)` per remaining segment.
-    pub(crate) segments: std::collections::VecDeque<(Arc<File>, u64, u64)>,
+    pub(crate) segments: std::collections::VecDeque<(Arc<SegmentFile>, u64, u64)>,
     pub(crate) from_offset: i64,
+    pub(crate) open: Option<Arc<dyn StoredFile>>,
 }
 
 impl Iterator for HeaderScan {
@@ -520,14 +441,28 @@ impl Iterator for HeaderScan {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            let (file, pos, end) = self.segments.front_mut()?;
-            match read_header_at(file, *pos, *end) {
+            let (segment, pos, end) = self.segments.front_mut()?;
+            let file = match &self.open {
+                Some(f) => Arc::clone(f),
+                None => match segment.open() {
+                    Ok(f) => {
+                        self.open = Some(Arc::clone(&f));
+                        f
+                    }
+                    Err(e) => {
+                        self.segments.clear();
+                        return Some(Err(e));
+                    }
+                },
+            };
+            match read_header_at(file.as_ref(), *pos, *end) {
                 Err(e) => {
                     self.segments.clear();
                     return Some(Err(e));
                 }
                 Ok(None) => {
                     self.segments.pop_front();
+                    self.open = None;
                 }
                 Ok(Some(header)) => {
                     *pos += header.total_len() as u64;

@@ -25,11 +25,11 @@
 //! (temp file, fsync, rename, directory fsync). Its layout is in
 //! docs/format.md.
 
-use std::fs;
 use std::io;
 use std::path::Path;
 
-use crate::segment::{invalid_data, write_atomically};
+use crate::segment::invalid_data;
+use crate::storage::{read_file, write_atomically, Storage};
 
 /// The manifest's file name in the partition directory.
 pub const TIER_MANIFEST_FILE: &str = "tier-manifest";
@@ -162,12 +162,12 @@ pub fn valid_object_name(name: &str) -> bool {
 
 /// Reads the manifest in `dir`; empty if there is none. A manifest that
 /// cannot be parsed is an error: guessing could lose the only copy of data.
-pub(crate) fn read_manifest(dir: &Path) -> io::Result<Vec<TieredSegment>> {
+pub(crate) fn read_manifest(storage: &dyn Storage, dir: &Path) -> io::Result<Vec<TieredSegment>> {
     let path = dir.join(TIER_MANIFEST_FILE);
-    let text = match fs::read_to_string(&path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        other => other?,
+    let Some(bytes) = read_file(storage, &path)? else {
+        return Ok(Vec::new());
     };
+    let text = String::from_utf8(bytes).map_err(|_| invalid_data(format!("{}: not text", path.display())))?;
     let mut lines = text.lines();
     if lines.next() != Some(MANIFEST_HEADER) {
         return Err(invalid_data(format!(
@@ -186,20 +186,21 @@ pub(crate) fn read_manifest(dir: &Path) -> io::Result<Vec<TieredSegment>> {
 }
 
 /// Replaces the manifest in `dir` atomically and fsyncs the directory.
-pub(crate) fn write_manifest(dir: &Path, entries: &[TieredSegment]) -> io::Result<()> {
+pub(crate) fn write_manifest(storage: &dyn Storage, dir: &Path, entries: &[TieredSegment]) -> io::Result<()> {
     let mut text = String::from(MANIFEST_HEADER);
     text.push('\n');
     for entry in entries {
         text.push_str(&entry.to_line());
         text.push('\n');
     }
-    write_atomically(&dir.join(TIER_MANIFEST_FILE), text.as_bytes())?;
-    fs::File::open(dir)?.sync_all()
+    write_atomically(storage, &dir.join(TIER_MANIFEST_FILE), text.as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::DiskStorage;
+    use std::fs;
 
     fn entry(base: i64, state: TierState) -> TieredSegment {
         TieredSegment {
@@ -217,10 +218,10 @@ mod tests {
     #[test]
     fn manifest_round_trips_and_sorts() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(read_manifest(dir.path()).unwrap().is_empty());
+        assert!(read_manifest(&DiskStorage, dir.path()).unwrap().is_empty());
         let entries = vec![entry(20, TierState::Cold), entry(0, TierState::Both)];
-        write_manifest(dir.path(), &entries).unwrap();
-        let back = read_manifest(dir.path()).unwrap();
+        write_manifest(&DiskStorage, dir.path(), &entries).unwrap();
+        let back = read_manifest(&DiskStorage, dir.path()).unwrap();
         assert_eq!(back, vec![entries[1].clone(), entries[0].clone()]);
     }
 
@@ -232,10 +233,10 @@ mod tests {
             "keel-tier-manifest 1\n0 10 nope\n",
         )
         .unwrap();
-        let err = read_manifest(dir.path()).unwrap_err();
+        let err = read_manifest(&DiskStorage, dir.path()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         fs::write(dir.path().join(TIER_MANIFEST_FILE), "something else\n").unwrap();
-        assert!(read_manifest(dir.path()).is_err());
+        assert!(read_manifest(&DiskStorage, dir.path()).is_err());
     }
 
     #[test]

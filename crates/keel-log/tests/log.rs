@@ -114,6 +114,8 @@ fn rolls_on_size_time_and_index_limits() {
     let mut log = PartitionLog::open(dir.path(), config).unwrap();
     fill(&mut log, 20, 1, 0, 1);
     assert!(log.segment_count() >= 4, "index-full roll");
+    // The active segment's index files are written at close.
+    log.close().unwrap();
     for base in log.segment_base_offsets() {
         let len = std::fs::metadata(seg_path(dir.path(), base, "timeindex"))
             .unwrap()

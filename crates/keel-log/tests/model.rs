@@ -131,6 +131,7 @@ impl Harness {
                 );
                 assert_eq!((log_start, log_end), (start, end));
             }
+            Err(e @ ReadError::Damaged { .. }) => panic!("{e}"),
             Ok(plan) => {
                 assert!((start..=end).contains(&offset));
                 let bytes = plan.execute().expect("execute");

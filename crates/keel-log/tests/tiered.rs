@@ -6,7 +6,6 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -46,12 +45,13 @@ fn fill(log: &mut PartitionLog) -> Vec<(i64, i64, Vec<u8>)> {
 /// Copies a sealed segment's files into `tier` as `object`, like a mover.
 fn copy(segment: &SealedSegment, tier: &Path, object: &str) {
     let mut log = vec![0u8; segment.size_bytes as usize];
-    segment.log.read_exact_at(&mut log, 0).unwrap();
+    let file = segment.log.open().unwrap();
+    keel_log::storage::read_exact_at(file.as_ref(), &mut log, 0).unwrap();
     let path = tier.join(object);
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(format!("{}.log", path.display()), log).unwrap();
-    fs::copy(&segment.index_path, format!("{}.index", path.display())).unwrap();
-    fs::copy(&segment.time_index_path, format!("{}.timeindex", path.display())).unwrap();
+    fs::write(format!("{}.index", path.display()), &segment.index).unwrap();
+    fs::write(format!("{}.timeindex", path.display()), &segment.time_index).unwrap();
 }
 
 /// Copies every candidate and releases the local copies of all but the
@@ -160,7 +160,7 @@ fn timestamps_are_found_in_cold_segments() {
         .collect();
     move_segments(&mut log, tier.path(), 0);
     for ((_, ts, _), want) in batches.iter().zip(expected) {
-        let plan = log.timestamp_plan(*ts - 1).unwrap();
+        let plan = log.reader().timestamp_plan(*ts - 1).unwrap();
         let got = match plan.tiered_segment() {
             None => plan.execute().unwrap(),
             Some(t) => {
@@ -339,6 +339,7 @@ fn sequential_scans_read_each_batch_once() {
     .unwrap();
     fill(&mut log);
     assert_eq!(log.segment_count(), 1);
+    log.close().unwrap(); // writes the active segment's index files
     let data = Bytes::from(fs::read(dir.path().join(format!("{:020}.log", 0))).unwrap());
     let index = SegmentIndex::decode(
         0,

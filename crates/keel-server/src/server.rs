@@ -1,15 +1,19 @@
 //! Sockets: accept connections, read request frames, hand them to the
 //! broker, write responses in request order (as Kafka does per connection).
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
 use keel_protocol::frame::{request_size, FRAME_PREFIX_BYTES};
 use keel_protocol::RequestFrame;
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use crate::admin;
 use crate::config::{gather, ServeArgs};
@@ -26,6 +30,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
 }
 
 async fn run(config: BrokerConfig) -> Result<(), String> {
+    raise_descriptor_limit();
     let listen = config.get("listen").to_string();
     let listener = TcpListener::bind(&listen)
         .await
@@ -46,9 +51,9 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         let stats: admin::StatsSource = Arc::new(move || b.stats_json());
         tokio::spawn(admin::serve(l, stats, admin::Limits::default()))
     });
-    let max_request_bytes = broker.config.request_max_bytes();
+    let limits = ConnectionLimits::from_config(&broker.config);
     tokio::select! {
-        _ = accept_loop(listener, Arc::clone(&broker), max_request_bytes) => {}
+        _ = accept_loop(listener, Arc::clone(&broker), limits) => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),
     }
     if let Some(task) = admin_task {
@@ -110,18 +115,81 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, max_request_bytes: usize) {
+/// Kafka's connection limits: `max.connections` in all (accepting waits
+/// for a free slot), `max.connections.per.ip` (more from one address are
+/// closed at once), `connections.max.idle.ms` (a connection that sends no
+/// request for that long is closed). Requests on one connection are handled
+/// one at a time, as Kafka does, so a connection has at most one request in
+/// flight and one frame of `socket.request.max.bytes` buffered.
+struct ConnectionLimits {
+    total: Arc<Semaphore>,
+    per_ip: usize,
+    idle: Option<Duration>,
+    max_request_bytes: usize,
+    by_ip: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl ConnectionLimits {
+    fn from_config(config: &BrokerConfig) -> Arc<ConnectionLimits> {
+        let num = |key| usize::try_from(config.num(key)).unwrap_or(usize::MAX);
+        let total = num("max.connections").min(Semaphore::MAX_PERMITS);
+        let idle_ms = config.num("connections.max.idle.ms");
+        Arc::new(ConnectionLimits {
+            total: Arc::new(Semaphore::new(total)),
+            per_ip: num("max.connections.per.ip"),
+            idle: u64::try_from(idle_ms).ok().map(Duration::from_millis),
+            max_request_bytes: config.request_max_bytes(),
+            by_ip: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Counts a connection from `ip`; false if that address has its fill.
+    fn admit(&self, ip: IpAddr) -> bool {
+        let mut by_ip = self.by_ip.lock();
+        let n = by_ip.entry(ip).or_insert(0);
+        if *n >= self.per_ip {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn release(&self, ip: IpAddr) {
+        let mut by_ip = self.by_ip.lock();
+        if let Some(n) = by_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                by_ip.remove(&ip);
+            }
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<ConnectionLimits>) {
     loop {
+        // At `max.connections`, stop accepting until one closes (clients
+        // wait in the listen backlog, as with Kafka).
+        let Ok(slot) = Arc::clone(&limits.total).acquire_owned().await else {
+            return;
+        };
         match listener.accept().await {
             Ok((stream, peer)) => {
+                if !limits.admit(peer.ip()) {
+                    tracing::warn!(%peer, max = limits.per_ip, "closing a connection over max.connections.per.ip");
+                    drop(stream);
+                    continue;
+                }
                 let b = Arc::clone(&broker);
+                let limits = Arc::clone(&limits);
                 tokio::spawn(async move {
                     let client = ClientInfo {
                         host: format!("/{}", peer.ip()),
                     };
-                    if let Err(reason) = connection(stream, b, &client, max_request_bytes).await {
+                    if let Err(reason) = connection(stream, b, &client, &limits).await {
                         tracing::debug!(%peer, %reason, "connection closed");
                     }
+                    limits.release(peer.ip());
+                    drop(slot);
                 });
             }
             Err(e) => {
@@ -133,25 +201,33 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, max_request_byt
     }
 }
 
-/// Serves one connection until the client closes it or sends something
-/// that cannot be answered.
+/// Serves one connection until the client closes it, sends something that
+/// cannot be answered, or stays idle past `connections.max.idle.ms`.
 async fn connection(
     stream: TcpStream,
     broker: Arc<Broker>,
     client: &ClientInfo,
-    max_request_bytes: usize,
+    limits: &ConnectionLimits,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::with_capacity(64 * 1024, read);
     loop {
         let mut prefix = [0u8; FRAME_PREFIX_BYTES];
-        match read.read_exact(&mut prefix).await {
+        let next = read.read_exact(&mut prefix);
+        let got = match limits.idle {
+            Some(idle) => match tokio::time::timeout(idle, next).await {
+                Ok(got) => got,
+                Err(_) => return Err("idle past connections.max.idle.ms".into()),
+            },
+            None => next.await,
+        };
+        match got {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.to_string()),
         }
-        let size = request_size(prefix, max_request_bytes).map_err(|e| {
+        let size = request_size(prefix, limits.max_request_bytes).map_err(|e| {
             tracing::warn!(error = %e, "refusing request frame");
             e.to_string()
         })?;
@@ -168,6 +244,24 @@ async fn connection(
                 return Err(reason);
             }
         }
+    }
+}
+
+/// Raises the soft limit of open files to the hard limit: a broker holds
+/// one descriptor per partition's active segment and per connection.
+fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current == limit.maximum {
+        return;
+    }
+    let raised = rustix::process::Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::info!(from = ?limit.current, to = ?limit.maximum, "raised the open files limit"),
+        Err(e) => tracing::warn!(error = %e, current = ?limit.current, "cannot raise the open files limit"),
     }
 }
 

@@ -18,6 +18,14 @@ use tokio::time::Instant;
 use crate::bulk::Bulk;
 use crate::pace::Pacer;
 
+/// What a cold read returned, and how many bytes it took from the disk or
+/// object store (what the budget is charged).
+#[derive(Debug, Clone, Default)]
+pub struct ColdRead {
+    pub bytes: Bytes,
+    pub disk_bytes: u64,
+}
+
 /// Counters since start-up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ColdStats {
@@ -26,7 +34,9 @@ pub struct ColdStats {
     /// Cold reads waiting for a slot or for budget right now.
     pub queue_depth: u64,
     pub reads: u64,
+    /// Bytes the reads returned, and bytes they took from the disk.
     pub bytes: u64,
+    pub disk_bytes: u64,
     /// Total time reads spent waiting before their I/O started.
     pub wait_us_total: u64,
     /// Time spent waiting for budget alone.
@@ -51,6 +61,7 @@ pub struct ColdReads {
     queue_depth: AtomicI64,
     reads: AtomicU64,
     bytes: AtomicU64,
+    disk_bytes: AtomicU64,
     wait_us_total: AtomicU64,
     throttled_us_total: AtomicU64,
     read_ahead_limit_bytes: u64,
@@ -75,6 +86,7 @@ impl ColdReads {
             queue_depth: AtomicI64::new(0),
             reads: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            disk_bytes: AtomicU64::new(0),
             wait_us_total: AtomicU64::new(0),
             throttled_us_total: AtomicU64::new(0),
             read_ahead_limit_bytes: READ_AHEAD_POOL_BYTES,
@@ -116,18 +128,18 @@ impl ColdReads {
         }
     }
 
-    /// Runs a blocking read that returns up to about `expected_bytes`: waits
-    /// for a slot and for budget, then reads on the blocking pool. The bytes
-    /// actually read are charged; a read larger than expected borrows from
-    /// the budget of the readers after it.
-    pub async fn read<F>(&self, expected_bytes: usize, read: F) -> io::Result<Bytes>
+    /// Runs a blocking read: waits for a slot and for the budget to be out
+    /// of debt, then reads on a bulk thread, then charges the bytes it
+    /// actually took from the disk. A read larger than the budget's balance
+    /// borrows from the readers after it, which wait for the debt.
+    pub async fn read<F>(&self, read: F) -> io::Result<Bytes>
     where
-        F: FnOnce() -> io::Result<Bytes> + Send + 'static,
+        F: FnOnce() -> io::Result<ColdRead> + Send + 'static,
     {
         let queued = Instant::now();
         self.queue_depth.fetch_add(1, Ordering::Relaxed);
         let permit = self.slots.acquire().await;
-        let throttled = self.budget.take(expected_bytes as u64).await;
+        let throttled = self.budget.take(0).await;
         self.queue_depth.fetch_sub(1, Ordering::Relaxed);
         self.wait_us_total
             .fetch_add(queued.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -139,13 +151,12 @@ impl ColdReads {
             .await
             .unwrap_or_else(|e| Err(io::Error::other(format!("cold read: {e}"))));
         drop(permit);
-        if let Ok(bytes) = &result {
-            self.reads.fetch_add(1, Ordering::Relaxed);
-            self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            let extra = (bytes.len() as u64).saturating_sub(expected_bytes as u64);
-            self.budget.charge(extra).await;
-        }
-        result
+        let read = result?;
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(read.bytes.len() as u64, Ordering::Relaxed);
+        self.disk_bytes.fetch_add(read.disk_bytes, Ordering::Relaxed);
+        self.budget.charge(read.disk_bytes).await;
+        Ok(read.bytes)
     }
 
     pub fn stats(&self) -> ColdStats {
@@ -155,6 +166,7 @@ impl ColdReads {
             queue_depth: self.queue_depth.load(Ordering::Relaxed).max(0) as u64,
             reads: self.reads.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
+            disk_bytes: self.disk_bytes.load(Ordering::Relaxed),
             wait_us_total: self.wait_us_total.load(Ordering::Relaxed),
             throttled_us_total: self.throttled_us_total.load(Ordering::Relaxed),
             read_ahead_held_bytes: self.read_ahead_held_bytes.load(Ordering::Relaxed),
@@ -169,6 +181,39 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    fn read_of(len: usize) -> ColdRead {
+        ColdRead {
+            bytes: Bytes::from(vec![0u8; len]),
+            disk_bytes: len as u64,
+        }
+    }
+
+    /// The budget is charged what was read, not what was asked for: reads
+    /// that ask for a lot and find little are not held back.
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_charges_bytes_read_not_asked() {
+        let cold = ColdReads::new(1_000_000, 1);
+        let started = Instant::now();
+        for _ in 0..40 {
+            // Each would have asked for 64 MiB.
+            cold.read(|| Ok(read_of(10_000))).await.unwrap();
+        }
+        assert!(
+            started.elapsed().as_secs_f64() < 0.01,
+            "400 kB within a 1 MB/s budget"
+        );
+        assert_eq!(cold.stats().disk_bytes, 400_000);
+        // A read bigger than the balance is charged in full: the next waits.
+        cold.read(|| Ok(read_of(3_000_000))).await.unwrap();
+        let before = Instant::now();
+        cold.read(|| Ok(read_of(1))).await.unwrap();
+        let waited = before.elapsed().as_secs_f64();
+        assert!(
+            (2.3..2.6).contains(&waited),
+            "waited {waited:.3}s for a 2.4 MB debt at 1 MB/s"
+        );
+    }
+
     /// On tokio's paused clock: time moves only when every task waits, so
     /// the elapsed time is exactly what the budget imposed.
     #[tokio::test(start_paused = true)]
@@ -180,9 +225,7 @@ mod tests {
             let cold = Arc::clone(&cold);
             tasks.push(tokio::spawn(async move {
                 for _ in 0..10 {
-                    cold.read(100_000, || Ok(Bytes::from(vec![0u8; 100_000])))
-                        .await
-                        .unwrap();
+                    cold.read(|| Ok(read_of(100_000))).await.unwrap();
                 }
             }));
         }
@@ -192,10 +235,11 @@ mod tests {
         let elapsed = started.elapsed().as_secs_f64();
         let s = cold.stats();
         assert_eq!((s.reads, s.bytes), (40, 4_000_000));
-        // 4 MB at 1 MB/s with a full 1 MB bucket at the start: 3 s, give or
-        // take the last read's rounding.
+        // 4 MB at 1 MB/s with a full 1 MB bucket at the start: 3 s, less
+        // the last reads in flight (up to 4 x 100 kB), which are charged
+        // after they read and leave their debt to whoever reads next.
         assert!(
-            (2.9..3.2).contains(&elapsed),
+            (2.5..3.2).contains(&elapsed),
             "4 MB took {elapsed:.3}s under a 1 MB/s budget"
         );
         assert!(s.throttled_us_total > 0);
@@ -206,7 +250,7 @@ mod tests {
     async fn unlimited_reads_do_not_wait_for_budget() {
         let cold = ColdReads::new(0, 2);
         for _ in 0..100 {
-            cold.read(1 << 20, || Ok(Bytes::from_static(b"x"))).await.unwrap();
+            cold.read(|| Ok(read_of(1))).await.unwrap();
         }
         let s = cold.stats();
         assert_eq!((s.reads, s.bytes, s.throttled_us_total), (100, 100, 0));
@@ -226,7 +270,7 @@ mod tests {
     #[tokio::test]
     async fn errors_are_returned_and_not_counted() {
         let cold = ColdReads::new(0, 1);
-        let r = cold.read(10, || Err(io::Error::other("disk on fire"))).await;
+        let r = cold.read(|| Err(io::Error::other("disk on fire"))).await;
         assert!(r.is_err());
         assert_eq!(cold.stats().reads, 0);
     }

@@ -18,7 +18,7 @@ pub mod tail;
 pub mod tiers;
 
 pub use bulk::Bulk;
-pub use cold::{ColdReads, ColdStats};
+pub use cold::{ColdRead, ColdReads, ColdStats};
 pub use pace::Pacer;
 pub use tail::{Chunks, PartitionTail, TailCache, TailStats};
 pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers};

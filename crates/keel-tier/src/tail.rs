@@ -281,6 +281,12 @@ impl PartitionTail {
         self.cache.read(self.id, offset, end_offset, max_bytes)
     }
 
+    /// Forgets every cached batch of this partition (its log was reloaded
+    /// and may no longer hold them).
+    pub fn clear(&self) {
+        self.cache.remove(self.id);
+    }
+
     /// The first offset of the cached run, if anything is cached.
     pub fn first_offset(&self) -> Option<i64> {
         let inner = self.cache.inner.lock();

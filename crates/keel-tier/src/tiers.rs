@@ -28,14 +28,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use keel_log::batch::check_crc;
 use keel_log::{
-    find_timestamp_in_windows, read_uncached, read_windows, BatchHeader, SealedSegment, SegmentIndex, Tier,
-    TieredSegment,
+    find_timestamp_in_windows, read_uncached, read_windows, BatchHeader, SealedSegment, SegmentFile,
+    SegmentIndex, Tier, TieredSegment,
 };
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload, WriteMultipart};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 
+use crate::cold::ColdRead;
 use crate::pace::Pacer;
 
 /// Bytes moved per step of a copy or verification (and per multipart part).
@@ -215,8 +216,8 @@ impl Tiers {
         pacer: &Pacer,
     ) -> io::Result<()> {
         let store = self.store(tier)?;
-        let index = read_small(segment.index_path.clone()).await?;
-        let time_index = read_small(segment.time_index_path.clone()).await?;
+        let index = segment.index.clone();
+        let time_index = segment.time_index.clone();
         store.put(&format!("{object}.index"), index.clone()).await?;
         store
             .put(&format!("{object}.timeindex"), time_index.clone())
@@ -363,7 +364,13 @@ impl Tiers {
     /// Whole batches of a colder-tier segment from the one holding
     /// `offset`, up to `max_bytes` (at least one), CRC-checked. Blocking:
     /// call it from a blocking thread (the cold-read executor).
-    pub fn read_blocking(&self, segment: &TieredSegment, offset: i64, max_bytes: usize) -> io::Result<Bytes> {
+    pub fn read_blocking(
+        &self,
+        segment: &TieredSegment,
+        offset: i64,
+        max_bytes: usize,
+    ) -> io::Result<ColdRead> {
+        let mut disk_bytes = 0u64;
         let result = (|| {
             let index = self.index_blocking(segment)?;
             let store = self.store(segment.tier)?;
@@ -375,11 +382,15 @@ impl Tiers {
                 offset,
                 max_bytes,
                 index.window_end(start, max_bytes),
-                |pos, len| self.get_range_blocking(store, &name, pos, len),
+                |pos, len| {
+                    let got = self.get_range_blocking(store, &name, pos, len)?;
+                    disk_bytes += got.len() as u64;
+                    Ok(got)
+                },
             )
         })();
         self.count_read(&segment.object, &result);
-        result
+        result.map(|bytes| ColdRead { bytes, disk_bytes })
     }
 
     /// ListOffsets by timestamp in a colder-tier segment: `(offset,
@@ -476,7 +487,11 @@ impl Store {
 
     /// Copies `len` bytes of `src` (read uncached, chunk by chunk, each
     /// chunk paced) to `name`.
-    async fn put_file(&self, name: &str, src: &Arc<File>, len: u64, pacer: &Pacer) -> io::Result<()> {
+    async fn put_file(&self, name: &str, src: &Arc<SegmentFile>, len: u64, pacer: &Pacer) -> io::Result<()> {
+        let src = {
+            let segment = Arc::clone(src);
+            blocking(move || segment.open()).await?
+        };
         let chunks = (0..len.div_ceil(CHUNK)).map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK)));
         match self {
             Store::Dirs(dirs) => {
@@ -484,8 +499,8 @@ impl Store {
                 let dst = Arc::new(create_file(&path)?);
                 for (pos, n) in chunks {
                     pacer.take(n).await;
-                    let (src, dst) = (Arc::clone(src), Arc::clone(&dst));
-                    blocking(move || dst.write_all_at(&read_uncached(&src, pos, n)?, pos)).await?;
+                    let (src, dst) = (Arc::clone(&src), Arc::clone(&dst));
+                    blocking(move || dst.write_all_at(&src.read_uncached(pos, n, true)?, pos)).await?;
                 }
                 blocking(move || finish_file(&dst, &path)).await
             }
@@ -494,8 +509,8 @@ impl Store {
                 let mut writer = WriteMultipart::new_with_chunk_size(upload, CHUNK as usize);
                 for (pos, n) in chunks {
                     pacer.take(n).await;
-                    let src = Arc::clone(src);
-                    let data = blocking(move || read_uncached(&src, pos, n)).await;
+                    let src = Arc::clone(&src);
+                    let data = blocking(move || src.read_uncached(pos, n, true)).await;
                     let data = match data {
                         Ok(data) => data,
                         Err(e) => {
@@ -639,10 +654,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(io::Error::other(format!("tier task failed: {e}"))))
-}
-
-async fn read_small(path: PathBuf) -> io::Result<Bytes> {
-    blocking(move || fs::read(path).map(Bytes::from)).await
 }
 
 /// The capacity dir holding `name`.

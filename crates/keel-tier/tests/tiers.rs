@@ -31,6 +31,7 @@ fn filled_log(dir: &Path) -> PartitionLog {
         let headers = validate_batches(&buf).unwrap();
         log.append(&mut buf, &headers, T0).unwrap();
     }
+    log.complete_seals().unwrap();
     log
 }
 
@@ -103,14 +104,14 @@ async fn round_trip(kind: &str, tier: Tier) {
         for offset in 0..end {
             let plan = l.read_plan(offset, 1).unwrap();
             let got = match plan.tiered_segment() {
-                Some(seg) => t.read_blocking(seg, offset, 1).unwrap(),
+                Some(seg) => t.read_blocking(seg, offset, 1).unwrap().bytes,
                 None => plan.execute().unwrap(),
             };
             assert_eq!(got, reference[offset as usize], "offset {offset}");
         }
         for (i, want) in ts_reference.iter().enumerate() {
             let target = T0 + i as i64 * 10 + 1;
-            let plan = l.timestamp_plan(target).unwrap();
+            let plan = l.reader().timestamp_plan(target).unwrap();
             let got = match plan.tiered_segment() {
                 Some(seg) => t
                     .find_timestamp_blocking(seg, target, plan.log_start_offset())
@@ -126,7 +127,7 @@ async fn round_trip(kind: &str, tier: Tier) {
     assert_eq!(stats.copies as usize, log.tiered_segments().len());
     assert!(stats.read_bytes > 0 && stats.read_failures == 0, "{stats:?}");
 
-    for seg in log.tiered_segments() {
+    for seg in &log.tiered_segments() {
         tiers.delete(seg).await.unwrap();
         tiers.delete(seg).await.unwrap();
     }

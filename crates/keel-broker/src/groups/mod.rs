@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
 use records::{CommittedOffset, GroupRecord};
-use store::GroupStore;
+use store::{GroupStore, StoreError};
 
 /// The time source of the coordinator, so tests can move time by hand.
 pub trait Clock: Send + Sync {
@@ -110,8 +110,20 @@ pub struct GroupCoordinator {
 }
 
 impl GroupCoordinator {
-    /// Loads the group log and rebuilds every group. Blocking.
+    /// Loads the group log on the real filesystem and rebuilds every
+    /// group. Blocking.
     pub fn open(
+        dir: &Path,
+        config: CoordinatorConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<GroupCoordinator, String> {
+        GroupCoordinator::open_with(keel_log::DiskStorage::shared(), dir, config, clock)
+    }
+
+    /// Loads the group log through `storage` and rebuilds every group.
+    /// Blocking.
+    pub fn open_with(
+        storage: Arc<dyn keel_log::Storage>,
         dir: &Path,
         config: CoordinatorConfig,
         clock: Arc<dyn Clock>,
@@ -121,7 +133,7 @@ impl GroupCoordinator {
             retention_ms: -1,
             ..LogConfig::default()
         };
-        let store = GroupStore::open(dir, log_config, config.log_segment_bytes)?;
+        let store = GroupStore::open_with(storage, dir, log_config, config.log_segment_bytes)?;
         let now = clock.now_ms();
         let mut groups = HashMap::new();
         store.with_table(|table| {
@@ -441,6 +453,31 @@ impl GroupCoordinator {
             });
             offsets.chain(meta).collect()
         })
+    }
+
+    /// Removes every group's committed offsets of a deleted topic (Kafka's
+    /// `onPartitionsDeleted`). Returns how many were removed.
+    pub async fn remove_topic_offsets(&self, topic: &str) -> Result<usize, StoreError> {
+        let records: Vec<GroupRecord> = self.store.with_table(|table| {
+            table
+                .offsets
+                .iter()
+                .flat_map(|(group, offsets)| {
+                    offsets
+                        .keys()
+                        .filter(|(t, _)| t == topic)
+                        .map(move |(t, p)| GroupRecord::Offset {
+                            group: group.clone(),
+                            topic: t.clone(),
+                            partition: *p,
+                            value: None,
+                        })
+                })
+                .collect()
+        });
+        let n = records.len();
+        self.store.write(records).await?;
+        Ok(n)
     }
 
     /// Handles OffsetDelete. Offsets of topics an active consumer group is

@@ -16,7 +16,7 @@
 //! the snapshot's offset.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use keel_log::batch::validate_batches;
+use keel_log::storage::{read_file, remove_if_exists, sync_parent, write_atomically, Storage};
 use keel_log::{LogConfig, PartitionLog};
 use keel_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
@@ -137,15 +138,29 @@ const SNAPSHOT_BATCH_RECORDS: usize = 4096;
 const FLUSH_CHECK: Duration = Duration::from_millis(100);
 
 impl GroupStore {
-    /// Loads the newest snapshot, replays the log after it and starts the
-    /// writer thread. Blocking.
+    /// [`GroupStore::open_with`] on the real filesystem.
     pub fn open(dir: &Path, log_config: LogConfig, snapshot_bytes: u64) -> Result<GroupStore, String> {
+        GroupStore::open_with(keel_log::DiskStorage::shared(), dir, log_config, snapshot_bytes)
+    }
+
+    /// Loads the newest snapshot, replays the log after it and starts the
+    /// writer thread. Every file operation goes through `storage`. Blocking.
+    pub fn open_with(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        log_config: LogConfig,
+        snapshot_bytes: u64,
+    ) -> Result<GroupStore, String> {
         let snapshots = dir.join("snapshots");
-        std::fs::create_dir_all(&snapshots).map_err(|e| format!("{}: {e}", snapshots.display()))?;
-        let (snapshot_offset, mut table) = load_snapshot(&snapshots)?;
+        let created = storage
+            .create_dir_all(&snapshots)
+            .and_then(|()| sync_parent(storage.as_ref(), &snapshots))
+            .and_then(|()| sync_parent(storage.as_ref(), dir));
+        created.map_err(|e| format!("{}: {e}", snapshots.display()))?;
+        let (snapshot_offset, mut table) = load_snapshot(storage.as_ref(), &snapshots)?;
         let log_dir = dir.join("log");
-        let log =
-            PartitionLog::open(&log_dir, log_config).map_err(|e| format!("{}: {e}", log_dir.display()))?;
+        let log = PartitionLog::open_with(Arc::clone(&storage), &log_dir, log_config)
+            .map_err(|e| format!("{}: {e}", log_dir.display()))?;
         if log.log_start_offset() > snapshot_offset {
             return Err(format!(
                 "{}: the log starts at offset {} but no snapshot covers the records before it",
@@ -165,6 +180,7 @@ impl GroupStore {
         let (tx, rx) = mpsc::channel();
         let mut writer = Writer {
             log,
+            storage,
             snapshots,
             table: Arc::clone(&table),
             bytes_since_snapshot: 0,
@@ -226,6 +242,7 @@ impl Drop for GroupStore {
 
 struct Writer {
     log: PartitionLog,
+    storage: Arc<dyn Storage>,
     snapshots: PathBuf,
     table: Arc<Mutex<GroupTable>>,
     bytes_since_snapshot: u64,
@@ -284,10 +301,17 @@ impl Writer {
     fn append(&mut self, records: &[&GroupRecord]) -> Result<(), StoreError> {
         let mut buf = encode_batch(records.iter().copied(), now_ms()).map_err(StoreError)?;
         let headers = validate_batches(&buf).map_err(|e| StoreError(e.to_string()))?;
-        self.log
+        let info = self
+            .log
             .append(&mut buf, &headers, now_ms())
             .map_err(|e| StoreError(e.to_string()))?;
         self.bytes_since_snapshot += buf.len() as u64;
+        if info.rolled {
+            // This thread is the group log's only writer: its seals (index
+            // files, fsync of the rolled segment) are done here, after the
+            // append they followed.
+            self.log.complete_seals().map_err(|e| StoreError(e.to_string()))?;
+        }
         Ok(())
     }
 
@@ -310,18 +334,11 @@ impl Writer {
             let batch = encode_batch(chunk.iter(), now_ms()).map_err(io::Error::other)?;
             contents.extend_from_slice(&batch);
         }
-        let path = self.snapshots.join(format!("{offset:020}.{SNAPSHOT_SUFFIX}"));
-        let tmp = path.with_extension("tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&contents)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(&self.snapshots)?.sync_all()?;
-        for (older, _) in list_snapshots(&self.snapshots)? {
+        let storage = self.storage.as_ref();
+        write_atomically(storage, &snapshot_path(&self.snapshots, offset), &contents)?;
+        for (older, path) in list_snapshots(storage, &self.snapshots)? {
             if older < offset {
-                std::fs::remove_file(snapshot_path(&self.snapshots, older))?;
+                remove_if_exists(storage, &path)?;
             }
         }
         self.log.delete_records_before(offset).map_err(io::Error::other)?;
@@ -346,10 +363,10 @@ fn snapshot_path(dir: &Path, offset: i64) -> PathBuf {
 
 /// Snapshot files by offset, oldest first. Leftover temporary files from a
 /// crash mid-snapshot are removed.
-fn list_snapshots(dir: &Path) -> io::Result<Vec<(i64, PathBuf)>> {
+fn list_snapshots(storage: &dyn Storage, dir: &Path) -> io::Result<Vec<(i64, PathBuf)>> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
+    for entry in storage.read_dir(dir)? {
+        let path = dir.join(&entry.name);
         match path.extension().and_then(|e| e.to_str()) {
             Some(SNAPSHOT_SUFFIX) => {
                 if let Some(offset) = path
@@ -360,7 +377,7 @@ fn list_snapshots(dir: &Path) -> io::Result<Vec<(i64, PathBuf)>> {
                     found.push((offset, path));
                 }
             }
-            Some("tmp") => std::fs::remove_file(&path)?,
+            Some("tmp") => remove_if_exists(storage, &path)?,
             _ => {}
         }
     }
@@ -369,12 +386,14 @@ fn list_snapshots(dir: &Path) -> io::Result<Vec<(i64, PathBuf)>> {
 }
 
 /// The newest snapshot: its offset (0 if none) and table.
-fn load_snapshot(dir: &Path) -> Result<(i64, GroupTable), String> {
-    let snapshots = list_snapshots(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn load_snapshot(storage: &dyn Storage, dir: &Path) -> Result<(i64, GroupTable), String> {
+    let snapshots = list_snapshots(storage, dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let Some((offset, path)) = snapshots.last() else {
         return Ok((0, GroupTable::default()));
     };
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = read_file(storage, path)
+        .and_then(|b| b.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished")))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut table = GroupTable::default();
     validate_batches(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     for record in decode_records(Bytes::from(bytes)).map_err(|e| format!("{}: {e}", path.display()))? {
@@ -519,7 +538,11 @@ mod tests {
         // 2000 commits of ~100 bytes each were written; the snapshots keep
         // the log to a few segments.
         assert!(log_bytes < 64 * 1024, "group log holds {log_bytes} bytes");
-        assert!(!list_snapshots(&dir.path().join("snapshots")).unwrap().is_empty());
+        assert!(
+            !list_snapshots(&keel_log::DiskStorage, &dir.path().join("snapshots"))
+                .unwrap()
+                .is_empty()
+        );
         let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
         store.with_table(|t| {
             let g = &t.offsets["g"];
@@ -546,6 +569,7 @@ mod tests {
             .map(|e| e.unwrap().path())
             .find(|p| p.extension().is_some_and(|e| e == "log"))
             .unwrap();
+        use std::io::Write;
         let mut f = std::fs::OpenOptions::new().append(true).open(&segment).unwrap();
         f.write_all(&[0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 1]).unwrap();
         let store = GroupStore::open(dir.path(), LogConfig::default(), u64::MAX).unwrap();

@@ -51,6 +51,7 @@ pub(crate) async fn create_topic(
         topic_id: Uuid::new_v4(),
         partitions,
         configs,
+        deleting: false,
     };
     if validate_only {
         return Ok(meta);
@@ -76,7 +77,7 @@ async fn open_and_save(
     let b = Arc::clone(broker);
     let m = meta.clone();
     tokio::task::spawn_blocking(move || {
-        let parts = b.open_partitions(&m, from)?;
+        let parts = b.open_partitions(&m, from, false)?;
         b.store.save(&m).map_err(|e| e.to_string())?;
         Ok::<_, String>(parts)
     })
@@ -226,6 +227,13 @@ pub async fn delete_topics(broker: &Arc<Broker>, req: DeleteTopicsRequest) -> De
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
+/// Deletes a topic so that nothing of it can touch a topic created after it
+/// under the same name: its description is marked `deleting` (the commit
+/// point), its partitions are fenced (a write in progress finishes first)
+/// and their directories renamed to `<topic>-<p>.<id>-delete` durably, then
+/// the description goes. The directories are removed in the background, the
+/// colder copies deleted from their tiers, and every group's committed
+/// offsets of the topic removed, as Kafka does.
 async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), AdminError> {
     if broker.config.get("delete.topic.enable") != "true" {
         return Err((
@@ -234,20 +242,32 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
         ));
     }
     let _admin = broker.admin.lock().await;
-    broker.topics.remove(&topic.meta.name);
-    // Colder copies go with the topic; the manifests go with its dirs.
-    let tiered: Vec<_> = topic
-        .partitions
-        .iter()
-        .flat_map(|p| p.with_log(|log| log.tiered_segments().to_vec()))
-        .collect();
     let b = Arc::clone(broker);
-    let meta = topic.meta.clone();
-    tokio::task::spawn_blocking(move || b.store.delete(&meta))
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()))
-        .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    let t = Arc::clone(&topic);
+    let tiered = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<keel_log::TieredSegment>> {
+        b.store.mark_deleting(&t.meta)?;
+        b.topics.remove(&t.meta.name);
+        let unique = t.meta.topic_id.simple().to_string();
+        let (mut tiered, mut retired) = (Vec::new(), Vec::new());
+        for p in &t.partitions {
+            match p.fence() {
+                Some(log) => {
+                    let (dir, copies) = log.retire(&unique)?;
+                    retired.push(dir);
+                    tiered.extend(copies);
+                }
+                // An offline partition has no open log: rename its directory.
+                None => retired.extend(b.store.retire_partition_dir(&t.meta, p.index)?),
+            }
+        }
+        b.store.remove_meta(&t.meta.name)?;
+        b.remove_in_background(retired);
+        Ok(tiered)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    .map_err(|e| (ResponseError::KafkaStorageError, e))?;
     if !tiered.is_empty() {
         let b = Arc::clone(broker);
         let name = topic.meta.name.clone();
@@ -258,6 +278,15 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
                 }
             }
         });
+    }
+    match broker.groups.remove_topic_offsets(&topic.meta.name).await {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::info!(topic = %topic.meta.name, offsets = n, "removed committed offsets of a deleted topic")
+        }
+        Err(e) => {
+            tracing::warn!(topic = %topic.meta.name, error = %e, "cannot remove committed offsets of a deleted topic")
+        }
     }
     tracing::info!(topic = %topic.meta.name, "deleted topic");
     Ok(())

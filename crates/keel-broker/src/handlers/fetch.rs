@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_log::ReadError;
 use keel_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
@@ -13,7 +12,7 @@ use keel_tier::Chunks;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::partition::{Partition, ReadSource, LEADER_EPOCH};
+use crate::partition::{Partition, ReadFailure, ReadSource, LEADER_EPOCH};
 use crate::Broker;
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
@@ -111,12 +110,21 @@ impl FetchAnswer {
 
 pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
     let (topics, targets) = resolve(broker, &req);
+    // The request's limit, within the broker's `fetch.max.bytes`.
+    let broker_max = usize::try_from(broker.config.num("fetch.max.bytes")).unwrap_or(DEFAULT_FETCH_MAX_BYTES);
     let total_max = usize::try_from(req.max_bytes)
         .ok()
         .filter(|m| *m > 0)
-        .unwrap_or(DEFAULT_FETCH_MAX_BYTES);
+        .unwrap_or(DEFAULT_FETCH_MAX_BYTES)
+        .min(broker_max.max(1));
     let min_bytes = usize::try_from(req.min_bytes).unwrap_or(0);
-    let max_wait = Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0));
+    // Kafka answers at once when there is nothing to wait for: no
+    // partitions, or no minimum to reach.
+    let max_wait = if targets.is_empty() || min_bytes == 0 {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0))
+    };
     let deadline = Instant::now() + max_wait;
     let waiter = Arc::new(Notify::new());
     loop {
@@ -129,6 +137,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
         }
         let (partitions, mut bytes, failed) = read_all(&targets, total_max, deadline).await;
         let done = bytes >= min_bytes.max(1) || failed || Instant::now() >= deadline;
+        let done = done || targets.is_empty();
         if done
             || tokio::time::timeout_at(deadline, waiter.notified())
                 .await
@@ -185,7 +194,14 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
 /// Reads every target once. Returns the per-target results (in target
 /// order), the bytes read, and whether any target failed.
 ///
-/// Sources are resolved under each partition's lock without I/O: tail cache
+/// Partitions are read in request order against what is left of the
+/// request's budget, as Kafka does: each gets at most the smaller of its
+/// own limit and the remainder; only the first with data may go over
+/// (by one batch, KIP-74), and once the budget is spent the rest are not
+/// read at all. A read of the log files reserves its whole share before it
+/// runs, so the bytes taken from disk stay within the budget too.
+///
+/// Sources are resolved from each partition's view without I/O: tail cache
 /// and read-ahead hits are data at once. Reads of the log files start
 /// together on the cold executor. When the tail part already has data, the
 /// cold part is waited for only until `deadline`; a cold read still running
@@ -193,16 +209,31 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
 async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (Vec<PartData>, usize, bool) {
     let mut results: Vec<Option<Result<Chunks, Failure>>> = Vec::with_capacity(targets.len());
     let mut cold = Vec::new();
+    let mut remaining = total_max;
+    let mut any_data = false;
     for (i, t) in targets.iter().enumerate() {
-        match plan(t) {
-            Ok(Some(ReadSource::Memory(bytes))) => results.push(Some(Ok(bytes))),
+        let budget = t.max_bytes.min(remaining);
+        if any_data && budget == 0 {
+            results.push(Some(Ok(Chunks::default())));
+            continue;
+        }
+        match plan(t, budget) {
+            Ok(Some(ReadSource::Memory(bytes))) => {
+                remaining = remaining.saturating_sub(bytes.len());
+                any_data |= !bytes.is_empty();
+                results.push(Some(Ok(bytes)));
+            }
             Ok(Some(ReadSource::Disk(plan))) if !plan.is_empty() => {
                 let p = t.partition.as_ref().expect("planned partitions exist");
-                cold.push((i, p.spawn_cold_read(t.fetch_offset, plan, t.max_bytes)));
+                cold.push((i, p.spawn_cold_read(t.fetch_offset, plan, budget)));
+                remaining = remaining.saturating_sub(budget);
+                any_data = true;
                 results.push(None);
             }
             Ok(Some(ReadSource::Pending(rx))) => {
                 cold.push((i, rx));
+                remaining = remaining.saturating_sub(budget);
+                any_data = true;
                 results.push(None);
             }
             Ok(_) => results.push(Some(Ok(Chunks::default()))),
@@ -223,7 +254,7 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
                 }
                 Ok(bytes.into())
             }
-            Ok(Ok(Err(e))) => Err(Failure::new(ResponseError::KafkaStorageError, &e.to_string())),
+            Ok(Ok(Err(e))) => Err(cold_failure(&targets[i], &e)),
             Ok(Err(_)) => Err(Failure::new(
                 ResponseError::UnknownServerError,
                 "cold read task ended",
@@ -231,6 +262,8 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
             Err(_) => Ok(Chunks::default()),
         });
     }
+    // Held read-ahead may be larger than this fetch's share: the budget
+    // holds for the response in any case.
     let results = limit_total(
         results.into_iter().map(|r| r.expect("every target resolved")),
         total_max,
@@ -259,18 +292,35 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
     (out, bytes, failed)
 }
 
-fn plan(t: &Target) -> Result<Option<ReadSource>, Failure> {
+/// A failed read of the log files: a segment deleted between planning and
+/// reading means the offset fell below the log start (retention won the
+/// race); anything else is a storage error.
+fn cold_failure(t: &Target, e: &std::io::Error) -> Failure {
+    if let (std::io::ErrorKind::NotFound, Ok(p)) = (e.kind(), &t.partition) {
+        if t.fetch_offset < p.log_start_offset() {
+            return Failure {
+                error: ResponseError::OffsetOutOfRange,
+                high_watermark: p.high_watermark(),
+                log_start_offset: p.log_start_offset(),
+            };
+        }
+    }
+    Failure::new(ResponseError::KafkaStorageError, &e.to_string())
+}
+
+fn plan(t: &Target, budget: usize) -> Result<Option<ReadSource>, Failure> {
     let p = t.partition.as_ref().map_err(|e| Failure::new(*e, ""))?;
     if t.max_bytes == 0 {
         return Ok(None);
     }
-    match p.read(t.fetch_offset, t.max_bytes) {
+    match p.read(t.fetch_offset, budget.max(1)) {
         Ok(source) => Ok(Some(source)),
-        Err(ReadError::OffsetOutOfRange { .. }) => Err(Failure {
+        Err(ReadFailure::OffsetOutOfRange) => Err(Failure {
             error: ResponseError::OffsetOutOfRange,
             high_watermark: p.high_watermark(),
             log_start_offset: p.log_start_offset(),
         }),
+        Err(ReadFailure::Storage(why)) => Err(Failure::new(ResponseError::KafkaStorageError, &why)),
     }
 }
 

@@ -17,13 +17,17 @@ use super::partition_of;
 use crate::partition::{Partition, LEADER_EPOCH};
 use crate::Broker;
 
-/// ListOffsets' special timestamps. The answer carries a leader epoch from v4 on.
+/// ListOffsets' special timestamps (Kafka's `ListOffsetsRequest`). The
+/// answer carries a leader epoch from v4 on.
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
+/// KIP-405: the first offset still in the local (fast) tier.
 const EARLIEST_LOCAL: i64 = -4;
-const EARLIEST_PENDING_UPLOAD: i64 = -5;
-const LATEST_TIERED: i64 = -6;
+/// KIP-1005: the highest offset copied to the remote tier.
+const LATEST_TIERED: i64 = -5;
+/// KIP-1023: the first offset not yet copied to the remote tier.
+const EARLIEST_PENDING_UPLOAD: i64 = -6;
 
 pub async fn list_offsets(
     broker: &Arc<Broker>,
@@ -35,8 +39,12 @@ pub async fn list_offsets(
         let mut partitions = Vec::new();
         for p in t.partitions {
             let base = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+            let tiered = broker
+                .topics
+                .get(t.name.0.as_str())
+                .is_some_and(|topic| broker.config.tier_policy(&topic.meta.configs).tier.is_some());
             let r = match partition_of(broker, t.name.0.as_str(), p.partition_index) {
-                Ok(partition) => match offset_at(&partition, p.timestamp).await {
+                Ok(partition) => match offset_at(&partition, p.timestamp, tiered).await {
                     Ok((offset, timestamp)) => base
                         .with_offset(offset)
                         .with_timestamp(timestamp)
@@ -62,13 +70,20 @@ pub async fn list_offsets(
 
 /// `(offset, timestamp)` for one ListOffsets query; (-1, -1) when no record
 /// matches a timestamp, as in Kafka.
-async fn offset_at(p: &Partition, timestamp: i64) -> Result<(i64, i64), ResponseError> {
+async fn offset_at(p: &Partition, timestamp: i64, tiered: bool) -> Result<(i64, i64), ResponseError> {
+    if p.unavailable().is_some() {
+        return Err(ResponseError::KafkaStorageError);
+    }
+    let reader = p.reader().ok_or(ResponseError::KafkaStorageError)?;
     match timestamp {
-        LATEST | LATEST_TIERED => Ok((p.high_watermark(), -1)),
-        EARLIEST | EARLIEST_LOCAL | EARLIEST_PENDING_UPLOAD => Ok((p.log_start_offset(), -1)),
+        LATEST => Ok((p.high_watermark(), -1)),
+        EARLIEST => Ok((p.log_start_offset(), -1)),
+        EARLIEST_LOCAL => Ok((tiered_offsets(&reader, p, tiered).earliest_local, -1)),
+        LATEST_TIERED => Ok((tiered_offsets(&reader, p, tiered).latest_tiered, -1)),
+        EARLIEST_PENDING_UPLOAD => Ok((tiered_offsets(&reader, p, tiered).earliest_pending_upload, -1)),
         // The record holding the largest timestamp is the first record
         // whose timestamp reaches it.
-        MAX_TIMESTAMP => match p.with_log(|log| log.max_timestamp()) {
+        MAX_TIMESTAMP => match reader.max_timestamp() {
             Some((max_ts, _)) => by_timestamp(p, max_ts).await,
             None => Ok((-1, -1)),
         },
@@ -77,10 +92,46 @@ async fn offset_at(p: &Partition, timestamp: i64) -> Result<(i64, i64), Response
     }
 }
 
+/// The tier-related offsets of ListOffsets, from the tier manifest.
+struct TieredOffsets {
+    earliest_local: i64,
+    latest_tiered: i64,
+    earliest_pending_upload: i64,
+}
+
+/// Kafka's answers: the earliest local offset is where the local segments
+/// begin (the log start offset if that is higher); the latest tiered offset
+/// is the last offset with a verified copy in a colder tier (-1 if none);
+/// the earliest pending upload is the first offset not copied yet (-1 when
+/// everything is, or the topic has no colder tier).
+fn tiered_offsets(reader: &keel_log::LogReader, p: &Partition, tiered: bool) -> TieredOffsets {
+    let start = p.log_start_offset();
+    let first_local = reader.segment_base_offsets().first().copied().unwrap_or(start);
+    let copied_end = reader
+        .tiered_segments()
+        .iter()
+        .filter(|t| matches!(t.state, keel_log::TierState::Both | keel_log::TierState::Cold))
+        .map(|t| t.next_offset)
+        .max();
+    let hw = p.high_watermark();
+    TieredOffsets {
+        earliest_local: first_local.max(start),
+        latest_tiered: copied_end.map_or(-1, |end| end - 1),
+        earliest_pending_upload: match copied_end.unwrap_or(start).max(start) {
+            _ if !tiered => -1,
+            next if next >= hw => -1,
+            next => next,
+        },
+    }
+}
+
 /// The first record whose timestamp is at least `t`; the file is read on
 /// a blocking thread after the plan is made under the partition lock.
 async fn by_timestamp(p: &Partition, t: i64) -> Result<(i64, i64), ResponseError> {
-    let Some(plan) = p.timestamp_plan(t) else {
+    let Some(plan) = p
+        .timestamp_plan(t)
+        .map_err(|_| ResponseError::KafkaStorageError)?
+    else {
         return Ok((-1, -1));
     };
     let found = tokio::task::spawn_blocking(p.timestamp_reader(plan))
@@ -176,4 +227,5 @@ fn delete_before(p: &Partition, offset: i64) -> Result<i64, ResponseError> {
             Err(ResponseError::KafkaStorageError)
         }
     })
+    .unwrap_or(Err(ResponseError::KafkaStorageError))
 }

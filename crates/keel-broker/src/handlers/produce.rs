@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_log::batch::{
-    set_log_append_time, validate_batches, BatchError, BatchHeader, RecordTimestamps, NO_TIMESTAMP,
+    set_log_append_time, validate_batches, validate_records, BatchError, BatchHeader, RecordTimestamps,
+    NO_TIMESTAMP,
 };
 use keel_protocol::messages::produce_response::{
     BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
@@ -88,20 +89,31 @@ async fn produce_partition(
     }
 }
 
-/// Validates a partition's records before they reach the log: whole v2
-/// batches with valid CRCs, each within `max.message.bytes`.
+/// Validates a partition's records before they reach the log, as Kafka's
+/// `ProduceRequest.validateRecords` and `LogValidator` do: exactly one
+/// whole v2 batch with a valid CRC, within `max.message.bytes`, whose
+/// header agrees with itself (record count = last offset delta + 1, a
+/// sequence when it names a producer) and, when uncompressed, with its
+/// records. Anything else is refused before it can cost an offset.
 fn check_records(
     records: &[u8],
     max_batch_bytes: usize,
 ) -> Result<Vec<BatchHeader>, (ResponseError, String)> {
-    let headers = validate_batches(records).map_err(|e| {
-        let error = match e {
-            BatchError::UnsupportedMagic(_) => ResponseError::UnsupportedForMessageFormat,
-            _ => ResponseError::CorruptMessage,
-        };
-        (error, e.to_string())
+    let invalid = |message: String| (ResponseError::InvalidRecord, message);
+    let headers = validate_batches(records).map_err(|e| match e {
+        BatchError::UnsupportedMagic(m) => invalid(format!(
+            "produce requests may only carry record batches with magic 2, not {m}"
+        )),
+        BatchError::InvalidOffsetDelta(_) | BatchError::InvalidRecordCount(_) => invalid(e.to_string()),
+        _ => (ResponseError::CorruptMessage, e.to_string()),
     })?;
-    if let Some(h) = headers.iter().find(|h| h.total_len() > max_batch_bytes) {
+    let [h] = headers[..] else {
+        return Err(invalid(format!(
+            "produce requests may carry exactly one record batch per partition, not {}",
+            headers.len()
+        )));
+    };
+    if h.total_len() > max_batch_bytes {
         return Err((
             ResponseError::MessageTooLarge,
             format!(
@@ -110,15 +122,25 @@ fn check_records(
             ),
         ));
     }
-    if let Some(h) = headers.iter().find(|h| h.is_transactional() || h.is_control()) {
-        return Err((
-            ResponseError::InvalidRecord,
-            format!(
-                "transactional batches are not supported (producer {})",
-                h.producer_id
-            ),
-        ));
+    if h.is_transactional() || h.is_control() {
+        return Err(invalid(format!(
+            "transactional batches are not supported (producer {})",
+            h.producer_id
+        )));
     }
+    if h.records_count <= 0 || i64::from(h.last_offset_delta) + 1 != i64::from(h.records_count) {
+        return Err(invalid(format!(
+            "inconsistent batch offset range and record count: last offset delta {}, {} records",
+            h.last_offset_delta, h.records_count
+        )));
+    }
+    if h.producer_id >= 0 && h.base_sequence < 0 {
+        return Err(invalid(format!(
+            "invalid sequence number {} in a batch of producer {}",
+            h.base_sequence, h.producer_id
+        )));
+    }
+    validate_records(records, &h).map_err(invalid)?;
     Ok(headers)
 }
 
@@ -306,13 +328,10 @@ pub async fn init_producer_id(broker: &Arc<Broker>, req: InitProducerIdRequest) 
         // Transactions need a transaction coordinator, which Keel lacks.
         return resp.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
     }
-    // An idempotent producer re-initialising with its id (KIP-360) gets the
-    // next epoch of the same id, which resets its sequences.
-    if req.producer_id.0 >= 0 && req.producer_epoch >= 0 && req.producer_epoch < i16::MAX - 1 {
-        return resp
-            .with_producer_id(req.producer_id)
-            .with_producer_epoch(req.producer_epoch + 1);
-    }
+    // Without a transactional id Kafka always hands out a fresh producer id
+    // (epoch 0), whatever id and epoch the request names: nothing proves
+    // the caller owns them, so bumping their epoch would let any client
+    // fence another producer.
     let b = Arc::clone(broker);
     match tokio::task::spawn_blocking(move || b.producer_ids.lock().allocate()).await {
         Ok(Ok(id)) => resp.with_producer_id(ProducerId(id)).with_producer_epoch(0),

@@ -8,11 +8,13 @@ use keel_log::testing::simple_batch;
 use keel_log::{AppendInfo, PartitionLog};
 
 /// Appends `batches` in one call (group commit) and returns the info plus
-/// the batches as stored (with their assigned base offsets).
+/// the batches as stored (with their assigned base offsets). A roll's seal
+/// work is done at once, as the broker's background thread would.
 pub fn append(log: &mut PartitionLog, batches: &[Vec<u8>], now_ms: i64) -> (AppendInfo, Vec<Vec<u8>>) {
     let mut buf: Vec<u8> = batches.concat();
     let headers = validate_batches(&buf).expect("test batches are valid");
     let info = log.append(&mut buf, &headers, now_ms).expect("append");
+    log.complete_seals().expect("seal");
     let mut stored = Vec::new();
     let mut pos = 0;
     for h in &headers {
