@@ -104,11 +104,15 @@ class Broker:
     restartable = True
     has_admin = True
 
-    def __init__(self, data_dir: Path, log_path: Path, sets: dict[str, str] | None = None):
+    def __init__(self, data_dir: Path, log_path: Path, sets: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None, nofile: int | None = None):
         self.bin = Path(os.environ.get("KEEL_BIN", REPO / "target" / "debug" / "keel"))
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path)
         self.sets = dict(sets or {})
+        # Extra environment (KEEL_FAILPOINTS=1), and a hard open-files limit.
+        self.env = dict(env or {})
+        self.nofile = nofile
         self.port = free_port()
         self.admin: str | None = None
         if self.has_admin:
@@ -143,8 +147,15 @@ class Broker:
         log = open(self.log_path, "ab")
         log.write(f"\n===== start #{self.starts}: {' '.join(self.command())}\n".encode())
         log.flush()
+        nofile = self.nofile
+
+        def limit():
+            if nofile is not None:
+                import resource
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env=dict(os.environ, **self.env),
+                                     preexec_fn=limit if nofile is not None else None)
         log.close()
         self._wait_ready()
 
@@ -284,16 +295,16 @@ class ExternalBroker:
 
 # ---------------------------------------------------------------- fixtures
 
-def _make_broker(tmp_path_factory, name: str, sets=None):
+def _make_broker(tmp_path_factory, name: str, sets=None, **options):
     if EXTERNAL_BOOTSTRAP:
-        if sets:
+        if sets or options:
             pytest.skip("needs --set overrides on a broker the suite starts")
         return ExternalBroker(EXTERNAL_BOOTSTRAP)
     # pytest keeps the last few runs' tmp dirs, so broker logs and data of a
     # failed run can be inspected afterwards.
     base = tmp_path_factory.mktemp(f"keel-{name}")
     cls = KafkaLabBroker if IMPL == "kafka" else Broker
-    b = cls(base / "data", base / "broker.log", sets=sets)
+    b = cls(base / "data", base / "broker.log", sets=sets, **options)
     b.start()
     return b
 
@@ -318,11 +329,13 @@ def broker(tmp_path_factory):
 
 @pytest.fixture
 def broker_factory(tmp_path_factory):
-    """broker_factory(sets={...}) -> a fresh broker started with --set overrides."""
+    """broker_factory(sets={...}, env={...}, nofile=N) -> a fresh broker
+    started with --set overrides (and extra environment, a hard open-files
+    limit)."""
     made = []
 
-    def make(sets=None):
-        b = _register(_make_broker(tmp_path_factory, "fn", sets))
+    def make(sets=None, **options):
+        b = _register(_make_broker(tmp_path_factory, "fn", sets, **options))
         made.append(b)
         return b
     yield make

@@ -565,6 +565,7 @@ impl Broker {
                 if p.unavailable().is_some() {
                     continue;
                 }
+                p.spawn_seals();
                 let result = p.with_log(|log| {
                     if log.needs_time_flush(now) {
                         log.flush()

@@ -452,10 +452,13 @@ impl Partition {
 
     /// Runs the log's queued seals (index files and fsync of rolled
     /// segments, producer snapshots) on a blocking thread, unless one is
-    /// already doing it. Appends never wait for them.
-    fn spawn_seals(self: &Arc<Self>) {
-        let sealer = match &self.writer.lock().log {
-            Some(log) if log.sealer().has_pending() => Arc::clone(log.sealer()),
+    /// already doing it. Appends never wait for them. Called after appends,
+    /// and by the broker's flush timer so that a seal that failed for want
+    /// of a descriptor or disk space is retried.
+    pub fn spawn_seals(self: &Arc<Self>) {
+        let sealer = match self.writer.try_lock().as_deref() {
+            Some(Writer { log: Some(log), .. }) if log.sealer().has_pending() => Arc::clone(log.sealer()),
+            // Busy: the writer spawns the seals itself after its append.
             _ => return,
         };
         if self.sealing.swap(true, Ordering::AcqRel) {
@@ -467,10 +470,15 @@ impl Partition {
         let name = format!("{}-{}", self.topic, self.index);
         let run = move || {
             loop {
-                if let Err(e) = sealer.run_pending() {
-                    health.take_offline(&format!("{name}: {e}"));
+                let failed = sealer.run_pending().is_err();
+                if let Some(why) = sealer.failure() {
+                    health.take_offline(&format!("{name}: {why}"));
                 }
                 sealing.store(false, Ordering::Release);
+                if failed {
+                    // Retried by the broker's flush timer, not in a loop.
+                    return;
+                }
                 // Work queued after the run looked: take it, unless another
                 // thread already did.
                 if !sealer.has_pending() || sealing.swap(true, Ordering::AcqRel) {

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use keel_broker::health::DirHealth;
 use keel_broker::partition::{Partition, PartitionParts};
 use keel_log::batch::{validate_batches, BatchHeader};
+use keel_log::faults::FaultyStorage;
 use keel_log::testing::BatchBuilder;
 use keel_log::LogConfig;
 use keel_protocol::ResponseError;
@@ -49,6 +50,143 @@ fn parts(
         cold,
         tiers: no_tiers(),
     }
+}
+
+/// A partition on storage with fault injection, and the injector.
+fn faulty(dir: &std::path::Path, config: LogConfig) -> (Arc<Partition>, FaultyStorage, Arc<DirHealth>) {
+    let faults = FaultyStorage::new(keel_log::DiskStorage::shared());
+    let health = DirHealth::new(dir);
+    let mut p = parts(
+        dir,
+        config,
+        keel_tier::TailCache::new(1 << 20).partition(),
+        cold(),
+    );
+    p.storage = Arc::new(faults.clone());
+    p.health = Arc::clone(&health);
+    (Arc::new(Partition::open(p).unwrap()), faults, health)
+}
+
+/// Every batch in the log from offset 0, by base offset.
+fn log_contents(p: &Partition) -> Vec<(i64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut offset = p.log_start_offset();
+    while offset < p.high_watermark() {
+        let bytes = p.read_plan(offset, 1 << 20).unwrap().execute().unwrap();
+        let mut at = 0;
+        for h in validate_batches(&bytes).unwrap() {
+            out.push((h.base_offset, bytes[at..at + h.total_len()][61..].to_vec()));
+            at += h.total_len();
+            offset = h.last_offset() + 1;
+        }
+    }
+    out
+}
+
+/// A panic inside the writer (here injected into its `write`) fails the
+/// requests of that group, reloads the log from disk, and the partition
+/// keeps taking appends at the right offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_writer_fails_its_requests_and_the_partition_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, faults, health) = faulty(dir.path(), LogConfig::default());
+    for _ in 0..3 {
+        let (b, h) = batch(None, 2);
+        p.append(b, h).await.unwrap();
+    }
+    faults.add_text("write panic path=.log times=1").unwrap();
+    let (b, h) = batch(None, 2);
+    let err = p.append(b, h).await.unwrap_err();
+    assert_eq!(err.error, ResponseError::KafkaStorageError, "{err:?}");
+    assert!(!health.is_offline(), "a panic is not a storage failure");
+    for i in 0..3 {
+        let (b, h) = batch(None, 1);
+        assert_eq!(
+            p.append(b, h).await.unwrap().base_offset,
+            6 + i,
+            "offsets continue"
+        );
+    }
+    assert_eq!(p.high_watermark(), 9);
+    assert_eq!(log_contents(&p).len(), 6);
+}
+
+/// After a failed fsync the log dir goes offline: the append that needed
+/// it fails, and so does every later one, with KAFKA_STORAGE_ERROR. A
+/// restart recovers, and an idempotent retry of the failed append is not
+/// stored twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_takes_the_dir_offline_and_a_retry_is_not_stored_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        flush_messages: 1,
+        ..LogConfig::default()
+    };
+    let (p, faults, health) = faulty(dir.path(), config.clone());
+    let (b0, h0) = batch(Some((7, 0)), 2);
+    assert_eq!(p.append(b0, h0).await.unwrap().base_offset, 0);
+    faults.add_text("sync eio path=.log times=1").unwrap();
+    let (b1, h1) = batch(Some((7, 2)), 2);
+    let err = p.append(b1.clone(), h1.clone()).await.unwrap_err();
+    assert_eq!(err.error, ResponseError::KafkaStorageError);
+    assert!(health.is_offline());
+    assert!(p.unavailable().unwrap().contains("fsync") || p.unavailable().unwrap().contains("injected"));
+    let (b2, h2) = batch(None, 1);
+    assert_eq!(
+        p.append(b2, h2).await.unwrap_err().error,
+        ResponseError::KafkaStorageError
+    );
+    assert!(matches!(
+        p.read(0, 1 << 20),
+        Err(keel_broker::partition::ReadFailure::Storage(_))
+    ));
+    drop(p);
+    // The restart: the retry of the failed batch is a duplicate if the
+    // batch survived, and new data if it did not; never both.
+    let p = Arc::new(
+        Partition::open(parts(
+            dir.path(),
+            config,
+            keel_tier::TailCache::new(1 << 20).partition(),
+            cold(),
+        ))
+        .unwrap(),
+    );
+    let retry = p.append(b1, h1).await.unwrap().base_offset;
+    assert_eq!(retry, 2);
+    let (b3, h3) = batch(Some((7, 4)), 1);
+    assert_eq!(p.append(b3, h3).await.unwrap().base_offset, 4);
+    assert_eq!(log_contents(&p).len(), 3);
+}
+
+/// A roll whose new segment cannot be created (no descriptor left) fails
+/// that append cleanly and leaves nothing behind; the next append rolls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_roll_fails_the_append_and_leaves_no_stray_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        segment_bytes: 150,
+        ..LogConfig::default()
+    };
+    let (p, faults, health) = faulty(dir.path(), config);
+    let (b, h) = batch(None, 3);
+    p.append(b, h).await.unwrap();
+    let logs = |d: &std::path::Path| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log"))
+            .count()
+    };
+    assert_eq!(logs(dir.path()), 1);
+    faults.add_text("open emfile times=1").unwrap();
+    let (b, h) = batch(None, 3);
+    let err = p.append(b, h).await.unwrap_err();
+    assert_eq!(err.error, ResponseError::KafkaStorageError);
+    assert!(!health.is_offline(), "a failed open is not a storage failure");
+    assert_eq!(logs(dir.path()), 1, "no stray segment");
+    let (b, h) = batch(None, 3);
+    assert_eq!(p.append(b, h).await.unwrap().base_offset, 3);
+    assert_eq!(logs(dir.path()), 2, "the next append rolled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,4 +400,42 @@ async fn sequential_cold_reads_are_read_ahead_once() {
     );
     assert_eq!(s.read_ahead_hits, ahead, "{s:?}");
     assert_eq!(s.bytes as usize, expected, "nothing read twice: {s:?}");
+}
+
+/// A stalled fsync holds the partition's writer, not its readers: fetch
+/// planning, tail reads and timestamp lookups of the same partition answer
+/// at once while an append waits 1.5 s on the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_never_wait_for_a_stalled_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        flush_messages: 1,
+        ..LogConfig::default()
+    };
+    let (p, faults, _) = faulty(dir.path(), config);
+    for _ in 0..5 {
+        let (b, h) = batch(None, 2);
+        p.append(b, h).await.unwrap();
+    }
+    faults.add_text("sync delay=1500 path=.log times=1").unwrap();
+    let started = std::time::Instant::now();
+    let writer = {
+        let p = Arc::clone(&p);
+        tokio::spawn(async move {
+            let (b, h) = batch(None, 2);
+            p.append(b, h).await.unwrap()
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!writer.is_finished(), "the append is stalled in its fsync");
+    for _ in 0..100 {
+        p.read_plan(0, 1 << 20).unwrap();
+        p.timestamp_plan(0).unwrap();
+        drop(p.read(8, 1 << 20).unwrap());
+    }
+    // Ordering, not timing: the reads were answered while the append was
+    // still stalled, so none of them waited for it.
+    assert!(!writer.is_finished(), "the reads waited for the stalled writer");
+    assert_eq!(writer.await.unwrap().base_offset, 10);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1500));
 }

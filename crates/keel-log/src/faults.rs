@@ -10,7 +10,7 @@
 //! ```text
 //! <op> <effect> [path=<substring>] [skip=<n>] [times=<n>]
 //! op:     open | write | sync | set_len | rename | remove | create_dir | sync_dir | any
-//! effect: eio | enospc | emfile | delay=<ms> | short=<bytes> | crash
+//! effect: eio | enospc | emfile | delay=<ms> | short=<bytes> | crash | panic
 //! ```
 //!
 //! `any` matches every operation that changes something (reads never
@@ -57,6 +57,8 @@ pub enum FaultEffect {
     Short(usize),
     /// This and every later operation fail with EIO.
     Crash,
+    /// The calling thread panics (tests of panic isolation).
+    Panic,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +118,7 @@ impl FaultRule {
                 Some("enospc") => FaultEffect::Enospc,
                 Some("emfile") => FaultEffect::Emfile,
                 Some("crash") => FaultEffect::Crash,
+                Some("panic") => FaultEffect::Panic,
                 other => return Err(format!("unknown effect {other:?}")),
             },
             Some(("delay", ms)) => FaultEffect::Delay(Duration::from_millis(number(ms)?)),
@@ -195,6 +198,7 @@ impl FaultState {
                 self.crashed.store(true, Ordering::Release);
                 Err(errno(rustix::io::Errno::IO, "the storage crashed"))
             }
+            FaultEffect::Panic => panic!("{what}: injected panic"),
             FaultEffect::Delay(d) => {
                 std::thread::sleep(d);
                 Ok(effect)

@@ -11,8 +11,9 @@
 //!
 //! A failed fsync here makes the log untrusted (the page cache may hold
 //! data the disk lost): the sealer remembers it and the writer refuses
-//! further appends. A fenced sealer (the partition is being deleted) does
-//! nothing more in its directory.
+//! further appends. Any other failure (no descriptor left, a full disk)
+//! leaves the work queued for the next run. A fenced sealer (the partition
+//! is being deleted) does nothing more in its directory.
 
 use std::collections::VecDeque;
 use std::io;
@@ -145,16 +146,23 @@ impl Sealer {
             let Some(work) = self.queue.lock().pop_front() else {
                 return Ok(done);
             };
-            if let Err(e) = self.run(work) {
-                io.failed = Some(e.to_string());
-                tracing::error!(dir = %self.dir.display(), error = %e, "sealing a segment failed; the log goes offline");
-                return Err(e);
+            match self.run(&work) {
+                Ok(()) => done += 1,
+                Err(SealError::Sync(e)) => {
+                    io.failed = Some(e.to_string());
+                    tracing::error!(dir = %self.dir.display(), error = %e, "an fsync of a seal failed; the log goes offline");
+                    return Err(e);
+                }
+                Err(SealError::Other(e)) => {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "a seal failed; it will be retried");
+                    self.queue.lock().push_front(work);
+                    return Err(e);
+                }
             }
-            done += 1;
         }
     }
 
-    fn run(&self, work: SealWork) -> io::Result<()> {
+    fn run(&self, work: &SealWork) -> Result<(), SealError> {
         let storage = self.storage.as_ref();
         match work {
             SealWork::Segment {
@@ -164,6 +172,7 @@ impl Sealer {
                 index,
                 time_index,
             } => {
+                let (base_offset, next_offset) = (*base_offset, *next_offset);
                 // A segment retention already removed needs nothing more.
                 let present = self
                     .view
@@ -178,18 +187,13 @@ impl Sealer {
                 // The directory fsyncs of these atomic writes also make the
                 // segment files created since the last one durable.
                 self.dir_dirty.store(false, Ordering::Release);
-                handle.sync_data()?;
-                write_atomically(
-                    storage,
-                    &segment_path(&self.dir, base_offset, INDEX_SUFFIX),
-                    &index,
-                )?;
-                write_atomically(
-                    storage,
-                    &segment_path(&self.dir, base_offset, TIME_INDEX_SUFFIX),
-                    &time_index,
-                )?;
-                write_offset_file(storage, &self.dir.join(RECOVERY_POINT_FILE), next_offset)?;
+                handle.sync_data().map_err(SealError::Sync)?;
+                let index_path = segment_path(&self.dir, base_offset, INDEX_SUFFIX);
+                write_atomically(storage, &index_path, index).map_err(classify)?;
+                let time_path = segment_path(&self.dir, base_offset, TIME_INDEX_SUFFIX);
+                write_atomically(storage, &time_path, time_index).map_err(classify)?;
+                let point = self.dir.join(RECOVERY_POINT_FILE);
+                write_offset_file(storage, &point, next_offset).map_err(classify)?;
                 let mut st = self.view.state.write();
                 if let Some(s) = st.segments.iter_mut().find(|s| s.base_offset == base_offset) {
                     s.durable = true;
@@ -199,8 +203,27 @@ impl Sealer {
                 self.durable_offset.fetch_max(next_offset, Ordering::AcqRel);
                 Ok(())
             }
-            SealWork::Snapshot { offset, bytes } => write_snapshot(storage, &self.dir, offset, &bytes),
+            SealWork::Snapshot { offset, bytes } => {
+                write_snapshot(storage, &self.dir, *offset, bytes).map_err(classify)
+            }
         }
+    }
+}
+
+/// Why a seal failed: an fsync (the log can no longer be trusted) or
+/// anything else (retried).
+enum SealError {
+    Sync(io::Error),
+    Other(io::Error),
+}
+
+/// An atomic write fails in its fsyncs (file or directory) or elsewhere;
+/// only the storage knows which, so the errors of the fsync steps say so.
+fn classify(e: io::Error) -> SealError {
+    if crate::storage::is_sync_error(&e) {
+        SealError::Sync(e)
+    } else {
+        SealError::Other(e)
     }
 }
 

@@ -129,15 +129,39 @@ pub fn read_file(storage: &dyn Storage, path: &Path) -> io::Result<Option<Vec<u8
 
 /// Temp file + fsync + rename + fsync of the directory: a crash leaves the
 /// old or the new file, and a returned `Ok` means the new one is durable.
-/// Leftover `.tmp` files are removed by whoever lists the directory.
+/// Leftover `.tmp` files are removed by whoever lists the directory. A
+/// failed fsync comes back marked (see [`is_sync_error`]).
 pub fn write_atomically(storage: &dyn Storage, path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = tmp_path(path);
     let file = storage.open(&tmp, OpenMode::Create)?;
     write_all_at(file.as_ref(), bytes, 0)?;
-    file.sync_data()?;
+    file.sync_data().map_err(sync_error)?;
     drop(file);
     storage.rename(&tmp, path)?;
-    sync_parent(storage, path)
+    sync_parent(storage, path).map_err(sync_error)
+}
+
+/// Marks an error as a failed fsync: after one the page cache cannot be
+/// trusted, unlike after a failed open or write.
+fn sync_error(e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), SyncFailed(e.to_string()))
+}
+
+/// The inner error of a failed fsync.
+#[derive(Debug)]
+struct SyncFailed(String);
+
+impl fmt::Display for SyncFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fsync failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for SyncFailed {}
+
+/// True if `e` came from a failed fsync in [`write_atomically`].
+pub fn is_sync_error(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<SyncFailed>())
 }
 
 /// fsyncs the directory holding `path`.

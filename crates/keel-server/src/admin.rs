@@ -2,6 +2,11 @@
 //! broker's counters as JSON, `GET /healthz` answers `ok`, anything else
 //! 404 (405 for another method on those two paths).
 //!
+//! A broker started with `KEEL_FAILPOINTS=1` (tests only) also serves its
+//! storage fault injection (`keel_log::faults`): `GET /failpoints` lists the
+//! rules, `POST /failpoints/add?<rule>` adds one (the rule's text, with `+`
+//! or `%20` for spaces), `POST /failpoints/clear` removes them all.
+//!
 //! A deliberately small HTTP/1.1 server: one request per connection, no
 //! request bodies, no keep-alive. It may face the same network as the Kafka
 //! listener, so every connection is bounded: the request head must arrive
@@ -20,8 +25,16 @@ use tokio::sync::Semaphore;
 use tokio::time::{timeout_at, Instant};
 
 /// The JSON `GET /stats` answers, produced afresh for every request. It is
-/// called on the runtime, so it must only do in-memory work.
+/// called on a blocking thread.
 pub type StatsSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// What the endpoint serves.
+#[derive(Clone)]
+pub struct Handlers {
+    pub stats: StatsSource,
+    /// The broker's fault injection, when it was started with it.
+    pub failpoints: Option<keel_log::faults::FaultyStorage>,
+}
 
 /// Bounds on what one admin connection may cost.
 #[derive(Debug, Clone, Copy)]
@@ -53,7 +66,7 @@ const DRAIN_BYTES: usize = 1 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(1);
 
 /// Serves admin requests until the task is dropped.
-pub async fn serve(listener: TcpListener, stats: StatsSource, limits: Limits) {
+pub async fn serve(listener: TcpListener, handlers: Handlers, limits: Limits) {
     let slots = Arc::new(Semaphore::new(limits.connections));
     loop {
         match listener.accept().await {
@@ -62,10 +75,10 @@ pub async fn serve(listener: TcpListener, stats: StatsSource, limits: Limits) {
                     tracing::debug!(%peer, "admin: too many connections, closing this one");
                     continue;
                 };
-                let stats = Arc::clone(&stats);
+                let handlers = handlers.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
-                    if let Err(e) = connection(stream, &stats, limits).await {
+                    if let Err(e) = connection(stream, &handlers, limits).await {
                         tracing::debug!(%peer, error = %e, "admin connection failed");
                     }
                 });
@@ -79,15 +92,15 @@ pub async fn serve(listener: TcpListener, stats: StatsSource, limits: Limits) {
     }
 }
 
-async fn connection(mut stream: TcpStream, stats: &StatsSource, limits: Limits) -> std::io::Result<()> {
+async fn connection(mut stream: TcpStream, handlers: &Handlers, limits: Limits) -> std::io::Result<()> {
     let deadline = Instant::now() + limits.timeout;
     let response = match read_head(&mut stream, limits.head_bytes, deadline).await {
         Ok(head) => match parse_request(&head) {
             Ok(route) => {
                 // The stats measure page-cache residency with a syscall per
                 // segment file: off the async threads.
-                let stats = Arc::clone(stats);
-                match tokio::task::spawn_blocking(move || answer(route, &stats)).await {
+                let handlers = handlers.clone();
+                match tokio::task::spawn_blocking(move || answer(route, &handlers)).await {
                     Ok(response) => response,
                     Err(e) => return Err(std::io::Error::other(e.to_string())),
                 }
@@ -132,7 +145,8 @@ enum Refusal {
     TooLarge,
     TimedOut,
     NotFound,
-    MethodNotAllowed,
+    /// With the method the path takes.
+    MethodNotAllowed(&'static str),
 }
 
 #[derive(Debug)]
@@ -178,10 +192,13 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// What a well-formed request asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Route {
     Stats,
     Healthz,
+    Failpoints,
+    AddFailpoint(String),
+    ClearFailpoints,
 }
 
 /// Parses a request head (without its final blank line): the request line
@@ -214,16 +231,42 @@ fn parse_request(head: &[u8]) -> Result<Route, Refusal> {
             return Err(Refusal::Malformed("bad header line"));
         }
     }
-    let path = target.split_once('?').map_or(target, |(path, _)| path);
-    let route = match path {
-        "/stats" => Route::Stats,
-        "/healthz" => Route::Healthz,
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let (route, wanted) = match path {
+        "/stats" => (Route::Stats, "GET"),
+        "/healthz" => (Route::Healthz, "GET"),
+        "/failpoints" => (Route::Failpoints, "GET"),
+        "/failpoints/add" => (
+            Route::AddFailpoint(percent_decode(query).ok_or(Refusal::Malformed("bad rule encoding"))?),
+            "POST",
+        ),
+        "/failpoints/clear" => (Route::ClearFailpoints, "POST"),
         _ => return Err(Refusal::NotFound),
     };
-    if method != "GET" {
-        return Err(Refusal::MethodNotAllowed);
+    if method != wanted {
+        return Err(Refusal::MethodNotAllowed(wanted));
     }
     Ok(route)
+}
+
+/// A query string's text: `+` is a space, `%XX` a byte.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
 }
 
 /// `name: value`, the name a non-empty token (RFC 9110 `tchar`s).
@@ -238,17 +281,44 @@ fn is_header_line(line: &[u8]) -> bool {
             .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
-fn answer(route: Route, stats: &StatsSource) -> Response {
+fn answer(route: Route, handlers: &Handlers) -> Response {
+    let failpoints = || {
+        handlers
+            .failpoints
+            .as_ref()
+            .ok_or_else(|| Response::text(404, "not found: start the broker with KEEL_FAILPOINTS=1\n"))
+    };
     match route {
         Route::Healthz => Response::text(200, "ok\n"),
-        Route::Stats => match serde_json::to_vec_pretty(&stats()) {
+        Route::Failpoints => match failpoints() {
+            Ok(f) => Response::text(200, &(f.describe().join("\n") + "\n")),
+            Err(r) => r,
+        },
+        Route::AddFailpoint(rule) => match failpoints() {
+            Ok(f) => match f.add_text(&rule) {
+                Ok(n) => {
+                    tracing::warn!(%rule, "failpoint added");
+                    Response::text(200, &format!("added {n}\n"))
+                }
+                Err(e) => Response::text(400, &format!("bad rule: {e}\n")),
+            },
+            Err(r) => r,
+        },
+        Route::ClearFailpoints => match failpoints() {
+            Ok(f) => {
+                f.clear();
+                Response::text(200, "cleared\n")
+            }
+            Err(r) => r,
+        },
+        Route::Stats => match serde_json::to_vec_pretty(&(handlers.stats)()) {
             Ok(mut body) => {
                 body.push(b'\n');
                 Response {
                     status: 200,
                     content_type: "application/json",
                     body,
-                    allow_get: false,
+                    allow: None,
                 }
             }
             Err(e) => Response::text(500, &format!("cannot encode the stats: {e}\n")),
@@ -261,8 +331,8 @@ struct Response {
     status: u16,
     content_type: &'static str,
     body: Vec<u8>,
-    /// Adds `Allow: GET` (required with 405).
-    allow_get: bool,
+    /// Adds `Allow: <method>` (required with 405).
+    allow: Option<&'static str>,
 }
 
 impl Response {
@@ -271,7 +341,7 @@ impl Response {
             status,
             content_type: "text/plain; charset=utf-8",
             body: body.as_bytes().to_vec(),
-            allow_get: false,
+            allow: None,
         }
     }
 
@@ -281,9 +351,9 @@ impl Response {
             Refusal::TooLarge => Response::text(400, "bad request: request head too large\n"),
             Refusal::TimedOut => Response::text(408, "request head not received in time\n"),
             Refusal::NotFound => Response::text(404, "not found: try /stats or /healthz\n"),
-            Refusal::MethodNotAllowed => Response {
-                allow_get: true,
-                ..Response::text(405, "method not allowed: use GET\n")
+            Refusal::MethodNotAllowed(allowed) => Response {
+                allow: Some(allowed),
+                ..Response::text(405, &format!("method not allowed: use {allowed}\n"))
             },
         }
     }
@@ -297,7 +367,7 @@ impl Response {
             408 => "Request Timeout",
             _ => "Internal Server Error",
         };
-        let allow = if self.allow_get { "Allow: GET\r\n" } else { "" };
+        let allow = self.allow.map(|m| format!("Allow: {m}\r\n")).unwrap_or_default();
         let mut out = format!(
             "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
             self.status,
@@ -326,7 +396,19 @@ mod tests {
         assert_eq!(ok("GET /healthz HTTP/1.0"), Ok(Route::Healthz));
         assert_eq!(ok("GET /stats?pretty=1 HTTP/1.1\nHost: x"), Ok(Route::Stats));
         assert_eq!(ok("GET /metrics HTTP/1.1"), Err(Refusal::NotFound));
-        assert_eq!(ok("POST /stats HTTP/1.1"), Err(Refusal::MethodNotAllowed));
+        assert_eq!(ok("POST /stats HTTP/1.1"), Err(Refusal::MethodNotAllowed("GET")));
+        assert_eq!(
+            ok("POST /failpoints/add?sync+eio+path%3Dt-0 HTTP/1.1"),
+            Ok(Route::AddFailpoint("sync eio path=t-0".into()))
+        );
+        assert_eq!(
+            ok("GET /failpoints/clear HTTP/1.1"),
+            Err(Refusal::MethodNotAllowed("POST"))
+        );
+        assert!(matches!(
+            ok("POST /failpoints/add?%zz HTTP/1.1"),
+            Err(Refusal::Malformed(_))
+        ));
         for bad in [
             "",
             "GET",
@@ -352,7 +434,11 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stats: StatsSource = Arc::new(|| serde_json::json!({"tail_cache": {"used_bytes": 7}}));
-        tokio::spawn(serve(listener, stats, limits));
+        let handlers = Handlers {
+            stats,
+            failpoints: None,
+        };
+        tokio::spawn(serve(listener, handlers, limits));
         addr
     }
 

@@ -49,7 +49,11 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         let b = Arc::clone(&broker);
         // Called on the blocking pool (see admin::connection).
         let stats: admin::StatsSource = Arc::new(move || b.stats_json());
-        tokio::spawn(admin::serve(l, stats, admin::Limits::default()))
+        let handlers = admin::Handlers {
+            stats,
+            failpoints: broker.failpoints.clone(),
+        };
+        tokio::spawn(admin::serve(l, handlers, admin::Limits::default()))
     });
     let limits = ConnectionLimits::from_config(&broker.config);
     tokio::select! {

@@ -1,0 +1,85 @@
+"""Raw Kafka requests for the hardening tests: forged record batches, a
+multi-partition Fetch, InitProducerId and ListOffsets in their flexible
+versions."""
+from __future__ import annotations
+
+import struct
+
+import kafka_wire as w
+
+INIT_PRODUCER_ID = 22
+
+# Record batch header field offsets (docs/format.md).
+LENGTH_AT, MAGIC_AT, CRC_AT, ATTRIBUTES_AT = 8, 16, 17, 21
+LAST_OFFSET_DELTA_AT, PRODUCER_ID_AT, BASE_SEQUENCE_AT, RECORDS_COUNT_AT = 23, 43, 53, 57
+
+
+def forge(batch: bytes, resign: bool = True, **fields) -> bytes:
+    """A copy of `batch` with header fields replaced (magic, last_offset_delta,
+    records_count, base_sequence) and, unless told otherwise, a CRC that
+    matches again, as a hostile client would send it."""
+    b = bytearray(batch)
+    layout = {"magic": (MAGIC_AT, ">b"), "last_offset_delta": (LAST_OFFSET_DELTA_AT, ">i"),
+              "records_count": (RECORDS_COUNT_AT, ">i"), "base_sequence": (BASE_SEQUENCE_AT, ">i"),
+              "producer_id": (PRODUCER_ID_AT, ">q")}
+    for name, value in fields.items():
+        at, fmt = layout[name]
+        struct.pack_into(fmt, b, at, value)
+    if resign:
+        struct.pack_into(">I", b, CRC_AT, w.crc32c(bytes(b[ATTRIBUTES_AT:])))
+    return bytes(b)
+
+
+def produce_v3(topic: str, partition: int, records: bytes, correlation_id: int = 1) -> bytes:
+    """Produce v3 with a raw records field (any bytes, any number of batches)."""
+    return w.produce_request(3, correlation_id, topic, partition, records)
+
+
+def produce(conn: w.Conn, topic: str, partition: int, records: bytes) -> tuple[int, int]:
+    """(error_code, base_offset) of a Produce v3 on `conn`."""
+    conn.send(produce_v3(topic, partition, records))
+    _cid, body = conn.recv_response()
+    [(_t, _p, err, base)] = w.parse_produce(body, 3)
+    return err, base
+
+
+def fetch_v4(topic: str, partitions: list[int], offset: int, max_bytes: int, partition_max_bytes: int,
+             max_wait_ms: int = 500, min_bytes: int = 1, correlation_id: int = 1) -> bytes:
+    """Fetch v4 of several partitions of one topic, all from `offset`."""
+    parts = b"".join(w.i32(p) + w.i64(offset) + w.i32(partition_max_bytes) for p in partitions)
+    body = (w.i32(-1) + w.i32(max_wait_ms) + w.i32(min_bytes) + w.i32(max_bytes) + w.i8(0)
+            + w.i32(1) + w.string(topic) + w.i32(len(partitions)) + parts)
+    return w.frame(w.header_v1(w.FETCH, 4, correlation_id) + body)
+
+
+def fetch_empty_v4(max_wait_ms: int, min_bytes: int = 1) -> bytes:
+    """Fetch v4 naming no partition at all."""
+    body = w.i32(-1) + w.i32(max_wait_ms) + w.i32(min_bytes) + w.i32(1 << 20) + w.i8(0) + w.i32(0)
+    return w.frame(w.header_v1(w.FETCH, 4, 1) + body)
+
+
+def init_producer_id(conn: w.Conn, producer_id: int = -1, epoch: int = -1) -> tuple[int, int, int]:
+    """InitProducerId v4 without a transactional id -> (error, id, epoch)."""
+    body = (w.uvarint(0) + w.i32(60000) + w.i64(producer_id) + w.i16(epoch) + w.EMPTY_TAGS)
+    conn.send(w.frame(w.header_v2(INIT_PRODUCER_ID, 4, 7) + body))
+    _cid, resp = conn.recv_response_flexible()
+    r = w.Reader(resp)
+    r.i32()  # throttle
+    return r.i16(), r.i64(), r.i16()
+
+
+def list_offsets_v10(conn: w.Conn, topic: str, partition: int, timestamp: int) -> tuple[int, int]:
+    """ListOffsets v10 (flexible) -> (error, offset)."""
+    part = w.i32(partition) + w.i32(-1) + w.i64(timestamp) + w.EMPTY_TAGS
+    topics = w.uvarint(2) + w.compact_string(topic) + w.uvarint(2) + part + w.EMPTY_TAGS
+    body = w.i32(-1) + w.i8(0) + topics + w.i32(5000) + w.EMPTY_TAGS
+    conn.send(w.frame(w.header_v2(w.LIST_OFFSETS, 10, 9) + body))
+    _cid, resp = conn.recv_response_flexible()
+    r = w.Reader(resp)
+    r.i32()  # throttle
+    assert r.uvarint() == 2
+    r.take(r.uvarint() - 1)  # topic name
+    assert r.uvarint() == 2
+    r.i32()  # partition index
+    err, _ts, offset = r.i16(), r.i64(), r.i64()
+    return err, offset
