@@ -27,29 +27,33 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-# Fuzzing (not part of CI: needs nightly and cargo-fuzz). New inputs land
-# in fuzz/work (ignored by git); `make fuzz-cmin` folds them into the
-# committed corpus, which `cargo test` replays (keel-protocol's
-# tests/fuzz_corpus.rs). Crash inputs go to fuzz/regressions/decode_request.
+# Fuzzing (not part of CI: needs nightly and cargo-fuzz). Targets:
+# decode_request (request decoding) and produce_append (produce validation
+# and append through the log's simulated storage); FUZZ_TARGET picks one.
+# New inputs land in fuzz/work (ignored by git); `make fuzz-cmin` folds
+# them into the committed corpus, which `cargo test` replays
+# (keel-protocol's tests/fuzz_corpus.rs, keel-broker's tests/fuzz_corpus.rs).
+# Crash inputs go to fuzz/regressions/<target>.
 FUZZ_SECONDS ?= 600
+FUZZ_TARGET ?= decode_request
 FUZZ_DIR := $(CURDIR)/fuzz
-FUZZ_WORK := $(FUZZ_DIR)/work/decode_request
-FUZZ_INPUTS := $(FUZZ_DIR)/corpus/decode_request $(wildcard $(FUZZ_DIR)/regressions/decode_request)
+FUZZ_WORK := $(FUZZ_DIR)/work/$(FUZZ_TARGET)
+FUZZ_INPUTS := $(FUZZ_DIR)/corpus/$(FUZZ_TARGET) $(wildcard $(FUZZ_DIR)/regressions/$(FUZZ_TARGET))
 
-# Seeds: a few random valid requests of every supported API and version
-# (crates/keel-protocol/tests/roundtrip.rs) and the frames captured from
-# real clients (tests/tools/capture_frames.py).
+# Seeds for decode_request: a few random valid requests of every supported
+# API and version (crates/keel-protocol/tests/roundtrip.rs) and the frames
+# captured from real clients (tests/tools/capture_frames.py).
 fuzz-seeds:
-	KEEL_FUZZ_SEED_DIR=$(FUZZ_WORK) $(CARGO) test -p keel-protocol --test roundtrip -- --ignored write_fuzz_seeds
-	cp crates/keel-protocol/tests/fixtures/frames/*.bin $(FUZZ_WORK)/
+	KEEL_FUZZ_SEED_DIR=$(FUZZ_DIR)/work/decode_request $(CARGO) test -p keel-protocol --test roundtrip -- --ignored write_fuzz_seeds
+	cp crates/keel-protocol/tests/fixtures/frames/*.bin $(FUZZ_DIR)/work/decode_request/
 
 fuzz:
 	mkdir -p $(FUZZ_WORK)
-	cd fuzz && nice -n 10 $(CARGO) +nightly fuzz run decode_request $(FUZZ_WORK) $(FUZZ_INPUTS) -- \
+	cd fuzz && nice -n 10 $(CARGO) +nightly fuzz run $(FUZZ_TARGET) $(FUZZ_WORK) $(FUZZ_INPUTS) -- \
 		-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
 
 # Keeps the inputs that cover new edges (edge coverage only, so the
 # committed corpus stays small).
 fuzz-cmin:
-	cp $(FUZZ_WORK)/* $(FUZZ_DIR)/corpus/decode_request/
-	cd fuzz && $(CARGO) +nightly fuzz cmin decode_request $(FUZZ_DIR)/corpus/decode_request -- -use_counters=0
+	cp $(FUZZ_WORK)/* $(FUZZ_DIR)/corpus/$(FUZZ_TARGET)/
+	cd fuzz && $(CARGO) +nightly fuzz cmin $(FUZZ_TARGET) $(FUZZ_DIR)/corpus/$(FUZZ_TARGET) -- -use_counters=0

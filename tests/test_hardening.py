@@ -305,6 +305,10 @@ def test_deleting_and_recreating_a_topic_during_a_mover_pass(broker_factory, tmp
     _fill(b, topic, 300)
     wait_until(lambda: stats(b)["tiers"]["copies"] >= 1, 30, "the mover to copy")
     old_id = json.loads((b.data_dir / "__keel_meta" / "topics" / f"{topic}.json").read_text())["topic_id"]
+    group = unique("g")
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 123)], asynchronous=False)
+    assert c.committed([TopicPartition(topic, 0)], timeout=CLIENT_TIMEOUT_S)[0].offset == 123
     a = AdminClient({"bootstrap.servers": b.bootstrap})
     a.delete_topics([topic], operation_timeout=30)[topic].result(CLIENT_TIMEOUT_S)
     create_topic(b.bootstrap, topic, 1, config)
@@ -320,6 +324,9 @@ def test_deleting_and_recreating_a_topic_during_a_mover_pass(broker_factory, tmp
     got = consume_range(b.bootstrap, topic, [0], 10)[0]
     assert [m.value()[:8].rstrip(b".") for m in got] == [b"new-%d" % i for i in range(10)]
     assert partition_stats(b, topic)["high_watermark"] == 10
+    # Kafka removes a deleted topic's committed offsets.
+    assert c.committed([TopicPartition(topic, 0)], timeout=CLIENT_TIMEOUT_S)[0].offset < 0
+    c.close()
     manifest = b.data_dir / f"{topic}-0" / "tier-manifest"
     if manifest.exists():
         objects = [line.split()[-1] for line in manifest.read_text().splitlines()[1:]]

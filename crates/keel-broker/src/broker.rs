@@ -248,21 +248,21 @@ impl Broker {
             .map_err(|e| e.to_string())?;
         log_config.read_io = self.read_io;
         let name: Arc<str> = Arc::from(meta.name.as_str());
+        let parts = |p: i32| PartitionParts {
+            topic: Arc::clone(&name),
+            index: p,
+            dir: self.store.partition_dir(&meta.name, p),
+            config: log_config.clone(),
+            storage: Arc::clone(&self.storage),
+            health: Arc::clone(&self.dir_health),
+            tail: self.tail_cache.partition(),
+            cold: Arc::clone(&self.cold),
+            tiers: Arc::clone(&self.tiers),
+        };
         let mut out = Vec::new();
         for p in from..meta.partitions {
             let dir = self.store.partition_dir(&meta.name, p);
-            let parts = PartitionParts {
-                topic: Arc::clone(&name),
-                index: p,
-                dir: dir.clone(),
-                config: log_config.clone(),
-                storage: Arc::clone(&self.storage),
-                health: Arc::clone(&self.dir_health),
-                tail: self.tail_cache.partition(),
-                cold: Arc::clone(&self.cold),
-                tiers: Arc::clone(&self.tiers),
-            };
-            let opened = Partition::open(parts).and_then(|partition| {
+            let opened = Partition::open(parts(p)).and_then(|partition| {
                 self.store
                     .ensure_partition_metadata(&dir, meta.topic_id)
                     .map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -275,18 +275,7 @@ impl Broker {
                         topic = %meta.name, partition = p, error = %e,
                         "partition offline: its log cannot be opened; the other partitions serve"
                     );
-                    let parts = PartitionParts {
-                        topic: Arc::clone(&name),
-                        index: p,
-                        dir,
-                        config: log_config.clone(),
-                        storage: Arc::clone(&self.storage),
-                        health: Arc::clone(&self.dir_health),
-                        tail: self.tail_cache.partition(),
-                        cold: Arc::clone(&self.cold),
-                        tiers: Arc::clone(&self.tiers),
-                    };
-                    Partition::offline(parts, e)
+                    Partition::offline(parts(p), e)
                 }
                 Err(e) => return Err(e),
             };
@@ -464,55 +453,39 @@ impl Broker {
         }
     }
 
-    /// Background maintenance: retention and time-based flushes. Runs until
-    /// the runtime shuts down.
+    /// Background maintenance: retention, producer expiration, the page
+    /// cache pass, time-based flushes (and seal retries) and the mover. Runs
+    /// until the runtime shuts down.
     pub fn spawn_maintenance(self: &Arc<Self>) {
         self.groups.spawn_timers();
-        let me = Arc::clone(self);
         let retention_every = Duration::from_millis(self.config.retention_check_interval_ms());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(retention_every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let b = Arc::clone(&me);
-                let _ = tokio::task::spawn_blocking(move || b.apply_retention()).await;
-            }
-        });
-        let me = Arc::clone(self);
+        self.spawn_every(retention_every, true, Broker::apply_retention);
         let expire_every = Duration::from_millis(
             u64::try_from(self.config.num("producer.id.expiration.check.interval.ms"))
                 .unwrap_or(600_000)
                 .max(1),
         );
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(expire_every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let b = Arc::clone(&me);
-                let _ = tokio::task::spawn_blocking(move || b.expire_producers()).await;
-            }
-        });
+        self.spawn_every(expire_every, true, Broker::expire_producers);
         tokio::spawn(crate::mover::run(Arc::clone(self)));
+        self.spawn_every(PAGE_CACHE_DROP_EVERY, false, Broker::drop_written_pages);
+        // flush.ms is checked at this resolution; Kafka's scheduler checks it
+        // on a similar fixed interval.
+        self.spawn_every(Duration::from_millis(100), false, Broker::flush_due);
+    }
+
+    /// Runs `work` on a blocking thread every `period` (after waiting one
+    /// period first if `wait_first`), one run at a time.
+    fn spawn_every(self: &Arc<Self>, period: Duration, wait_first: bool, work: fn(&Broker)) {
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(PAGE_CACHE_DROP_EVERY);
-            loop {
+            let mut tick = tokio::time::interval(period);
+            if wait_first {
                 tick.tick().await;
-                let b = Arc::clone(&me);
-                let _ = tokio::task::spawn_blocking(move || b.drop_written_pages()).await;
             }
-        });
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            // flush.ms is checked at this resolution; Kafka's scheduler
-            // checks it on a similar fixed interval.
-            let mut tick = tokio::time::interval(Duration::from_millis(100));
             loop {
                 tick.tick().await;
                 let b = Arc::clone(&me);
-                let _ = tokio::task::spawn_blocking(move || b.flush_due()).await;
+                let _ = tokio::task::spawn_blocking(move || work(&b)).await;
             }
         });
     }

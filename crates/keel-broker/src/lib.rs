@@ -7,6 +7,8 @@
 
 pub mod broker;
 pub mod config;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod groups;
 mod handlers;
 pub mod health;
@@ -17,4 +19,14 @@ mod time;
 pub mod topics;
 
 pub use broker::{Broker, ClientInfo, Reply, StartError};
+
+/// Kafka's checks of one partition's records in a Produce request (see the
+/// Produce handler): the batch headers if they pass, else the Kafka error
+/// and a message.
+pub fn validate_produce_records(
+    records: &[u8],
+    max_batch_bytes: usize,
+) -> Result<Vec<keel_log::BatchHeader>, (keel_protocol::ResponseError, String)> {
+    handlers::produce::check_records(records, max_batch_bytes)
+}
 pub use config::{BrokerConfig, ConfigError};

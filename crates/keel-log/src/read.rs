@@ -307,9 +307,22 @@ fn read_windows_at(
                 return Err(invalid_data(format!("no batch header at {pos}")));
             }
             pos += at as u64;
+            if pos > end {
+                return Err(invalid_data(format!(
+                    "a batch before {pos} runs past the end {end}"
+                )));
+            }
             continue;
         };
         let first_len = header.total_len();
+        let batch_at = pos + at as u64;
+        if batch_at + first_len as u64 > end {
+            // A length no read can satisfy (a corrupt length field):
+            // reading on would never make progress.
+            return Err(invalid_data(format!(
+                "batch at {batch_at} claims {first_len} bytes, past the end {end}"
+            )));
+        }
         if buf.len() - at < first_len {
             // The first batch runs past the window: read from it.
             pos += at as u64;
@@ -322,6 +335,44 @@ fn read_windows_at(
         return Ok((pos + at as u64, batches.slice(..keep)));
     }
     Ok((end, Bytes::new()))
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+    use crate::testing::simple_batch;
+
+    /// Windows over `data`, failing the test if a read loop does not end.
+    fn read(data: &[u8], target: i64, max_bytes: usize) -> io::Result<Bytes> {
+        let data = Bytes::copy_from_slice(data);
+        let mut calls = 0;
+        read_windows(0, data.len() as u64, target, max_bytes, None, |pos, len| {
+            calls += 1;
+            assert!(calls < 1000, "the window loop does not end");
+            Ok(data.slice(pos as usize..(pos + len) as usize))
+        })
+    }
+
+    #[test]
+    fn corrupt_lengths_end_the_read_with_an_error() {
+        let mut data = Vec::new();
+        for i in 0..4 {
+            let mut b = simple_batch(2, 100, i);
+            crate::batch::set_base_offset(&mut b, i * 2);
+            data.extend(b);
+        }
+        assert!(read(&data, 7, 1 << 20).is_ok());
+        let len_at = 8; // batchLength of the first batch
+        for claimed in [i32::MAX, 1 << 20, 70_000] {
+            let mut bad = data.clone();
+            bad[len_at..len_at + 4].copy_from_slice(&claimed.to_be_bytes());
+            // The corrupt batch is the one asked for, or one skipped on the way.
+            for target in [0, 7] {
+                let got = read(&bad, target, 100);
+                assert!(got.is_err(), "claimed {claimed}, target {target}: {got:?}");
+            }
+        }
+    }
 }
 
 /// Like [`TimestampPlan::execute`] over windows of a segment read by

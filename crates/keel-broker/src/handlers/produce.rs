@@ -95,7 +95,7 @@ async fn produce_partition(
 /// header agrees with itself (record count = last offset delta + 1, a
 /// sequence when it names a producer) and, when uncompressed, with its
 /// records. Anything else is refused before it can cost an offset.
-fn check_records(
+pub(crate) fn check_records(
     records: &[u8],
     max_batch_bytes: usize,
 ) -> Result<Vec<BatchHeader>, (ResponseError, String)> {
