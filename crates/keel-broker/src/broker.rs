@@ -262,6 +262,12 @@ impl Broker {
         let mut out = Vec::new();
         for p in from..meta.partitions {
             let dir = self.store.partition_dir(&meta.name, p);
+            if !tolerate_failures {
+                // Creating: the directory must be this topic's own.
+                self.store
+                    .clear_for_new_partition(&dir, meta.topic_id)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
+            }
             let opened = Partition::open(parts(p)).and_then(|partition| {
                 self.store
                     .ensure_partition_metadata(&dir, meta.topic_id)

@@ -229,6 +229,31 @@ impl TopicStore {
             .and_then(|b| Uuid::from_slice(&b).ok()))
     }
 
+    /// Before a new topic's partition directory is created: a directory
+    /// already at its path that belongs to another topic incarnation (an
+    /// interrupted deletion, a copied-in directory) is renamed to `-stray`,
+    /// never adopted and never deleted.
+    pub fn clear_for_new_partition(&self, dir: &Path, topic_id: Uuid) -> io::Result<()> {
+        if self.storage.read_dir(dir).is_err() {
+            return Ok(());
+        }
+        if self.partition_topic_id(dir)? == Some(topic_id) {
+            return Ok(());
+        }
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stray = dir.with_file_name(format!("{name}.{}-stray", Uuid::new_v4().simple()));
+        self.storage.rename(dir, &stray)?;
+        sync_parent(self.storage.as_ref(), dir)?;
+        tracing::warn!(
+            dir = %dir.display(), renamed_to = %stray.display(),
+            "a new topic's partition directory was taken by another topic's data: renamed, not deleted"
+        );
+        Ok(())
+    }
+
     /// Marks a topic as being deleted: the commit point of a deletion.
     pub fn mark_deleting(&self, meta: &TopicMeta) -> io::Result<()> {
         let mut m = meta.clone();
@@ -243,6 +268,12 @@ impl TopicStore {
         let dir = self.partition_dir(&meta.name, partition);
         if self.storage.read_dir(&dir).is_err() {
             return Ok(None);
+        }
+        if self
+            .partition_topic_id(&dir)?
+            .is_some_and(|id| id != meta.topic_id)
+        {
+            return Ok(None); // Another incarnation's: not this deletion's to move.
         }
         let retired = self.retired_name(&dir, meta.topic_id);
         self.storage.rename(&dir, &retired)?;

@@ -439,3 +439,36 @@ async fn reads_never_wait_for_a_stalled_fsync() {
     assert_eq!(writer.await.unwrap().base_offset, 10);
     assert!(started.elapsed() >= std::time::Duration::from_millis(1500));
 }
+
+/// A roll's fsync runs off the append path: while the seal of the rolled
+/// segment is stalled in its fsync, appends to the new segment complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_never_wait_for_the_seal_of_a_rolled_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        segment_bytes: 150,
+        ..LogConfig::default()
+    };
+    let (p, faults, _) = faulty(dir.path(), config);
+    let (b, h) = batch(None, 3);
+    p.append(b, h).await.unwrap();
+    faults
+        .add_text("sync delay=1500 path=00000000000000000000.log times=1")
+        .unwrap();
+    let (b, h) = batch(None, 3);
+    assert_eq!(p.append(b, h).await.unwrap().base_offset, 3, "this append rolled");
+    for i in 0..5 {
+        let (b, h) = batch(None, 1);
+        assert_eq!(p.append(b, h).await.unwrap().base_offset, 6 + i);
+    }
+    // Ordering, not timing: the appends are done and the seal is not.
+    let flushed = p.with_log(|log| log.flushed_offset()).unwrap();
+    assert_eq!(flushed, 0, "the seal of segment 0 is still in its fsync");
+    for _ in 0..100 {
+        if p.with_log(|log| log.flushed_offset()).unwrap() >= 3 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the seal never completed");
+}

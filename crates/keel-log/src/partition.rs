@@ -178,7 +178,10 @@ impl PartitionLog {
             )
             .map_err(io_err)?;
         }
-        if !clean || loaded.created {
+        // A new log needs none (without a recovery point, recovery starts at
+        // the first segment), unless a stale one from an earlier log is there.
+        let stale_point = loaded.created && recovery_point.is_some();
+        if (!clean && !loaded.created) || stale_point {
             write_offset_file(storage.as_ref(), &dir.join(RECOVERY_POINT_FILE), log_end_offset)
                 .map_err(io_err)?;
         }
@@ -312,6 +315,17 @@ impl PartitionLog {
             Some(why) => Err(io::Error::other(format!("the log is offline: {why}"))),
             None => Ok(()),
         }
+    }
+
+    /// Passes on the result of a durable write; a failed fsync in it takes
+    /// the log offline.
+    fn durably(&mut self, result: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = &result {
+            if crate::storage::is_sync_error(e) {
+                self.fail("fsync", e);
+            }
+        }
+        result
     }
 
     /// Remembers that the files can no longer be trusted.
@@ -617,6 +631,7 @@ impl PartitionLog {
     /// in a colder tier, then the local ones.
     pub fn apply_retention(&mut self, now_ms: i64) -> io::Result<RetentionOutcome> {
         self.check_writable()?;
+        self.prune_graveyard();
         let (candidates, cold_count, total, below_start) = {
             let st = self.view.state.read();
             // (size, max timestamp) of every deletable segment, oldest first.
@@ -688,7 +703,8 @@ impl PartitionLog {
 
     /// Writes the manifest, then publishes it.
     fn publish_manifest(&mut self, tiered: Vec<TieredSegment>) -> io::Result<()> {
-        write_manifest(self.storage.as_ref(), &self.dir, &tiered)?;
+        let written = write_manifest(self.storage.as_ref(), &self.dir, &tiered);
+        self.durably(written)?;
         self.view.state.write().tiered = tiered;
         Ok(())
     }
@@ -737,13 +753,20 @@ impl PartitionLog {
         Ok(deleted_bytes)
     }
 
+    /// Closes the files of deleted segments whose delay is over, so their
+    /// space is freed (retention runs call it too).
+    fn prune_graveyard(&mut self) {
+        let now = std::time::Instant::now();
+        self.graveyard.retain(|(until, _)| *until > now);
+    }
+
     /// Keeps a segment's file open for `file_delete_delay_ms` after its
     /// deletion, and closes the files whose time is up. Best effort: a
     /// file that cannot be opened is just deleted (a read planned before
     /// then finds it gone: `NotFound`).
     fn bury(&mut self, segment: &SegMeta) {
+        self.prune_graveyard();
         let now = std::time::Instant::now();
-        self.graveyard.retain(|(until, _)| *until > now);
         let delay = std::time::Duration::from_millis(self.config.file_delete_delay_ms);
         if delay.is_zero() {
             return;
@@ -770,11 +793,12 @@ impl PartitionLog {
         if offset <= self.log_start_offset() {
             return Ok(());
         }
-        write_offset_file(
+        let written = write_offset_file(
             self.storage.as_ref(),
             &self.dir.join(LOG_START_OFFSET_FILE),
             offset,
-        )?;
+        );
+        self.durably(written)?;
         let (cold_below, local_below) = {
             let mut st = self.view.state.write();
             st.log_start_offset = offset;
@@ -810,6 +834,19 @@ impl PartitionLog {
             // Offsets only in a colder tier cannot be cut there: start over.
             return self.truncate_fully_and_start_at(offset);
         }
+        // Colder copies of what is cut (made or being made) hold data the
+        // log no longer has: they go, before the local files change.
+        let mut tiered = self.view.tiered_segments();
+        let mut stale = false;
+        for t in tiered.iter_mut().filter(|t| t.next_offset > offset) {
+            if matches!(t.state, TierState::Copying | TierState::Both) {
+                t.state = TierState::Deleting;
+                stale = true;
+            }
+        }
+        if stale {
+            self.publish_manifest(tiered)?;
+        }
         let popped: Vec<SegMeta> = {
             let mut st = self.view.state.write();
             let keep = st.segments.partition_point(|s| s.base_offset <= offset).max(1);
@@ -821,29 +858,44 @@ impl PartitionLog {
             segment::delete_files(self.storage.as_ref(), &self.dir, s.base_offset)?;
         }
         if reactivate {
-            let base = self.view.state.read().active().base_offset;
-            self.active = self
-                .storage
-                .open(&segment_path(&self.dir, base, LOG_SUFFIX), OpenMode::Write)?;
-            for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
-                remove_if_exists(self.storage.as_ref(), &segment_path(&self.dir, base, suffix))?;
-            }
+            self.reactivate_last()?;
         }
         self.cut_active(offset)?;
         let log_end = self.log_end_offset();
         self.flushed_offset = self.flushed_offset.min(log_end);
+        self.sealer.lower_durable(log_end);
         let base = self.view.state.read().active().base_offset;
-        write_offset_file(self.storage.as_ref(), &self.dir.join(RECOVERY_POINT_FILE), base)?;
+        let written = write_offset_file(self.storage.as_ref(), &self.dir.join(RECOVERY_POINT_FILE), base);
+        self.durably(written)?;
         if self.log_start_offset() > log_end {
             // A batch straddling the log start was cut; persist the lower
             // start so a reopen does not clamp it back up later.
-            write_offset_file(
-                self.storage.as_ref(),
-                &self.dir.join(LOG_START_OFFSET_FILE),
-                log_end,
-            )?;
+            let path = self.dir.join(LOG_START_OFFSET_FILE);
+            let written = write_offset_file(self.storage.as_ref(), &path, log_end);
+            self.durably(written)?;
             self.view.state.write().log_start_offset = log_end;
         }
+        Ok(())
+    }
+
+    /// Makes the last (sealed) segment the active one again, after the
+    /// segments after it were cut: a write handle, pinned, and its index
+    /// files gone (they are written again at its next seal or close).
+    fn reactivate_last(&mut self) -> io::Result<()> {
+        let base = self.view.state.read().active().base_offset;
+        let path = segment_path(&self.dir, base, LOG_SUFFIX);
+        let handle = self.storage.open(&path, OpenMode::Write)?;
+        for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+            remove_if_exists(self.storage.as_ref(), &segment_path(&self.dir, base, suffix))?;
+        }
+        let pinned = segment::SegmentFile::pinned(Arc::clone(&self.storage), path, Arc::clone(&handle));
+        {
+            let mut st = self.view.state.write();
+            let a = st.active_mut();
+            a.file = Arc::new(pinned);
+            a.durable = false;
+        }
+        self.active = handle;
         Ok(())
     }
 
@@ -903,12 +955,11 @@ impl PartitionLog {
             segment::delete_files(self.storage.as_ref(), &self.dir, s.base_offset)?;
         }
         self.storage.sync_dir(&self.dir)?;
-        write_offset_file(
-            self.storage.as_ref(),
-            &self.dir.join(LOG_START_OFFSET_FILE),
-            offset,
-        )?;
-        write_offset_file(self.storage.as_ref(), &self.dir.join(RECOVERY_POINT_FILE), offset)?;
+        let storage = Arc::clone(&self.storage);
+        let written = write_offset_file(storage.as_ref(), &self.dir.join(LOG_START_OFFSET_FILE), offset)
+            .and_then(|()| write_offset_file(storage.as_ref(), &self.dir.join(RECOVERY_POINT_FILE), offset));
+        self.durably(written)?;
+        self.sealer.lower_durable(offset);
         self.flushed_offset = offset;
         self.unflushed_messages = 0;
         self.first_unflushed_append_ms = None;
@@ -927,15 +978,16 @@ impl PartitionLog {
             let (index, time_index) = a.index_images();
             (a.base_offset, index, time_index, a.next_offset)
         };
-        let storage = self.storage.as_ref();
-        write_atomically(storage, &segment_path(&self.dir, base, INDEX_SUFFIX), &index)?;
-        write_atomically(
-            storage,
-            &segment_path(&self.dir, base, TIME_INDEX_SUFFIX),
-            &time_index,
-        )?;
-        write_offset_file(storage, &self.dir.join(RECOVERY_POINT_FILE), log_end)?;
-        write_atomically(storage, &self.dir.join(CLEAN_SHUTDOWN_FILE), b"")?;
+        let storage = Arc::clone(&self.storage);
+        let storage = storage.as_ref();
+        let written = write_atomically(storage, &segment_path(&self.dir, base, INDEX_SUFFIX), &index)
+            .and_then(|()| {
+                let path = segment_path(&self.dir, base, TIME_INDEX_SUFFIX);
+                write_atomically(storage, &path, &time_index)
+            })
+            .and_then(|()| write_offset_file(storage, &self.dir.join(RECOVERY_POINT_FILE), log_end))
+            .and_then(|()| write_atomically(storage, &self.dir.join(CLEAN_SHUTDOWN_FILE), b""));
+        self.durably(written)?;
         self.closed = true;
         Ok(())
     }
@@ -1121,7 +1173,8 @@ impl PartitionLog {
             .find(|t| t.base_offset == base_offset && t.state == TierState::Both)
             .expect("checked by oldest_releasable");
         entry.state = TierState::Cold;
-        write_manifest(self.storage.as_ref(), &self.dir, &tiered)?;
+        let written = write_manifest(self.storage.as_ref(), &self.dir, &tiered);
+        self.durably(written)?;
         let segment = {
             let mut st = self.view.state.write();
             st.tiered = tiered;
@@ -1265,7 +1318,12 @@ fn load_segments(
             )?;
         }
         segments.push(meta);
-        if loaded.truncated && !last {
+        // A recovered segment that ends short of the next one lost its tail
+        // (at a batch boundary, so nothing looked torn): the log has no
+        // holes, so what follows goes too. Keel's segments start where the
+        // previous one ended.
+        let hole = mode == LoadMode::Recover && !last && meta_end(&segments) < bases[i + 1];
+        if (loaded.truncated || hole) && !last {
             for later in &bases[i + 1..] {
                 tracing::warn!(dir = %dir.display(), base = later, "deleting a segment after a recovered cut");
                 segment::delete_files(storage.as_ref(), dir, *later)?;
@@ -1280,6 +1338,11 @@ fn load_segments(
         segments,
         created: false,
     })
+}
+
+/// One past the last offset of the last loaded segment.
+fn meta_end(segments: &[SegMeta]) -> i64 {
+    segments.last().map_or(0, |s| s.next_offset)
 }
 
 /// fsyncs what recovery kept, and writes the index files of the recovered

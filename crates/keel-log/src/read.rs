@@ -286,7 +286,8 @@ fn read_windows_at(
         _ => (max_bytes as u64).max(DIRECT_MIN_WINDOW),
     };
     while pos < end {
-        let buf = read(pos, window.min(end - pos))?;
+        let asked = window.min(end - pos);
+        let buf = read(pos, asked)?;
         if buf.is_empty() {
             return Err(invalid_data(format!("data ends at {pos}, before {end}")));
         }
@@ -324,6 +325,14 @@ fn read_windows_at(
             )));
         }
         if buf.len() - at < first_len {
+            if (buf.len() as u64) < asked {
+                // The file holds less than planned (it is shorter than its
+                // recorded size): reading again would never make progress.
+                return Err(invalid_data(format!(
+                    "data ends at {}, inside the batch at {batch_at} (planned to {end})",
+                    pos + buf.len() as u64
+                )));
+            }
             // The first batch runs past the window: read from it.
             pos += at as u64;
             window = (first_len as u64).max(max_bytes as u64);
@@ -351,6 +360,26 @@ mod window_tests {
             assert!(calls < 1000, "the window loop does not end");
             Ok(data.slice(pos as usize..(pos + len) as usize))
         })
+    }
+
+    #[test]
+    fn a_file_shorter_than_planned_ends_the_read_with_an_error() {
+        let mut data = Vec::new();
+        for i in 0..4 {
+            let mut b = simple_batch(2, 100, i);
+            crate::batch::set_base_offset(&mut b, i * 2);
+            data.extend(b);
+        }
+        let planned = data.len() as u64;
+        let short = Bytes::copy_from_slice(&data[..data.len() - 50]);
+        let mut calls = 0;
+        let got = read_windows(0, planned, 7, 100, None, |pos, len| {
+            calls += 1;
+            assert!(calls < 1000, "the window loop does not end");
+            let end = (pos + len).min(short.len() as u64);
+            Ok(short.slice(pos.min(end) as usize..end as usize))
+        });
+        assert!(got.is_err(), "{got:?}");
     }
 
     #[test]

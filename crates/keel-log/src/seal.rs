@@ -53,7 +53,6 @@ pub(crate) enum SealWork {
 #[derive(Default)]
 struct SealIo {
     fenced: bool,
-    failed: Option<String>,
 }
 
 /// The seal queue of one partition log, shared with background threads.
@@ -63,8 +62,12 @@ pub struct Sealer {
     view: LogReader,
     queue: Mutex<VecDeque<SealWork>>,
     /// Held across the queued work's I/O: serializes runs, and fencing
-    /// waits for a run in progress. Only blocking threads wait on it.
+    /// waits for a run in progress. Only blocking threads wait on it, and
+    /// never the writer's appends (they only read `failed`).
     io: Mutex<SealIo>,
+    /// Why the log is untrusted, once an fsync failed. Its own lock, held
+    /// for in-memory work only.
+    failed: Mutex<Option<String>>,
     /// Everything below this offset is durable through seals.
     durable_offset: AtomicI64,
     /// Files were created in the directory since it was last fsynced.
@@ -88,6 +91,7 @@ impl Sealer {
             view,
             queue: Mutex::new(VecDeque::new()),
             io: Mutex::new(SealIo::default()),
+            failed: Mutex::new(None),
             durable_offset: AtomicI64::new(durable_offset),
             dir_dirty: AtomicBool::new(false),
         }
@@ -116,11 +120,16 @@ impl Sealer {
 
     /// Why the log is untrusted, if a seal's I/O failed.
     pub fn failure(&self) -> Option<String> {
-        self.io.lock().failed.clone()
+        self.failed.lock().clone()
     }
 
     pub(crate) fn set_failed(&self, why: String) {
-        self.io.lock().failed.get_or_insert(why);
+        self.failed.lock().get_or_insert(why);
+    }
+
+    /// Truncation took the log below what seals made durable.
+    pub(crate) fn lower_durable(&self, offset: i64) {
+        self.durable_offset.fetch_min(offset, Ordering::AcqRel);
     }
 
     /// Stops all further work in the directory; waits for a run in
@@ -132,13 +141,15 @@ impl Sealer {
     }
 
     /// Does the queued work, oldest first. Blocking. Returns how many items
-    /// it did; an error means the log is no longer trusted.
+    /// it did. After an error, [`Sealer::failure`] says whether the log is
+    /// no longer trusted (a failed fsync); otherwise the work stays queued
+    /// for the next run.
     pub fn run_pending(&self) -> io::Result<usize> {
-        let mut io = self.io.lock();
+        let io = self.io.lock();
         if io.fenced {
             return Ok(0);
         }
-        if let Some(why) = &io.failed {
+        if let Some(why) = self.failure() {
             return Err(io::Error::other(format!("the log is offline: {why}")));
         }
         let mut done = 0;
@@ -149,7 +160,7 @@ impl Sealer {
             match self.run(&work) {
                 Ok(()) => done += 1,
                 Err(SealError::Sync(e)) => {
-                    io.failed = Some(e.to_string());
+                    self.set_failed(e.to_string());
                     tracing::error!(dir = %self.dir.display(), error = %e, "an fsync of a seal failed; the log goes offline");
                     return Err(e);
                 }

@@ -5,8 +5,8 @@
 //! The model is strict POSIX, stricter than ext4 or XFS in practice:
 //! * a file's bytes are durable once it is fsynced; after a power loss, a
 //!   file keeps its fsynced bytes plus an arbitrary prefix of what was
-//!   appended after them, whose tail may read as zeros (blocks allocated
-//!   but never written);
+//!   appended after them (often none or all of it: writeback is per file),
+//!   whose tail may read as zeros (blocks allocated but never written);
 //! * a directory's entries (creations, renames, unlinks) are durable once
 //!   the directory is fsynced; after a power loss each directory has its
 //!   last fsynced entries, and whatever is no longer reachable is gone.
@@ -221,7 +221,13 @@ fn survivor(durable: &[u8], current: &[u8], rng: &mut XorShift) -> Vec<u8> {
         return durable.to_vec();
     }
     let extra = current.len() - durable.len();
-    let keep = rng.below(extra as u64 + 1) as usize;
+    // Writeback is per file: often none or all of a file's unsynced bytes
+    // made it, otherwise some prefix.
+    let keep = match rng.below(4) {
+        0 => 0,
+        1 => extra,
+        _ => rng.below(extra as u64 + 1) as usize,
+    };
     let mut out = current[..durable.len() + keep].to_vec();
     if keep > 0 && rng.below(4) == 0 {
         let zeros = rng.below(keep as u64) as usize + 1;

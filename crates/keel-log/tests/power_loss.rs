@@ -394,7 +394,7 @@ impl Harness {
 
     /// Every batch from `start` to `end`, from local files or the tier.
     fn read_all(&mut self, start: i64, end: i64) -> Vec<(i64, Vec<u8>)> {
-        let mut out = Vec::new();
+        let mut out: Vec<(i64, Vec<u8>)> = Vec::new();
         let mut offset = start;
         while offset < end {
             let plan = self
@@ -412,6 +412,11 @@ impl Harness {
             let headers = validate_batches(&bytes).expect("whole, CRC-valid batches");
             let mut at = 0;
             for h in headers {
+                // Keel assigns offsets contiguously: a log has no holes.
+                if let Some((prev_base, prev)) = out.last() {
+                    let prev_last = *prev_base + i64::from(BatchHeaderLast::of(prev.as_slice()));
+                    assert_eq!(h.base_offset, prev_last + 1, "a hole after offset {prev_last}");
+                }
                 out.push((h.base_offset, bytes[at..at + h.total_len()].to_vec()));
                 at += h.total_len();
                 offset = h.last_offset() + 1;
@@ -433,6 +438,17 @@ impl Harness {
             |pos, len| Ok(data.slice(pos as usize..(pos + len) as usize)),
         )
         .unwrap()
+    }
+}
+
+/// The last offset delta of a stored batch.
+struct BatchHeaderLast;
+
+impl BatchHeaderLast {
+    fn of(batch: &[u8]) -> i32 {
+        keel_log::BatchHeader::parse(batch)
+            .expect("a stored batch")
+            .last_offset_delta
     }
 }
 

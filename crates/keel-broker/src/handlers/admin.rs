@@ -242,6 +242,15 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
         ));
     }
     let _admin = broker.admin.lock().await;
+    // Another deletion (and maybe a creation under the same name) may have
+    // run while this one waited for the lock: only this incarnation goes.
+    let current = broker.topics.get(&topic.meta.name);
+    if current.is_none_or(|t| t.meta.topic_id != topic.meta.topic_id) {
+        return Err((
+            ResponseError::UnknownTopicOrPartition,
+            format!("topic `{}` was deleted meanwhile", topic.meta.name),
+        ));
+    }
     let b = Arc::clone(broker);
     let t = Arc::clone(&topic);
     let tiered = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<keel_log::TieredSegment>> {
