@@ -32,6 +32,16 @@ def stored_codecs(bootstrap: str, topic: str, partition: int, max_bytes: int = 1
     return {b["codec"] for b in kw.fetch_batches(bootstrap, topic, partition, max_bytes=max_bytes)}
 
 
+def assert_stored_codec(bootstrap: str, topic: str, partition: int, codec: str):
+    """The partition's first batches are stored with `codec`. librdkafka sends
+    a batch uncompressed when compressing would not shrink it (a few random
+    values), so codec 0 may appear beside the requested one; the requested one
+    must be there."""
+    want = expected_codec(bootstrap, codec)
+    stored = stored_codecs(bootstrap, topic, partition)
+    assert want in stored and stored <= {0, want}, (codec, partition, stored)
+
+
 def admin(bootstrap: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000})
 

@@ -10,7 +10,7 @@ from confluent_kafka.admin import ConfigResource, NewPartitions, OffsetSpec
 
 from conftest import unique, wait_until
 from kclient import (CLIENT_TIMEOUT_S, DeliveryLog, admin, consume_range, consumer, create_topic,
-                     expected_codec, produce_all, stored_codecs, topic_absent, topic_partitions,
+                     assert_stored_codec, produce_all, topic_absent, topic_partitions,
                      wait_topic)
 
 # ----------------------------------------------------------------- records
@@ -100,7 +100,7 @@ def test_idempotent_roundtrip_per_codec(shared_broker, codec):
     consumed = consume_range(bs, topic, range(4), n)
     check_roundtrip(records, log, consumed)
     for part in range(4):
-        assert stored_codecs(bs, topic, part) == {expected_codec(bs, codec)}
+        assert_stored_codec(bs, topic, part, codec)
 
 
 @pytest.mark.parametrize("acks", ["0", "1"])
