@@ -477,23 +477,25 @@ mod tests {
 
     #[test]
     fn faults_fire_as_told_and_crash_stops_everything() {
+        // Names a temporary directory's random part cannot contain, so the
+        // path= filters match only the file meant.
         let dir = tempfile::tempdir().unwrap();
         let s = FaultyStorage::new(DiskStorage::shared());
-        s.add_text("sync eio path=a skip=1 times=1\nwrite short=3 path=b\nopen emfile path=c")
+        s.add_text("sync eio path=f-a skip=1 times=1\nwrite short=3 path=f-b\nopen emfile path=f-c")
             .unwrap();
-        let a = s.open(&dir.path().join("a"), OpenMode::Create).unwrap();
+        let a = s.open(&dir.path().join("f-a"), OpenMode::Create).unwrap();
         a.sync_data().unwrap();
         let err = a.sync_data().unwrap_err();
         assert_eq!(err.raw_os_error(), None, "wrapped, but the kind is kept");
         assert!(err.to_string().contains("injected"), "{err}");
         a.sync_data().unwrap();
-        let b = s.open(&dir.path().join("b"), OpenMode::Create).unwrap();
+        let b = s.open(&dir.path().join("f-b"), OpenMode::Create).unwrap();
         assert!(write_all_at(b.as_ref(), b"abcdef", 0).is_err());
         assert_eq!(b.len().unwrap(), 3, "the torn write left 3 bytes");
-        let c = s.open(&dir.path().join("c"), OpenMode::Create).unwrap_err();
+        let c = s.open(&dir.path().join("f-c"), OpenMode::Create).unwrap_err();
         assert!(c.to_string().contains("Too many open files"), "{c}");
         s.add(FaultRule::new(FaultOp::Any, FaultEffect::Crash));
-        assert!(s.remove_file(&dir.path().join("a")).is_err());
+        assert!(s.remove_file(&dir.path().join("f-a")).is_err());
         assert!(s.crashed());
         assert!(a.len().is_err(), "reads fail after the crash too");
         s.clear();
