@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
-use keel_log::LogConfig;
+use keel_log::{CleanupPolicy, LogConfig};
 
 use crate::groups::group::GroupConfig;
 use crate::groups::CoordinatorConfig;
@@ -549,9 +549,16 @@ impl BrokerConfig {
             }
             Ok(v as u64)
         };
+        let cleanup = self.cleanup_policy(overrides)?;
+        let mut segment_ms = positive("segment.ms", 1)? as i64;
+        if cleanup.compact {
+            // Kafka rolls a compacted log by max.compaction.lag.ms too, so
+            // no record waits in the active segment longer than that.
+            segment_ms = segment_ms.min(positive("max.compaction.lag.ms", 1)? as i64);
+        }
         Ok(LogConfig {
             segment_bytes: positive("segment.bytes", 14)?,
-            segment_ms: positive("segment.ms", 1)? as i64,
+            segment_ms,
             index_interval_bytes: positive("index.interval.bytes", 0)?,
             segment_index_bytes: positive("segment.index.bytes", 8)?,
             retention_bytes: get("retention.bytes")?,
@@ -559,8 +566,18 @@ impl BrokerConfig {
             flush_messages: positive("flush.messages", 1)?,
             flush_ms: positive("flush.ms", 0)? as i64,
             file_delete_delay_ms: positive("file.delete.delay.ms", 0)?,
+            cleanup,
             // Decided once for the broker (see `Broker::open`).
             read_io: keel_log::ReadIo::default(),
+        })
+    }
+
+    /// A topic's `cleanup.policy`.
+    pub fn cleanup_policy(&self, overrides: &BTreeMap<String, String>) -> Result<CleanupPolicy, ConfigError> {
+        let value = topic_def("cleanup.policy").map_or("delete", |d| self.topic_value(overrides, d));
+        CleanupPolicy::parse(value).map_err(|reason| ConfigError {
+            key: "cleanup.policy".into(),
+            reason,
         })
     }
 
@@ -580,11 +597,16 @@ impl BrokerConfig {
             })?;
             check_value(k, d.kind, v)?;
         }
-        if overrides
+        let remote = overrides
             .get("remote.storage.enable")
-            .is_some_and(|v| v == "true")
-            && self.get("keel.tier.remote").is_empty()
-        {
+            .is_some_and(|v| v == "true");
+        if remote && self.cleanup_policy(overrides)?.compact {
+            return Err(ConfigError {
+                key: "remote.storage.enable".into(),
+                reason: "Remote log storage is unsupported for the compacted topics".into(),
+            });
+        }
+        if remote && self.get("keel.tier.remote").is_empty() {
             return Err(ConfigError {
                 key: "remote.storage.enable".into(),
                 reason: "the broker has no object store (keel.tier.remote is not set)".into(),
@@ -616,7 +638,12 @@ impl BrokerConfig {
     pub fn tier_policy(&self, overrides: &BTreeMap<String, String>) -> TierPolicy {
         let value = |name: &str| topic_def(name).map_or("", |d| self.topic_value(overrides, d));
         let num = |name: &str| value(name).parse::<i64>().unwrap_or(-1);
-        let tier = if value("remote.storage.enable") == "true" && !self.get("keel.tier.remote").is_empty() {
+        // The cleaner rewrites local segments only: compacted topics stay
+        // on the fast tier.
+        let compact = self.cleanup_policy(overrides).is_ok_and(|p| p.compact);
+        let tier = if compact {
+            None
+        } else if value("remote.storage.enable") == "true" && !self.get("keel.tier.remote").is_empty() {
             Some(keel_log::Tier::Remote)
         } else if !self.get("keel.tier.capacity.dirs").trim().is_empty() {
             Some(keel_log::Tier::Capacity)
@@ -696,6 +723,31 @@ mod tests {
         let lc = c.topic_log_config(&map(&[("segment.bytes", "4096")])).unwrap();
         assert_eq!(lc.segment_bytes, 4096);
         assert!(c.is_explicit("log.segment.bytes"));
+    }
+
+    #[test]
+    fn cleanup_policies() {
+        let c = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        let policy = |v: &str| c.cleanup_policy(&map(&[("cleanup.policy", v)]));
+        assert_eq!(policy("delete").unwrap(), CleanupPolicy::DELETE);
+        let both = policy("compact, delete").unwrap();
+        assert!(both.compact && both.delete);
+        assert!(policy("compact").is_ok_and(|p| p.compact && !p.delete));
+        assert!(policy("shred").is_err());
+        assert!(c
+            .check_topic_overrides(&map(&[("cleanup.policy", "shred")]))
+            .is_err());
+        let lc = c
+            .topic_log_config(&map(&[
+                ("cleanup.policy", "compact"),
+                ("max.compaction.lag.ms", "5000"),
+            ]))
+            .unwrap();
+        assert_eq!(
+            lc.segment_ms, 5000,
+            "a compacted log rolls by max.compaction.lag.ms too"
+        );
+        assert_eq!(c.tier_policy(&map(&[("cleanup.policy", "compact")])).tier, None);
     }
 
     #[test]

@@ -25,6 +25,42 @@ pub struct LogConfig {
     pub file_delete_delay_ms: u64,
     /// How read plans read segment files (`keel.io.direct`).
     pub read_io: ReadIo,
+    /// `cleanup.policy`: whether retention deletes segments and whether the
+    /// cleaner compacts them.
+    pub cleanup: CleanupPolicy,
+}
+
+/// Kafka's `cleanup.policy`, a list of `delete` and `compact`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanupPolicy {
+    /// `delete`: `retention.ms` and `retention.bytes` delete old segments.
+    /// Without it nothing is deleted by age or size.
+    pub delete: bool,
+    /// `compact`: the cleaner keeps the latest record of every key.
+    pub compact: bool,
+}
+
+impl CleanupPolicy {
+    pub const DELETE: CleanupPolicy = CleanupPolicy {
+        delete: true,
+        compact: false,
+    };
+
+    /// Parses Kafka's list form (`delete`, `compact`, `compact,delete`).
+    pub fn parse(value: &str) -> Result<CleanupPolicy, String> {
+        let mut policy = CleanupPolicy {
+            delete: false,
+            compact: false,
+        };
+        for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match item {
+                "delete" => policy.delete = true,
+                "compact" => policy.compact = true,
+                other => return Err(format!("`{other}` is not a cleanup policy (delete, compact)")),
+            }
+        }
+        Ok(policy)
+    }
 }
 
 /// How read plans read segment data.
@@ -57,6 +93,7 @@ impl Default for LogConfig {
             flush_ms: i64::MAX,
             file_delete_delay_ms: 60_000,
             read_io: ReadIo::Buffered,
+            cleanup: CleanupPolicy::DELETE,
         }
     }
 }

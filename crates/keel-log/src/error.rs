@@ -127,6 +127,9 @@ pub enum DeleteRecordsError {
         offset: i64,
         log_end: i64,
     },
+    /// The log's cleanup policy has no `delete`: its records are kept
+    /// until compacted (Kafka's POLICY_VIOLATION).
+    PolicyViolation,
     Io(io::Error),
 }
 
@@ -135,6 +138,9 @@ impl fmt::Display for DeleteRecordsError {
         match self {
             DeleteRecordsError::OffsetOutOfRange { offset, log_end } => {
                 write!(f, "offset {offset} is beyond the log end offset {log_end}")
+            }
+            DeleteRecordsError::PolicyViolation => {
+                write!(f, "records cannot be deleted under the configured cleanup policy")
             }
             DeleteRecordsError::Io(e) => write!(f, "delete records I/O error: {e}"),
         }
@@ -145,7 +151,7 @@ impl std::error::Error for DeleteRecordsError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             DeleteRecordsError::Io(e) => Some(e),
-            DeleteRecordsError::OffsetOutOfRange { .. } => None,
+            DeleteRecordsError::OffsetOutOfRange { .. } | DeleteRecordsError::PolicyViolation => None,
         }
     }
 }

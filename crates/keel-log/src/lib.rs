@@ -27,6 +27,7 @@ pub mod faults;
 mod index;
 mod partition;
 mod read;
+pub mod records;
 mod seal;
 mod segment;
 #[cfg(any(test, feature = "testing"))]
@@ -38,7 +39,7 @@ pub mod tiered;
 mod view;
 
 pub use batch::{BatchError, BatchHeader};
-pub use config::{LogConfig, ReadIo};
+pub use config::{CleanupPolicy, LogConfig, ReadIo};
 pub use error::{AppendError, DeleteRecordsError, OpenError, ReadError};
 pub use index::SegmentIndex;
 pub use partition::{

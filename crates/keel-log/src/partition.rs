@@ -624,8 +624,9 @@ impl PartitionLog {
     /// Deletes sealed segments (never the active one), oldest first: those
     /// whose max timestamp is more than `retention_ms` before `now_ms`, then
     /// while the log would still be at least `retention_bytes` without the
-    /// oldest segment (Kafka's rules), and those wholly below the log start
-    /// offset. Segments without timestamps are never deleted by time; a
+    /// oldest segment (Kafka's rules; only under the `delete` cleanup
+    /// policy, so a compact-only log is never deleted by age or size), and
+    /// those wholly below the log start offset. Segments without timestamps are never deleted by time; a
     /// segment whose seal is not durable yet waits for it.
     /// The whole log counts, oldest first: the segments whose only copy is
     /// in a colder tier, then the local ones.
@@ -653,13 +654,14 @@ impl PartitionLog {
             (candidates, st.cold().count(), total, below_start)
         };
         let mut count = 0;
-        if self.config.retention_ms >= 0 {
+        let delete = self.config.cleanup.delete;
+        if delete && self.config.retention_ms >= 0 {
             count = candidates
                 .iter()
                 .take_while(|(_, ts)| *ts >= 0 && now_ms.saturating_sub(*ts) > self.config.retention_ms)
                 .count();
         }
-        if self.config.retention_bytes >= 0 {
+        if delete && self.config.retention_bytes >= 0 {
             let mut excess = total as i64 - self.config.retention_bytes;
             excess -= candidates[..count]
                 .iter()
@@ -786,6 +788,9 @@ impl PartitionLog {
     /// durable yet go at a later retention pass). No-op if not an advance.
     pub fn delete_records_before(&mut self, offset: i64) -> Result<(), DeleteRecordsError> {
         self.check_writable()?;
+        if !self.config.cleanup.delete {
+            return Err(DeleteRecordsError::PolicyViolation);
+        }
         let log_end = self.log_end_offset();
         if offset > log_end {
             return Err(DeleteRecordsError::OffsetOutOfRange { offset, log_end });

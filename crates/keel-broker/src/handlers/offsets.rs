@@ -222,6 +222,7 @@ fn delete_before(p: &Partition, offset: i64) -> Result<i64, ResponseError> {
     p.with_log(|log| match log.delete_records_before(target) {
         Ok(()) => Ok(log.log_start_offset()),
         Err(DeleteRecordsError::OffsetOutOfRange { .. }) => Err(ResponseError::OffsetOutOfRange),
+        Err(DeleteRecordsError::PolicyViolation) => Err(ResponseError::PolicyViolation),
         Err(DeleteRecordsError::Io(e)) => {
             tracing::error!(error = %e, "delete records failed");
             Err(ResponseError::KafkaStorageError)

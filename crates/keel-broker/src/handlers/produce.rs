@@ -80,6 +80,23 @@ async fn produce_partition(
         Ok(h) => h,
         Err((error, message)) => return failed(error, message),
     };
+    if broker
+        .config
+        .cleanup_policy(&topic.meta.configs)
+        .is_ok_and(|p| p.compact)
+    {
+        if let Some(record) = keel_log::records::first_keyless_record(&records, &headers[0]) {
+            let message = format!(
+                "Compacted topic cannot accept message without key in topic partition {}-{index}",
+                topic.meta.name
+            );
+            return failed(ResponseError::InvalidRecord, message.clone()).with_record_errors(vec![
+                BatchIndexAndErrorMessage::default()
+                    .with_batch_index(i32::try_from(record).unwrap_or(i32::MAX))
+                    .with_batch_index_error_message(Some(str_bytes(message))),
+            ]);
+        }
+    }
     let policy = TimestampPolicy::of(&broker.config, &topic.meta.configs);
     match policy.apply(records, headers, now_ms()) {
         Ok(stamped) => append(&partition, stamped).await,
