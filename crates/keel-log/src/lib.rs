@@ -21,6 +21,7 @@
 //!   there on are recovered.
 
 pub mod batch;
+pub mod clean;
 mod config;
 mod error;
 pub mod faults;

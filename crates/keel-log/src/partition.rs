@@ -14,7 +14,7 @@ use bytes::Bytes;
 use crate::batch::{set_base_offset, BatchHeader, NO_TIMESTAMP};
 use crate::config::LogConfig;
 use crate::error::{AppendError, DeleteRecordsError, OpenError};
-use crate::index::{relative, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
+use crate::index::{relative, OffsetEntry, TimeEntry, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
 use crate::seal::{
     read_offset_file, snapshot_path, write_offset_file, write_snapshot, SealWork, Sealer,
     RECOVERY_POINT_FILE, SNAPSHOT_SUFFIX,
@@ -131,6 +131,7 @@ impl PartitionLog {
         let clean = take_clean_marker(storage.as_ref(), dir).map_err(io_err)?;
         let mut tiered = read_manifest(storage.as_ref(), dir).map_err(io_err)?;
         let manifest_changed = recover_tier_moves(dir, &mut tiered);
+        crate::clean::recover_swaps(storage.as_ref(), dir).map_err(io_err)?;
         let mut listing = list_dir(storage.as_ref(), dir).map_err(io_err)?;
         let cold_end = tiered.iter().filter(|t| t.is_cold()).map(|t| t.next_offset).max();
         if let Some(cold_end) = cold_end {
@@ -617,6 +618,113 @@ impl PartitionLog {
 
     pub fn local_copied_bytes(&self) -> u64 {
         self.view.local_copied_bytes()
+    }
+
+    // ------------------------------------------------------------ compaction
+
+    /// What a cleaning pass reads (see [`crate::clean`]); the pass runs
+    /// without this log's lock.
+    pub fn clean_source(&self) -> crate::clean::CleanSource {
+        crate::clean::CleanSource {
+            storage: Arc::clone(&self.storage),
+            dir: self.dir.clone(),
+            view: self.view.clone(),
+            segment_bytes: self.config.segment_bytes,
+            index_interval_bytes: self.config.index_interval_bytes,
+        }
+    }
+
+    /// Swaps a cleaned group in for the segments it replaces, with Kafka's
+    /// protocol: `.cleaned` (fsynced) becomes `.swap` (the commit point,
+    /// fsynced directory), the old files go (fsynced directory), then the
+    /// swap takes the first segment's name and gets its index files. A
+    /// crash at any step is finished or undone at the next open
+    /// ([`crate::clean::recover_swaps`]). Returns false, and leaves
+    /// everything as it was, if the segments changed since the pass read
+    /// them. Reads planned on the old files keep reading them.
+    pub fn commit_cleaned(&mut self, group: crate::clean::CleanedGroup) -> io::Result<bool> {
+        self.check_writable()?;
+        let base = group.base_offset();
+        let at = {
+            let st = self.view.state.read();
+            let sealed = st.segments.len() - 1;
+            let at = st.segments[..sealed].iter().position(|s| s.base_offset == base);
+            let same = at.is_some_and(|at| {
+                at + group.replaced.len() <= sealed
+                    && group.replaced.iter().zip(&st.segments[at..]).all(|(r, s)| {
+                        Arc::ptr_eq(&r.file, &s.file) && r.size_bytes == s.size_bytes && s.durable
+                    })
+            });
+            match at {
+                Some(at) if same => at,
+                _ => return Ok(false),
+            }
+        };
+        for old in &group.replaced {
+            old.file.pin(old.file.open()?);
+        }
+        let swap = crate::clean::swap_path(&self.dir, base);
+        self.storage.rename(&group.cleaned_path, &swap)?;
+        let committed = self.storage.sync_dir(&self.dir);
+        self.durably(committed)?;
+        // From here on the swap is decided: a failure leaves it to the
+        // next open to finish, and the log offline until then.
+        let finished = self.finish_swap(&group, &swap);
+        if let Err(e) = &finished {
+            self.fail("swapping in a cleaned segment", e);
+        }
+        let (offset_index, time_index) = finished?;
+        let mut meta = SegMeta::cleaned(
+            base,
+            Arc::new(segment::SegmentFile::new(
+                Arc::clone(&self.storage),
+                segment_path(&self.dir, base, LOG_SUFFIX),
+            )),
+        );
+        meta.size_bytes = group.size_bytes;
+        meta.next_offset = group.next_offset;
+        meta.offset_index = offset_index;
+        meta.time_index = time_index;
+        meta.indexer = group.indexer;
+        meta.first_batch_max_timestamp_ms = group.first_batch_max_timestamp_ms;
+        let mut st = self.view.state.write();
+        st.segments.splice(at..at + group.replaced.len(), [meta]);
+        Ok(true)
+    }
+
+    fn finish_swap(
+        &self,
+        group: &crate::clean::CleanedGroup,
+        swap: &Path,
+    ) -> io::Result<(Vec<OffsetEntry>, Vec<TimeEntry>)> {
+        let storage = self.storage.as_ref();
+        let base = group.base_offset();
+        for old in &group.replaced {
+            for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+                remove_if_exists(storage, &segment_path(&self.dir, old.base_offset, suffix))?;
+            }
+            if old.base_offset != base {
+                remove_if_exists(storage, &segment_path(&self.dir, old.base_offset, LOG_SUFFIX))?;
+            }
+        }
+        storage.sync_dir(&self.dir)?;
+        storage.rename(swap, &segment_path(&self.dir, base, LOG_SUFFIX))?;
+        storage.sync_dir(&self.dir)?;
+        let mut meta = SegMeta::cleaned(
+            base,
+            Arc::new(segment::SegmentFile::new(
+                Arc::clone(&self.storage),
+                PathBuf::new(),
+            )),
+        );
+        meta.offset_index = group.offset_index.clone();
+        meta.time_index = group.time_index.clone();
+        meta.indexer = group.indexer;
+        meta.add_final_time_entry();
+        let (offsets, times) = meta.index_images();
+        write_atomically(storage, &segment_path(&self.dir, base, INDEX_SUFFIX), &offsets)?;
+        write_atomically(storage, &segment_path(&self.dir, base, TIME_INDEX_SUFFIX), &times)?;
+        Ok((meta.offset_index, meta.time_index))
     }
 
     // ------------------------------------------------ retention and deletes

@@ -1,5 +1,6 @@
 //! The records inside an uncompressed v2 batch: a reader that walks them
-//! (keys, values, offset and timestamp deltas).
+//! (keys, values, offset and timestamp deltas) and a builder that writes a
+//! batch holding some of them, as the cleaner rewrites batches.
 //!
 //! Kafka's `DefaultRecord` layout, all integers zigzag varints:
 //! `length, attributes (int8), timestampDelta, offsetDelta, keyLength, key,
@@ -8,7 +9,7 @@
 // Parsing code: bad bytes are errors, never panics.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-use crate::batch::{get_varlong, BatchHeader, BATCH_HEADER_LEN};
+use crate::batch::{get_varlong, BatchHeader, ATTRIBUTES_AT, BATCH_HEADER_LEN, BATCH_OVERHEAD};
 
 /// One record of a batch, borrowed from the batch's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +124,87 @@ pub fn first_keyless_record(batch: &[u8], header: &BatchHeader) -> Option<usize>
         .map(|(i, _)| i)
 }
 
+/// Appends `value` as a zigzag varlong.
+pub(crate) fn put_varlong(out: &mut Vec<u8>, value: i64) {
+    let mut v = ((value << 1) ^ (value >> 63)) as u64;
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Writes `record` into `out` with its timestamp delta re-based by
+/// `rebase` (the old base timestamp minus the new one), length prefix
+/// included.
+pub(crate) fn write_record(out: &mut Vec<u8>, record: &Record<'_>, rebase: i64) {
+    let mut body = Vec::with_capacity(record.body.len() + 10);
+    body.push(record.body[0]);
+    put_varlong(&mut body, record.timestamp_delta.saturating_add(rebase));
+    put_varlong(&mut body, record.offset_delta);
+    body.extend_from_slice(&record.body[record.key_at..]);
+    put_varlong(out, body.len() as i64);
+    out.extend_from_slice(&body);
+}
+
+/// Batch attribute bit: the base timestamp holds the delete horizon
+/// (KIP-534): tombstones in the batch may go once it has passed.
+pub const DELETE_HORIZON_FLAG: i16 = 0x40;
+
+/// Writes a batch that keeps `original`'s offsets (base offset and last
+/// offset delta), producer fields and leader epoch, holding only `kept`
+/// (records of `original`, in order). With `horizon`, the batch is marked
+/// with that delete horizon (its base timestamp, the record timestamp
+/// deltas re-based to it). An empty `kept` gives Kafka's empty batch:
+/// header only, base and max timestamp the original max timestamp.
+pub(crate) fn rebuild_batch(
+    original: &[u8],
+    header: &BatchHeader,
+    kept: &[Record<'_>],
+    horizon: Option<i64>,
+) -> Vec<u8> {
+    let log_append = header.timestamp_type_is_log_append();
+    let mut attributes = header.attributes;
+    let mut base_timestamp = header.base_timestamp;
+    let mut max_timestamp = header.max_timestamp;
+    let mut rebase = 0i64;
+    if kept.is_empty() {
+        base_timestamp = header.max_timestamp;
+    } else {
+        if !log_append {
+            max_timestamp = kept
+                .iter()
+                .map(|r| header.base_timestamp.saturating_add(r.timestamp_delta))
+                .max()
+                .unwrap_or(header.max_timestamp);
+        }
+        if let Some(horizon) = horizon {
+            attributes |= DELETE_HORIZON_FLAG;
+            rebase = header.base_timestamp.saturating_sub(horizon);
+            base_timestamp = horizon;
+        }
+    }
+    let mut out = Vec::with_capacity(original.len());
+    out.extend_from_slice(&original[..BATCH_HEADER_LEN]);
+    for r in kept {
+        write_record(&mut out, r, rebase);
+    }
+    let batch_length = (out.len() - BATCH_OVERHEAD) as i32;
+    out[8..12].copy_from_slice(&batch_length.to_be_bytes());
+    out[ATTRIBUTES_AT..ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
+    out[27..35].copy_from_slice(&base_timestamp.to_be_bytes());
+    out[35..43].copy_from_slice(&max_timestamp.to_be_bytes());
+    out[57..61].copy_from_slice(&(kept.len() as i32).to_be_bytes());
+    let crc = crc32c::crc32c(&out[ATTRIBUTES_AT..]);
+    out[17..21].copy_from_slice(&crc.to_be_bytes());
+    out
+}
+
+/// The delete horizon a batch carries, if any (KIP-534).
+pub fn delete_horizon(header: &BatchHeader) -> Option<i64> {
+    (header.attributes & DELETE_HORIZON_FLAG != 0).then_some(header.base_timestamp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +226,51 @@ mod tests {
         assert!(all[2].is_tombstone());
         assert_eq!(all[2].offset_delta, 2);
         assert_eq!(first_keyless_record(&batch, &h), Some(1));
+    }
+
+    #[test]
+    fn varlongs_round_trip() {
+        for v in [0i64, 1, -1, 63, -64, 64, 300, -300, i64::MAX, i64::MIN] {
+            let mut out = Vec::new();
+            put_varlong(&mut out, v);
+            let mut at = 0;
+            assert_eq!(get_varlong(&out, &mut at), Some(v));
+            assert_eq!(at, out.len());
+        }
+    }
+
+    #[test]
+    fn rebuilt_batches_keep_offsets_and_timestamps() {
+        let batch = BatchBuilder::new(1_000)
+            .base_offset(40)
+            .producer(7, 1, 3)
+            .record(Some(b"a"), Some(b"1"))
+            .record(Some(b"b"), None)
+            .record(Some(b"c"), Some(b"3"))
+            .build();
+        let h = validate_batches(&batch).unwrap()[0];
+        let all: Vec<Record> = records(&batch, &h).unwrap().map(Result::unwrap).collect();
+        let kept = [all[1]];
+        let out = rebuild_batch(&batch, &h, &kept, Some(90_000));
+        let nh = validate_batches(&out).unwrap()[0];
+        assert_eq!((nh.base_offset, nh.last_offset(), nh.records_count), (40, 42, 1));
+        assert_eq!((nh.producer_id, nh.base_sequence), (7, 3));
+        assert_eq!(delete_horizon(&nh), Some(90_000));
+        assert_eq!(nh.max_timestamp, 1_001);
+        let r: Vec<Record> = records(&out, &nh).unwrap().map(Result::unwrap).collect();
+        assert_eq!(r[0].offset_delta, 1);
+        assert_eq!(
+            nh.base_timestamp + r[0].timestamp_delta,
+            1_001,
+            "the record keeps its timestamp"
+        );
+        assert!(r[0].is_tombstone());
+        let empty = rebuild_batch(&batch, &h, &[], None);
+        let eh = validate_batches(&empty).unwrap()[0];
+        assert_eq!(
+            (eh.records_count, eh.last_offset(), eh.base_timestamp),
+            (0, 42, 1_002)
+        );
+        assert_eq!(records(&empty, &eh).unwrap().count(), 0);
     }
 }

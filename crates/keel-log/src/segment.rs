@@ -104,6 +104,13 @@ impl SegmentFile {
         Ok(opened)
     }
 
+    /// Keeps `handle` open for as long as this file lives: reads planned
+    /// on it keep reading these bytes after the path names another file
+    /// (a cleaned segment swapped in under the same name).
+    pub(crate) fn pin(&self, handle: Arc<dyn StoredFile>) {
+        self.handles.lock().pinned = Some(handle);
+    }
+
     /// The open file if one is, without opening it.
     pub(crate) fn if_open(&self) -> Option<Arc<dyn StoredFile>> {
         let h = self.handles.lock();
@@ -166,6 +173,13 @@ impl SegMeta {
             damage: None,
             durable: false,
         }
+    }
+
+    /// A cleaned segment about to replace sealed ones: durable already.
+    pub(crate) fn cleaned(base_offset: i64, file: Arc<SegmentFile>) -> SegMeta {
+        let mut meta = SegMeta::empty(base_offset, file);
+        meta.durable = true;
+        meta
     }
 
     pub fn is_empty(&self) -> bool {

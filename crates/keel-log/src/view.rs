@@ -113,6 +113,16 @@ impl LogReader {
         self.state.read().segments.iter().map(|s| s.base_offset).collect()
     }
 
+    /// `(base offset, next offset)` of every local segment, oldest first.
+    pub fn segment_ranges(&self) -> Vec<(i64, i64)> {
+        self.state
+            .read()
+            .segments
+            .iter()
+            .map(|s| (s.base_offset, s.next_offset))
+            .collect()
+    }
+
     /// Local segments whose data is damaged below the recovery point:
     /// `(base offset, valid bytes, reason)`.
     pub fn damaged_segments(&self) -> Vec<(i64, u64, String)> {

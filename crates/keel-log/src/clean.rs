@@ -1,0 +1,837 @@
+//! Log compaction: keeps the latest record of every key in the sealed part
+//! of a log, with Kafka's semantics (offsets never change, tombstones go
+//! after `delete.retention.ms`, the active segment and anything newer than
+//! `min.compaction.lag.ms` untouched) and Kafka's crash-safe swap
+//! (`.cleaned`, then `.swap`, then the segment's own name).
+//!
+//! A pass builds a [`KeyMap`] of the dirty section **from its newest end**:
+//! records newest first, each key's first sighting is its latest offset.
+//! When the map fills up, it covers a suffix `[map_start, dirty_end)` of the
+//! dirty section; every record older than `map_start` whose key is in the
+//! map is superseded, so the pass reclaims space even when the map holds a
+//! small part of the keys (Kafka builds its map forward from the start of
+//! the dirty section, so a bulk load of unique keys fills it with keys that
+//! have nothing to supersede). The next pass maps the part below
+//! `map_start`, until the dirty section is done.
+//!
+//! The state between passes is the partition's `cleaner-checkpoint`:
+//! everything below `clean_end` is clean (no record has a newer one of the
+//! same key below it), and so is a suffix window `[suffix_start,
+//! suffix_end)` while a backward sweep is under way: each record in it is
+//! the latest of its key below `suffix_end`, and no older record shares its
+//! key.
+//!
+//! A pass reads sealed segments through their files and writes new ones
+//! beside them without the partition's writer lock; only the swap of each
+//! cleaned group takes it ([`crate::PartitionLog::commit_cleaned`]).
+
+// Reads bytes from disk: bad bytes are errors, never panics.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+use std::hash::{DefaultHasher, Hasher};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::batch::BatchHeader;
+use crate::index::{Indexer, OffsetEntry, TimeEntry};
+use crate::records::{delete_horizon, rebuild_batch, records, Record};
+use crate::segment::{batch_meta, read_header_at, segment_path, SegmentFile, LOG_SUFFIX};
+use crate::storage::{
+    read_exact_at, read_file, remove_if_exists, write_all_at, write_atomically, OpenMode, Storage,
+};
+use crate::view::LogReader;
+
+/// The per-partition file holding the cleaner's progress.
+pub const CLEANER_CHECKPOINT_FILE: &str = "cleaner-checkpoint";
+
+/// Bytes of one map slot: an 80-bit digest of the key and a 32-bit offset
+/// relative to the map's base offset.
+pub const SLOT_BYTES: usize = 14;
+/// The map takes keys until 7/8 of its slots are used, so a full map
+/// costs `SLOT_BYTES * 8 / 7` = 16 bytes per key.
+const MAX_LOAD_NUM: usize = 7;
+const MAX_LOAD_DEN: usize = 8;
+const DIGEST_BYTES: usize = 10;
+/// An empty slot's offset field (never a stored offset delta).
+const EMPTY: u32 = u32::MAX;
+
+/// Key digest → latest offset, in a flat open-addressing table of
+/// [`SLOT_BYTES`]-byte slots (linear probing). Two keys with the same 80-bit
+/// digest are one key to the map; docs/format.md works out the odds.
+pub struct KeyMap {
+    slots: Vec<u8>,
+    capacity: usize,
+    max_entries: usize,
+    entries: usize,
+    base_offset: i64,
+}
+
+/// What [`KeyMap::insert_if_absent`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Insert {
+    Inserted,
+    /// The key is already mapped (to a newer offset, when filled newest
+    /// first).
+    Present,
+    Full,
+}
+
+impl KeyMap {
+    /// A map using at most `budget_bytes` (at least a few slots).
+    pub fn with_budget(budget_bytes: usize) -> KeyMap {
+        let capacity = (budget_bytes / SLOT_BYTES).max(8);
+        KeyMap {
+            slots: vec![0xff; capacity * SLOT_BYTES],
+            capacity,
+            max_entries: capacity * MAX_LOAD_NUM / MAX_LOAD_DEN,
+            entries: 0,
+            base_offset: 0,
+        }
+    }
+
+    /// Empties the map for offsets from `base_offset` (up to 2^32 - 2 past it).
+    pub fn reset(&mut self, base_offset: i64) {
+        self.slots.fill(0xff);
+        self.entries = 0;
+        self.base_offset = base_offset;
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// How many keys the map holds when full.
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The highest offset a map based at `base_offset` can hold.
+    pub fn max_offset(base_offset: i64) -> i64 {
+        base_offset.saturating_add(i64::from(EMPTY) - 1)
+    }
+
+    fn digest(key: &[u8]) -> (u64, [u8; DIGEST_BYTES]) {
+        let hash = |seed: u8| {
+            let mut h = DefaultHasher::new();
+            h.write_u8(seed);
+            h.write(key);
+            h.finish()
+        };
+        let (h1, h2) = (hash(0), hash(1));
+        let mut stored = [0u8; DIGEST_BYTES];
+        stored[..8].copy_from_slice(&h2.to_le_bytes());
+        stored[8..].copy_from_slice(&h1.to_le_bytes()[..2]);
+        (h1, stored)
+    }
+
+    fn home(&self, h1: u64) -> usize {
+        ((u128::from(h1) * self.capacity as u128) >> 64) as usize
+    }
+
+    /// The slot holding `digest`, or the empty slot where it would go.
+    fn find(&self, h1: u64, digest: &[u8; DIGEST_BYTES]) -> (usize, bool) {
+        let mut i = self.home(h1);
+        loop {
+            let slot = &self.slots[i * SLOT_BYTES..(i + 1) * SLOT_BYTES];
+            let delta = u32::from_le_bytes([slot[10], slot[11], slot[12], slot[13]]);
+            if delta == EMPTY {
+                return (i, false);
+            }
+            if slot[..DIGEST_BYTES] == digest[..] {
+                return (i, true);
+            }
+            i = if i + 1 == self.capacity { 0 } else { i + 1 };
+        }
+    }
+
+    /// Maps `key` to `offset` unless it is mapped already.
+    pub fn insert_if_absent(&mut self, key: &[u8], offset: i64) -> Insert {
+        let (h1, digest) = Self::digest(key);
+        let (i, found) = self.find(h1, &digest);
+        if found {
+            return Insert::Present;
+        }
+        let delta = offset - self.base_offset;
+        if self.entries >= self.max_entries || !(0..i64::from(EMPTY)).contains(&delta) {
+            return Insert::Full;
+        }
+        let slot = &mut self.slots[i * SLOT_BYTES..(i + 1) * SLOT_BYTES];
+        slot[..DIGEST_BYTES].copy_from_slice(&digest);
+        slot[DIGEST_BYTES..].copy_from_slice(&(delta as u32).to_le_bytes());
+        self.entries += 1;
+        Insert::Inserted
+    }
+
+    /// The offset `key` is mapped to.
+    pub fn get(&self, key: &[u8]) -> Option<i64> {
+        let (h1, digest) = Self::digest(key);
+        let (i, found) = self.find(h1, &digest);
+        found.then(|| {
+            let slot = &self.slots[i * SLOT_BYTES..(i + 1) * SLOT_BYTES];
+            self.base_offset + i64::from(u32::from_le_bytes([slot[10], slot[11], slot[12], slot[13]]))
+        })
+    }
+}
+
+/// The cleaner's progress in one partition (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Checkpoint {
+    pub clean_end: i64,
+    pub suffix_start: i64,
+    pub suffix_end: i64,
+}
+
+impl Checkpoint {
+    fn at(offset: i64) -> Checkpoint {
+        Checkpoint {
+            clean_end: offset,
+            suffix_start: offset,
+            suffix_end: offset,
+        }
+    }
+
+    fn sweeping(&self) -> bool {
+        self.suffix_start < self.suffix_end
+    }
+
+    /// Whether the record at `offset` is clean in this state.
+    fn is_clean(&self, offset: i64) -> bool {
+        offset < self.clean_end || (self.suffix_start..self.suffix_end).contains(&offset)
+    }
+
+    pub fn read(storage: &dyn Storage, dir: &Path) -> io::Result<Option<Checkpoint>> {
+        let Some(bytes) = read_file(storage, &dir.join(CLEANER_CHECKPOINT_FILE))? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let numbers: Vec<i64> = text
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        Ok(match (text.lines().next(), numbers.as_slice()) {
+            (Some("0"), &[clean_end, suffix_start, suffix_end])
+                if clean_end <= suffix_start && suffix_start <= suffix_end =>
+            {
+                Some(Checkpoint {
+                    clean_end,
+                    suffix_start,
+                    suffix_end,
+                })
+            }
+            _ => {
+                tracing::warn!(dir = %dir.display(), "unreadable cleaner checkpoint; cleaning from the start");
+                None
+            }
+        })
+    }
+
+    pub fn write(&self, storage: &dyn Storage, dir: &Path) -> io::Result<()> {
+        let text = format!(
+            "0\n{}\n{}\n{}\n",
+            self.clean_end, self.suffix_start, self.suffix_end
+        );
+        write_atomically(storage, &dir.join(CLEANER_CHECKPOINT_FILE), text.as_bytes())
+    }
+}
+
+/// What a pass needs to know besides the log's own config.
+#[derive(Debug, Clone, Copy)]
+pub struct PassOptions {
+    pub now_ms: i64,
+    /// `min.compaction.lag.ms`: segments holding newer records wait.
+    pub min_compaction_lag_ms: i64,
+    /// `max.compaction.lag.ms`: a dirty record this old makes the log
+    /// cleanable whatever its dirty ratio.
+    pub max_compaction_lag_ms: i64,
+    /// `min.cleanable.dirty.ratio`.
+    pub min_cleanable_dirty_ratio: f64,
+    /// `delete.retention.ms`: how long a clean tombstone stays.
+    pub delete_retention_ms: i64,
+}
+
+/// A sealed segment as a pass sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentRef {
+    pub base_offset: i64,
+    pub next_offset: i64,
+    pub size_bytes: u64,
+    pub max_timestamp_ms: i64,
+    pub first_timestamp_ms: Option<i64>,
+    pub file: Arc<SegmentFile>,
+}
+
+/// A group of consecutive sealed segments written again as one, ready to
+/// be swapped in by [`crate::PartitionLog::commit_cleaned`].
+pub struct CleanedGroup {
+    pub(crate) replaced: Vec<SegmentRef>,
+    pub(crate) cleaned_path: PathBuf,
+    pub(crate) size_bytes: u64,
+    pub(crate) next_offset: i64,
+    pub(crate) offset_index: Vec<OffsetEntry>,
+    pub(crate) time_index: Vec<TimeEntry>,
+    pub(crate) indexer: Indexer,
+    pub(crate) first_batch_max_timestamp_ms: Option<i64>,
+}
+
+impl CleanedGroup {
+    pub fn base_offset(&self) -> i64 {
+        self.replaced.first().map_or(0, |s| s.base_offset)
+    }
+}
+
+/// Why a log was not cleaned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Skip {
+    /// Nothing sealed is old enough or dirty enough.
+    NothingToClean,
+    /// The dirty ratio is below `min.cleanable.dirty.ratio`.
+    BelowDirtyRatio(f64),
+    /// The log holds batches the cleaner cannot rewrite yet.
+    Unsupported(String),
+    /// Retention, a deletion or a failure changed the segments under the
+    /// pass; the next pass starts again.
+    Changed,
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skip::NothingToClean => write!(f, "no sealed segment past min.compaction.lag.ms is dirty"),
+            Skip::BelowDirtyRatio(r) => write!(f, "dirty ratio {r:.2} is below min.cleanable.dirty.ratio"),
+            Skip::Unsupported(why) => write!(f, "{why}"),
+            Skip::Changed => write!(f, "the log changed during the pass"),
+        }
+    }
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PassStats {
+    pub dirty_ratio: f64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Bytes of the segments replaced minus bytes of their replacements.
+    pub bytes_reclaimed: u64,
+    pub records_removed: u64,
+    pub groups_swapped: usize,
+    pub map_entries: usize,
+    /// The range the map covered: `[map_start, map_end)`.
+    pub map_start: i64,
+    pub map_end: i64,
+    pub checkpoint: Checkpoint,
+}
+
+/// Everything a pass reads: the log's files and view, without its lock.
+pub struct CleanSource {
+    pub(crate) storage: Arc<dyn Storage>,
+    pub(crate) dir: PathBuf,
+    pub(crate) view: LogReader,
+    pub(crate) segment_bytes: u64,
+    pub(crate) index_interval_bytes: u64,
+}
+
+/// Counts bytes read and lets the caller pace them (the cleaner's I/O
+/// budget).
+pub trait ReadBudget {
+    fn charge(&mut self, bytes: u64);
+}
+
+impl<F: FnMut(u64)> ReadBudget for F {
+    fn charge(&mut self, bytes: u64) {
+        self(bytes)
+    }
+}
+
+impl CleanSource {
+    /// The sealed, durable, undamaged segments a pass may clean (all of
+    /// them but the active one), or why there are none.
+    fn sealed(&self) -> Result<(Vec<SegmentRef>, i64), Skip> {
+        let st = self.view.state.read();
+        if !st.tiered.is_empty() {
+            return Err(Skip::Unsupported("the log has segments in a colder tier".into()));
+        }
+        let sealed = &st.segments[..st.segments.len().saturating_sub(1)];
+        let refs = sealed
+            .iter()
+            .take_while(|s| s.durable && s.damage.is_none())
+            .filter(|s| s.size_bytes > 0)
+            .map(|s| SegmentRef {
+                base_offset: s.base_offset,
+                next_offset: s.next_offset,
+                size_bytes: s.size_bytes,
+                max_timestamp_ms: s.indexer.max_timestamp_ms,
+                first_timestamp_ms: s.first_batch_max_timestamp_ms,
+                file: Arc::clone(&s.file),
+            })
+            .collect();
+        Ok((refs, st.log_start_offset))
+    }
+
+    /// Runs one cleaning pass: maps the dirty section newest first, writes
+    /// every segment below the mapped range's end again without the
+    /// superseded records (and expired clean tombstones), hands each group
+    /// to `commit` (which swaps it in under the writer lock, or refuses if
+    /// the log changed meanwhile) and saves the new checkpoint.
+    pub fn clean(
+        &self,
+        map: &mut KeyMap,
+        options: &PassOptions,
+        budget: &mut dyn ReadBudget,
+        commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
+    ) -> io::Result<Result<PassStats, Skip>> {
+        let (sealed, log_start) = match self.sealed() {
+            Ok(s) => s,
+            Err(skip) => return Ok(Err(skip)),
+        };
+        // The first uncleanable offset: the first segment holding a record
+        // newer than min.compaction.lag.ms (Kafka's rule), else the end of
+        // the sealed segments.
+        let lag_limit = options.now_ms.saturating_sub(options.min_compaction_lag_ms);
+        let cleanable: Vec<SegmentRef> = sealed
+            .into_iter()
+            .take_while(|s| s.max_timestamp_ms <= lag_limit)
+            .collect();
+        let Some(last) = cleanable.last() else {
+            return Ok(Err(Skip::NothingToClean));
+        };
+        let dirty_end = last.next_offset;
+        let first_base = cleanable[0].base_offset.max(log_start);
+        let mut checkpoint = Checkpoint::read(self.storage.as_ref(), &self.dir)?
+            .filter(|c| c.suffix_end <= dirty_end && c.clean_end >= 0)
+            .map(|c| {
+                if c.sweeping() && c.clean_end >= c.suffix_start {
+                    Checkpoint::at(c.suffix_end)
+                } else {
+                    c
+                }
+            })
+            .unwrap_or_else(|| Checkpoint::at(first_base));
+        if checkpoint.clean_end < first_base {
+            checkpoint.clean_end = first_base.min(checkpoint.suffix_start);
+        }
+        let total: u64 = cleanable.iter().map(|s| s.size_bytes).sum();
+        let clean_bytes: u64 = cleanable
+            .iter()
+            .filter(|s| s.next_offset <= checkpoint.clean_end)
+            .map(|s| s.size_bytes)
+            .sum();
+        let dirty_ratio = if total == 0 {
+            0.0
+        } else {
+            (total - clean_bytes) as f64 / total as f64
+        };
+        let (lo, hi) = if checkpoint.sweeping() {
+            (checkpoint.clean_end, checkpoint.suffix_start)
+        } else {
+            (checkpoint.clean_end, dirty_end)
+        };
+        if lo >= hi && !checkpoint.sweeping() {
+            return Ok(Err(Skip::NothingToClean));
+        }
+        let overdue = cleanable
+            .iter()
+            .find(|s| s.next_offset > lo)
+            .and_then(|s| s.first_timestamp_ms)
+            .is_some_and(|t| t >= 0 && options.now_ms.saturating_sub(t) > options.max_compaction_lag_ms);
+        if !checkpoint.sweeping() && dirty_ratio < options.min_cleanable_dirty_ratio && !overdue {
+            return Ok(Err(Skip::BelowDirtyRatio(dirty_ratio)));
+        }
+        let mut stats = PassStats {
+            dirty_ratio,
+            ..PassStats::default()
+        };
+
+        // 1. The map, newest first.
+        let map_base = lo.max(hi.saturating_sub(i64::from(EMPTY) - 1));
+        map.reset(map_base);
+        let mut map_start = map_base;
+        'segments: for seg in cleanable
+            .iter()
+            .rev()
+            .filter(|s| s.base_offset < hi && s.next_offset > lo)
+        {
+            let file = seg.file.open()?;
+            let headers = batch_positions(file.as_ref(), seg.size_bytes)?;
+            budget.charge(headers.len() as u64 * crate::batch::BATCH_HEADER_LEN as u64);
+            for (pos, h) in headers.iter().rev() {
+                if h.last_offset() < map_base {
+                    break 'segments;
+                }
+                if h.base_offset >= hi {
+                    continue;
+                }
+                let batch = read_batch(file.as_ref(), *pos, h)?;
+                budget.charge(batch.len() as u64);
+                stats.bytes_read += batch.len() as u64;
+                let recs = batch_records(&batch, h)?;
+                for r in recs.iter().rev() {
+                    let offset = h.base_offset + r.offset_delta;
+                    if offset >= hi || offset < map_base {
+                        continue;
+                    }
+                    let Some(key) = r.key else { continue };
+                    if map.insert_if_absent(key, offset) == Insert::Full {
+                        map_start = offset + 1;
+                        break 'segments;
+                    }
+                }
+            }
+        }
+        if map_start >= hi {
+            return Ok(Err(Skip::Unsupported(
+                "the key map holds no key of the newest batch (log.cleaner.dedupe.buffer.size too small)"
+                    .into(),
+            )));
+        }
+        stats.map_entries = map.len();
+        stats.map_start = map_start;
+        stats.map_end = hi;
+
+        // 2. The state after this pass, which decides where tombstones get
+        //    their delete horizon.
+        let next = if map_start == lo {
+            Checkpoint::at(if checkpoint.sweeping() {
+                checkpoint.suffix_end
+            } else {
+                hi
+            })
+        } else {
+            Checkpoint {
+                clean_end: checkpoint.clean_end,
+                suffix_start: map_start,
+                suffix_end: if checkpoint.sweeping() {
+                    checkpoint.suffix_end
+                } else {
+                    hi
+                },
+            }
+        };
+        let decide = Decide {
+            map,
+            map_start,
+            map_end: hi,
+            before: checkpoint,
+            after: next,
+            now_ms: options.now_ms,
+            delete_retention_ms: options.delete_retention_ms,
+        };
+
+        // 3. Every segment below the map's end, in groups, written again.
+        let targets: Vec<SegmentRef> = cleanable.into_iter().filter(|s| s.base_offset < hi).collect();
+        for group in group_segments(&targets, self.segment_bytes) {
+            let Some(cleaned) = self.write_group(group, &decide, budget, &mut stats)? else {
+                continue;
+            };
+            let old_bytes: u64 = cleaned.replaced.iter().map(|s| s.size_bytes).sum();
+            let new_bytes = cleaned.size_bytes;
+            let path = cleaned.cleaned_path.clone();
+            if commit(cleaned)? {
+                stats.groups_swapped += 1;
+                stats.bytes_reclaimed += old_bytes.saturating_sub(new_bytes);
+            } else {
+                // The log changed under the pass (retention, deletion):
+                // stop; the checkpoint stays where it was.
+                remove_if_exists(self.storage.as_ref(), &path)?;
+                return Ok(Err(Skip::Changed));
+            }
+        }
+        next.write(self.storage.as_ref(), &self.dir)?;
+        stats.checkpoint = next;
+        Ok(Ok(stats))
+    }
+
+    /// Writes `group` again as `<base>.log.cleaned`, fsynced, with its
+    /// index entries. `None` when nothing in it changes.
+    fn write_group(
+        &self,
+        group: &[SegmentRef],
+        decide: &Decide<'_>,
+        budget: &mut dyn ReadBudget,
+        stats: &mut PassStats,
+    ) -> io::Result<Option<CleanedGroup>> {
+        let Some(first) = group.first() else {
+            return Ok(None);
+        };
+        let base = first.base_offset;
+        let path = cleaned_path(&self.dir, base);
+        let out = self.storage.open(&path, OpenMode::Create)?;
+        let mut pos = 0u64;
+        let mut indexer = Indexer::new(base);
+        let mut offset_index = Vec::new();
+        let mut time_index: Vec<TimeEntry> = Vec::new();
+        let mut first_ts = None;
+        let mut changed = false;
+        let mut next_offset = base;
+        let mut removed = 0u64;
+        let written = (|| -> io::Result<()> {
+            for (si, seg) in group.iter().enumerate() {
+                let file = seg.file.open()?;
+                let headers = batch_positions(file.as_ref(), seg.size_bytes)?;
+                let last_batch = headers.len().saturating_sub(1);
+                for (bi, (at, h)) in headers.iter().enumerate() {
+                    let batch = read_batch(file.as_ref(), *at, h)?;
+                    budget.charge(batch.len() as u64);
+                    stats.bytes_read += batch.len() as u64;
+                    let is_group_end = si + 1 == group.len() && bi == last_batch;
+                    let rewritten = decide.batch(&batch, h, is_group_end)?;
+                    let bytes: &[u8] = match &rewritten {
+                        Rewrite::Same => &batch,
+                        Rewrite::Drop { records } => {
+                            changed = true;
+                            removed += records;
+                            continue;
+                        }
+                        Rewrite::New { bytes, removed: r } => {
+                            changed = true;
+                            removed += r;
+                            bytes
+                        }
+                    };
+                    let nh = BatchHeader::parse(bytes).map_err(|e| io::Error::other(e.to_string()))?;
+                    write_all_at(out.as_ref(), bytes, pos)?;
+                    let (o, t) = indexer.on_batch(
+                        batch_meta(&nh, pos),
+                        base,
+                        self.index_interval_bytes,
+                        time_index.last().copied(),
+                    );
+                    offset_index.extend(o);
+                    time_index.extend(t);
+                    first_ts.get_or_insert(nh.max_timestamp);
+                    next_offset = nh.last_offset() + 1;
+                    pos += bytes.len() as u64;
+                }
+            }
+            Ok(())
+        })();
+        let done = written.and_then(|()| {
+            if changed || group.len() > 1 {
+                out.sync_data()
+            } else {
+                Ok(())
+            }
+        });
+        drop(out);
+        if let Err(e) = done {
+            let _ = remove_if_exists(self.storage.as_ref(), &path);
+            return Err(e);
+        }
+        if !changed && group.len() == 1 {
+            remove_if_exists(self.storage.as_ref(), &path)?;
+            return Ok(None);
+        }
+        stats.bytes_written += pos;
+        stats.records_removed += removed;
+        Ok(Some(CleanedGroup {
+            replaced: group.to_vec(),
+            cleaned_path: path,
+            size_bytes: pos,
+            next_offset,
+            offset_index,
+            time_index,
+            indexer,
+            first_batch_max_timestamp_ms: first_ts,
+        }))
+    }
+}
+
+/// `dir/<base>.log.cleaned`.
+pub(crate) fn cleaned_path(dir: &Path, base_offset: i64) -> PathBuf {
+    let mut p = segment_path(dir, base_offset, LOG_SUFFIX).into_os_string();
+    p.push(".cleaned");
+    PathBuf::from(p)
+}
+
+/// `dir/<base>.log.swap`.
+pub(crate) fn swap_path(dir: &Path, base_offset: i64) -> PathBuf {
+    let mut p = segment_path(dir, base_offset, LOG_SUFFIX).into_os_string();
+    p.push(".swap");
+    PathBuf::from(p)
+}
+
+/// Kafka's grouping: consecutive segments whose sizes add up to at most
+/// `segment.bytes` and whose offsets fit one segment's int32 range.
+fn group_segments(segments: &[SegmentRef], max_bytes: u64) -> Vec<&[SegmentRef]> {
+    let mut groups = Vec::new();
+    let mut start = 0;
+    while start < segments.len() {
+        let mut end = start + 1;
+        let mut size = segments[start].size_bytes;
+        while end < segments.len()
+            && size + segments[end].size_bytes <= max_bytes
+            && segments[end].next_offset - 1 - segments[start].base_offset <= i64::from(i32::MAX)
+        {
+            size += segments[end].size_bytes;
+            end += 1;
+        }
+        groups.push(&segments[start..end]);
+        start = end;
+    }
+    groups
+}
+
+/// Positions and headers of a segment's batches.
+fn batch_positions(file: &dyn crate::StoredFile, size: u64) -> io::Result<Vec<(u64, BatchHeader)>> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while let Some(h) = read_header_at(file, pos, size)? {
+        out.push((pos, h));
+        pos += h.total_len() as u64;
+    }
+    Ok(out)
+}
+
+fn read_batch(file: &dyn crate::StoredFile, pos: u64, h: &BatchHeader) -> io::Result<Vec<u8>> {
+    let mut batch = vec![0u8; h.total_len()];
+    read_exact_at(file, &mut batch, pos)?;
+    Ok(batch)
+}
+
+fn batch_records<'a>(batch: &'a [u8], h: &BatchHeader) -> io::Result<Vec<Record<'a>>> {
+    let Some(iter) = records(batch, h) else {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "batch at offset {} is compressed (codec {}); compressed batches are not compacted yet",
+                h.base_offset,
+                h.compression_codec()
+            ),
+        ));
+    };
+    iter.collect::<Result<Vec<_>, String>>().map_err(|why| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("batch at offset {}: {why}", h.base_offset),
+        )
+    })
+}
+
+/// The per-record rules of a pass.
+struct Decide<'a> {
+    map: &'a KeyMap,
+    map_start: i64,
+    map_end: i64,
+    before: Checkpoint,
+    after: Checkpoint,
+    now_ms: i64,
+    delete_retention_ms: i64,
+}
+
+enum Rewrite {
+    Same,
+    Drop { records: u64 },
+    New { bytes: Vec<u8>, removed: u64 },
+}
+
+impl Decide<'_> {
+    /// Whether the record at `offset` with `key` survives the map.
+    fn latest(&self, offset: i64, key: Option<&[u8]>) -> bool {
+        let Some(key) = key else { return true };
+        if offset >= self.map_end {
+            return true;
+        }
+        match self.map.get(key) {
+            None => true,
+            Some(mapped) if offset >= self.map_start => mapped == offset,
+            Some(mapped) => mapped < offset,
+        }
+    }
+
+    fn batch(&self, batch: &[u8], h: &BatchHeader, is_group_end: bool) -> io::Result<Rewrite> {
+        if h.is_control() {
+            return Ok(Rewrite::Same);
+        }
+        let recs = batch_records(batch, h)?;
+        let horizon = delete_horizon(h);
+        let expired = horizon.is_some_and(|t| self.now_ms >= t);
+        let kept: Vec<Record> = recs
+            .iter()
+            .filter(|r| {
+                let offset = h.base_offset + r.offset_delta;
+                self.latest(offset, r.key) && !(r.is_tombstone() && expired && self.before.is_clean(offset))
+            })
+            .copied()
+            .collect();
+        let removed = (recs.len() - kept.len()) as u64;
+        // Tombstones of a batch that is clean after this pass start their
+        // delete.retention.ms now (KIP-534's delete horizon).
+        let clean_after = self.after.is_clean(h.base_offset) && self.after.is_clean(h.last_offset());
+        let set_horizon = horizon.is_none() && clean_after && kept.iter().any(Record::is_tombstone);
+        if removed == 0 && !set_horizon {
+            return Ok(Rewrite::Same);
+        }
+        if kept.is_empty() && !is_group_end {
+            return Ok(Rewrite::Drop { records: removed });
+        }
+        let new_horizon = set_horizon.then(|| self.now_ms.saturating_add(self.delete_retention_ms));
+        Ok(Rewrite::New {
+            bytes: rebuild_batch(batch, h, &kept, new_horizon),
+            removed,
+        })
+    }
+}
+
+/// Finishes or undoes what a crash left of a swap at start-up: `.cleaned`
+/// files are dropped (the originals are intact); a `.swap` file replaces
+/// every segment whose base lies in its offset range, then takes its
+/// segment name.
+pub(crate) fn recover_swaps(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
+    let entries = storage.read_dir(dir)?;
+    let bases: Vec<i64> = entries
+        .iter()
+        .filter(|e| !e.is_dir)
+        .filter_map(|e| e.name.strip_suffix(".log")?.parse().ok())
+        .collect();
+    for entry in entries {
+        let name = entry.name;
+        if entry.is_dir {
+            continue;
+        }
+        let path = dir.join(&name);
+        if name.ends_with(".log.cleaned") {
+            tracing::info!(file = %path.display(), "removing a cleaned segment that was never swapped in");
+            remove_if_exists(storage, &path)?;
+            continue;
+        }
+        let Some(stem) = name.strip_suffix(".log.swap") else {
+            continue;
+        };
+        let Ok(base) = stem.parse::<i64>() else { continue };
+        let file = storage.open(&path, OpenMode::Read)?;
+        let size = file.len()?;
+        let end = batch_positions(file.as_ref(), size)
+            .ok()
+            .and_then(|b| b.last().map(|(_, h)| h.last_offset() + 1));
+        drop(file);
+        let Some(end) = end else {
+            // A swap file is renamed only once fsynced; one that does not
+            // read back is not trusted over the originals.
+            tracing::warn!(file = %path.display(), "unreadable swap file; keeping the original segments");
+            remove_if_exists(storage, &path)?;
+            continue;
+        };
+        tracing::info!(file = %path.display(), base, end, "completing the swap of a cleaned segment");
+        for old in bases.iter().filter(|b| **b >= base && **b < end) {
+            for suffix in [crate::segment::INDEX_SUFFIX, crate::segment::TIME_INDEX_SUFFIX] {
+                remove_if_exists(storage, &segment_path(dir, *old, suffix))?;
+            }
+            if *old != base {
+                remove_if_exists(storage, &segment_path(dir, *old, LOG_SUFFIX))?;
+            }
+        }
+        storage.sync_dir(dir)?;
+        storage.rename(&path, &segment_path(dir, base, LOG_SUFFIX))?;
+        storage.sync_dir(dir)?;
+    }
+    Ok(())
+}
