@@ -23,19 +23,19 @@ pub const MIN_BATCH_LENGTH: i32 = (BATCH_HEADER_LEN - BATCH_OVERHEAD) as i32;
 /// Kafka's "no timestamp" value.
 pub const NO_TIMESTAMP: i64 = -1;
 
-const LENGTH_AT: usize = 8;
+pub(crate) const LENGTH_AT: usize = 8;
 const PARTITION_LEADER_EPOCH_AT: usize = 12;
 const MAGIC_AT: usize = 16;
-const CRC_AT: usize = 17;
+pub(crate) const CRC_AT: usize = 17;
 /// The CRC covers everything from the attributes field to the end of the batch.
 pub(crate) const ATTRIBUTES_AT: usize = 21;
 const LAST_OFFSET_DELTA_AT: usize = 23;
-const BASE_TIMESTAMP_AT: usize = 27;
-const MAX_TIMESTAMP_AT: usize = 35;
+pub(crate) const BASE_TIMESTAMP_AT: usize = 27;
+pub(crate) const MAX_TIMESTAMP_AT: usize = 35;
 const PRODUCER_ID_AT: usize = 43;
 const PRODUCER_EPOCH_AT: usize = 51;
 const BASE_SEQUENCE_AT: usize = 53;
-const RECORDS_COUNT_AT: usize = 57;
+pub(crate) const RECORDS_COUNT_AT: usize = 57;
 
 const COMPRESSION_MASK: i16 = 0x07;
 const TIMESTAMP_TYPE_LOG_APPEND: i16 = 0x08;

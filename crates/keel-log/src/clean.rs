@@ -36,7 +36,9 @@ use std::sync::Arc;
 use crate::batch::BatchHeader;
 use crate::index::{Indexer, OffsetEntry, TimeEntry};
 use crate::records::{delete_horizon, rebuild_batch, records, Record};
-use crate::segment::{batch_meta, read_header_at, segment_path, SegmentFile, LOG_SUFFIX};
+use crate::segment::{
+    batch_meta, read_header_at, segment_path, SegmentFile, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
+};
 use crate::storage::{
     read_exact_at, read_file, remove_if_exists, write_all_at, write_atomically, OpenMode, Storage,
 };
@@ -199,6 +201,17 @@ impl Checkpoint {
         }
     }
 
+    /// This state with its clean end at least `first_base` (the log start
+    /// may have moved past it) and a sweep that reached it folded in.
+    fn settled(self, first_base: i64) -> Checkpoint {
+        let clean_end = self.clean_end.max(first_base);
+        if clean_end >= self.suffix_start {
+            Checkpoint::at(clean_end.max(self.suffix_end))
+        } else {
+            Checkpoint { clean_end, ..self }
+        }
+    }
+
     fn sweeping(&self) -> bool {
         self.suffix_start < self.suffix_end
     }
@@ -340,18 +353,6 @@ pub struct CleanSource {
     pub(crate) index_interval_bytes: u64,
 }
 
-/// Counts bytes read and lets the caller pace them (the cleaner's I/O
-/// budget).
-pub trait ReadBudget {
-    fn charge(&mut self, bytes: u64);
-}
-
-impl<F: FnMut(u64)> ReadBudget for F {
-    fn charge(&mut self, bytes: u64) {
-        self(bytes)
-    }
-}
-
 impl CleanSource {
     /// The sealed, durable, undamaged segments a pass may clean (all of
     /// them but the active one), or why there are none.
@@ -381,12 +382,28 @@ impl CleanSource {
     /// every segment below the mapped range's end again without the
     /// superseded records (and expired clean tombstones), hands each group
     /// to `commit` (which swaps it in under the writer lock, or refuses if
-    /// the log changed meanwhile) and saves the new checkpoint.
+    /// the log changed meanwhile) and saves the new checkpoint. `budget`
+    /// is told every byte read, so the caller can pace the pass.
     pub fn clean(
         &self,
         map: &mut KeyMap,
         options: &PassOptions,
-        budget: &mut dyn ReadBudget,
+        budget: &mut dyn FnMut(u64),
+        commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
+    ) -> io::Result<Result<PassStats, Skip>> {
+        match self.pass(map, options, budget, commit) {
+            // A batch the cleaner cannot rewrite (compressed): the log is
+            // not cleanable, which is not an I/O failure.
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(Err(Skip::Unsupported(e.to_string()))),
+            other => other,
+        }
+    }
+
+    fn pass(
+        &self,
+        map: &mut KeyMap,
+        options: &PassOptions,
+        budget: &mut dyn FnMut(u64),
         commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
     ) -> io::Result<Result<PassStats, Skip>> {
         let (sealed, log_start) = match self.sealed() {
@@ -406,19 +423,9 @@ impl CleanSource {
         };
         let dirty_end = last.next_offset;
         let first_base = cleanable[0].base_offset.max(log_start);
-        let mut checkpoint = Checkpoint::read(self.storage.as_ref(), &self.dir)?
-            .filter(|c| c.suffix_end <= dirty_end && c.clean_end >= 0)
-            .map(|c| {
-                if c.sweeping() && c.clean_end >= c.suffix_start {
-                    Checkpoint::at(c.suffix_end)
-                } else {
-                    c
-                }
-            })
-            .unwrap_or_else(|| Checkpoint::at(first_base));
-        if checkpoint.clean_end < first_base {
-            checkpoint.clean_end = first_base.min(checkpoint.suffix_start);
-        }
+        let checkpoint = Checkpoint::read(self.storage.as_ref(), &self.dir)?
+            .filter(|c| c.suffix_end <= dirty_end)
+            .map_or_else(|| Checkpoint::at(first_base), |c| c.settled(first_base));
         let total: u64 = cleanable.iter().map(|s| s.size_bytes).sum();
         let clean_bytes: u64 = cleanable
             .iter()
@@ -430,12 +437,15 @@ impl CleanSource {
         } else {
             (total - clean_bytes) as f64 / total as f64
         };
-        let (lo, hi) = if checkpoint.sweeping() {
-            (checkpoint.clean_end, checkpoint.suffix_start)
+        // The range to map: below the sweep's window while one is under
+        // way, else the whole dirty section.
+        let lo = checkpoint.clean_end;
+        let hi = if checkpoint.sweeping() {
+            checkpoint.suffix_start
         } else {
-            (checkpoint.clean_end, dirty_end)
+            dirty_end
         };
-        if lo >= hi && !checkpoint.sweeping() {
+        if lo >= hi {
             return Ok(Err(Skip::NothingToClean));
         }
         let overdue = cleanable
@@ -462,7 +472,7 @@ impl CleanSource {
         {
             let file = seg.file.open()?;
             let headers = batch_positions(file.as_ref(), seg.size_bytes)?;
-            budget.charge(headers.len() as u64 * crate::batch::BATCH_HEADER_LEN as u64);
+            budget(headers.len() as u64 * crate::batch::BATCH_HEADER_LEN as u64);
             for (pos, h) in headers.iter().rev() {
                 if h.last_offset() < map_base {
                     break 'segments;
@@ -471,7 +481,7 @@ impl CleanSource {
                     continue;
                 }
                 let batch = read_batch(file.as_ref(), *pos, h)?;
-                budget.charge(batch.len() as u64);
+                budget(batch.len() as u64);
                 stats.bytes_read += batch.len() as u64;
                 let recs = batch_records(&batch, h)?;
                 for r in recs.iter().rev() {
@@ -556,7 +566,7 @@ impl CleanSource {
         &self,
         group: &[SegmentRef],
         decide: &Decide<'_>,
-        budget: &mut dyn ReadBudget,
+        budget: &mut dyn FnMut(u64),
         stats: &mut PassStats,
     ) -> io::Result<Option<CleanedGroup>> {
         let Some(first) = group.first() else {
@@ -580,7 +590,7 @@ impl CleanSource {
                 let last_batch = headers.len().saturating_sub(1);
                 for (bi, (at, h)) in headers.iter().enumerate() {
                     let batch = read_batch(file.as_ref(), *at, h)?;
-                    budget.charge(batch.len() as u64);
+                    budget(batch.len() as u64);
                     stats.bytes_read += batch.len() as u64;
                     let is_group_end = si + 1 == group.len() && bi == last_batch;
                     let rewritten = decide.batch(&batch, h, is_group_end)?;
@@ -781,6 +791,26 @@ impl Decide<'_> {
     }
 }
 
+/// Deletes the files of the segments a cleaned segment at `base` replaces
+/// (their index files, and their `.log` but `base`'s, which the swap file
+/// is renamed over), then fsyncs the directory.
+pub(crate) fn remove_replaced(
+    storage: &dyn Storage,
+    dir: &Path,
+    base: i64,
+    replaced: impl Iterator<Item = i64>,
+) -> io::Result<()> {
+    for old in replaced {
+        for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+            remove_if_exists(storage, &segment_path(dir, old, suffix))?;
+        }
+        if old != base {
+            remove_if_exists(storage, &segment_path(dir, old, LOG_SUFFIX))?;
+        }
+    }
+    storage.sync_dir(dir)
+}
+
 /// Finishes or undoes what a crash left of a swap at start-up: `.cleaned`
 /// files are dropped (the originals are intact); a `.swap` file replaces
 /// every segment whose base lies in its offset range, then takes its
@@ -821,17 +851,60 @@ pub(crate) fn recover_swaps(storage: &dyn Storage, dir: &Path) -> io::Result<()>
             continue;
         };
         tracing::info!(file = %path.display(), base, end, "completing the swap of a cleaned segment");
-        for old in bases.iter().filter(|b| **b >= base && **b < end) {
-            for suffix in [crate::segment::INDEX_SUFFIX, crate::segment::TIME_INDEX_SUFFIX] {
-                remove_if_exists(storage, &segment_path(dir, *old, suffix))?;
-            }
-            if *old != base {
-                remove_if_exists(storage, &segment_path(dir, *old, LOG_SUFFIX))?;
-            }
-        }
-        storage.sync_dir(dir)?;
+        remove_replaced(
+            storage,
+            dir,
+            base,
+            bases.iter().copied().filter(|b| *b >= base && *b < end),
+        )?;
         storage.rename(&path, &segment_path(dir, base, LOG_SUFFIX))?;
         storage.sync_dir(dir)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_settles_past_the_log_start() {
+        let c = |clean_end, suffix_start, suffix_end| Checkpoint {
+            clean_end,
+            suffix_start,
+            suffix_end,
+        };
+        assert_eq!(
+            c(5, 5, 5).settled(20),
+            Checkpoint::at(20),
+            "retention moved the start"
+        );
+        assert_eq!(c(5, 30, 40).settled(20), c(20, 30, 40), "the sweep goes on");
+        assert_eq!(
+            c(5, 10, 40).settled(20),
+            Checkpoint::at(40),
+            "the start passed the sweep's low end"
+        );
+        assert_eq!(c(5, 10, 15).settled(20), Checkpoint::at(20));
+        assert_eq!(c(30, 30, 30).settled(20), Checkpoint::at(30));
+    }
+
+    #[test]
+    fn the_map_keeps_the_first_offset_of_each_key_and_fills_up() {
+        let mut map = KeyMap::with_budget(16 * SLOT_BYTES);
+        map.reset(100);
+        assert_eq!(map.max_entries(), 14);
+        assert_eq!(map.insert_if_absent(b"a", 150), Insert::Inserted);
+        assert_eq!(map.insert_if_absent(b"a", 120), Insert::Present);
+        assert_eq!(map.get(b"a"), Some(150));
+        assert_eq!(map.get(b"b"), None);
+        for i in 0..13 {
+            assert_eq!(
+                map.insert_if_absent(format!("k{i}").as_bytes(), 101 + i),
+                Insert::Inserted
+            );
+        }
+        assert_eq!(map.insert_if_absent(b"z", 99), Insert::Full);
+        assert_eq!(map.len(), 14);
+    }
 }

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use crate::batch::{set_base_offset, BatchHeader, NO_TIMESTAMP};
 use crate::config::LogConfig;
 use crate::error::{AppendError, DeleteRecordsError, OpenError};
-use crate::index::{relative, OffsetEntry, TimeEntry, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
+use crate::index::{relative, OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
 use crate::seal::{
     read_offset_file, snapshot_path, write_offset_file, write_snapshot, SealWork, Sealer,
     RECOVERY_POINT_FILE, SNAPSHOT_SUFFIX,
@@ -667,13 +667,6 @@ impl PartitionLog {
         self.storage.rename(&group.cleaned_path, &swap)?;
         let committed = self.storage.sync_dir(&self.dir);
         self.durably(committed)?;
-        // From here on the swap is decided: a failure leaves it to the
-        // next open to finish, and the log offline until then.
-        let finished = self.finish_swap(&group, &swap);
-        if let Err(e) = &finished {
-            self.fail("swapping in a cleaned segment", e);
-        }
-        let (offset_index, time_index) = finished?;
         let mut meta = SegMeta::cleaned(
             base,
             Arc::new(segment::SegmentFile::new(
@@ -683,48 +676,38 @@ impl PartitionLog {
         );
         meta.size_bytes = group.size_bytes;
         meta.next_offset = group.next_offset;
-        meta.offset_index = offset_index;
-        meta.time_index = time_index;
+        meta.offset_index = group.offset_index;
+        meta.time_index = group.time_index;
         meta.indexer = group.indexer;
         meta.first_batch_max_timestamp_ms = group.first_batch_max_timestamp_ms;
+        meta.add_final_time_entry();
+        // From here on the swap is decided: a failure leaves it to the
+        // next open to finish, and the log offline until then.
+        if let Err(e) = self.finish_swap(&group.replaced, &swap, &meta) {
+            self.fail("swapping in a cleaned segment", &e);
+            return Err(e);
+        }
         let mut st = self.view.state.write();
         st.segments.splice(at..at + group.replaced.len(), [meta]);
         Ok(true)
     }
 
+    /// Steps 3 to 5 of [`PartitionLog::commit_cleaned`]: the old files go,
+    /// the swap file takes the segment's name, its index files are written.
     fn finish_swap(
         &self,
-        group: &crate::clean::CleanedGroup,
+        replaced: &[crate::clean::SegmentRef],
         swap: &Path,
-    ) -> io::Result<(Vec<OffsetEntry>, Vec<TimeEntry>)> {
+        meta: &SegMeta,
+    ) -> io::Result<()> {
         let storage = self.storage.as_ref();
-        let base = group.base_offset();
-        for old in &group.replaced {
-            for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
-                remove_if_exists(storage, &segment_path(&self.dir, old.base_offset, suffix))?;
-            }
-            if old.base_offset != base {
-                remove_if_exists(storage, &segment_path(&self.dir, old.base_offset, LOG_SUFFIX))?;
-            }
-        }
-        storage.sync_dir(&self.dir)?;
+        let base = meta.base_offset;
+        crate::clean::remove_replaced(storage, &self.dir, base, replaced.iter().map(|s| s.base_offset))?;
         storage.rename(swap, &segment_path(&self.dir, base, LOG_SUFFIX))?;
         storage.sync_dir(&self.dir)?;
-        let mut meta = SegMeta::cleaned(
-            base,
-            Arc::new(segment::SegmentFile::new(
-                Arc::clone(&self.storage),
-                PathBuf::new(),
-            )),
-        );
-        meta.offset_index = group.offset_index.clone();
-        meta.time_index = group.time_index.clone();
-        meta.indexer = group.indexer;
-        meta.add_final_time_entry();
         let (offsets, times) = meta.index_images();
         write_atomically(storage, &segment_path(&self.dir, base, INDEX_SUFFIX), &offsets)?;
-        write_atomically(storage, &segment_path(&self.dir, base, TIME_INDEX_SUFFIX), &times)?;
-        Ok((meta.offset_index, meta.time_index))
+        write_atomically(storage, &segment_path(&self.dir, base, TIME_INDEX_SUFFIX), &times)
     }
 
     // ------------------------------------------------ retention and deletes

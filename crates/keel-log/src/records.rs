@@ -9,7 +9,10 @@
 // Parsing code: bad bytes are errors, never panics.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-use crate::batch::{get_varlong, BatchHeader, ATTRIBUTES_AT, BATCH_HEADER_LEN, BATCH_OVERHEAD};
+use crate::batch::{
+    get_varlong, BatchHeader, ATTRIBUTES_AT, BASE_TIMESTAMP_AT, BATCH_HEADER_LEN, BATCH_OVERHEAD, CRC_AT,
+    LENGTH_AT, MAX_TIMESTAMP_AT, RECORDS_COUNT_AT,
+};
 
 /// One record of a batch, borrowed from the batch's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,13 +193,13 @@ pub(crate) fn rebuild_batch(
         write_record(&mut out, r, rebase);
     }
     let batch_length = (out.len() - BATCH_OVERHEAD) as i32;
-    out[8..12].copy_from_slice(&batch_length.to_be_bytes());
+    out[LENGTH_AT..LENGTH_AT + 4].copy_from_slice(&batch_length.to_be_bytes());
     out[ATTRIBUTES_AT..ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
-    out[27..35].copy_from_slice(&base_timestamp.to_be_bytes());
-    out[35..43].copy_from_slice(&max_timestamp.to_be_bytes());
-    out[57..61].copy_from_slice(&(kept.len() as i32).to_be_bytes());
+    out[BASE_TIMESTAMP_AT..BASE_TIMESTAMP_AT + 8].copy_from_slice(&base_timestamp.to_be_bytes());
+    out[MAX_TIMESTAMP_AT..MAX_TIMESTAMP_AT + 8].copy_from_slice(&max_timestamp.to_be_bytes());
+    out[RECORDS_COUNT_AT..RECORDS_COUNT_AT + 4].copy_from_slice(&(kept.len() as i32).to_be_bytes());
     let crc = crc32c::crc32c(&out[ATTRIBUTES_AT..]);
-    out[17..21].copy_from_slice(&crc.to_be_bytes());
+    out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
     out
 }
 

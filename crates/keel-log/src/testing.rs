@@ -159,17 +159,8 @@ fn put_bytes(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
     }
 }
 
-/// Zigzag varint, as Kafka's `ByteUtils.writeVarlong`.
-fn put_varlong(out: &mut Vec<u8>, v: i64) {
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    while z >= 0x80 {
-        out.push((z as u8) | 0x80);
-        z >>= 7;
-    }
-    out.push(z as u8);
-}
-
 use crate::batch::get_varlong;
+use crate::records::put_varlong;
 
 fn get_bytes(buf: &[u8], pos: &mut usize) -> Option<Option<Vec<u8>>> {
     let len = get_varlong(buf, pos)?;
