@@ -1,7 +1,13 @@
-"""Compacted topics against a real broker: retention leaves compact-only
-topics alone, records without a key are refused, and the combinations Kafka
-refuses (remote storage, DeleteRecords) are refused with Kafka's errors."""
+"""Compacted topics against a real broker: the cleaner keeps the latest
+record of every key at its original offset (checked with a real consumer and
+with Apache Kafka's DumpLogSegments), tombstones go after
+delete.retention.ms, retention leaves compact-only topics alone, records
+without a key are refused, and the combinations Kafka refuses (remote
+storage, DeleteRecords) are refused with Kafka's errors."""
 from __future__ import annotations
+
+import re
+import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -10,6 +16,7 @@ from confluent_kafka.admin import NewTopic
 from conftest import unique, wait_until
 from kclient import CLIENT_TIMEOUT_S, DeliveryLog, admin, consume_range, create_topic, produce_all
 
+import kafka_tools
 from test_hardening import partition_stats
 
 
@@ -23,8 +30,9 @@ def _fill(bootstrap: str, topic: str, n: int) -> DeliveryLog:
 
 def test_retention_never_deletes_a_compact_only_topic(broker_factory):
     """retention.ms and retention.bytes delete old segments of a `delete`
-    topic and of a `compact,delete` one, never of a `compact` one."""
-    b = broker_factory({"log.retention.check.interval.ms": "200"})
+    topic and of a `compact,delete` one, never of a `compact` one (the
+    cleaner is off, so every record must still be there)."""
+    b = broker_factory({"log.retention.check.interval.ms": "200", "log.cleaner.enable": "false"})
     tight = {"segment.bytes": str(16 << 10), "retention.ms": "1000", "retention.bytes": str(20 << 10)}
     topics = {policy: unique(f"ret-{policy.replace(',', '-')}") for policy in
               ("compact", "delete", "compact,delete")}
@@ -88,3 +96,103 @@ def test_remote_storage_and_delete_records_are_refused_on_compacted_topics(share
     _fill(bs, both, 20)
     res = a.delete_records([TopicPartition(both, 0, 10)])
     assert next(iter(res.values())).result(CLIENT_TIMEOUT_S).low_watermark == 10
+
+
+# Small segments that roll after a second, and a cleaner that looks often:
+# a pass runs within moments of a segment being sealed.
+CLEAN_FAST = {"log.cleaner.backoff.ms": "100"}
+COMPACT_SMALL = {"cleanup.policy": "compact", "segment.bytes": str(8 << 10), "segment.ms": "1000",
+                 "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "0"}
+
+
+def _produce_rounds(bootstrap: str, topic: str, rounds: list[list[tuple[bytes, bytes | None]]],
+                    latest: dict) -> None:
+    """Produces each round in order, noting every key's latest offset and value."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    for records in rounds:
+        log = DeliveryLog()
+        produce_all(p, [{"key": k, "value": v, "partition": 0} for k, v in records], log, topic)
+        log.check()
+        for index, _partition, offset in log.acked:
+            k, v = records[index]
+            latest[k] = (offset, v)
+
+
+def _seal_and_wait_clean(b, topic: str, latest: dict) -> int:
+    """Seals everything produced (a second later, one more record, with a
+    key of its own, rolls the segment) and waits until the cleaner has
+    cleaned up to it. Returns that record's offset."""
+    time.sleep(1.2)
+    key = b"end-%d" % sum(k.startswith(b"end-") for k in latest)
+    _produce_rounds(b.bootstrap, topic, [[(key, b"end")]], latest)
+    end = latest[key][0]
+
+    def cleaned():
+        c = partition_stats(b, topic)["cleaner"]
+        return c is not None and (c["clean_end"] or 0) >= end
+    wait_until(cleaned, 60, f"the cleaner to clean {topic} up to offset {end}")
+    return end
+
+
+def _read_all(bootstrap: str, topic: str, expected: int) -> list[tuple[int, bytes, bytes | None]]:
+    got = consume_range(bootstrap, topic, [0], expected)[0]
+    return [(m.offset(), m.key(), m.value()) for m in got]
+
+
+def _survivors(latest: dict) -> list[tuple[int, bytes, bytes | None]]:
+    return sorted((offset, k, v) for k, (offset, v) in latest.items())
+
+
+def test_the_cleaner_keeps_the_latest_record_of_every_key(broker_factory):
+    """Twenty rounds over sixty keys, the last round deleting ten of them:
+    after cleaning, a consumer reading from 0 sees one record per key, the
+    latest, at its original offset (tombstones included, until
+    delete.retention.ms has passed and another pass ran). The cleaned files
+    pass Apache Kafka's DumpLogSegments, and all of it survives a restart."""
+    b = broker_factory(CLEAN_FAST)
+    topic = unique("cleaned")
+    create_topic(b.bootstrap, topic, 1, COMPACT_SMALL)
+    keys = [b"key-%02d" % k for k in range(60)]
+    rounds = [[(k, b"round-%d-" % r + b"x" * 200) for k in keys] for r in range(19)]
+    rounds.append([(k, None if i < 10 else b"round-19-" + b"x" * 200) for i, k in enumerate(keys)])
+    latest: dict = {}
+    _produce_rounds(b.bootstrap, topic, rounds, latest)
+    produced = sum(len(r) for r in rounds)
+    _seal_and_wait_clean(b, topic, latest)
+
+    expected = _survivors(latest)
+    assert _read_all(b.bootstrap, topic, len(expected)) == expected
+    st = partition_stats(b, topic)
+    assert st["cleaner"]["passes"] >= 1 and st["cleaner"]["records_removed"] >= produced - len(expected), st
+    assert st["cleaner"]["bytes_reclaimed"] > 0, st
+
+    # Tombstones are clean now and past delete.retention.ms=0: the next pass
+    # (another round of values makes the log dirty again) drops them.
+    _produce_rounds(b.bootstrap, topic, [[(k, b"round-20") for k in keys[10:]]], latest)
+    _seal_and_wait_clean(b, topic, latest)
+    for k in keys[:10]:
+        del latest[k]
+    expected = _survivors(latest)
+    assert _read_all(b.bootstrap, topic, len(expected)) == expected
+
+    _check_with_dump_log_segments(b.data_dir / f"{topic}-0", expected)
+    b.restart()
+    assert _read_all(b.bootstrap, topic, len(expected)) == expected
+
+
+def _check_with_dump_log_segments(partition_dir, expected):
+    """DumpLogSegments reads every segment and its index files: every batch
+    valid, no index entry that disagrees with the log, and exactly the
+    expected offsets (and keys) in the data."""
+    logs = sorted(partition_dir.glob("*.log"))
+    indexes = sorted(partition_dir.glob("*.index")) + sorted(partition_dir.glob("*.timeindex"))
+    out = kafka_tools.dump_log_segments(*logs, *indexes)
+    assert "isValid: false" not in out and "isvalid: false" not in out, out[-4000:]
+    for marker in ("Mismatches in", "timestamp mismatch", "out of order", "not in", "Exception"):
+        assert marker not in out, f"DumpLogSegments reports `{marker}`:\n{out[-4000:]}"
+    offsets = [int(m) for m in re.findall(r"^\| offset: (\d+)", out, re.M)]
+    assert offsets == [o for o, _k, _v in expected], out[-4000:]
+    # Emptied batches stay only at the end of a cleaned segment or as the
+    # producer's newest batch, never one per superseded batch.
+    empty = len(re.findall(r"^baseOffset: .* count: 0 ", out, re.M))
+    assert empty <= len(logs) + 1, f"{empty} empty batches in {len(logs)} segments:\n{out[-4000:]}"

@@ -23,6 +23,7 @@ use keel_log::{DiskStorage, ReadIo, Storage};
 use keel_tier::memory::MemoryLimit;
 use keel_tier::{ColdReads, TailCache, Tiers};
 
+use crate::cleaner::Cleaner;
 use crate::mover::Mover;
 
 /// What to send back for one request.
@@ -96,6 +97,8 @@ pub struct Broker {
     /// The capacity dirs and the object store, where sealed segments go.
     pub tiers: Arc<Tiers>,
     pub mover: Arc<Mover>,
+    /// Compacts the partitions of compacted topics.
+    pub cleaner: Cleaner,
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
@@ -162,6 +165,7 @@ impl Broker {
             config.num("keel.tier.fast.max.bytes"),
             Duration::from_millis(u64::try_from(config.num("keel.tier.orphan.grace.ms")).unwrap_or(600_000)),
         );
+        let cleaner_settings = config.cleaner_settings();
         let groups = GroupCoordinator::open_with(
             Arc::clone(&storage),
             &meta_dir.join("groups"),
@@ -186,6 +190,7 @@ impl Broker {
             cold,
             tiers: Arc::new(tiers),
             mover: Arc::new(mover),
+            cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
         };
         broker.load_topics()?;
@@ -473,6 +478,7 @@ impl Broker {
         );
         self.spawn_every(expire_every, true, Broker::expire_producers);
         tokio::spawn(crate::mover::run(Arc::clone(self)));
+        crate::cleaner::spawn(self);
         self.spawn_every(PAGE_CACHE_DROP_EVERY, false, Broker::drop_written_pages);
         // flush.ms is checked at this resolution; Kafka's scheduler checks it
         // on a similar fixed interval.
@@ -570,6 +576,10 @@ impl Broker {
         let mut partitions = Vec::new();
         let (mut resident_total, mut size_total) = (0u64, 0u64);
         for topic in self.topics.all() {
+            let compacted = self
+                .config
+                .cleanup_policy(&topic.meta.configs)
+                .is_ok_and(|c| c.compact);
             for p in &topic.partitions {
                 let (resident, size) = p.page_cache_residency();
                 resident_total += resident;
@@ -604,6 +614,7 @@ impl Broker {
                     "offline": p.unavailable(),
                     "damaged_segments": damaged,
                     "producers": p.producer_count(),
+                    "cleaner": compacted.then(|| p.cleaning.lock().to_json()),
                     "tiers": {
                         "local_segments": local_segments,
                         "local_bytes": local_bytes,
@@ -646,6 +657,7 @@ impl Broker {
                 "read_ahead_limit_bytes": c.read_ahead_limit_bytes,
             },
             "tiers": self.tiers_json(),
+            "cleaner": self.cleaner.to_json(),
             "log_dirs": [{
                 "path": self.dir_health.path().display().to_string(),
                 "offline": self.dir_health.is_offline(),
@@ -695,6 +707,7 @@ impl Broker {
 
     /// Flushes every log and marks it cleanly closed. Blocking.
     pub fn shutdown(&self) {
+        self.cleaner.stop();
         let t = self.tail_cache.stats();
         tracing::info!(
             budget_bytes = t.budget_bytes,

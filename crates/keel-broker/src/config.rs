@@ -239,7 +239,49 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // by a request still in flight when the broker crashed) are deleted once
     // this old; the sweep runs at this interval too.
     ("keel.tier.orphan.grace.ms", "600000", ConfigType::Long),
+    // The log cleaner (compacted topics), under Kafka's names. Its I/O
+    // budget defaults to 50 MiB/s (Kafka's is unlimited); 0: unlimited.
+    ("log.cleaner.enable", "true", ConfigType::Boolean),
+    ("log.cleaner.threads", "1", ConfigType::Int),
+    ("log.cleaner.dedupe.buffer.size", "134217728", ConfigType::Long),
+    ("log.cleaner.io.buffer.size", "524288", ConfigType::Int),
+    (
+        "log.cleaner.io.max.bytes.per.second",
+        "52428800",
+        ConfigType::Double,
+    ),
+    ("log.cleaner.backoff.ms", "15000", ConfigType::Long),
 ];
+
+/// Below this, a cleaner thread's key map could not hold the keys of one
+/// large batch.
+const MIN_DEDUPE_BUFFER_PER_THREAD: i64 = 64 * 1024;
+
+/// The log cleaner's broker-wide settings (`log.cleaner.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanerSettings {
+    pub enabled: bool,
+    pub threads: usize,
+    /// Shared by the threads: each one's key map gets an equal part.
+    pub dedupe_buffer_bytes: usize,
+    /// How much a pass reads at once.
+    pub io_buffer_bytes: u64,
+    /// 0: unlimited.
+    pub io_bytes_per_sec: u64,
+    /// How long a thread waits when no log needs cleaning.
+    pub backoff_ms: u64,
+}
+
+/// A topic's compaction settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compaction {
+    /// `cleanup.policy` includes `compact`.
+    pub enabled: bool,
+    pub min_cleanable_dirty_ratio: f64,
+    pub min_compaction_lag_ms: i64,
+    pub max_compaction_lag_ms: i64,
+    pub delete_retention_ms: i64,
+}
 
 /// Aliases accepted on input and stored under their canonical key.
 const ALIASES: &[(&str, &str)] = &[
@@ -391,6 +433,9 @@ impl BrokerConfig {
             ("connections.max.idle.ms", -1),
             ("producer.id.expiration.ms", 1),
             ("producer.id.expiration.check.interval.ms", 1),
+            ("log.cleaner.threads", 1),
+            ("log.cleaner.io.buffer.size", 1),
+            ("log.cleaner.backoff.ms", 0),
         ] {
             if self.num(key) < min {
                 return Err(ConfigError {
@@ -406,12 +451,29 @@ impl BrokerConfig {
                 reason: format!("`{admin}`: expected HOST:PORT, or empty to disable"),
             });
         }
+        let per_thread = self.num("log.cleaner.dedupe.buffer.size") / self.num("log.cleaner.threads").max(1);
+        if per_thread < MIN_DEDUPE_BUFFER_PER_THREAD {
+            return Err(ConfigError {
+                key: "log.cleaner.dedupe.buffer.size".into(),
+                reason: format!(
+                    "must be at least {MIN_DEDUPE_BUFFER_PER_THREAD} bytes per cleaner thread (log.cleaner.threads)"
+                ),
+            });
+        }
+        let rate = self.float("log.cleaner.io.max.bytes.per.second");
+        if rate.is_nan() || rate < 0.0 {
+            return Err(ConfigError {
+                key: "log.cleaner.io.max.bytes.per.second".into(),
+                reason: "must be at least 0".into(),
+            });
+        }
         if self.num("group.min.session.timeout.ms") > self.num("group.max.session.timeout.ms") {
             return Err(ConfigError {
                 key: "group.min.session.timeout.ms".into(),
                 reason: "must not exceed group.max.session.timeout.ms".into(),
             });
         }
+        self.compaction(&BTreeMap::new())?;
         self.topic_log_config(&BTreeMap::new()).map(|_| ())
     }
 
@@ -473,6 +535,81 @@ impl BrokerConfig {
     /// A numeric key; validated at construction, so the fallback is unused.
     pub fn num(&self, key: &str) -> i64 {
         self.get(key).parse().unwrap_or_default()
+    }
+
+    /// A Double key; validated at construction.
+    pub fn float(&self, key: &str) -> f64 {
+        self.get(key).parse().unwrap_or_default()
+    }
+
+    /// The log cleaner's broker-wide settings.
+    pub fn cleaner_settings(&self) -> CleanerSettings {
+        let rate = self.float("log.cleaner.io.max.bytes.per.second");
+        CleanerSettings {
+            enabled: self.get("log.cleaner.enable") == "true",
+            threads: usize::try_from(self.num("log.cleaner.threads"))
+                .unwrap_or(1)
+                .max(1),
+            dedupe_buffer_bytes: usize::try_from(self.num("log.cleaner.dedupe.buffer.size"))
+                .unwrap_or(usize::MAX),
+            io_buffer_bytes: u64::try_from(self.num("log.cleaner.io.buffer.size"))
+                .unwrap_or(1)
+                .max(1),
+            // Kafka's default (Double.MaxValue) and 0 both mean unlimited.
+            io_bytes_per_sec: if rate >= u64::MAX as f64 { 0 } else { rate as u64 },
+            backoff_ms: u64::try_from(self.num("log.cleaner.backoff.ms")).unwrap_or(15_000),
+        }
+    }
+
+    /// A topic's compaction settings, checked as Kafka checks them.
+    pub fn compaction(&self, overrides: &BTreeMap<String, String>) -> Result<Compaction, ConfigError> {
+        let value = |name: &str| topic_def(name).map_or("", |d| self.topic_value(overrides, d));
+        let bad = |key: &str, reason: String| ConfigError {
+            key: key.into(),
+            reason,
+        };
+        let long = |name: &str| -> Result<i64, ConfigError> {
+            let v = value(name);
+            let n: i64 = v
+                .parse()
+                .map_err(|_| bad(name, format!("`{v}` is not a number")))?;
+            if n < 0 {
+                return Err(bad(name, "must be at least 0".into()));
+            }
+            Ok(n)
+        };
+        let ratio_text = value("min.cleanable.dirty.ratio");
+        let ratio: f64 = ratio_text
+            .parse()
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+            .ok_or_else(|| {
+                bad(
+                    "min.cleanable.dirty.ratio",
+                    format!("`{ratio_text}` is not a ratio between 0 and 1"),
+                )
+            })?;
+        let min_lag = long("min.compaction.lag.ms")?;
+        let max_lag = long("max.compaction.lag.ms")?;
+        if max_lag < 1 {
+            return Err(bad("max.compaction.lag.ms", "must be at least 1".into()));
+        }
+        if min_lag > max_lag {
+            // Kafka's message for the same conflict.
+            return Err(bad(
+                "min.compaction.lag.ms",
+                format!(
+                    "conflict topic config setting min.compaction.lag.ms ({min_lag}) > max.compaction.lag.ms ({max_lag})"
+                ),
+            ));
+        }
+        Ok(Compaction {
+            enabled: self.cleanup_policy(overrides)?.compact,
+            min_cleanable_dirty_ratio: ratio,
+            min_compaction_lag_ms: min_lag,
+            max_compaction_lag_ms: max_lag,
+            delete_retention_ms: long("delete.retention.ms")?,
+        })
     }
 
     pub fn is_explicit(&self, key: &str) -> bool {
@@ -606,6 +743,7 @@ impl BrokerConfig {
                 reason: "Remote log storage is unsupported for the compacted topics".into(),
             });
         }
+        self.compaction(overrides)?;
         if remote && self.get("keel.tier.remote").is_empty() {
             return Err(ConfigError {
                 key: "remote.storage.enable".into(),
@@ -723,6 +861,70 @@ mod tests {
         let lc = c.topic_log_config(&map(&[("segment.bytes", "4096")])).unwrap();
         assert_eq!(lc.segment_bytes, 4096);
         assert!(c.is_explicit("log.segment.bytes"));
+    }
+
+    #[test]
+    fn cleaner_and_compaction_settings() {
+        let c = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        let s = c.cleaner_settings();
+        assert!(s.enabled);
+        assert_eq!((s.threads, s.dedupe_buffer_bytes), (1, 128 << 20));
+        assert_eq!(s.io_bytes_per_sec, 50 << 20);
+        let unlimited = BrokerConfig::from_map(&map(&[(
+            "log.cleaner.io.max.bytes.per.second",
+            "1.7976931348623157E308",
+        )]))
+        .unwrap();
+        assert_eq!(
+            unlimited.cleaner_settings().io_bytes_per_sec,
+            0,
+            "Kafka's default"
+        );
+        let refused = |key: &str, value: &str| BrokerConfig::from_map(&map(&[(key, value)])).unwrap_err().key;
+        assert_eq!(refused("log.cleaner.threads", "0"), "log.cleaner.threads");
+        assert_eq!(
+            refused("log.cleaner.dedupe.buffer.size", "1024"),
+            "log.cleaner.dedupe.buffer.size"
+        );
+        assert_eq!(
+            refused("log.cleaner.io.max.bytes.per.second", "-1"),
+            "log.cleaner.io.max.bytes.per.second"
+        );
+        assert_eq!(
+            refused("log.cleaner.min.cleanable.ratio", "1.5"),
+            "min.cleanable.dirty.ratio"
+        );
+
+        let compact = c
+            .compaction(&map(&[
+                ("cleanup.policy", "compact"),
+                ("delete.retention.ms", "5"),
+            ]))
+            .unwrap();
+        assert!(compact.enabled);
+        assert_eq!(compact.min_cleanable_dirty_ratio, 0.5);
+        assert_eq!(
+            (compact.min_compaction_lag_ms, compact.delete_retention_ms),
+            (0, 5)
+        );
+        assert!(!c.compaction(&BTreeMap::new()).unwrap().enabled);
+        let err = c
+            .check_topic_overrides(&map(&[
+                ("min.compaction.lag.ms", "10"),
+                ("max.compaction.lag.ms", "5"),
+            ]))
+            .unwrap_err();
+        assert_eq!(err.key, "min.compaction.lag.ms");
+        assert!(err.reason.contains("conflict"), "{err}");
+        for (key, value) in [
+            ("min.cleanable.dirty.ratio", "-0.1"),
+            ("delete.retention.ms", "-1"),
+        ] {
+            assert_eq!(
+                c.check_topic_overrides(&map(&[(key, value)])).unwrap_err().key,
+                key
+            );
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! them) and nothing about segment files (the log crate owns them).
 
 pub mod broker;
+pub mod cleaner;
 pub mod config;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

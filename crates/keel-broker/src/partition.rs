@@ -132,6 +132,8 @@ pub struct Partition {
     scan_hint: Mutex<Option<keel_log::ScanHint>>,
     /// A background thread is running the log's queued seals.
     sealing: Arc<AtomicBool>,
+    /// What the log cleaner did here (compacted topics).
+    pub cleaning: Mutex<crate::cleaner::Cleaning>,
 }
 
 /// The read-ahead slot of one partition.
@@ -229,6 +231,7 @@ impl Partition {
             read_ahead: Mutex::new(ReadAhead::Empty),
             scan_hint: Mutex::new(None),
             sealing: Arc::new(AtomicBool::new(false)),
+            cleaning: Mutex::new(crate::cleaner::Cleaning::default()),
         }
     }
 
@@ -514,7 +517,7 @@ impl Partition {
     /// Plans a read from the view (no I/O, no writer lock).
     pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadFailure> {
         let reader = self.available_reader()?;
-        let hint = *self.scan_hint.lock();
+        let hint = self.scan_hint.lock().clone();
         reader
             .read_plan_after(offset, max_bytes, hint)
             .map_err(|e| match e {
@@ -836,9 +839,20 @@ impl Partition {
         Ok(out)
     }
 
+    /// Drops the tail cache's batches below `offset`, which the cleaner has
+    /// rewritten: reads of them go to the cleaned files.
+    pub fn forget_cached_below(&self, offset: i64) {
+        self.tail.forget_below(offset);
+    }
+
     /// Forgets producers idle for `expiration_ms`. Returns how many.
     pub fn expire_producers(&self, now_ms: i64, expiration_ms: i64) -> usize {
         self.writer.lock().producers.expire(now_ms, expiration_ms)
+    }
+
+    /// Producer id -> last offset of its newest batch here.
+    pub fn producer_last_offsets(&self) -> std::collections::HashMap<i64, i64> {
+        self.writer.lock().producers.last_offsets()
     }
 
     /// How many producers this partition has state for.

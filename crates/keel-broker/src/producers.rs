@@ -155,6 +155,14 @@ impl ProducerStates {
         before - self.producers.len()
     }
 
+    /// Producer id -> last offset of its newest batch.
+    pub fn last_offsets(&self) -> HashMap<i64, i64> {
+        self.producers
+            .iter()
+            .filter_map(|(id, p)| Some((*id, p.batches.back()?.last_offset)))
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.producers.len()
     }

@@ -28,20 +28,21 @@
 // Reads bytes from disk: bad bytes are errors, never panics.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::batch::BatchHeader;
+use bytes::Bytes;
+
+use crate::batch::{check_crc, BatchHeader};
 use crate::index::{Indexer, OffsetEntry, TimeEntry};
 use crate::records::{delete_horizon, rebuild_batch, records, Record};
 use crate::segment::{
     batch_meta, read_header_at, segment_path, SegmentFile, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
 };
-use crate::storage::{
-    read_exact_at, read_file, remove_if_exists, write_all_at, write_atomically, OpenMode, Storage,
-};
+use crate::storage::{read_file, remove_if_exists, write_all_at, write_atomically, OpenMode, Storage};
 use crate::view::LogReader;
 
 /// The per-partition file holding the cleaner's progress.
@@ -64,6 +65,9 @@ const EMPTY: u32 = u32::MAX;
 pub struct KeyMap {
     slots: Vec<u8>,
     capacity: usize,
+    /// The most slots the budget allows; a pass sizes the map to what its
+    /// dirty section can hold, up to this.
+    budget_capacity: usize,
     max_entries: usize,
     entries: usize,
     base_offset: i64,
@@ -80,23 +84,55 @@ pub enum Insert {
 }
 
 impl KeyMap {
-    /// A map using at most `budget_bytes` (at least a few slots).
+    /// A map using at most `budget_bytes` (at least a few slots). Memory
+    /// is taken by [`KeyMap::reset`], not here.
     pub fn with_budget(budget_bytes: usize) -> KeyMap {
-        let capacity = (budget_bytes / SLOT_BYTES).max(8);
         KeyMap {
-            slots: vec![0xff; capacity * SLOT_BYTES],
-            capacity,
-            max_entries: capacity * MAX_LOAD_NUM / MAX_LOAD_DEN,
+            slots: Vec::new(),
+            capacity: 0,
+            budget_capacity: (budget_bytes / SLOT_BYTES).max(8),
+            max_entries: 0,
             entries: 0,
             base_offset: 0,
         }
     }
 
-    /// Empties the map for offsets from `base_offset` (up to 2^32 - 2 past it).
+    /// Empties the map for offsets from `base_offset` (up to 2^32 - 2 past
+    /// it), at its full budget.
     pub fn reset(&mut self, base_offset: i64) {
-        self.slots.fill(0xff);
+        self.reset_for(base_offset, u64::MAX);
+    }
+
+    /// Empties the map for at most `keys` keys from `base_offset`: it takes
+    /// no more memory than that many keys need, within its budget.
+    pub fn reset_for(&mut self, base_offset: i64, keys: u64) {
+        let wanted = usize::try_from(keys.saturating_mul(MAX_LOAD_DEN as u64) / MAX_LOAD_NUM as u64)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
+            .clamp(8, self.budget_capacity);
+        if wanted == self.capacity {
+            self.slots.fill(0xff);
+        } else {
+            self.slots = Vec::new();
+            self.slots = vec![0xff; wanted * SLOT_BYTES];
+            self.capacity = wanted;
+            self.max_entries = wanted * MAX_LOAD_NUM / MAX_LOAD_DEN;
+        }
         self.entries = 0;
         self.base_offset = base_offset;
+    }
+
+    /// Gives the map's memory back (until the next reset).
+    pub fn release(&mut self) {
+        self.slots = Vec::new();
+        self.capacity = 0;
+        self.max_entries = 0;
+        self.entries = 0;
+    }
+
+    /// How many keys the map holds when full at its whole budget.
+    pub fn budget_entries(&self) -> usize {
+        self.budget_capacity * MAX_LOAD_NUM / MAX_LOAD_DEN
     }
 
     pub fn len(&self) -> usize {
@@ -139,17 +175,21 @@ impl KeyMap {
         ((u128::from(h1) * self.capacity as u128) >> 64) as usize
     }
 
-    /// The slot holding `digest`, or the empty slot where it would go.
-    fn find(&self, h1: u64, digest: &[u8; DIGEST_BYTES]) -> (usize, bool) {
+    /// The slot holding `digest`, or the empty slot where it would go
+    /// (`None`: the map has no memory).
+    fn find(&self, h1: u64, digest: &[u8; DIGEST_BYTES]) -> Option<(usize, bool)> {
+        if self.capacity == 0 {
+            return None;
+        }
         let mut i = self.home(h1);
         loop {
             let slot = &self.slots[i * SLOT_BYTES..(i + 1) * SLOT_BYTES];
             let delta = u32::from_le_bytes([slot[10], slot[11], slot[12], slot[13]]);
             if delta == EMPTY {
-                return (i, false);
+                return Some((i, false));
             }
             if slot[..DIGEST_BYTES] == digest[..] {
-                return (i, true);
+                return Some((i, true));
             }
             i = if i + 1 == self.capacity { 0 } else { i + 1 };
         }
@@ -158,7 +198,9 @@ impl KeyMap {
     /// Maps `key` to `offset` unless it is mapped already.
     pub fn insert_if_absent(&mut self, key: &[u8], offset: i64) -> Insert {
         let (h1, digest) = Self::digest(key);
-        let (i, found) = self.find(h1, &digest);
+        let Some((i, found)) = self.find(h1, &digest) else {
+            return Insert::Full;
+        };
         if found {
             return Insert::Present;
         }
@@ -176,7 +218,7 @@ impl KeyMap {
     /// The offset `key` is mapped to.
     pub fn get(&self, key: &[u8]) -> Option<i64> {
         let (h1, digest) = Self::digest(key);
-        let (i, found) = self.find(h1, &digest);
+        let (i, found) = self.find(h1, &digest)?;
         found.then(|| {
             let slot = &self.slots[i * SLOT_BYTES..(i + 1) * SLOT_BYTES];
             self.base_offset + i64::from(u32::from_le_bytes([slot[10], slot[11], slot[12], slot[13]]))
@@ -281,6 +323,8 @@ pub(crate) struct SegmentRef {
     pub max_timestamp_ms: i64,
     pub first_timestamp_ms: Option<i64>,
     pub file: Arc<SegmentFile>,
+    /// Batch positions the offset index names: where reads may start.
+    pub positions: Vec<u32>,
 }
 
 /// A group of consecutive sealed segments written again as one, ready to
@@ -299,6 +343,11 @@ pub struct CleanedGroup {
 impl CleanedGroup {
     pub fn base_offset(&self) -> i64 {
         self.replaced.first().map_or(0, |s| s.base_offset)
+    }
+
+    /// The offset after the last one it covers.
+    pub fn next_offset(&self) -> i64 {
+        self.next_offset
     }
 }
 
@@ -351,6 +400,38 @@ pub struct CleanSource {
     pub(crate) view: LogReader,
     pub(crate) segment_bytes: u64,
     pub(crate) index_interval_bytes: u64,
+    /// Read segment data with O_DIRECT (else buffered, then dropped from
+    /// the page cache).
+    pub(crate) direct: bool,
+    pub(crate) read_window: u64,
+    /// Producer id -> last offset of its newest batch (see
+    /// [`CleanSource::with_producers`]).
+    pub(crate) producers: HashMap<i64, i64>,
+}
+
+/// How much a pass reads at once by default (Kafka's
+/// `log.cleaner.io.buffer.size`).
+pub const DEFAULT_READ_WINDOW: u64 = 512 * 1024;
+
+/// How a log stands before a pass: what [`CleanSource::assess`] finds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assessment {
+    /// Dirty bytes over the bytes of the cleanable segments.
+    pub dirty_ratio: f64,
+    pub dirty_bytes: u64,
+    pub cleanable_bytes: u64,
+    /// A dirty record is older than `max.compaction.lag.ms`.
+    pub overdue: bool,
+}
+
+/// The part of a log a pass works on.
+struct Plan {
+    cleanable: Vec<SegmentRef>,
+    checkpoint: Checkpoint,
+    assessment: Assessment,
+    /// The range to map: `[lo, hi)`.
+    lo: i64,
+    hi: i64,
 }
 
 impl CleanSource {
@@ -373,6 +454,7 @@ impl CleanSource {
                 max_timestamp_ms: s.indexer.max_timestamp_ms,
                 first_timestamp_ms: s.first_batch_max_timestamp_ms,
                 file: Arc::clone(&s.file),
+                positions: s.offset_index.iter().map(|e| e.position).collect(),
             })
             .collect();
         Ok((refs, st.log_start_offset))
@@ -399,13 +481,26 @@ impl CleanSource {
         }
     }
 
-    fn pass(
-        &self,
-        map: &mut KeyMap,
-        options: &PassOptions,
-        budget: &mut dyn FnMut(u64),
-        commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
-    ) -> io::Result<Result<PassStats, Skip>> {
+    /// The last offset of each producer's newest batch: that batch is kept,
+    /// emptied if need be, so the producer's sequence survives cleaning.
+    pub fn with_producers(mut self, last_offsets: HashMap<i64, i64>) -> CleanSource {
+        self.producers = last_offsets;
+        self
+    }
+
+    /// Reads `bytes` at once (at least one batch).
+    pub fn with_read_window(mut self, bytes: u64) -> CleanSource {
+        self.read_window = bytes.max(1);
+        self
+    }
+
+    /// Whether a pass would clean now, and how dirty the log is: for
+    /// choosing the dirtiest log first.
+    pub fn assess(&self, options: &PassOptions) -> io::Result<Result<Assessment, Skip>> {
+        Ok(self.plan(options)?.map(|p| p.assessment))
+    }
+
+    fn plan(&self, options: &PassOptions) -> io::Result<Result<Plan, Skip>> {
         let (sealed, log_start) = match self.sealed() {
             Ok(s) => s,
             Err(skip) => return Ok(Err(skip)),
@@ -456,14 +551,45 @@ impl CleanSource {
         if !checkpoint.sweeping() && dirty_ratio < options.min_cleanable_dirty_ratio && !overdue {
             return Ok(Err(Skip::BelowDirtyRatio(dirty_ratio)));
         }
+        Ok(Ok(Plan {
+            cleanable,
+            checkpoint,
+            assessment: Assessment {
+                dirty_ratio,
+                dirty_bytes: total - clean_bytes,
+                cleanable_bytes: total,
+                overdue,
+            },
+            lo,
+            hi,
+        }))
+    }
+
+    fn pass(
+        &self,
+        map: &mut KeyMap,
+        options: &PassOptions,
+        budget: &mut dyn FnMut(u64),
+        commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
+    ) -> io::Result<Result<PassStats, Skip>> {
+        let Plan {
+            cleanable,
+            checkpoint,
+            assessment,
+            lo,
+            hi,
+        } = match self.plan(options)? {
+            Ok(plan) => plan,
+            Err(skip) => return Ok(Err(skip)),
+        };
         let mut stats = PassStats {
-            dirty_ratio,
+            dirty_ratio: assessment.dirty_ratio,
             ..PassStats::default()
         };
 
         // 1. The map, newest first.
         let map_base = lo.max(hi.saturating_sub(i64::from(EMPTY) - 1));
-        map.reset(map_base);
+        map.reset_for(map_base, u64::try_from(hi - map_base).unwrap_or(0));
         let mut map_start = map_base;
         'segments: for seg in cleanable
             .iter()
@@ -471,28 +597,28 @@ impl CleanSource {
             .filter(|s| s.base_offset < hi && s.next_offset > lo)
         {
             let file = seg.file.open()?;
-            let headers = batch_positions(file.as_ref(), seg.size_bytes)?;
-            budget(headers.len() as u64 * crate::batch::BATCH_HEADER_LEN as u64);
-            for (pos, h) in headers.iter().rev() {
-                if h.last_offset() < map_base {
-                    break 'segments;
-                }
-                if h.base_offset >= hi {
-                    continue;
-                }
-                let batch = read_batch(file.as_ref(), *pos, h)?;
-                budget(batch.len() as u64);
-                stats.bytes_read += batch.len() as u64;
-                let recs = batch_records(&batch, h)?;
-                for r in recs.iter().rev() {
-                    let offset = h.base_offset + r.offset_delta;
-                    if offset >= hi || offset < map_base {
+            for window in windows(seg, self.read_window).into_iter().rev() {
+                let batches = self.read_window(file.as_ref(), window)?;
+                budget(window.1 - window.0);
+                stats.bytes_read += window.1 - window.0;
+                for (h, batch) in batches.iter().rev() {
+                    if h.last_offset() < map_base {
+                        break 'segments;
+                    }
+                    if h.base_offset >= hi {
                         continue;
                     }
-                    let Some(key) = r.key else { continue };
-                    if map.insert_if_absent(key, offset) == Insert::Full {
-                        map_start = offset + 1;
-                        break 'segments;
+                    let recs = batch_records(batch, h)?;
+                    for r in recs.iter().rev() {
+                        let offset = h.base_offset + r.offset_delta;
+                        if offset >= hi || offset < map_base {
+                            continue;
+                        }
+                        let Some(key) = r.key else { continue };
+                        if map.insert_if_absent(key, offset) == Insert::Full {
+                            map_start = offset + 1;
+                            break 'segments;
+                        }
                     }
                 }
             }
@@ -528,6 +654,7 @@ impl CleanSource {
         };
         let decide = Decide {
             map,
+            producers: &self.producers,
             map_start,
             map_end: hi,
             before: checkpoint,
@@ -560,8 +687,9 @@ impl CleanSource {
         Ok(Ok(stats))
     }
 
-    /// Writes `group` again as `<base>.log.cleaned`, fsynced, with its
-    /// index entries. `None` when nothing in it changes.
+    /// Writes `group` again as `<base>.log.cleaned`, fsynced and dropped
+    /// from the page cache, with its index entries. `None` when nothing in
+    /// it changes.
     fn write_group(
         &self,
         group: &[SegmentRef],
@@ -576,6 +704,9 @@ impl CleanSource {
         let path = cleaned_path(&self.dir, base);
         let out = self.storage.open(&path, OpenMode::Create)?;
         let mut pos = 0u64;
+        // Written bytes not yet handed to the file, from `flushed` on.
+        let mut pending: Vec<u8> = Vec::new();
+        let mut flushed = 0u64;
         let mut indexer = Indexer::new(base);
         let mut offset_index = Vec::new();
         let mut time_index: Vec<TimeEntry> = Vec::new();
@@ -586,50 +717,58 @@ impl CleanSource {
         let written = (|| -> io::Result<()> {
             for (si, seg) in group.iter().enumerate() {
                 let file = seg.file.open()?;
-                let headers = batch_positions(file.as_ref(), seg.size_bytes)?;
-                let last_batch = headers.len().saturating_sub(1);
-                for (bi, (at, h)) in headers.iter().enumerate() {
-                    let batch = read_batch(file.as_ref(), *at, h)?;
-                    budget(batch.len() as u64);
-                    stats.bytes_read += batch.len() as u64;
-                    let is_group_end = si + 1 == group.len() && bi == last_batch;
-                    let rewritten = decide.batch(&batch, h, is_group_end)?;
-                    let bytes: &[u8] = match &rewritten {
-                        Rewrite::Same => &batch,
-                        Rewrite::Drop { records } => {
-                            changed = true;
-                            removed += records;
-                            continue;
-                        }
-                        Rewrite::New { bytes, removed: r } => {
-                            changed = true;
-                            removed += r;
-                            bytes
-                        }
-                    };
-                    let nh = BatchHeader::parse(bytes).map_err(|e| io::Error::other(e.to_string()))?;
-                    write_all_at(out.as_ref(), bytes, pos)?;
-                    let (o, t) = indexer.on_batch(
-                        batch_meta(&nh, pos),
-                        base,
-                        self.index_interval_bytes,
-                        time_index.last().copied(),
-                    );
-                    offset_index.extend(o);
-                    time_index.extend(t);
-                    first_ts.get_or_insert(nh.max_timestamp);
-                    next_offset = nh.last_offset() + 1;
-                    pos += bytes.len() as u64;
+                let windows = windows(seg, self.read_window);
+                let last_window = windows.len().saturating_sub(1);
+                for (wi, window) in windows.into_iter().enumerate() {
+                    let batches = self.read_window(file.as_ref(), window)?;
+                    budget(window.1 - window.0);
+                    stats.bytes_read += window.1 - window.0;
+                    let last_batch = batches.len().saturating_sub(1);
+                    for (bi, (h, batch)) in batches.iter().enumerate() {
+                        let is_group_end = si + 1 == group.len() && wi == last_window && bi == last_batch;
+                        let rewritten = decide.batch(batch, h, is_group_end)?;
+                        let bytes: &[u8] = match &rewritten {
+                            Rewrite::Same => batch,
+                            Rewrite::Drop { records } => {
+                                changed = true;
+                                removed += records;
+                                continue;
+                            }
+                            Rewrite::New { bytes, removed: r } => {
+                                changed = true;
+                                removed += r;
+                                bytes
+                            }
+                        };
+                        let nh = BatchHeader::parse(bytes).map_err(|e| io::Error::other(e.to_string()))?;
+                        pending.extend_from_slice(bytes);
+                        let (o, t) = indexer.on_batch(
+                            batch_meta(&nh, pos),
+                            base,
+                            self.index_interval_bytes,
+                            time_index.last().copied(),
+                        );
+                        offset_index.extend(o);
+                        time_index.extend(t);
+                        first_ts.get_or_insert(nh.max_timestamp);
+                        next_offset = nh.last_offset() + 1;
+                        pos += bytes.len() as u64;
+                    }
+                    if pending.len() as u64 >= self.read_window {
+                        write_all_at(out.as_ref(), &pending, flushed)?;
+                        flushed += pending.len() as u64;
+                        pending.clear();
+                    }
                 }
             }
-            Ok(())
+            write_all_at(out.as_ref(), &pending, flushed)
         })();
         let done = written.and_then(|()| {
             if changed || group.len() > 1 {
-                out.sync_data()
-            } else {
-                Ok(())
+                out.sync_data()?;
+                out.drop_cache();
             }
+            Ok(())
         });
         drop(out);
         if let Err(e) = done {
@@ -653,6 +792,61 @@ impl CleanSource {
             first_batch_max_timestamp_ms: first_ts,
         }))
     }
+
+    /// The batches of one window of a segment, read without leaving it in
+    /// the page cache; each batch's CRC is checked, so the cleaner never
+    /// rewrites damaged data under a fresh checksum.
+    fn read_window(
+        &self,
+        file: &dyn crate::StoredFile,
+        (start, end): (u64, u64),
+    ) -> io::Result<Vec<(BatchHeader, Bytes)>> {
+        let data = file.read_uncached(start, end - start, self.direct)?;
+        if (data.len() as u64) < end - start {
+            return Err(invalid_data(format!(
+                "segment data ends at {} before {end}",
+                start + data.len() as u64
+            )));
+        }
+        let mut out = Vec::new();
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = start + pos as u64;
+            let h =
+                BatchHeader::parse(&data[pos..]).map_err(|e| invalid_data(format!("batch at {at}: {e}")))?;
+            let len = h.total_len();
+            if len > data.len() - pos {
+                return Err(invalid_data(format!("batch at {at} runs past {end}")));
+            }
+            let batch = data.slice(pos..pos + len);
+            check_crc(&batch, &h).map_err(|e| invalid_data(format!("batch at {at}: {e}")))?;
+            out.push((h, batch));
+            pos += len;
+        }
+        Ok(out)
+    }
+}
+
+fn invalid_data(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why)
+}
+
+/// Byte ranges of a segment to read at once: each starts at a batch (a
+/// position its offset index names) and spans at least `window` bytes
+/// where the index allows.
+fn windows(seg: &SegmentRef, window: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut start = 0u64;
+    for p in seg.positions.iter().map(|p| u64::from(*p)) {
+        if p > start && p < seg.size_bytes && p - start >= window {
+            out.push((start, p));
+            start = p;
+        }
+    }
+    if start < seg.size_bytes {
+        out.push((start, seg.size_bytes));
+    }
+    out
 }
 
 /// `dir/<base>.log.cleaned`.
@@ -701,12 +895,6 @@ fn batch_positions(file: &dyn crate::StoredFile, size: u64) -> io::Result<Vec<(u
     Ok(out)
 }
 
-fn read_batch(file: &dyn crate::StoredFile, pos: u64, h: &BatchHeader) -> io::Result<Vec<u8>> {
-    let mut batch = vec![0u8; h.total_len()];
-    read_exact_at(file, &mut batch, pos)?;
-    Ok(batch)
-}
-
 fn batch_records<'a>(batch: &'a [u8], h: &BatchHeader) -> io::Result<Vec<Record<'a>>> {
     let Some(iter) = records(batch, h) else {
         return Err(io::Error::new(
@@ -729,6 +917,8 @@ fn batch_records<'a>(batch: &'a [u8], h: &BatchHeader) -> io::Result<Vec<Record<
 /// The per-record rules of a pass.
 struct Decide<'a> {
     map: &'a KeyMap,
+    /// Producer id -> last offset of its newest batch in the log.
+    producers: &'a HashMap<i64, i64>,
     map_start: i64,
     map_end: i64,
     before: Checkpoint,
@@ -777,11 +967,16 @@ impl Decide<'_> {
         // delete.retention.ms now (KIP-534's delete horizon).
         let clean_after = self.after.is_clean(h.base_offset) && self.after.is_clean(h.last_offset());
         let set_horizon = horizon.is_none() && clean_after && kept.iter().any(Record::is_tombstone);
+        // An empty batch stays where it carries what the log needs: the
+        // group's last offset, or a producer's last sequence (Kafka keeps
+        // that batch too, so the producer's next write is in sequence).
+        let keep_empty = is_group_end
+            || (h.producer_id >= 0 && self.producers.get(&h.producer_id) == Some(&h.last_offset()));
+        if kept.is_empty() && !keep_empty {
+            return Ok(Rewrite::Drop { records: removed });
+        }
         if removed == 0 && !set_horizon {
             return Ok(Rewrite::Same);
-        }
-        if kept.is_empty() && !is_group_end {
-            return Ok(Rewrite::Drop { records: removed });
         }
         let new_horizon = set_horizon.then(|| self.now_ms.saturating_add(self.delete_retention_ms));
         Ok(Rewrite::New {

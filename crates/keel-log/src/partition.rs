@@ -631,6 +631,9 @@ impl PartitionLog {
             view: self.view.clone(),
             segment_bytes: self.config.segment_bytes,
             index_interval_bytes: self.config.index_interval_bytes,
+            direct: self.config.read_io == crate::ReadIo::Direct,
+            read_window: crate::clean::DEFAULT_READ_WINDOW,
+            producers: std::collections::HashMap::new(),
         }
     }
 
@@ -1609,8 +1612,8 @@ mod scan_tests {
                 let read = plan.execute_scan().unwrap();
                 assert_eq!(read.bytes, cold.execute().unwrap(), "same data either way");
                 served += read.bytes.len() as u64;
+                offset = read.hint.as_ref().unwrap().next_offset();
                 hint = read.hint;
-                offset = read.hint.unwrap().next_offset();
             }
             assert_eq!(served, size);
             assert!(

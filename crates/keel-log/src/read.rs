@@ -34,8 +34,6 @@ pub struct ReadPlan {
     /// Where the first window should end: a batch boundary, so the read
     /// takes whole batches (see `index::window_end`).
     pub(crate) window_end: Option<u64>,
-    /// Base offset of the segment read (for [`ScanHint`]s).
-    pub(crate) segment_base: i64,
 }
 
 /// Smallest direct read: enough to find the target batch from an index
@@ -53,7 +51,6 @@ impl ReadPlan {
             max_bytes,
             io: ReadIo::Buffered,
             window_end: None,
-            segment_base: -1,
         }
     }
 
@@ -67,7 +64,6 @@ impl ReadPlan {
             max_bytes,
             io: ReadIo::Direct,
             window_end: None,
-            segment_base: -1,
         }
     }
 
@@ -136,7 +132,7 @@ impl ReadPlan {
             ),
         }?;
         let hint = last_offset_of(&bytes).map(|last| ScanHint {
-            segment_base: self.segment_base,
+            file: Arc::downgrade(segment),
             next_offset: last + 1,
             position: position + bytes.len() as u64,
         });
@@ -178,10 +174,12 @@ pub struct ScanRead {
 }
 
 /// Where a sequential scan of a segment continues: the file position of the
-/// batch holding `next_offset` (see [`ReadPlan::execute_scan`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// batch holding `next_offset` (see [`ReadPlan::execute_scan`]) in that
+/// segment file. A file the cleaner replaced is another file, so its hints
+/// no longer apply.
+#[derive(Debug, Clone)]
 pub struct ScanHint {
-    pub(crate) segment_base: i64,
+    pub(crate) file: std::sync::Weak<SegmentFile>,
     pub(crate) next_offset: i64,
     pub(crate) position: u64,
 }

@@ -237,7 +237,7 @@ impl LogReader {
             .map_or(segment.size_bytes, |d| d.valid_bytes);
         let start = match hint {
             Some(h)
-                if h.segment_base == segment.base_offset
+                if std::ptr::eq(h.file.as_ptr(), Arc::as_ptr(&segment.file))
                     && h.next_offset == offset
                     && h.position >= indexed
                     && h.position < end =>
@@ -263,7 +263,6 @@ impl LogReader {
             max_bytes,
             io,
             window_end: window_end(&segment.offset_index, start, max_bytes),
-            segment_base: segment.base_offset,
         })
     }
 

@@ -171,8 +171,10 @@ impl Harness {
         };
         let mut map = KeyMap::with_budget(slots * keel_log::clean::SLOT_BYTES);
         let options = self.options();
+        // Small windows make most reads start at an index entry.
+        let window = self.rng.gen_range(1..2048);
         let log = self.log.as_mut().expect("open");
-        let source = log.clean_source();
+        let source = log.clean_source().with_read_window(window);
         let outcome = source.clean(&mut map, &options, &mut |_: u64| {}, &mut |g| {
             log.commit_cleaned(g)
         });

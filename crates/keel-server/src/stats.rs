@@ -305,11 +305,95 @@ pub fn render(stats: &Value) -> String {
         ],
         &rows,
     ));
+    render_cleaner(stats, partitions, &mut out);
     out
+}
+
+/// The cleaner's totals and a row per compacted partition, when there are
+/// any.
+fn render_cleaner(stats: &Value, partitions: &[Value], out: &mut String) {
+    let compacted: Vec<&Value> = partitions
+        .iter()
+        .filter(|p| p.get("cleaner").is_some_and(Value::is_object))
+        .collect();
+    if compacted.is_empty() {
+        return;
+    }
+    let c = |key| num(stats, &["cleaner", key]);
+    let enabled = stats["cleaner"]["enabled"].as_bool() != Some(false);
+    let _ = writeln!(
+        out,
+        "\ncleaner      {}{} thread(s), map {} ({} keys) each, I/O budget {}",
+        if enabled { "" } else { "DISABLED, " },
+        count(c("threads")),
+        bytes(
+            c("dedupe_buffer_bytes")
+                .zip(c("threads"))
+                .map(|(b, t)| b / t.max(1))
+        ),
+        count(c("map_keys_per_thread")),
+        match c("io_bytes_per_sec") {
+            Some(0) => "unlimited".to_string(),
+            n => format!("{}/s", bytes(n)),
+        },
+    );
+    let _ = writeln!(
+        out,
+        "             {} passes ({} failed): read {}, wrote {}, reclaimed {}, {} records removed",
+        count(c("passes")),
+        count(c("failed_passes")),
+        bytes(c("bytes_read")),
+        bytes(c("bytes_written")),
+        bytes(c("bytes_reclaimed")),
+        count(c("records_removed")),
+    );
+    let rows: Vec<Vec<String>> = compacted
+        .iter()
+        .map(|p| {
+            let field = |key| num(p, &["cleaner", key]);
+            let ratio = |key: &str| {
+                p["cleaner"][key]
+                    .as_f64()
+                    .map_or_else(|| "-".into(), |r| format!("{:.1}%", r * 100.0))
+            };
+            vec![
+                p.get("topic").and_then(Value::as_str).unwrap_or("-").to_string(),
+                count(num(p, &["partition"])),
+                ratio("dirty_ratio"),
+                count(field("passes")),
+                bytes(field("bytes_reclaimed")),
+                ratio("map_fill"),
+                p["cleaner"]["not_cleanable"]
+                    .as_str()
+                    .or(p["cleaner"]["last_error"].as_str())
+                    .unwrap_or("")
+                    .to_string(),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&aligned_table(
+        &[
+            "compacted topic",
+            "partition",
+            "dirty",
+            "passes",
+            "reclaimed",
+            "map fill",
+            "status",
+        ],
+        &rows,
+        &[0, 6],
+    ));
 }
 
 /// Aligned columns: the first left-aligned, the others (numbers) right.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    aligned_table(header, rows, &[0])
+}
+
+/// Aligned columns: those in `left` left-aligned, the others right.
+fn aligned_table(header: &[&str], rows: &[Vec<String>], left: &[usize]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -323,6 +407,8 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
             if i == 0 {
                 let _ = write!(line, "{cell:<w$}");
+            } else if left.contains(&i) {
+                let _ = write!(line, "  {cell:<w$}");
             } else {
                 let _ = write!(line, "  {cell:>w$}");
             }
@@ -336,6 +422,53 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compacted_partitions_get_a_cleaner_table() {
+        let stats = serde_json::json!({
+            "tail_cache": {}, "cold_reads": {},
+            "cleaner": {"enabled": true, "threads": 2, "dedupe_buffer_bytes": 8 << 20,
+                        "map_keys_per_thread": 261_120, "io_bytes_per_sec": 0, "passes": 7,
+                        "failed_passes": 1, "bytes_read": 3 << 20, "bytes_written": 1 << 20,
+                        "bytes_reclaimed": 2 << 20, "records_removed": 900},
+            "partitions": [
+                {"topic": "plain", "partition": 0, "cleaner": null},
+                {"topic": "changelog", "partition": 3,
+                 "cleaner": {"dirty_ratio": 0.25, "passes": 7, "bytes_reclaimed": 2 << 20,
+                             "map_fill": 0.5, "not_cleanable": "dirty ratio 0.25 is below min.cleanable.dirty.ratio"}},
+            ],
+        });
+        let text = render(&stats);
+        assert!(
+            text.contains("cleaner      2 thread(s), map 4.0 MiB (261120 keys) each, I/O budget unlimited"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "7 passes (1 failed): read 3.0 MiB, wrote 1.0 MiB, reclaimed 2.0 MiB, 900 records removed"
+            ),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .skip_while(|l| !l.starts_with("compacted topic"))
+            .find(|l| l.starts_with("changelog"))
+            .expect("a row per compacted partition");
+        assert!(
+            row.contains("25.0%") && row.contains("2.0 MiB") && row.contains("50.0%"),
+            "{text}"
+        );
+        assert!(
+            row.ends_with("dirty ratio 0.25 is below min.cleanable.dirty.ratio"),
+            "{text}"
+        );
+        assert!(
+            !text.lines().any(|l| l.starts_with("plain ") && l.contains('%')),
+            "{text}"
+        );
+        let no_compacted = serde_json::json!({"partitions": [{"topic": "plain", "partition": 0}]});
+        assert!(!render(&no_compacted).contains("cleaner"));
+    }
 
     #[test]
     fn byte_counts_are_human() {

@@ -17,7 +17,7 @@ pub mod resident;
 pub mod tail;
 pub mod tiers;
 
-pub use bulk::Bulk;
+pub use bulk::{Bulk, BULK_NICE};
 pub use cold::{ColdRead, ColdReads, ColdStats};
 pub use pace::Pacer;
 pub use tail::{Chunks, PartitionTail, TailCache, TailStats};

@@ -244,6 +244,23 @@ impl TailCache {
         })
     }
 
+    fn remove_below(&self, id: u64, offset: i64) {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let Some(run) = inner.partitions.get_mut(&id) else {
+            return;
+        };
+        let (mut bytes, mut batches) = (0u64, 0usize);
+        while run.front().is_some_and(|b| b.last_offset < offset) {
+            if let Some(b) = run.pop_front() {
+                bytes += b.bytes.len() as u64;
+                batches += 1;
+            }
+        }
+        inner.used_bytes -= bytes;
+        inner.stale_entries += batches;
+    }
+
     fn remove(&self, id: u64) {
         let mut inner = self.inner.lock();
         if let Some(run) = inner.partitions.remove(&id) {
@@ -285,6 +302,11 @@ impl PartitionTail {
     /// and may no longer hold them).
     pub fn clear(&self) {
         self.cache.remove(self.id);
+    }
+
+    /// Forgets the cached batches below `offset` (the cleaner rewrote them).
+    pub fn forget_below(&self, offset: i64) {
+        self.cache.remove_below(self.id, offset);
     }
 
     /// The first offset of the cached run, if anything is cached.

@@ -1,0 +1,369 @@
+//! The log cleaner: compacts the partitions of topics whose
+//! `cleanup.policy` includes `compact` (the passes themselves are
+//! `keel_log::clean`).
+//!
+//! `log.cleaner.threads` threads of their own, at the bulk threads' lower
+//! CPU priority, each with an equal part of `log.cleaner.dedupe.buffer.size`
+//! for its key map (allocated for a pass, sized to what the pass can use,
+//! and given back after it). Each round a thread assesses every compacted
+//! partition no other thread is cleaning and runs one pass on the one that
+//! needs it most: any partition with a dirty record older than
+//! `max.compaction.lag.ms` first, then the highest dirty ratio at or above
+//! `min.cleanable.dirty.ratio`, as Kafka's cleaner chooses. With nothing to
+//! clean it sleeps `log.cleaner.backoff.ms`.
+//!
+//! A pass reads and writes without the partition's writer lock, paced by
+//! `log.cleaner.io.max.bytes.per.second` (every byte read is drawn from that
+//! budget), reading around the page cache; only the swap of each cleaned
+//! group takes the lock, briefly. What each partition's passes did, and why
+//! a partition is not cleanable, is kept for `/stats`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use keel_log::clean::{Assessment, KeyMap, PassOptions, PassStats, Skip};
+use keel_tier::Pacer;
+use parking_lot::Mutex;
+
+use crate::broker::Broker;
+use crate::config::CleanerSettings;
+use crate::partition::Partition;
+use crate::time::now_ms;
+
+/// How often a sleeping thread checks whether the broker is stopping.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+
+/// The cleaner's shared state and broker-wide counters.
+#[derive(Debug)]
+pub struct Cleaner {
+    pub settings: CleanerSettings,
+    pacer: Pacer,
+    stopping: AtomicBool,
+    /// Partitions a thread is cleaning (by address), so no two threads
+    /// clean one partition.
+    busy: Mutex<Vec<usize>>,
+    pub passes: AtomicU64,
+    pub failed_passes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_reclaimed: AtomicU64,
+    pub records_removed: AtomicU64,
+    /// Time passes waited for the I/O budget.
+    pub throttled_us: AtomicU64,
+}
+
+/// One partition's cleaning, for `/stats`.
+#[derive(Debug, Clone, Default)]
+pub struct Cleaning {
+    pub passes: u64,
+    pub failed_passes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub bytes_reclaimed: u64,
+    pub records_removed: u64,
+    /// At the last assessment or pass.
+    pub dirty_ratio: f64,
+    pub dirty_bytes: u64,
+    pub cleanable_bytes: u64,
+    /// Keys in the map of the last pass, and their share of what the
+    /// thread's map holds at its full budget.
+    pub map_keys: u64,
+    pub map_fill: f64,
+    /// When the last pass ended (wall clock, ms) and how long it took.
+    pub last_pass_ms: Option<i64>,
+    pub last_pass_duration_ms: u64,
+    /// Where the cleaner stands: everything below is clean.
+    pub clean_end: Option<i64>,
+    /// Why the partition is not cleanable now.
+    pub not_cleanable: Option<String>,
+    pub last_error: Option<String>,
+}
+
+impl Cleaning {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "passes": self.passes,
+            "failed_passes": self.failed_passes,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "bytes_reclaimed": self.bytes_reclaimed,
+            "records_removed": self.records_removed,
+            "dirty_ratio": self.dirty_ratio,
+            "dirty_bytes": self.dirty_bytes,
+            "cleanable_bytes": self.cleanable_bytes,
+            "map_keys": self.map_keys,
+            "map_fill": self.map_fill,
+            "last_pass_ms": self.last_pass_ms,
+            "last_pass_duration_ms": self.last_pass_duration_ms,
+            "clean_end": self.clean_end,
+            "not_cleanable": self.not_cleanable,
+            "last_error": self.last_error,
+        })
+    }
+
+    fn assessed(&mut self, a: &Assessment) {
+        self.dirty_ratio = a.dirty_ratio;
+        self.dirty_bytes = a.dirty_bytes;
+        self.cleanable_bytes = a.cleanable_bytes;
+        self.not_cleanable = None;
+    }
+
+    fn skipped(&mut self, skip: &Skip) {
+        if let Skip::BelowDirtyRatio(r) = skip {
+            self.dirty_ratio = *r;
+        }
+        self.not_cleanable = Some(skip.to_string());
+    }
+}
+
+impl Cleaner {
+    pub fn new(settings: CleanerSettings) -> Cleaner {
+        Cleaner {
+            pacer: Pacer::new(settings.io_bytes_per_sec),
+            settings,
+            stopping: AtomicBool::new(false),
+            busy: Mutex::new(Vec::new()),
+            passes: AtomicU64::new(0),
+            failed_passes: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            bytes_reclaimed: AtomicU64::new(0),
+            records_removed: AtomicU64::new(0),
+            throttled_us: AtomicU64::new(0),
+        }
+    }
+
+    /// The key-map budget of one thread.
+    pub fn map_bytes_per_thread(&self) -> usize {
+        self.settings.dedupe_buffer_bytes / self.settings.threads.max(1)
+    }
+
+    /// Stops the threads after their current pass.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.settings;
+        serde_json::json!({
+            "enabled": s.enabled,
+            "threads": s.threads,
+            "dedupe_buffer_bytes": s.dedupe_buffer_bytes,
+            "map_keys_per_thread": KeyMap::with_budget(self.map_bytes_per_thread()).budget_entries(),
+            "io_bytes_per_sec": s.io_bytes_per_sec,
+            "passes": load(&self.passes),
+            "failed_passes": load(&self.failed_passes),
+            "bytes_read": load(&self.bytes_read),
+            "bytes_written": load(&self.bytes_written),
+            "bytes_reclaimed": load(&self.bytes_reclaimed),
+            "records_removed": load(&self.records_removed),
+            "throttled_ms": load(&self.throttled_us) / 1000,
+        })
+    }
+}
+
+/// Starts the cleaner threads (none if `log.cleaner.enable=false`). Call
+/// from within the runtime: passes wait for their I/O budget on it.
+pub fn spawn(broker: &Arc<Broker>) {
+    let cleaner = &broker.cleaner;
+    if !cleaner.settings.enabled {
+        tracing::info!("log cleaner disabled (log.cleaner.enable=false)");
+        return;
+    }
+    let runtime = tokio::runtime::Handle::current();
+    for i in 0..cleaner.settings.threads {
+        let broker = Arc::downgrade(broker);
+        let runtime = runtime.clone();
+        let spawned = std::thread::Builder::new()
+            .name("keel-cleaner".into())
+            .spawn(move || {
+                if let Err(e) = rustix::process::nice(keel_tier::BULK_NICE) {
+                    if i == 0 {
+                        tracing::info!(error = %e, "cleaner threads run at normal priority");
+                    }
+                }
+                run(&broker, &runtime);
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a log cleaner thread");
+        }
+    }
+}
+
+fn run(broker: &Weak<Broker>, runtime: &tokio::runtime::Handle) {
+    let budget = match broker.upgrade() {
+        Some(b) => b.cleaner.map_bytes_per_thread(),
+        None => return,
+    };
+    let mut map = KeyMap::with_budget(budget);
+    loop {
+        let Some(b) = broker.upgrade() else { return };
+        if b.cleaner.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        let cleaned = clean_neediest(&b, &mut map, runtime);
+        map.release();
+        let backoff = Duration::from_millis(b.cleaner.settings.backoff_ms);
+        drop(b);
+        if !cleaned {
+            let until = Instant::now() + backoff;
+            while Instant::now() < until {
+                std::thread::sleep(STOP_CHECK.min(until.saturating_duration_since(Instant::now())));
+                match broker.upgrade() {
+                    Some(b) if !b.cleaner.stopping.load(Ordering::Relaxed) => {}
+                    _ => return,
+                }
+            }
+        }
+    }
+}
+
+/// A partition chosen for a pass.
+struct Candidate {
+    partition: Arc<Partition>,
+    source: keel_log::clean::CleanSource,
+    options: PassOptions,
+    /// Overdue logs first, then by dirty ratio.
+    score: f64,
+}
+
+/// Assesses every compacted partition and runs one pass on the one that
+/// needs it most. Returns whether a pass ran.
+fn clean_neediest(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle) -> bool {
+    let cleaner = &broker.cleaner;
+    let now = now_ms();
+    let mut best: Option<Candidate> = None;
+    for topic in broker.topics.all() {
+        let settings = match broker.config.compaction(&topic.meta.configs) {
+            Ok(c) if c.enabled => c,
+            _ => continue,
+        };
+        let options = PassOptions {
+            now_ms: now,
+            min_compaction_lag_ms: settings.min_compaction_lag_ms,
+            max_compaction_lag_ms: settings.max_compaction_lag_ms,
+            min_cleanable_dirty_ratio: settings.min_cleanable_dirty_ratio,
+            delete_retention_ms: settings.delete_retention_ms,
+        };
+        for p in &topic.partitions {
+            if p.unavailable().is_some() || cleaner.busy.lock().contains(&key(p)) {
+                continue;
+            }
+            let Ok(source) = p.with_log(|log| log.clean_source()) else {
+                continue;
+            };
+            let source = source.with_read_window(cleaner.settings.io_buffer_bytes);
+            match source.assess(&options) {
+                Ok(Ok(a)) => {
+                    p.cleaning.lock().assessed(&a);
+                    let score = if a.overdue {
+                        1.0 + a.dirty_ratio
+                    } else {
+                        a.dirty_ratio
+                    };
+                    if best.as_ref().is_none_or(|b| score > b.score) {
+                        best = Some(Candidate {
+                            partition: Arc::clone(p),
+                            source,
+                            options,
+                            score,
+                        });
+                    }
+                }
+                Ok(Err(skip)) => p.cleaning.lock().skipped(&skip),
+                Err(e) => {
+                    let mut c = p.cleaning.lock();
+                    c.not_cleanable = Some(format!("cannot read the log: {e}"));
+                    c.last_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+    let Some(chosen) = best else { return false };
+    let id = key(&chosen.partition);
+    {
+        let mut busy = cleaner.busy.lock();
+        if busy.contains(&id) {
+            return true; // Another thread took it meanwhile; look again.
+        }
+        busy.push(id);
+    }
+    pass(broker, map, runtime, chosen);
+    cleaner.busy.lock().retain(|b| *b != id);
+    true
+}
+
+fn key(p: &Arc<Partition>) -> usize {
+    Arc::as_ptr(p) as usize
+}
+
+fn pass(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: Candidate) {
+    let cleaner = &broker.cleaner;
+    let p = &c.partition;
+    let started = Instant::now();
+    let mut budget = |bytes: u64| {
+        let waited = runtime.block_on(cleaner.pacer.take(bytes));
+        cleaner
+            .throttled_us
+            .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+    };
+    let mut commit = |group: keel_log::clean::CleanedGroup| {
+        let end = group.next_offset();
+        let swapped = p.with_log(|log| log.commit_cleaned(group))??;
+        if swapped {
+            p.forget_cached_below(end);
+        }
+        Ok(swapped)
+    };
+    let source = c.source.with_producers(p.producer_last_offsets());
+    let outcome = source.clean(map, &c.options, &mut budget, &mut commit);
+    let elapsed = started.elapsed();
+    let mut cleaning = p.cleaning.lock();
+    match outcome {
+        Ok(Ok(stats)) => {
+            record(cleaner, &mut cleaning, &stats, map.budget_entries());
+            cleaning.last_pass_ms = Some(now_ms());
+            cleaning.last_pass_duration_ms = elapsed.as_millis() as u64;
+            tracing::info!(
+                topic = %p.topic, partition = p.index,
+                reclaimed_bytes = stats.bytes_reclaimed, removed_records = stats.records_removed,
+                read_bytes = stats.bytes_read, map_keys = stats.map_entries,
+                map_start = stats.map_start, map_end = stats.map_end,
+                clean_end = stats.checkpoint.clean_end, took_ms = elapsed.as_millis() as u64,
+                "cleaned"
+            );
+        }
+        Ok(Err(skip)) => cleaning.skipped(&skip),
+        Err(e) => {
+            cleaner.failed_passes.fetch_add(1, Ordering::Relaxed);
+            cleaning.failed_passes += 1;
+            cleaning.last_error = Some(e.to_string());
+            tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "cleaning pass failed");
+        }
+    }
+}
+
+fn record(cleaner: &Cleaner, cleaning: &mut Cleaning, stats: &PassStats, map_capacity: usize) {
+    let add = |counter: &AtomicU64, n: u64| counter.fetch_add(n, Ordering::Relaxed);
+    add(&cleaner.passes, 1);
+    add(&cleaner.bytes_read, stats.bytes_read);
+    add(&cleaner.bytes_written, stats.bytes_written);
+    add(&cleaner.bytes_reclaimed, stats.bytes_reclaimed);
+    add(&cleaner.records_removed, stats.records_removed);
+    cleaning.passes += 1;
+    cleaning.bytes_read += stats.bytes_read;
+    cleaning.bytes_written += stats.bytes_written;
+    cleaning.bytes_reclaimed += stats.bytes_reclaimed;
+    cleaning.records_removed += stats.records_removed;
+    cleaning.dirty_ratio = stats.dirty_ratio;
+    cleaning.map_keys = stats.map_entries as u64;
+    cleaning.map_fill = if map_capacity == 0 {
+        0.0
+    } else {
+        stats.map_entries as f64 / map_capacity as f64
+    };
+    cleaning.clean_end = Some(stats.checkpoint.clean_end);
+    cleaning.not_cleanable = None;
+}
