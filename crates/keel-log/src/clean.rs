@@ -113,6 +113,7 @@ impl KeyMap {
         if wanted == self.capacity {
             self.slots.fill(0xff);
         } else {
+            // Free the old table first: never two tables at once.
             self.slots = Vec::new();
             self.slots = vec![0xff; wanted * SLOT_BYTES];
             self.capacity = wanted;
@@ -598,7 +599,7 @@ impl CleanSource {
         {
             let file = seg.file.open()?;
             for window in windows(seg, self.read_window).into_iter().rev() {
-                let batches = self.read_window(file.as_ref(), window)?;
+                let batches = self.read_batches(file.as_ref(), window)?;
                 budget(window.1 - window.0);
                 stats.bytes_read += window.1 - window.0;
                 for (h, batch) in batches.iter().rev() {
@@ -720,7 +721,7 @@ impl CleanSource {
                 let windows = windows(seg, self.read_window);
                 let last_window = windows.len().saturating_sub(1);
                 for (wi, window) in windows.into_iter().enumerate() {
-                    let batches = self.read_window(file.as_ref(), window)?;
+                    let batches = self.read_batches(file.as_ref(), window)?;
                     budget(window.1 - window.0);
                     stats.bytes_read += window.1 - window.0;
                     let last_batch = batches.len().saturating_sub(1);
@@ -796,7 +797,7 @@ impl CleanSource {
     /// The batches of one window of a segment, read without leaving it in
     /// the page cache; each batch's CRC is checked, so the cleaner never
     /// rewrites damaged data under a fresh checksum.
-    fn read_window(
+    fn read_batches(
         &self,
         file: &dyn crate::StoredFile,
         (start, end): (u64, u64),
