@@ -51,11 +51,14 @@ def test_retention_never_deletes_a_compact_only_topic(broker_factory):
 
 
 def test_records_without_a_key_are_refused_on_compacted_topics(shared_broker):
+    """Also inside compressed batches, which Keel opens on compacted topics."""
     bs = shared_broker.bootstrap
-    for policy in ("compact", "compact,delete"):
+    for policy, codec in (("compact", "none"), ("compact,delete", "none"), ("compact", "zstd"),
+                          ("compact", "snappy")):
         topic = unique("nokey")
         create_topic(bs, topic, 1, {"cleanup.policy": policy})
-        p = Producer({"bootstrap.servers": bs, "retries": 0, "message.timeout.ms": 10000})
+        p = Producer({"bootstrap.servers": bs, "retries": 0, "message.timeout.ms": 10000,
+                      "compression.type": codec})
         results = []
         for key in (b"k", None):
             p.produce(topic, value=b"v", key=key, partition=0,
@@ -106,10 +109,16 @@ COMPACT_SMALL = {"cleanup.policy": "compact", "segment.bytes": str(8 << 10), "se
 
 
 def _produce_rounds(bootstrap: str, topic: str, rounds: list[list[tuple[bytes, bytes | None]]],
-                    latest: dict) -> None:
-    """Produces each round in order, noting every key's latest offset and value."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
-    for records in rounds:
+                    latest: dict, codecs: list[str] | None = None) -> None:
+    """Produces each round in order (round i compressed with codecs[i]),
+    noting every key's latest offset and value."""
+    producers: dict[str, Producer] = {}
+    for i, records in enumerate(rounds):
+        codec = codecs[i] if codecs else "none"
+        if codec not in producers:
+            producers[codec] = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                                         "enable.idempotence": True, "compression.type": codec})
+        p = producers[codec]
         log = DeliveryLog()
         produce_all(p, [{"key": k, "value": v, "partition": 0} for k, v in records], log, topic)
         log.check()
@@ -180,10 +189,34 @@ def test_the_cleaner_keeps_the_latest_record_of_every_key(broker_factory):
     assert _read_all(b.bootstrap, topic, len(expected)) == expected
 
 
-def _check_with_dump_log_segments(partition_dir, expected):
+def test_compressed_batches_are_cleaned_in_their_own_codec(broker_factory):
+    """Rounds produced with gzip, snappy, lz4 and zstd, each superseding
+    all but one eighth of the round before: every batch keeps some records,
+    so the cleaner decompresses, filters and compresses it again in its own
+    codec. librdkafka reads the result from 0, and Apache Kafka's
+    DumpLogSegments (Java's codecs) finds every batch valid, in its codec."""
+    b = broker_factory(CLEAN_FAST)
+    topic = unique("cleaned-codecs")
+    create_topic(b.bootstrap, topic, 1, COMPACT_SMALL)
+    codecs = ["gzip", "snappy", "lz4", "zstd"] * 2
+    rounds = [[(b"key-%02d" % k, None if k % 8 == 7 and r == 7 else b"round-%d-" % r + b"y" * 300)
+               for k in range(64) if k % 8 >= r] for r in range(8)]
+    latest: dict = {}
+    _produce_rounds(b.bootstrap, topic, rounds, latest, codecs)
+    _seal_and_wait_clean(b, topic, latest)
+    expected = _survivors(latest)
+    assert _read_all(b.bootstrap, topic, len(expected)) == expected
+    st = partition_stats(b, topic)["cleaner"]
+    assert st["records_removed"] > 0 and not st["uncleanable"], st
+    out = _check_with_dump_log_segments(b.data_dir / f"{topic}-0", expected)
+    kept = set(re.findall(r"^baseOffset: .* count: [1-9]\d* .*compresscodec: (\w+)", out, re.M))
+    assert {"gzip", "snappy", "lz4", "zstd"} <= kept, out[-4000:]
+
+
+def _check_with_dump_log_segments(partition_dir, expected) -> str:
     """DumpLogSegments reads every segment and its index files: every batch
     valid, no index entry that disagrees with the log, and exactly the
-    expected offsets (and keys) in the data."""
+    expected offsets (and keys) in the data. Returns its output."""
     logs = sorted(partition_dir.glob("*.log"))
     indexes = sorted(partition_dir.glob("*.index")) + sorted(partition_dir.glob("*.timeindex"))
     out = kafka_tools.dump_log_segments(*logs, *indexes)
@@ -196,3 +229,40 @@ def _check_with_dump_log_segments(partition_dir, expected):
     # producer's newest batch, never one per superseded batch.
     empty = len(re.findall(r"^baseOffset: .* count: 0 ", out, re.M))
     assert empty <= len(logs) + 1, f"{empty} empty batches in {len(logs)} segments:\n{out[-4000:]}"
+    return out
+
+
+def test_a_damaged_batch_makes_the_partition_uncleanable_not_wedged(broker_factory):
+    """A batch damaged on disk fails the pass that reads it (its CRC is
+    checked, so it is never rewritten under a fresh checksum). The partition
+    is then left alone until restart, as Kafka's cleaner does, instead of
+    reading the dirty section again every backoff; it keeps taking writes."""
+    b = broker_factory({**CLEAN_FAST, "log.cleaner.enable": "false"})
+    topic = unique("damaged")
+    create_topic(b.bootstrap, topic, 1, COMPACT_SMALL)
+    keys = [b"key-%02d" % k for k in range(40)]
+    latest: dict = {}
+    _produce_rounds(b.bootstrap, topic, [[(k, b"round-%d-" % r + b"z" * 200) for k in keys]
+                                         for r in range(6)], latest)
+    time.sleep(1.2)
+    _produce_rounds(b.bootstrap, topic, [[(b"roll", b"roll")]], latest)
+    b.stop()
+    first = sorted((b.data_dir / f"{topic}-0").glob("*.log"))[0]
+    data = bytearray(first.read_bytes())
+    data[200] ^= 0xFF  # inside the first batch's records
+    first.write_bytes(bytes(data))
+    b.sets["log.cleaner.enable"] = "true"
+    b.start()
+
+    def uncleanable():
+        c = partition_stats(b, topic)["cleaner"]
+        return c if c and c["uncleanable"] else None
+    c = wait_until(uncleanable, 30, "the pass over the damaged batch to fail")
+    assert c["failed_passes"] == 1 and c["last_error"], c
+    assert "uncleanable until restart" in c["not_cleanable"], c
+    time.sleep(1.5)  # fifteen backoffs
+    assert partition_stats(b, topic)["cleaner"]["failed_passes"] == 1
+    _produce_rounds(b.bootstrap, topic, [[(b"after", b"still writable")]], latest)
+    end = latest[b"after"][0]
+    assert [(m.key(), m.value()) for m in consume_range(b.bootstrap, topic, [0], 1, start_offset=end)[0]] == \
+        [(b"after", b"still writable")]

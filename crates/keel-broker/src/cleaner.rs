@@ -78,6 +78,10 @@ pub struct Cleaning {
     /// Why the partition is not cleanable now.
     pub not_cleanable: Option<String>,
     pub last_error: Option<String>,
+    /// A pass failed: the partition is left alone until the broker
+    /// restarts (Kafka's uncleanable partitions), so a damaged batch does
+    /// not cost a read of the dirty section every backoff.
+    pub uncleanable: bool,
 }
 
 impl Cleaning {
@@ -99,6 +103,7 @@ impl Cleaning {
             "clean_end": self.clean_end,
             "not_cleanable": self.not_cleanable,
             "last_error": self.last_error,
+            "uncleanable": self.uncleanable,
         })
     }
 
@@ -248,7 +253,10 @@ fn clean_neediest(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::H
             delete_retention_ms: settings.delete_retention_ms,
         };
         for p in &topic.partitions {
-            if p.unavailable().is_some() || cleaner.busy.lock().contains(&key(p)) {
+            if p.unavailable().is_some()
+                || p.cleaning.lock().uncleanable
+                || cleaner.busy.lock().contains(&key(p))
+            {
                 continue;
             }
             let Ok(source) = p.with_log(|log| log.clean_source()) else {
@@ -340,7 +348,12 @@ fn pass(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: 
             cleaner.failed_passes.fetch_add(1, Ordering::Relaxed);
             cleaning.failed_passes += 1;
             cleaning.last_error = Some(e.to_string());
-            tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "cleaning pass failed");
+            cleaning.uncleanable = true;
+            cleaning.not_cleanable = Some(format!("uncleanable until restart: a pass failed: {e}"));
+            tracing::warn!(
+                topic = %p.topic, partition = p.index, error = %e,
+                "cleaning pass failed; the partition is uncleanable until restart"
+            );
         }
     }
 }

@@ -38,7 +38,7 @@ use bytes::Bytes;
 
 use crate::batch::{check_crc, BatchHeader};
 use crate::index::{Indexer, OffsetEntry, TimeEntry};
-use crate::records::{delete_horizon, rebuild_batch, records, Record};
+use crate::records::{delete_horizon, rebuild_batch, records_in, records_section, Record};
 use crate::segment::{
     batch_meta, read_header_at, segment_path, SegmentFile, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
 };
@@ -474,12 +474,7 @@ impl CleanSource {
         budget: &mut dyn FnMut(u64),
         commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
     ) -> io::Result<Result<PassStats, Skip>> {
-        match self.pass(map, options, budget, commit) {
-            // A batch the cleaner cannot rewrite (compressed): the log is
-            // not cleanable, which is not an I/O failure.
-            Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(Err(Skip::Unsupported(e.to_string()))),
-            other => other,
-        }
+        self.pass(map, options, budget, commit)
     }
 
     /// The last offset of each producer's newest batch: that batch is kept,
@@ -606,10 +601,12 @@ impl CleanSource {
                     if h.last_offset() < map_base {
                         break 'segments;
                     }
-                    if h.base_offset >= hi {
+                    // Control batches carry markers, not keys.
+                    if h.base_offset >= hi || h.is_control() {
                         continue;
                     }
-                    let recs = batch_records(batch, h)?;
+                    let section = batch_section(batch, h)?;
+                    let recs = section_records(&section, h)?;
                     for r in recs.iter().rev() {
                         let offset = h.base_offset + r.offset_delta;
                         if offset >= hi || offset < map_base {
@@ -896,23 +893,15 @@ fn batch_positions(file: &dyn crate::StoredFile, size: u64) -> io::Result<Vec<(u
     Ok(out)
 }
 
-fn batch_records<'a>(batch: &'a [u8], h: &BatchHeader) -> io::Result<Vec<Record<'a>>> {
-    let Some(iter) = records(batch, h) else {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!(
-                "batch at offset {} is compressed (codec {}); compressed batches are not compacted yet",
-                h.base_offset,
-                h.compression_codec()
-            ),
-        ));
-    };
-    iter.collect::<Result<Vec<_>, String>>().map_err(|why| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("batch at offset {}: {why}", h.base_offset),
-        )
-    })
+/// The records section of a batch, decompressed if need be.
+fn batch_section<'a>(batch: &'a [u8], h: &BatchHeader) -> io::Result<std::borrow::Cow<'a, [u8]>> {
+    records_section(batch, h).map_err(|why| invalid_data(format!("batch at offset {}: {why}", h.base_offset)))
+}
+
+fn section_records<'a>(section: &'a [u8], h: &BatchHeader) -> io::Result<Vec<Record<'a>>> {
+    records_in(section)
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|why| invalid_data(format!("batch at offset {}: {why}", h.base_offset)))
 }
 
 /// The per-record rules of a pass.
@@ -952,7 +941,8 @@ impl Decide<'_> {
         if h.is_control() {
             return Ok(Rewrite::Same);
         }
-        let recs = batch_records(batch, h)?;
+        let section = batch_section(batch, h)?;
+        let recs = section_records(&section, h)?;
         let horizon = delete_horizon(h);
         let expired = horizon.is_some_and(|t| self.now_ms >= t);
         let kept: Vec<Record> = recs
@@ -981,7 +971,7 @@ impl Decide<'_> {
         }
         let new_horizon = set_horizon.then(|| self.now_ms.saturating_add(self.delete_retention_ms));
         Ok(Rewrite::New {
-            bytes: rebuild_batch(batch, h, &kept, new_horizon),
+            bytes: rebuild_batch(batch, h, &kept, new_horizon)?,
             removed,
         })
     }

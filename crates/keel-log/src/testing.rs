@@ -1,8 +1,9 @@
-//! Test helpers: build valid, uncompressed v2 record batches by hand, and
-//! decode their records back. Compiled for this crate's tests and, with the
+//! Test helpers: build valid v2 record batches by hand (uncompressed or in
+//! any of Kafka's codecs), and decode their records back. Compiled for this crate's tests and, with the
 //! `testing` feature, for other crates' tests.
 
-use crate::batch::{BatchHeader, ATTRIBUTES_AT, BATCH_OVERHEAD};
+use crate::batch::{BatchHeader, ATTRIBUTES_AT, BATCH_OVERHEAD, COMPRESSION_MASK};
+use crate::codec::Codec;
 
 const TRANSACTIONAL_FLAG: i16 = 0x10;
 const CONTROL_FLAG: i16 = 0x20;
@@ -17,7 +18,7 @@ pub struct TestRecord {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
-/// Builds one uncompressed magic-2 batch with a correct CRC-32C.
+/// Builds one magic-2 batch with a correct CRC-32C.
 #[derive(Debug, Clone)]
 pub struct BatchBuilder {
     base_offset: i64,
@@ -61,6 +62,12 @@ impl BatchBuilder {
         self
     }
 
+    /// Compresses the records with `codec` (Kafka's framing).
+    pub fn compressed(mut self, codec: Codec) -> Self {
+        self.attributes = (self.attributes & !COMPRESSION_MASK) | codec as i16;
+        self
+    }
+
     pub fn control(mut self, on: bool) -> Self {
         self.set_flag(CONTROL_FLAG, on);
         self
@@ -98,6 +105,8 @@ impl BatchBuilder {
         for (i, r) in self.records.iter().enumerate() {
             encode_record(&mut body, r, i as i32);
         }
+        let codec = Codec::from_id((self.attributes & COMPRESSION_MASK) as u8).expect("a Kafka codec");
+        let body = codec.compress(&body).expect("compresses");
         let max_delta = self.records.iter().map(|r| r.timestamp_delta_ms).max();
         let max_timestamp = self.base_timestamp_ms + max_delta.unwrap_or(0);
         let count = self.records.len() as i32;
@@ -173,13 +182,12 @@ fn get_bytes(buf: &[u8], pos: &mut usize) -> Option<Option<Vec<u8>>> {
     Some(Some(bytes))
 }
 
-/// Decodes the records of one uncompressed batch; `None` if it is not one.
+/// Decodes the records of one batch (decompressing it); `None` if it is
+/// not a valid one.
 pub fn decode_records(batch: &[u8]) -> Option<Vec<TestRecord>> {
     let header = BatchHeader::parse(batch).ok()?;
-    if header.compression_codec() != 0 {
-        return None;
-    }
-    let body = batch.get(61..header.total_len())?;
+    let section = crate::records::records_section(batch, &header).ok()?;
+    let body: &[u8] = &section;
     let mut pos = 0;
     let mut records = Vec::new();
     while pos < body.len() {

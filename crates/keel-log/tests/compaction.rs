@@ -1,5 +1,6 @@
 //! Compaction against a model: random keyed appends (a small key space,
-//! tombstones), cleaning passes with random key-map budgets (so most passes
+//! tombstones, a third of the batches compressed with one of Kafka's
+//! codecs), cleaning passes with random key-map budgets (so most passes
 //! see only part of the dirty section), clock jumps past
 //! `delete.retention.ms`, clean reopens, and crashes at a random storage
 //! step followed by a power loss, on the simulated storage. After every
@@ -19,8 +20,9 @@ use std::sync::Arc;
 
 use keel_log::batch::validate_batches;
 use keel_log::clean::{Checkpoint, KeyMap, PassOptions, Skip};
+use keel_log::codec::Codec;
 use keel_log::faults::{FaultEffect, FaultOp, FaultRule, FaultyStorage};
-use keel_log::records::records;
+use keel_log::records::{records_in, records_section};
 use keel_log::sim::SimStorage;
 use keel_log::testing::{test_seed, BatchBuilder};
 use keel_log::{CleanupPolicy, LogConfig, PartitionLog, Storage};
@@ -128,6 +130,10 @@ impl Harness {
                 (!self.rng.gen_bool(0.1)).then(|| vec![self.rng.gen::<u8>(); self.rng.gen_range(0..120)]);
             b = b.record(Some(&key), value.as_deref());
             recs.push((key, value));
+        }
+        if self.rng.gen_bool(0.33) {
+            let codecs = [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd];
+            b = b.compressed(codecs[self.rng.gen_range(0..codecs.len())]);
         }
         let mut buf = b.build();
         let headers = validate_batches(&buf).unwrap();
@@ -241,7 +247,8 @@ impl Harness {
             let mut at = 0;
             for h in validate_batches(&bytes).expect("whole, CRC-valid batches") {
                 let batch = &bytes[at..at + h.total_len()];
-                for r in records(batch, &h).expect("uncompressed") {
+                let section = records_section(batch, &h).expect("readable through its codec");
+                for r in records_in(&section) {
                     let r = r.expect("well-formed records");
                     let o = h.base_offset + r.offset_delta;
                     if o >= offset {

@@ -85,7 +85,12 @@ async fn produce_partition(
         .cleanup_policy(&topic.meta.configs)
         .is_ok_and(|p| p.compact)
     {
-        if let Some(record) = keel_log::records::first_keyless_record(&records, &headers[0]) {
+        // Kafka opens compressed batches of compacted topics for this too.
+        let keyless = match keel_log::records::first_keyless_record(&records, &headers[0]) {
+            Ok(k) => k,
+            Err(why) => return failed(ResponseError::CorruptMessage, why),
+        };
+        if let Some(record) = keyless {
             let message = format!(
                 "Compacted topic cannot accept message without key in topic partition {}-{index}",
                 topic.meta.name
@@ -157,6 +162,7 @@ pub(crate) fn check_records(
             h.base_sequence, h.producer_id
         )));
     }
+    keel_log::records::codec_of(&h).map_err(invalid)?;
     validate_records(records, &h).map_err(invalid)?;
     Ok(headers)
 }
