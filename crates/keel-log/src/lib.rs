@@ -28,6 +28,7 @@ mod error;
 pub mod faults;
 mod index;
 mod partition;
+pub mod plan;
 mod read;
 pub mod records;
 mod seal;

@@ -1,6 +1,7 @@
 //! `keel`: the Keel broker and its tools.
 
 mod admin;
+mod compaction;
 mod config;
 mod server;
 mod stats;
@@ -28,6 +29,8 @@ enum Command {
     /// Print a running broker's tail cache and read counters (from its
     /// admin endpoint).
     Stats(stats::StatsArgs),
+    /// Plan compaction: passes, I/O, time and disk for a compacted topic.
+    Compaction(compaction::CompactionArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("keel: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Compaction(args) => match compaction::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("keel compaction: {e}");
                 ExitCode::FAILURE
             }
         },

@@ -171,7 +171,7 @@ fn num(v: &Value, path: &[&str]) -> Option<u64> {
     path.iter().try_fold(v, |v, key| v.get(key))?.as_u64()
 }
 
-fn bytes(n: Option<u64>) -> String {
+pub(crate) fn bytes(n: Option<u64>) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     let Some(n) = n else {
         return "-".into();
@@ -393,7 +393,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// Aligned columns: those in `left` left-aligned, the others right.
-fn aligned_table(header: &[&str], rows: &[Vec<String>], left: &[usize]) -> String {
+pub(crate) fn aligned_table(header: &[&str], rows: &[Vec<String>], left: &[usize]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
