@@ -312,3 +312,49 @@ def test_compaction_plan_scans_a_topic_the_broker_wrote(broker_factory):
     after = _plan(b, topic)
     assert after["partitions"][0]["dirty_records"] == 0, after["partitions"][0]
     assert after["scanned"][0]["records"] < scanned["records"], after["scanned"]
+
+
+def test_the_cleaner_cleans_segments_in_the_capacity_tier(broker_factory, tmp_path):
+    """A compacted topic's sealed segments move to a capacity dir like any
+    other topic's (never to the object store). The cleaner reads them
+    there and stores each cleaned group back in the tier as a new copy;
+    the old copies are deleted. A reader from 0 sees one record per key
+    (librdkafka included: a cleaned copy can be a single emptied batch, and
+    the fetch reads on past it), and so it stays after a restart."""
+    capacity = tmp_path / "capacity"
+    b = broker_factory({**CLEAN_FAST, "log.cleaner.enable": "false",
+                        "keel.tier.capacity.dirs": str(capacity), "keel.tier.check.interval.ms": "100",
+                        "keel.tier.move.bytes.per.sec": "0", "keel.tail.cache.bytes": str(64 << 10)})
+    topic = unique("cold-compact")
+    create_topic(b.bootstrap, topic, 1, {**COMPACT_SMALL, "local.retention.bytes": "0"})
+    keys = [b"key-%02d" % k for k in range(60)]
+    latest: dict = {}
+    _produce_rounds(b.bootstrap, topic, [[(k, b"round-%d-" % r + b"c" * 200) for k in keys]
+                                         for r in range(12)], latest)
+    time.sleep(1.2)
+    _produce_rounds(b.bootstrap, topic, [[(b"roll", b"roll")]], latest)
+    roll = latest[b"roll"][0]
+
+    def tiers():
+        return partition_stats(b, topic)["tiers"]
+    cold_before = wait_until(lambda: (t := tiers())["cold"] >= 5 and t["local_segments"] <= 1 and t,
+                             60, "the sealed segments to move to the capacity tier")
+    copies_before = {p.name for p in capacity.rglob("*.log")}
+
+    b.stop()
+    b.sets["log.cleaner.enable"] = "true"
+    b.start()
+    wait_until(lambda: (partition_stats(b, topic)["cleaner"]["clean_end"] or 0) >= roll, 60,
+               f"the cleaner to clean {topic} up to offset {roll}")
+    c = partition_stats(b, topic)["cleaner"]
+    assert c["bytes_reclaimed"] > 0 and not c["uncleanable"], c
+    expected = _survivors(latest)
+    assert _read_all(b.bootstrap, topic, len(expected)) == expected
+    # The old copies go; the cleaned ones are new copies, and smaller. Only
+    # the newest round's segment, holding nothing superseded, stays as it is.
+    after = wait_until(lambda: (t := tiers())["deleting"] == 0 and t, 30, "the replaced copies to go")
+    assert after["cold"] >= 1 and after["cold_bytes"] < cold_before["cold_bytes"] / 5, (cold_before, after)
+    copies_after = {p.name for p in capacity.rglob("*.log")}
+    assert len(copies_after & copies_before) <= 1, sorted(copies_after & copies_before)
+    b.restart()
+    assert _read_all(b.bootstrap, topic, len(expected)) == expected

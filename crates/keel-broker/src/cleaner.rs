@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use keel_log::clean::{Assessment, KeyMap, PassOptions, PassStats, Skip};
+use bytes::Bytes;
+use keel_log::clean::{Assessment, ColdSegments, KeyMap, PassOptions, PassStats, Skip};
+use keel_log::{SealedSegment, Tier, TierState, TieredSegment};
 use keel_tier::Pacer;
 use parking_lot::Mutex;
 
@@ -30,6 +32,7 @@ use crate::broker::Broker;
 use crate::config::CleanerSettings;
 use crate::partition::Partition;
 use crate::time::now_ms;
+use crate::topics::Topic;
 
 /// How often a sleeping thread checks whether the broker is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(100);
@@ -236,7 +239,7 @@ struct Candidate {
 
 /// Assesses every compacted partition and runs one pass on the one that
 /// needs it most. Returns whether a pass ran.
-fn clean_neediest(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle) -> bool {
+fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runtime::Handle) -> bool {
     let cleaner = &broker.cleaner;
     let now = now_ms();
     let mut best: Option<Candidate> = None;
@@ -262,7 +265,15 @@ fn clean_neediest(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::H
             let Ok(source) = p.with_log(|log| log.clean_source()) else {
                 continue;
             };
-            let source = source.with_read_window(cleaner.settings.io_buffer_bytes);
+            let mut source = source.with_read_window(cleaner.settings.io_buffer_bytes);
+            if broker.tiers.has(Tier::Capacity) {
+                source = source.with_cold(Arc::new(ColdAccess {
+                    broker: Arc::clone(broker),
+                    runtime: runtime.clone(),
+                    topic: Arc::clone(&topic),
+                    partition: p.index,
+                }));
+            }
             match source.assess(&options) {
                 Ok(Ok(a)) => {
                     p.cleaning.lock().assessed(&a);
@@ -301,6 +312,47 @@ fn clean_neediest(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::H
     pass(broker, map, runtime, chosen);
     cleaner.busy.lock().retain(|b| *b != id);
     true
+}
+
+/// A pass's way to the capacity tier: reads through the tiers, and a
+/// cleaned group stored as a new copy, paced by the cleaner's budget.
+struct ColdAccess {
+    broker: Arc<Broker>,
+    runtime: tokio::runtime::Handle,
+    topic: Arc<Topic>,
+    partition: i32,
+}
+
+impl ColdSegments for ColdAccess {
+    fn positions(&self, segment: &TieredSegment) -> std::io::Result<Vec<u32>> {
+        self.broker.tiers.positions_blocking(segment)
+    }
+
+    fn read(&self, segment: &TieredSegment, pos: u64, len: u64) -> std::io::Result<Bytes> {
+        self.broker.tiers.read_range_blocking(segment, pos, len)
+    }
+
+    fn store(&self, tier: Tier, segment: &SealedSegment) -> std::io::Result<TieredSegment> {
+        let b = &self.broker;
+        let object =
+            crate::mover::object_name(&b.cluster_id, &self.topic, self.partition, segment.base_offset);
+        self.runtime
+            .block_on(b.tiers.copy(tier, segment, &object, &b.cleaner.pacer))?;
+        Ok(TieredSegment {
+            base_offset: segment.base_offset,
+            next_offset: segment.next_offset,
+            size_bytes: segment.size_bytes,
+            max_timestamp_ms: segment.max_timestamp_ms,
+            offset_of_max_timestamp: segment.offset_of_max_timestamp,
+            tier,
+            state: TierState::Cold,
+            object,
+        })
+    }
+
+    fn discard(&self, segment: &TieredSegment) -> std::io::Result<()> {
+        self.runtime.block_on(self.broker.tiers.delete(segment))
+    }
 }
 
 fn key(p: &Arc<Partition>) -> usize {

@@ -776,11 +776,12 @@ impl BrokerConfig {
     pub fn tier_policy(&self, overrides: &BTreeMap<String, String>) -> TierPolicy {
         let value = |name: &str| topic_def(name).map_or("", |d| self.topic_value(overrides, d));
         let num = |name: &str| value(name).parse::<i64>().unwrap_or(-1);
-        // The cleaner rewrites local segments only: compacted topics stay
-        // on the fast tier.
+        // The cleaner reads and writes the fast and capacity tiers, not the
+        // object store (Kafka refuses remote storage for compacted topics).
         let compact = self.cleanup_policy(overrides).is_ok_and(|p| p.compact);
+        let capacity = !self.get("keel.tier.capacity.dirs").trim().is_empty();
         let tier = if compact {
-            None
+            capacity.then_some(keel_log::Tier::Capacity)
         } else if value("remote.storage.enable") == "true" && !self.get("keel.tier.remote").is_empty() {
             Some(keel_log::Tier::Remote)
         } else if !self.get("keel.tier.capacity.dirs").trim().is_empty() {
@@ -949,7 +950,15 @@ mod tests {
             lc.segment_ms, 5000,
             "a compacted log rolls by max.compaction.lag.ms too"
         );
+        // Compacted topics use the capacity tier, never the object store.
         assert_eq!(c.tier_policy(&map(&[("cleanup.policy", "compact")])).tier, None);
+        let tiered = BrokerConfig::from_map(&map(&[
+            ("keel.tier.capacity.dirs", "/capacity"),
+            ("keel.tier.remote", "file:///remote"),
+        ]))
+        .unwrap();
+        let compact = map(&[("cleanup.policy", "compact"), ("remote.storage.enable", "true")]);
+        assert_eq!(tiered.tier_policy(&compact).tier, Some(keel_log::Tier::Capacity));
     }
 
     #[test]

@@ -262,7 +262,7 @@ async fn copy_one(
 /// independent of local paths, never reused (a retried copy gets a new
 /// name), and under the cluster's own prefix, so clusters sharing a bucket
 /// never touch each other's copies.
-fn object_name(cluster_id: &str, topic: &Topic, partition: i32, base_offset: i64) -> String {
+pub(crate) fn object_name(cluster_id: &str, topic: &Topic, partition: i32, base_offset: i64) -> String {
     format!(
         "{cluster_id}/{}-{}/{partition}/{base_offset:020}-{}",
         topic.meta.name,

@@ -611,19 +611,57 @@ impl Partition {
 
     /// The blocking read of a plan: the local file, or the colder tier that
     /// holds its offsets. Says how many bytes it took from the disk.
+    ///
+    /// A read whose batches hold no record (a cleaned segment can end up
+    /// as one emptied batch) goes on into the segments after it, within
+    /// `max_bytes`: librdkafka takes a fetch without a record for a
+    /// message too large to fetch.
     fn plan_reader(
         self: &Arc<Self>,
         plan: ReadPlan,
     ) -> impl FnOnce() -> std::io::Result<ColdRead> + Send + 'static {
         let me = Arc::clone(self);
-        move || match plan.tiered_segment() {
-            Some(segment) => me
+        move || {
+            let max_bytes = plan.max_bytes();
+            let mut read = me.read_planned(&plan)?;
+            for _ in 0..MAX_EMPTY_READS {
+                let remaining = max_bytes.saturating_sub(read.bytes.len());
+                let next = match next_offset_after(&read.bytes) {
+                    Some(next) if remaining > 0 && holds_no_record(&read.bytes) => next,
+                    _ => break,
+                };
+                if next >= me.high_watermark() {
+                    break;
+                }
+                let Ok(plan) = me.read_plan(next, remaining) else {
+                    break;
+                };
+                let more = me.read_planned(&plan)?;
+                if more.bytes.is_empty() {
+                    break;
+                }
+                let mut joined = Vec::with_capacity(read.bytes.len() + more.bytes.len());
+                joined.extend_from_slice(&read.bytes);
+                joined.extend_from_slice(&more.bytes);
+                read = ColdRead {
+                    bytes: Bytes::from(joined),
+                    disk_bytes: read.disk_bytes + more.disk_bytes,
+                };
+            }
+            Ok(read)
+        }
+    }
+
+    /// The blocking read of one plan: the local file, or the colder tier.
+    fn read_planned(&self, plan: &ReadPlan) -> std::io::Result<ColdRead> {
+        match plan.tiered_segment() {
+            Some(segment) => self
                 .tiers
                 .read_blocking(segment, plan.target_offset(), plan.max_bytes()),
             None => {
                 let read = plan.execute_scan()?;
                 if read.hint.is_some() {
-                    *me.scan_hint.lock() = read.hint;
+                    *self.scan_hint.lock() = read.hint;
                 }
                 Ok(ColdRead {
                     bytes: read.bytes,
@@ -970,6 +1008,24 @@ fn plan_item(
 }
 
 /// The offset after the last whole batch in `bytes`.
+/// How many reads past segments of record-less batches one fetch makes.
+const MAX_EMPTY_READS: usize = 64;
+
+/// Whether every whole batch in `bytes` is empty (records count 0).
+fn holds_no_record(bytes: &[u8]) -> bool {
+    let mut at = 0;
+    while let Ok(h) = BatchHeader::parse(&bytes[at..]) {
+        if at + h.total_len() > bytes.len() {
+            break;
+        }
+        if h.records_count != 0 {
+            return false;
+        }
+        at += h.total_len();
+    }
+    true
+}
+
 fn next_offset_after(bytes: &[u8]) -> Option<i64> {
     let mut at = 0;
     let mut next = None;

@@ -38,11 +38,14 @@ use bytes::Bytes;
 
 use crate::batch::{check_crc, BatchHeader};
 use crate::index::{Indexer, OffsetEntry, TimeEntry};
+use crate::partition::SealedSegment;
 use crate::records::{delete_horizon, rebuild_batch, records_in, records_section, Record};
 use crate::segment::{
-    batch_meta, read_header_at, segment_path, SegmentFile, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
+    batch_meta, read_header_at, segment_path, SegMeta, SegmentFile, INDEX_SUFFIX, LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
 };
 use crate::storage::{read_file, remove_if_exists, write_all_at, write_atomically, OpenMode, Storage};
+use crate::tiered::{Tier, TieredSegment};
 use crate::view::LogReader;
 
 /// The per-partition file holding the cleaner's progress.
@@ -323,9 +326,41 @@ pub(crate) struct SegmentRef {
     pub size_bytes: u64,
     pub max_timestamp_ms: i64,
     pub first_timestamp_ms: Option<i64>,
-    pub file: Arc<SegmentFile>,
-    /// Batch positions the offset index names: where reads may start.
+    pub source: Source,
+    /// Batch positions the offset index names: where reads may start
+    /// (for a cold segment, read from its tier when the pass needs them).
     pub positions: Vec<u32>,
+}
+
+/// Where a segment's bytes are.
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    Local(Arc<SegmentFile>),
+    /// Its only copy is in a colder tier ([`ColdSegments`] reaches it).
+    Cold(TieredSegment),
+}
+
+impl SegmentRef {
+    fn is_cold(&self) -> bool {
+        matches!(self.source, Source::Cold(_))
+    }
+}
+
+/// What a pass needs to clean segments whose only copy is in a colder
+/// tier: their offset index and bytes, and a place for their cleaned
+/// replacement in the same tier. The caller (the broker, which owns the
+/// tiers) provides it; without one, a log with such segments is not
+/// cleanable.
+pub trait ColdSegments: Send + Sync {
+    /// The byte positions `segment`'s offset index names.
+    fn positions(&self, segment: &TieredSegment) -> io::Result<Vec<u32>>;
+    /// `len` bytes of `segment`'s log from `pos` (fewer only at its end).
+    fn read(&self, segment: &TieredSegment, pos: u64, len: u64) -> io::Result<Bytes>;
+    /// Copies a cleaned segment into `tier`, verified and durable, under a
+    /// new object name; returns its manifest entry (state `Cold`).
+    fn store(&self, tier: Tier, segment: &SealedSegment) -> io::Result<TieredSegment>;
+    /// Deletes a stored copy no manifest will name.
+    fn discard(&self, segment: &TieredSegment) -> io::Result<()>;
 }
 
 /// A group of consecutive sealed segments written again as one, ready to
@@ -333,6 +368,9 @@ pub(crate) struct SegmentRef {
 pub struct CleanedGroup {
     pub(crate) replaced: Vec<SegmentRef>,
     pub(crate) cleaned_path: PathBuf,
+    /// For a group of cold segments: the cleaned copy, stored in their
+    /// tier; the swap is then a manifest change.
+    pub(crate) stored: Option<TieredSegment>,
     pub(crate) size_bytes: u64,
     pub(crate) next_offset: i64,
     pub(crate) offset_index: Vec<OffsetEntry>,
@@ -349,6 +387,19 @@ impl CleanedGroup {
     /// The offset after the last one it covers.
     pub fn next_offset(&self) -> i64 {
         self.next_offset
+    }
+
+    /// The segment's metadata, with `file` as its log.
+    pub(crate) fn meta(&self, file: Arc<SegmentFile>) -> SegMeta {
+        let mut meta = SegMeta::cleaned(self.base_offset(), file);
+        meta.size_bytes = self.size_bytes;
+        meta.next_offset = self.next_offset;
+        meta.offset_index = self.offset_index.clone();
+        meta.time_index = self.time_index.clone();
+        meta.indexer = self.indexer;
+        meta.first_batch_max_timestamp_ms = self.first_batch_max_timestamp_ms;
+        meta.add_final_time_entry();
+        meta
     }
 }
 
@@ -408,6 +459,7 @@ pub struct CleanSource {
     /// Producer id -> last offset of its newest batch (see
     /// [`CleanSource::with_producers`]).
     pub(crate) producers: HashMap<i64, i64>,
+    pub(crate) cold: Option<Arc<dyn ColdSegments>>,
 }
 
 /// How much a pass reads at once by default (Kafka's
@@ -438,13 +490,29 @@ struct Plan {
 impl CleanSource {
     /// The sealed, durable, undamaged segments a pass may clean (all of
     /// them but the active one), or why there are none.
+    ///
+    /// Segments whose only copy is in the capacity tier come first (they
+    /// are the oldest), when the pass has [`ColdSegments`] to reach them.
     fn sealed(&self) -> Result<(Vec<SegmentRef>, i64), Skip> {
         let st = self.view.state.read();
-        if !st.tiered.is_empty() {
-            return Err(Skip::Unsupported("the log has segments in a colder tier".into()));
+        let mut cold: Vec<&TieredSegment> = st.tiered.iter().filter(|t| t.is_cold()).collect();
+        if !cold.is_empty() && (self.cold.is_none() || cold.iter().any(|t| t.tier != Tier::Capacity)) {
+            return Err(Skip::Unsupported(
+                "the log has segments in a colder tier the cleaner cannot reach".into(),
+            ));
         }
+        cold.sort_by_key(|t| t.base_offset);
+        let cold = cold.into_iter().map(|t| SegmentRef {
+            base_offset: t.base_offset,
+            next_offset: t.next_offset,
+            size_bytes: t.size_bytes,
+            max_timestamp_ms: t.max_timestamp_ms,
+            first_timestamp_ms: None,
+            source: Source::Cold(t.clone()),
+            positions: Vec::new(),
+        });
         let sealed = &st.segments[..st.segments.len().saturating_sub(1)];
-        let refs = sealed
+        let local = sealed
             .iter()
             .take_while(|s| s.durable && s.damage.is_none())
             .filter(|s| s.size_bytes > 0)
@@ -454,11 +522,10 @@ impl CleanSource {
                 size_bytes: s.size_bytes,
                 max_timestamp_ms: s.indexer.max_timestamp_ms,
                 first_timestamp_ms: s.first_batch_max_timestamp_ms,
-                file: Arc::clone(&s.file),
+                source: Source::Local(Arc::clone(&s.file)),
                 positions: s.offset_index.iter().map(|e| e.position).collect(),
-            })
-            .collect();
-        Ok((refs, st.log_start_offset))
+            });
+        Ok((cold.chain(local).collect(), st.log_start_offset))
     }
 
     /// Runs one cleaning pass: maps the dirty section newest first, writes
@@ -481,6 +548,12 @@ impl CleanSource {
     /// emptied if need be, so the producer's sequence survives cleaning.
     pub fn with_producers(mut self, last_offsets: HashMap<i64, i64>) -> CleanSource {
         self.producers = last_offsets;
+        self
+    }
+
+    /// Lets passes clean segments whose only copy is in the capacity tier.
+    pub fn with_cold(mut self, cold: Arc<dyn ColdSegments>) -> CleanSource {
+        self.cold = Some(cold);
         self
     }
 
@@ -592,9 +665,9 @@ impl CleanSource {
             .rev()
             .filter(|s| s.base_offset < hi && s.next_offset > lo)
         {
-            let file = seg.file.open()?;
-            for window in windows(seg, self.read_window).into_iter().rev() {
-                let batches = self.read_batches(file.as_ref(), window)?;
+            let reader = self.reader(seg)?;
+            for window in self.windows(seg)?.into_iter().rev() {
+                let batches = self.read_batches(&reader, window)?;
                 budget(window.1 - window.0);
                 stats.bytes_read += window.1 - window.0;
                 for (h, batch) in batches.iter().rev() {
@@ -664,12 +737,20 @@ impl CleanSource {
         // 3. Every segment below the map's end, in groups, written again.
         let targets: Vec<SegmentRef> = cleanable.into_iter().filter(|s| s.base_offset < hi).collect();
         for group in group_segments(&targets, self.segment_bytes) {
-            let Some(cleaned) = self.write_group(group, &decide, budget, &mut stats)? else {
+            let Some(mut cleaned) = self.write_group(group, &decide, budget, &mut stats)? else {
                 continue;
             };
             let old_bytes: u64 = cleaned.replaced.iter().map(|s| s.size_bytes).sum();
             let new_bytes = cleaned.size_bytes;
             let path = cleaned.cleaned_path.clone();
+            if let Some(Source::Cold(first)) = group.first().map(|s| &s.source) {
+                let stored = self.store_cold(first.tier, &cleaned);
+                if stored.is_err() {
+                    remove_if_exists(self.storage.as_ref(), &path)?;
+                }
+                cleaned.stored = Some(stored?);
+            }
+            let stored = cleaned.stored.clone();
             if commit(cleaned)? {
                 stats.groups_swapped += 1;
                 stats.bytes_reclaimed += old_bytes.saturating_sub(new_bytes);
@@ -677,6 +758,9 @@ impl CleanSource {
                 // The log changed under the pass (retention, deletion):
                 // stop; the checkpoint stays where it was.
                 remove_if_exists(self.storage.as_ref(), &path)?;
+                if let Some(stored) = stored {
+                    self.cold_access()?.discard(&stored)?;
+                }
                 return Ok(Err(Skip::Changed));
             }
         }
@@ -714,11 +798,11 @@ impl CleanSource {
         let mut removed = 0u64;
         let written = (|| -> io::Result<()> {
             for (si, seg) in group.iter().enumerate() {
-                let file = seg.file.open()?;
-                let windows = windows(seg, self.read_window);
+                let reader = self.reader(seg)?;
+                let windows = self.windows(seg)?;
                 let last_window = windows.len().saturating_sub(1);
                 for (wi, window) in windows.into_iter().enumerate() {
-                    let batches = self.read_batches(file.as_ref(), window)?;
+                    let batches = self.read_batches(&reader, window)?;
                     budget(window.1 - window.0);
                     stats.bytes_read += window.1 - window.0;
                     let last_batch = batches.len().saturating_sub(1);
@@ -782,6 +866,7 @@ impl CleanSource {
         Ok(Some(CleanedGroup {
             replaced: group.to_vec(),
             cleaned_path: path,
+            stored: None,
             size_bytes: pos,
             next_offset,
             offset_index,
@@ -796,10 +881,13 @@ impl CleanSource {
     /// rewrites damaged data under a fresh checksum.
     fn read_batches(
         &self,
-        file: &dyn crate::StoredFile,
+        reader: &Reader,
         (start, end): (u64, u64),
     ) -> io::Result<Vec<(BatchHeader, Bytes)>> {
-        let data = file.read_uncached(start, end - start, self.direct)?;
+        let data = match reader {
+            Reader::Local(file) => file.read_uncached(start, end - start, self.direct)?,
+            Reader::Cold(cold, segment) => cold.read(segment, start, end - start)?,
+        };
         if (data.len() as u64) < end - start {
             return Err(invalid_data(format!(
                 "segment data ends at {} before {end}",
@@ -823,26 +911,81 @@ impl CleanSource {
         }
         Ok(out)
     }
+
+    /// Copies a cleaned group of cold segments into their tier (outside
+    /// the writer lock: the commit is then a manifest change).
+    fn store_cold(&self, tier: Tier, cleaned: &CleanedGroup) -> io::Result<TieredSegment> {
+        let file = Arc::new(SegmentFile::new(
+            Arc::clone(&self.storage),
+            cleaned.cleaned_path.clone(),
+        ));
+        let meta = cleaned.meta(Arc::clone(&file));
+        let (index, time_index) = meta.index_images();
+        let segment = SealedSegment {
+            base_offset: meta.base_offset,
+            next_offset: meta.next_offset,
+            size_bytes: meta.size_bytes,
+            max_timestamp_ms: meta.indexer.max_timestamp_ms,
+            offset_of_max_timestamp: meta.indexer.offset_of_max_timestamp,
+            log: file,
+            index: Bytes::from(index),
+            time_index: Bytes::from(time_index),
+        };
+        self.cold_access()?.store(tier, &segment)
+    }
+
+    fn reader(&self, seg: &SegmentRef) -> io::Result<Reader> {
+        Ok(match &seg.source {
+            Source::Local(file) => Reader::Local(file.open()?),
+            Source::Cold(t) => Reader::Cold(self.cold_access()?, t.clone()),
+        })
+    }
+
+    fn cold_access(&self) -> io::Result<Arc<dyn ColdSegments>> {
+        self.cold
+            .clone()
+            .ok_or_else(|| io::Error::other("no access to the colder tier"))
+    }
+
+    /// Byte ranges of a segment to read at once: each starts at a batch (a
+    /// position its offset index names) and spans at least the read window
+    /// where the index allows.
+    fn windows(&self, seg: &SegmentRef) -> io::Result<Vec<(u64, u64)>> {
+        Ok(match &seg.source {
+            Source::Local(_) => windows(&seg.positions, seg.size_bytes, self.read_window),
+            Source::Cold(t) => windows(
+                &self.cold_access()?.positions(t)?,
+                seg.size_bytes,
+                self.read_window,
+            ),
+        })
+    }
+}
+
+/// An open segment a pass reads.
+enum Reader {
+    Local(Arc<dyn crate::StoredFile>),
+    Cold(Arc<dyn ColdSegments>, TieredSegment),
 }
 
 fn invalid_data(why: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, why)
 }
 
-/// Byte ranges of a segment to read at once: each starts at a batch (a
-/// position its offset index names) and spans at least `window` bytes
-/// where the index allows.
-fn windows(seg: &SegmentRef, window: u64) -> Vec<(u64, u64)> {
+/// Byte ranges of a segment of `size_bytes` to read at once: each starts at
+/// a batch (one of `positions`) and spans at least `window` bytes where the
+/// positions allow.
+fn windows(positions: &[u32], size_bytes: u64, window: u64) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut start = 0u64;
-    for p in seg.positions.iter().map(|p| u64::from(*p)) {
-        if p > start && p < seg.size_bytes && p - start >= window {
+    for p in positions.iter().map(|p| u64::from(*p)) {
+        if p > start && p < size_bytes && p - start >= window {
             out.push((start, p));
             start = p;
         }
     }
-    if start < seg.size_bytes {
-        out.push((start, seg.size_bytes));
+    if start < size_bytes {
+        out.push((start, size_bytes));
     }
     out
 }
@@ -862,7 +1005,9 @@ pub(crate) fn swap_path(dir: &Path, base_offset: i64) -> PathBuf {
 }
 
 /// Kafka's grouping: consecutive segments whose sizes add up to at most
-/// `segment.bytes` and whose offsets fit one segment's int32 range.
+/// `segment.bytes` and whose offsets fit one segment's int32 range. A
+/// group is all cold or all local: a cleaned cold group goes back to its
+/// tier, so cold segments stay below local ones.
 fn group_segments(segments: &[SegmentRef], max_bytes: u64) -> Vec<&[SegmentRef]> {
     let mut groups = Vec::new();
     let mut start = 0;
@@ -870,6 +1015,7 @@ fn group_segments(segments: &[SegmentRef], max_bytes: u64) -> Vec<&[SegmentRef]>
         let mut end = start + 1;
         let mut size = segments[start].size_bytes;
         while end < segments.len()
+            && segments[end].is_cold() == segments[start].is_cold()
             && size + segments[end].size_bytes <= max_bytes
             && segments[end].next_offset - 1 - segments[start].base_offset <= i64::from(i32::MAX)
         {

@@ -174,6 +174,11 @@ impl SegmentIndex {
             + self.times.len() * std::mem::size_of::<TimeEntry>()
     }
 
+    /// The byte positions the offset index names, in order.
+    pub fn positions(&self) -> Vec<u32> {
+        self.offsets.iter().map(|e| e.position).collect()
+    }
+
     /// Where to start scanning for `offset`.
     pub fn position_of(&self, offset: i64) -> u64 {
         u64::from(lookup_position(&self.offsets, offset - self.base_offset))

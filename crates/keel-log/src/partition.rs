@@ -634,6 +634,7 @@ impl PartitionLog {
             direct: self.config.read_io == crate::ReadIo::Direct,
             read_window: crate::clean::DEFAULT_READ_WINDOW,
             producers: std::collections::HashMap::new(),
+            cold: None,
         }
     }
 
@@ -645,9 +646,19 @@ impl PartitionLog {
     /// ([`crate::clean::recover_swaps`]). Returns false, and leaves
     /// everything as it was, if the segments changed since the pass read
     /// them. Reads planned on the old files keep reading them.
+    ///
+    /// A group of cold segments was stored in their tier by the pass; its
+    /// swap is one manifest change ([`PartitionLog::commit_cleaned_cold`]).
     pub fn commit_cleaned(&mut self, group: crate::clean::CleanedGroup) -> io::Result<bool> {
         self.check_writable()?;
+        if let Some(stored) = group.stored.clone() {
+            return self.commit_cleaned_cold(group, stored);
+        }
         let base = group.base_offset();
+        let local_file = |r: &crate::clean::SegmentRef| match &r.source {
+            crate::clean::Source::Local(file) => Some(Arc::clone(file)),
+            crate::clean::Source::Cold(_) => None,
+        };
         let at = {
             let st = self.view.state.read();
             let sealed = st.segments.len() - 1;
@@ -655,7 +666,9 @@ impl PartitionLog {
             let same = at.is_some_and(|at| {
                 at + group.replaced.len() <= sealed
                     && group.replaced.iter().zip(&st.segments[at..]).all(|(r, s)| {
-                        Arc::ptr_eq(&r.file, &s.file) && r.size_bytes == s.size_bytes && s.durable
+                        local_file(r).is_some_and(|f| Arc::ptr_eq(&f, &s.file))
+                            && r.size_bytes == s.size_bytes
+                            && s.durable
                     })
             });
             match at {
@@ -663,27 +676,36 @@ impl PartitionLog {
                 _ => return Ok(false),
             }
         };
+        // A colder copy of a replaced segment (being made, or made) would
+        // be taken for the cleaned segment, which starts at the same
+        // offset: it goes first, before the swap can be decided.
+        let mut tiered = self.view.tiered_segments();
+        let replaced: Vec<i64> = group.replaced.iter().map(|r| r.base_offset).collect();
+        let mut copies = 0;
+        for t in tiered
+            .iter_mut()
+            .filter(|t| t.state != TierState::Deleting && t.state != TierState::Cold)
+            .filter(|t| replaced.contains(&t.base_offset))
+        {
+            t.state = TierState::Deleting;
+            copies += 1;
+        }
+        if copies > 0 {
+            self.publish_manifest(tiered)?;
+        }
         for old in &group.replaced {
-            old.file.pin(old.file.open()?);
+            if let Some(file) = local_file(old) {
+                file.pin(file.open()?);
+            }
         }
         let swap = crate::clean::swap_path(&self.dir, base);
         self.storage.rename(&group.cleaned_path, &swap)?;
         let committed = self.storage.sync_dir(&self.dir);
         self.durably(committed)?;
-        let mut meta = SegMeta::cleaned(
-            base,
-            Arc::new(segment::SegmentFile::new(
-                Arc::clone(&self.storage),
-                segment_path(&self.dir, base, LOG_SUFFIX),
-            )),
-        );
-        meta.size_bytes = group.size_bytes;
-        meta.next_offset = group.next_offset;
-        meta.offset_index = group.offset_index;
-        meta.time_index = group.time_index;
-        meta.indexer = group.indexer;
-        meta.first_batch_max_timestamp_ms = group.first_batch_max_timestamp_ms;
-        meta.add_final_time_entry();
+        let meta = group.meta(Arc::new(segment::SegmentFile::new(
+            Arc::clone(&self.storage),
+            segment_path(&self.dir, base, LOG_SUFFIX),
+        )));
         // From here on the swap is decided: a failure leaves it to the
         // next open to finish, and the log offline until then.
         if let Err(e) = self.finish_swap(&group.replaced, &swap, &meta) {
@@ -692,6 +714,39 @@ impl PartitionLog {
         }
         let mut st = self.view.state.write();
         st.segments.splice(at..at + group.replaced.len(), [meta]);
+        Ok(true)
+    }
+
+    /// Swaps a cleaned group of cold segments, already stored in their
+    /// tier as `stored`, in for them: one manifest change (atomic) makes
+    /// the new copy `Cold` and the old ones `Deleting` (the mover deletes
+    /// them). False if the old copies are no longer the log's.
+    fn commit_cleaned_cold(
+        &mut self,
+        group: crate::clean::CleanedGroup,
+        stored: TieredSegment,
+    ) -> io::Result<bool> {
+        let mut tiered = self.view.tiered_segments();
+        let mut objects = Vec::new();
+        for r in &group.replaced {
+            let crate::clean::Source::Cold(old) = &r.source else {
+                return Ok(false);
+            };
+            if !tiered.iter().any(|t| t.object == old.object && t.is_cold()) {
+                return Ok(false);
+            }
+            objects.push(old.object.clone());
+        }
+        for t in tiered.iter_mut().filter(|t| objects.contains(&t.object)) {
+            t.state = TierState::Deleting;
+        }
+        tiered.push(TieredSegment {
+            state: TierState::Cold,
+            ..stored
+        });
+        tiered.sort_by_key(|t| t.base_offset);
+        self.publish_manifest(tiered)?;
+        crate::storage::remove_if_exists(self.storage.as_ref(), &group.cleaned_path)?;
         Ok(true)
     }
 

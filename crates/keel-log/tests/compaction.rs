@@ -497,3 +497,76 @@ fn a_small_map_still_reclaims_space_on_every_pass() {
         "every record of the bulk load goes"
     );
 }
+
+#[test]
+fn cleaning_a_segment_drops_its_colder_copy() {
+    // A sealed segment copied to the capacity tier (state Both): once the
+    // cleaner replaces it, the copy holds superseded data, and the mover
+    // must not take it for the cleaned segment (same base offset) when it
+    // releases local copies. The swap marks it Deleting first.
+    let sim = SimStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let config = LogConfig {
+        segment_bytes: 2048,
+        retention_ms: -1,
+        cleanup: CleanupPolicy {
+            delete: false,
+            compact: true,
+        },
+        ..LogConfig::default()
+    };
+    let mut log = PartitionLog::open_with(Arc::clone(&storage), Path::new(DIR), config.clone()).unwrap();
+    for round in 0..3 {
+        for k in 0..30 {
+            let key = format!("key-{k:02}");
+            let mut buf = BatchBuilder::new(1_000)
+                .record(Some(key.as_bytes()), Some(format!("round-{round}").as_bytes()))
+                .build();
+            let headers = validate_batches(&buf).unwrap();
+            log.append(&mut buf, &headers, 1_000).unwrap();
+        }
+    }
+    log.complete_seals().unwrap();
+    let first = log.copy_candidates().remove(0);
+    let entry = log
+        .begin_copy(&first, keel_log::Tier::Capacity, "c/0/first".into())
+        .unwrap();
+    assert!(log.finish_copy(&entry.object).unwrap());
+    assert_eq!(log.oldest_releasable().map(|r| r.0), Some(first.base_offset));
+
+    let options = PassOptions {
+        now_ms: 2_000,
+        min_compaction_lag_ms: 0,
+        max_compaction_lag_ms: i64::MAX,
+        min_cleanable_dirty_ratio: 0.0,
+        delete_retention_ms: 0,
+    };
+    let mut map = KeyMap::with_budget(1 << 16);
+    let stats = log
+        .clean_source()
+        .clean(&mut map, &options, &mut |_: u64| {}, &mut |g| {
+            log.commit_cleaned(g)
+        })
+        .unwrap()
+        .unwrap();
+    assert!(stats.groups_swapped > 0, "{stats:?}");
+    let copy = log
+        .tiered_segments()
+        .into_iter()
+        .find(|t| t.object == "c/0/first")
+        .unwrap();
+    assert_eq!(copy.state, keel_log::TierState::Deleting);
+    assert_eq!(
+        log.oldest_releasable(),
+        None,
+        "nothing to release: the copy is stale"
+    );
+    // It survives a power loss: the manifest said so before the swap.
+    drop(log);
+    sim.power_loss(7);
+    let log = PartitionLog::open_with(storage, Path::new(DIR), config.clone()).unwrap();
+    assert!(log
+        .tiered_segments()
+        .iter()
+        .all(|t| t.state == keel_log::TierState::Deleting));
+}

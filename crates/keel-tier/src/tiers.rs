@@ -393,6 +393,23 @@ impl Tiers {
         result.map(|bytes| ColdRead { bytes, disk_bytes })
     }
 
+    /// `len` bytes of a colder-tier segment's log from `pos` (fewer only
+    /// at its end), for the log cleaner. Blocking.
+    pub fn read_range_blocking(&self, segment: &TieredSegment, pos: u64, len: u64) -> io::Result<Bytes> {
+        let result = (|| {
+            let store = self.store(segment.tier)?;
+            self.get_range_blocking(store, &format!("{}.log", segment.object), pos, len)
+        })();
+        self.count_read(&segment.object, &result);
+        result
+    }
+
+    /// The byte positions a colder-tier segment's offset index names.
+    /// Blocking.
+    pub fn positions_blocking(&self, segment: &TieredSegment) -> io::Result<Vec<u32>> {
+        Ok(self.index_blocking(segment)?.positions())
+    }
+
     /// ListOffsets by timestamp in a colder-tier segment: `(offset,
     /// timestamp)` of the first record at or after `timestamp_ms`.
     /// Blocking, like [`Tiers::read_blocking`].
