@@ -129,6 +129,21 @@ def _produce_rounds(bootstrap: str, topic: str, rounds: list[list[tuple[bytes, b
             latest[k] = (offset, v)
 
 
+def _load_and_seal(b, topic: str, keys: list[bytes], rounds: int, pad: bytes,
+                   config: dict | None = None) -> dict:
+    """Creates `topic` (compacted, small segments), produces `rounds` rounds
+    over `keys`, then a second later one record with a key of its own, which
+    rolls the segment: every round is sealed. Returns each key's latest
+    (offset, value); the rolling record's key is b"roll"."""
+    create_topic(b.bootstrap, topic, 1, config or COMPACT_SMALL)
+    latest: dict = {}
+    _produce_rounds(b.bootstrap, topic, [[(k, b"round-%d-" % r + pad) for k in keys]
+                                         for r in range(rounds)], latest)
+    time.sleep(1.2)
+    _produce_rounds(b.bootstrap, topic, [[(b"roll", b"roll")]], latest)
+    return latest
+
+
 def _seal_and_wait_clean(b, topic: str, latest: dict) -> int:
     """Seals everything produced (a second later, one more record, with a
     key of its own, rolls the segment) and waits until the cleaner has
@@ -241,13 +256,7 @@ def test_a_damaged_batch_makes_the_partition_uncleanable_not_wedged(broker_facto
     reading the dirty section again every backoff; it keeps taking writes."""
     b = broker_factory({**CLEAN_FAST, "log.cleaner.enable": "false"})
     topic = unique("damaged")
-    create_topic(b.bootstrap, topic, 1, COMPACT_SMALL)
-    keys = [b"key-%02d" % k for k in range(40)]
-    latest: dict = {}
-    _produce_rounds(b.bootstrap, topic, [[(k, b"round-%d-" % r + b"z" * 200) for k in keys]
-                                         for r in range(6)], latest)
-    time.sleep(1.2)
-    _produce_rounds(b.bootstrap, topic, [[(b"roll", b"roll")]], latest)
+    latest = _load_and_seal(b, topic, [b"key-%02d" % k for k in range(40)], 6, b"z" * 200)
     b.stop()
     first = sorted((b.data_dir / f"{topic}-0").glob("*.log"))[0]
     data = bytearray(first.read_bytes())
@@ -285,13 +294,8 @@ def test_compaction_plan_scans_a_topic_the_broker_wrote(broker_factory):
     sealed is dirty."""
     b = broker_factory({**CLEAN_FAST, "log.cleaner.enable": "false"})
     topic = unique("planned")
-    create_topic(b.bootstrap, topic, 1, COMPACT_SMALL)
     keys = [b"key-%03d" % k for k in range(300)]
-    latest: dict = {}
-    _produce_rounds(b.bootstrap, topic, [[(k, b"round-%d-" % r + b"p" * 100) for k in keys]
-                                         for r in range(4)], latest)
-    time.sleep(1.2)
-    _produce_rounds(b.bootstrap, topic, [[(b"roll", b"roll")]], latest)
+    latest = _load_and_seal(b, topic, keys, 4, b"p" * 100)
     before = _plan(b, topic, "--map-bytes", str(100 * 14))
     scanned = before["scanned"][0]
     assert scanned["records"] == 4 * len(keys) + 1, scanned
@@ -326,13 +330,8 @@ def test_the_cleaner_cleans_segments_in_the_capacity_tier(broker_factory, tmp_pa
                         "keel.tier.capacity.dirs": str(capacity), "keel.tier.check.interval.ms": "100",
                         "keel.tier.move.bytes.per.sec": "0", "keel.tail.cache.bytes": str(64 << 10)})
     topic = unique("cold-compact")
-    create_topic(b.bootstrap, topic, 1, {**COMPACT_SMALL, "local.retention.bytes": "0"})
-    keys = [b"key-%02d" % k for k in range(60)]
-    latest: dict = {}
-    _produce_rounds(b.bootstrap, topic, [[(k, b"round-%d-" % r + b"c" * 200) for k in keys]
-                                         for r in range(12)], latest)
-    time.sleep(1.2)
-    _produce_rounds(b.bootstrap, topic, [[(b"roll", b"roll")]], latest)
+    latest = _load_and_seal(b, topic, [b"key-%02d" % k for k in range(60)], 12, b"c" * 200,
+                            {**COMPACT_SMALL, "local.retention.bytes": "0"})
     roll = latest[b"roll"][0]
 
     def tiers():

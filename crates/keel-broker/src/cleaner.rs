@@ -338,16 +338,7 @@ impl ColdSegments for ColdAccess {
             crate::mover::object_name(&b.cluster_id, &self.topic, self.partition, segment.base_offset);
         self.runtime
             .block_on(b.tiers.copy(tier, segment, &object, &b.cleaner.pacer))?;
-        Ok(TieredSegment {
-            base_offset: segment.base_offset,
-            next_offset: segment.next_offset,
-            size_bytes: segment.size_bytes,
-            max_timestamp_ms: segment.max_timestamp_ms,
-            offset_of_max_timestamp: segment.offset_of_max_timestamp,
-            tier,
-            state: TierState::Cold,
-            object,
-        })
+        Ok(segment.tiered(tier, TierState::Cold, object))
     }
 
     fn discard(&self, segment: &TieredSegment) -> std::io::Result<()> {

@@ -1235,16 +1235,7 @@ impl PartitionLog {
             }
             st.tiered.clone()
         };
-        let entry = TieredSegment {
-            base_offset: segment.base_offset,
-            next_offset: segment.next_offset,
-            size_bytes: segment.size_bytes,
-            max_timestamp_ms: segment.max_timestamp_ms,
-            offset_of_max_timestamp: segment.offset_of_max_timestamp,
-            tier,
-            state: TierState::Copying,
-            object,
-        };
+        let entry = segment.tiered(tier, TierState::Copying, object);
         tiered.push(entry.clone());
         tiered.sort_by_key(|t| t.base_offset);
         self.publish_manifest(tiered)?;
@@ -1361,6 +1352,22 @@ pub struct SealedSegment {
     pub log: Arc<segment::SegmentFile>,
     pub index: Bytes,
     pub time_index: Bytes,
+}
+
+impl SealedSegment {
+    /// The manifest entry of this segment's copy `object` in `tier`.
+    pub fn tiered(&self, tier: Tier, state: TierState, object: String) -> TieredSegment {
+        TieredSegment {
+            base_offset: self.base_offset,
+            next_offset: self.next_offset,
+            size_bytes: self.size_bytes,
+            max_timestamp_ms: self.max_timestamp_ms,
+            offset_of_max_timestamp: self.offset_of_max_timestamp,
+            tier,
+            state,
+            object,
+        }
+    }
 }
 
 /// Start-up half of the tier lifecycle: a copy that was being made when the

@@ -115,16 +115,28 @@ pub struct CleanCost {
     pub reclaimed_per_pass: Vec<f64>,
 }
 
-/// Keel's passes over `s` with `map_keys` keys per pass.
-pub fn keel_clean(s: &Section, map_keys: u64) -> CleanCost {
-    let mut cost = CleanCost {
+/// The cost of a clean that makes no pass (`Err`), or the cost before
+/// the first pass.
+fn start(s: &Section, map_keys: u64) -> Result<CleanCost, CleanCost> {
+    let idle = s.dirty <= 0.0 || map_keys == 0;
+    let cost = CleanCost {
         bytes_before: s.bytes(),
+        bytes_after: if idle { s.bytes() } else { 0.0 },
         ..CleanCost::default()
     };
-    if s.dirty <= 0.0 || map_keys == 0 {
-        cost.bytes_after = cost.bytes_before;
-        return cost;
+    if idle {
+        Err(cost)
+    } else {
+        Ok(cost)
     }
+}
+
+/// Keel's passes over `s` with `map_keys` keys per pass.
+pub fn keel_clean(s: &Section, map_keys: u64) -> CleanCost {
+    let mut cost = match start(s, map_keys) {
+        Ok(cost) => cost,
+        Err(none) => return none,
+    };
     let m = map_keys as f64;
     let passes = (s.dirty_keys / m).ceil().max(1.0) as u64;
     let removable = s.removable();
@@ -148,14 +160,10 @@ pub fn keel_clean(s: &Section, map_keys: u64) -> CleanCost {
 
 /// Kafka's passes over `s` with `map_keys` keys per pass.
 pub fn kafka_clean(s: &Section, map_keys: u64) -> CleanCost {
-    let mut cost = CleanCost {
-        bytes_before: s.bytes(),
-        ..CleanCost::default()
+    let mut cost = match start(s, map_keys) {
+        Ok(cost) => cost,
+        Err(none) => return none,
     };
-    if s.dirty <= 0.0 || map_keys == 0 {
-        cost.bytes_after = cost.bytes_before;
-        return cost;
-    }
     let m = map_keys as f64;
     // The dirty part after the fresh records, which holds every dirty key
     // (the fresh records' keys come again there).
