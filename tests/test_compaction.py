@@ -355,5 +355,11 @@ def test_the_cleaner_cleans_segments_in_the_capacity_tier(broker_factory, tmp_pa
     assert after["cold"] >= 1 and after["cold_bytes"] < cold_before["cold_bytes"] / 5, (cold_before, after)
     copies_after = {p.name for p in capacity.rglob("*.log")}
     assert len(copies_after & copies_before) <= 1, sorted(copies_after & copies_before)
+    # `keel compaction plan` scans the copies too, given the capacity dir.
+    scanned = _plan(b, topic, "--capacity-dir", str(capacity))["scanned"][0]
+    assert scanned["records"] == len(expected), scanned
+    missing = subprocess.run([str(b.bin), "compaction", "plan", "--topic", topic,
+                              "--data-dir", str(b.data_dir)], capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "capacity tier" in missing.stderr, missing.stderr
     b.restart()
     assert _read_all(b.bootstrap, topic, len(expected)) == expected

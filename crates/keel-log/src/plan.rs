@@ -30,7 +30,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use hyperloglogplus::{HyperLogLog, HyperLogLogPlus};
 
@@ -38,6 +38,7 @@ use crate::batch::{check_crc, BatchHeader, BATCH_HEADER_LEN};
 use crate::clean::{Checkpoint, KeyMap};
 use crate::records::{records_in, records_section};
 use crate::storage::DiskStorage;
+use crate::tiered::{read_manifest, Tier, TieredSegment};
 
 /// Kafka's key-map slot: a 16-byte MD5 of the key and an 8-byte offset.
 pub const KAFKA_BYTES_PER_KEY: u64 = 24;
@@ -369,6 +370,38 @@ impl PartitionScan {
     }
 }
 
+/// Where a cold segment's copy is: its `.log` in one of `capacity_dirs`.
+fn cold_copy(t: &TieredSegment, capacity_dirs: &[PathBuf]) -> io::Result<PathBuf> {
+    if t.tier != Tier::Capacity {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "segment {} is in the object store, which a scan does not read",
+                t.base_offset
+            ),
+        ));
+    }
+    let name = format!("{}.log", t.object);
+    capacity_dirs
+        .iter()
+        .map(|d| d.join(&name))
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "segment {} is in the capacity tier as {name}, in none of the capacity dirs given ({})",
+                    t.base_offset,
+                    capacity_dirs
+                        .iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })
+}
+
 type KeyCounter = HyperLogLogPlus<[u8], BuildHasherDefault<DefaultHasher>>;
 
 fn key_counter() -> io::Result<KeyCounter> {
@@ -376,14 +409,16 @@ fn key_counter() -> io::Result<KeyCounter> {
     HyperLogLogPlus::new(14, BuildHasherDefault::default()).map_err(|e| io::Error::other(format!("{e:?}")))
 }
 
-/// Reads every segment of the partition directory `dir` (read-only; the
-/// broker may be running), counting records and estimating distinct keys,
-/// split at the cleaner's checkpoint. A segment the cleaner replaces
-/// meanwhile is skipped. Every batch's CRC is checked.
-pub fn scan_partition(dir: &Path) -> io::Result<PartitionScan> {
+/// Reads every segment of the partition directory `dir` and, for the
+/// segments whose only copy is in the capacity tier, their copies in
+/// `capacity_dirs` (read-only; the broker may be running), counting records
+/// and estimating distinct keys, split at the cleaner's checkpoint. A
+/// segment the cleaner replaces meanwhile is skipped. Every batch's CRC is
+/// checked.
+pub fn scan_partition(dir: &Path, capacity_dirs: &[PathBuf]) -> io::Result<PartitionScan> {
     let storage = DiskStorage;
     let checkpoint = Checkpoint::read(&storage, dir)?.unwrap_or_default();
-    let mut logs: Vec<(i64, std::path::PathBuf)> = std::fs::read_dir(dir)?
+    let mut logs: Vec<(i64, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
@@ -391,7 +426,12 @@ pub fn scan_partition(dir: &Path) -> io::Result<PartitionScan> {
             Some((base, e.path()))
         })
         .collect();
+    let local = logs.len();
+    for t in read_manifest(&storage, dir)?.iter().filter(|t| t.is_cold()) {
+        logs.push((t.base_offset, cold_copy(t, capacity_dirs)?));
+    }
     logs.sort();
+    let active_base = logs.iter().filter(|_| local > 0).map(|(b, _)| *b).max();
     let mut scan = PartitionScan {
         records: 0,
         bytes: 0,
@@ -409,7 +449,7 @@ pub fn scan_partition(dir: &Path) -> io::Result<PartitionScan> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        let active = i + 1 == logs.len();
+        let active = i + 1 == logs.len() && active_base == Some(logs[i].0);
         let mut pos = 0usize;
         while data.len() - pos >= BATCH_HEADER_LEN {
             let Ok(h) = BatchHeader::parse(&data[pos..]) else {

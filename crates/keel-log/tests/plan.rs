@@ -54,7 +54,7 @@ fn the_plan_matches_the_passes_the_cleaner_makes() {
     }
     log.complete_seals().unwrap();
 
-    let scan = scan_partition(&dir).unwrap();
+    let scan = scan_partition(&dir, &[]).unwrap();
     assert_eq!(scan.records, 2 * keys + 700);
     assert_eq!(scan.clean_records, 0);
     let within = |estimate: f64, exact: f64| (estimate / exact - 1.0).abs() < 0.02;
@@ -121,7 +121,7 @@ fn the_plan_matches_the_passes_the_cleaner_makes() {
         planned.bytes_read
     );
     // After cleaning, the scan finds it clean.
-    let after = scan_partition(&dir).unwrap();
+    let after = scan_partition(&dir, &[]).unwrap();
     assert_eq!(after.records, keys + 700);
     assert_eq!(
         after.records - after.clean_records - after.active_records,

@@ -36,6 +36,10 @@ pub struct PlanArgs {
     /// several).
     #[arg(long = "data-dir", value_name = "DIR")]
     pub data_dir: Vec<PathBuf>,
+    /// A `keel.tier.capacity.dirs` directory, for segments whose only copy
+    /// is in the capacity tier (repeat for several).
+    #[arg(long = "capacity-dir", value_name = "DIR")]
+    pub capacity_dir: Vec<PathBuf>,
     /// Distinct keys in the whole topic (1600000000, 1.6e9 or 1.6G).
     #[arg(long, value_parser = parse_count, required_unless_present = "topic")]
     pub keys: Option<f64>,
@@ -103,7 +107,7 @@ pub fn plan(args: &PlanArgs) -> Result<String, String> {
     };
     let (subject, sections, live_keys, workload, scans) = match &args.topic {
         Some(topic) => {
-            let scans = scan_topic(topic, &args.data_dir)?;
+            let scans = scan_topic(topic, &args.data_dir, &args.capacity_dir)?;
             let sections: Vec<Section> = scans.iter().map(|(_, s)| s.section()).collect();
             let live: f64 = scans.iter().map(|(_, s)| s.keys).sum();
             (format!("topic {topic} as scanned"), sections, live, None, scans)
@@ -174,7 +178,11 @@ fn workload(args: &PlanArgs) -> Result<Workload, String> {
 }
 
 /// Every `<topic>-<n>` directory in `dirs`, scanned, by partition.
-fn scan_topic(topic: &str, dirs: &[PathBuf]) -> Result<Vec<(u32, PartitionScan)>, String> {
+fn scan_topic(
+    topic: &str,
+    dirs: &[PathBuf],
+    capacity: &[PathBuf],
+) -> Result<Vec<(u32, PartitionScan)>, String> {
     let mut found: Vec<(u32, PathBuf)> = Vec::new();
     for dir in dirs {
         let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -199,7 +207,7 @@ fn scan_topic(topic: &str, dirs: &[PathBuf]) -> Result<Vec<(u32, PartitionScan)>
     found
         .into_iter()
         .map(|(p, dir)| {
-            scan_partition(&dir)
+            scan_partition(&dir, capacity)
                 .map(|s| (p, s))
                 .map_err(|e| format!("{}: {e}", dir.display()))
         })
