@@ -528,22 +528,6 @@ impl CleanSource {
         Ok((cold.chain(local).collect(), st.log_start_offset))
     }
 
-    /// Runs one cleaning pass: maps the dirty section newest first, writes
-    /// every segment below the mapped range's end again without the
-    /// superseded records (and expired clean tombstones), hands each group
-    /// to `commit` (which swaps it in under the writer lock, or refuses if
-    /// the log changed meanwhile) and saves the new checkpoint. `budget`
-    /// is told every byte read, so the caller can pace the pass.
-    pub fn clean(
-        &self,
-        map: &mut KeyMap,
-        options: &PassOptions,
-        budget: &mut dyn FnMut(u64),
-        commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
-    ) -> io::Result<Result<PassStats, Skip>> {
-        self.pass(map, options, budget, commit)
-    }
-
     /// The last offset of each producer's newest batch: that batch is kept,
     /// emptied if need be, so the producer's sequence survives cleaning.
     pub fn with_producers(mut self, last_offsets: HashMap<i64, i64>) -> CleanSource {
@@ -634,7 +618,13 @@ impl CleanSource {
         }))
     }
 
-    fn pass(
+    /// Runs one cleaning pass: maps the dirty section newest first, writes
+    /// every segment below the mapped range's end again without the
+    /// superseded records (and expired clean tombstones), hands each group
+    /// to `commit` (which swaps it in under the writer lock, or refuses if
+    /// the log changed meanwhile) and saves the new checkpoint. `budget`
+    /// is told every byte read, so the caller can pace the pass.
+    pub fn clean(
         &self,
         map: &mut KeyMap,
         options: &PassOptions,
@@ -919,18 +909,7 @@ impl CleanSource {
             Arc::clone(&self.storage),
             cleaned.cleaned_path.clone(),
         ));
-        let meta = cleaned.meta(Arc::clone(&file));
-        let (index, time_index) = meta.index_images();
-        let segment = SealedSegment {
-            base_offset: meta.base_offset,
-            next_offset: meta.next_offset,
-            size_bytes: meta.size_bytes,
-            max_timestamp_ms: meta.indexer.max_timestamp_ms,
-            offset_of_max_timestamp: meta.indexer.offset_of_max_timestamp,
-            log: file,
-            index: Bytes::from(index),
-            time_index: Bytes::from(time_index),
-        };
+        let segment = cleaned.meta(file).sealed_segment();
         self.cold_access()?.store(tier, &segment)
     }
 

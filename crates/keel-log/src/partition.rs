@@ -1193,19 +1193,7 @@ impl PartitionLog {
             .iter()
             .take_while(|s| s.durable)
             .filter(|s| !covered(s) && !s.is_empty() && s.damage.is_none())
-            .map(|s| {
-                let (index, time_index) = s.index_images();
-                SealedSegment {
-                    base_offset: s.base_offset,
-                    next_offset: s.next_offset,
-                    size_bytes: s.size_bytes,
-                    max_timestamp_ms: s.indexer.max_timestamp_ms,
-                    offset_of_max_timestamp: s.indexer.offset_of_max_timestamp,
-                    log: Arc::clone(&s.file),
-                    index: Bytes::from(index),
-                    time_index: Bytes::from(time_index),
-                }
-            })
+            .map(SegMeta::sealed_segment)
             .collect()
     }
 

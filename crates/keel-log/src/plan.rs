@@ -430,8 +430,8 @@ pub fn scan_partition(dir: &Path, capacity_dirs: &[PathBuf]) -> io::Result<Parti
     for t in read_manifest(&storage, dir)?.iter().filter(|t| t.is_cold()) {
         logs.push((t.base_offset, cold_copy(t, capacity_dirs)?));
     }
+    // Cold segments are below the local ones: the last is the active one.
     logs.sort();
-    let active_base = logs.iter().filter(|_| local > 0).map(|(b, _)| *b).max();
     let mut scan = PartitionScan {
         records: 0,
         bytes: 0,
@@ -449,7 +449,7 @@ pub fn scan_partition(dir: &Path, capacity_dirs: &[PathBuf]) -> io::Result<Parti
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        let active = i + 1 == logs.len() && active_base == Some(logs[i].0);
+        let active = local > 0 && i + 1 == logs.len();
         let mut pos = 0usize;
         while data.len() - pos >= BATCH_HEADER_LEN {
             let Ok(h) = BatchHeader::parse(&data[pos..]) else {

@@ -349,6 +349,17 @@ mod window_tests {
     use super::*;
     use crate::testing::simple_batch;
 
+    /// Four batches of two records, offsets 0 to 7.
+    fn four_batches() -> Vec<u8> {
+        let mut data = Vec::new();
+        for i in 0..4 {
+            let mut b = simple_batch(2, 100, i);
+            crate::batch::set_base_offset(&mut b, i * 2);
+            data.extend(b);
+        }
+        data
+    }
+
     /// Windows over `data`, failing the test if a read loop does not end.
     fn read(data: &[u8], target: i64, max_bytes: usize) -> io::Result<Bytes> {
         let data = Bytes::copy_from_slice(data);
@@ -362,12 +373,7 @@ mod window_tests {
 
     #[test]
     fn a_file_shorter_than_planned_ends_the_read_with_an_error() {
-        let mut data = Vec::new();
-        for i in 0..4 {
-            let mut b = simple_batch(2, 100, i);
-            crate::batch::set_base_offset(&mut b, i * 2);
-            data.extend(b);
-        }
+        let data = four_batches();
         let planned = data.len() as u64;
         let short = Bytes::copy_from_slice(&data[..data.len() - 50]);
         let mut calls = 0;
@@ -382,12 +388,7 @@ mod window_tests {
 
     #[test]
     fn corrupt_lengths_end_the_read_with_an_error() {
-        let mut data = Vec::new();
-        for i in 0..4 {
-            let mut b = simple_batch(2, 100, i);
-            crate::batch::set_base_offset(&mut b, i * 2);
-            data.extend(b);
-        }
+        let data = four_batches();
         assert!(read(&data, 7, 1 << 20).is_ok());
         let len_at = 8; // batchLength of the first batch
         for claimed in [i32::MAX, 1 << 20, 70_000] {

@@ -47,15 +47,6 @@ pub struct Records<'a> {
     index: usize,
 }
 
-/// The records of `batch`; `None` for a compressed batch (its records are
-/// readable only through the codec) or one shorter than its header says.
-pub fn records<'a>(batch: &'a [u8], header: &BatchHeader) -> Option<Records<'a>> {
-    if header.compression_codec() != 0 {
-        return None;
-    }
-    Some(records_in(batch.get(BATCH_HEADER_LEN..header.total_len())?))
-}
-
 /// The records section of `batch` (the bytes after its header),
 /// decompressed when the batch is compressed: at most
 /// [`MAX_DECOMPRESSED_BYTES`].
@@ -259,6 +250,12 @@ mod tests {
     use crate::batch::validate_batches;
     use crate::testing::BatchBuilder;
 
+    /// Every record of an uncompressed `batch`.
+    fn records_of<'a>(batch: &'a [u8], h: &BatchHeader) -> Vec<Record<'a>> {
+        let body = &batch[BATCH_HEADER_LEN..h.total_len()];
+        records_in(body).map(Result::unwrap).collect()
+    }
+
     #[test]
     fn reads_keys_values_and_tombstones() {
         let batch = BatchBuilder::new(0)
@@ -267,7 +264,7 @@ mod tests {
             .record(Some(b"c"), None)
             .build();
         let h = validate_batches(&batch).unwrap()[0];
-        let all: Vec<Record> = records(&batch, &h).unwrap().map(Result::unwrap).collect();
+        let all = records_of(&batch, &h);
         assert_eq!(all.len(), 3);
         assert_eq!(all[0].key, Some(&b"a"[..]));
         assert_eq!(all[1].key, None);
@@ -286,10 +283,6 @@ mod tests {
                 .build();
             let h = validate_batches(&batch).unwrap()[0];
             assert_eq!(h.compression_codec(), codec as u8);
-            assert!(
-                records(&batch, &h).is_none(),
-                "the plain reader does not decompress"
-            );
             let section = records_section(&batch, &h).unwrap();
             let all: Vec<Record> = records_in(&section).map(Result::unwrap).collect();
             assert_eq!(all[0].value, Some(&b"1"[..]), "{}", codec.name());
@@ -367,7 +360,7 @@ mod tests {
             .record(Some(b"c"), Some(b"3"))
             .build();
         let h = validate_batches(&batch).unwrap()[0];
-        let all: Vec<Record> = records(&batch, &h).unwrap().map(Result::unwrap).collect();
+        let all = records_of(&batch, &h);
         let kept = [all[1]];
         let out = rebuild_batch(&batch, &h, &kept, Some(90_000)).unwrap();
         let nh = validate_batches(&out).unwrap()[0];
@@ -375,7 +368,7 @@ mod tests {
         assert_eq!((nh.producer_id, nh.base_sequence), (7, 3));
         assert_eq!(delete_horizon(&nh), Some(90_000));
         assert_eq!(nh.max_timestamp, 1_001);
-        let r: Vec<Record> = records(&out, &nh).unwrap().map(Result::unwrap).collect();
+        let r = records_of(&out, &nh);
         assert_eq!(r[0].offset_delta, 1);
         assert_eq!(
             nh.base_timestamp + r[0].timestamp_delta,
@@ -389,6 +382,6 @@ mod tests {
             (eh.records_count, eh.last_offset(), eh.base_timestamp),
             (0, 42, 1_002)
         );
-        assert_eq!(records(&empty, &eh).unwrap().count(), 0);
+        assert!(records_of(&empty, &eh).is_empty());
     }
 }

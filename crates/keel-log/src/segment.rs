@@ -202,6 +202,22 @@ impl SegMeta {
         (offsets, times)
     }
 
+    /// What the mover copies of this sealed segment: its log file and its
+    /// index images.
+    pub fn sealed_segment(&self) -> crate::SealedSegment {
+        let (index, time_index) = self.index_images();
+        crate::SealedSegment {
+            base_offset: self.base_offset,
+            next_offset: self.next_offset,
+            size_bytes: self.size_bytes,
+            max_timestamp_ms: self.indexer.max_timestamp_ms,
+            offset_of_max_timestamp: self.indexer.offset_of_max_timestamp,
+            log: Arc::clone(&self.file),
+            index: bytes::Bytes::from(index),
+            time_index: bytes::Bytes::from(time_index),
+        }
+    }
+
     /// Adds the final time entry to the in-memory index (at seal).
     pub fn add_final_time_entry(&mut self) {
         let entry = self
