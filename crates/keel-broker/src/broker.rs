@@ -58,6 +58,7 @@ pub enum StartError {
     Io { path: PathBuf, error: std::io::Error },
     Partition(String),
     Groups(String),
+    Transactions(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -66,6 +67,7 @@ impl std::fmt::Display for StartError {
             StartError::Io { path, error } => write!(f, "{}: {error}", path.display()),
             StartError::Partition(e) => write!(f, "cannot open partition: {e}"),
             StartError::Groups(e) => write!(f, "cannot open the group log: {e}"),
+            StartError::Transactions(e) => write!(f, "cannot open the transaction log: {e}"),
         }
     }
 }
@@ -88,6 +90,8 @@ pub struct Broker {
     pub dir_health: Arc<DirHealth>,
     pub producer_ids: Mutex<ProducerIdAllocator>,
     pub groups: Arc<GroupCoordinator>,
+    /// The transaction coordinator.
+    pub txns: Arc<crate::txn::TxnCoordinator>,
     /// The newest batches of every partition, under one byte budget.
     pub tail_cache: Arc<TailCache>,
     /// How segment data is read back (`keel.io.direct`, probed at start-up).
@@ -173,6 +177,13 @@ impl Broker {
             Arc::new(SystemClock),
         )
         .map_err(StartError::Groups)?;
+        let txns = crate::txn::TxnCoordinator::open_with(
+            Arc::clone(&storage),
+            &meta_dir.join("transactions"),
+            config.txn_config(),
+            Arc::new(SystemClock),
+        )
+        .map_err(StartError::Transactions)?;
         let broker = Broker {
             config,
             cluster_id,
@@ -185,6 +196,7 @@ impl Broker {
             dir_health: DirHealth::new(&data_dir),
             producer_ids: Mutex::new(producer_ids),
             groups: Arc::new(groups),
+            txns: Arc::new(txns),
             tail_cache,
             read_io,
             cold,
@@ -383,6 +395,18 @@ impl Broker {
                 id,
                 &handlers::produce::init_producer_id(self, r).await,
             ),
+            Request::AddPartitionsToTxn(r) => respond(
+                ApiKey::AddPartitionsToTxn,
+                version,
+                id,
+                &handlers::txn::add_partitions_to_txn(self, r, version).await,
+            ),
+            Request::EndTxn(r) => respond(
+                ApiKey::EndTxn,
+                version,
+                id,
+                &handlers::txn::end_txn(self, r, version).await,
+            ),
             body => {
                 self.handle_group(body, version, id, client_id, &client.host)
                     .await
@@ -469,6 +493,7 @@ impl Broker {
     /// until the runtime shuts down.
     pub fn spawn_maintenance(self: &Arc<Self>) {
         self.groups.spawn_timers();
+        handlers::txn::spawn_timers(self);
         let retention_every = Duration::from_millis(self.config.retention_check_interval_ms());
         self.spawn_every(retention_every, true, Broker::apply_retention);
         let expire_every = Duration::from_millis(
@@ -718,6 +743,7 @@ impl Broker {
             "tail cache at shutdown"
         );
         self.groups.close();
+        self.txns.close();
         for topic in self.topics.all() {
             for p in &topic.partitions {
                 if let Err(e) = p.close() {

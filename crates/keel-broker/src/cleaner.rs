@@ -262,6 +262,10 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
             {
                 continue;
             }
+            if let Some(why) = p.unsettled_transactions() {
+                p.cleaning.lock().skipped(&Skip::Unsupported(why));
+                continue;
+            }
             let Ok(source) = p.with_log(|log| log.clean_source()) else {
                 continue;
             };

@@ -210,6 +210,22 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("offsets.retention.check.interval.ms", "600000", ConfigType::Long),
     ("offset.metadata.max.bytes", "4096", ConfigType::Int),
     ("offsets.topic.segment.bytes", "104857600", ConfigType::Int),
+    // The transaction coordinator: the longest timeout a producer may ask
+    // for, how often open transactions are checked against theirs, how
+    // long an idle transactional id is remembered, and the transaction
+    // log's segment size.
+    ("transaction.max.timeout.ms", "900000", ConfigType::Int),
+    (
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "10000",
+        ConfigType::Int,
+    ),
+    ("transactional.id.expiration.ms", "604800000", ConfigType::Int),
+    (
+        "transaction.state.log.segment.bytes",
+        "104857600",
+        ConfigType::Int,
+    ),
     // -1: a share of the memory the broker may use (see keel_tier::memory).
     ("keel.tail.cache.bytes", "-1", ConfigType::Long),
     // auto | on | off: read segment data with O_DIRECT (see keel_log::ReadIo).
@@ -511,6 +527,15 @@ impl BrokerConfig {
     }
 
     /// The group coordinator's settings.
+    pub fn txn_config(&self) -> crate::txn::TxnConfig {
+        crate::txn::TxnConfig {
+            max_timeout_ms: i32::try_from(self.num("transaction.max.timeout.ms")).unwrap_or(i32::MAX),
+            id_expiration_ms: self.num("transactional.id.expiration.ms"),
+            log_segment_bytes: u64::try_from(self.num("transaction.state.log.segment.bytes"))
+                .unwrap_or(100 << 20),
+        }
+    }
+
     pub fn coordinator_config(&self) -> CoordinatorConfig {
         let int = |key| i32::try_from(self.num(key)).unwrap_or(i32::MAX);
         CoordinatorConfig {

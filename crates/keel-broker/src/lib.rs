@@ -13,11 +13,13 @@ pub mod fuzzing;
 pub mod groups;
 mod handlers;
 pub mod health;
+pub mod metalog;
 pub mod mover;
 pub mod partition;
 pub mod producers;
 mod time;
 pub mod topics;
+pub mod txn;
 
 pub use broker::{Broker, ClientInfo, Reply, StartError};
 

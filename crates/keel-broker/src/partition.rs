@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_log::batch::BatchHeader;
-use keel_log::{AppendError, LogConfig, LogReader, PartitionLog, ReadError, ReadPlan, Storage};
+use keel_log::marker::Marker;
+use keel_log::{AbortedTxn, AppendError, LogConfig, LogReader, PartitionLog, ReadError, ReadPlan, Storage};
 use keel_protocol::ResponseError;
 use keel_tier::{Chunks, ColdRead, ColdReads, PartitionTail, Tiers};
 use parking_lot::{Mutex, RwLock};
@@ -55,6 +56,8 @@ pub enum ReadFailure {
 struct PendingAppend {
     records: Bytes,
     headers: Vec<BatchHeader>,
+    /// Set when the batch is a transaction marker the coordinator writes.
+    marker: Option<Marker>,
     reply: oneshot::Sender<Result<Appended, AppendFailure>>,
 }
 
@@ -112,6 +115,11 @@ pub struct Partition {
     /// One replica, so it equals the log end offset. Only moves forward,
     /// except when retention or truncation resets the log.
     high_watermark: AtomicI64,
+    /// The last stable offset: every offset below it is readable and its
+    /// transaction (if any) decided. The high watermark, or the first
+    /// offset of the oldest open transaction if that is lower. Published
+    /// with the high watermark, after the tail cache holds the batches.
+    last_stable_offset: AtomicI64,
     log_start_offset: AtomicI64,
     /// The newest batches, in the broker's tail cache.
     tail: PartitionTail,
@@ -185,10 +193,10 @@ impl Partition {
         let (log, producers) = open_log(&parts.storage, &parts.dir, &parts.config)?;
         let reader = log.reader().clone();
         let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
+        let lso = stable_offset(&producers, hw);
         let p = Partition::assemble(parts, Some(log), producers, None);
         *p.reader.write() = Some(reader);
-        p.high_watermark.store(hw, Ordering::Release);
-        p.log_start_offset.store(start, Ordering::Release);
+        p.publish(hw, lso, start);
         Ok(p)
     }
 
@@ -221,6 +229,7 @@ impl Partition {
             queue: Mutex::new(AppendQueue::default()),
             waiters: Mutex::new(Vec::new()),
             high_watermark: AtomicI64::new(0),
+            last_stable_offset: AtomicI64::new(0),
             log_start_offset: AtomicI64::new(0),
             tail: parts.tail,
             cache_read_bytes: AtomicU64::new(0),
@@ -241,6 +250,18 @@ impl Partition {
 
     pub fn high_watermark(&self) -> i64 {
         self.high_watermark.load(Ordering::Acquire)
+    }
+
+    pub fn last_stable_offset(&self) -> i64 {
+        self.last_stable_offset.load(Ordering::Acquire)
+    }
+
+    /// The aborted transactions a `read_committed` read of
+    /// `[from_offset, upper_offset)` must be told about.
+    pub fn aborted_txns(&self, from_offset: i64, upper_offset: i64) -> Vec<AbortedTxn> {
+        self.reader()
+            .map(|r| r.aborted_txns(from_offset, upper_offset))
+            .unwrap_or_default()
     }
 
     pub fn log_start_offset(&self) -> i64 {
@@ -269,6 +290,31 @@ impl Partition {
         records: Bytes,
         headers: Vec<BatchHeader>,
     ) -> Result<Appended, AppendFailure> {
+        self.enqueue(records, headers, None).await
+    }
+
+    /// Appends the marker that ends `producer_id`'s transaction here
+    /// (commit or abort), through the same queue as produce requests.
+    pub async fn write_marker(
+        self: &Arc<Self>,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: Marker,
+    ) -> Result<Appended, AppendFailure> {
+        let batch = keel_log::marker::marker_batch(producer_id, producer_epoch, marker, now_ms());
+        let headers = keel_log::batch::validate_batches(&batch).map_err(|e| AppendFailure {
+            error: ResponseError::UnknownServerError,
+            message: format!("a marker batch does not validate: {e}"),
+        })?;
+        self.enqueue(Bytes::from(batch), headers, Some(marker)).await
+    }
+
+    async fn enqueue(
+        self: &Arc<Self>,
+        records: Bytes,
+        headers: Vec<BatchHeader>,
+        marker: Option<Marker>,
+    ) -> Result<Appended, AppendFailure> {
         if let Some(why) = self.unavailable() {
             return Err(AppendFailure {
                 error: ResponseError::KafkaStorageError,
@@ -281,6 +327,7 @@ impl Partition {
             q.items.push(PendingAppend {
                 records,
                 headers,
+                marker,
                 reply,
             });
             !std::mem::replace(&mut q.writer_active, true)
@@ -339,8 +386,18 @@ impl Partition {
         let mut buf = Vec::new();
         let mut headers = Vec::new();
         let mut undo = Vec::new();
+        let mut aborted = Vec::new();
         for item in group {
-            match plan_item(producers, &item.headers, next_offset, &mut undo) {
+            let planned = match item.marker {
+                Some(marker) => {
+                    plan_marker(producers, &item.headers, marker, next_offset, &mut undo).map(|txn| {
+                        aborted.extend(txn);
+                        Planned::Append(1)
+                    })
+                }
+                None => plan_item(producers, &item.headers, next_offset, &mut undo),
+            };
+            match planned {
                 Ok(Planned::Append(n)) => {
                     replies.push((item.reply, Ok(next_offset)));
                     next_offset += n;
@@ -368,6 +425,13 @@ impl Partition {
                     if info.rolled {
                         log.queue_producer_snapshot(log.log_end_offset(), producers.encode_snapshot());
                     }
+                    let indexed = aborted.iter().try_for_each(|txn| log.add_aborted_txn(*txn));
+                    if let Err(e) = indexed {
+                        // The segment's own entries stay in memory and are
+                        // written at its seal; only a restored entry of a
+                        // sealed segment could fail here.
+                        tracing::error!(topic = %self.topic, partition = self.index, error = %e, "cannot write an aborted-transaction index");
+                    }
                     None
                 }
                 Err(e) => {
@@ -382,8 +446,9 @@ impl Partition {
             }
         };
         let (hw, start) = (log.log_end_offset(), log.log_start_offset());
+        let lso = stable_offset(producers, hw);
         drop(st);
-        self.publish(hw, start);
+        self.publish(hw, lso, start);
         for (reply, result) in replies {
             let result = match (&failure, result) {
                 (Some(f), Ok(offset)) if offset >= first_offset => Err(f.clone()),
@@ -438,13 +503,13 @@ impl Partition {
             Ok((log, producers)) => {
                 let reader = log.reader().clone();
                 let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
+                let lso = stable_offset(&producers, hw);
                 st.log = Some(log);
                 st.producers = producers;
                 *self.reader.write() = Some(reader);
                 drop(st);
                 *self.scan_hint.lock() = None;
-                self.high_watermark.store(hw, Ordering::Release);
-                self.log_start_offset.store(start, Ordering::Release);
+                self.publish(hw, lso, start);
             }
             Err(e) => {
                 tracing::error!(topic = %self.topic, partition = self.index, error = %e, "the partition goes offline");
@@ -495,8 +560,10 @@ impl Partition {
         }
     }
 
-    fn publish(&self, high_watermark: i64, log_start_offset: i64) {
+    fn publish(&self, high_watermark: i64, last_stable_offset: i64, log_start_offset: i64) {
         self.high_watermark.store(high_watermark, Ordering::Release);
+        self.last_stable_offset
+            .store(last_stable_offset, Ordering::Release);
         self.log_start_offset.store(log_start_offset, Ordering::Release);
         for w in std::mem::take(&mut *self.waiters.lock()) {
             w.notify_one();
@@ -539,20 +606,30 @@ impl Partition {
     /// Resolves a fetch at `offset` to its source: the tail cache when the
     /// offset is in its run (below the high watermark), the read-ahead slot
     /// when a scan reached it, else a read plan of the files.
-    pub fn read(self: &Arc<Self>, offset: i64, max_bytes: usize) -> Result<ReadSource, ReadFailure> {
+    ///
+    /// `committed` reads (`read_committed`) end at the last stable offset;
+    /// batches at or past it that a file read or read-ahead returns are
+    /// the caller's to cut ([`stable_prefix`]).
+    pub fn read(
+        self: &Arc<Self>,
+        offset: i64,
+        max_bytes: usize,
+        committed: bool,
+    ) -> Result<ReadSource, ReadFailure> {
         if let Some(why) = self.unavailable() {
             return Err(ReadFailure::Storage(why));
         }
         let (start, hw) = (self.log_start_offset(), self.high_watermark());
-        if offset == hw && offset >= start {
+        let end = if committed { self.last_stable_offset() } else { hw };
+        if offset >= end && offset <= hw && offset >= start {
             // Nothing to read yet. Planning a file read here would race an
             // append landing meanwhile: its batches would come from disk
             // (they are in the tail cache) and before the high watermark
-            // moved. The fetch is woken by that append instead.
+            // moved. The fetch is woken by that append (or marker) instead.
             return Ok(ReadSource::Memory(Chunks::default()));
         }
-        if offset >= start && offset < hw {
-            if let Some(bytes) = self.tail.read(offset, hw, max_bytes) {
+        if offset >= start && offset < end {
+            if let Some(bytes) = self.tail.read(offset, end, max_bytes) {
                 self.cache_read_bytes
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 return Ok(ReadSource::Memory(bytes));
@@ -871,8 +948,10 @@ impl Partition {
             self.health.take_offline(&why);
         }
         let (hw, start) = (log.log_end_offset(), log.log_start_offset());
+        let lso = stable_offset(&st.producers, hw);
         drop(st);
         self.high_watermark.store(hw, Ordering::Release);
+        self.last_stable_offset.store(lso, Ordering::Release);
         self.log_start_offset.store(start, Ordering::Release);
         Ok(out)
     }
@@ -891,6 +970,17 @@ impl Partition {
     /// Producer id -> last offset of its newest batch here.
     pub fn producer_last_offsets(&self) -> std::collections::HashMap<i64, i64> {
         self.writer.lock().producers.last_offsets()
+    }
+
+    /// Why the cleaner leaves this partition alone for now: records of an
+    /// open or aborted transaction, which its key map must not take for
+    /// the newest value of their keys.
+    pub fn unsettled_transactions(&self) -> Option<String> {
+        if let Some(first) = self.writer.lock().producers.first_unstable_offset() {
+            return Some(format!("an open transaction from offset {first}"));
+        }
+        let aborted = self.aborted_txns(i64::MIN, i64::MAX);
+        (!aborted.is_empty()).then(|| format!("{} aborted transaction(s) in its segments", aborted.len()))
     }
 
     /// How many producers this partition has state for.
@@ -927,9 +1017,37 @@ fn load_producers(log: &mut PartitionLog) -> std::io::Result<ProducerStates> {
         None => (ProducerStates::default(), log.log_start_offset()),
     };
     let now = now_ms();
-    for header in log.batch_headers(from.max(log.log_start_offset())) {
+    let mut scan = log.batch_headers(from.max(log.log_start_offset()));
+    let mut aborted = Vec::new();
+    while let Some(header) = scan.next() {
         let header = header?;
-        producers.record(&header, header.base_offset, now);
+        if !header.is_control() {
+            producers.record(&header, header.base_offset, now);
+            continue;
+        }
+        let batch = scan.read_last_batch()?;
+        let marker = keel_log::marker::read_marker(&batch, &header)
+            .map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidData, why))?;
+        let Some(marker) = marker else { continue };
+        let done = producers.record_marker(
+            header.producer_id,
+            header.producer_epoch,
+            marker.coordinator_epoch,
+            now,
+        );
+        if let (false, Some(first_offset)) = (marker.commit, done.first_offset) {
+            aborted.push(AbortedTxn {
+                producer_id: header.producer_id,
+                first_offset,
+                last_offset: header.base_offset,
+                last_stable_offset: header.base_offset,
+            });
+        }
+    }
+    // The `.txnindex` of the segments written before the replay's start
+    // holds these already; those after it get them back here.
+    for txn in aborted {
+        log.add_aborted_txn(txn)?;
     }
     Ok(producers)
 }
@@ -1007,6 +1125,68 @@ fn plan_item(
     Ok(Planned::Append(offset - base_offset))
 }
 
+/// The whole batches of `bytes` below `end_offset` (what a
+/// `read_committed` fetch may return when the last stable offset is
+/// `end_offset`).
+pub fn stable_prefix(bytes: Bytes, end_offset: i64) -> Bytes {
+    let mut at = 0;
+    while let Ok(h) = BatchHeader::parse(&bytes[at..]) {
+        if h.base_offset >= end_offset || at + h.total_len() > bytes.len() {
+            break;
+        }
+        at += h.total_len();
+    }
+    bytes.slice(..at)
+}
+
+/// Checks a transaction marker against the producer state and records
+/// it as if written at `offset` (undone on write failure). Returns the
+/// aborted transaction it ends here, for the `.txnindex`.
+fn plan_marker(
+    producers: &mut ProducerStates,
+    headers: &[BatchHeader],
+    marker: Marker,
+    offset: i64,
+    undo: &mut Vec<crate::producers::ProducerSnapshot>,
+) -> Result<Option<AbortedTxn>, AppendFailure> {
+    let h = headers.first().ok_or_else(|| AppendFailure {
+        error: ResponseError::UnknownServerError,
+        message: "a marker without its batch".into(),
+    })?;
+    producers
+        .check_marker(h.producer_id, h.producer_epoch)
+        .map_err(|error| AppendFailure {
+            error,
+            message: format!(
+                "a marker of producer {} epoch {} is older than the producer",
+                h.producer_id, h.producer_epoch
+            ),
+        })?;
+    undo.push(producers.snapshot(h.producer_id));
+    let done = producers.record_marker(
+        h.producer_id,
+        h.producer_epoch,
+        marker.coordinator_epoch,
+        now_ms(),
+    );
+    Ok(done
+        .first_offset
+        .filter(|_| !marker.commit)
+        .map(|first_offset| AbortedTxn {
+            producer_id: h.producer_id,
+            first_offset,
+            last_offset: offset,
+            last_stable_offset: producers.first_unstable_offset().unwrap_or(offset + 1),
+        }))
+}
+
+/// The last stable offset given the producers' open transactions.
+fn stable_offset(producers: &ProducerStates, high_watermark: i64) -> i64 {
+    producers
+        .first_unstable_offset()
+        .map_or(high_watermark, |first| first.min(high_watermark))
+}
+
 /// The offset after the last whole batch in `bytes`.
 /// How many reads past segments of record-less batches one fetch makes.
 const MAX_EMPTY_READS: usize = 64;
@@ -1026,7 +1206,7 @@ fn holds_no_record(bytes: &[u8]) -> bool {
     true
 }
 
-fn next_offset_after(bytes: &[u8]) -> Option<i64> {
+pub(crate) fn next_offset_after(bytes: &[u8]) -> Option<i64> {
     let mut at = 0;
     let mut next = None;
     while let Ok(h) = BatchHeader::parse(&bytes[at..]) {

@@ -8,12 +8,16 @@
 //! with its original offset; an older epoch is fenced. A producer this
 //! partition has no state for (new, or expired) may start at any sequence.
 //!
+//! Transactions: a producer's first transactional batch here opens its
+//! transaction at that offset, and the coordinator's marker closes it. The
+//! oldest open transaction bounds the partition's last stable offset.
+//!
 //! The state survives restarts and retention in producer-state snapshots:
 //! Kafka's `.snapshot` file format (version 1, CRC-32C; see
 //! `docs/format.md`), written at each roll and at clean shutdown. A
 //! producer is forgotten after `producer.id.expiration.ms` without writes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -43,6 +47,44 @@ struct ProducerEntry {
     batches: VecDeque<BatchMeta>,
     /// Broker clock at the producer's last write (what expiration uses).
     last_write_ms: i64,
+    /// The epoch of the transaction coordinator that wrote this
+    /// producer's last marker here (-1: none yet).
+    coordinator_epoch: i32,
+    /// The offset of the first batch of the producer's open transaction
+    /// in this partition.
+    txn_first_offset: Option<i64>,
+}
+
+impl ProducerEntry {
+    fn new(epoch: i16, now_ms: i64) -> ProducerEntry {
+        ProducerEntry {
+            epoch,
+            batches: VecDeque::new(),
+            last_write_ms: now_ms,
+            coordinator_epoch: -1,
+            txn_first_offset: None,
+        }
+    }
+}
+
+/// A producer as DescribeProducers reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerInfo {
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub last_sequence: i32,
+    pub last_timestamp_ms: i64,
+    pub coordinator_epoch: i32,
+    /// The first offset of its open transaction here, or -1.
+    pub txn_start_offset: i64,
+}
+
+/// What ending a transaction in this partition completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompletedTxn {
+    /// The first offset of the transaction's data here (none when the
+    /// producer wrote nothing in it here).
+    pub first_offset: Option<i64>,
 }
 
 /// What to do with an incoming batch.
@@ -60,6 +102,9 @@ pub enum SequenceCheck {
 #[derive(Debug, Default, Clone)]
 pub struct ProducerStates {
     producers: HashMap<i64, ProducerEntry>,
+    /// Open transactions: first offset -> producer id. The smallest key is
+    /// the first unstable offset (what bounds the last stable offset).
+    ongoing: BTreeMap<i64, i64>,
 }
 
 impl ProducerStates {
@@ -75,6 +120,11 @@ impl ProducerStates {
         };
         if h.producer_epoch < entry.epoch {
             return SequenceCheck::Reject(ResponseError::InvalidProducerEpoch);
+        }
+        if entry.txn_first_offset.is_some() && !h.is_transactional() {
+            // Kafka's rule: an open transaction's producer may not write
+            // outside it.
+            return SequenceCheck::Reject(ResponseError::InvalidTxnState);
         }
         if h.producer_epoch > entry.epoch {
             return if h.base_sequence == 0 {
@@ -110,14 +160,14 @@ impl ProducerStates {
         let entry = self
             .producers
             .entry(h.producer_id)
-            .or_insert_with(|| ProducerEntry {
-                epoch: h.producer_epoch,
-                batches: VecDeque::new(),
-                last_write_ms: now_ms,
-            });
+            .or_insert_with(|| ProducerEntry::new(h.producer_epoch, now_ms));
         if h.producer_epoch != entry.epoch {
             entry.epoch = h.producer_epoch;
             entry.batches.clear();
+        }
+        if h.is_transactional() && entry.txn_first_offset.is_none() {
+            entry.txn_first_offset = Some(first_offset);
+            self.ongoing.insert(first_offset, h.producer_id);
         }
         if entry.batches.len() == RETAINED_BATCHES {
             entry.batches.pop_front();
@@ -140,18 +190,93 @@ impl ProducerStates {
     }
 
     pub fn restore(&mut self, snapshot: ProducerSnapshot) {
-        match snapshot.entry {
-            Some(e) => self.producers.insert(snapshot.producer_id, e),
-            None => self.producers.remove(&snapshot.producer_id),
+        let id = snapshot.producer_id;
+        let old = match snapshot.entry {
+            Some(e) => {
+                if let Some(first) = e.txn_first_offset {
+                    self.ongoing.insert(first, id);
+                }
+                self.producers.insert(id, e)
+            }
+            None => self.producers.remove(&id),
         };
+        let restored_first = self.producers.get(&id).and_then(|e| e.txn_first_offset);
+        if let Some(first) = old.and_then(|e| e.txn_first_offset) {
+            if Some(first) != restored_first {
+                self.ongoing.remove(&first);
+            }
+        }
+    }
+
+    /// Whether a marker of `producer_id` at `epoch` may end its
+    /// transaction here: an older epoch than the producer's is a zombie's.
+    pub fn check_marker(&self, producer_id: i64, epoch: i16) -> Result<(), ResponseError> {
+        match self.producers.get(&producer_id) {
+            Some(e) if epoch < e.epoch => Err(ResponseError::InvalidProducerEpoch),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records a transaction marker of `producer_id` at `epoch` (written
+    /// at `offset`): its open transaction here, if any, is over. Also
+    /// used to rebuild the state from the log at start-up.
+    pub fn record_marker(
+        &mut self,
+        producer_id: i64,
+        epoch: i16,
+        coordinator_epoch: i32,
+        now_ms: i64,
+    ) -> CompletedTxn {
+        let entry = self
+            .producers
+            .entry(producer_id)
+            .or_insert_with(|| ProducerEntry::new(epoch, now_ms));
+        if epoch != entry.epoch {
+            entry.epoch = epoch;
+            entry.batches.clear();
+        }
+        entry.coordinator_epoch = coordinator_epoch;
+        entry.last_write_ms = entry.last_write_ms.max(now_ms);
+        let first_offset = entry.txn_first_offset.take();
+        if let Some(first) = first_offset {
+            self.ongoing.remove(&first);
+        }
+        CompletedTxn { first_offset }
+    }
+
+    /// The first offset of the oldest open transaction: nothing at or
+    /// after it is stable yet.
+    pub fn first_unstable_offset(&self) -> Option<i64> {
+        self.ongoing.keys().next().copied()
+    }
+
+    /// Every producer's state, for DescribeProducers.
+    pub fn describe(&self) -> Vec<ProducerInfo> {
+        let mut out: Vec<ProducerInfo> = self
+            .producers
+            .iter()
+            .map(|(id, e)| ProducerInfo {
+                producer_id: *id,
+                epoch: e.epoch,
+                last_sequence: e.batches.back().map_or(-1, |b| b.last_seq),
+                last_timestamp_ms: e.last_write_ms,
+                coordinator_epoch: e.coordinator_epoch,
+                txn_start_offset: e.txn_first_offset.unwrap_or(-1),
+            })
+            .collect();
+        out.sort_by_key(|p| p.producer_id);
+        out
     }
 
     /// Forgets producers that have not written for `expiration_ms`
     /// (`producer.id.expiration.ms`). Returns how many.
     pub fn expire(&mut self, now_ms: i64, expiration_ms: i64) -> usize {
+        // A producer with an open transaction is kept until it ends, as in
+        // Kafka: its marker is still to come.
         let before = self.producers.len();
-        self.producers
-            .retain(|_, e| now_ms.saturating_sub(e.last_write_ms) < expiration_ms);
+        self.producers.retain(|_, e| {
+            e.txn_first_offset.is_some() || now_ms.saturating_sub(e.last_write_ms) < expiration_ms
+        });
         before - self.producers.len()
     }
 
@@ -182,16 +307,20 @@ impl ProducerStates {
         out.extend_from_slice(&(ids.len() as i32).to_be_bytes());
         for id in ids {
             let e = &self.producers[&id];
-            let Some(last) = e.batches.back() else { continue };
+            // A producer known only from a marker has no batch: Kafka
+            // writes sequence and offset -1 for it.
+            let (last_seq, last_offset, offset_delta) = match e.batches.back() {
+                Some(b) => (b.last_seq, b.last_offset, (b.last_offset - b.first_offset) as i32),
+                None => (-1, -1, 0),
+            };
             out.extend_from_slice(&id.to_be_bytes());
             out.extend_from_slice(&e.epoch.to_be_bytes());
-            out.extend_from_slice(&last.last_seq.to_be_bytes());
-            out.extend_from_slice(&last.last_offset.to_be_bytes());
-            let offset_delta = (last.last_offset - last.first_offset) as i32;
+            out.extend_from_slice(&last_seq.to_be_bytes());
+            out.extend_from_slice(&last_offset.to_be_bytes());
             out.extend_from_slice(&offset_delta.to_be_bytes());
             out.extend_from_slice(&e.last_write_ms.to_be_bytes());
-            out.extend_from_slice(&(-1i32).to_be_bytes()); // coordinator epoch
-            out.extend_from_slice(&(-1i64).to_be_bytes()); // no transaction
+            out.extend_from_slice(&e.coordinator_epoch.to_be_bytes());
+            out.extend_from_slice(&e.txn_first_offset.unwrap_or(-1).to_be_bytes());
         }
         let crc = crc32c::crc32c(&out[SNAPSHOT_ENTRIES_AT..]);
         out[2..6].copy_from_slice(&crc.to_be_bytes());
@@ -227,18 +356,30 @@ impl ProducerStates {
             let last_offset = i64_at(14);
             let offset_delta = i32_at(22);
             let last_write_ms = i64_at(26);
+            let coordinator_epoch = i32_at(34);
+            let txn_first_offset = Some(i64_at(38)).filter(|o| *o >= 0);
             let first_seq = decrement_sequence(last_seq, offset_delta.max(0));
+            let batches = if last_offset < 0 {
+                VecDeque::new()
+            } else {
+                VecDeque::from([BatchMeta {
+                    first_seq,
+                    last_seq,
+                    first_offset: last_offset - i64::from(offset_delta.max(0)),
+                    last_offset,
+                }])
+            };
+            if let Some(first) = txn_first_offset {
+                states.ongoing.insert(first, id);
+            }
             states.producers.insert(
                 id,
                 ProducerEntry {
                     epoch,
-                    batches: VecDeque::from([BatchMeta {
-                        first_seq,
-                        last_seq,
-                        first_offset: last_offset - i64::from(offset_delta.max(0)),
-                        last_offset,
-                    }]),
+                    batches,
                     last_write_ms,
+                    coordinator_epoch,
+                    txn_first_offset,
                 },
             );
         }
@@ -431,6 +572,55 @@ mod tests {
         let mut back = back;
         assert_eq!(back.expire(3_500, 1_000), 1, "producer 9 last wrote at 2000");
         assert_eq!(back.len(), 1);
+    }
+
+    fn txn_header(pid: i64, epoch: i16, seq: i32) -> BatchHeader {
+        let bytes = keel_log::testing::BatchBuilder::new(0)
+            .producer(pid, epoch, seq)
+            .transactional(true)
+            .record(Some(b"k"), Some(b"v"))
+            .build();
+        BatchHeader::parse(&bytes).unwrap()
+    }
+
+    #[test]
+    fn open_transactions_bound_stability_and_survive_snapshots() {
+        let mut s = ProducerStates::default();
+        assert_eq!(s.first_unstable_offset(), None);
+        s.record(&txn_header(1, 0, 0), 10, 0);
+        s.record(&txn_header(1, 0, 1), 12, 0);
+        s.record(&txn_header(2, 3, 0), 11, 0);
+        assert_eq!(s.first_unstable_offset(), Some(10), "the oldest open transaction");
+        // Outside its transaction the producer may not write.
+        assert_eq!(
+            s.check(&header(1, 0, 2, 1)),
+            SequenceCheck::Reject(ResponseError::InvalidTxnState)
+        );
+        // A snapshot carries the open transactions and the coordinator epochs.
+        let back = ProducerStates::decode_snapshot(&s.encode_snapshot()).unwrap();
+        assert_eq!(back.first_unstable_offset(), Some(10));
+        assert_eq!(s.record_marker(1, 0, 5, 0).first_offset, Some(10));
+        assert_eq!(s.first_unstable_offset(), Some(11));
+        // A marker from an older epoch is a zombie's.
+        assert_eq!(s.check_marker(2, 2), Err(ResponseError::InvalidProducerEpoch));
+        // A marker with a bumped epoch fences the producer's older batches.
+        assert_eq!(s.record_marker(2, 4, 5, 0).first_offset, Some(11));
+        assert_eq!(
+            s.check(&txn_header(2, 3, 1)),
+            SequenceCheck::Reject(ResponseError::InvalidProducerEpoch)
+        );
+        assert_eq!(s.first_unstable_offset(), None);
+        // A producer known only from a marker survives a snapshot.
+        assert_eq!(s.record_marker(9, 0, 5, 0).first_offset, None);
+        let back = ProducerStates::decode_snapshot(&s.encode_snapshot()).unwrap();
+        assert_eq!(back.describe().len(), 3);
+        assert!(back.describe().iter().all(|p| p.coordinator_epoch == 5));
+        // Undoing a failed write forgets the transaction it opened.
+        let mut s = ProducerStates::default();
+        let undo = s.snapshot(4);
+        s.record(&txn_header(4, 0, 0), 20, 0);
+        s.restore(undo);
+        assert_eq!(s.first_unstable_offset(), None);
     }
 
     #[test]

@@ -39,8 +39,8 @@ pub(crate) const RECORDS_COUNT_AT: usize = 57;
 
 pub(crate) const COMPRESSION_MASK: i16 = 0x07;
 const TIMESTAMP_TYPE_LOG_APPEND: i16 = 0x08;
-const TRANSACTIONAL_FLAG: i16 = 0x10;
-const CONTROL_FLAG: i16 = 0x20;
+pub(crate) const TRANSACTIONAL_FLAG: i16 = 0x10;
+pub(crate) const CONTROL_FLAG: i16 = 0x20;
 
 /// Why a buffer is not a valid sequence of v2 record batches.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -42,7 +42,7 @@ use crate::partition::SealedSegment;
 use crate::records::{delete_horizon, rebuild_batch, records_in, records_section, Record};
 use crate::segment::{
     batch_meta, read_header_at, segment_path, SegMeta, SegmentFile, INDEX_SUFFIX, LOG_SUFFIX,
-    TIME_INDEX_SUFFIX,
+    TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX,
 };
 use crate::storage::{read_file, remove_if_exists, write_all_at, write_atomically, OpenMode, Storage};
 use crate::tiered::{Tier, TieredSegment};
@@ -1116,7 +1116,10 @@ pub(crate) fn remove_replaced(
             remove_if_exists(storage, &segment_path(dir, old, suffix))?;
         }
         if old != base {
+            // `base`'s `.txnindex` already holds every replaced segment's
+            // aborts (written before the swap's commit point).
             remove_if_exists(storage, &segment_path(dir, old, LOG_SUFFIX))?;
+            remove_if_exists(storage, &segment_path(dir, old, TXN_INDEX_SUFFIX))?;
         }
     }
     storage.sync_dir(dir)

@@ -27,6 +27,7 @@ mod config;
 mod error;
 pub mod faults;
 mod index;
+pub mod marker;
 mod partition;
 pub mod plan;
 mod read;
@@ -39,6 +40,7 @@ pub mod storage;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tiered;
+pub mod txnindex;
 mod view;
 
 pub use batch::{BatchError, BatchHeader};
@@ -57,4 +59,5 @@ pub use seal::{Sealer, RECOVERY_POINT_FILE};
 pub use segment::{Damage, SegmentFile};
 pub use storage::{probe_direct_io, read_uncached, DiskStorage, Storage, StoredFile};
 pub use tiered::{Tier, TierState, TieredSegment};
+pub use txnindex::AbortedTxn;
 pub use view::LogReader;

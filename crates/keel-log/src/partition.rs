@@ -21,12 +21,14 @@ use crate::seal::{
 };
 use crate::segment::{
     self, batch_meta, segment_path, LoadMode, SegMeta, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
 };
 use crate::storage::{
     read_file, remove_if_exists, sync_parent, write_all_at, write_atomically, DiskStorage, OpenMode, Storage,
     StoredFile,
 };
 use crate::tiered::{read_manifest, write_manifest, Tier, TierState, TieredSegment};
+use crate::txnindex::AbortedTxn;
 use crate::view::{LogReader, ViewState};
 
 /// Written by [`PartitionLog::close`], removed by [`PartitionLog::open`]:
@@ -395,6 +397,38 @@ impl PartitionLog {
         })
     }
 
+    /// Records a transaction aborted by the marker at `txn.last_offset`,
+    /// in the `.txnindex` of the segment holding that marker. The caller
+    /// adds one after appending each ABORT marker of a transaction that
+    /// wrote here, and again for every marker it replays at start-up (an
+    /// entry already present is not added twice). An entry for an active
+    /// segment is written with its seal or at close; one for a sealed
+    /// segment rewrites its file now. Markers outside the local segments
+    /// (already cut or moved away) are ignored.
+    pub fn add_aborted_txn(&mut self, txn: AbortedTxn) -> io::Result<()> {
+        let sealed = {
+            let mut st = self.view.state.write();
+            let active_base = st.active().base_offset;
+            let Some(seg) = st
+                .segments
+                .iter_mut()
+                .find(|s| s.base_offset <= txn.last_offset && txn.last_offset < s.next_offset)
+            else {
+                return Ok(());
+            };
+            if seg.aborted.iter().any(|e| e.last_offset == txn.last_offset) {
+                return Ok(());
+            }
+            seg.aborted.push(txn);
+            seg.aborted.sort_by_key(|e| e.last_offset);
+            (seg.base_offset != active_base).then(|| (seg.base_offset, seg.aborted.clone()))
+        };
+        match sealed {
+            Some((base, entries)) => crate::txnindex::write(self.storage.as_ref(), &self.dir, base, &entries),
+            None => Ok(()),
+        }
+    }
+
     /// Writes batches with assigned offsets at the end of the active
     /// segment, then publishes them (size, next offset, index entries).
     fn write_batches(&mut self, records: &[u8], assigned: &[BatchHeader]) -> Result<(i64, u64), AppendError> {
@@ -523,6 +557,7 @@ impl PartitionLog {
                 handle: old,
                 index,
                 time_index,
+                aborted: sealed.aborted.clone(),
             };
             st.segments.push(meta);
             work
@@ -698,14 +733,27 @@ impl PartitionLog {
                 file.pin(file.open()?);
             }
         }
+        // The cleaned segment keeps the aborts of the ones it replaces. Its
+        // `.txnindex` is written over the first one's before the commit
+        // point: a rolled-back swap reads back only the entries inside
+        // that segment's own range (see `segment::load`).
+        let aborted: Vec<AbortedTxn> = {
+            let st = self.view.state.read();
+            st.segments[at..at + group.replaced.len()]
+                .iter()
+                .flat_map(|s| s.aborted.iter().copied())
+                .collect()
+        };
+        crate::txnindex::write(self.storage.as_ref(), &self.dir, base, &aborted)?;
         let swap = crate::clean::swap_path(&self.dir, base);
         self.storage.rename(&group.cleaned_path, &swap)?;
         let committed = self.storage.sync_dir(&self.dir);
         self.durably(committed)?;
-        let meta = group.meta(Arc::new(segment::SegmentFile::new(
+        let mut meta = group.meta(Arc::new(segment::SegmentFile::new(
             Arc::clone(&self.storage),
             segment_path(&self.dir, base, LOG_SUFFIX),
         )));
+        meta.aborted = aborted;
         // From here on the swap is decided: a failure leaves it to the
         // next open to finish, and the log offline until then.
         if let Err(e) = self.finish_swap(&group.replaced, &swap, &meta) {
@@ -1015,6 +1063,13 @@ impl PartitionLog {
             self.reactivate_last()?;
         }
         self.cut_active(offset)?;
+        let cut = self.log_end_offset();
+        self.view
+            .state
+            .write()
+            .active_mut()
+            .aborted
+            .retain(|e| e.last_offset < cut);
         let log_end = self.log_end_offset();
         self.flushed_offset = self.flushed_offset.min(log_end);
         self.sealer.lower_durable(log_end);
@@ -1072,6 +1127,7 @@ impl PartitionLog {
                 created_ms: a.created_ms,
                 damage: None,
                 durable: false,
+                aborted: a.aborted.clone(),
             };
             copy.time_index.clone_from(&a.time_index);
             copy
@@ -1126,11 +1182,11 @@ impl PartitionLog {
     /// An append after `close` removes the marker again.
     pub fn close(&mut self) -> io::Result<()> {
         self.flush()?;
-        let (base, index, time_index, log_end) = {
+        let (base, index, time_index, aborted, log_end) = {
             let st = self.view.state.read();
             let a = st.active();
             let (index, time_index) = a.index_images();
-            (a.base_offset, index, time_index, a.next_offset)
+            (a.base_offset, index, time_index, a.aborted.clone(), a.next_offset)
         };
         let storage = Arc::clone(&self.storage);
         let storage = storage.as_ref();
@@ -1139,6 +1195,7 @@ impl PartitionLog {
                 let path = segment_path(&self.dir, base, TIME_INDEX_SUFFIX);
                 write_atomically(storage, &path, &time_index)
             })
+            .and_then(|()| crate::txnindex::write(storage, &self.dir, base, &aborted))
             .and_then(|()| write_offset_file(storage, &self.dir.join(RECOVERY_POINT_FILE), log_end))
             .and_then(|()| write_atomically(storage, &self.dir.join(CLEAN_SHUTDOWN_FILE), b""));
         self.durably(written)?;
@@ -1510,6 +1567,7 @@ fn make_recovered_durable(storage: &dyn Storage, dir: &Path, recovered: &mut [Se
                 &segment_path(dir, s.base_offset, TIME_INDEX_SUFFIX),
                 &time_index,
             )?;
+            crate::txnindex::write(storage, dir, s.base_offset, &s.aborted)?;
             s.durable = true;
         }
     }
@@ -1554,7 +1612,7 @@ fn list_dir(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
         match ext {
             LOG_SUFFIX => bases.push(base),
             SNAPSHOT_SUFFIX => snapshots.push(base),
-            INDEX_SUFFIX | TIME_INDEX_SUFFIX => orphans.push((base, path)),
+            INDEX_SUFFIX | TIME_INDEX_SUFFIX | TXN_INDEX_SUFFIX => orphans.push((base, path)),
             _ => {}
         }
     }

@@ -513,6 +513,21 @@ pub struct HeaderScan {
     pub(crate) segments: std::collections::VecDeque<(Arc<SegmentFile>, u64, u64)>,
     pub(crate) from_offset: i64,
     pub(crate) open: Option<Arc<dyn StoredFile>>,
+    /// Where the batch returned last lies: `(file, position, length)`.
+    pub(crate) last: Option<(Arc<dyn StoredFile>, u64, usize)>,
+}
+
+impl HeaderScan {
+    /// The whole batch whose header was returned last (for the few whose
+    /// records matter to the caller, such as transaction markers).
+    pub fn read_last_batch(&self) -> io::Result<Vec<u8>> {
+        let Some((file, pos, len)) = &self.last else {
+            return Err(io::Error::other("no batch was scanned yet"));
+        };
+        let mut buf = vec![0u8; *len];
+        crate::storage::read_exact_at(file.as_ref(), &mut buf, *pos)?;
+        Ok(buf)
+    }
 }
 
 impl Iterator for HeaderScan {
@@ -544,6 +559,7 @@ impl Iterator for HeaderScan {
                     self.open = None;
                 }
                 Ok(Some(header)) => {
+                    self.last = Some((file, *pos, header.total_len()));
                     *pos += header.total_len() as u64;
                     if header.last_offset() >= self.from_offset {
                         return Some(Ok(header));

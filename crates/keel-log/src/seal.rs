@@ -43,6 +43,7 @@ pub(crate) enum SealWork {
         handle: Arc<dyn StoredFile>,
         index: Vec<u8>,
         time_index: Vec<u8>,
+        aborted: Vec<crate::txnindex::AbortedTxn>,
     },
     Snapshot {
         offset: i64,
@@ -182,6 +183,7 @@ impl Sealer {
                 handle,
                 index,
                 time_index,
+                aborted,
             } => {
                 let (base_offset, next_offset) = (*base_offset, *next_offset);
                 // A segment retention already removed needs nothing more.
@@ -203,6 +205,7 @@ impl Sealer {
                 write_atomically(storage, &index_path, index).map_err(classify)?;
                 let time_path = segment_path(&self.dir, base_offset, TIME_INDEX_SUFFIX);
                 write_atomically(storage, &time_path, time_index).map_err(classify)?;
+                crate::txnindex::write(storage, &self.dir, base_offset, aborted).map_err(classify)?;
                 let point = self.dir.join(RECOVERY_POINT_FILE);
                 write_offset_file(storage, &point, next_offset).map_err(classify)?;
                 let mut st = self.view.state.write();

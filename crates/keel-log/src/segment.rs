@@ -31,6 +31,8 @@ use crate::storage::{read_exact_at, remove_if_exists, OpenMode, Storage, StoredF
 pub(crate) const LOG_SUFFIX: &str = "log";
 pub(crate) const INDEX_SUFFIX: &str = "index";
 pub(crate) const TIME_INDEX_SUFFIX: &str = "timeindex";
+/// Kafka's aborted-transaction index (see [`crate::txnindex`]).
+pub(crate) const TXN_INDEX_SUFFIX: &str = "txnindex";
 
 /// `dir/<20-digit base offset>.<suffix>`, Kafka's naming.
 pub(crate) fn segment_path(dir: &Path, base_offset: i64, suffix: &str) -> PathBuf {
@@ -156,6 +158,9 @@ pub(crate) struct SegMeta {
     pub damage: Option<Damage>,
     /// Sealed, its index files written and everything fsynced.
     pub durable: bool,
+    /// The transactions aborted by markers in this segment (its
+    /// `.txnindex`), in marker order.
+    pub aborted: Vec<crate::txnindex::AbortedTxn>,
 }
 
 impl SegMeta {
@@ -172,6 +177,7 @@ impl SegMeta {
             created_ms: None,
             damage: None,
             durable: false,
+            aborted: Vec::new(),
         }
     }
 
@@ -342,6 +348,9 @@ pub(crate) fn load(
         }
     }
     let valid_end = meta.damage.as_ref().map_or(meta.size_bytes, |d| d.valid_bytes);
+    meta.aborted = crate::txnindex::read(storage.as_ref(), dir, base_offset)?;
+    // A recovery cut takes the aborts whose markers it cut with it.
+    meta.aborted.retain(|e| e.last_offset < meta.next_offset);
     meta.first_batch_max_timestamp_ms = match read_header_at(handle.as_ref(), 0, valid_end) {
         Ok(h) => h.map(|h| h.max_timestamp),
         Err(e) if e.kind() == io::ErrorKind::InvalidData => None,
@@ -568,7 +577,7 @@ fn read_if_small(storage: &dyn Storage, path: &Path, max_len: u64) -> io::Result
 /// Deletes the files of the segment at `base_offset` in `dir`, those that
 /// exist. Open handles keep reading an unlinked `.log`.
 pub(crate) fn delete_files(storage: &dyn Storage, dir: &Path, base_offset: i64) -> io::Result<()> {
-    for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+    for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX] {
         remove_if_exists(storage, &segment_path(dir, base_offset, suffix))?;
     }
     Ok(())

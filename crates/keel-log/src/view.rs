@@ -182,6 +182,21 @@ impl LogReader {
             .sum()
     }
 
+    /// The aborted transactions a read of `[from_offset, upper_offset)`
+    /// must be told about (Kafka's `collectAbortedTxns`): those whose
+    /// first batch is below `upper_offset` and whose marker is at or after
+    /// `from_offset`, oldest first. Local segments only: segments in a
+    /// colder tier carry no entries here.
+    pub fn aborted_txns(&self, from_offset: i64, upper_offset: i64) -> Vec<crate::AbortedTxn> {
+        let st = self.state.read();
+        let entries = st
+            .segments
+            .iter()
+            .filter(|s| s.next_offset > from_offset)
+            .flat_map(|s| s.aborted.iter().copied());
+        crate::txnindex::overlapping(entries, from_offset, upper_offset)
+    }
+
     /// Plans a fetch at `offset` without doing I/O. `offset == log end`
     /// gives an empty plan; outside `[log start, log end]` is an error.
     pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadError> {
@@ -347,6 +362,7 @@ impl LogReader {
             segments,
             from_offset,
             open: None,
+            last: None,
         }
     }
 }

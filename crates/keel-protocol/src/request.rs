@@ -71,6 +71,8 @@ pub enum Request {
     DescribeGroups(DescribeGroupsRequest),
     DeleteGroups(DeleteGroupsRequest),
     OffsetDelete(OffsetDeleteRequest),
+    AddPartitionsToTxn(AddPartitionsToTxnRequest),
+    EndTxn(EndTxnRequest),
 }
 
 /// A request with its full header.
@@ -179,6 +181,8 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         ApiKey::DescribeGroups => Request::DescribeGroups(DescribeGroupsRequest::decode(buf, v)?),
         ApiKey::DeleteGroups => Request::DeleteGroups(DeleteGroupsRequest::decode(buf, v)?),
         ApiKey::OffsetDelete => Request::OffsetDelete(OffsetDeleteRequest::decode(buf, v)?),
+        ApiKey::AddPartitionsToTxn => Request::AddPartitionsToTxn(AddPartitionsToTxnRequest::decode(buf, v)?),
+        ApiKey::EndTxn => Request::EndTxn(EndTxnRequest::decode(buf, v)?),
         other => anyhow::bail!("{other:?} is not implemented"),
     })
 }
@@ -222,10 +226,10 @@ mod tests {
             decode(&frame(999, 0, &[])).unwrap_err(),
             DecodeError::UnsupportedApi { api_key: 999 }
         );
-        // AddPartitionsToTxn: transactions are not implemented.
+        // WriteTxnMarkers: only brokers send it, and Keel is one.
         assert_eq!(
-            decode(&frame(24, 0, &[])).unwrap_err(),
-            DecodeError::UnsupportedApi { api_key: 24 }
+            decode(&frame(27, 1, &[])).unwrap_err(),
+            DecodeError::UnsupportedApi { api_key: 27 }
         );
         assert_eq!(
             decode(&frame(18, 99, &[])).unwrap_err(),

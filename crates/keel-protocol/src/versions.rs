@@ -62,6 +62,10 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::DescribeGroups, 0, 6),
     api(ApiKey::DeleteGroups, 0, 2),
     api(ApiKey::OffsetDelete, 0, 0),
+    // Transactions (KIP-98). AddPartitionsToTxn v4+ is the batched form
+    // brokers send each other, verify-only requests included.
+    api(ApiKey::AddPartitionsToTxn, 0, 5),
+    api(ApiKey::EndTxn, 0, 5),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -118,6 +122,8 @@ mod tests {
                 ApiKey::LeaveGroup => check::<LeaveGroupRequest>(a),
                 ApiKey::OffsetCommit => check::<OffsetCommitRequest>(a),
                 ApiKey::OffsetFetch => check::<OffsetFetchRequest>(a),
+                ApiKey::AddPartitionsToTxn => check::<AddPartitionsToTxnRequest>(a),
+                ApiKey::EndTxn => check::<EndTxnRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
                 ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),

@@ -239,7 +239,7 @@ pub fn subscribed_topics(subscription: &[u8]) -> Option<Vec<String>> {
     Some(topics)
 }
 
-fn put_str(b: &mut BytesMut, s: &str) {
+pub(crate) fn put_str(b: &mut BytesMut, s: &str) {
     b.put_i16(s.len() as i16);
     b.put_slice(s.as_bytes());
 }
@@ -256,7 +256,8 @@ fn put_bytes(b: &mut BytesMut, v: &[u8]) {
     b.put_slice(v);
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Reads the fields of a record's key or value, refusing truncation.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl Reader<'_> {
     fn need(&self, n: usize) -> Result<(), RecordError> {
@@ -266,17 +267,22 @@ impl Reader<'_> {
         Ok(())
     }
 
-    fn i16(&mut self) -> Result<i16, RecordError> {
+    pub(crate) fn i8(&mut self) -> Result<i8, RecordError> {
+        self.need(1)?;
+        Ok(self.0.get_i8())
+    }
+
+    pub(crate) fn i16(&mut self) -> Result<i16, RecordError> {
         self.need(2)?;
         Ok(self.0.get_i16())
     }
 
-    fn i32(&mut self) -> Result<i32, RecordError> {
+    pub(crate) fn i32(&mut self) -> Result<i32, RecordError> {
         self.need(4)?;
         Ok(self.0.get_i32())
     }
 
-    fn i64(&mut self) -> Result<i64, RecordError> {
+    pub(crate) fn i64(&mut self) -> Result<i64, RecordError> {
         self.need(8)?;
         Ok(self.0.get_i64())
     }
@@ -295,7 +301,7 @@ impl Reader<'_> {
         Ok(Some(s))
     }
 
-    fn string(&mut self) -> Result<String, RecordError> {
+    pub(crate) fn string(&mut self) -> Result<String, RecordError> {
         self.opt_string()?
             .ok_or_else(|| RecordError("null where a string is required".into()))
     }

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use keel_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 use keel_tier::Chunks;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::partition::{Partition, ReadFailure, ReadSource, LEADER_EPOCH};
+use crate::partition::{stable_prefix, Partition, ReadFailure, ReadSource, LEADER_EPOCH};
 use crate::Broker;
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
@@ -56,6 +56,9 @@ struct Target {
     fetch_offset: i64,
     max_bytes: usize,
     partition: Result<Arc<Partition>, ResponseError>,
+    /// `read_committed`: data only below the last stable offset, with the
+    /// aborted transactions it overlaps.
+    committed: bool,
 }
 
 /// A fetch's answer before encoding: the records are still the buffers
@@ -72,8 +75,11 @@ enum PartData {
     Records {
         index: i32,
         high_watermark: i64,
+        last_stable_offset: i64,
         log_start_offset: i64,
         records: Chunks,
+        /// For `read_committed` fetches (`None` otherwise, as Kafka sends).
+        aborted: Option<Vec<AbortedTransaction>>,
     },
     Failed(PartitionData),
 }
@@ -91,13 +97,16 @@ impl FetchAnswer {
                 PartData::Records {
                     index,
                     high_watermark,
+                    last_stable_offset,
                     log_start_offset,
                     records,
+                    aborted,
                 } => PartitionData::default()
                     .with_partition_index(index)
                     .with_high_watermark(high_watermark)
-                    .with_last_stable_offset(high_watermark)
+                    .with_last_stable_offset(last_stable_offset)
                     .with_log_start_offset(log_start_offset)
+                    .with_aborted_transactions(aborted)
                     .with_preferred_read_replica(BrokerId(-1))
                     .with_records(Some(records.join())),
                 PartData::Failed(data) => data,
@@ -160,6 +169,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
 }
 
 fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>, Vec<Target>) {
+    let committed = req.isolation_level == 1;
     let mut topics = Vec::new();
     let mut targets = Vec::new();
     for (topic_index, t) in req.topics.iter().enumerate() {
@@ -185,6 +195,7 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
                 fetch_offset: p.fetch_offset,
                 max_bytes: usize::try_from(p.partition_max_bytes).unwrap_or(0),
                 partition,
+                committed,
             });
         }
     }
@@ -273,14 +284,11 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
     for (t, r) in targets.iter().zip(results) {
         let data = match r {
             Ok(records) => {
-                bytes += records.len();
-                let p = t.partition.as_ref().ok();
-                PartData::Records {
-                    index: t.index,
-                    high_watermark: p.map_or(-1, |p| p.high_watermark()),
-                    log_start_offset: p.map_or(-1, |p| p.log_start_offset()),
-                    records,
+                let part = records_of(t, records);
+                if let PartData::Records { records, .. } = &part {
+                    bytes += records.len();
                 }
+                part
             }
             Err(f) => {
                 failed = true;
@@ -290,6 +298,55 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
         out.push(data);
     }
     (out, bytes, failed)
+}
+
+/// One partition's answer. A `read_committed` one is cut at the last
+/// stable offset (read after the data, so every marker below it is in the
+/// aborted-transaction index) and lists the aborted transactions its
+/// records overlap.
+fn records_of(t: &Target, records: Chunks) -> PartData {
+    let Ok(p) = t.partition.as_ref() else {
+        return PartData::Records {
+            index: t.index,
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+            records,
+            aborted: None,
+        };
+    };
+    let (hw, lso) = (p.high_watermark(), p.last_stable_offset());
+    let (records, aborted) = if t.committed {
+        let joined = records.join();
+        let joined = if lso < hw {
+            stable_prefix(joined, lso)
+        } else {
+            joined
+        };
+        let upper = crate::partition::next_offset_after(&joined);
+        let records = Chunks::from(joined);
+        let aborted = upper.map_or_else(Vec::new, |upper| {
+            p.aborted_txns(t.fetch_offset, upper)
+                .into_iter()
+                .map(|a| {
+                    AbortedTransaction::default()
+                        .with_producer_id(ProducerId(a.producer_id))
+                        .with_first_offset(a.first_offset)
+                })
+                .collect()
+        });
+        (records, Some(aborted))
+    } else {
+        (records, None)
+    };
+    PartData::Records {
+        index: t.index,
+        high_watermark: hw,
+        last_stable_offset: lso,
+        log_start_offset: p.log_start_offset(),
+        records,
+        aborted,
+    }
 }
 
 /// A failed read of the log files: a segment deleted between planning and
@@ -313,7 +370,7 @@ fn plan(t: &Target, budget: usize) -> Result<Option<ReadSource>, Failure> {
     if t.max_bytes == 0 {
         return Ok(None);
     }
-    match p.read(t.fetch_offset, budget.max(1)) {
+    match p.read(t.fetch_offset, budget.max(1), t.committed) {
         Ok(source) => Ok(Some(source)),
         Err(ReadFailure::OffsetOutOfRange) => Err(Failure {
             error: ResponseError::OffsetOutOfRange,

@@ -52,15 +52,16 @@ pub fn find_coordinator(
     req: FindCoordinatorRequest,
     version: i16,
 ) -> FindCoordinatorResponse {
-    // `Ok` names this broker; every group is coordinated here.
+    // `Ok` names this broker; every group and transactional id is
+    // coordinated here.
     let answer = |key: &str| -> Result<(), (ResponseError, String)> {
         match req.key_type {
             KEY_TYPE_GROUP if key.is_empty() => Err((ResponseError::InvalidGroupId, "empty group id".into())),
             KEY_TYPE_GROUP => Ok(()),
-            KEY_TYPE_TRANSACTION => Err((
-                ResponseError::TransactionalIdAuthorizationFailed,
-                "Keel does not support transactions".into(),
-            )),
+            KEY_TYPE_TRANSACTION if key.is_empty() => {
+                Err((ResponseError::InvalidRequest, "empty transactional id".into()))
+            }
+            KEY_TYPE_TRANSACTION => Ok(()),
             other => Err((
                 ResponseError::InvalidRequest,
                 format!("unsupported key type {other}"),

@@ -8,6 +8,7 @@ pub mod groups;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
+pub mod txn;
 
 use keel_protocol::messages::{ApiVersionsResponse, TopicName};
 use keel_protocol::StrBytes;

@@ -34,6 +34,8 @@ pub async fn list_offsets(
     req: ListOffsetsRequest,
     version: i16,
 ) -> ListOffsetsResponse {
+    // read_committed readers see the log up to its last stable offset.
+    let committed = req.isolation_level == 1;
     let mut topics = Vec::new();
     for t in req.topics {
         let mut partitions = Vec::new();
@@ -44,7 +46,7 @@ pub async fn list_offsets(
                 .get(t.name.0.as_str())
                 .is_some_and(|topic| broker.config.tier_policy(&topic.meta.configs).tier.is_some());
             let r = match partition_of(broker, t.name.0.as_str(), p.partition_index) {
-                Ok(partition) => match offset_at(&partition, p.timestamp, tiered).await {
+                Ok(partition) => match offset_at(&partition, p.timestamp, tiered, committed).await {
                     Ok((offset, timestamp)) => base
                         .with_offset(offset)
                         .with_timestamp(timestamp)
@@ -70,12 +72,18 @@ pub async fn list_offsets(
 
 /// `(offset, timestamp)` for one ListOffsets query; (-1, -1) when no record
 /// matches a timestamp, as in Kafka.
-async fn offset_at(p: &Partition, timestamp: i64, tiered: bool) -> Result<(i64, i64), ResponseError> {
+async fn offset_at(
+    p: &Partition,
+    timestamp: i64,
+    tiered: bool,
+    committed: bool,
+) -> Result<(i64, i64), ResponseError> {
     if p.unavailable().is_some() {
         return Err(ResponseError::KafkaStorageError);
     }
     let reader = p.reader().ok_or(ResponseError::KafkaStorageError)?;
     match timestamp {
+        LATEST if committed => Ok((p.last_stable_offset(), -1)),
         LATEST => Ok((p.high_watermark(), -1)),
         EARLIEST => Ok((p.log_start_offset(), -1)),
         EARLIEST_LOCAL => Ok((tiered_offsets(&reader, p, tiered).earliest_local, -1)),

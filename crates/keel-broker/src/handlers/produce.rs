@@ -24,21 +24,21 @@ use crate::Broker;
 /// Handles a Produce request. `None` means no response is sent (acks=0).
 pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest) -> Option<ProduceResponse> {
     let acks = req.acks;
-    if req.transactional_id.is_some() {
-        return Some(all_failed(req, ResponseError::TransactionalIdAuthorizationFailed));
-    }
     if !matches!(acks, -1..=1) {
         return Some(all_failed(req, ResponseError::InvalidRequiredAcks));
     }
     // Partitions are appended concurrently: a slow write on one does not
     // hold back the others in the same request.
     let mut pending = Vec::new();
+    let txn_id: Option<Arc<str>> = req.transactional_id.as_ref().map(|t| Arc::from(t.as_str()));
     for t in req.topic_data {
         let topic = broker.topics.resolve(t.name.0.as_str(), t.topic_id);
         for p in t.partition_data {
             let topic = topic.clone();
             let b = Arc::clone(broker);
-            let task = tokio::spawn(async move { produce_partition(&b, topic, p.index, p.records).await });
+            let txn_id = txn_id.clone();
+            let task =
+                tokio::spawn(async move { produce_partition(&b, topic, p.index, p.records, txn_id).await });
             pending.push((t.name.clone(), t.topic_id, p.index, task));
         }
     }
@@ -66,6 +66,7 @@ async fn produce_partition(
     topic: Result<Arc<Topic>, ResponseError>,
     index: i32,
     records: Option<Bytes>,
+    txn_id: Option<Arc<str>>,
 ) -> PartitionProduceResponse {
     let topic = match topic {
         Ok(t) => t,
@@ -80,6 +81,9 @@ async fn produce_partition(
         Ok(h) => h,
         Err((error, message)) => return failed(error, message),
     };
+    if let Err((error, message)) = check_transaction(broker, &headers[0], txn_id.as_deref(), &topic, index) {
+        return failed(error, message);
+    }
     if broker
         .config
         .cleanup_policy(&topic.meta.configs)
@@ -144,9 +148,9 @@ pub(crate) fn check_records(
             ),
         ));
     }
-    if h.is_transactional() || h.is_control() {
+    if h.is_control() {
         return Err(invalid(format!(
-            "transactional batches are not supported (producer {})",
+            "control batches are written by the transaction coordinator, not by producers (producer {})",
             h.producer_id
         )));
     }
@@ -165,6 +169,43 @@ pub(crate) fn check_records(
     keel_log::records::codec_of(&h).map_err(invalid)?;
     validate_records(records, &h).map_err(invalid)?;
     Ok(headers)
+}
+
+/// A transactional batch must come with its transactional id, from the
+/// producer id and epoch that own it, into a partition its open
+/// transaction added (Kafka's partition verification): a batch written
+/// outside its transaction would never get a marker and would hold the
+/// last stable offset back for good.
+fn check_transaction(
+    broker: &Broker,
+    h: &BatchHeader,
+    txn_id: Option<&str>,
+    topic: &Topic,
+    index: i32,
+) -> Result<(), (ResponseError, String)> {
+    if !h.is_transactional() {
+        return Ok(());
+    }
+    let Some(id) = txn_id else {
+        return Err((
+            ResponseError::InvalidRecord,
+            format!(
+                "a transactional batch of producer {} without a transactional id",
+                h.producer_id
+            ),
+        ));
+    };
+    let partition = (topic.meta.name.clone(), index);
+    broker
+        .txns
+        .verify(id, h.producer_id, h.producer_epoch, &partition)
+        .map_err(|e| {
+            let message = format!(
+                "producer {} epoch {} of transactional id {id} has no open transaction with {}-{index}",
+                h.producer_id, h.producer_epoch, topic.meta.name
+            );
+            (e, message)
+        })
 }
 
 /// How a topic's records are timestamped (`message.timestamp.type`) and
@@ -347,22 +388,62 @@ pub async fn init_producer_id(broker: &Arc<Broker>, req: InitProducerIdRequest) 
     let resp = InitProducerIdResponse::default()
         .with_producer_id(ProducerId(-1))
         .with_producer_epoch(-1);
-    if req.transactional_id.is_some() {
-        // Transactions need a transaction coordinator, which Keel lacks.
-        return resp.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
+    if let Some(id) = req.transactional_id.as_ref().filter(|id| !id.is_empty()) {
+        return match transactional_init(broker, id.as_str(), &req).await {
+            Ok((pid, epoch)) => resp.with_producer_id(ProducerId(pid)).with_producer_epoch(epoch),
+            Err(e) => resp.with_error_code(e.code()),
+        };
     }
     // Without a transactional id Kafka always hands out a fresh producer id
     // (epoch 0), whatever id and epoch the request names: nothing proves
     // the caller owns them, so bumping their epoch would let any client
     // fence another producer.
+    match allocate_producer_id(broker).await {
+        Ok(id) => resp.with_producer_id(ProducerId(id)).with_producer_epoch(0),
+        Err(e) => resp.with_error_code(e.code()),
+    }
+}
+
+/// InitProducerId for a transactional id: the coordinator's answer,
+/// with a fresh producer id when it needs one. An open transaction is
+/// aborted first, and the client asked to retry.
+async fn transactional_init(
+    broker: &Arc<Broker>,
+    id: &str,
+    req: &InitProducerIdRequest,
+) -> Result<(i64, i16), ResponseError> {
+    let expected = (req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
+    let mut fresh = None;
+    loop {
+        let outcome = broker
+            .txns
+            .init_producer_id(id, req.transaction_timeout_ms, expected, fresh)
+            .await?;
+        match outcome {
+            crate::txn::InitOutcome::Ready(pid, epoch) => return Ok((pid, epoch)),
+            crate::txn::InitOutcome::NeedProducerId if fresh.is_none() => {
+                fresh = Some(allocate_producer_id(broker).await?);
+            }
+            crate::txn::InitOutcome::NeedProducerId => return Err(ResponseError::UnknownServerError),
+            crate::txn::InitOutcome::AbortFirst(prepared) => {
+                super::txn::spawn_markers(broker, id.to_string(), prepared);
+                return Err(ResponseError::ConcurrentTransactions);
+            }
+        }
+    }
+}
+
+/// A producer id never handed out before (blocking file write once per
+/// block, off the async threads).
+async fn allocate_producer_id(broker: &Arc<Broker>) -> Result<i64, ResponseError> {
     let b = Arc::clone(broker);
     match tokio::task::spawn_blocking(move || b.producer_ids.lock().allocate()).await {
-        Ok(Ok(id)) => resp.with_producer_id(ProducerId(id)).with_producer_epoch(0),
+        Ok(Ok(id)) => Ok(id),
         Ok(Err(e)) => {
             tracing::error!(error = %e, "cannot allocate a producer id");
-            resp.with_error_code(ResponseError::KafkaStorageError.code())
+            Err(ResponseError::KafkaStorageError)
         }
-        Err(_) => resp.with_error_code(ResponseError::UnknownServerError.code()),
+        Err(_) => Err(ResponseError::UnknownServerError),
     }
 }
 

@@ -201,6 +201,8 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::DescribeGroups => Request::DescribeGroups(describe_groups(g, v)),
         ApiKey::DeleteGroups => Request::DeleteGroups(delete_groups(g, v)),
         ApiKey::OffsetDelete => Request::OffsetDelete(offset_delete(g, v)),
+        ApiKey::AddPartitionsToTxn => Request::AddPartitionsToTxn(add_partitions_to_txn(g, v)),
+        ApiKey::EndTxn => Request::EndTxn(end_txn(g, v)),
         _ => return None,
     })
 }
@@ -232,6 +234,8 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::DescribeGroups(r) => r.encode(buf, v),
         Request::DeleteGroups(r) => r.encode(buf, v),
         Request::OffsetDelete(r) => r.encode(buf, v),
+        Request::AddPartitionsToTxn(r) => r.encode(buf, v),
+        Request::EndTxn(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -276,6 +280,8 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::DescribeGroups(a), Request::DescribeGroups(b)) => a == b,
         (Request::DeleteGroups(a), Request::DeleteGroups(b)) => a == b,
         (Request::OffsetDelete(a), Request::OffsetDelete(b)) => a == b,
+        (Request::AddPartitionsToTxn(a), Request::AddPartitionsToTxn(b)) => a == b,
+        (Request::EndTxn(a), Request::EndTxn(b)) => a == b,
         _ => false,
     }
 }
@@ -864,4 +870,44 @@ fn offset_delete(g: &mut Gen, _v: i16) -> OffsetDeleteRequest {
     OffsetDeleteRequest::default()
         .with_group_id(group_id(g))
         .with_topics(topics)
+}
+
+fn add_partitions_to_txn(g: &mut Gen, v: i16) -> AddPartitionsToTxnRequest {
+    use add_partitions_to_txn_request::*;
+    let flexible = is_flexible(ApiKey::AddPartitionsToTxn, v);
+    let topics = |g: &mut Gen| {
+        g.vec(3, |g| {
+            AddPartitionsToTxnTopic::default()
+                .with_name(g.topic())
+                .with_partitions(g.vec(3, |g| g.i32()))
+                .with_unknown_tagged_fields(g.tags(flexible))
+        })
+    };
+    let r = AddPartitionsToTxnRequest::default().with_unknown_tagged_fields(g.tags(flexible));
+    if v >= 4 {
+        let transactions = g.vec(3, |g| {
+            AddPartitionsToTxnTransaction::default()
+                .with_transactional_id(TransactionalId(g.string()))
+                .with_producer_id(ProducerId(g.i64()))
+                .with_producer_epoch(g.i16())
+                .with_verify_only(g.bool())
+                .with_topics(topics(g))
+                .with_unknown_tagged_fields(g.tags(flexible))
+        });
+        r.with_transactions(transactions)
+    } else {
+        r.with_v3_and_below_transactional_id(TransactionalId(g.string()))
+            .with_v3_and_below_producer_id(ProducerId(g.i64()))
+            .with_v3_and_below_producer_epoch(g.i16())
+            .with_v3_and_below_topics(topics(g))
+    }
+}
+
+fn end_txn(g: &mut Gen, v: i16) -> EndTxnRequest {
+    EndTxnRequest::default()
+        .with_transactional_id(TransactionalId(g.string()))
+        .with_producer_id(ProducerId(g.i64()))
+        .with_producer_epoch(g.i16())
+        .with_committed(g.bool())
+        .with_unknown_tagged_fields(g.tags(is_flexible(ApiKey::EndTxn, v)))
 }

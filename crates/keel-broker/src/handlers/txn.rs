@@ -1,0 +1,239 @@
+//! The transaction APIs (InitProducerId with a transactional id is in
+//! `produce.rs`), and the marker writer: the part of ending a
+//! transaction that touches partitions, which the coordinator
+//! (`crate::txn`) leaves to the broker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_log::marker::Marker;
+use keel_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+use keel_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult,
+};
+use keel_protocol::messages::*;
+use keel_protocol::ResponseError;
+
+use super::partition_of;
+use crate::txn::state::{TxnState, TxnStatus};
+use crate::txn::COORDINATOR_EPOCH;
+use crate::Broker;
+
+/// What a producer whose epoch is older gets: PRODUCER_FENCED from the
+/// versions that know it (KIP-588), INVALID_PRODUCER_EPOCH before.
+fn fenced_error(version: i16, first_version_with_fenced: i16) -> ResponseError {
+    if version >= first_version_with_fenced {
+        ResponseError::ProducerFenced
+    } else {
+        ResponseError::InvalidProducerEpoch
+    }
+}
+
+pub async fn add_partitions_to_txn(
+    broker: &Arc<Broker>,
+    req: AddPartitionsToTxnRequest,
+    version: i16,
+) -> AddPartitionsToTxnResponse {
+    let fenced = fenced_error(version, 2);
+    if version <= 3 {
+        let results = add_one(
+            broker,
+            req.v3_and_below_transactional_id.as_str(),
+            req.v3_and_below_producer_id.0,
+            req.v3_and_below_producer_epoch,
+            false,
+            &req.v3_and_below_topics,
+            fenced,
+        )
+        .await;
+        return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results);
+    }
+    let mut out = Vec::with_capacity(req.transactions.len());
+    for t in &req.transactions {
+        let results = add_one(
+            broker,
+            t.transactional_id.as_str(),
+            t.producer_id.0,
+            t.producer_epoch,
+            t.verify_only,
+            &t.topics,
+            fenced,
+        )
+        .await;
+        out.push(
+            AddPartitionsToTxnResult::default()
+                .with_transactional_id(t.transactional_id.clone())
+                .with_topic_results(results),
+        );
+    }
+    AddPartitionsToTxnResponse::default().with_results_by_transaction(out)
+}
+
+/// One transaction's partitions: unknown ones fail on their own and the
+/// others are OPERATION_NOT_ATTEMPTED, as in Kafka; verify-only requests
+/// check each partition is in the open transaction.
+async fn add_one(
+    broker: &Arc<Broker>,
+    id: &str,
+    producer_id: i64,
+    epoch: i16,
+    verify_only: bool,
+    topics: &[AddPartitionsToTxnTopic],
+    fenced: ResponseError,
+) -> Vec<AddPartitionsToTxnTopicResult> {
+    let requested: Vec<(String, i32)> = topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| (t.name.0.to_string(), *p)))
+        .collect();
+    let unknown: Vec<bool> = requested
+        .iter()
+        .map(|(t, p)| partition_of(broker, t, *p).is_err())
+        .collect();
+    let errors: Vec<Option<ResponseError>> = if verify_only {
+        requested
+            .iter()
+            .map(|p| broker.txns.verify(id, producer_id, epoch, p).err())
+            .collect()
+    } else if unknown.iter().any(|u| *u) {
+        unknown
+            .iter()
+            .map(|u| {
+                Some(if *u {
+                    ResponseError::UnknownTopicOrPartition
+                } else {
+                    ResponseError::OperationNotAttempted
+                })
+            })
+            .collect()
+    } else {
+        let result = broker
+            .txns
+            .add_partitions(id, producer_id, epoch, &requested, fenced)
+            .await;
+        vec![result.err(); requested.len()]
+    };
+    let mut results: Vec<AddPartitionsToTxnTopicResult> = Vec::new();
+    for ((topic, partition), error) in requested.into_iter().zip(errors) {
+        let r = AddPartitionsToTxnPartitionResult::default()
+            .with_partition_index(partition)
+            .with_partition_error_code(error.map_or(0, |e| e.code()));
+        match results.iter_mut().find(|t| t.name.0.as_str() == topic) {
+            Some(t) => t.results_by_partition.push(r),
+            None => results.push(
+                AddPartitionsToTxnTopicResult::default()
+                    .with_name(TopicName(super::str_bytes(topic)))
+                    .with_results_by_partition(vec![r]),
+            ),
+        }
+    }
+    results
+}
+
+pub async fn end_txn(broker: &Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxnResponse {
+    let id = req.transactional_id.as_str();
+    let result = broker
+        .txns
+        .end_txn(
+            id,
+            req.producer_id.0,
+            req.producer_epoch,
+            req.committed,
+            fenced_error(version, 2),
+        )
+        .await;
+    let error = match result {
+        Ok(Some(prepared)) => {
+            spawn_markers(broker, id.to_string(), prepared);
+            0
+        }
+        Ok(None) => 0,
+        Err(e) => e.code(),
+    };
+    EndTxnResponse::default()
+        .with_error_code(error)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1)
+}
+
+/// Writes the markers of a persisted Prepare state into every partition
+/// of its transaction, then completes it. Runs on its own task: the
+/// client has its answer already, and its next AddPartitionsToTxn or
+/// InitProducerId gets CONCURRENT_TRANSACTIONS until this is done.
+pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
+    let broker = Arc::clone(broker);
+    tokio::spawn(async move {
+        let marker = Marker {
+            commit: prepared.status == TxnStatus::PrepareCommit,
+            coordinator_epoch: COORDINATOR_EPOCH,
+        };
+        for (topic, index) in &prepared.partitions {
+            write_marker(&broker, topic, *index, &prepared, marker).await;
+        }
+        let mut backoff = Duration::from_millis(100);
+        while let Err(e) = broker.txns.complete(&id, &prepared).await {
+            tracing::warn!(transactional_id = %id, error = ?e, "cannot complete a transaction; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    });
+}
+
+/// Appends one marker, retrying while the partition cannot take it (a
+/// storage failure heals only with a restart, which writes the markers
+/// again). A partition that no longer exists needs none.
+async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &TxnState, marker: Marker) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Ok(partition) = partition_of(broker, topic, index) else {
+            return;
+        };
+        match partition
+            .write_marker(prepared.producer_id, prepared.producer_epoch, marker)
+            .await
+        {
+            Ok(_) => return,
+            Err(f) if f.error == ResponseError::UnknownTopicOrPartition => return,
+            Err(f) if f.error == ResponseError::InvalidProducerEpoch => {
+                // A newer epoch already wrote here: this transaction's
+                // data was ended by that producer's own marker.
+                tracing::warn!(topic, partition = index, message = %f.message, "a stale marker was refused");
+                return;
+            }
+            Err(f) => {
+                tracing::warn!(topic, partition = index, error = ?f.error, message = %f.message, "cannot write a transaction marker; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Start-up: writes the markers of transactions the last run left
+/// prepared. Then, every
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms`, aborts
+/// open transactions past their timeout and forgets idle ids.
+pub fn spawn_timers(broker: &Arc<Broker>) {
+    for (id, prepared) in broker.txns.unfinished() {
+        tracing::info!(transactional_id = %id, status = prepared.status.name(), "finishing a transaction the last run prepared");
+        spawn_markers(broker, id, prepared);
+    }
+    let every = u64::try_from(
+        broker
+            .config
+            .num("transaction.abort.timed.out.transaction.cleanup.interval.ms"),
+    )
+    .unwrap_or(10_000)
+    .max(10);
+    let broker = Arc::clone(broker);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(every));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            for (id, prepared) in broker.txns.abort_timed_out().await {
+                spawn_markers(&broker, id, prepared);
+            }
+            broker.txns.expire_ids().await;
+        }
+    });
+}

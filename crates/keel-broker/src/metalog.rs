@@ -1,0 +1,428 @@
+//! A coordinator's log: its state as records in a partition log of
+//! Keel's own (under `__keel_meta/`), applied in order to an in-memory
+//! table. The group coordinator keeps committed offsets and groups in one
+//! (`groups/store.rs`), the transaction coordinator its transactions in
+//! another (`txn/store.rs`).
+//!
+//! One writer thread owns the log. Writes queue up and are appended
+//! together (group commit); each is acknowledged after its batch is in the
+//! segment file and applied to the in-memory table, so a write that was
+//! acknowledged is visible to the next read of the table and survives a
+//! crash of the process.
+//!
+//! The log does not grow without bound: after `snapshot_bytes` of appends,
+//! the writer writes the whole live table to a snapshot file
+//! (`snapshots/<offset>.snapshot`: record batches of the same records,
+//! written to a temporary name, fsynced, renamed) and drops the log below
+//! that offset. Start-up loads the newest snapshot and replays the log from
+//! the snapshot's offset.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use keel_log::batch::validate_batches;
+use keel_log::storage::{read_file, remove_if_exists, sync_parent, write_atomically, Storage};
+use keel_log::{LogConfig, PartitionLog};
+use keel_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::time::now_ms;
+
+/// The in-memory state a coordinator log holds, and its record schema.
+pub trait Table: Default + Send + 'static {
+    type Record: Clone + Send + 'static;
+    /// Names the log in thread names and messages.
+    const NAME: &'static str;
+    /// Applies one record, in log order.
+    fn apply(&mut self, record: Self::Record);
+    /// Records that rebuild the whole table (a snapshot's contents).
+    fn records(&self) -> Vec<Self::Record>;
+    /// A record's key and value (a `None` value is a tombstone).
+    fn encode(record: &Self::Record) -> (Bytes, Option<Bytes>);
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<Self::Record, String>;
+}
+
+/// Why a write to a coordinator log failed (reported to clients as
+/// COORDINATOR_NOT_AVAILABLE).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError(pub String);
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "coordinator log: {}", self.0)
+    }
+}
+
+/// Acknowledges one write once it is in the log and applied.
+type WriteAck = oneshot::Sender<Result<(), StoreError>>;
+
+enum Command<R> {
+    Write { records: Vec<R>, reply: WriteAck },
+    Close { done: mpsc::Sender<()> },
+}
+
+/// A coordinator's log: records of `T`, applied to a `T` in memory.
+pub struct MetaLog<T: Table> {
+    commands: Mutex<Option<mpsc::Sender<Command<T::Record>>>>,
+    table: Arc<Mutex<T>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+const SNAPSHOT_SUFFIX: &str = "snapshot";
+/// Records per batch in a snapshot file.
+const SNAPSHOT_BATCH_RECORDS: usize = 4096;
+/// How often the writer checks `flush.ms` while idle.
+const FLUSH_CHECK: Duration = Duration::from_millis(100);
+
+impl<T: Table> MetaLog<T> {
+    /// [`MetaLog::open_with`] on the real filesystem.
+    pub fn open(dir: &Path, log_config: LogConfig, snapshot_bytes: u64) -> Result<MetaLog<T>, String> {
+        MetaLog::open_with(keel_log::DiskStorage::shared(), dir, log_config, snapshot_bytes)
+    }
+
+    /// Loads the newest snapshot, replays the log after it and starts the
+    /// writer thread. Every file operation goes through `storage`. Blocking.
+    pub fn open_with(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        log_config: LogConfig,
+        snapshot_bytes: u64,
+    ) -> Result<MetaLog<T>, String> {
+        let snapshots = dir.join("snapshots");
+        let created = storage
+            .create_dir_all(&snapshots)
+            .and_then(|()| sync_parent(storage.as_ref(), &snapshots))
+            .and_then(|()| sync_parent(storage.as_ref(), dir));
+        created.map_err(|e| format!("{}: {e}", snapshots.display()))?;
+        let (snapshot_offset, mut table) = load_snapshot(storage.as_ref(), &snapshots)?;
+        let log_dir = dir.join("log");
+        let log = PartitionLog::open_with(Arc::clone(&storage), &log_dir, log_config)
+            .map_err(|e| format!("{}: {e}", log_dir.display()))?;
+        if log.log_start_offset() > snapshot_offset {
+            return Err(format!(
+                "{}: the log starts at offset {} but no snapshot covers the records before it",
+                log_dir.display(),
+                log.log_start_offset()
+            ));
+        }
+        let replayed = replay(&log, snapshot_offset, &mut table)?;
+        tracing::info!(
+            log = T::NAME,
+            snapshot_offset,
+            replayed,
+            "loaded a coordinator log"
+        );
+        let table = Arc::new(Mutex::new(table));
+        let (tx, rx) = mpsc::channel();
+        let mut writer = Writer {
+            log,
+            storage,
+            snapshots,
+            table: Arc::clone(&table),
+            bytes_since_snapshot: 0,
+            snapshot_bytes,
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("keel-{}", T::NAME))
+            .spawn(move || writer.run(rx))
+            .map_err(|e| format!("cannot start the {} writer: {e}", T::NAME))?;
+        Ok(MetaLog {
+            commands: Mutex::new(Some(tx)),
+            table,
+            writer: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Appends records; resolves once they are in the log file and applied.
+    pub async fn write(&self, records: Vec<T::Record>) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let (reply, rx) = oneshot::channel();
+        let sent = match &*self.commands.lock() {
+            Some(tx) => tx.send(Command::Write { records, reply }).is_ok(),
+            None => false,
+        };
+        if !sent {
+            return Err(StoreError("closed".into()));
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError("writer stopped".into())))
+    }
+
+    /// Reads the table (no I/O happens under this lock).
+    pub fn with_table<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(&self.table.lock())
+    }
+
+    /// Flushes and closes the log and stops the writer. Blocking.
+    pub fn close(&self) {
+        let Some(tx) = self.commands.lock().take() else {
+            return;
+        };
+        let (done, wait) = mpsc::channel();
+        if tx.send(Command::Close { done }).is_ok() {
+            let _ = wait.recv();
+        }
+        if let Some(handle) = self.writer.lock().take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl<T: Table> Drop for MetaLog<T> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct Writer<T: Table> {
+    log: PartitionLog,
+    storage: Arc<dyn Storage>,
+    snapshots: PathBuf,
+    table: Arc<Mutex<T>>,
+    bytes_since_snapshot: u64,
+    snapshot_bytes: u64,
+}
+
+impl<T: Table> Writer<T> {
+    fn run(&mut self, rx: mpsc::Receiver<Command<T::Record>>) {
+        loop {
+            let first = match rx.recv_timeout(FLUSH_CHECK) {
+                Ok(c) => c,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.flush_if_due();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return self.close(None),
+            };
+            let mut writes = Vec::new();
+            let mut close = None;
+            for command in std::iter::once(first).chain(rx.try_iter()) {
+                match command {
+                    Command::Write { records, reply } => writes.push((records, reply)),
+                    Command::Close { done } => close = Some(done),
+                }
+            }
+            self.write(writes);
+            if close.is_some() {
+                return self.close(close);
+            }
+            self.flush_if_due();
+            if self.bytes_since_snapshot >= self.snapshot_bytes {
+                if let Err(e) = self.snapshot() {
+                    tracing::error!(log = T::NAME, error = %e, "cannot snapshot a coordinator log; it keeps growing");
+                }
+            }
+        }
+    }
+
+    fn write(&mut self, writes: Vec<(Vec<T::Record>, WriteAck)>) {
+        if writes.is_empty() {
+            return;
+        }
+        let records: Vec<&T::Record> = writes.iter().flat_map(|(r, _)| r.iter()).collect();
+        let result = self.append(&records);
+        if result.is_ok() {
+            let mut table = self.table.lock();
+            for r in records {
+                table.apply(r.clone());
+            }
+        }
+        for (_, reply) in writes {
+            let _ = reply.send(result.clone());
+        }
+    }
+
+    fn append(&mut self, records: &[&T::Record]) -> Result<(), StoreError> {
+        let mut buf = encode_batch::<T>(records.iter().copied(), now_ms()).map_err(StoreError)?;
+        let headers = validate_batches(&buf).map_err(|e| StoreError(e.to_string()))?;
+        let info = self
+            .log
+            .append(&mut buf, &headers, now_ms())
+            .map_err(|e| StoreError(e.to_string()))?;
+        self.bytes_since_snapshot += buf.len() as u64;
+        if info.rolled {
+            // This thread is the log's only writer: its seals (index
+            // files, fsync of the rolled segment) are done here, after the
+            // append they followed.
+            self.log.complete_seals().map_err(|e| StoreError(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn flush_if_due(&mut self) {
+        if self.log.needs_time_flush(now_ms()) {
+            if let Err(e) = self.log.flush() {
+                tracing::error!(log = T::NAME, error = %e, "cannot flush a coordinator log");
+            }
+        }
+    }
+
+    /// Writes the whole table as of the log end offset to a snapshot file,
+    /// then drops the log below that offset.
+    fn snapshot(&mut self) -> io::Result<()> {
+        let offset = self.log.log_end_offset();
+        // This thread is the only writer: the table cannot change while
+        // the snapshot is written.
+        let records: Vec<T::Record> = self.table.lock().records();
+        let mut contents = Vec::new();
+        for chunk in records.chunks(SNAPSHOT_BATCH_RECORDS) {
+            let batch = encode_batch::<T>(chunk.iter(), now_ms()).map_err(io::Error::other)?;
+            contents.extend_from_slice(&batch);
+        }
+        let storage = self.storage.as_ref();
+        write_atomically(storage, &snapshot_path(&self.snapshots, offset), &contents)?;
+        for (older, path) in list_snapshots(storage, &self.snapshots)? {
+            if older < offset {
+                remove_if_exists(storage, &path)?;
+            }
+        }
+        self.log.delete_records_before(offset).map_err(io::Error::other)?;
+        self.bytes_since_snapshot = 0;
+        tracing::info!(
+            log = T::NAME,
+            offset,
+            bytes = contents.len(),
+            "wrote a coordinator log snapshot"
+        );
+        Ok(())
+    }
+
+    fn close(&mut self, done: Option<mpsc::Sender<()>>) {
+        if let Err(e) = self.log.close() {
+            tracing::error!(log = T::NAME, error = %e, "cannot close a coordinator log");
+        }
+        if let Some(done) = done {
+            let _ = done.send(());
+        }
+    }
+}
+
+fn snapshot_path(dir: &Path, offset: i64) -> PathBuf {
+    dir.join(format!("{offset:020}.{SNAPSHOT_SUFFIX}"))
+}
+
+/// Snapshot files by offset, oldest first. Leftover temporary files from a
+/// crash mid-snapshot are removed.
+pub(crate) fn list_snapshots(storage: &dyn Storage, dir: &Path) -> io::Result<Vec<(i64, PathBuf)>> {
+    let mut found = Vec::new();
+    for entry in storage.read_dir(dir)? {
+        let path = dir.join(&entry.name);
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(SNAPSHOT_SUFFIX) => {
+                if let Some(offset) = path
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .and_then(|s| s.parse().ok())
+                {
+                    found.push((offset, path));
+                }
+            }
+            Some("tmp") => remove_if_exists(storage, &path)?,
+            _ => {}
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The newest snapshot: its offset (0 if none) and table.
+fn load_snapshot<T: Table>(storage: &dyn Storage, dir: &Path) -> Result<(i64, T), String> {
+    let snapshots = list_snapshots(storage, dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let Some((offset, path)) = snapshots.last() else {
+        return Ok((0, T::default()));
+    };
+    let bytes = read_file(storage, path)
+        .and_then(|b| b.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished")))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut table = T::default();
+    validate_batches(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    for record in decode_records::<T>(Bytes::from(bytes)).map_err(|e| format!("{}: {e}", path.display()))? {
+        table.apply(record.1);
+    }
+    Ok((*offset, table))
+}
+
+/// Applies every record at or after `from` in the log. Returns how many.
+fn replay<T: Table>(log: &PartitionLog, from: i64, table: &mut T) -> Result<usize, String> {
+    let mut next = from.max(log.log_start_offset());
+    let mut count = 0;
+    while next < log.log_end_offset() {
+        let plan = log.read_plan(next, 1 << 20).map_err(|e| e.to_string())?;
+        if plan.is_empty() {
+            break;
+        }
+        let bytes = plan.execute().map_err(|e| e.to_string())?;
+        let mut last = next - 1;
+        for (offset, record) in decode_records::<T>(bytes)? {
+            last = last.max(offset);
+            if offset >= next {
+                table.apply(record);
+                count += 1;
+            }
+        }
+        if last < next {
+            return Err(format!("{}: no progress reading at offset {next}", T::NAME));
+        }
+        next = last + 1;
+    }
+    Ok(count)
+}
+
+/// Decodes whole record batches into `(offset, record)` pairs.
+fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<(i64, T::Record)>, String> {
+    let sets = RecordBatchDecoder::decode_all(&mut bytes).map_err(|e| format!("{} batch: {e}", T::NAME))?;
+    let mut out = Vec::new();
+    for record in sets.into_iter().flat_map(|s| s.records) {
+        let Some(key) = &record.key else {
+            return Err(format!("{} record without a key", T::NAME));
+        };
+        let decoded = T::decode(key, record.value.as_deref())?;
+        out.push((record.offset, decoded));
+    }
+    Ok(out)
+}
+
+/// One uncompressed v2 batch of the records, offsets from 0 (the log
+/// assigns real ones).
+pub(crate) fn encode_batch<'a, T: Table>(
+    records: impl Iterator<Item = &'a T::Record>,
+    now_ms: i64,
+) -> Result<Vec<u8>, String> {
+    let records: Vec<Record> = records
+        .enumerate()
+        .map(|(i, r)| {
+            let (key, value) = T::encode(r);
+            Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: -1,
+                timestamp: now_ms,
+                key: Some(key),
+                value,
+                headers: Default::default(),
+            }
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    let options = RecordEncodeOptions {
+        version: 2,
+        compression: Compression::None,
+    };
+    RecordBatchEncoder::encode(&mut buf, &records, &options).map_err(|e| e.to_string())?;
+    Ok(buf.to_vec())
+}

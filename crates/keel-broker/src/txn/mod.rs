@@ -1,0 +1,417 @@
+//! The transaction coordinator: Kafka's transaction protocol for
+//! transactional producers (KIP-98, with KIP-360's epoch recovery).
+//!
+//! * [`state`]: one transactional id's state machine (no I/O, no clock);
+//! * [`records`]: the transaction log's record schemas (Kafka's
+//!   `__transaction_state`);
+//! * this module: every id under one mutex, and the transaction log
+//!   (`__keel_meta/transactions`, a [`crate::metalog`] log bounded by
+//!   snapshots) that every state change is written to before it takes
+//!   effect.
+//!
+//! The coordinator decides and persists; writing the markers into the
+//! partitions is the broker's (`handlers::txn`), which reports back with
+//! [`TxnCoordinator::complete`]. A single node coordinates every id, with
+//! coordinator epoch 0. Locking: `txns` is never held across I/O or an
+//! `.await`; an id whose next state is being written is `pending`.
+
+pub mod records;
+pub mod state;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use keel_log::LogConfig;
+use keel_protocol::ResponseError;
+use parking_lot::Mutex;
+
+use crate::groups::Clock;
+use crate::metalog::{MetaLog, Table};
+use records::TxnRecord;
+use state::{EndDecision, InitDecision, TxnEntry, TxnState, TxnStatus};
+
+/// The coordinator epoch of every marker Keel writes: one node, never
+/// re-elected.
+pub const COORDINATOR_EPOCH: i32 = 0;
+
+/// Settings from the broker's `transaction.*` configs.
+#[derive(Debug, Clone, Copy)]
+pub struct TxnConfig {
+    /// `transaction.max.timeout.ms`.
+    pub max_timeout_ms: i32,
+    /// `transactional.id.expiration.ms`.
+    pub id_expiration_ms: i64,
+    /// `transaction.state.log.segment.bytes`: the log's segment size and
+    /// how much it grows between snapshots.
+    pub log_segment_bytes: u64,
+}
+
+/// Every transactional id the log holds.
+#[derive(Debug, Default)]
+pub struct TxnTable {
+    pub txns: BTreeMap<String, TxnState>,
+}
+
+impl Table for TxnTable {
+    type Record = TxnRecord;
+    const NAME: &'static str = "txn-log";
+
+    fn apply(&mut self, record: TxnRecord) {
+        match record.value {
+            Some(v) => self.txns.insert(record.transactional_id, v),
+            None => self.txns.remove(&record.transactional_id),
+        };
+    }
+
+    fn records(&self) -> Vec<TxnRecord> {
+        self.txns
+            .iter()
+            .map(|(id, v)| TxnRecord {
+                transactional_id: id.clone(),
+                value: Some(v.clone()),
+            })
+            .collect()
+    }
+
+    fn encode(record: &TxnRecord) -> (Bytes, Option<Bytes>) {
+        (record.encode_key(), record.encode_value())
+    }
+
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<TxnRecord, String> {
+        TxnRecord::decode(key, value).map_err(|e| e.to_string())
+    }
+}
+
+/// What InitProducerId came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitOutcome {
+    /// Call again with a freshly allocated producer id.
+    NeedProducerId,
+    /// The producer id and epoch to answer with.
+    Ready(i64, i16),
+    /// An open transaction is being aborted first (this PrepareAbort is
+    /// persisted): write its markers and answer CONCURRENT_TRANSACTIONS.
+    AbortFirst(TxnState),
+}
+
+/// One transaction as DescribeTransactions and ListTransactions report it.
+#[derive(Debug, Clone)]
+pub struct TxnDescription {
+    pub transactional_id: String,
+    pub state: TxnState,
+}
+
+pub struct TxnCoordinator {
+    txns: Mutex<HashMap<String, TxnEntry>>,
+    store: MetaLog<TxnTable>,
+    config: TxnConfig,
+    clock: Arc<dyn Clock>,
+}
+
+impl TxnCoordinator {
+    /// Loads the transaction log through `storage`. Blocking.
+    pub fn open_with(
+        storage: Arc<dyn keel_log::Storage>,
+        dir: &Path,
+        config: TxnConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<TxnCoordinator, String> {
+        let log_config = LogConfig {
+            segment_bytes: config.log_segment_bytes,
+            retention_ms: -1,
+            ..LogConfig::default()
+        };
+        let store: MetaLog<TxnTable> =
+            MetaLog::open_with(storage, dir, log_config, config.log_segment_bytes)?;
+        let txns = store.with_table(|t| {
+            t.txns
+                .iter()
+                .map(|(id, s)| {
+                    let entry = TxnEntry {
+                        state: s.clone(),
+                        pending: false,
+                    };
+                    (id.clone(), entry)
+                })
+                .collect()
+        });
+        Ok(TxnCoordinator {
+            txns: Mutex::new(txns),
+            store,
+            config,
+            clock,
+        })
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Flushes and closes the transaction log. Blocking.
+    pub fn close(&self) {
+        self.store.close();
+    }
+
+    /// Marks `id` pending with `next` as the state being written (a new
+    /// id is inserted), then writes it and applies it. A failed write
+    /// leaves the old state (or no entry) and is COORDINATOR_NOT_AVAILABLE.
+    async fn persist(&self, id: &str, next: TxnState) -> Result<(), ResponseError> {
+        let record = TxnRecord {
+            transactional_id: id.to_string(),
+            value: Some(next.clone()),
+        };
+        let written = self.store.write(vec![record]).await;
+        let mut txns = self.txns.lock();
+        match written {
+            Ok(()) => {
+                txns.insert(
+                    id.to_string(),
+                    TxnEntry {
+                        state: next,
+                        pending: false,
+                    },
+                );
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(transactional_id = id, error = %e, "cannot persist a transaction state");
+                match txns.get_mut(id) {
+                    Some(entry) if !is_placeholder(entry) => entry.pending = false,
+                    _ => drop(txns.remove(id)),
+                }
+                Err(ResponseError::CoordinatorNotAvailable)
+            }
+        }
+    }
+
+    /// Marks an id pending under the lock; inserts a placeholder for a
+    /// new one (answered CONCURRENT_TRANSACTIONS until written).
+    fn begin(txns: &mut HashMap<String, TxnEntry>, id: &str, next: &TxnState) {
+        txns.entry(id.to_string())
+            .or_insert_with(|| TxnEntry {
+                state: TxnState {
+                    producer_id: -1,
+                    ..next.clone()
+                },
+                pending: true,
+            })
+            .pending = true;
+    }
+
+    /// InitProducerId with a transactional id.
+    pub async fn init_producer_id(
+        &self,
+        id: &str,
+        timeout_ms: i32,
+        expected: Option<(i64, i16)>,
+        fresh_producer_id: Option<i64>,
+    ) -> Result<InitOutcome, ResponseError> {
+        if timeout_ms <= 0 || timeout_ms > self.config.max_timeout_ms {
+            return Err(ResponseError::InvalidTransactionTimeout);
+        }
+        let now = self.now_ms();
+        let decision = {
+            let mut txns = self.txns.lock();
+            let decision = state::init(txns.get(id), timeout_ms, expected, fresh_producer_id, now)?;
+            if let InitDecision::Persist(next) | InitDecision::AbortOngoing(next) = &decision {
+                Self::begin(&mut txns, id, next);
+            }
+            decision
+        };
+        match decision {
+            InitDecision::NeedProducerId => Ok(InitOutcome::NeedProducerId),
+            InitDecision::Persist(next) => {
+                let (pid, epoch) = (next.producer_id, next.producer_epoch);
+                self.persist(id, next).await?;
+                Ok(InitOutcome::Ready(pid, epoch))
+            }
+            InitDecision::AbortOngoing(next) => {
+                self.persist(id, next.clone()).await?;
+                Ok(InitOutcome::AbortFirst(next))
+            }
+        }
+    }
+
+    /// AddPartitionsToTxn (and the implicit add of a transactional
+    /// produce's partitions).
+    pub async fn add_partitions(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[(String, i32)],
+        fenced: ResponseError,
+    ) -> Result<(), ResponseError> {
+        let now = self.now_ms();
+        let next = {
+            let mut txns = self.txns.lock();
+            let entry = state::check_producer(txns.get(id), producer_id, epoch, fenced)?;
+            let Some(next) = state::add_partitions(entry, partitions, now)? else {
+                return Ok(());
+            };
+            Self::begin(&mut txns, id, &next);
+            next
+        };
+        self.persist(id, next).await
+    }
+
+    /// Whether `partition` is in the open transaction of `id` with this
+    /// producer id and epoch: what a transactional produce must find
+    /// (Kafka's partition verification, KIP-890 part 1).
+    pub fn verify(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partition: &(String, i32),
+    ) -> Result<(), ResponseError> {
+        let txns = self.txns.lock();
+        let entry = state::check_producer(
+            txns.get(id),
+            producer_id,
+            epoch,
+            ResponseError::InvalidProducerEpoch,
+        )?;
+        let s = &entry.state;
+        if s.status == TxnStatus::Ongoing && s.partitions.contains(partition) {
+            Ok(())
+        } else {
+            Err(ResponseError::InvalidTxnState)
+        }
+    }
+
+    /// EndTxn. Returns the persisted Prepare state whose markers the
+    /// caller writes next (`None`: a retry of a finished end).
+    pub async fn end_txn(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        commit: bool,
+        fenced: ResponseError,
+    ) -> Result<Option<TxnState>, ResponseError> {
+        let now = self.now_ms();
+        let next = {
+            let mut txns = self.txns.lock();
+            let entry = state::check_producer(txns.get(id), producer_id, epoch, fenced)?;
+            match state::end(entry, commit, now)? {
+                EndDecision::Done => return Ok(None),
+                EndDecision::Prepare(next) => {
+                    Self::begin(&mut txns, id, &next);
+                    next
+                }
+            }
+        };
+        self.persist(id, next.clone()).await?;
+        Ok(Some(next))
+    }
+
+    /// Every marker of `prepared` is written: the transaction is complete.
+    /// Does nothing if `id` has moved on meanwhile.
+    pub async fn complete(&self, id: &str, prepared: &TxnState) -> Result<(), ResponseError> {
+        let next = {
+            let mut txns = self.txns.lock();
+            match txns.get(id) {
+                Some(e) if !e.pending && e.state == *prepared => {}
+                _ => return Ok(()),
+            }
+            let next = state::complete(prepared, self.now_ms());
+            Self::begin(&mut txns, id, &next);
+            next
+        };
+        self.persist(id, next).await
+    }
+
+    /// Aborts (persists PrepareAbort, under a bumped epoch) every open
+    /// transaction past its timeout; returns them for their markers.
+    pub async fn abort_timed_out(&self) -> Vec<(String, TxnState)> {
+        let now = self.now_ms();
+        let due: Vec<(String, TxnState)> = {
+            let mut txns = self.txns.lock();
+            let due: Vec<_> = txns
+                .iter()
+                .filter_map(|(id, e)| Some((id.clone(), state::timed_out(e, now)?)))
+                .collect();
+            for (id, next) in &due {
+                Self::begin(&mut txns, id, next);
+            }
+            due
+        };
+        let mut aborted = Vec::new();
+        for (id, next) in due {
+            tracing::info!(transactional_id = %id, producer_id = next.producer_id, "aborting a transaction past its timeout");
+            if self.persist(&id, next.clone()).await.is_ok() {
+                aborted.push((id, next));
+            }
+        }
+        aborted
+    }
+
+    /// Forgets ids idle past `transactional.id.expiration.ms`.
+    pub async fn expire_ids(&self) {
+        let now = self.now_ms();
+        let expired: Vec<String> = {
+            let mut txns = self.txns.lock();
+            let ids: Vec<String> = txns
+                .iter()
+                .filter(|(_, e)| state::expired(e, now, self.config.id_expiration_ms))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &ids {
+                if let Some(e) = txns.get_mut(id) {
+                    e.pending = true;
+                }
+            }
+            ids
+        };
+        for id in expired {
+            let tombstone = TxnRecord {
+                transactional_id: id.clone(),
+                value: None,
+            };
+            let written = self.store.write(vec![tombstone]).await;
+            let mut txns = self.txns.lock();
+            if written.is_ok() {
+                txns.remove(&id);
+            } else if let Some(e) = txns.get_mut(&id) {
+                e.pending = false;
+            }
+        }
+    }
+
+    /// Transactions whose markers were not all written when the broker
+    /// stopped: the caller writes them again.
+    pub fn unfinished(&self) -> Vec<(String, TxnState)> {
+        self.txns
+            .lock()
+            .iter()
+            .filter(|(_, e)| matches!(e.state.status, TxnStatus::PrepareCommit | TxnStatus::PrepareAbort))
+            .map(|(id, e)| (id.clone(), e.state.clone()))
+            .collect()
+    }
+
+    /// Every transactional id with a persisted state.
+    pub fn describe_all(&self) -> Vec<TxnDescription> {
+        let txns = self.txns.lock();
+        let mut out: Vec<TxnDescription> = txns
+            .iter()
+            .filter(|(_, e)| !is_placeholder(e))
+            .map(|(id, e)| TxnDescription {
+                transactional_id: id.clone(),
+                state: e.state.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
+        out
+    }
+}
+
+/// An id whose first state is still being written.
+fn is_placeholder(entry: &TxnEntry) -> bool {
+    entry.pending && entry.state.producer_id < 0
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,413 @@
+//! One transactional id's state machine, as Kafka's transaction
+//! coordinator runs it (`TransactionMetadata`), with no I/O and no clock:
+//! each operation takes `now_ms` and says what to persist.
+//!
+//! ```text
+//! Empty ──AddPartitions──> Ongoing ──EndTxn──> PrepareCommit ──markers──> CompleteCommit
+//!   ^                        │  │                                              │
+//!   │                        │  └──EndTxn(abort) / timeout──> PrepareAbort ──> CompleteAbort
+//!   └──InitProducerId (epoch + 1) <──────────────────────────────────────────────┘
+//! ```
+//!
+//! A state is persisted to the transaction log before it takes effect;
+//! while a write is in flight the id is `pending` and every other request
+//! for it is answered CONCURRENT_TRANSACTIONS, as in Kafka.
+
+use std::collections::BTreeSet;
+
+use keel_protocol::ResponseError;
+
+/// Kafka's `TransactionState` ids, as the transaction log stores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i8)]
+pub enum TxnStatus {
+    Empty = 0,
+    Ongoing = 1,
+    PrepareCommit = 2,
+    PrepareAbort = 3,
+    CompleteCommit = 4,
+    CompleteAbort = 5,
+    Dead = 6,
+    PrepareEpochFence = 7,
+}
+
+impl TxnStatus {
+    pub fn from_id(id: i8) -> Option<TxnStatus> {
+        use TxnStatus::*;
+        [
+            Empty,
+            Ongoing,
+            PrepareCommit,
+            PrepareAbort,
+            CompleteCommit,
+            CompleteAbort,
+            Dead,
+            PrepareEpochFence,
+        ]
+        .into_iter()
+        .find(|s| *s as i8 == id)
+    }
+
+    /// The name DescribeTransactions and ListTransactions use.
+    pub fn name(self) -> &'static str {
+        match self {
+            TxnStatus::Empty => "Empty",
+            TxnStatus::Ongoing => "Ongoing",
+            TxnStatus::PrepareCommit => "PrepareCommit",
+            TxnStatus::PrepareAbort => "PrepareAbort",
+            TxnStatus::CompleteCommit => "CompleteCommit",
+            TxnStatus::CompleteAbort => "CompleteAbort",
+            TxnStatus::Dead => "Dead",
+            TxnStatus::PrepareEpochFence => "PrepareEpochFence",
+        }
+    }
+
+    fn is_prepare(self) -> bool {
+        matches!(
+            self,
+            TxnStatus::PrepareCommit | TxnStatus::PrepareAbort | TxnStatus::PrepareEpochFence
+        )
+    }
+}
+
+/// What the transaction log holds for one transactional id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnState {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub timeout_ms: i32,
+    pub status: TxnStatus,
+    /// The partitions the open (or ending) transaction wrote to.
+    pub partitions: BTreeSet<(String, i32)>,
+    pub last_update_ms: i64,
+    /// When the open transaction began (-1 when none is open).
+    pub start_ms: i64,
+}
+
+/// A transactional id in the coordinator's memory.
+#[derive(Debug, Clone)]
+pub struct TxnEntry {
+    pub state: TxnState,
+    /// A new state is being written to the transaction log.
+    pub pending: bool,
+}
+
+/// The highest epoch a producer id is used with: the epoch after it does
+/// not fit Kafka's check (`Short.MaxValue - 1`), so a new id is handed out.
+const MAX_EPOCH: i16 = i16::MAX - 1;
+
+/// What InitProducerId does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitDecision {
+    /// A fresh producer id is needed: allocate one and decide again.
+    NeedProducerId,
+    /// Persist this state and answer with its id and epoch.
+    Persist(TxnState),
+    /// The open transaction is aborted first, under a bumped epoch (which
+    /// fences its producer): persist this PrepareAbort, write the markers,
+    /// and answer CONCURRENT_TRANSACTIONS so the client retries.
+    AbortOngoing(TxnState),
+}
+
+/// InitProducerId for `entry` (None: the id is new). `expected` is the
+/// producer id and epoch the client has (KIP-360), if it sent them.
+pub fn init(
+    entry: Option<&TxnEntry>,
+    timeout_ms: i32,
+    expected: Option<(i64, i16)>,
+    fresh_producer_id: Option<i64>,
+    now_ms: i64,
+) -> Result<InitDecision, ResponseError> {
+    let Some(entry) = entry else {
+        let Some(producer_id) = fresh_producer_id else {
+            return Ok(InitDecision::NeedProducerId);
+        };
+        return Ok(InitDecision::Persist(TxnState {
+            producer_id,
+            producer_epoch: 0,
+            timeout_ms,
+            status: TxnStatus::Empty,
+            partitions: BTreeSet::new(),
+            last_update_ms: now_ms,
+            start_ms: -1,
+        }));
+    };
+    if entry.pending {
+        return Err(ResponseError::ConcurrentTransactions);
+    }
+    let s = &entry.state;
+    if let Some((id, epoch)) = expected {
+        // Only the producer that holds the current epoch may bump it.
+        if id != s.producer_id || epoch != s.producer_epoch {
+            return Err(ResponseError::ProducerFenced);
+        }
+    }
+    match s.status {
+        TxnStatus::PrepareCommit | TxnStatus::PrepareAbort | TxnStatus::PrepareEpochFence => {
+            Err(ResponseError::ConcurrentTransactions)
+        }
+        TxnStatus::Ongoing => Ok(InitDecision::AbortOngoing(TxnState {
+            producer_epoch: bumped(s.producer_epoch),
+            status: TxnStatus::PrepareAbort,
+            last_update_ms: now_ms,
+            ..s.clone()
+        })),
+        TxnStatus::Empty | TxnStatus::CompleteCommit | TxnStatus::CompleteAbort | TxnStatus::Dead => {
+            let (producer_id, producer_epoch) = if s.producer_epoch >= MAX_EPOCH {
+                match fresh_producer_id {
+                    Some(id) => (id, 0),
+                    None => return Ok(InitDecision::NeedProducerId),
+                }
+            } else {
+                (s.producer_id, s.producer_epoch + 1)
+            };
+            Ok(InitDecision::Persist(TxnState {
+                producer_id,
+                producer_epoch,
+                timeout_ms,
+                status: TxnStatus::Empty,
+                partitions: BTreeSet::new(),
+                last_update_ms: now_ms,
+                start_ms: -1,
+            }))
+        }
+    }
+}
+
+fn bumped(epoch: i16) -> i16 {
+    if epoch >= MAX_EPOCH {
+        epoch
+    } else {
+        epoch + 1
+    }
+}
+
+/// Checks that a request comes from the producer that owns the id now.
+/// `old_epoch_error` is what an older epoch gets (Kafka answers
+/// INVALID_PRODUCER_EPOCH to versions before PRODUCER_FENCED existed).
+pub fn check_producer(
+    entry: Option<&TxnEntry>,
+    producer_id: i64,
+    epoch: i16,
+    fenced: ResponseError,
+) -> Result<&TxnEntry, ResponseError> {
+    let entry = entry.ok_or(ResponseError::InvalidProducerIdMapping)?;
+    if entry.state.producer_id != producer_id {
+        return Err(ResponseError::InvalidProducerIdMapping);
+    }
+    if entry.state.producer_epoch != epoch {
+        return Err(fenced);
+    }
+    Ok(entry)
+}
+
+/// AddPartitionsToTxn: the state to persist, or `None` when every
+/// partition is already in the open transaction.
+pub fn add_partitions(
+    entry: &TxnEntry,
+    partitions: &[(String, i32)],
+    now_ms: i64,
+) -> Result<Option<TxnState>, ResponseError> {
+    let s = &entry.state;
+    if entry.pending || s.status.is_prepare() {
+        return Err(ResponseError::ConcurrentTransactions);
+    }
+    if s.status == TxnStatus::Dead {
+        return Err(ResponseError::InvalidTxnState);
+    }
+    let ongoing = s.status == TxnStatus::Ongoing;
+    if ongoing && partitions.iter().all(|p| s.partitions.contains(p)) {
+        return Ok(None);
+    }
+    let mut next = s.clone();
+    if !ongoing {
+        next.partitions.clear();
+        next.start_ms = now_ms;
+    }
+    next.status = TxnStatus::Ongoing;
+    next.partitions.extend(partitions.iter().cloned());
+    next.last_update_ms = now_ms;
+    Ok(Some(next))
+}
+
+/// What EndTxn does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndDecision {
+    /// The transaction already ended this way: a retry, answered at once.
+    Done,
+    /// Persist this Prepare state, answer, then write the markers.
+    Prepare(TxnState),
+}
+
+/// EndTxn (commit or abort) for the owning producer's `entry`.
+pub fn end(entry: &TxnEntry, commit: bool, now_ms: i64) -> Result<EndDecision, ResponseError> {
+    let s = &entry.state;
+    if entry.pending {
+        return Err(ResponseError::ConcurrentTransactions);
+    }
+    match (s.status, commit) {
+        (TxnStatus::Ongoing, _) => Ok(EndDecision::Prepare(TxnState {
+            status: if commit {
+                TxnStatus::PrepareCommit
+            } else {
+                TxnStatus::PrepareAbort
+            },
+            last_update_ms: now_ms,
+            ..s.clone()
+        })),
+        (TxnStatus::PrepareCommit, true) | (TxnStatus::PrepareAbort, false) => {
+            Err(ResponseError::ConcurrentTransactions)
+        }
+        (TxnStatus::CompleteCommit, true) | (TxnStatus::CompleteAbort, false) => Ok(EndDecision::Done),
+        (TxnStatus::PrepareEpochFence, _) => Err(ResponseError::ProducerFenced),
+        _ => Err(ResponseError::InvalidTxnState),
+    }
+}
+
+/// The state after every marker of a Prepare state is written.
+pub fn complete(prepared: &TxnState, now_ms: i64) -> TxnState {
+    TxnState {
+        status: if prepared.status == TxnStatus::PrepareCommit {
+            TxnStatus::CompleteCommit
+        } else {
+            TxnStatus::CompleteAbort
+        },
+        partitions: BTreeSet::new(),
+        last_update_ms: now_ms,
+        start_ms: -1,
+        ..prepared.clone()
+    }
+}
+
+/// The abort of an open transaction past its timeout, under a bumped
+/// epoch (Kafka fences the producer that let it time out), if it is.
+pub fn timed_out(entry: &TxnEntry, now_ms: i64) -> Option<TxnState> {
+    let s = &entry.state;
+    let expired = s.status == TxnStatus::Ongoing
+        && !entry.pending
+        && now_ms > s.start_ms.saturating_add(i64::from(s.timeout_ms));
+    expired.then(|| TxnState {
+        producer_epoch: bumped(s.producer_epoch),
+        status: TxnStatus::PrepareAbort,
+        last_update_ms: now_ms,
+        ..s.clone()
+    })
+}
+
+/// Whether an idle id has outlived `transactional.id.expiration.ms`.
+pub fn expired(entry: &TxnEntry, now_ms: i64, expiration_ms: i64) -> bool {
+    let s = &entry.state;
+    !entry.pending
+        && matches!(
+            s.status,
+            TxnStatus::Empty | TxnStatus::CompleteCommit | TxnStatus::CompleteAbort
+        )
+        && now_ms.saturating_sub(s.last_update_ms) > expiration_ms
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(state: TxnState) -> TxnEntry {
+        TxnEntry {
+            state,
+            pending: false,
+        }
+    }
+
+    fn persisted(d: Result<InitDecision, ResponseError>) -> TxnState {
+        match d {
+            Ok(InitDecision::Persist(s)) => s,
+            other => panic!("expected a state to persist, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_transaction_runs_its_course() {
+        assert_eq!(init(None, 1000, None, None, 0), Ok(InitDecision::NeedProducerId));
+        let s = persisted(init(None, 1000, None, Some(7), 0));
+        assert_eq!(
+            (s.producer_id, s.producer_epoch, s.status),
+            (7, 0, TxnStatus::Empty)
+        );
+        let e = entry(s);
+        let p = vec![("t".to_string(), 0), ("t".to_string(), 1)];
+        let ongoing = add_partitions(&e, &p, 10).unwrap().unwrap();
+        assert_eq!(ongoing.status, TxnStatus::Ongoing);
+        assert_eq!(ongoing.start_ms, 10);
+        let e = entry(ongoing);
+        assert_eq!(add_partitions(&e, &p[..1], 11), Ok(None), "already in");
+        let EndDecision::Prepare(prepared) = end(&e, true, 12).unwrap() else {
+            panic!("an open transaction prepares");
+        };
+        assert_eq!(prepared.status, TxnStatus::PrepareCommit);
+        let e = entry(prepared.clone());
+        assert_eq!(end(&e, true, 13), Err(ResponseError::ConcurrentTransactions));
+        assert_eq!(end(&e, false, 13), Err(ResponseError::InvalidTxnState));
+        assert_eq!(
+            add_partitions(&e, &p, 13),
+            Err(ResponseError::ConcurrentTransactions)
+        );
+        let done = complete(&prepared, 14);
+        assert_eq!(done.status, TxnStatus::CompleteCommit);
+        assert!(done.partitions.is_empty());
+        let e = entry(done);
+        assert_eq!(end(&e, true, 15), Ok(EndDecision::Done), "a retried commit");
+        assert_eq!(end(&e, false, 15), Err(ResponseError::InvalidTxnState));
+        let next = persisted(init(Some(&e), 1000, None, None, 16));
+        assert_eq!((next.producer_id, next.producer_epoch), (7, 1));
+    }
+
+    #[test]
+    fn zombies_are_fenced_and_open_transactions_aborted() {
+        let e = entry(persisted(init(None, 1000, None, Some(3), 0)));
+        let e = entry(add_partitions(&e, &[("t".into(), 0)], 1).unwrap().unwrap());
+        // A new producer instance with the same id: the open transaction
+        // is aborted under a bumped epoch first.
+        let InitDecision::AbortOngoing(fence) = init(Some(&e), 1000, None, None, 2).unwrap() else {
+            panic!("an open transaction is aborted first");
+        };
+        assert_eq!((fence.status, fence.producer_epoch), (TxnStatus::PrepareAbort, 1));
+        let e = entry(complete(&fence, 3));
+        let next = persisted(init(Some(&e), 1000, None, None, 4));
+        assert_eq!(next.producer_epoch, 2);
+        let e = entry(next);
+        // The old instance is fenced everywhere.
+        assert_eq!(
+            check_producer(Some(&e), 3, 0, ResponseError::ProducerFenced).err(),
+            Some(ResponseError::ProducerFenced)
+        );
+        assert_eq!(
+            check_producer(Some(&e), 4, 2, ResponseError::ProducerFenced).err(),
+            Some(ResponseError::InvalidProducerIdMapping)
+        );
+        // KIP-360: only the current epoch may ask for a bump.
+        assert_eq!(
+            init(Some(&e), 1000, Some((3, 1)), None, 5),
+            Err(ResponseError::ProducerFenced)
+        );
+        assert!(init(Some(&e), 1000, Some((3, 2)), None, 5).is_ok());
+    }
+
+    #[test]
+    fn timeouts_and_epoch_exhaustion() {
+        let e = entry(persisted(init(None, 100, None, Some(1), 0)));
+        let e = entry(add_partitions(&e, &[("t".into(), 0)], 1_000).unwrap().unwrap());
+        assert_eq!(timed_out(&e, 1_100), None);
+        let abort = timed_out(&e, 1_101).unwrap();
+        assert_eq!((abort.status, abort.producer_epoch), (TxnStatus::PrepareAbort, 1));
+        let mut old = e.state.clone();
+        old.status = TxnStatus::CompleteAbort;
+        old.producer_epoch = MAX_EPOCH;
+        let e = entry(old);
+        assert_eq!(
+            init(Some(&e), 100, None, None, 0),
+            Ok(InitDecision::NeedProducerId)
+        );
+        let fresh = persisted(init(Some(&e), 100, None, Some(2), 0));
+        assert_eq!((fresh.producer_id, fresh.producer_epoch), (2, 0));
+        assert!(expired(&e, 10_000, 100));
+        assert!(!expired(&e, 10_000, 100_000));
+    }
+}

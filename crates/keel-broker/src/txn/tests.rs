@@ -1,0 +1,116 @@
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use super::*;
+
+struct ManualClock(AtomicI64);
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn config() -> TxnConfig {
+    TxnConfig {
+        max_timeout_ms: 900_000,
+        id_expiration_ms: 1_000_000,
+        log_segment_bytes: 1 << 20,
+    }
+}
+
+fn open(dir: &Path, clock: &Arc<ManualClock>) -> TxnCoordinator {
+    let clock: Arc<dyn Clock> = clock.clone();
+    TxnCoordinator::open_with(keel_log::DiskStorage::shared(), dir, config(), clock).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().build().unwrap()
+}
+
+#[test]
+fn states_are_persisted_and_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock(AtomicI64::new(1_000)));
+    let rt = runtime();
+    let fenced = ResponseError::ProducerFenced;
+    let p = vec![("t".to_string(), 0)];
+    let prepared = {
+        let c = open(dir.path(), &clock);
+        assert_eq!(
+            rt.block_on(c.init_producer_id("tx", 0, None, None)),
+            Err(ResponseError::InvalidTransactionTimeout)
+        );
+        assert_eq!(
+            rt.block_on(c.init_producer_id("tx", 60_000, None, None)),
+            Ok(InitOutcome::NeedProducerId)
+        );
+        assert_eq!(
+            rt.block_on(c.init_producer_id("tx", 60_000, None, Some(11))),
+            Ok(InitOutcome::Ready(11, 0))
+        );
+        rt.block_on(c.add_partitions("tx", 11, 0, &p, fenced)).unwrap();
+        assert_eq!(c.verify("tx", 11, 0, &p[0]), Ok(()));
+        assert_eq!(
+            c.verify("tx", 11, 0, &("t".into(), 1)),
+            Err(ResponseError::InvalidTxnState)
+        );
+        let prepared = rt
+            .block_on(c.end_txn("tx", 11, 0, true, fenced))
+            .unwrap()
+            .unwrap();
+        assert_eq!(prepared.status, TxnStatus::PrepareCommit);
+        c.close();
+        prepared
+    };
+    // The markers were not written: the reopened coordinator says so.
+    let c = open(dir.path(), &clock);
+    assert_eq!(c.unfinished(), vec![("tx".to_string(), prepared.clone())]);
+    rt.block_on(c.complete("tx", &prepared)).unwrap();
+    assert!(c.unfinished().is_empty());
+    assert_eq!(
+        rt.block_on(c.end_txn("tx", 11, 0, true, fenced)),
+        Ok(None),
+        "a retried commit"
+    );
+    assert_eq!(
+        rt.block_on(c.init_producer_id("tx", 60_000, None, None)),
+        Ok(InitOutcome::Ready(11, 1))
+    );
+    c.close();
+    let c = open(dir.path(), &clock);
+    let all = c.describe_all();
+    assert_eq!(all.len(), 1);
+    assert_eq!(
+        (all[0].state.producer_epoch, all[0].state.status),
+        (1, TxnStatus::Empty)
+    );
+    c.close();
+}
+
+#[test]
+fn open_transactions_past_their_timeout_are_aborted_and_idle_ids_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock(AtomicI64::new(0)));
+    let rt = runtime();
+    let c = open(dir.path(), &clock);
+    rt.block_on(c.init_producer_id("tx", 1_000, None, Some(5)))
+        .unwrap();
+    rt.block_on(c.add_partitions("tx", 5, 0, &[("t".into(), 0)], ResponseError::ProducerFenced))
+        .unwrap();
+    clock.0.store(1_000, Ordering::SeqCst);
+    assert!(rt.block_on(c.abort_timed_out()).is_empty());
+    clock.0.store(1_001, Ordering::SeqCst);
+    let aborted = rt.block_on(c.abort_timed_out());
+    assert_eq!(aborted.len(), 1);
+    assert_eq!(aborted[0].1.producer_epoch, 1, "the producer is fenced");
+    // The fenced producer's EndTxn is refused.
+    assert_eq!(
+        rt.block_on(c.end_txn("tx", 5, 0, true, ResponseError::ProducerFenced)),
+        Err(ResponseError::ProducerFenced)
+    );
+    rt.block_on(c.complete("tx", &aborted[0].1)).unwrap();
+    clock.0.store(10_000_000, Ordering::SeqCst);
+    rt.block_on(c.expire_ids());
+    assert!(c.describe_all().is_empty());
+    c.close();
+}

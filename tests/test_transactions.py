@@ -1,0 +1,150 @@
+"""Transactions against a real broker with confluent-kafka's transactional
+producer: committed records are visible to read_committed consumers and
+aborted ones never are (read_uncommitted sees both), the last stable offset
+holds read_committed readers at an open transaction, a second producer with
+the same transactional id fences the first, an open transaction past its
+timeout is aborted by the coordinator, and a transaction left open by a
+kill -9 is aborted after the restart while committed ones stay."""
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from conftest import unique, wait_until
+from kclient import CLIENT_TIMEOUT_S, create_topic
+
+
+def _txn_producer(bootstrap: str, txn_id: str, **overrides) -> Producer:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "linger.ms": 5, **overrides})
+    p.init_transactions(CLIENT_TIMEOUT_S)
+    return p
+
+
+def _read_all(bootstrap: str, topic: str, isolation: str, partitions: int = 1, idle_s: float = 3.0) -> list[bytes]:
+    """Every value a consumer with this isolation level reads, from the start,
+    until it has seen nothing new for `idle_s`."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), "enable.auto.commit": False,
+                  "isolation.level": isolation, "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    values, last = [], time.monotonic()
+    try:
+        while time.monotonic() - last < idle_s:
+            m = c.poll(0.2)
+            if m is None or m.error():
+                continue
+            values.append(m.value())
+            last = time.monotonic()
+    finally:
+        c.close()
+    return values
+
+
+def _end_offsets(bootstrap: str, topic: str, isolation: str) -> tuple[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), "isolation.level": isolation})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=CLIENT_TIMEOUT_S, cached=False)
+    finally:
+        c.close()
+
+
+def test_commits_are_visible_and_aborts_never_are(broker):
+    topic = unique("txn")
+    create_topic(broker.bootstrap, topic, partitions=2)
+    p = _txn_producer(broker.bootstrap, unique("tx"))
+    expected_committed = []
+    for round_ in range(6):
+        p.begin_transaction()
+        for i in range(20):
+            value = b"r%d-%d" % (round_, i)
+            p.produce(topic, value=value, partition=i % 2)
+        if round_ % 2 == 0:
+            p.commit_transaction(CLIENT_TIMEOUT_S)
+            expected_committed += [b"r%d-%d" % (round_, i) for i in range(20)]
+        else:
+            p.flush(CLIENT_TIMEOUT_S)  # written, then aborted (unflushed ones are purged)
+            p.abort_transaction(CLIENT_TIMEOUT_S)
+    committed = _read_all(broker.bootstrap, topic, "read_committed", partitions=2)
+    assert sorted(committed) == sorted(expected_committed)
+    everything = _read_all(broker.bootstrap, topic, "read_uncommitted", partitions=2)
+    assert len(everything) == 120, "read_uncommitted sees aborted records too"
+    # After a restart the aborted-transaction index still hides the aborts.
+    broker.restart()
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed", partitions=2)) == sorted(expected_committed)
+
+
+def test_an_open_transaction_holds_the_last_stable_offset(broker):
+    topic = unique("lso")
+    create_topic(broker.bootstrap, topic)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    plain.produce(topic, value=b"before")
+    plain.flush(CLIENT_TIMEOUT_S)
+    p = _txn_producer(broker.bootstrap, unique("tx"))
+    p.begin_transaction()
+    p.produce(topic, value=b"open")
+    p.flush(CLIENT_TIMEOUT_S)
+    wait_until(lambda: _end_offsets(broker.bootstrap, topic, "read_uncommitted")[1] == 2, 10, "the write")
+    assert _end_offsets(broker.bootstrap, topic, "read_committed")[1] == 1, "LSO at the open transaction"
+    assert _read_all(broker.bootstrap, topic, "read_committed", idle_s=1.5) == [b"before"]
+    p.commit_transaction(CLIENT_TIMEOUT_S)
+    # The commit marker takes an offset: the LSO moves past it.
+    wait_until(lambda: _end_offsets(broker.bootstrap, topic, "read_committed")[1] == 3, 10, "the LSO to advance")
+    assert _read_all(broker.bootstrap, topic, "read_committed", idle_s=1.5) == [b"before", b"open"]
+
+
+def test_a_second_producer_with_the_same_id_fences_the_first(broker):
+    topic = unique("fence")
+    create_topic(broker.bootstrap, topic)
+    txn_id = unique("tx")
+    first = _txn_producer(broker.bootstrap, txn_id)
+    first.begin_transaction()
+    first.produce(topic, value=b"zombie")
+    first.flush(CLIENT_TIMEOUT_S)
+    second = _txn_producer(broker.bootstrap, txn_id)
+    second.begin_transaction()
+    second.produce(topic, value=b"live")
+    second.commit_transaction(CLIENT_TIMEOUT_S)
+    try:
+        first.commit_transaction(CLIENT_TIMEOUT_S)
+        raise AssertionError("the fenced producer committed")
+    except KafkaException as e:
+        err = e.args[0]
+        assert err.fatal() or "fenced" in err.str().lower(), err
+    assert _read_all(broker.bootstrap, topic, "read_committed") == [b"live"]
+
+
+def test_a_transaction_past_its_timeout_is_aborted(broker_factory):
+    b = broker_factory({"transaction.abort.timed.out.transaction.cleanup.interval.ms": "200"})
+    topic = unique("timeout")
+    create_topic(b.bootstrap, topic)
+    p = _txn_producer(b.bootstrap, unique("tx"), **{"transaction.timeout.ms": 1500})
+    p.begin_transaction()
+    p.produce(topic, value=b"abandoned")
+    p.flush(CLIENT_TIMEOUT_S)
+    assert _end_offsets(b.bootstrap, topic, "read_committed")[1] == 0
+    # The coordinator aborts it: the marker lands and the LSO moves past it.
+    wait_until(lambda: _end_offsets(b.bootstrap, topic, "read_committed")[1] == 2, 15, "the timed-out abort")
+    assert _read_all(b.bootstrap, topic, "read_committed", idle_s=1.0) == []
+    assert len(_read_all(b.bootstrap, topic, "read_uncommitted", idle_s=1.0)) == 1
+
+
+def test_kill9_mid_transaction_keeps_commits_and_aborts_the_open_one(broker_factory):
+    b = broker_factory({"transaction.abort.timed.out.transaction.cleanup.interval.ms": "200"})
+    topic = unique("crash")
+    create_topic(b.bootstrap, topic)
+    p = _txn_producer(b.bootstrap, unique("tx"), **{"transaction.timeout.ms": 3000})
+    p.begin_transaction()
+    for i in range(50):
+        p.produce(topic, value=b"c%d" % i)
+    p.commit_transaction(CLIENT_TIMEOUT_S)
+    p.begin_transaction()
+    for i in range(50):
+        p.produce(topic, value=b"open%d" % i)
+    p.flush(CLIENT_TIMEOUT_S)
+    b.kill9()
+    b.start()
+    # The open transaction is aborted once its timeout passes; the LSO then
+    # reaches the log end.
+    wait_until(lambda: _end_offsets(b.bootstrap, topic, "read_committed")[1]
+               == _end_offsets(b.bootstrap, topic, "read_uncommitted")[1], 20, "the abort after restart")
+    assert _read_all(b.bootstrap, topic, "read_committed") == [b"c%d" % i for i in range(50)]
