@@ -288,6 +288,29 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
                 .with_partitions(vec![
                     offset_delete_request::OffsetDeleteRequestPartition::default().with_partition_index(0)
                 ])])),
+        ApiKey::AddPartitionsToTxn if version < 4 => encoded!(AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(str("unknown-txn")))
+            .with_v3_and_below_producer_id(ProducerId(1))
+            .with_v3_and_below_topics(vec![
+                add_partitions_to_txn_request::AddPartitionsToTxnTopic::default()
+                    .with_name(name("t"))
+                    .with_partitions(vec![0, 9])
+            ])),
+        ApiKey::AddPartitionsToTxn => encoded!(AddPartitionsToTxnRequest::default().with_transactions(vec![
+            add_partitions_to_txn_request::AddPartitionsToTxnTransaction::default()
+                .with_transactional_id(TransactionalId(str("unknown-txn")))
+                .with_producer_id(ProducerId(1))
+                .with_verify_only(true)
+                .with_topics(vec![
+                    add_partitions_to_txn_request::AddPartitionsToTxnTopic::default()
+                        .with_name(name("t"))
+                        .with_partitions(vec![0])
+                ])
+        ])),
+        ApiKey::EndTxn => encoded!(EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(str("unknown-txn")))
+            .with_producer_id(ProducerId(1))
+            .with_committed(true)),
         other => panic!("{other:?} has no request in this test"),
     }
 }
@@ -341,6 +364,8 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
         ApiKey::DescribeGroups => DescribeGroupsResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::DeleteGroups => DeleteGroupsResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::OffsetDelete => OffsetDeleteResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::AddPartitionsToTxn => AddPartitionsToTxnResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::EndTxn => EndTxnResponse::decode(&mut body, version).map(|_| ()),
         other => panic!("{other:?} has no response in this test"),
     };
     r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));
