@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from conftest import unique, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
@@ -21,20 +21,27 @@ def _txn_producer(bootstrap: str, txn_id: str, **overrides) -> Producer:
     return p
 
 
-def _read_all(bootstrap: str, topic: str, isolation: str, partitions: int = 1, idle_s: float = 3.0) -> list[bytes]:
-    """Every value a consumer with this isolation level reads, from the start,
-    until it has seen nothing new for `idle_s`."""
+def _read_all(bootstrap: str, topic: str, isolation: str, partitions: int = 1) -> list[bytes]:
+    """Every value a consumer with this isolation level reads from the start
+    until each partition reports its end (librdkafka's partition EOF: the
+    high watermark, or for read_committed the last stable offset)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), "enable.auto.commit": False,
-                  "isolation.level": isolation, "auto.offset.reset": "earliest"})
+                  "isolation.level": isolation, "auto.offset.reset": "earliest",
+                  "enable.partition.eof": True})
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values, last = [], time.monotonic()
+    values, at_end = [], set()
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
     try:
-        while time.monotonic() - last < idle_s:
+        while len(at_end) < partitions:
+            assert time.monotonic() < deadline, f"{topic}: only {sorted(at_end)} reached their end"
             m = c.poll(0.2)
-            if m is None or m.error():
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(m.partition())
                 continue
             values.append(m.value())
-            last = time.monotonic()
     finally:
         c.close()
     return values
@@ -85,11 +92,11 @@ def test_an_open_transaction_holds_the_last_stable_offset(broker):
     p.flush(CLIENT_TIMEOUT_S)
     wait_until(lambda: _end_offsets(broker.bootstrap, topic, "read_uncommitted")[1] == 2, 10, "the write")
     assert _end_offsets(broker.bootstrap, topic, "read_committed")[1] == 1, "LSO at the open transaction"
-    assert _read_all(broker.bootstrap, topic, "read_committed", idle_s=1.5) == [b"before"]
+    assert _read_all(broker.bootstrap, topic, "read_committed") == [b"before"]
     p.commit_transaction(CLIENT_TIMEOUT_S)
     # The commit marker takes an offset: the LSO moves past it.
     wait_until(lambda: _end_offsets(broker.bootstrap, topic, "read_committed")[1] == 3, 10, "the LSO to advance")
-    assert _read_all(broker.bootstrap, topic, "read_committed", idle_s=1.5) == [b"before", b"open"]
+    assert _read_all(broker.bootstrap, topic, "read_committed") == [b"before", b"open"]
 
 
 def test_a_second_producer_with_the_same_id_fences_the_first(broker):
@@ -113,25 +120,29 @@ def test_a_second_producer_with_the_same_id_fences_the_first(broker):
     assert _read_all(broker.bootstrap, topic, "read_committed") == [b"live"]
 
 
-def test_a_transaction_past_its_timeout_is_aborted(broker_factory):
+def _quick_abort_broker(broker_factory, prefix: str):
+    """A broker that checks for timed-out transactions every 200 ms, and a
+    fresh topic on it."""
     b = broker_factory({"transaction.abort.timed.out.transaction.cleanup.interval.ms": "200"})
-    topic = unique("timeout")
+    topic = unique(prefix)
     create_topic(b.bootstrap, topic)
+    return b, topic
+
+
+def test_a_transaction_past_its_timeout_is_aborted(broker_factory):
+    b, topic = _quick_abort_broker(broker_factory, "timeout")
     p = _txn_producer(b.bootstrap, unique("tx"), **{"transaction.timeout.ms": 1500})
     p.begin_transaction()
     p.produce(topic, value=b"abandoned")
     p.flush(CLIENT_TIMEOUT_S)
-    assert _end_offsets(b.bootstrap, topic, "read_committed")[1] == 0
     # The coordinator aborts it: the marker lands and the LSO moves past it.
     wait_until(lambda: _end_offsets(b.bootstrap, topic, "read_committed")[1] == 2, 15, "the timed-out abort")
-    assert _read_all(b.bootstrap, topic, "read_committed", idle_s=1.0) == []
-    assert len(_read_all(b.bootstrap, topic, "read_uncommitted", idle_s=1.0)) == 1
+    assert _read_all(b.bootstrap, topic, "read_committed") == []
+    assert len(_read_all(b.bootstrap, topic, "read_uncommitted")) == 1
 
 
 def test_kill9_mid_transaction_keeps_commits_and_aborts_the_open_one(broker_factory):
-    b = broker_factory({"transaction.abort.timed.out.transaction.cleanup.interval.ms": "200"})
-    topic = unique("crash")
-    create_topic(b.bootstrap, topic)
+    b, topic = _quick_abort_broker(broker_factory, "crash")
     p = _txn_producer(b.bootstrap, unique("tx"), **{"transaction.timeout.ms": 3000})
     p.begin_transaction()
     for i in range(50):

@@ -68,6 +68,16 @@ enum Command<R> {
     Close { done: mpsc::Sender<()> },
 }
 
+/// A coordinator log's partition settings: segments of `segment_bytes`,
+/// never deleted by retention (snapshots bound the log instead).
+pub fn log_config(segment_bytes: u64) -> LogConfig {
+    LogConfig {
+        segment_bytes,
+        retention_ms: -1,
+        ..LogConfig::default()
+    }
+}
+
 /// A coordinator's log: records of `T`, applied to a `T` in memory.
 pub struct MetaLog<T: Table> {
     commands: Mutex<Option<mpsc::Sender<Command<T::Record>>>>,

@@ -560,14 +560,19 @@ impl Partition {
         }
     }
 
+    /// Stores the offsets and wakes the fetches waiting for an append.
     fn publish(&self, high_watermark: i64, last_stable_offset: i64, log_start_offset: i64) {
+        self.store_offsets(high_watermark, last_stable_offset, log_start_offset);
+        for w in std::mem::take(&mut *self.waiters.lock()) {
+            w.notify_one();
+        }
+    }
+
+    fn store_offsets(&self, high_watermark: i64, last_stable_offset: i64, log_start_offset: i64) {
         self.high_watermark.store(high_watermark, Ordering::Release);
         self.last_stable_offset
             .store(last_stable_offset, Ordering::Release);
         self.log_start_offset.store(log_start_offset, Ordering::Release);
-        for w in std::mem::take(&mut *self.waiters.lock()) {
-            w.notify_one();
-        }
     }
 
     /// Registers a fetch to be woken by the next append. Entries of fetches
@@ -609,7 +614,7 @@ impl Partition {
     ///
     /// `committed` reads (`read_committed`) end at the last stable offset;
     /// batches at or past it that a file read or read-ahead returns are
-    /// the caller's to cut ([`stable_prefix`]).
+    /// the caller's to cut (`Chunks::below`).
     pub fn read(
         self: &Arc<Self>,
         offset: i64,
@@ -950,9 +955,7 @@ impl Partition {
         let (hw, start) = (log.log_end_offset(), log.log_start_offset());
         let lso = stable_offset(&st.producers, hw);
         drop(st);
-        self.high_watermark.store(hw, Ordering::Release);
-        self.last_stable_offset.store(lso, Ordering::Release);
-        self.log_start_offset.store(start, Ordering::Release);
+        self.store_offsets(hw, lso, start);
         Ok(out)
     }
 
@@ -1028,20 +1031,14 @@ fn load_producers(log: &mut PartitionLog) -> std::io::Result<ProducerStates> {
         let batch = scan.read_last_batch()?;
         let marker = keel_log::marker::read_marker(&batch, &header)
             .map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidData, why))?;
-        let Some(marker) = marker else { continue };
-        let done = producers.record_marker(
-            header.producer_id,
-            header.producer_epoch,
-            marker.coordinator_epoch,
-            now,
-        );
-        if let (false, Some(first_offset)) = (marker.commit, done.first_offset) {
-            aborted.push(AbortedTxn {
-                producer_id: header.producer_id,
-                first_offset,
-                last_offset: header.base_offset,
-                last_stable_offset: header.base_offset,
-            });
+        if let Some(marker) = marker {
+            aborted.extend(end_transaction(
+                &mut producers,
+                &header,
+                marker,
+                header.base_offset,
+                now,
+            ));
         }
     }
     // The `.txnindex` of the segments written before the replay's start
@@ -1125,20 +1122,6 @@ fn plan_item(
     Ok(Planned::Append(offset - base_offset))
 }
 
-/// The whole batches of `bytes` below `end_offset` (what a
-/// `read_committed` fetch may return when the last stable offset is
-/// `end_offset`).
-pub fn stable_prefix(bytes: Bytes, end_offset: i64) -> Bytes {
-    let mut at = 0;
-    while let Ok(h) = BatchHeader::parse(&bytes[at..]) {
-        if h.base_offset >= end_offset || at + h.total_len() > bytes.len() {
-            break;
-        }
-        at += h.total_len();
-    }
-    bytes.slice(..at)
-}
-
 /// Checks a transaction marker against the producer state and records
 /// it as if written at `offset` (undone on write failure). Returns the
 /// aborted transaction it ends here, for the `.txnindex`.
@@ -1163,21 +1146,27 @@ fn plan_marker(
             ),
         })?;
     undo.push(producers.snapshot(h.producer_id));
-    let done = producers.record_marker(
-        h.producer_id,
-        h.producer_epoch,
-        marker.coordinator_epoch,
-        now_ms(),
-    );
-    Ok(done
-        .first_offset
-        .filter(|_| !marker.commit)
-        .map(|first_offset| AbortedTxn {
-            producer_id: h.producer_id,
-            first_offset,
-            last_offset: offset,
-            last_stable_offset: producers.first_unstable_offset().unwrap_or(offset + 1),
-        }))
+    Ok(end_transaction(producers, h, marker, offset, now_ms()))
+}
+
+/// Records the marker `h` written at `offset` in the producer state (live
+/// or replayed at start-up). Returns the `.txnindex` entry of the
+/// transaction it aborts here, if it aborts one that wrote here.
+fn end_transaction(
+    producers: &mut ProducerStates,
+    h: &BatchHeader,
+    marker: Marker,
+    offset: i64,
+    now_ms: i64,
+) -> Option<AbortedTxn> {
+    let done = producers.record_marker(h.producer_id, h.producer_epoch, marker.coordinator_epoch, now_ms);
+    let first_offset = done.first_offset.filter(|_| !marker.commit)?;
+    Some(AbortedTxn {
+        producer_id: h.producer_id,
+        first_offset,
+        last_offset: offset,
+        last_stable_offset: producers.first_unstable_offset().unwrap_or(offset + 1),
+    })
 }
 
 /// The last stable offset given the producers' open transactions.
@@ -1206,7 +1195,7 @@ fn holds_no_record(bytes: &[u8]) -> bool {
     true
 }
 
-pub(crate) fn next_offset_after(bytes: &[u8]) -> Option<i64> {
+fn next_offset_after(bytes: &[u8]) -> Option<i64> {
     let mut at = 0;
     let mut next = None;
     while let Ok(h) = BatchHeader::parse(&bytes[at..]) {

@@ -85,6 +85,31 @@ impl Chunks {
         self.len == 0
     }
 
+    /// The whole batches below `end_offset`, sharing the buffers (no
+    /// copy): what a `read_committed` fetch may return when the last
+    /// stable offset is `end_offset`. A trailing partial batch goes too.
+    pub fn below(self, end_offset: i64) -> Chunks {
+        let mut out = Chunks::default();
+        for part in self.parts {
+            let mut at = 0;
+            while let Ok(h) = keel_log::BatchHeader::parse(&part[at..]) {
+                if h.base_offset >= end_offset || at + h.total_len() > part.len() {
+                    break;
+                }
+                at += h.total_len();
+            }
+            let whole = at == part.len();
+            if at > 0 {
+                out.len += at;
+                out.parts.push(if whole { part } else { part.slice(..at) });
+            }
+            if !whole {
+                break;
+            }
+        }
+        out
+    }
+
     /// One buffer: the single part itself, else a copy of all of them.
     pub fn join(self) -> Bytes {
         match <[Bytes; 1]>::try_from(self.parts) {
@@ -336,6 +361,34 @@ mod tests {
 
     fn base_of(bytes: &[u8]) -> i64 {
         i64::from_be_bytes(bytes[..8].try_into().unwrap())
+    }
+
+    /// A real batch of `count` records at `base`.
+    fn real_batch(base: i64, count: usize) -> Bytes {
+        let mut b = keel_log::testing::BatchBuilder::new(0).base_offset(base);
+        for _ in 0..count {
+            b = b.record(None, Some(b"v"));
+        }
+        Bytes::from(b.build())
+    }
+
+    #[test]
+    fn below_cuts_whole_batches_without_copying() {
+        let (a, b, c) = (real_batch(0, 2), real_batch(2, 2), real_batch(4, 2));
+        let joined: Vec<u8> = [&b[..], &c[..]].concat();
+        let chunks = Chunks {
+            len: a.len() + joined.len(),
+            parts: vec![a.clone(), Bytes::from(joined)],
+        };
+        assert_eq!(chunks.clone().below(100), chunks, "nothing to cut");
+        let cut = chunks.clone().below(4);
+        assert_eq!(cut.len(), a.len() + b.len());
+        assert_eq!(cut.parts[0].as_ptr(), a.as_ptr(), "shared, not copied");
+        assert_eq!(cut.join(), Bytes::from([&a[..], &b[..]].concat()));
+        assert_eq!(chunks.clone().below(2).join(), a, "the later part goes whole");
+        assert!(chunks.below(0).is_empty());
+        let torn = Chunks::from(a.slice(..a.len() - 1));
+        assert!(torn.below(100).is_empty(), "a partial batch is cut");
     }
 
     #[test]

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use keel_log::LogConfig;
 use keel_protocol::ResponseError;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -128,11 +127,7 @@ impl GroupCoordinator {
         config: CoordinatorConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<GroupCoordinator, String> {
-        let log_config = LogConfig {
-            segment_bytes: config.log_segment_bytes,
-            retention_ms: -1,
-            ..LogConfig::default()
-        };
+        let log_config = crate::metalog::log_config(config.log_segment_bytes);
         let store = GroupStore::open_with(storage, dir, log_config, config.log_segment_bytes)?;
         let now = clock.now_ms();
         let mut groups = HashMap::new();

@@ -12,7 +12,7 @@ use keel_tier::Chunks;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::partition::{stable_prefix, Partition, ReadFailure, ReadSource, LEADER_EPOCH};
+use crate::partition::{Partition, ReadFailure, ReadSource, LEADER_EPOCH};
 use crate::Broker;
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
@@ -302,8 +302,10 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
 
 /// One partition's answer. A `read_committed` one is cut at the last
 /// stable offset (read after the data, so every marker below it is in the
-/// aborted-transaction index) and lists the aborted transactions its
-/// records overlap.
+/// aborted-transaction index) and lists the aborted transactions that
+/// overlap `[fetch offset, LSO)`: a superset of those its records need,
+/// as Kafka's upper bound is too; clients use only the entries their
+/// batches reach.
 fn records_of(t: &Target, records: Chunks) -> PartData {
     let Ok(p) = t.partition.as_ref() else {
         return PartData::Records {
@@ -316,28 +318,24 @@ fn records_of(t: &Target, records: Chunks) -> PartData {
         };
     };
     let (hw, lso) = (p.high_watermark(), p.last_stable_offset());
-    let (records, aborted) = if t.committed {
-        let joined = records.join();
-        let joined = if lso < hw {
-            stable_prefix(joined, lso)
-        } else {
-            joined
-        };
-        let upper = crate::partition::next_offset_after(&joined);
-        let records = Chunks::from(joined);
-        let aborted = upper.map_or_else(Vec::new, |upper| {
-            p.aborted_txns(t.fetch_offset, upper)
-                .into_iter()
-                .map(|a| {
-                    AbortedTransaction::default()
-                        .with_producer_id(ProducerId(a.producer_id))
-                        .with_first_offset(a.first_offset)
-                })
-                .collect()
-        });
-        (records, Some(aborted))
-    } else {
+    let (records, aborted) = if !t.committed {
         (records, None)
+    } else if records.is_empty() {
+        (records, Some(Vec::new()))
+    } else {
+        // Only a file read or read-ahead can reach past the LSO (the tail
+        // cache reads up to it), and only while a transaction is open.
+        let records = if lso < hw { records.below(lso) } else { records };
+        let aborted = p
+            .aborted_txns(t.fetch_offset, lso)
+            .into_iter()
+            .map(|a| {
+                AbortedTransaction::default()
+                    .with_producer_id(ProducerId(a.producer_id))
+                    .with_first_offset(a.first_offset)
+            })
+            .collect();
+        (records, Some(aborted))
     };
     PartData::Records {
         index: t.index,

@@ -23,7 +23,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use keel_log::LogConfig;
 use keel_protocol::ResponseError;
 use parking_lot::Mutex;
 
@@ -118,11 +117,7 @@ impl TxnCoordinator {
         config: TxnConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<TxnCoordinator, String> {
-        let log_config = LogConfig {
-            segment_bytes: config.log_segment_bytes,
-            retention_ms: -1,
-            ..LogConfig::default()
-        };
+        let log_config = crate::metalog::log_config(config.log_segment_bytes);
         let store: MetaLog<TxnTable> =
             MetaLog::open_with(storage, dir, log_config, config.log_segment_bytes)?;
         let txns = store.with_table(|t| {
