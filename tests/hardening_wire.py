@@ -83,3 +83,24 @@ def list_offsets_v10(conn: w.Conn, topic: str, partition: int, timestamp: int) -
     r.i32()  # partition index
     err, _ts, offset = r.i16(), r.i64(), r.i64()
     return err, offset
+
+
+WRITE_TXN_MARKERS = 27
+
+
+def write_txn_markers(conn: w.Conn, topic: str, partition: int, producer_id: int, epoch: int,
+                      commit: bool, coordinator_epoch: int) -> int:
+    """WriteTxnMarkers v1 with one marker for one partition -> its error."""
+    topics = w.uvarint(2) + w.compact_string(topic) + w.uvarint(2) + w.i32(partition) + w.EMPTY_TAGS
+    marker = (w.i64(producer_id) + w.i16(epoch) + w.i8(1 if commit else 0) + topics
+              + w.i32(coordinator_epoch) + w.EMPTY_TAGS)
+    conn.send(w.frame(w.header_v2(WRITE_TXN_MARKERS, 1, 11) + w.uvarint(2) + marker + w.EMPTY_TAGS))
+    _cid, resp = conn.recv_response_flexible()
+    r = w.Reader(resp)
+    assert r.uvarint() == 2
+    r.i64()  # producer id
+    assert r.uvarint() == 2
+    r.take(r.uvarint() - 1)  # topic name
+    assert r.uvarint() == 2
+    r.i32()  # partition index
+    return r.i16()

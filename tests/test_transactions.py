@@ -3,8 +3,11 @@ producer: committed records are visible to read_committed consumers and
 aborted ones never are (read_uncommitted sees both), the last stable offset
 holds read_committed readers at an open transaction, a second producer with
 the same transactional id fences the first, an open transaction past its
-timeout is aborted by the coordinator, and a transaction left open by a
-kill -9 is aborted after the restart while committed ones stay."""
+timeout is aborted by the coordinator, a transaction left open by a
+kill -9 is aborted after the restart while committed ones stay, offsets
+sent in a transaction are committed only with it, and a
+consume-transform-produce loop killed mid-transaction keeps each input
+exactly once."""
 from __future__ import annotations
 
 import time
@@ -159,3 +162,141 @@ def test_kill9_mid_transaction_keeps_commits_and_aborts_the_open_one(broker_fact
     wait_until(lambda: _end_offsets(b.bootstrap, topic, "read_committed")[1]
                == _end_offsets(b.bootstrap, topic, "read_uncommitted")[1], 20, "the abort after restart")
     assert _read_all(b.bootstrap, topic, "read_committed") == [b"c%d" % i for i in range(50)]
+
+
+def _committed(bootstrap: str, group: str, topic: str, partitions: int = 1) -> list[int]:
+    """The group's committed offsets, as a read_uncommitted client sees
+    them (a read_committed one would wait for open transactions)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_uncommitted"})
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=CLIENT_TIMEOUT_S)
+        return [tp.offset for tp in tps]
+    finally:
+        c.close()
+
+
+def _consume(c: Consumer, n: int) -> list:
+    """Up to `n` messages: waits for the first (the group may be
+    rebalancing), then stops at the first quiet second."""
+    out = []
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while len(out) < n:
+        m = c.poll(1.0)
+        if m is None:
+            if out or time.monotonic() > deadline:
+                break
+            continue
+        if not m.error():
+            out.append(m)
+    return out
+
+
+def test_offsets_sent_in_a_transaction_are_committed_with_it(broker):
+    source, sink, group = unique("src"), unique("sink"), unique("g")
+    create_topic(broker.bootstrap, source)
+    create_topic(broker.bootstrap, sink)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(10):
+        plain.produce(source, value=b"in%d" % i)
+    plain.flush(CLIENT_TIMEOUT_S)
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    c.subscribe([source])
+    got = _consume(c, 10)
+    assert len(got) == 10
+    p = _txn_producer(broker.bootstrap, unique("tx"))
+    for commit in (False, True):
+        p.begin_transaction()
+        p.produce(sink, value=b"out")
+        p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), CLIENT_TIMEOUT_S)
+        p.flush(CLIENT_TIMEOUT_S)
+        assert _committed(broker.bootstrap, group, source) == [-1001], "invisible while the transaction is open"
+        if commit:
+            p.commit_transaction(CLIENT_TIMEOUT_S)
+        else:
+            p.abort_transaction(CLIENT_TIMEOUT_S)
+        expected = [10] if commit else [-1001]
+        assert _committed(broker.bootstrap, group, source) == expected
+    c.close()
+    # The committed offset survives a restart (the group log's marker).
+    broker.restart()
+    assert _committed(broker.bootstrap, group, source) == [10]
+
+
+def test_kill9_mid_consume_transform_produce_keeps_each_input_exactly_once(broker_factory):
+    """A consume-transform-produce loop (send_offsets_to_transaction) is
+    killed with the broker mid-transaction, its output written and its
+    offsets sent; after the restart a new instance takes over the same
+    transactional id and group. read_committed output holds each input once."""
+    b, source = _quick_abort_broker(broker_factory, "ctp-in")
+    sink, group, txn_id = unique("ctp-out"), unique("ctp-g"), unique("ctp-tx")
+    create_topic(b.bootstrap, sink)
+    n = 400
+    plain = Producer({"bootstrap.servers": b.bootstrap})
+    for i in range(n):
+        plain.produce(source, value=b"%d" % i)
+    plain.flush(CLIENT_TIMEOUT_S)
+
+    def instance():
+        p = _txn_producer(b.bootstrap, txn_id, **{"transaction.timeout.ms": 5000})
+        # The old instance's member leaves the group by its session
+        # timeout (it may not get to leave): keep that short.
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": group, "enable.auto.commit": False,
+                      "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                      "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        c.subscribe([source])
+        return p, c
+
+    def one_transaction(p, c, commit=True) -> int:
+        batch = _consume(c, 25)
+        if not batch:
+            return 0
+        p.begin_transaction()
+        for m in batch:
+            p.produce(sink, value=b"out-" + m.value())
+        p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), CLIENT_TIMEOUT_S)
+        if commit:
+            p.commit_transaction(CLIENT_TIMEOUT_S)
+        else:
+            p.flush(CLIENT_TIMEOUT_S)
+        return len(batch)
+
+    p, c = instance()
+    done = sum(one_transaction(p, c) for _ in range(4))
+    assert done == 100
+    assert one_transaction(p, c, commit=False) == 25  # written and offsets sent, not committed
+    b.kill9()
+    b.start()
+    c.close()
+    p, c = instance()  # fences the old producer; its open transaction is aborted
+    remaining = n - done  # the aborted 25 again, then the rest
+    while remaining > 0:
+        processed = one_transaction(p, c)
+        assert processed, f"{remaining} inputs never came"
+        remaining -= processed
+    c.close()
+    out = _read_all(b.bootstrap, sink, "read_committed")
+    assert sorted(out) == sorted(b"out-%d" % i for i in range(n)), (
+        f"{len(out)} outputs, {len(set(out))} distinct, for {n} inputs")
+    assert _committed(b.bootstrap, group, source) == [n]
+
+
+def test_a_marker_from_a_forged_coordinator_is_refused(broker):
+    """WriteTxnMarkers claiming a coordinator newer than Keel's would fence
+    the real coordinator's markers out and leave the transaction open
+    forever: it is INVALID_REQUEST, and the transaction still commits."""
+    import hardening_wire as hw
+    import kafka_wire as w
+
+    topic = unique("forged")
+    create_topic(broker.bootstrap, topic)
+    p = _txn_producer(broker.bootstrap, unique("tx"))
+    p.begin_transaction()
+    p.produce(topic, value=b"kept")
+    p.flush(CLIENT_TIMEOUT_S)
+    with w.Conn(broker.bootstrap) as conn:
+        for producer_id in range(4):
+            assert hw.write_txn_markers(conn, topic, 0, producer_id, 0, False, coordinator_epoch=1000) == 42
+        assert hw.write_txn_markers(conn, unique("nope"), 0, 0, 0, False, coordinator_epoch=0) == 3
+    p.commit_transaction(CLIENT_TIMEOUT_S)
+    assert _read_all(broker.bootstrap, topic, "read_committed") == [b"kept"]

@@ -407,6 +407,42 @@ impl Broker {
                 id,
                 &handlers::txn::end_txn(self, r, version).await,
             ),
+            Request::AddOffsetsToTxn(r) => respond(
+                ApiKey::AddOffsetsToTxn,
+                version,
+                id,
+                &handlers::txn::add_offsets_to_txn(self, r, version).await,
+            ),
+            Request::TxnOffsetCommit(r) => respond(
+                ApiKey::TxnOffsetCommit,
+                version,
+                id,
+                &handlers::groups::txn_offset_commit(self, r, version).await,
+            ),
+            Request::WriteTxnMarkers(r) => respond(
+                ApiKey::WriteTxnMarkers,
+                version,
+                id,
+                &handlers::txn_admin::write_txn_markers(self, r).await,
+            ),
+            Request::DescribeTransactions(r) => respond(
+                ApiKey::DescribeTransactions,
+                version,
+                id,
+                &handlers::txn_admin::describe_transactions(self, r),
+            ),
+            Request::ListTransactions(r) => respond(
+                ApiKey::ListTransactions,
+                version,
+                id,
+                &handlers::txn_admin::list_transactions(self, r),
+            ),
+            Request::DescribeProducers(r) => respond(
+                ApiKey::DescribeProducers,
+                version,
+                id,
+                &handlers::txn_admin::describe_producers(self, r),
+            ),
             body => {
                 self.handle_group(body, version, id, client_id, &client.host)
                     .await

@@ -4,6 +4,12 @@
 //! (`groups/store.rs`), the transaction coordinator its transactions in
 //! another (`txn/store.rs`).
 //!
+//! A log can also hold transactional writes (the group log's offsets
+//! committed in a producer's transaction, as Kafka's `__consumer_offsets`
+//! does): a transactional batch under the producer's id and epoch, held by
+//! the table until the producer's COMMIT or ABORT marker, a control batch
+//! in the same log.
+//!
 //! One writer thread owns the log. Writes queue up and are appended
 //! together (group commit); each is acknowledged after its batch is in the
 //! segment file and applied to the in-memory table, so a write that was
@@ -25,6 +31,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use keel_log::batch::validate_batches;
+use keel_log::marker::{marker_batch, Marker};
 use keel_log::storage::{read_file, remove_if_exists, sync_parent, write_atomically, Storage};
 use keel_log::{LogConfig, PartitionLog};
 use keel_protocol::records::{
@@ -47,6 +54,72 @@ pub trait Table: Default + Send + 'static {
     /// A record's key and value (a `None` value is a tombstone).
     fn encode(record: &Self::Record) -> (Bytes, Option<Bytes>);
     fn decode(key: &[u8], value: Option<&[u8]>) -> Result<Self::Record, String>;
+    /// Applies a record written in producer `producer_id`'s transaction:
+    /// it takes effect when the producer's commit marker does. Tables
+    /// that take no transactional writes keep this default, which applies
+    /// it at once.
+    fn apply_transactional(&mut self, producer_id: i64, producer_epoch: i16, record: Self::Record) {
+        let _ = (producer_id, producer_epoch);
+        self.apply(record);
+    }
+    /// Applies the marker that ends producer `producer_id`'s transaction.
+    fn end_transaction(&mut self, producer_id: i64, producer_epoch: i16, commit: bool) {
+        let _ = (producer_id, producer_epoch, commit);
+    }
+    /// The records of transactions still open, `(producer id, epoch,
+    /// records)`: a snapshot keeps them transactional.
+    fn transactional_records(&self) -> Vec<(i64, i16, Vec<Self::Record>)> {
+        Vec::new()
+    }
+}
+
+/// One write to a coordinator log.
+#[derive(Debug, Clone)]
+pub enum Entry<R> {
+    /// Records that take effect at once.
+    Records(Vec<R>),
+    /// Records in a producer's open transaction.
+    Transactional {
+        producer_id: i64,
+        producer_epoch: i16,
+        records: Vec<R>,
+    },
+    /// The end of a producer's transaction.
+    Marker {
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: Marker,
+    },
+}
+
+impl<R> Entry<R> {
+    fn is_empty(&self) -> bool {
+        match self {
+            Entry::Records(r) | Entry::Transactional { records: r, .. } => r.is_empty(),
+            Entry::Marker { .. } => false,
+        }
+    }
+
+    /// Applies this entry to `table`, in log order.
+    pub(crate) fn apply_to<T: Table<Record = R>>(self, table: &mut T) {
+        match self {
+            Entry::Records(records) => records.into_iter().for_each(|r| table.apply(r)),
+            Entry::Transactional {
+                producer_id,
+                producer_epoch,
+                records,
+            } => {
+                for r in records {
+                    table.apply_transactional(producer_id, producer_epoch, r);
+                }
+            }
+            Entry::Marker {
+                producer_id,
+                producer_epoch,
+                marker,
+            } => table.end_transaction(producer_id, producer_epoch, marker.commit),
+        }
+    }
 }
 
 /// Why a write to a coordinator log failed (reported to clients as
@@ -64,7 +137,7 @@ impl std::fmt::Display for StoreError {
 type WriteAck = oneshot::Sender<Result<(), StoreError>>;
 
 enum Command<R> {
-    Write { records: Vec<R>, reply: WriteAck },
+    Write { entry: Entry<R>, reply: WriteAck },
     Close { done: mpsc::Sender<()> },
 }
 
@@ -152,12 +225,17 @@ impl<T: Table> MetaLog<T> {
 
     /// Appends records; resolves once they are in the log file and applied.
     pub async fn write(&self, records: Vec<T::Record>) -> Result<(), StoreError> {
-        if records.is_empty() {
+        self.write_entry(Entry::Records(records)).await
+    }
+
+    /// Appends one entry; resolves once it is in the log file and applied.
+    pub async fn write_entry(&self, entry: Entry<T::Record>) -> Result<(), StoreError> {
+        if entry.is_empty() {
             return Ok(());
         }
         let (reply, rx) = oneshot::channel();
         let sent = match &*self.commands.lock() {
-            Some(tx) => tx.send(Command::Write { records, reply }).is_ok(),
+            Some(tx) => tx.send(Command::Write { entry, reply }).is_ok(),
             None => false,
         };
         if !sent {
@@ -217,7 +295,7 @@ impl<T: Table> Writer<T> {
             let mut close = None;
             for command in std::iter::once(first).chain(rx.try_iter()) {
                 match command {
-                    Command::Write { records, reply } => writes.push((records, reply)),
+                    Command::Write { entry, reply } => writes.push((entry, reply)),
                     Command::Close { done } => close = Some(done),
                 }
             }
@@ -234,25 +312,25 @@ impl<T: Table> Writer<T> {
         }
     }
 
-    fn write(&mut self, writes: Vec<(Vec<T::Record>, WriteAck)>) {
+    fn write(&mut self, writes: Vec<(Entry<T::Record>, WriteAck)>) {
         if writes.is_empty() {
             return;
         }
-        let records: Vec<&T::Record> = writes.iter().flat_map(|(r, _)| r.iter()).collect();
-        let result = self.append(&records);
+        let (entries, replies): (Vec<_>, Vec<_>) = writes.into_iter().unzip();
+        let result = self.append(&entries);
         if result.is_ok() {
             let mut table = self.table.lock();
-            for r in records {
-                table.apply(r.clone());
+            for entry in entries {
+                entry.apply_to(&mut *table);
             }
         }
-        for (_, reply) in writes {
+        for reply in replies {
             let _ = reply.send(result.clone());
         }
     }
 
-    fn append(&mut self, records: &[&T::Record]) -> Result<(), StoreError> {
-        let mut buf = encode_batch::<T>(records.iter().copied(), now_ms()).map_err(StoreError)?;
+    fn append(&mut self, entries: &[Entry<T::Record>]) -> Result<(), StoreError> {
+        let mut buf = encode_entries::<T>(entries, now_ms()).map_err(StoreError)?;
         let headers = validate_batches(&buf).map_err(|e| StoreError(e.to_string()))?;
         let info = self
             .log
@@ -281,11 +359,20 @@ impl<T: Table> Writer<T> {
     fn snapshot(&mut self) -> io::Result<()> {
         let offset = self.log.log_end_offset();
         // This thread is the only writer: the table cannot change while
-        // the snapshot is written.
-        let records: Vec<T::Record> = self.table.lock().records();
+        // the snapshot is written. Open transactions stay transactional,
+        // for the markers after the snapshot's offset.
+        let (records, open) = {
+            let table = self.table.lock();
+            (table.records(), table.transactional_records())
+        };
         let mut contents = Vec::new();
         for chunk in records.chunks(SNAPSHOT_BATCH_RECORDS) {
-            let batch = encode_batch::<T>(chunk.iter(), now_ms()).map_err(io::Error::other)?;
+            let batch = encode_batch::<T>(chunk.iter(), None, now_ms()).map_err(io::Error::other)?;
+            contents.extend_from_slice(&batch);
+        }
+        for (producer_id, producer_epoch, records) in open {
+            let producer = Some((producer_id, producer_epoch));
+            let batch = encode_batch::<T>(records.iter(), producer, now_ms()).map_err(io::Error::other)?;
             contents.extend_from_slice(&batch);
         }
         let storage = self.storage.as_ref();
@@ -355,8 +442,10 @@ fn load_snapshot<T: Table>(storage: &dyn Storage, dir: &Path) -> Result<(i64, T)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut table = T::default();
     validate_batches(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    for record in decode_records::<T>(Bytes::from(bytes)).map_err(|e| format!("{}: {e}", path.display()))? {
-        table.apply(record.1);
+    for (_, entry) in
+        decode_records::<T>(Bytes::from(bytes)).map_err(|e| format!("{}: {e}", path.display()))?
+    {
+        entry.apply_to(&mut table);
     }
     Ok((*offset, table))
 }
@@ -372,10 +461,10 @@ fn replay<T: Table>(log: &PartitionLog, from: i64, table: &mut T) -> Result<usiz
         }
         let bytes = plan.execute().map_err(|e| e.to_string())?;
         let mut last = next - 1;
-        for (offset, record) in decode_records::<T>(bytes)? {
+        for (offset, entry) in decode_records::<T>(bytes)? {
             last = last.max(offset);
             if offset >= next {
-                table.apply(record);
+                entry.apply_to(table);
                 count += 1;
             }
         }
@@ -387,37 +476,117 @@ fn replay<T: Table>(log: &PartitionLog, from: i64, table: &mut T) -> Result<usiz
     Ok(count)
 }
 
-/// Decodes whole record batches into `(offset, record)` pairs.
-fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<(i64, T::Record)>, String> {
+/// One record or marker of a coordinator log, at its offset.
+type Decoded<T> = (i64, Entry<<T as Table>::Record>);
+
+/// Decodes whole record batches into `(offset, entry)` pairs, one record
+/// or marker each.
+fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<Decoded<T>>, String> {
     let sets = RecordBatchDecoder::decode_all(&mut bytes).map_err(|e| format!("{} batch: {e}", T::NAME))?;
     let mut out = Vec::new();
     for record in sets.into_iter().flat_map(|s| s.records) {
         let Some(key) = &record.key else {
             return Err(format!("{} record without a key", T::NAME));
         };
-        let decoded = T::decode(key, record.value.as_deref())?;
-        out.push((record.offset, decoded));
+        let entry = if record.control {
+            let Some(commit) = control_commit(key) else {
+                continue; // a control record of another kind
+            };
+            let coordinator_epoch = match record.value.as_deref() {
+                Some([_, _, a, b, c, d, ..]) => i32::from_be_bytes([*a, *b, *c, *d]),
+                _ => -1,
+            };
+            Entry::Marker {
+                producer_id: record.producer_id,
+                producer_epoch: record.producer_epoch,
+                marker: Marker {
+                    commit,
+                    coordinator_epoch,
+                },
+            }
+        } else {
+            let decoded = T::decode(key, record.value.as_deref())?;
+            if record.transactional {
+                Entry::Transactional {
+                    producer_id: record.producer_id,
+                    producer_epoch: record.producer_epoch,
+                    records: vec![decoded],
+                }
+            } else {
+                Entry::Records(vec![decoded])
+            }
+        };
+        out.push((record.offset, entry));
+    }
+    Ok(out)
+}
+
+/// A control record key's type: `Some(true)` for COMMIT, `Some(false)`
+/// for ABORT, `None` for other kinds.
+fn control_commit(key: &[u8]) -> Option<bool> {
+    match key {
+        [_, _, 0, 0, ..] => Some(false),
+        [_, _, 0, 1, ..] => Some(true),
+        _ => None,
+    }
+}
+
+/// The batches of `entries`, in order: consecutive plain writes share one
+/// batch, each transactional write and marker has its own.
+fn encode_entries<T: Table>(entries: &[Entry<T::Record>], now_ms: i64) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let mut plain: Vec<&T::Record> = Vec::new();
+    for entry in entries {
+        if let Entry::Records(records) = entry {
+            plain.extend(records);
+            continue;
+        }
+        if !plain.is_empty() {
+            out.extend(encode_batch::<T>(plain.drain(..), None, now_ms)?);
+        }
+        match entry {
+            Entry::Records(_) => {}
+            Entry::Transactional {
+                producer_id,
+                producer_epoch,
+                records,
+            } => {
+                let producer = Some((*producer_id, *producer_epoch));
+                out.extend(encode_batch::<T>(records.iter(), producer, now_ms)?);
+            }
+            Entry::Marker {
+                producer_id,
+                producer_epoch,
+                marker,
+            } => out.extend(marker_batch(*producer_id, *producer_epoch, *marker, now_ms)),
+        }
+    }
+    if !plain.is_empty() {
+        out.extend(encode_batch::<T>(plain.into_iter(), None, now_ms)?);
     }
     Ok(out)
 }
 
 /// One uncompressed v2 batch of the records, offsets from 0 (the log
-/// assigns real ones).
+/// assigns real ones); transactional under `producer`'s id and epoch when
+/// given.
 pub(crate) fn encode_batch<'a, T: Table>(
     records: impl Iterator<Item = &'a T::Record>,
+    producer: Option<(i64, i16)>,
     now_ms: i64,
 ) -> Result<Vec<u8>, String> {
+    let (producer_id, producer_epoch) = producer.unwrap_or((-1, -1));
     let records: Vec<Record> = records
         .enumerate()
         .map(|(i, r)| {
             let (key, value) = T::encode(r);
             Record {
-                transactional: false,
+                transactional: producer.is_some(),
                 control: false,
                 delete_horizon: false,
                 partition_leader_epoch: 0,
-                producer_id: -1,
-                producer_epoch: -1,
+                producer_id,
+                producer_epoch,
                 timestamp_type: TimestampType::Creation,
                 offset: i as i64,
                 sequence: -1,

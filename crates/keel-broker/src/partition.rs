@@ -986,6 +986,11 @@ impl Partition {
         (!aborted.is_empty()).then(|| format!("{} aborted transaction(s) in its segments", aborted.len()))
     }
 
+    /// Every producer this partition has state for (DescribeProducers).
+    pub fn describe_producers(&self) -> Vec<crate::producers::ProducerInfo> {
+        self.writer.lock().producers.describe()
+    }
+
     /// How many producers this partition has state for.
     pub fn producer_count(&self) -> usize {
         self.writer.lock().producers.len()
@@ -1137,12 +1142,12 @@ fn plan_marker(
         message: "a marker without its batch".into(),
     })?;
     producers
-        .check_marker(h.producer_id, h.producer_epoch)
+        .check_marker(h.producer_id, h.producer_epoch, marker.coordinator_epoch)
         .map_err(|error| AppendFailure {
             error,
             message: format!(
-                "a marker of producer {} epoch {} is older than the producer",
-                h.producer_id, h.producer_epoch
+                "a marker of producer {} epoch {} (coordinator epoch {}) is older than the producer's state",
+                h.producer_id, h.producer_epoch, marker.coordinator_epoch
             ),
         })?;
     undo.push(producers.snapshot(h.producer_id));

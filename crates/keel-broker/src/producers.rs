@@ -208,11 +208,21 @@ impl ProducerStates {
         }
     }
 
-    /// Whether a marker of `producer_id` at `epoch` may end its
-    /// transaction here: an older epoch than the producer's is a zombie's.
-    pub fn check_marker(&self, producer_id: i64, epoch: i16) -> Result<(), ResponseError> {
+    /// Whether a marker of `producer_id` at `epoch`, from a coordinator at
+    /// `coordinator_epoch`, may end its transaction here: an older
+    /// producer epoch is a zombie's, an older coordinator epoch a deposed
+    /// coordinator's (TRANSACTION_COORDINATOR_FENCED).
+    pub fn check_marker(
+        &self,
+        producer_id: i64,
+        epoch: i16,
+        coordinator_epoch: i32,
+    ) -> Result<(), ResponseError> {
         match self.producers.get(&producer_id) {
             Some(e) if epoch < e.epoch => Err(ResponseError::InvalidProducerEpoch),
+            Some(e) if coordinator_epoch < e.coordinator_epoch => {
+                Err(ResponseError::TransactionCoordinatorFenced)
+            }
             _ => Ok(()),
         }
     }
@@ -602,7 +612,13 @@ mod tests {
         assert_eq!(s.record_marker(1, 0, 5, 0).first_offset, Some(10));
         assert_eq!(s.first_unstable_offset(), Some(11));
         // A marker from an older epoch is a zombie's.
-        assert_eq!(s.check_marker(2, 2), Err(ResponseError::InvalidProducerEpoch));
+        assert_eq!(s.check_marker(2, 2, 5), Err(ResponseError::InvalidProducerEpoch));
+        // One from an older coordinator is a deposed coordinator's.
+        assert_eq!(
+            s.check_marker(1, 0, 4),
+            Err(ResponseError::TransactionCoordinatorFenced)
+        );
+        assert_eq!(s.check_marker(1, 0, 5), Ok(()));
         // A marker with a bumped epoch fences the producer's older batches.
         assert_eq!(s.record_marker(2, 4, 5, 0).first_offset, Some(11));
         assert_eq!(

@@ -311,6 +311,38 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
             .with_transactional_id(TransactionalId(str("unknown-txn")))
             .with_producer_id(ProducerId(1))
             .with_committed(true)),
+        ApiKey::AddOffsetsToTxn => encoded!(AddOffsetsToTxnRequest::default()
+            .with_transactional_id(TransactionalId(str("unknown-txn")))
+            .with_producer_id(ProducerId(1))
+            .with_group_id(group_id("committed"))),
+        ApiKey::TxnOffsetCommit => encoded!(TxnOffsetCommitRequest::default()
+            .with_transactional_id(TransactionalId(str("unknown-txn")))
+            .with_group_id(group_id("committed"))
+            .with_producer_id(ProducerId(1))
+            .with_topics(vec![
+                txn_offset_commit_request::TxnOffsetCommitRequestTopic::default()
+                    .with_name(name("t"))
+                    .with_partitions(vec![
+                        txn_offset_commit_request::TxnOffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(1)
+                    ])
+            ])),
+        ApiKey::WriteTxnMarkers => encoded!(WriteTxnMarkersRequest::default().with_markers(vec![
+            write_txn_markers_request::WritableTxnMarker::default()
+                .with_producer_id(ProducerId(123_456))
+                .with_topics(vec![write_txn_markers_request::WritableTxnMarkerTopic::default()
+                    .with_name(name("unknown-topic"))
+                    .with_partition_indexes(vec![0])])
+        ])),
+        ApiKey::DescribeTransactions => encoded!(DescribeTransactionsRequest::default()
+            .with_transactional_ids(vec![TransactionalId(str("unknown-txn"))])),
+        ApiKey::ListTransactions => encoded!(ListTransactionsRequest::default().with_duration_filter(-1)),
+        ApiKey::DescribeProducers => encoded!(DescribeProducersRequest::default().with_topics(vec![
+            describe_producers_request::TopicRequest::default()
+                .with_name(name("t"))
+                .with_partition_indexes(vec![0, 9])
+        ])),
         other => panic!("{other:?} has no request in this test"),
     }
 }
@@ -366,6 +398,12 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
         ApiKey::OffsetDelete => OffsetDeleteResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::AddPartitionsToTxn => AddPartitionsToTxnResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::EndTxn => EndTxnResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::AddOffsetsToTxn => AddOffsetsToTxnResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::TxnOffsetCommit => TxnOffsetCommitResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::WriteTxnMarkers => WriteTxnMarkersResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeTransactions => DescribeTransactionsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::ListTransactions => ListTransactionsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeProducers => DescribeProducersResponse::decode(&mut body, version).map(|_| ()),
         other => panic!("{other:?} has no response in this test"),
     };
     r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));

@@ -73,6 +73,12 @@ pub enum Request {
     OffsetDelete(OffsetDeleteRequest),
     AddPartitionsToTxn(AddPartitionsToTxnRequest),
     EndTxn(EndTxnRequest),
+    AddOffsetsToTxn(AddOffsetsToTxnRequest),
+    TxnOffsetCommit(TxnOffsetCommitRequest),
+    WriteTxnMarkers(WriteTxnMarkersRequest),
+    DescribeTransactions(DescribeTransactionsRequest),
+    ListTransactions(ListTransactionsRequest),
+    DescribeProducers(DescribeProducersRequest),
 }
 
 /// A request with its full header.
@@ -183,6 +189,14 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         ApiKey::OffsetDelete => Request::OffsetDelete(OffsetDeleteRequest::decode(buf, v)?),
         ApiKey::AddPartitionsToTxn => Request::AddPartitionsToTxn(AddPartitionsToTxnRequest::decode(buf, v)?),
         ApiKey::EndTxn => Request::EndTxn(EndTxnRequest::decode(buf, v)?),
+        ApiKey::AddOffsetsToTxn => Request::AddOffsetsToTxn(AddOffsetsToTxnRequest::decode(buf, v)?),
+        ApiKey::TxnOffsetCommit => Request::TxnOffsetCommit(TxnOffsetCommitRequest::decode(buf, v)?),
+        ApiKey::WriteTxnMarkers => Request::WriteTxnMarkers(WriteTxnMarkersRequest::decode(buf, v)?),
+        ApiKey::DescribeTransactions => {
+            Request::DescribeTransactions(DescribeTransactionsRequest::decode(buf, v)?)
+        }
+        ApiKey::ListTransactions => Request::ListTransactions(ListTransactionsRequest::decode(buf, v)?),
+        ApiKey::DescribeProducers => Request::DescribeProducers(DescribeProducersRequest::decode(buf, v)?),
         other => anyhow::bail!("{other:?} is not implemented"),
     })
 }
@@ -226,10 +240,10 @@ mod tests {
             decode(&frame(999, 0, &[])).unwrap_err(),
             DecodeError::UnsupportedApi { api_key: 999 }
         );
-        // WriteTxnMarkers: only brokers send it, and Keel is one.
+        // Envelope: only KRaft controllers forward requests in one.
         assert_eq!(
-            decode(&frame(27, 1, &[])).unwrap_err(),
-            DecodeError::UnsupportedApi { api_key: 27 }
+            decode(&frame(58, 0, &[])).unwrap_err(),
+            DecodeError::UnsupportedApi { api_key: 58 }
         );
         assert_eq!(
             decode(&frame(18, 99, &[])).unwrap_err(),

@@ -66,6 +66,16 @@ pub const SUPPORTED: &[ApiSupport] = &[
     // brokers send each other, verify-only requests included.
     api(ApiKey::AddPartitionsToTxn, 0, 5),
     api(ApiKey::EndTxn, 0, 5),
+    // Offsets in a transaction. TxnOffsetCommit v5 belongs to transactions
+    // v2 (KIP-890), which Keel does not advertise.
+    api(ApiKey::AddOffsetsToTxn, 0, 4),
+    api(ApiKey::TxnOffsetCommit, 0, 4),
+    // What `kafka-transactions` uses (KIP-664). WriteTxnMarkers v0 was
+    // removed in Kafka 4.0.
+    api(ApiKey::WriteTxnMarkers, 1, 1),
+    api(ApiKey::DescribeTransactions, 0, 0),
+    api(ApiKey::ListTransactions, 0, 2),
+    api(ApiKey::DescribeProducers, 0, 0),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -124,6 +134,12 @@ mod tests {
                 ApiKey::OffsetFetch => check::<OffsetFetchRequest>(a),
                 ApiKey::AddPartitionsToTxn => check::<AddPartitionsToTxnRequest>(a),
                 ApiKey::EndTxn => check::<EndTxnRequest>(a),
+                ApiKey::AddOffsetsToTxn => check::<AddOffsetsToTxnRequest>(a),
+                ApiKey::TxnOffsetCommit => check::<TxnOffsetCommitRequest>(a),
+                ApiKey::WriteTxnMarkers => check::<WriteTxnMarkersRequest>(a),
+                ApiKey::DescribeTransactions => check::<DescribeTransactionsRequest>(a),
+                ApiKey::ListTransactions => check::<ListTransactionsRequest>(a),
+                ApiKey::DescribeProducers => check::<DescribeProducersRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
                 ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),

@@ -929,6 +929,27 @@ impl Group {
         Ok(())
     }
 
+    /// Checks a TxnOffsetCommit (KIP-447): the member and generation it
+    /// names, if any, must be current. Requests before v3 name neither and
+    /// are taken as they are.
+    pub fn validate_txn_commit(
+        &self,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> Result<(), ResponseError> {
+        if self.state == GroupState::Dead {
+            return Err(ResponseError::CoordinatorNotAvailable);
+        }
+        if !member_id.is_empty() || instance_id.is_some() {
+            self.check_member(member_id, instance_id)?;
+        }
+        if generation >= 0 && generation != self.generation {
+            return Err(ResponseError::IllegalGeneration);
+        }
+        Ok(())
+    }
+
     /// Handles one member of a LeaveGroup request. With only an instance
     /// id (admin tools removing static members), the member is found by it.
     pub fn leave(

@@ -24,7 +24,9 @@ use keel_protocol::ResponseError;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::metalog::Entry;
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
+use keel_log::marker::Marker;
 use records::{CommittedOffset, GroupRecord};
 use store::{GroupStore, StoreError};
 
@@ -88,6 +90,9 @@ pub struct MemberDescription {
     pub metadata: Bytes,
     pub assignment: Bytes,
 }
+
+/// One partition's committed offset as OffsetFetch answers it.
+pub type FetchedOffset = (String, i32, Result<Option<CommittedOffset>, ResponseError>);
 
 /// One partition's offset to commit.
 #[derive(Debug, Clone)]
@@ -295,22 +300,92 @@ impl GroupCoordinator {
         instance_id: Option<&str>,
         offsets: Vec<OffsetToCommit>,
     ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
+        self.admit_commit(group_id, generation, |group, now| {
+            group.validate_commit(generation, member_id, instance_id, now)
+        })?;
+        let (results, records) = self.offset_records(group_id, offsets);
+        self.persist(group_id, records, "offsets").await?;
+        Ok(results)
+    }
+
+    /// Handles TxnOffsetCommit: the offsets are written in the producer's
+    /// transaction and become the group's committed offsets only when its
+    /// commit marker is written ([`GroupCoordinator::end_transaction`]).
+    /// The caller has checked the producer against the transaction.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn commit_transactional_offsets(
+        &self,
+        group_id: &str,
+        (producer_id, producer_epoch): (i64, i16),
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+        offsets: Vec<OffsetToCommit>,
+    ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
+        self.admit_commit(group_id, generation, |group, _| {
+            group.validate_txn_commit(generation, member_id, instance_id)
+        })?;
+        let (results, records) = self.offset_records(group_id, offsets);
+        let entry = Entry::Transactional {
+            producer_id,
+            producer_epoch,
+            records,
+        };
+        self.store.write_entry(entry).await.map_err(|e| {
+            tracing::error!(group = group_id, error = %e, "cannot persist transactional offsets");
+            ResponseError::CoordinatorNotAvailable
+        })?;
+        Ok(results)
+    }
+
+    /// Writes a transaction marker into the group log: the producer's
+    /// pending offsets become committed (or are dropped).
+    pub async fn end_transaction(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: Marker,
+    ) -> Result<(), StoreError> {
+        let entry = Entry::Marker {
+            producer_id,
+            producer_epoch,
+            marker,
+        };
+        self.store.write_entry(entry).await
+    }
+
+    /// Checks a commit against its group; a group that does not exist
+    /// comes into being, Empty, for a commit from outside any generation
+    /// (assign() and admin tools), as in Kafka.
+    fn admit_commit(
+        &self,
+        group_id: &str,
+        generation: i32,
+        validate: impl FnOnce(&mut Group, i64) -> Result<(), ResponseError>,
+    ) -> Result<(), ResponseError> {
         if group_id.is_empty() {
             return Err(ResponseError::InvalidGroupId);
         }
         let now = self.now_ms();
-        {
-            let mut groups = self.groups.lock();
-            match groups.get_mut(group_id) {
-                Some(group) => group.validate_commit(generation, member_id, instance_id, now)?,
-                // Outside group management (assign() and admin tools): the
-                // group comes into being, Empty, as in Kafka.
-                None if generation < 0 => {
-                    groups.insert(group_id.to_string(), Group::new(group_id, self.config.group, now));
-                }
-                None => return Err(ResponseError::IllegalGeneration),
+        let mut groups = self.groups.lock();
+        match groups.get_mut(group_id) {
+            Some(group) => validate(group, now),
+            None if generation < 0 => {
+                groups.insert(group_id.to_string(), Group::new(group_id, self.config.group, now));
+                Ok(())
             }
+            None => Err(ResponseError::IllegalGeneration),
         }
+    }
+
+    /// The records of a commit, and each partition's result (metadata
+    /// over `offset.metadata.max.bytes` is refused).
+    fn offset_records(
+        &self,
+        group_id: &str,
+        offsets: Vec<OffsetToCommit>,
+    ) -> (Vec<Result<(), ResponseError>>, Vec<GroupRecord>) {
+        let now = self.now_ms();
         let max_metadata = self.config.offset_metadata_max_bytes;
         let mut results = Vec::with_capacity(offsets.len());
         let mut records = Vec::new();
@@ -332,8 +407,7 @@ impl GroupCoordinator {
                 }),
             });
         }
-        self.persist(group_id, records, "offsets").await?;
-        Ok(results)
+        (results, records)
     }
 
     /// Committed offsets of a group: of the given partitions, or of every
@@ -343,20 +417,42 @@ impl GroupCoordinator {
         group_id: &str,
         partitions: Option<&[(String, i32)]>,
     ) -> Vec<(String, i32, Option<CommittedOffset>)> {
+        self.fetch_offsets_stable(group_id, partitions, false)
+            .into_iter()
+            .map(|(t, p, v)| (t, p, v.unwrap_or(None)))
+            .collect()
+    }
+
+    /// [`GroupCoordinator::fetch_offsets`] for OffsetFetch: with
+    /// `require_stable` (KIP-447), a partition an open transaction holds
+    /// an offset for is UNSTABLE_OFFSET_COMMIT (the client retries).
+    pub fn fetch_offsets_stable(
+        &self,
+        group_id: &str,
+        partitions: Option<&[(String, i32)]>,
+        require_stable: bool,
+    ) -> Vec<FetchedOffset> {
         self.store.with_table(|table| {
             let committed = table.offsets.get(group_id);
+            let stable = |t: &str, p: i32, v: Option<&CommittedOffset>| {
+                if require_stable && table.has_pending(group_id, t, p) {
+                    Err(ResponseError::UnstableOffsetCommit)
+                } else {
+                    Ok(v.cloned())
+                }
+            };
             match partitions {
                 Some(wanted) => wanted
                     .iter()
                     .map(|(t, p)| {
-                        let value = committed.and_then(|c| c.get(&(t.clone(), *p))).cloned();
-                        (t.clone(), *p, value)
+                        let value = committed.and_then(|c| c.get(&(t.clone(), *p)));
+                        (t.clone(), *p, stable(t, *p, value))
                     })
                     .collect(),
                 None => committed
                     .into_iter()
                     .flatten()
-                    .map(|((t, p), v)| (t.clone(), *p, Some(v.clone())))
+                    .map(|((t, p), v)| (t.clone(), *p, stable(t, *p, Some(v))))
                     .collect(),
             }
         })

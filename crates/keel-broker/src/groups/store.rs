@@ -2,6 +2,11 @@
 //! batches in a coordinator log ([`crate::metalog`]) of Keel's own
 //! (`__keel_meta/groups/log`), in the record schemas of Kafka's
 //! `__consumer_offsets` ([`super::records`]).
+//!
+//! Offsets committed in a transaction (TxnOffsetCommit) are written as a
+//! transactional batch under the producer's id and epoch and held as
+//! pending until the transaction's marker: a commit makes them the
+//! group's committed offsets, an abort drops them.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +27,25 @@ pub type GroupStore = MetaLog<GroupTable>;
 pub struct GroupTable {
     pub offsets: BTreeMap<String, GroupOffsets>,
     pub groups: BTreeMap<String, GroupMetadata>,
+    /// Offsets of open transactions, by producer id.
+    pub pending: BTreeMap<i64, PendingOffsets>,
+}
+
+/// One producer's transactional offset commits, awaiting its marker.
+#[derive(Debug, Default, Clone)]
+pub struct PendingOffsets {
+    pub producer_epoch: i16,
+    /// By `(group, topic, partition)`; a later commit replaces an earlier.
+    pub offsets: BTreeMap<(String, String, i32), CommittedOffset>,
+}
+
+impl GroupTable {
+    /// Whether an open transaction holds an offset of this partition for
+    /// the group (OffsetFetch's UNSTABLE_OFFSET_COMMIT).
+    pub fn has_pending(&self, group: &str, topic: &str, partition: i32) -> bool {
+        let key = (group.to_string(), topic.to_string(), partition);
+        self.pending.values().any(|p| p.offsets.contains_key(&key))
+    }
 }
 
 impl Table for GroupTable {
@@ -89,12 +113,74 @@ impl Table for GroupTable {
     fn decode(key: &[u8], value: Option<&[u8]>) -> Result<GroupRecord, String> {
         GroupRecord::decode(key, value).map_err(|e| e.to_string())
     }
+
+    fn apply_transactional(&mut self, producer_id: i64, producer_epoch: i16, record: GroupRecord) {
+        match record {
+            GroupRecord::Offset {
+                group,
+                topic,
+                partition,
+                value: Some(v),
+            } => {
+                let pending = self.pending.entry(producer_id).or_default();
+                if pending.producer_epoch < producer_epoch {
+                    // Left by a transaction of an older epoch that no
+                    // marker ended here: stale.
+                    pending.offsets.clear();
+                }
+                pending.producer_epoch = producer_epoch;
+                pending.offsets.insert((group, topic, partition), v);
+            }
+            // Kafka writes nothing else transactionally; anything else
+            // takes effect at once.
+            other => self.apply(other),
+        }
+    }
+
+    fn end_transaction(&mut self, producer_id: i64, producer_epoch: i16, commit: bool) {
+        match self.pending.get(&producer_id) {
+            // A marker older than the offsets cannot end their transaction.
+            Some(p) if p.producer_epoch > producer_epoch => return,
+            Some(_) => {}
+            None => return,
+        }
+        let Some(pending) = self.pending.remove(&producer_id) else {
+            return;
+        };
+        if commit {
+            for ((group, topic, partition), v) in pending.offsets {
+                self.offsets
+                    .entry(group)
+                    .or_default()
+                    .insert((topic, partition), v);
+            }
+        }
+    }
+
+    fn transactional_records(&self) -> Vec<(i64, i16, Vec<GroupRecord>)> {
+        self.pending
+            .iter()
+            .map(|(pid, p)| {
+                let records = p
+                    .offsets
+                    .iter()
+                    .map(|((g, t, partition), v)| GroupRecord::Offset {
+                        group: g.clone(),
+                        topic: t.clone(),
+                        partition: *partition,
+                        value: Some(v.clone()),
+                    })
+                    .collect();
+                (*pid, p.producer_epoch, records)
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metalog::{encode_batch, list_snapshots};
+    use crate::metalog::{encode_batch, list_snapshots, Entry};
     use keel_log::LogConfig;
 
     fn offset_record(group: &str, partition: i32, offset: i64) -> GroupRecord {
@@ -125,7 +211,7 @@ mod tests {
     #[test]
     fn batches_are_valid_kafka_batches() {
         let r = offset_record("g", 0, 5);
-        let batch = encode_batch::<GroupTable>([&r].into_iter(), 7).unwrap();
+        let batch = encode_batch::<GroupTable>([&r].into_iter(), None, 7).unwrap();
         let header = keel_log::batch::BatchHeader::parse(&batch).unwrap();
         assert_eq!(header.records_count, 1);
         keel_log::batch::check_crc(&batch, &header).unwrap();
@@ -173,6 +259,102 @@ mod tests {
             assert!(!t.offsets.contains_key("gone"));
         });
         store.close();
+    }
+
+    fn txn(producer_id: i64, records: Vec<GroupRecord>) -> Entry<GroupRecord> {
+        txn_at(producer_id, 0, records)
+    }
+
+    fn txn_at(producer_id: i64, producer_epoch: i16, records: Vec<GroupRecord>) -> Entry<GroupRecord> {
+        Entry::Transactional {
+            producer_id,
+            producer_epoch,
+            records,
+        }
+    }
+
+    fn marker(producer_id: i64, commit: bool) -> Entry<GroupRecord> {
+        marker_at(producer_id, 0, commit)
+    }
+
+    fn marker_at(producer_id: i64, producer_epoch: i16, commit: bool) -> Entry<GroupRecord> {
+        Entry::Marker {
+            producer_id,
+            producer_epoch,
+            marker: keel_log::marker::Marker {
+                commit,
+                coordinator_epoch: 0,
+            },
+        }
+    }
+
+    fn committed(store: &GroupStore, partition: i32) -> Option<i64> {
+        store.with_table(|t| {
+            t.offsets
+                .get("g")
+                .and_then(|o| o.get(&("t".to_string(), partition)))
+                .map(|v| v.offset)
+        })
+    }
+
+    #[test]
+    fn transactional_offsets_wait_for_their_marker_across_snapshots_and_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = runtime();
+        let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
+        rt.block_on(store.write(vec![offset_record("g", 0, 5)])).unwrap();
+        rt.block_on(store.write_entry(txn(7, vec![offset_record("g", 0, 10), offset_record("g", 1, 3)])))
+            .unwrap();
+        assert_eq!(committed(&store, 0), Some(5), "pending until the marker");
+        assert!(store.with_table(|t| t.has_pending("g", "t", 1)));
+        rt.block_on(store.write_entry(marker(7, true))).unwrap();
+        assert_eq!((committed(&store, 0), committed(&store, 1)), (Some(10), Some(3)));
+        rt.block_on(store.write_entry(txn(8, vec![offset_record("g", 0, 20)])))
+            .unwrap();
+        rt.block_on(store.write_entry(marker(8, false))).unwrap();
+        assert_eq!(committed(&store, 0), Some(10), "an abort drops them");
+        // Producer 9's offsets stay open while the log is snapshotted
+        // (8 KiB of other commits) and the store is reopened.
+        rt.block_on(store.write_entry(txn(9, vec![offset_record("g", 2, 30)])))
+            .unwrap();
+        for i in 0..200 {
+            rt.block_on(store.write(vec![offset_record("other", 0, i)]))
+                .unwrap();
+        }
+        store.close();
+        assert!(
+            !list_snapshots(&keel_log::DiskStorage, &dir.path().join("snapshots"))
+                .unwrap()
+                .is_empty()
+        );
+        let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
+        assert_eq!(committed(&store, 2), None);
+        assert!(store.with_table(|t| t.has_pending("g", "t", 2) && t.pending.len() == 1));
+        rt.block_on(store.write_entry(marker(9, true))).unwrap();
+        store.close();
+        let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
+        assert_eq!(committed(&store, 2), Some(30));
+        assert!(store.with_table(|t| t.pending.is_empty()));
+        store.close();
+    }
+
+    #[test]
+    fn stale_offsets_and_stale_markers_are_told_apart_by_epoch() {
+        let mut t = GroupTable::default();
+        let mut apply = |e: Entry<GroupRecord>| e.apply_to(&mut t);
+        // Offsets of epoch 2 left pending: the abort marker (epoch 3) of
+        // their timed-out transaction came first.
+        apply(marker_at(7, 3, false));
+        apply(txn_at(7, 2, vec![offset_record("g", 0, 50)]));
+        // The next transaction, epoch 3: the stale offsets go.
+        apply(txn_at(7, 3, vec![offset_record("g", 1, 60)]));
+        // A marker older than the pending offsets does not end them.
+        apply(marker_at(7, 2, true));
+        apply(marker_at(7, 3, true));
+        let offsets = &t.offsets["g"];
+        assert_eq!(offsets.get(&("t".to_string(), 0)), None);
+        assert_eq!(offsets[&("t".to_string(), 1)].offset, 60);
+        assert!(t.pending.is_empty());
     }
 
     #[test]

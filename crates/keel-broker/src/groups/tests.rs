@@ -501,3 +501,65 @@ async fn offsets_of_subscribed_topics_cannot_be_deleted_while_members_consume() 
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].0, "t");
 }
+
+#[tokio::test]
+async fn transactional_offsets_are_checked_held_and_ended_by_their_marker() {
+    let mut h = Harness::new();
+    let results = h.stable_group(1).await;
+    let (generation, member) = (results[0].generation, results[0].member_id.clone());
+    let offset = |offset| {
+        vec![OffsetToCommit {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            leader_epoch: -1,
+            metadata: String::new(),
+        }]
+    };
+    let commit = |h: &Harness, producer_id, generation, member: &str, o| {
+        let c = Arc::clone(&h.coordinator);
+        let member = member.to_string();
+        async move {
+            c.commit_transactional_offsets("g", (producer_id, 0), generation, &member, None, o)
+                .await
+        }
+    };
+    // KIP-447: a named member and generation must be current; a request
+    // naming neither (before v3) is taken.
+    assert_eq!(
+        commit(&h, 7, generation + 1, &member, offset(5)).await,
+        Err(ResponseError::IllegalGeneration)
+    );
+    assert_eq!(
+        commit(&h, 7, generation, "stranger", offset(5)).await,
+        Err(ResponseError::UnknownMemberId)
+    );
+    commit(&h, 7, -1, "", offset(4)).await.unwrap();
+    commit(&h, 7, generation, &member, offset(5)).await.unwrap();
+    let stable = |c: &GroupCoordinator| c.fetch_offsets_stable("g", Some(&[("t".into(), 0)]), true);
+    assert_eq!(
+        stable(&h.coordinator)[0].2,
+        Err(ResponseError::UnstableOffsetCommit)
+    );
+    assert_eq!(
+        h.coordinator.fetch_offsets("g", None).len(),
+        0,
+        "not committed yet"
+    );
+    let marker = |commit| Marker {
+        commit,
+        coordinator_epoch: 0,
+    };
+    // Still pending after a reopen; the commit marker makes it the
+    // group's offset, an abort marker of another producer changes nothing.
+    h.reopen();
+    assert_eq!(
+        stable(&h.coordinator)[0].2,
+        Err(ResponseError::UnstableOffsetCommit)
+    );
+    h.coordinator.end_transaction(7, 0, marker(true)).await.unwrap();
+    commit(&h, 8, -1, "", offset(9)).await.unwrap();
+    h.coordinator.end_transaction(8, 0, marker(false)).await.unwrap();
+    let fetched = stable(&h.coordinator);
+    assert_eq!(fetched[0].2.as_ref().unwrap().as_ref().map(|v| v.offset), Some(5));
+}

@@ -1,6 +1,6 @@
 //! The classic consumer group APIs: FindCoordinator, JoinGroup, SyncGroup,
 //! Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
-//! DescribeGroups, DeleteGroups and OffsetDelete. Each handler translates
+//! DescribeGroups, DeleteGroups and OffsetDelete, and TxnOffsetCommit. Each handler translates
 //! between the wire messages (whose fields vary by version) and
 //! [`crate::groups::GroupCoordinator`].
 
@@ -22,6 +22,9 @@ use keel_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
 };
+use keel_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
 use keel_protocol::messages::*;
 use keel_protocol::{ResponseError, StrBytes};
 
@@ -30,6 +33,7 @@ use crate::groups::group::JoinParams;
 use crate::groups::records::CommittedOffset;
 use crate::groups::OffsetToCommit;
 use crate::Broker;
+use keel_log::marker::Marker;
 
 /// FindCoordinator key types.
 const KEY_TYPE_GROUP: i8 = 0;
@@ -243,40 +247,58 @@ pub fn leave_group(broker: &Broker, req: LeaveGroupRequest, version: i16) -> Lea
     LeaveGroupResponse::default().with_members(members)
 }
 
+/// A commit request's topics as [`CommitRow`]s: OffsetCommit and
+/// TxnOffsetCommit name their fields alike, in types of their own.
+macro_rules! commit_rows {
+    ($topics:expr, $with_leader_epoch:expr) => {
+        $topics
+            .iter()
+            .map(|t| {
+                let partitions = t.partitions.iter().map(|p| {
+                    let leader_epoch = if $with_leader_epoch {
+                        p.committed_leader_epoch
+                    } else {
+                        -1
+                    };
+                    (
+                        p.partition_index,
+                        p.committed_offset,
+                        leader_epoch,
+                        &p.committed_metadata,
+                    )
+                });
+                (t.name.clone(), partitions.collect())
+            })
+            .collect::<Vec<CommitRow<'_>>>()
+    };
+}
+
+/// [`Commit::results`] as a commit response's topics.
+macro_rules! commit_response {
+    ($results:expr, $topic:ident, $partition:ident) => {
+        $results
+            .into_iter()
+            .map(|(name, partitions)| {
+                let partitions = partitions
+                    .into_iter()
+                    .map(|(index, error)| {
+                        $partition::default()
+                            .with_partition_index(index)
+                            .with_error_code(error)
+                    })
+                    .collect();
+                $topic::default().with_name(name).with_partitions(partitions)
+            })
+            .collect()
+    };
+}
+
 pub async fn offset_commit(
     broker: &Arc<Broker>,
     req: OffsetCommitRequest,
     version: i16,
 ) -> OffsetCommitResponse {
-    // Partitions of unknown topics are refused one by one; the rest go to
-    // the coordinator together.
-    let mut to_commit = Vec::new();
-    let mut errors: Vec<Vec<Option<ResponseError>>> = Vec::new();
-    for t in &req.topics {
-        let mut row = Vec::new();
-        for p in &t.partitions {
-            if partition_of(broker, t.name.as_str(), p.partition_index).is_ok() {
-                to_commit.push(OffsetToCommit {
-                    topic: t.name.to_string(),
-                    partition: p.partition_index,
-                    offset: p.committed_offset,
-                    leader_epoch: if version >= 6 {
-                        p.committed_leader_epoch
-                    } else {
-                        -1
-                    },
-                    metadata: p
-                        .committed_metadata
-                        .as_ref()
-                        .map_or_else(String::new, |m| m.to_string()),
-                });
-                row.push(None);
-            } else {
-                row.push(Some(ResponseError::UnknownTopicOrPartition));
-            }
-        }
-        errors.push(row);
-    }
+    let commit = Commit::split(broker, commit_rows!(req.topics, version >= 6));
     let outcome = broker
         .groups
         .commit_offsets(
@@ -284,56 +306,163 @@ pub async fn offset_commit(
             req.generation_id_or_member_epoch,
             req.member_id.as_str(),
             opt_str(&req.group_instance_id),
-            to_commit,
+            commit.offsets.clone(),
         )
         .await;
-    let mut results = match &outcome {
-        Ok(results) => results.clone().into_iter(),
-        Err(_) => Vec::new().into_iter(),
-    };
-    let topics = req
-        .topics
-        .into_iter()
-        .zip(errors)
-        .map(|(t, row)| {
-            let partitions = t
-                .partitions
-                .iter()
-                .zip(row)
-                .map(|(p, refused)| {
-                    let error = match (refused, &outcome) {
-                        (Some(e), _) => e.code(),
-                        (None, Err(e)) => e.code(),
-                        (None, Ok(_)) => code(results.next().unwrap_or(Ok(()))),
-                    };
-                    OffsetCommitResponsePartition::default()
-                        .with_partition_index(p.partition_index)
-                        .with_error_code(error)
-                })
-                .collect();
-            OffsetCommitResponseTopic::default()
-                .with_name(t.name)
-                .with_partitions(partitions)
-        })
-        .collect();
+    let topics = commit_response!(
+        commit.results(outcome),
+        OffsetCommitResponseTopic,
+        OffsetCommitResponsePartition
+    );
     OffsetCommitResponse::default().with_topics(topics)
+}
+
+/// TxnOffsetCommit: offsets written in the producer's transaction, which
+/// must hold the group's offsets (AddOffsetsToTxn).
+pub async fn txn_offset_commit(
+    broker: &Arc<Broker>,
+    req: TxnOffsetCommitRequest,
+    version: i16,
+) -> TxnOffsetCommitResponse {
+    let commit = Commit::split(broker, commit_rows!(req.topics, version >= 2));
+    let producer = (req.producer_id.0, req.producer_epoch);
+    let verify = || {
+        broker.txns.verify(
+            req.transactional_id.as_str(),
+            producer.0,
+            producer.1,
+            &crate::txn::offsets_partition(),
+        )
+    };
+    let outcome = match verify() {
+        Err(e) => Err(e),
+        Ok(()) => {
+            let written = broker
+                .groups
+                .commit_transactional_offsets(
+                    req.group_id.as_str(),
+                    producer,
+                    req.generation_id,
+                    req.member_id.as_str(),
+                    opt_str(&req.group_instance_id),
+                    commit.offsets.clone(),
+                )
+                .await;
+            match (written, verify()) {
+                // The transaction ended (it timed out) while the offsets
+                // were written; its marker may be in the group log before
+                // them. End them here so they cannot stay pending.
+                (Ok(_), Err(e)) => {
+                    let abort = Marker {
+                        commit: false,
+                        coordinator_epoch: crate::txn::COORDINATOR_EPOCH,
+                    };
+                    if let Err(w) = broker.groups.end_transaction(producer.0, producer.1, abort).await {
+                        tracing::error!(error = %w, "cannot end the offsets of a transaction that ended meanwhile");
+                    }
+                    Err(e)
+                }
+                (written, _) => written,
+            }
+        }
+    };
+    let topics = commit_response!(
+        commit.results(outcome),
+        TxnOffsetCommitResponseTopic,
+        TxnOffsetCommitResponsePartition
+    );
+    TxnOffsetCommitResponse::default().with_topics(topics)
+}
+
+/// One topic of a commit request: `(partition, offset, leader epoch,
+/// metadata)` per partition.
+type CommitRow<'a> = (TopicName, Vec<(i32, i64, i32, &'a Option<StrBytes>)>);
+
+/// A partition of a commit and why it was refused, if it was.
+type Refusal = (i32, Option<ResponseError>);
+
+/// A commit request's partitions: those of unknown topics are refused one
+/// by one, the rest go to the coordinator together.
+struct Commit {
+    offsets: Vec<OffsetToCommit>,
+    /// By topic in request order: each partition and its refusal, if any.
+    rows: Vec<(TopicName, Vec<Refusal>)>,
+}
+
+impl Commit {
+    fn split(broker: &Broker, topics: Vec<CommitRow<'_>>) -> Commit {
+        let mut offsets = Vec::new();
+        let mut rows = Vec::with_capacity(topics.len());
+        for (name, partitions) in topics {
+            let mut row = Vec::with_capacity(partitions.len());
+            for (index, offset, leader_epoch, metadata) in partitions {
+                if partition_of(broker, name.as_str(), index).is_ok() {
+                    offsets.push(OffsetToCommit {
+                        topic: name.to_string(),
+                        partition: index,
+                        offset,
+                        leader_epoch,
+                        metadata: metadata.as_ref().map_or_else(String::new, |m| m.to_string()),
+                    });
+                    row.push((index, None));
+                } else {
+                    row.push((index, Some(ResponseError::UnknownTopicOrPartition)));
+                }
+            }
+            rows.push((name, row));
+        }
+        Commit { offsets, rows }
+    }
+
+    /// Each partition's error code, given what the coordinator said about
+    /// the committed ones (in order) or the whole request.
+    fn results(
+        self,
+        outcome: Result<Vec<Result<(), ResponseError>>, ResponseError>,
+    ) -> Vec<(TopicName, Vec<(i32, i16)>)> {
+        let mut committed = match &outcome {
+            Ok(results) => results.clone().into_iter(),
+            Err(_) => Vec::new().into_iter(),
+        };
+        self.rows
+            .into_iter()
+            .map(|(name, row)| {
+                let codes = row
+                    .into_iter()
+                    .map(|(index, refused)| {
+                        let error = match (refused, &outcome) {
+                            (Some(e), _) => e.code(),
+                            (None, Err(e)) => e.code(),
+                            (None, Ok(_)) => code(committed.next().unwrap_or(Ok(()))),
+                        };
+                        (index, error)
+                    })
+                    .collect();
+                (name, codes)
+            })
+            .collect()
+    }
 }
 
 /// `(topic, [(partition, committed)])`, grouped by topic in request order
 /// (or name order when every partition was asked for).
-type FetchedOffsets = Vec<(String, Vec<(i32, Option<CommittedOffset>)>)>;
+type FetchedOffsets = Vec<(String, Vec<(i32, Fetched)>)>;
+type Fetched = Result<Option<CommittedOffset>, ResponseError>;
 
 fn fetch_group_offsets(
     broker: &Broker,
     group: &str,
     wanted: Option<Vec<(String, Vec<i32>)>>,
+    require_stable: bool,
 ) -> FetchedOffsets {
     let flat: Option<Vec<(String, i32)>> = wanted.as_ref().map(|w| {
         w.iter()
             .flat_map(|(t, ps)| ps.iter().map(move |p| (t.clone(), *p)))
             .collect()
     });
-    let found = broker.groups.fetch_offsets(group, flat.as_deref());
+    let found = broker
+        .groups
+        .fetch_offsets_stable(group, flat.as_deref(), require_stable);
     let mut out: FetchedOffsets = Vec::new();
     for (topic, partition, value) in found {
         match out.last_mut() {
@@ -351,16 +480,17 @@ pub fn offset_fetch(broker: &Broker, req: OffsetFetchRequest, version: i16) -> O
                 .map(|t| (t.name.to_string(), t.partition_indexes))
                 .collect()
         });
-        let fetched = fetch_group_offsets(broker, req.group_id.as_str(), topics);
+        let fetched = fetch_group_offsets(broker, req.group_id.as_str(), topics, req.require_stable);
         let topics = fetched
             .into_iter()
             .map(|(topic, partitions)| {
                 let partitions = partitions
                     .into_iter()
                     .map(|(p, v)| {
-                        let (offset, epoch, meta) = committed_fields(v, version >= 5);
+                        let (offset, epoch, meta, error) = committed_fields(v, version >= 5);
                         OffsetFetchResponsePartition::default()
                             .with_partition_index(p)
+                            .with_error_code(error)
                             .with_committed_offset(offset)
                             .with_committed_leader_epoch(epoch)
                             .with_metadata(Some(str_bytes(meta)))
@@ -382,16 +512,17 @@ pub fn offset_fetch(broker: &Broker, req: OffsetFetchRequest, version: i16) -> O
                     .map(|t| (t.name.to_string(), t.partition_indexes))
                     .collect()
             });
-            let fetched = fetch_group_offsets(broker, g.group_id.as_str(), topics);
+            let fetched = fetch_group_offsets(broker, g.group_id.as_str(), topics, req.require_stable);
             let topics = fetched
                 .into_iter()
                 .map(|(topic, partitions)| {
                     let partitions = partitions
                         .into_iter()
                         .map(|(p, v)| {
-                            let (offset, epoch, meta) = committed_fields(v, true);
+                            let (offset, epoch, meta, error) = committed_fields(v, true);
                             OffsetFetchResponsePartitions::default()
                                 .with_partition_index(p)
+                                .with_error_code(error)
                                 .with_committed_offset(offset)
                                 .with_committed_leader_epoch(epoch)
                                 .with_metadata(Some(str_bytes(meta)))
@@ -410,12 +541,18 @@ pub fn offset_fetch(broker: &Broker, req: OffsetFetchRequest, version: i16) -> O
     OffsetFetchResponse::default().with_groups(groups)
 }
 
-/// `(offset, leader epoch, metadata)`; no commit is offset -1 with empty
-/// metadata, as in Kafka.
-fn committed_fields(v: Option<CommittedOffset>, with_epoch: bool) -> (i64, i32, String) {
+/// `(offset, leader epoch, metadata, error code)`; no commit (or an
+/// unstable one) is offset -1 with empty metadata, as in Kafka.
+fn committed_fields(v: Fetched, with_epoch: bool) -> (i64, i32, String, i16) {
     match v {
-        Some(c) => (c.offset, if with_epoch { c.leader_epoch } else { -1 }, c.metadata),
-        None => (-1, -1, String::new()),
+        Ok(Some(c)) => (
+            c.offset,
+            if with_epoch { c.leader_epoch } else { -1 },
+            c.metadata,
+            0,
+        ),
+        Ok(None) => (-1, -1, String::new(), 0),
+        Err(e) => (-1, -1, String::new(), e.code()),
     }
 }
 

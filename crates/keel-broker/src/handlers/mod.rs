@@ -9,6 +9,7 @@ pub mod metadata;
 pub mod offsets;
 pub mod produce;
 pub mod txn;
+pub mod txn_admin;
 
 use keel_protocol::messages::{ApiVersionsResponse, TopicName};
 use keel_protocol::StrBytes;

@@ -1,5 +1,5 @@
 //! The transaction APIs (InitProducerId with a transactional id is in
-//! `produce.rs`), and the marker writer: the part of ending a
+//! `produce.rs`, TxnOffsetCommit in `groups.rs`), and the marker writer: the part of ending a
 //! transaction that touches partitions, which the coordinator
 //! (`crate::txn`) leaves to the broker.
 
@@ -16,7 +16,7 @@ use keel_protocol::ResponseError;
 
 use super::partition_of;
 use crate::txn::state::{TxnState, TxnStatus};
-use crate::txn::COORDINATOR_EPOCH;
+use crate::txn::{offsets_partition, COORDINATOR_EPOCH, OFFSETS_PARTITION, OFFSETS_TOPIC};
 use crate::Broker;
 
 /// What a producer whose epoch is older gets: PRODUCER_FENCED from the
@@ -129,6 +129,31 @@ async fn add_one(
     results
 }
 
+/// AddOffsetsToTxn: the transaction will commit offsets of `group_id`,
+/// so it takes in the group log (Kafka's `__consumer_offsets` partition of
+/// the group; Keel's one group log is its partition 0).
+pub async fn add_offsets_to_txn(
+    broker: &Arc<Broker>,
+    req: AddOffsetsToTxnRequest,
+    version: i16,
+) -> AddOffsetsToTxnResponse {
+    let error = if req.group_id.is_empty() {
+        Err(ResponseError::InvalidGroupId)
+    } else {
+        broker
+            .txns
+            .add_partitions(
+                req.transactional_id.as_str(),
+                req.producer_id.0,
+                req.producer_epoch,
+                &[offsets_partition()],
+                fenced_error(version, 2),
+            )
+            .await
+    };
+    AddOffsetsToTxnResponse::default().with_error_code(error.err().map_or(0, |e| e.code()))
+}
+
 pub async fn end_txn(broker: &Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxnResponse {
     let id = req.transactional_id.as_str();
     let result = broker
@@ -180,9 +205,22 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
 
 /// Appends one marker, retrying while the partition cannot take it (a
 /// storage failure heals only with a restart, which writes the markers
-/// again). A partition that no longer exists needs none.
+/// again). A partition that no longer exists needs none. The offsets
+/// partition's marker goes to the group log.
 async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &TxnState, marker: Marker) {
     let mut backoff = Duration::from_millis(100);
+    if (topic, index) == (OFFSETS_TOPIC, OFFSETS_PARTITION) {
+        while let Err(e) = broker
+            .groups
+            .end_transaction(prepared.producer_id, prepared.producer_epoch, marker)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot write a transaction marker into the group log; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+        return;
+    }
     loop {
         let Ok(partition) = partition_of(broker, topic, index) else {
             return;

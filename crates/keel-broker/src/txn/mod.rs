@@ -35,6 +35,16 @@ use state::{EndDecision, InitDecision, TxnEntry, TxnState, TxnStatus};
 /// re-elected.
 pub const COORDINATOR_EPOCH: i32 = 0;
 
+/// The partition a transaction takes in to commit a group's offsets (Kafka
+/// names the group's `__consumer_offsets` partition; Keel keeps every
+/// group in one group log, and calls it partition 0).
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+pub const OFFSETS_PARTITION: i32 = 0;
+
+pub fn offsets_partition() -> (String, i32) {
+    (OFFSETS_TOPIC.to_string(), OFFSETS_PARTITION)
+}
+
 /// Settings from the broker's `transaction.*` configs.
 #[derive(Debug, Clone, Copy)]
 pub struct TxnConfig {
@@ -140,7 +150,7 @@ impl TxnCoordinator {
         })
     }
 
-    fn now_ms(&self) -> i64 {
+    pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()
     }
 
@@ -385,6 +395,15 @@ impl TxnCoordinator {
             .filter(|(_, e)| matches!(e.state.status, TxnStatus::PrepareCommit | TxnStatus::PrepareAbort))
             .map(|(id, e)| (id.clone(), e.state.clone()))
             .collect()
+    }
+
+    /// One transactional id's persisted state.
+    pub fn describe(&self, id: &str) -> Option<TxnState> {
+        self.txns
+            .lock()
+            .get(id)
+            .filter(|e| !is_placeholder(e))
+            .map(|e| e.state.clone())
     }
 
     /// Every transactional id with a persisted state.

@@ -48,6 +48,11 @@ impl TxnStatus {
         .find(|s| *s as i8 == id)
     }
 
+    /// The status of a name [`TxnStatus::name`] gives.
+    pub fn from_name(name: &str) -> Option<TxnStatus> {
+        (0..=7).filter_map(TxnStatus::from_id).find(|s| s.name() == name)
+    }
+
     /// The name DescribeTransactions and ListTransactions use.
     pub fn name(self) -> &'static str {
         match self {
@@ -305,6 +310,30 @@ pub fn expired(entry: &TxnEntry, now_ms: i64, expiration_ms: i64) -> bool {
         && now_ms.saturating_sub(s.last_update_ms) > expiration_ms
 }
 
+/// ListTransactions' filters, as Kafka applies them: each one given must
+/// match.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// States by name; names Kafka does not know match nothing.
+    pub states: Option<Vec<String>>,
+    pub producer_ids: Vec<i64>,
+    /// Only transactions open for longer than this (negative: any).
+    pub min_duration_ms: i64,
+}
+
+impl ListFilter {
+    pub fn matches(&self, s: &TxnState, now_ms: i64) -> bool {
+        let state_ok = self
+            .states
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|n| TxnStatus::from_name(n) == Some(s.status)));
+        let producer_ok = self.producer_ids.is_empty() || self.producer_ids.contains(&s.producer_id);
+        let duration_ok =
+            self.min_duration_ms < 0 || (s.start_ms >= 0 && now_ms - s.start_ms > self.min_duration_ms);
+        state_ok && producer_ok && duration_ok
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,5 +438,43 @@ mod tests {
         assert_eq!((fresh.producer_id, fresh.producer_epoch), (2, 0));
         assert!(expired(&e, 10_000, 100));
         assert!(!expired(&e, 10_000, 100_000));
+    }
+
+    #[test]
+    fn list_filters_combine_as_kafkas_do() {
+        for id in 0..=7 {
+            let s = TxnStatus::from_id(id).unwrap();
+            assert_eq!(TxnStatus::from_name(s.name()), Some(s));
+        }
+        let open = add_partitions(
+            &entry(persisted(init(None, 100, None, Some(4), 0))),
+            &[("t".into(), 0)],
+            1_000,
+        )
+        .unwrap()
+        .unwrap();
+        let any = ListFilter {
+            min_duration_ms: -1,
+            ..ListFilter::default()
+        };
+        assert!(any.matches(&open, 1_000));
+        let names = |n: &[&str]| Some(n.iter().map(|s| s.to_string()).collect());
+        let f = |states, producer_ids: Vec<i64>, min_duration_ms| ListFilter {
+            states,
+            producer_ids,
+            min_duration_ms,
+        };
+        assert!(f(names(&["Ongoing", "Empty"]), vec![], -1).matches(&open, 1_000));
+        assert!(!f(names(&["CompleteCommit"]), vec![], -1).matches(&open, 1_000));
+        assert!(!f(names(&["NoSuchState"]), vec![], -1).matches(&open, 1_000));
+        assert!(f(None, vec![3, 4], -1).matches(&open, 1_000));
+        assert!(!f(None, vec![3], -1).matches(&open, 1_000));
+        assert!(!f(None, vec![], 500).matches(&open, 1_500), "open exactly 500 ms");
+        assert!(f(None, vec![], 500).matches(&open, 1_501));
+        let idle = persisted(init(None, 100, None, Some(5), 0));
+        assert!(
+            !f(None, vec![], 0).matches(&idle, 1_000_000),
+            "no transaction is open"
+        );
     }
 }

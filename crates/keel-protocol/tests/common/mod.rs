@@ -203,6 +203,12 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::OffsetDelete => Request::OffsetDelete(offset_delete(g, v)),
         ApiKey::AddPartitionsToTxn => Request::AddPartitionsToTxn(add_partitions_to_txn(g, v)),
         ApiKey::EndTxn => Request::EndTxn(end_txn(g, v)),
+        ApiKey::AddOffsetsToTxn => Request::AddOffsetsToTxn(add_offsets_to_txn(g, v)),
+        ApiKey::TxnOffsetCommit => Request::TxnOffsetCommit(txn_offset_commit(g, v)),
+        ApiKey::WriteTxnMarkers => Request::WriteTxnMarkers(write_txn_markers(g, v)),
+        ApiKey::DescribeTransactions => Request::DescribeTransactions(describe_transactions(g, v)),
+        ApiKey::ListTransactions => Request::ListTransactions(list_transactions(g, v)),
+        ApiKey::DescribeProducers => Request::DescribeProducers(describe_producers(g, v)),
         _ => return None,
     })
 }
@@ -236,6 +242,12 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::OffsetDelete(r) => r.encode(buf, v),
         Request::AddPartitionsToTxn(r) => r.encode(buf, v),
         Request::EndTxn(r) => r.encode(buf, v),
+        Request::AddOffsetsToTxn(r) => r.encode(buf, v),
+        Request::TxnOffsetCommit(r) => r.encode(buf, v),
+        Request::WriteTxnMarkers(r) => r.encode(buf, v),
+        Request::DescribeTransactions(r) => r.encode(buf, v),
+        Request::ListTransactions(r) => r.encode(buf, v),
+        Request::DescribeProducers(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -282,6 +294,12 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::OffsetDelete(a), Request::OffsetDelete(b)) => a == b,
         (Request::AddPartitionsToTxn(a), Request::AddPartitionsToTxn(b)) => a == b,
         (Request::EndTxn(a), Request::EndTxn(b)) => a == b,
+        (Request::AddOffsetsToTxn(a), Request::AddOffsetsToTxn(b)) => a == b,
+        (Request::TxnOffsetCommit(a), Request::TxnOffsetCommit(b)) => a == b,
+        (Request::WriteTxnMarkers(a), Request::WriteTxnMarkers(b)) => a == b,
+        (Request::DescribeTransactions(a), Request::DescribeTransactions(b)) => a == b,
+        (Request::ListTransactions(a), Request::ListTransactions(b)) => a == b,
+        (Request::DescribeProducers(a), Request::DescribeProducers(b)) => a == b,
         _ => false,
     }
 }
@@ -910,4 +928,105 @@ fn end_txn(g: &mut Gen, v: i16) -> EndTxnRequest {
         .with_producer_epoch(g.i16())
         .with_committed(g.bool())
         .with_unknown_tagged_fields(g.tags(is_flexible(ApiKey::EndTxn, v)))
+}
+
+fn add_offsets_to_txn(g: &mut Gen, v: i16) -> AddOffsetsToTxnRequest {
+    AddOffsetsToTxnRequest::default()
+        .with_transactional_id(TransactionalId(g.string()))
+        .with_producer_id(ProducerId(g.i64()))
+        .with_producer_epoch(g.i16())
+        .with_group_id(group_id(g))
+        .with_unknown_tagged_fields(g.tags(is_flexible(ApiKey::AddOffsetsToTxn, v)))
+}
+
+fn txn_offset_commit(g: &mut Gen, v: i16) -> TxnOffsetCommitRequest {
+    use txn_offset_commit_request::*;
+    let flexible = is_flexible(ApiKey::TxnOffsetCommit, v);
+    let topics = g.vec(3, |g| {
+        let partitions = g.vec(3, |g| {
+            let p = TxnOffsetCommitRequestPartition::default()
+                .with_partition_index(g.i32())
+                .with_committed_offset(g.i64())
+                .with_committed_metadata(g.opt_string())
+                .with_unknown_tagged_fields(g.tags(flexible));
+            if v >= 2 {
+                p.with_committed_leader_epoch(g.i32())
+            } else {
+                p
+            }
+        });
+        TxnOffsetCommitRequestTopic::default()
+            .with_name(g.topic())
+            .with_partitions(partitions)
+            .with_unknown_tagged_fields(g.tags(flexible))
+    });
+    let r = TxnOffsetCommitRequest::default()
+        .with_transactional_id(TransactionalId(g.string()))
+        .with_group_id(group_id(g))
+        .with_producer_id(ProducerId(g.i64()))
+        .with_producer_epoch(g.i16())
+        .with_topics(topics)
+        .with_unknown_tagged_fields(g.tags(flexible));
+    if v >= 3 {
+        r.with_generation_id(g.i32())
+            .with_member_id(g.string())
+            .with_group_instance_id(g.opt_string())
+    } else {
+        r
+    }
+}
+
+fn write_txn_markers(g: &mut Gen, _v: i16) -> WriteTxnMarkersRequest {
+    use write_txn_markers_request::*;
+    let markers = g.vec(3, |g| {
+        let topics = g.vec(3, |g| {
+            WritableTxnMarkerTopic::default()
+                .with_name(g.topic())
+                .with_partition_indexes(g.vec(3, |g| g.i32()))
+                .with_unknown_tagged_fields(g.tags(true))
+        });
+        WritableTxnMarker::default()
+            .with_producer_id(ProducerId(g.i64()))
+            .with_producer_epoch(g.i16())
+            .with_transaction_result(g.bool())
+            .with_topics(topics)
+            .with_coordinator_epoch(g.i32())
+            .with_unknown_tagged_fields(g.tags(true))
+    });
+    WriteTxnMarkersRequest::default()
+        .with_markers(markers)
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn describe_transactions(g: &mut Gen, _v: i16) -> DescribeTransactionsRequest {
+    DescribeTransactionsRequest::default()
+        .with_transactional_ids(g.vec(3, |g| TransactionalId(g.string())))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn list_transactions(g: &mut Gen, v: i16) -> ListTransactionsRequest {
+    let mut r = ListTransactionsRequest::default()
+        .with_state_filters(g.vec(3, |g| g.string()))
+        .with_producer_id_filters(g.vec(3, |g| ProducerId(g.i64())))
+        .with_unknown_tagged_fields(g.tags(true));
+    if v >= 1 {
+        r = r.with_duration_filter(g.i64());
+    }
+    if v >= 2 {
+        r = r.with_transactional_id_pattern(g.opt_string());
+    }
+    r
+}
+
+fn describe_producers(g: &mut Gen, _v: i16) -> DescribeProducersRequest {
+    use describe_producers_request::*;
+    let topics = g.vec(3, |g| {
+        TopicRequest::default()
+            .with_name(g.topic())
+            .with_partition_indexes(g.vec(3, |g| g.i32()))
+            .with_unknown_tagged_fields(g.tags(true))
+    });
+    DescribeProducersRequest::default()
+        .with_topics(topics)
+        .with_unknown_tagged_fields(g.tags(true))
 }
