@@ -1,4 +1,4 @@
-"""Apache Kafka's own tools (4.3.1), from the jars `bench/kafka/fetch.sh`
+"""Apache Kafka's own tools and Kafka Streams (4.3.1), from the jars `bench/kafka/fetch.sh`
 resolves into bench/lab/kafka-libs (or KEEL_KAFKA_LIBS). Without them, or
 without `java`, a test that needs them is skipped, unless CI=true, where it
 fails (.ci/run fetches them)."""
@@ -21,7 +21,7 @@ def classpath() -> str:
     missing = None
     if shutil.which("java") is None:
         missing = "`java` is not on PATH"
-    elif not (LIBS / f".complete-{KAFKA_VERSION}").exists():
+    elif not (LIBS / f".complete-{KAFKA_VERSION}-streams").exists():
         missing = f"Apache Kafka {KAFKA_VERSION}'s jars are not in {LIBS}; run bench/kafka/fetch.sh"
     if missing:
         if os.environ.get("CI") == "true":
