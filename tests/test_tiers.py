@@ -315,3 +315,35 @@ def test_tier_settings_are_checked(broker_factory, tmp_path):
                              capture_output=True, text=True, timeout=30)
         assert out.returncode != 0 and "log.dirs" in out.stdout + out.stderr, (setting, out)
         assert not (tmp_path / "d" / "cold").exists()
+
+
+@pytest.mark.parametrize("kind", TIERS)
+def test_read_committed_reads_of_cold_segments_skip_aborted_transactions(kind, broker_factory, request, tmp_path):
+    """Aborted transactions in segments that moved to a colder tier stay
+    hidden from read_committed readers, before and after a restart: their
+    aborted-transaction index goes with them (`<object>.txnindex`, and the
+    manifest)."""
+    from test_transactions import _read_all, _txn_producer
+    sets, topic_config, tier_files = tier_setup(kind, request, tmp_path)
+    b = broker_factory({**sets, "keel.tier.fast.max.bytes": str(2 * SEGMENT)})
+    bs, topic = b.bootstrap, unique("txtier")
+    create_topic(bs, topic, 1, topic_config)
+    p = _txn_producer(bs, unique("tx"), **{"batch.size": 4096})
+    committed = []
+    for round_ in range(12):
+        p.begin_transaction()
+        values = [(b"r%02d-%03d-" % (round_, i)) * 30 for i in range(40)]
+        for v in values:
+            p.produce(topic, value=v)
+        p.flush(CLIENT_TIMEOUT_S)
+        if round_ % 3 == 1:
+            p.abort_transaction(CLIENT_TIMEOUT_S)
+        else:
+            p.commit_transaction(CLIENT_TIMEOUT_S)
+            committed += values
+    wait_until(lambda: tier_counts(b, topic)[0]["cold"] >= 4, 60, "segments to go cold")
+    assert any(f.endswith(".txnindex") for f in tier_files()), tier_files()
+    for attempt in ("before", "after"):
+        assert _read_all(bs, topic, "read_committed") == committed, f"{attempt} the restart"
+        assert len(_read_all(bs, topic, "read_uncommitted")) == 12 * 40
+        b.restart()

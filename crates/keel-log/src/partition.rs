@@ -1397,6 +1397,9 @@ pub struct SealedSegment {
     pub log: Arc<segment::SegmentFile>,
     pub index: Bytes,
     pub time_index: Bytes,
+    /// Its aborted-transaction index entries (a `.txnindex` image when
+    /// copied), oldest first.
+    pub aborted: Vec<crate::txnindex::AbortedTxn>,
 }
 
 impl SealedSegment {
@@ -1411,6 +1414,7 @@ impl SealedSegment {
             tier,
             state,
             object,
+            aborted: self.aborted.clone(),
         }
     }
 }

@@ -221,6 +221,7 @@ impl SegMeta {
             log: Arc::clone(&self.file),
             index: bytes::Bytes::from(index),
             time_index: bytes::Bytes::from(time_index),
+            aborted: self.aborted.clone(),
         }
     }
 

@@ -30,10 +30,13 @@ use std::path::Path;
 
 use crate::segment::invalid_data;
 use crate::storage::{read_file, write_atomically, Storage};
+use crate::txnindex::AbortedTxn;
 
 /// The manifest's file name in the partition directory.
 pub const TIER_MANIFEST_FILE: &str = "tier-manifest";
-const MANIFEST_HEADER: &str = "keel-tier-manifest 1";
+const MANIFEST_HEADER: &str = "keel-tier-manifest 2";
+/// Version 1 lines have no aborted-transaction field; they read the same.
+const MANIFEST_HEADER_V1: &str = "keel-tier-manifest 1";
 
 /// Which colder tier holds a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -104,8 +107,13 @@ pub struct TieredSegment {
     pub tier: Tier,
     pub state: TierState,
     /// The copy's name in its tier, with no local path in it; its files are
-    /// `<object>.log`, `<object>.index` and `<object>.timeindex`.
+    /// `<object>.log`, `<object>.index` and `<object>.timeindex`, and
+    /// `<object>.txnindex` if it has aborted transactions.
     pub object: String,
+    /// The segment's aborted-transaction index entries, kept in the
+    /// manifest so a `read_committed` fetch of a cold segment needs no
+    /// read of the colder tier to find them.
+    pub aborted: Vec<AbortedTxn>,
 }
 
 impl TieredSegment {
@@ -115,7 +123,7 @@ impl TieredSegment {
     }
 
     fn to_line(&self) -> String {
-        format!(
+        let mut line = format!(
             "{} {} {} {} {} {} {} {}",
             self.base_offset,
             self.next_offset,
@@ -125,7 +133,21 @@ impl TieredSegment {
             self.tier.name(),
             self.state.name(),
             self.object
-        )
+        );
+        if !self.aborted.is_empty() {
+            let entries: Vec<String> = self
+                .aborted
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{}:{}:{}:{}",
+                        a.producer_id, a.first_offset, a.last_offset, a.last_stable_offset
+                    )
+                })
+                .collect();
+            line.push_str(&format!(" {ABORTED_FIELD}{}", entries.join(",")));
+        }
+        line
     }
 
     fn parse_line(line: &str) -> Option<TieredSegment> {
@@ -139,6 +161,10 @@ impl TieredSegment {
             tier: Tier::parse(f.next()?)?,
             state: TierState::parse(f.next()?)?,
             object: f.next()?.to_string(),
+            aborted: match f.next() {
+                None => Vec::new(),
+                Some(field) => parse_aborted(field.strip_prefix(ABORTED_FIELD)?)?,
+            },
         };
         let valid = f.next().is_none()
             && seg.base_offset >= 0
@@ -146,6 +172,26 @@ impl TieredSegment {
             && valid_object_name(&seg.object);
         valid.then_some(seg)
     }
+}
+
+/// The optional last field of a manifest line: the segment's aborted
+/// transactions, `producer:first:last:lso` each, comma-separated.
+const ABORTED_FIELD: &str = "aborted=";
+
+fn parse_aborted(field: &str) -> Option<Vec<AbortedTxn>> {
+    field
+        .split(',')
+        .map(|entry| {
+            let mut n = entry.split(':').map(|v| v.parse::<i64>().ok());
+            let a = AbortedTxn {
+                producer_id: n.next()??,
+                first_offset: n.next()??,
+                last_offset: n.next()??,
+                last_stable_offset: n.next()??,
+            };
+            n.next().is_none().then_some(a)
+        })
+        .collect()
 }
 
 /// Object names are relative, slash-separated, with no empty, `.` or `..`
@@ -169,9 +215,9 @@ pub(crate) fn read_manifest(storage: &dyn Storage, dir: &Path) -> io::Result<Vec
     };
     let text = String::from_utf8(bytes).map_err(|_| invalid_data(format!("{}: not text", path.display())))?;
     let mut lines = text.lines();
-    if lines.next() != Some(MANIFEST_HEADER) {
+    if !matches!(lines.next(), Some(MANIFEST_HEADER | MANIFEST_HEADER_V1)) {
         return Err(invalid_data(format!(
-            "{}: not a version 1 tier manifest",
+            "{}: not a version 1 or 2 tier manifest",
             path.display()
         )));
     }
@@ -212,6 +258,7 @@ mod tests {
             tier: Tier::Remote,
             state,
             object: format!("t-0a1b/0/{base:020}-abc"),
+            aborted: Vec::new(),
         }
     }
 
@@ -219,10 +266,35 @@ mod tests {
     fn manifest_round_trips_and_sorts() {
         let dir = tempfile::tempdir().unwrap();
         assert!(read_manifest(&DiskStorage, dir.path()).unwrap().is_empty());
-        let entries = vec![entry(20, TierState::Cold), entry(0, TierState::Both)];
+        let mut with_aborts = entry(20, TierState::Cold);
+        with_aborts.aborted = vec![
+            AbortedTxn {
+                producer_id: 7,
+                first_offset: 3,
+                last_offset: 21,
+                last_stable_offset: 3,
+            },
+            AbortedTxn {
+                producer_id: 8,
+                first_offset: 22,
+                last_offset: 25,
+                last_stable_offset: 22,
+            },
+        ];
+        let entries = vec![with_aborts, entry(0, TierState::Both)];
         write_manifest(&DiskStorage, dir.path(), &entries).unwrap();
         let back = read_manifest(&DiskStorage, dir.path()).unwrap();
         assert_eq!(back, vec![entries[1].clone(), entries[0].clone()]);
+        // A version 1 manifest (no aborted field) still reads.
+        fs::write(
+            dir.path().join(TIER_MANIFEST_FILE),
+            "keel-tier-manifest 1\n0 10 1234 1700000000000 9 remote both t-0a1b/0/00000000000000000000-abc\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_manifest(&DiskStorage, dir.path()).unwrap(),
+            vec![entries[1].clone()]
+        );
     }
 
     #[test]
@@ -237,6 +309,14 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         fs::write(dir.path().join(TIER_MANIFEST_FILE), "something else\n").unwrap();
         assert!(read_manifest(&DiskStorage, dir.path()).is_err());
+        for bad in ["aborted=1:2:3", "aborted=1:2:3:4:5", "aborted=", "extra"] {
+            fs::write(
+                dir.path().join(TIER_MANIFEST_FILE),
+                format!("keel-tier-manifest 2\n0 10 1234 1 9 remote both t/0/0-a {bad}\n"),
+            )
+            .unwrap();
+            assert!(read_manifest(&DiskStorage, dir.path()).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -185,15 +185,20 @@ impl LogReader {
     /// The aborted transactions a read of `[from_offset, upper_offset)`
     /// must be told about (Kafka's `collectAbortedTxns`): those whose
     /// first batch is below `upper_offset` and whose marker is at or after
-    /// `from_offset`, oldest first. Local segments only: segments in a
-    /// colder tier carry no entries here.
+    /// `from_offset`, oldest first: of local segments, and of cold ones
+    /// from the tier manifest.
     pub fn aborted_txns(&self, from_offset: i64, upper_offset: i64) -> Vec<crate::AbortedTxn> {
         let st = self.state.read();
-        let entries = st
+        let cold = st
+            .cold()
+            .filter(|t| t.next_offset > from_offset)
+            .flat_map(|t| t.aborted.iter().copied());
+        let local = st
             .segments
             .iter()
             .filter(|s| s.next_offset > from_offset)
             .flat_map(|s| s.aborted.iter().copied());
+        let entries = cold.chain(local);
         crate::txnindex::overlapping(entries, from_offset, upper_offset)
     }
 

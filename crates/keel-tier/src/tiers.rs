@@ -6,7 +6,9 @@
 //! in them, and deletes copies. A copy is named by its manifest object name
 //! (`keel_log::tiered`), never by a local path: its files are
 //! `<object>.log`, `<object>.index` and `<object>.timeindex` under a
-//! capacity directory or the object store's root.
+//! capacity directory or the object store's root, and `<object>.txnindex`
+//! (Kafka's aborted-transaction index) for a segment with aborted
+//! transactions.
 //!
 //! Capacity files (and a `file://` object store, which is a directory too)
 //! are read with direct I/O (`keel_log::read_uncached`), so they never enter
@@ -39,6 +41,8 @@ use tokio::runtime::Handle;
 use crate::cold::ColdRead;
 use crate::pace::Pacer;
 
+/// The files a copy may have (`.txnindex` only with aborted transactions).
+const COPY_SUFFIXES: [&str; 4] = ["log", "index", "timeindex", "txnindex"];
 /// Bytes moved per step of a copy or verification (and per multipart part).
 const CHUNK: u64 = 8 << 20;
 /// Memory for cached indexes of colder-tier segments, broker-wide.
@@ -218,10 +222,16 @@ impl Tiers {
         let store = self.store(tier)?;
         let index = segment.index.clone();
         let time_index = segment.time_index.clone();
+        let txn_index = Bytes::from(keel_log::txnindex::encode(&segment.aborted));
         store.put(&format!("{object}.index"), index.clone()).await?;
         store
             .put(&format!("{object}.timeindex"), time_index.clone())
             .await?;
+        if !txn_index.is_empty() {
+            store
+                .put(&format!("{object}.txnindex"), txn_index.clone())
+                .await?;
+        }
         store
             .put_file(&format!("{object}.log"), &segment.log, segment.size_bytes, pacer)
             .await?;
@@ -229,6 +239,7 @@ impl Tiers {
         // Read everything back.
         if store.get(&format!("{object}.index")).await? != index
             || store.get(&format!("{object}.timeindex")).await? != time_index
+            || (!txn_index.is_empty() && store.get(&format!("{object}.txnindex")).await? != txn_index)
         {
             return Err(invalid(format!("{object}: index files differ after the copy")));
         }
@@ -282,7 +293,7 @@ impl Tiers {
         self.indexes.lock().remove(&segment.object);
         let result = async {
             let store = self.store(segment.tier)?;
-            for suffix in ["log", "index", "timeindex"] {
+            for suffix in COPY_SUFFIXES {
                 store.delete(&format!("{}.{suffix}", segment.object)).await?;
             }
             Ok(())
@@ -344,7 +355,7 @@ impl Tiers {
             let Some((stem, suffix)) = name.rsplit_once('.') else {
                 continue;
             };
-            if ["log", "index", "timeindex"].contains(&suffix) {
+            if COPY_SUFFIXES.contains(&suffix) {
                 let youngest = copies.entry(stem.to_string()).or_insert(age);
                 *youngest = (*youngest).min(age);
             }
@@ -355,7 +366,7 @@ impl Tiers {
     /// Deletes the files of a copy no manifest names.
     pub async fn delete_orphan(&self, tier: Tier, object: &str) -> io::Result<()> {
         let store = self.store(tier)?;
-        for suffix in ["log", "index", "timeindex"] {
+        for suffix in COPY_SUFFIXES {
             store.delete(&format!("{object}.{suffix}")).await?;
         }
         Ok(())
@@ -686,7 +697,7 @@ fn locate(dirs: &[PathBuf], name: &str) -> io::Result<PathBuf> {
 fn place(dirs: &[PathBuf], name: &str) -> io::Result<PathBuf> {
     let object = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
     let sibling = dirs.iter().find(|d| {
-        ["log", "index", "timeindex"]
+        COPY_SUFFIXES
             .iter()
             .any(|s| d.join(format!("{object}.{s}")).exists())
     });
