@@ -363,3 +363,33 @@ def test_the_cleaner_cleans_segments_in_the_capacity_tier(broker_factory, tmp_pa
     assert missing.returncode != 0 and "capacity tier" in missing.stderr, missing.stderr
     b.restart()
     assert _read_all(b.bootstrap, topic, len(expected)) == expected
+
+
+def test_the_cleaner_removes_aborted_transactions_and_keeps_committed_values(broker_factory):
+    """A compacted topic written in transactions, every other one aborted
+    (a Kafka Streams changelog's shape): after cleaning, each key's value
+    is its last committed one, the aborted records are gone even for
+    read_uncommitted readers, and read_committed readers see one record per
+    key."""
+    from test_transactions import _read_all as read_isolated, _txn_producer
+    b = broker_factory(CLEAN_FAST)
+    topic = unique("txclean")
+    create_topic(b.bootstrap, topic, 1, COMPACT_SMALL)
+    keys = [b"key-%02d" % k for k in range(30)]
+    p = _txn_producer(b.bootstrap, unique("tx"))
+    for r in range(8):
+        p.begin_transaction()
+        for k in keys:
+            p.produce(topic, key=k, value=b"%s-%d-" % (b"commit" if r % 2 == 0 else b"abort", r) + b"x" * 200,
+                      partition=0)
+        p.flush(CLIENT_TIMEOUT_S)
+        if r % 2 == 0:
+            p.commit_transaction(CLIENT_TIMEOUT_S)
+        else:
+            p.abort_transaction(CLIENT_TIMEOUT_S)
+    latest: dict = {}
+    _seal_and_wait_clean(b, topic, latest)
+    everything = read_isolated(b.bootstrap, topic, "read_uncommitted")
+    assert not [v for v in everything if v.startswith(b"abort")], "aborted records were cleaned away"
+    committed = [v for v in read_isolated(b.bootstrap, topic, "read_committed") if v.startswith(b"commit")]
+    assert sorted(committed) == [b"commit-6-" + b"x" * 200] * len(keys)

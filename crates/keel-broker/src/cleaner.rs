@@ -262,14 +262,15 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
             {
                 continue;
             }
-            if let Some(why) = p.unsettled_transactions() {
-                p.cleaning.lock().skipped(&Skip::Unsupported(why));
-                continue;
-            }
+            // Read before the log's view: it only grows, so every segment
+            // below it is settled in the view the pass reads.
+            let stable = p.last_stable_offset();
             let Ok(source) = p.with_log(|log| log.clean_source()) else {
                 continue;
             };
-            let mut source = source.with_read_window(cleaner.settings.io_buffer_bytes);
+            let mut source = source
+                .with_read_window(cleaner.settings.io_buffer_bytes)
+                .with_stable_end(stable);
             if broker.tiers.has(Tier::Capacity) {
                 source = source.with_cold(Arc::new(ColdAccess {
                     broker: Arc::clone(broker),

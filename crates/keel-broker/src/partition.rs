@@ -975,17 +975,6 @@ impl Partition {
         self.writer.lock().producers.last_offsets()
     }
 
-    /// Why the cleaner leaves this partition alone for now: records of an
-    /// open or aborted transaction, which its key map must not take for
-    /// the newest value of their keys.
-    pub fn unsettled_transactions(&self) -> Option<String> {
-        if let Some(first) = self.writer.lock().producers.first_unstable_offset() {
-            return Some(format!("an open transaction from offset {first}"));
-        }
-        let aborted = self.aborted_txns(i64::MIN, i64::MAX);
-        (!aborted.is_empty()).then(|| format!("{} aborted transaction(s) in its segments", aborted.len()))
-    }
-
     /// Every producer this partition has state for (DescribeProducers).
     pub fn describe_producers(&self) -> Vec<crate::producers::ProducerInfo> {
         self.writer.lock().producers.describe()

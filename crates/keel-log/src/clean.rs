@@ -460,6 +460,9 @@ pub struct CleanSource {
     /// [`CleanSource::with_producers`]).
     pub(crate) producers: HashMap<i64, i64>,
     pub(crate) cold: Option<Arc<dyn ColdSegments>>,
+    /// The partition's last stable offset: a pass cleans only segments
+    /// below it (see [`CleanSource::with_stable_end`]).
+    pub(crate) stable_end: i64,
 }
 
 /// How much a pass reads at once by default (Kafka's
@@ -535,6 +538,15 @@ impl CleanSource {
         self
     }
 
+    /// The partition's last stable offset: segments holding offsets at or
+    /// after it (an open transaction's data, or data whose transaction may
+    /// still abort) wait, as Kafka's cleaner stops at the first unstable
+    /// offset.
+    pub fn with_stable_end(mut self, last_stable_offset: i64) -> CleanSource {
+        self.stable_end = last_stable_offset;
+        self
+    }
+
     /// Lets passes clean segments whose only copy is in the capacity tier.
     pub fn with_cold(mut self, cold: Arc<dyn ColdSegments>) -> CleanSource {
         self.cold = Some(cold);
@@ -559,12 +571,12 @@ impl CleanSource {
             Err(skip) => return Ok(Err(skip)),
         };
         // The first uncleanable offset: the first segment holding a record
-        // newer than min.compaction.lag.ms (Kafka's rule), else the end of
-        // the sealed segments.
+        // newer than min.compaction.lag.ms or at or after the last stable
+        // offset (Kafka's rules), else the end of the sealed segments.
         let lag_limit = options.now_ms.saturating_sub(options.min_compaction_lag_ms);
         let cleanable: Vec<SegmentRef> = sealed
             .into_iter()
-            .take_while(|s| s.max_timestamp_ms <= lag_limit)
+            .take_while(|s| s.max_timestamp_ms <= lag_limit && s.next_offset <= self.stable_end)
             .collect();
         let Some(last) = cleanable.last() else {
             return Ok(Err(Skip::NothingToClean));
@@ -646,6 +658,11 @@ impl CleanSource {
             ..PassStats::default()
         };
 
+        // Aborted transactions' batches hold no value of their keys: the
+        // map skips them and the rewrite removes their records.
+        let first_base = cleanable.first().map_or(lo, |s| s.base_offset);
+        let aborted = AbortedBatches::new(self.view.aborted_txns(first_base, hi));
+
         // 1. The map, newest first.
         let map_base = lo.max(hi.saturating_sub(i64::from(EMPTY) - 1));
         map.reset_for(map_base, u64::try_from(hi - map_base).unwrap_or(0));
@@ -665,7 +682,7 @@ impl CleanSource {
                         break 'segments;
                     }
                     // Control batches carry markers, not keys.
-                    if h.base_offset >= hi || h.is_control() {
+                    if h.base_offset >= hi || h.is_control() || aborted.contains(h) {
                         continue;
                     }
                     let section = batch_section(batch, h)?;
@@ -715,6 +732,7 @@ impl CleanSource {
         };
         let decide = Decide {
             map,
+            aborted: &aborted,
             producers: &self.producers,
             map_start,
             map_end: hi,
@@ -909,8 +927,23 @@ impl CleanSource {
             Arc::clone(&self.storage),
             cleaned.cleaned_path.clone(),
         ));
-        let segment = cleaned.meta(file).sealed_segment();
+        let mut meta = cleaned.meta(file);
+        meta.aborted = self.aborted_in(cleaned.base_offset(), cleaned.next_offset);
+        let segment = meta.sealed_segment();
         self.cold_access()?.store(tier, &segment)
+    }
+
+    /// The aborted-transaction entries whose markers lie in `[base,
+    /// next)`: what a segment written again over that range must keep.
+    fn aborted_in(&self, base: i64, next: i64) -> Vec<crate::AbortedTxn> {
+        let mut entries: Vec<crate::AbortedTxn> = self
+            .view
+            .aborted_txns(base, next)
+            .into_iter()
+            .filter(|e| e.last_offset >= base && e.last_offset < next)
+            .collect();
+        entries.sort_by_key(|e| e.last_offset);
+        entries
     }
 
     fn reader(&self, seg: &SegmentRef) -> io::Result<Reader> {
@@ -1033,6 +1066,7 @@ fn section_records<'a>(section: &'a [u8], h: &BatchHeader) -> io::Result<Vec<Rec
 struct Decide<'a> {
     map: &'a KeyMap,
     /// Producer id -> last offset of its newest batch in the log.
+    aborted: &'a AbortedBatches,
     producers: &'a HashMap<i64, i64>,
     map_start: i64,
     map_end: i64,
@@ -1040,6 +1074,36 @@ struct Decide<'a> {
     after: Checkpoint,
     now_ms: i64,
     delete_retention_ms: i64,
+}
+
+/// The aborted transactions of the range a pass cleans, by producer.
+struct AbortedBatches {
+    /// Producer id -> `(first offset, marker offset)` of each aborted
+    /// transaction.
+    by_producer: HashMap<i64, Vec<(i64, i64)>>,
+}
+
+impl AbortedBatches {
+    fn new(entries: Vec<crate::AbortedTxn>) -> AbortedBatches {
+        let mut by_producer: HashMap<i64, Vec<(i64, i64)>> = HashMap::new();
+        for e in entries {
+            by_producer
+                .entry(e.producer_id)
+                .or_default()
+                .push((e.first_offset, e.last_offset));
+        }
+        AbortedBatches { by_producer }
+    }
+
+    /// Whether `h` is a data batch of a transaction its producer aborted.
+    fn contains(&self, h: &BatchHeader) -> bool {
+        h.is_transactional()
+            && !h.is_control()
+            && self.by_producer.get(&h.producer_id).is_some_and(|txns| {
+                txns.iter()
+                    .any(|&(first, marker)| first <= h.base_offset && h.base_offset < marker)
+            })
+    }
 }
 
 enum Rewrite {
@@ -1070,11 +1134,14 @@ impl Decide<'_> {
         let recs = section_records(&section, h)?;
         let horizon = delete_horizon(h);
         let expired = horizon.is_some_and(|t| self.now_ms >= t);
+        let aborted = self.aborted.contains(h);
         let kept: Vec<Record> = recs
             .iter()
             .filter(|r| {
                 let offset = h.base_offset + r.offset_delta;
-                self.latest(offset, r.key) && !(r.is_tombstone() && expired && self.before.is_clean(offset))
+                !aborted
+                    && self.latest(offset, r.key)
+                    && !(r.is_tombstone() && expired && self.before.is_clean(offset))
             })
             .copied()
             .collect();

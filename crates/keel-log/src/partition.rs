@@ -670,6 +670,7 @@ impl PartitionLog {
             read_window: crate::clean::DEFAULT_READ_WINDOW,
             producers: std::collections::HashMap::new(),
             cold: None,
+            stable_end: i64::MAX,
         }
     }
 

@@ -570,3 +570,150 @@ fn cleaning_a_segment_drops_its_colder_copy() {
         .iter()
         .all(|t| t.state == keel_log::TierState::Deleting));
 }
+
+/// Appends one batch; returns its base offset.
+fn append_batch(log: &mut PartitionLog, mut buf: Vec<u8>) -> i64 {
+    let headers = validate_batches(&buf).unwrap();
+    log.append(&mut buf, &headers, 1_000).unwrap().base_offset
+}
+
+fn fill(log: &mut PartitionLog, prefix: &str, n: usize) {
+    for i in 0..n {
+        let key = format!("{prefix}-{i:03}");
+        append_batch(
+            log,
+            BatchBuilder::new(1_000)
+                .record(Some(key.as_bytes()), Some(b"filler"))
+                .build(),
+        );
+    }
+}
+
+/// The data records of the log, control batches left out: (offset, key, value).
+fn data_records(log: &PartitionLog) -> Vec<(i64, String, String)> {
+    let (mut offset, end) = (log.log_start_offset(), log.log_end_offset());
+    let mut out = Vec::new();
+    while offset < end {
+        let bytes = log.read_plan(offset, 1 << 16).unwrap().execute().unwrap();
+        let mut at = 0;
+        for h in validate_batches(&bytes).unwrap() {
+            let batch = &bytes[at..at + h.total_len()];
+            at += h.total_len();
+            offset = h.last_offset() + 1;
+            if h.is_control() {
+                continue;
+            }
+            let section = records_section(batch, &h).unwrap();
+            for r in records_in(&section) {
+                let r = r.unwrap();
+                let text = |b: Option<&[u8]>| String::from_utf8(b.unwrap_or_default().to_vec()).unwrap();
+                out.push((h.base_offset + r.offset_delta, text(r.key), text(r.value)));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn aborted_transactions_are_cleaned_away_and_open_ones_wait() {
+    use keel_log::marker::{marker_batch, Marker};
+    use keel_log::txnindex::AbortedTxn;
+    let sim = SimStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let config = LogConfig {
+        segment_bytes: 1024,
+        retention_ms: -1,
+        cleanup: CleanupPolicy {
+            delete: false,
+            compact: true,
+        },
+        ..LogConfig::default()
+    };
+    let mut log = PartitionLog::open_with(Arc::clone(&storage), Path::new(DIR), config).unwrap();
+    let txn = |pid: i64, records: &[(&str, &str)]| {
+        let mut b = BatchBuilder::new(1_000).producer(pid, 0, 0).transactional(true);
+        for (k, v) in records {
+            b = b.record(Some(k.as_bytes()), Some(v.as_bytes()));
+        }
+        b.build()
+    };
+    let marker = |pid: i64, commit: bool| {
+        marker_batch(
+            pid,
+            0,
+            Marker {
+                commit,
+                coordinator_epoch: 0,
+            },
+            1_000,
+        )
+    };
+    append_batch(
+        &mut log,
+        BatchBuilder::new(1_000).record(Some(b"a"), Some(b"a0")).build(),
+    );
+    append_batch(&mut log, txn(1, &[("a", "a1")]));
+    append_batch(&mut log, marker(1, true));
+    let aborted_first = append_batch(&mut log, txn(2, &[("a", "a2"), ("b", "b2")]));
+    let aborted_marker = append_batch(&mut log, marker(2, false));
+    log.add_aborted_txn(AbortedTxn {
+        producer_id: 2,
+        first_offset: aborted_first,
+        last_offset: aborted_marker,
+        last_stable_offset: aborted_first,
+    })
+    .unwrap();
+    fill(&mut log, "f", 40);
+    // Producer 3's transaction is still open: the last stable offset.
+    let open = append_batch(&mut log, txn(3, &[("a", "a3")]));
+    fill(&mut log, "g", 40);
+    log.complete_seals().unwrap();
+    let options = PassOptions {
+        now_ms: 2_000,
+        min_compaction_lag_ms: 0,
+        max_compaction_lag_ms: i64::MAX,
+        min_cleanable_dirty_ratio: 0.0,
+        delete_retention_ms: 0,
+    };
+    let mut map = KeyMap::with_budget(1 << 16);
+    let mut pass = |log: &mut PartitionLog, stable_end: i64| {
+        let source = log.clean_source().with_stable_end(stable_end);
+        let outcome = source
+            .clean(&mut map, &options, &mut |_: u64| {}, &mut |g| {
+                log.commit_cleaned(g)
+            })
+            .unwrap();
+        assert!(outcome.is_ok(), "{outcome:?}");
+    };
+    let of_key = |log: &PartitionLog, key: &str| -> Vec<String> {
+        data_records(log)
+            .into_iter()
+            .filter(|(_, k, _)| k == key)
+            .map(|(_, _, v)| v)
+            .collect()
+    };
+    pass(&mut log, open);
+    // The aborted transaction's records are gone and hid nothing; the
+    // committed value superseded the plain one; the open transaction's
+    // value is beyond the stable offset and shadows nothing yet.
+    assert_eq!(of_key(&log, "a"), ["a1", "a3"]);
+    assert_eq!(of_key(&log, "b"), Vec::<String>::new());
+    assert!(log
+        .reader()
+        .aborted_txns(0, i64::MAX)
+        .iter()
+        .any(|e| e.producer_id == 2));
+    // Producer 3 aborts; with everything stable, a1 is still the value.
+    let marker3 = append_batch(&mut log, marker(3, false));
+    log.add_aborted_txn(AbortedTxn {
+        producer_id: 3,
+        first_offset: open,
+        last_offset: marker3,
+        last_stable_offset: open,
+    })
+    .unwrap();
+    fill(&mut log, "h", 40);
+    log.complete_seals().unwrap();
+    pass(&mut log, i64::MAX);
+    assert_eq!(of_key(&log, "a"), ["a1"]);
+}

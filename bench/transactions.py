@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Transactional produce throughput and latency of Keel and Apache Kafka,
+same client, same run.
+
+Starts each broker in turn on loopback (never both at once), and against it
+runs Kafka's ProducerPerformance (the Java client) twice on fresh topics:
+once idempotent, once transactional (`--transaction-duration-ms`: a
+transaction is committed every that many ms). acks=all for both, as
+transactions require. Prints each run, then a table of both brokers, the
+Keel/Kafka ratio of the transactional run, and each broker's cost of
+transactions (transactional / idempotent). Then reads every transactional
+topic back read_committed (confluent-kafka) and reports that the counts
+match, so the numbers are of data that was committed. A benchmark, not a
+test: it prints numbers, asserts none.
+
+usage: bench/transactions.py [--records N] [--record-size B]
+                             [--transaction-duration-ms D] [--partitions P]
+                             [--rounds R] [--json FILE]
+The keel binary defaults to target/release/keel (build it with
+`cargo build --release -p keel-server`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from throughput import HERE, REPO, with_kafka, with_keel
+
+PERF = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
+                  r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th")
+METRICS = ["produce_records_per_s", "produce_mb_per_s", "latency_ms_avg", "latency_ms_p50", "latency_ms_p99"]
+
+
+def tool(*args: str, timeout_s: float = 900) -> str:
+    cmd = ["java", "-Xmx1g", "-cp", str(HERE / "lab" / "kafka-libs" / "*"),
+           f"-Dlog4j2.configurationFile={HERE / 'kafka' / 'tools-log4j2.properties'}", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    text = out.stdout + out.stderr
+    if out.returncode != 0:
+        raise SystemExit(f"{args[0]} failed:\n{text[-3000:]}")
+    return text
+
+
+def produce(bootstrap: str, topic: str, args, transactional: bool) -> dict:
+    tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
+         "--if-not-exists", "--topic", topic, "--partitions", str(args.partitions), "--replication-factor", "1")
+    extra = ["--transaction-duration-ms", str(args.transaction_duration_ms),
+             "--transactional-id", f"{topic}-txn"] if transactional else []
+    text = tool("org.apache.kafka.tools.ProducerPerformance", "--bootstrap-server", bootstrap, "--topic", topic,
+                "--num-records", str(args.records), "--record-size", str(args.record_size), "--throughput", "-1",
+                "--command-property", "acks=all", *extra)
+    found = PERF.findall(text)
+    if not found:
+        raise SystemExit(f"could not parse ProducerPerformance output:\n{text[-3000:]}")
+    p = found[-1]
+    return {"produce_records_per_s": float(p[1]), "produce_mb_per_s": float(p[2]),
+            "latency_ms_avg": float(p[3]), "latency_ms_p50": float(p[5]), "latency_ms_p99": float(p[7])}
+
+
+def committed_count(bootstrap: str, topic: str, partitions: int) -> int:
+    """How many records a read_committed reader finds up to each partition's end."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{time.time_ns()}",
+                  "isolation.level": "read_committed", "enable.partition.eof": True,
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    n, at_end = 0, set()
+    deadline = time.monotonic() + 300
+    try:
+        while len(at_end) < partitions and time.monotonic() < deadline:
+            for m in c.consume(10000, 0.5):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        at_end.add(m.partition())
+                else:
+                    n += 1
+    finally:
+        c.close()
+    return n
+
+
+def run_broker(bootstrap: str, r: int, args) -> dict:
+    plain = produce(bootstrap, f"idem-{r}", args, transactional=False)
+    txn = produce(bootstrap, f"txn-{r}", args, transactional=True)
+    txn["read_committed_records"] = committed_count(bootstrap, f"txn-{r}", args.partitions)
+    return {"idempotent": plain, "transactional": txn}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--transaction-duration-ms", type=int, default=100)
+    ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--keel", default=str(REPO / "target" / "release" / "keel"))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    subprocess.run([str(HERE / "kafka" / "fetch.sh")], check=True, stdout=subprocess.DEVNULL)
+    runs = {"kafka": [], "keel": []}
+    for r in range(args.rounds):
+        for name, runner in (("kafka", with_kafka), ("keel", with_keel)):
+            res = runner(args, lambda bs: run_broker(bs, r, args))
+            print(f"round {r + 1} {name}: {json.dumps(res)}", flush=True)
+            runs[name].append(res)
+
+    def best(name: str, mode: str) -> dict:
+        rows = [x[mode] for x in runs[name]]
+        return {m: (max if "per_s" in m else min)(x[m] for x in rows) for m in METRICS}
+
+    b = {n: {mode: best(n, mode) for mode in ("idempotent", "transactional")} for n in runs}
+    print(f"\n{args.records} records x {args.record_size} B, acks=all, {args.partitions} partition(s), "
+          f"a transaction every {args.transaction_duration_ms} ms, best of {args.rounds} rounds")
+    header = ["metric", "kafka idem", "kafka txn", "keel idem", "keel txn", "keel/kafka txn",
+              "kafka txn/idem", "keel txn/idem"]
+    print("".join(f"{h:>16}" if i else f"{h:<24}" for i, h in enumerate(header)))
+    for m in METRICS:
+        ki, kt = b["kafka"]["idempotent"][m], b["kafka"]["transactional"][m]
+        ei, et = b["keel"]["idempotent"][m], b["keel"]["transactional"][m]
+        cells = [ki, kt, ei, et, et / kt if kt else float("nan"), kt / ki if ki else float("nan"),
+                 et / ei if ei else float("nan")]
+        print(f"{m:<24}" + "".join(f"{c:>16.2f}" for c in cells))
+    for n in runs:
+        counts = [x["transactional"]["read_committed_records"] for x in runs[n]]
+        print(f"{n}: read_committed records per transactional run: {counts} (of {args.records})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs, "best": b}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
