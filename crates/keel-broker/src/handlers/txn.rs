@@ -180,6 +180,21 @@ pub async fn end_txn(broker: &Arc<Broker>, req: EndTxnRequest, version: i16) -> 
         .with_producer_epoch(-1)
 }
 
+/// The wait between retries of a step that must succeed: 100 ms, doubling
+/// up to 5 s.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff(Duration::from_millis(100))
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+    }
+}
+
 /// Writes the markers of a persisted Prepare state into every partition
 /// of its transaction, then completes it. Runs on its own task: the
 /// client has its answer already, and its next AddPartitionsToTxn or
@@ -194,11 +209,10 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
         for (topic, index) in &prepared.partitions {
             write_marker(&broker, topic, *index, &prepared, marker).await;
         }
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new();
         while let Err(e) = broker.txns.complete(&id, &prepared).await {
             tracing::warn!(transactional_id = %id, error = ?e, "cannot complete a transaction; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            backoff.wait().await;
         }
     });
 }
@@ -208,7 +222,7 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
 /// again). A partition that no longer exists needs none. The offsets
 /// partition's marker goes to the group log.
 async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &TxnState, marker: Marker) {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new();
     if (topic, index) == (OFFSETS_TOPIC, OFFSETS_PARTITION) {
         while let Err(e) = broker
             .groups
@@ -216,8 +230,7 @@ async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &
             .await
         {
             tracing::warn!(error = %e, "cannot write a transaction marker into the group log; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            backoff.wait().await;
         }
         return;
     }
@@ -239,8 +252,7 @@ async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &
             }
             Err(f) => {
                 tracing::warn!(topic, partition = index, error = ?f.error, message = %f.message, "cannot write a transaction marker; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff.wait().await;
             }
         }
     }
