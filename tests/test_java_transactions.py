@@ -61,14 +61,18 @@ def test_kafka_streams_exactly_once_v2_counts_survive_kill9(broker, tmp_path):
     cmd = java("StreamsCount.java", broker.bootstrap, source, sink, app, str(tmp_path / "state"),
                str(keys), str(per_key))
 
+    fed = [0]
+
     def feed(first: int, last: int):
         p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
         for i in range(first, last):
             p.produce(source, key=b"k%d" % (i % keys), value=b"%d" % i)
             if i % 200 == 199:
                 p.flush(CLIENT_TIMEOUT_S)
-                time.sleep(0.25)
+                fed[0] = i + 1
+                time.sleep(0.25)  # input keeps arriving while the app runs
         p.flush(CLIENT_TIMEOUT_S)
+        fed[0] = last
 
     total = keys * per_key
     feed(0, total // 4)
@@ -79,7 +83,7 @@ def test_kafka_streams_exactly_once_v2_counts_survive_kill9(broker, tmp_path):
                    "the first instance's output")
         # Killed while it processes input that still arrives, mid-transaction.
         feeder.start()
-        time.sleep(1.0)
+        wait_until(lambda: fed[0] >= total // 2, 60, "half the input")
         first.kill()
         first.wait(30)
         assert feeder.is_alive(), "the input was all written before the kill: nothing was mid-flight"

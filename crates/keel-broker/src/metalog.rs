@@ -489,20 +489,15 @@ fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<Decoded<T>>, String>
             return Err(format!("{} record without a key", T::NAME));
         };
         let entry = if record.control {
-            let Some(commit) = control_commit(key) else {
+            let marker = keel_log::marker::parse_record(key, record.value.as_deref())
+                .map_err(|e| format!("{} marker: {e}", T::NAME))?;
+            let Some(marker) = marker else {
                 continue; // a control record of another kind
-            };
-            let coordinator_epoch = match record.value.as_deref() {
-                Some([_, _, a, b, c, d, ..]) => i32::from_be_bytes([*a, *b, *c, *d]),
-                _ => -1,
             };
             Entry::Marker {
                 producer_id: record.producer_id,
                 producer_epoch: record.producer_epoch,
-                marker: Marker {
-                    commit,
-                    coordinator_epoch,
-                },
+                marker,
             }
         } else {
             let decoded = T::decode(key, record.value.as_deref())?;
@@ -521,45 +516,32 @@ fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<Decoded<T>>, String>
     Ok(out)
 }
 
-/// A control record key's type: `Some(true)` for COMMIT, `Some(false)`
-/// for ABORT, `None` for other kinds.
-fn control_commit(key: &[u8]) -> Option<bool> {
-    match key {
-        [_, _, 0, 0, ..] => Some(false),
-        [_, _, 0, 1, ..] => Some(true),
-        _ => None,
-    }
-}
-
 /// The batches of `entries`, in order: consecutive plain writes share one
 /// batch, each transactional write and marker has its own.
 fn encode_entries<T: Table>(entries: &[Entry<T::Record>], now_ms: i64) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     let mut plain: Vec<&T::Record> = Vec::new();
     for entry in entries {
-        if let Entry::Records(records) = entry {
-            plain.extend(records);
-            continue;
-        }
-        if !plain.is_empty() {
-            out.extend(encode_batch::<T>(plain.drain(..), None, now_ms)?);
-        }
-        match entry {
-            Entry::Records(_) => {}
+        let batch = match entry {
+            Entry::Records(records) => {
+                plain.extend(records);
+                continue;
+            }
             Entry::Transactional {
                 producer_id,
                 producer_epoch,
                 records,
-            } => {
-                let producer = Some((*producer_id, *producer_epoch));
-                out.extend(encode_batch::<T>(records.iter(), producer, now_ms)?);
-            }
+            } => encode_batch::<T>(records.iter(), Some((*producer_id, *producer_epoch)), now_ms)?,
             Entry::Marker {
                 producer_id,
                 producer_epoch,
                 marker,
-            } => out.extend(marker_batch(*producer_id, *producer_epoch, *marker, now_ms)),
+            } => marker_batch(*producer_id, *producer_epoch, *marker, now_ms),
+        };
+        if !plain.is_empty() {
+            out.extend(encode_batch::<T>(plain.drain(..), None, now_ms)?);
         }
+        out.extend(batch);
     }
     if !plain.is_empty() {
         out.extend(encode_batch::<T>(plain.into_iter(), None, now_ms)?);

@@ -73,6 +73,12 @@ pub fn read_marker(batch: &[u8], header: &BatchHeader) -> Result<Option<Marker>,
         .next()
         .ok_or("a control batch without a record")??;
     let key = record.key.ok_or("a control record without a key")?;
+    parse_record(key, record.value)
+}
+
+/// The marker of one control record, from its key and value: `Ok(None)`
+/// for control records of other kinds.
+pub fn parse_record(key: &[u8], value: Option<&[u8]>) -> Result<Option<Marker>, String> {
     let [v0, v1, t0, t1, ..] = key[..] else {
         return Err("a control record key shorter than 4 bytes".into());
     };
@@ -84,7 +90,7 @@ pub fn read_marker(batch: &[u8], header: &BatchHeader) -> Result<Option<Marker>,
         COMMIT => true,
         _ => return Ok(None),
     };
-    let coordinator_epoch = match record.value {
+    let coordinator_epoch = match value {
         Some([_, _, a, b, c, d, ..]) => i32::from_be_bytes([*a, *b, *c, *d]),
         _ => return Err("a transaction marker without its coordinator epoch".into()),
     };

@@ -428,45 +428,25 @@ fn a_small_map_still_reclaims_space_on_every_pass() {
     // bulk load per pass, from the first pass on.
     let sim = SimStorage::new();
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let config = LogConfig {
-        segment_bytes: 4096,
-        retention_ms: -1,
-        cleanup: CleanupPolicy {
-            delete: false,
-            compact: true,
-        },
-        ..LogConfig::default()
-    };
+    let config = compact_config(4096);
     let mut log = PartitionLog::open_with(Arc::clone(&storage), Path::new(DIR), config).unwrap();
     let n = 2000;
     for round in 0..2 {
         for k in 0..n {
             let key = format!("key-{k:05}");
             let value = format!("round-{round}");
-            let mut buf = BatchBuilder::new(1_000)
-                .record(Some(key.as_bytes()), Some(value.as_bytes()))
-                .build();
-            let headers = validate_batches(&buf).unwrap();
-            log.append(&mut buf, &headers, 1_000).unwrap();
+            append_batch(
+                &mut log,
+                BatchBuilder::new(1_000)
+                    .record(Some(key.as_bytes()), Some(value.as_bytes()))
+                    .build(),
+            );
         }
     }
     // Unique keys after it, a segment's worth: everything above is sealed.
-    for k in 0..100 {
-        let key = format!("filler-{k}");
-        let mut buf = BatchBuilder::new(1_000)
-            .record(Some(key.as_bytes()), Some(b"f"))
-            .build();
-        let headers = validate_batches(&buf).unwrap();
-        log.append(&mut buf, &headers, 1_000).unwrap();
-    }
+    fill(&mut log, "filler", 100);
     log.complete_seals().unwrap();
-    let options = PassOptions {
-        now_ms: 2_000,
-        min_compaction_lag_ms: 0,
-        max_compaction_lag_ms: i64::MAX,
-        min_cleanable_dirty_ratio: 0.5,
-        delete_retention_ms: 0,
-    };
+    let options = eager_options(0.5);
     let mut map = KeyMap::with_budget(n as usize / 10 * 16);
     let mut removed = Vec::new();
     loop {
@@ -506,24 +486,17 @@ fn cleaning_a_segment_drops_its_colder_copy() {
     // releases local copies. The swap marks it Deleting first.
     let sim = SimStorage::new();
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let config = LogConfig {
-        segment_bytes: 2048,
-        retention_ms: -1,
-        cleanup: CleanupPolicy {
-            delete: false,
-            compact: true,
-        },
-        ..LogConfig::default()
-    };
+    let config = compact_config(2048);
     let mut log = PartitionLog::open_with(Arc::clone(&storage), Path::new(DIR), config.clone()).unwrap();
     for round in 0..3 {
         for k in 0..30 {
             let key = format!("key-{k:02}");
-            let mut buf = BatchBuilder::new(1_000)
-                .record(Some(key.as_bytes()), Some(format!("round-{round}").as_bytes()))
-                .build();
-            let headers = validate_batches(&buf).unwrap();
-            log.append(&mut buf, &headers, 1_000).unwrap();
+            append_batch(
+                &mut log,
+                BatchBuilder::new(1_000)
+                    .record(Some(key.as_bytes()), Some(format!("round-{round}").as_bytes()))
+                    .build(),
+            );
         }
     }
     log.complete_seals().unwrap();
@@ -534,13 +507,7 @@ fn cleaning_a_segment_drops_its_colder_copy() {
     assert!(log.finish_copy(&entry.object).unwrap());
     assert_eq!(log.oldest_releasable().map(|r| r.0), Some(first.base_offset));
 
-    let options = PassOptions {
-        now_ms: 2_000,
-        min_compaction_lag_ms: 0,
-        max_compaction_lag_ms: i64::MAX,
-        min_cleanable_dirty_ratio: 0.0,
-        delete_retention_ms: 0,
-    };
+    let options = eager_options(0.0);
     let mut map = KeyMap::with_budget(1 << 16);
     let stats = log
         .clean_source()
@@ -569,6 +536,30 @@ fn cleaning_a_segment_drops_its_colder_copy() {
         .tiered_segments()
         .iter()
         .all(|t| t.state == keel_log::TierState::Deleting));
+}
+
+/// A compact-only log's config, with `segment_bytes` segments.
+fn compact_config(segment_bytes: u64) -> LogConfig {
+    LogConfig {
+        segment_bytes,
+        retention_ms: -1,
+        cleanup: CleanupPolicy {
+            delete: false,
+            compact: true,
+        },
+        ..LogConfig::default()
+    }
+}
+
+/// A pass at t=2 s that cleans everything sealed, tombstones at once.
+fn eager_options(min_cleanable_dirty_ratio: f64) -> PassOptions {
+    PassOptions {
+        now_ms: 2_000,
+        min_compaction_lag_ms: 0,
+        max_compaction_lag_ms: i64::MAX,
+        min_cleanable_dirty_ratio,
+        delete_retention_ms: 0,
+    }
 }
 
 /// Appends one batch; returns its base offset.
@@ -620,15 +611,7 @@ fn aborted_transactions_are_cleaned_away_and_open_ones_wait() {
     use keel_log::txnindex::AbortedTxn;
     let sim = SimStorage::new();
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let config = LogConfig {
-        segment_bytes: 1024,
-        retention_ms: -1,
-        cleanup: CleanupPolicy {
-            delete: false,
-            compact: true,
-        },
-        ..LogConfig::default()
-    };
+    let config = compact_config(1024);
     let mut log = PartitionLog::open_with(Arc::clone(&storage), Path::new(DIR), config).unwrap();
     let txn = |pid: i64, records: &[(&str, &str)]| {
         let mut b = BatchBuilder::new(1_000).producer(pid, 0, 0).transactional(true);
@@ -668,13 +651,7 @@ fn aborted_transactions_are_cleaned_away_and_open_ones_wait() {
     let open = append_batch(&mut log, txn(3, &[("a", "a3")]));
     fill(&mut log, "g", 40);
     log.complete_seals().unwrap();
-    let options = PassOptions {
-        now_ms: 2_000,
-        min_compaction_lag_ms: 0,
-        max_compaction_lag_ms: i64::MAX,
-        min_cleanable_dirty_ratio: 0.0,
-        delete_retention_ms: 0,
-    };
+    let options = eager_options(0.0);
     let mut map = KeyMap::with_budget(1 << 16);
     let mut pass = |log: &mut PartitionLog, stable_end: i64| {
         let source = log.clean_source().with_stable_end(stable_end);

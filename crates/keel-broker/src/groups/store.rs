@@ -8,7 +8,7 @@
 //! pending until the transaction's marker: a commit makes them the
 //! group's committed offsets, an abort drops them.
 
-use std::collections::BTreeMap;
+use std::collections::{btree_map, BTreeMap};
 
 use bytes::Bytes;
 
@@ -138,15 +138,14 @@ impl Table for GroupTable {
     }
 
     fn end_transaction(&mut self, producer_id: i64, producer_epoch: i16, commit: bool) {
-        match self.pending.get(&producer_id) {
-            // A marker older than the offsets cannot end their transaction.
-            Some(p) if p.producer_epoch > producer_epoch => return,
-            Some(_) => {}
-            None => return,
-        }
-        let Some(pending) = self.pending.remove(&producer_id) else {
+        let btree_map::Entry::Occupied(entry) = self.pending.entry(producer_id) else {
             return;
         };
+        // A marker older than the offsets cannot end their transaction.
+        if entry.get().producer_epoch > producer_epoch {
+            return;
+        }
+        let pending = entry.remove();
         if commit {
             for ((group, topic, partition), v) in pending.offsets {
                 self.offsets

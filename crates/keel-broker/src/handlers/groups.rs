@@ -1,8 +1,8 @@
 //! The classic consumer group APIs: FindCoordinator, JoinGroup, SyncGroup,
 //! Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
-//! DescribeGroups, DeleteGroups and OffsetDelete, and TxnOffsetCommit. Each handler translates
-//! between the wire messages (whose fields vary by version) and
-//! [`crate::groups::GroupCoordinator`].
+//! DescribeGroups, DeleteGroups and OffsetDelete, and TxnOffsetCommit.
+//! Each handler translates between the wire messages (whose fields vary by
+//! version) and [`crate::groups::GroupCoordinator`].
 
 use std::sync::Arc;
 
@@ -298,7 +298,7 @@ pub async fn offset_commit(
     req: OffsetCommitRequest,
     version: i16,
 ) -> OffsetCommitResponse {
-    let commit = Commit::split(broker, commit_rows!(req.topics, version >= 6));
+    let (offsets, commit) = Commit::split(broker, commit_rows!(req.topics, version >= 6));
     let outcome = broker
         .groups
         .commit_offsets(
@@ -306,7 +306,7 @@ pub async fn offset_commit(
             req.generation_id_or_member_epoch,
             req.member_id.as_str(),
             opt_str(&req.group_instance_id),
-            commit.offsets.clone(),
+            offsets,
         )
         .await;
     let topics = commit_response!(
@@ -324,7 +324,7 @@ pub async fn txn_offset_commit(
     req: TxnOffsetCommitRequest,
     version: i16,
 ) -> TxnOffsetCommitResponse {
-    let commit = Commit::split(broker, commit_rows!(req.topics, version >= 2));
+    let (offsets, commit) = Commit::split(broker, commit_rows!(req.topics, version >= 2));
     let producer = (req.producer_id.0, req.producer_epoch);
     let verify = || {
         broker.txns.verify(
@@ -345,7 +345,7 @@ pub async fn txn_offset_commit(
                     req.generation_id,
                     req.member_id.as_str(),
                     opt_str(&req.group_instance_id),
-                    commit.offsets.clone(),
+                    offsets,
                 )
                 .await;
             match (written, verify()) {
@@ -381,16 +381,16 @@ type CommitRow<'a> = (TopicName, Vec<(i32, i64, i32, &'a Option<StrBytes>)>);
 /// A partition of a commit and why it was refused, if it was.
 type Refusal = (i32, Option<ResponseError>);
 
-/// A commit request's partitions: those of unknown topics are refused one
-/// by one, the rest go to the coordinator together.
+/// A commit request's partitions, by topic in request order: each
+/// partition and its refusal, if any.
 struct Commit {
-    offsets: Vec<OffsetToCommit>,
-    /// By topic in request order: each partition and its refusal, if any.
     rows: Vec<(TopicName, Vec<Refusal>)>,
 }
 
 impl Commit {
-    fn split(broker: &Broker, topics: Vec<CommitRow<'_>>) -> Commit {
+    /// The offsets to hand the coordinator together, and the request's
+    /// shape: partitions of unknown topics are refused one by one.
+    fn split(broker: &Broker, topics: Vec<CommitRow<'_>>) -> (Vec<OffsetToCommit>, Commit) {
         let mut offsets = Vec::new();
         let mut rows = Vec::with_capacity(topics.len());
         for (name, partitions) in topics {
@@ -411,7 +411,7 @@ impl Commit {
             }
             rows.push((name, row));
         }
-        Commit { offsets, rows }
+        (offsets, Commit { rows })
     }
 
     /// Each partition's error code, given what the coordinator said about

@@ -1,7 +1,7 @@
 //! The transaction APIs (InitProducerId with a transactional id is in
-//! `produce.rs`, TxnOffsetCommit in `groups.rs`), and the marker writer: the part of ending a
-//! transaction that touches partitions, which the coordinator
-//! (`crate::txn`) leaves to the broker.
+//! `produce.rs`, TxnOffsetCommit in `groups.rs`), and the marker writer:
+//! the part of ending a transaction that touches partitions, which the
+//! coordinator (`crate::txn`) leaves to the broker.
 
 use std::sync::Arc;
 use std::time::Duration;

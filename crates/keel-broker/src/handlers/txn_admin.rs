@@ -79,15 +79,16 @@ pub fn list_transactions(broker: &Broker, req: ListTransactionsRequest) -> ListT
             Err(_) => return response.with_error_code(ResponseError::InvalidRegularExpression.code()),
         },
     };
-    let unknown: Vec<_> = req
-        .state_filters
-        .iter()
-        .filter(|n| TxnStatus::from_name(n.as_str()).is_none())
-        .cloned()
-        .collect();
+    let mut states = Vec::new();
+    let mut unknown = Vec::new();
+    for name in &req.state_filters {
+        match TxnStatus::from_name(name.as_str()) {
+            Some(s) => states.push(s),
+            None => unknown.push(name.clone()),
+        }
+    }
     let filter = ListFilter {
-        states: (!req.state_filters.is_empty())
-            .then(|| req.state_filters.iter().map(|n| n.to_string()).collect()),
+        states: (!req.state_filters.is_empty()).then_some(states),
         producer_ids: req.producer_id_filters.iter().map(|p| p.0).collect(),
         min_duration_ms: req.duration_filter,
     };

@@ -314,8 +314,9 @@ pub fn expired(entry: &TxnEntry, now_ms: i64, expiration_ms: i64) -> bool {
 /// match.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
-    /// States by name; names Kafka does not know match nothing.
-    pub states: Option<Vec<String>>,
+    /// The states asked for (names Kafka does not know add none, so a
+    /// filter of only unknown names matches nothing).
+    pub states: Option<Vec<TxnStatus>>,
     pub producer_ids: Vec<i64>,
     /// Only transactions open for longer than this (negative: any).
     pub min_duration_ms: i64,
@@ -326,7 +327,7 @@ impl ListFilter {
         let state_ok = self
             .states
             .as_ref()
-            .is_none_or(|names| names.iter().any(|n| TxnStatus::from_name(n) == Some(s.status)));
+            .is_none_or(|states| states.contains(&s.status));
         let producer_ok = self.producer_ids.is_empty() || self.producer_ids.contains(&s.producer_id);
         let duration_ok =
             self.min_duration_ms < 0 || (s.start_ms >= 0 && now_ms - s.start_ms > self.min_duration_ms);
@@ -458,7 +459,7 @@ mod tests {
             ..ListFilter::default()
         };
         assert!(any.matches(&open, 1_000));
-        let names = |n: &[&str]| Some(n.iter().map(|s| s.to_string()).collect());
+        let names = |n: &[&str]| Some(n.iter().filter_map(|s| TxnStatus::from_name(s)).collect());
         let f = |states, producer_ids: Vec<i64>, min_duration_ms| ListFilter {
             states,
             producer_ids,
