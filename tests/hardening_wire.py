@@ -1,6 +1,6 @@
 """Raw Kafka requests for the hardening tests: forged record batches, a
-multi-partition Fetch, InitProducerId and ListOffsets in their flexible
-versions."""
+multi-partition Fetch, InitProducerId, ListOffsets, Produce v12 and
+EndTxn v5 in their flexible versions."""
 from __future__ import annotations
 
 import struct
@@ -8,6 +8,8 @@ import struct
 import kafka_wire as w
 
 INIT_PRODUCER_ID = 22
+END_TXN = 26
+TRANSACTIONAL = 0x10  # the record batch attribute
 
 # Record batch header field offsets (docs/format.md).
 LENGTH_AT, MAGIC_AT, CRC_AT, ATTRIBUTES_AT = 8, 16, 17, 21
@@ -58,9 +60,11 @@ def fetch_empty_v4(max_wait_ms: int, min_bytes: int = 1) -> bytes:
     return w.frame(w.header_v1(w.FETCH, 4, 1) + body)
 
 
-def init_producer_id(conn: w.Conn, producer_id: int = -1, epoch: int = -1) -> tuple[int, int, int]:
-    """InitProducerId v4 without a transactional id -> (error, id, epoch)."""
-    body = (w.uvarint(0) + w.i32(60000) + w.i64(producer_id) + w.i16(epoch) + w.EMPTY_TAGS)
+def init_producer_id(conn: w.Conn, producer_id: int = -1, epoch: int = -1,
+                     transactional_id: str | None = None) -> tuple[int, int, int]:
+    """InitProducerId v4 -> (error, id, epoch)."""
+    body = (w.compact_string(transactional_id) + w.i32(60000) + w.i64(producer_id) + w.i16(epoch)
+            + w.EMPTY_TAGS)
     conn.send(w.frame(w.header_v2(INIT_PRODUCER_ID, 4, 7) + body))
     _cid, resp = conn.recv_response_flexible()
     r = w.Reader(resp)
@@ -104,3 +108,33 @@ def write_txn_markers(conn: w.Conn, topic: str, partition: int, producer_id: int
     assert r.uvarint() == 2
     r.i32()  # partition index
     return r.i16()
+
+
+def produce_v12(conn: w.Conn, topic: str, partition: int, records: bytes,
+                transactional_id: str | None = None) -> tuple[int, int]:
+    """Produce v12 (transactions v2: a transactional batch adds its
+    partition to the transaction) of one batch -> (error, base offset)."""
+    partitions = w.uvarint(2) + w.i32(partition) + w.uvarint(len(records) + 1) + records + w.EMPTY_TAGS
+    topics = w.uvarint(2) + w.compact_string(topic) + partitions + w.EMPTY_TAGS
+    body = w.compact_string(transactional_id) + w.i16(-1) + w.i32(5000) + topics + w.EMPTY_TAGS
+    conn.send(w.frame(w.header_v2(w.PRODUCE, 12, 13) + body))
+    _cid, resp = conn.recv_response_flexible()
+    r = w.Reader(resp)
+    assert r.uvarint() == 2
+    r.take(r.uvarint() - 1)  # topic name
+    assert r.uvarint() == 2
+    r.i32()  # partition index
+    return r.i16(), r.i64()
+
+
+def end_txn_v5(conn: w.Conn, transactional_id: str, producer_id: int, epoch: int,
+               commit: bool) -> tuple[int, int, int]:
+    """EndTxn v5 (transactions v2) -> (error, producer id, epoch) the
+    client goes on with."""
+    body = (w.compact_string(transactional_id) + w.i64(producer_id) + w.i16(epoch)
+            + w.i8(1 if commit else 0) + w.EMPTY_TAGS)
+    conn.send(w.frame(w.header_v2(END_TXN, 5, 17) + body))
+    _cid, resp = conn.recv_response_flexible()
+    r = w.Reader(resp)
+    r.i32()  # throttle
+    return r.i16(), r.i64(), r.i16()

@@ -3,7 +3,10 @@
 programs from tests/java/:
 
 * TxnCopy: a transactional producer (commits and aborts), then a
-  consume-transform-produce copy with sendOffsetsToTransaction;
+  consume-transform-produce copy with sendOffsetsToTransaction, under
+  transactions v2 (KIP-890: the epoch bumped at every end, partitions and
+  offsets added by Produce v12+ and TxnOffsetCommit v5) and under the
+  classic protocol (keel.transaction.version=1);
 * StreamsCount: a Kafka Streams count with processing.guarantee=
   exactly_once_v2, killed with kill -9 while its input still arrives and
   started again: every key's count ends exactly at its number of inputs."""
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+
+import pytest
 import threading
 import time
 
@@ -37,16 +42,22 @@ def last_json(stdout: str) -> dict:
     return json.loads(lines[-1])
 
 
-def test_java_transactional_producer_and_copy(broker):
+@pytest.mark.parametrize("transaction_version", [2, 1])
+def test_java_transactional_producer_and_copy(broker_factory, transaction_version):
+    broker = broker_factory(sets={"keel.transaction.version": str(transaction_version)})
     source, sink, group = unique("jin"), unique("jout"), unique("jg")
     create_topic(broker.bootstrap, source)
     create_topic(broker.bootstrap, sink, partitions=2)
-    done = subprocess.run(java("TxnCopy.java", broker.bootstrap, source, sink, group, "7"),
+    rounds = 7
+    done = subprocess.run(java("TxnCopy.java", broker.bootstrap, source, sink, group, str(rounds)),
                           capture_output=True, text=True, timeout=180)
     summary = last_json(done.stdout)
     assert done.returncode == 0, f"{summary}\n{done.stderr[-4000:]}"
     assert summary["committed_inputs"] == 40 and summary["distinct_outputs"] == 40, summary
     assert summary["copy_transactions"] >= 5, summary
+    # Transactions v2 bump the writer's epoch at each of its ends; the
+    # classic protocol keeps the epoch InitProducerId gave.
+    assert summary["writer_epoch"] == (rounds if transaction_version == 2 else 0), summary
     # A read_committed reader of another client agrees.
     assert len(_read_all(broker.bootstrap, sink, "read_committed", partitions=2)) == 40
     assert len(_read_all(broker.bootstrap, source, "read_committed")) == 40

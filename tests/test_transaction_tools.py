@@ -1,7 +1,10 @@
 """Apache Kafka's `kafka-transactions` tool (TransactionsCommand, from the
 4.3.1 jars) against Keel: list, describe, describe-producers, find-hanging
-and abort, on a transaction a confluent-kafka producer holds open."""
+and abort, on a transaction a confluent-kafka producer holds open; and
+`kafka-features describe` (FeatureCommand), which shows transaction.version."""
 from __future__ import annotations
+
+import re
 
 from confluent_kafka import Producer
 
@@ -78,3 +81,19 @@ def test_kafka_transactions_lists_describes_and_aborts(broker):
     plain.produce(topic, value=b"after", partition=0)
     plain.flush(CLIENT_TIMEOUT_S)
     assert _read_all(broker.bootstrap, topic, "read_committed", partitions=2) == [b"after"]
+
+
+def test_kafka_features_shows_the_transaction_version(broker_factory):
+    """`kafka-features describe` (FeatureCommand, from ApiVersions): Keel
+    supports transaction.version 0 to 2 and finalizes the level
+    keel.transaction.version sets, which clients read to pick the
+    transaction protocol."""
+    for level in (2, 1):
+        b = broker_factory(sets={"keel.transaction.version": str(level)})
+        done = kafka_tools.run("org.apache.kafka.tools.FeatureCommand", "--bootstrap-server", b.bootstrap,
+                               "describe")
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        [line] = [line for line in done.stdout.splitlines() if "transaction.version" in line]
+        fields = dict(re.findall(r"(\w+): (\S+)", line))
+        assert fields["SupportedMinVersion"] == "0" and fields["SupportedMaxVersion"] == "2", line
+        assert fields["FinalizedVersionLevel"] == str(level), line

@@ -300,3 +300,45 @@ def test_a_marker_from_a_forged_coordinator_is_refused(broker):
         assert hw.write_txn_markers(conn, unique("nope"), 0, 0, 0, False, coordinator_epoch=0) == 3
     p.commit_transaction(CLIENT_TIMEOUT_S)
     assert _read_all(broker.bootstrap, topic, "read_committed") == [b"kept"]
+
+
+def test_transactions_v2_bump_the_epoch_and_fence_the_ended_transactions_zombie(broker):
+    """Transactions v2 on the wire (KIP-890): Produce v12 adds its partition
+    to the transaction itself; EndTxn v5 bumps the epoch and answers with
+    it, and a retry of it gets the same answer; a late write of the ended
+    transaction (its old epoch) is fenced and never appears; the next
+    transaction starts its sequences at 0; EndTxn at an epoch no client
+    holds is PRODUCER_FENCED and harms nothing."""
+    import hardening_wire as hw
+    import kafka_wire as w
+
+    producer_fenced, invalid_epoch, not_enough_replicas = 90, 47, 19
+    topic, txn = unique("tv2"), unique("tv2-tx")
+    create_topic(broker.bootstrap, topic)
+    with w.Conn(broker.bootstrap) as conn:
+        err, pid, epoch = hw.init_producer_id(conn, transactional_id=txn)
+        assert (err, epoch) == (0, 0)
+
+        def produce(value: bytes, epoch: int, seq: int) -> int:
+            batch = w.record_batch([(None, value)], producer_id=pid, producer_epoch=epoch,
+                                   base_sequence=seq, attributes=hw.TRANSACTIONAL)
+            return hw.produce_v12(conn, topic, 0, batch, txn)[0]
+
+        assert produce(b"first", 0, 0) == 0
+        assert hw.end_txn_v5(conn, txn, pid, 0, True) == (0, pid, 1)
+        # The answer was lost; the client asks again with the epoch it had.
+        # Until the markers are written that is CONCURRENT_TRANSACTIONS.
+        wait_until(lambda: hw.end_txn_v5(conn, txn, pid, 0, True) == (0, pid, 1), 10,
+                   "the retried commit's answer")
+        assert produce(b"zombie", 0, 1) in (producer_fenced, invalid_epoch)
+        assert hw.end_txn_v5(conn, txn, pid, 0, False)[0] != 0, "an abort is no retry of a commit"
+        answers = []
+        wait_until(lambda: answers.append(produce(b"second", 1, 0)) or answers[-1] != not_enough_replicas,
+                   10, "the next transaction's first write")
+        assert answers[-1] == 0, answers
+        for forged in (5, 32767, -1):
+            assert hw.end_txn_v5(conn, txn, pid, forged, True)[0] == producer_fenced
+        assert hw.end_txn_v5(conn, txn, pid + 1000, 1, True)[0] == 49  # INVALID_PRODUCER_ID_MAPPING
+        assert hw.end_txn_v5(conn, txn, pid, 1, False) == (0, pid, 2)
+    assert _read_all(broker.bootstrap, topic, "read_committed") == [b"first"]
+    assert _read_all(broker.bootstrap, topic, "read_uncommitted") == [b"first", b"second"]

@@ -6,7 +6,11 @@
 //      transactions, sending the consumer's offsets with each
 //      (sendOffsetsToTransaction with the group's metadata, KIP-447);
 //   3. read_committed readers check <out> holds each committed input once
-//      and the group's committed offset is past the last committed input.
+//      and the group's committed offset is past the last committed input;
+//   4. the Admin client describes the writer's transactional id: its
+//      producer epoch is 0 under the classic protocol and one per ended
+//      transaction under transactions v2 (KIP-890), which the client picks
+//      when the broker finalizes transaction.version 2.
 // Prints one JSON line with what it saw; exits 1 when a check fails.
 //
 // Usage: java -cp <kafka jars> TxnCopy.java <bootstrap> <in> <out> <group> <rounds>
@@ -14,6 +18,9 @@
 import java.time.Duration;
 import java.util.*;
 
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.TransactionDescription;
 import org.apache.kafka.clients.consumer.*;
 import org.apache.kafka.clients.producer.*;
 import org.apache.kafka.common.TopicPartition;
@@ -120,6 +127,12 @@ public class TxnCopy {
         committed.forEach(v -> expected.add("copy-" + v));
         Collections.sort(output);
         Collections.sort(expected);
+        String writer = group + "-writer";
+        int writerEpoch;
+        try (Admin admin = Admin.create(Map.of(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap))) {
+            TransactionDescription d = admin.describeTransactions(List.of(writer)).description(writer).get();
+            writerEpoch = d.producerEpoch();
+        }
         long committedOffset;
         try (KafkaConsumer<String, String> c = consumer(bootstrap, group)) {
             TopicPartition tp = new TopicPartition(in, 0);
@@ -127,8 +140,8 @@ public class TxnCopy {
             long end = c.endOffsets(List.of(tp)).get(tp);
             committedOffset = o == null ? -1 : o.offset();
             boolean ok = output.equals(expected) && committedOffset > lastCommittedOffset && committedOffset <= end;
-            System.out.printf("{\"committed_inputs\": %d, \"outputs\": %d, \"distinct_outputs\": %d, \"copy_transactions\": %d, \"group_offset\": %d, \"last_committed_input\": %d, \"input_end\": %d, \"ok\": %b}%n",
-                    committed.size(), output.size(), new HashSet<>(output).size(), transactions, committedOffset, lastCommittedOffset, end, ok);
+            System.out.printf("{\"committed_inputs\": %d, \"outputs\": %d, \"distinct_outputs\": %d, \"copy_transactions\": %d, \"group_offset\": %d, \"last_committed_input\": %d, \"input_end\": %d, \"writer_epoch\": %d, \"ok\": %b}%n",
+                    committed.size(), output.size(), new HashSet<>(output).size(), transactions, committedOffset, lastCommittedOffset, end, writerEpoch, ok);
             System.exit(ok ? 0 : 1);
         }
     }

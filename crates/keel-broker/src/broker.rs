@@ -106,6 +106,10 @@ pub struct Broker {
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
+    /// The epoch of the features ApiVersions finalizes: the broker's start
+    /// time, so a restart under a changed `keel.transaction.version` is
+    /// newer to the clients than what they saw before.
+    pub features_epoch: i64,
 }
 
 impl Broker {
@@ -204,6 +208,7 @@ impl Broker {
             mover: Arc::new(mover),
             cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
+            features_epoch: crate::time::now_ms(),
         };
         broker.load_topics()?;
         Ok(Arc::new(broker))
@@ -323,12 +328,14 @@ impl Broker {
         let id = frame.correlation_id;
         let client_id = decoded.header.client_id.as_ref().map_or("", |c| c.as_str());
         match decoded.body {
-            Request::ApiVersions(_) => respond(ApiKey::ApiVersions, version, id, &handlers::api_versions()),
+            Request::ApiVersions(_) => {
+                respond(ApiKey::ApiVersions, version, id, &handlers::api_versions(self))
+            }
             Request::Metadata(r) => {
                 let resp = handlers::metadata::metadata(self, r, version).await;
                 respond(ApiKey::Metadata, version, id, &resp)
             }
-            Request::Produce(r) => match handlers::produce::produce(self, r).await {
+            Request::Produce(r) => match handlers::produce::produce(self, r, version).await {
                 Some(resp) => respond(ApiKey::Produce, version, id, &resp),
                 None => Reply::Nothing,
             },

@@ -226,6 +226,10 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         "104857600",
         ConfigType::Int,
     ),
+    // The `transaction.version` feature level ApiVersions finalizes (Kafka
+    // sets it with `kafka-features`): 2 lets clients use transactions v2
+    // (KIP-890), 0 or 1 keeps them on the classic protocol.
+    ("keel.transaction.version", "2", ConfigType::Int),
     // -1: a share of the memory the broker may use (see keel_tier::memory).
     ("keel.tail.cache.bytes", "-1", ConfigType::Long),
     // auto | on | off: read segment data with O_DIRECT (see keel_log::ReadIo).
@@ -460,6 +464,13 @@ impl BrokerConfig {
                 });
             }
         }
+        let level = self.num("keel.transaction.version");
+        if !(0..=i64::from(crate::txn::state::TRANSACTION_VERSION_2)).contains(&level) {
+            return Err(ConfigError {
+                key: "keel.transaction.version".into(),
+                reason: format!("{level}: Keel supports transaction.version 0 to 2"),
+            });
+        }
         let admin = self.get("keel.admin.listen");
         if !admin.is_empty() && !is_host_port(admin) {
             return Err(ConfigError {
@@ -526,7 +537,12 @@ impl BrokerConfig {
         Ok(())
     }
 
-    /// The group coordinator's settings.
+    /// The `transaction.version` feature level (validated: 0 to 2).
+    pub fn transaction_version(&self) -> i16 {
+        i16::try_from(self.num("keel.transaction.version")).unwrap_or(0)
+    }
+
+    /// The transaction coordinator's settings.
     pub fn txn_config(&self) -> crate::txn::TxnConfig {
         crate::txn::TxnConfig {
             max_timeout_ms: i32::try_from(self.num("transaction.max.timeout.ms")).unwrap_or(i32::MAX),

@@ -63,15 +63,15 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::DeleteGroups, 0, 2),
     api(ApiKey::OffsetDelete, 0, 0),
     // Transactions (KIP-98). AddPartitionsToTxn v4+ is the batched form
-    // brokers send each other, verify-only requests included. EndTxn v5
-    // answers with the epoch transactions v2 (KIP-890) bumps at every end,
-    // which Keel does not do yet.
+    // brokers send each other, verify-only requests included. Transactions
+    // v2 (KIP-890) are EndTxn v5, which bumps the epoch at every end,
+    // TxnOffsetCommit v5 and Produce v12+, which add their partition to
+    // the transaction themselves; clients use them when the ApiVersions
+    // answer finalizes `transaction.version` 2.
     api(ApiKey::AddPartitionsToTxn, 0, 5),
-    api(ApiKey::EndTxn, 0, 4),
-    // Offsets in a transaction. TxnOffsetCommit v5 belongs to transactions
-    // v2 (KIP-890), which Keel does not advertise.
+    api(ApiKey::EndTxn, 0, 5),
     api(ApiKey::AddOffsetsToTxn, 0, 4),
-    api(ApiKey::TxnOffsetCommit, 0, 4),
+    api(ApiKey::TxnOffsetCommit, 0, 5),
     // What `kafka-transactions` uses (KIP-664). WriteTxnMarkers v0 was
     // removed in Kafka 4.0.
     api(ApiKey::WriteTxnMarkers, 1, 1),

@@ -244,6 +244,21 @@ pub(crate) fn put_str(b: &mut BytesMut, s: &str) {
     b.put_slice(s.as_bytes());
 }
 
+/// An unsigned varint (flexible versions' lengths and tags).
+pub(crate) fn put_uvarint(b: &mut BytesMut, mut v: u32) {
+    while v >= 0x80 {
+        b.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    b.put_u8(v as u8);
+}
+
+/// A compact (flexible versions') string.
+pub(crate) fn put_compact_str(b: &mut BytesMut, s: &str) {
+    put_uvarint(b, s.len() as u32 + 1);
+    b.put_slice(s.as_bytes());
+}
+
 fn put_opt_str(b: &mut BytesMut, s: Option<&str>) {
     match s {
         Some(s) => put_str(b, s),
@@ -304,6 +319,39 @@ impl Reader<'_> {
     pub(crate) fn string(&mut self) -> Result<String, RecordError> {
         self.opt_string()?
             .ok_or_else(|| RecordError("null where a string is required".into()))
+    }
+
+    /// An unsigned varint (flexible versions' lengths and tags).
+    pub(crate) fn uvarint(&mut self) -> Result<u32, RecordError> {
+        let mut value: u32 = 0;
+        for shift in (0..35).step_by(7) {
+            let byte = self.i8()? as u8;
+            value |= u32::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(RecordError("varint longer than 5 bytes".into()))
+    }
+
+    /// Skips `n` bytes.
+    pub(crate) fn skip(&mut self, n: usize) -> Result<(), RecordError> {
+        self.need(n)?;
+        self.0.advance(n);
+        Ok(())
+    }
+
+    /// A compact (flexible versions') string: its length + 1 as a varint.
+    pub(crate) fn compact_string(&mut self) -> Result<String, RecordError> {
+        let len = (self.uvarint()? as usize)
+            .checked_sub(1)
+            .ok_or_else(|| RecordError("null where a string is required".into()))?;
+        self.need(len)?;
+        let s = std::str::from_utf8(&self.0[..len])
+            .map_err(|_| RecordError("string is not UTF-8".into()))?
+            .to_string();
+        self.0.advance(len);
+        Ok(s)
     }
 
     fn bytes(&mut self) -> Result<Bytes, RecordError> {

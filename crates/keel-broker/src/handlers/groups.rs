@@ -334,7 +334,30 @@ pub async fn txn_offset_commit(
             &crate::txn::offsets_partition(),
         )
     };
-    let outcome = match verify() {
+    // From v5 (transactions v2) the commit takes the offsets partition
+    // into the transaction itself, instead of an AddOffsetsToTxn before.
+    let added = if version >= 5 {
+        broker
+            .txns
+            .add_partitions(
+                req.transactional_id.as_str(),
+                producer.0,
+                producer.1,
+                &[crate::txn::offsets_partition()],
+                crate::txn::state::TRANSACTION_VERSION_2,
+                ResponseError::ProducerFenced,
+            )
+            .await
+            // While the last transaction's markers are written: an error
+            // every client retries at once.
+            .map_err(|e| match e {
+                ResponseError::ConcurrentTransactions => ResponseError::CoordinatorLoadInProgress,
+                other => other,
+            })
+    } else {
+        Ok(())
+    };
+    let outcome = match added.and_then(|()| verify()) {
         Err(e) => Err(e),
         Ok(()) => {
             let written = broker

@@ -11,11 +11,33 @@ pub mod produce;
 pub mod txn;
 pub mod txn_admin;
 
+use keel_protocol::messages::api_versions_response::{FinalizedFeatureKey, SupportedFeatureKey};
 use keel_protocol::messages::{ApiVersionsResponse, TopicName};
 use keel_protocol::StrBytes;
 
-pub fn api_versions() -> ApiVersionsResponse {
-    keel_protocol::response::api_versions(0)
+/// The feature flag that selects Kafka's transaction protocol version
+/// (KIP-890): 2 is transactions v2.
+pub const TRANSACTION_VERSION_FEATURE: &str = "transaction.version";
+
+/// ApiVersions: the APIs, and (v3+) the features, as a KRaft broker
+/// reports them: `transaction.version` supported 0 to 2 and finalized at
+/// `keel.transaction.version`, which clients read to choose the protocol.
+pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
+    let level = broker.config.transaction_version();
+    let mut response = keel_protocol::response::api_versions(0)
+        .with_supported_features(vec![SupportedFeatureKey::default()
+            .with_name(str_bytes(TRANSACTION_VERSION_FEATURE))
+            .with_min_version(0)
+            .with_max_version(crate::txn::state::TRANSACTION_VERSION_2)])
+        .with_finalized_features_epoch(broker.features_epoch);
+    // Kafka leaves a feature at level 0 out of the finalized ones.
+    if level > 0 {
+        response = response.with_finalized_features(vec![FinalizedFeatureKey::default()
+            .with_name(str_bytes(TRANSACTION_VERSION_FEATURE))
+            .with_min_version_level(level)
+            .with_max_version_level(level)]);
+    }
+    response
 }
 
 /// A partition of an existing topic, or UNKNOWN_TOPIC_OR_PARTITION.

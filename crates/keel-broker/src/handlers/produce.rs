@@ -21,8 +21,12 @@ use crate::time::now_ms;
 use crate::topics::Topic;
 use crate::Broker;
 
+/// The first Produce version whose transactional batches add their
+/// partition to the transaction themselves (transactions v2, KIP-890).
+const IMPLICIT_ADD_VERSION: i16 = 12;
+
 /// Handles a Produce request. `None` means no response is sent (acks=0).
-pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest) -> Option<ProduceResponse> {
+pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) -> Option<ProduceResponse> {
     let acks = req.acks;
     if !matches!(acks, -1..=1) {
         return Some(all_failed(req, ResponseError::InvalidRequiredAcks));
@@ -36,9 +40,9 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest) -> Option<Produc
         for p in t.partition_data {
             let topic = topic.clone();
             let b = Arc::clone(broker);
-            let txn_id = txn_id.clone();
+            let txn = txn_id.clone().map(|id| (id, version >= IMPLICIT_ADD_VERSION));
             let task =
-                tokio::spawn(async move { produce_partition(&b, topic, p.index, p.records, txn_id).await });
+                tokio::spawn(async move { produce_partition(&b, topic, p.index, p.records, txn).await });
             pending.push((t.name.clone(), t.topic_id, p.index, task));
         }
     }
@@ -66,7 +70,7 @@ async fn produce_partition(
     topic: Result<Arc<Topic>, ResponseError>,
     index: i32,
     records: Option<Bytes>,
-    txn_id: Option<Arc<str>>,
+    txn: Option<(Arc<str>, bool)>,
 ) -> PartitionProduceResponse {
     let topic = match topic {
         Ok(t) => t,
@@ -81,7 +85,7 @@ async fn produce_partition(
         Ok(h) => h,
         Err((error, message)) => return failed(error, message),
     };
-    if let Err((error, message)) = check_transaction(broker, &headers[0], txn_id.as_deref(), &topic, index) {
+    if let Err((error, message)) = check_transaction(broker, &headers[0], txn, &topic, index).await {
         return failed(error, message);
     }
     if broker
@@ -176,17 +180,17 @@ pub(crate) fn check_records(
 /// transaction added (Kafka's partition verification): a batch written
 /// outside its transaction would never get a marker and would hold the
 /// last stable offset back for good.
-fn check_transaction(
+async fn check_transaction(
     broker: &Broker,
     h: &BatchHeader,
-    txn_id: Option<&str>,
+    txn: Option<(Arc<str>, bool)>,
     topic: &Topic,
     index: i32,
 ) -> Result<(), (ResponseError, String)> {
     if !h.is_transactional() {
         return Ok(());
     }
-    let Some(id) = txn_id else {
+    let Some((id, implicit_add)) = txn else {
         return Err((
             ResponseError::InvalidRecord,
             format!(
@@ -196,9 +200,29 @@ fn check_transaction(
         ));
     };
     let partition = (topic.meta.name.clone(), index);
+    if implicit_add {
+        return broker
+            .txns
+            .add_partitions(
+                &id,
+                h.producer_id,
+                h.producer_epoch,
+                std::slice::from_ref(&partition),
+                crate::txn::state::TRANSACTION_VERSION_2,
+                ResponseError::ProducerFenced,
+            )
+            .await
+            .map_err(|e| {
+                let message = format!(
+                    "cannot add {}-{index} to the transaction of producer {} epoch {} ({id}): {e:?}",
+                    topic.meta.name, h.producer_id, h.producer_epoch
+                );
+                (retriable_for_produce(e), message)
+            });
+    }
     broker
         .txns
-        .verify(id, h.producer_id, h.producer_epoch, &partition)
+        .verify(&id, h.producer_id, h.producer_epoch, &partition)
         .map_err(|e| {
             let message = format!(
                 "producer {} epoch {} of transactional id {id} has no open transaction with {}-{index}",
@@ -206,6 +230,20 @@ fn check_transaction(
             );
             (e, message)
         })
+}
+
+/// What a produce answers for a coordinator error that only asks the
+/// client to wait (the last transaction's markers are still being
+/// written): NOT_ENOUGH_REPLICAS, which every client retries without a
+/// metadata refresh, as Kafka translates them.
+fn retriable_for_produce(e: ResponseError) -> ResponseError {
+    match e {
+        ResponseError::ConcurrentTransactions
+        | ResponseError::CoordinatorNotAvailable
+        | ResponseError::CoordinatorLoadInProgress
+        | ResponseError::NotCoordinator => ResponseError::NotEnoughReplicas,
+        other => other,
+    }
 }
 
 /// How a topic's records are timestamped (`message.timestamp.type`) and
@@ -435,7 +473,7 @@ async fn transactional_init(
 
 /// A producer id never handed out before (blocking file write once per
 /// block, off the async threads).
-async fn allocate_producer_id(broker: &Arc<Broker>) -> Result<i64, ResponseError> {
+pub(super) async fn allocate_producer_id(broker: &Arc<Broker>) -> Result<i64, ResponseError> {
     let b = Arc::clone(broker);
     match tokio::task::spawn_blocking(move || b.producer_ids.lock().allocate()).await {
         Ok(Ok(id)) => Ok(id),

@@ -16,7 +16,7 @@ use keel_protocol::ResponseError;
 
 use super::partition_of;
 use crate::txn::state::{TxnState, TxnStatus};
-use crate::txn::{offsets_partition, COORDINATOR_EPOCH, OFFSETS_PARTITION, OFFSETS_TOPIC};
+use crate::txn::{offsets_partition, EndOutcome, COORDINATOR_EPOCH, OFFSETS_PARTITION, OFFSETS_TOPIC};
 use crate::Broker;
 
 /// What a producer whose epoch is older gets: PRODUCER_FENCED from the
@@ -108,7 +108,7 @@ async fn add_one(
     } else {
         let result = broker
             .txns
-            .add_partitions(id, producer_id, epoch, &requested, fenced)
+            .add_partitions(id, producer_id, epoch, &requested, 0, fenced)
             .await;
         vec![result.err(); requested.len()]
     };
@@ -147,6 +147,7 @@ pub async fn add_offsets_to_txn(
                 req.producer_id.0,
                 req.producer_epoch,
                 &[offsets_partition()],
+                0,
                 fenced_error(version, 2),
             )
             .await
@@ -154,30 +155,44 @@ pub async fn add_offsets_to_txn(
     AddOffsetsToTxnResponse::default().with_error_code(error.err().map_or(0, |e| e.code()))
 }
 
+/// EndTxn. From v5 (transactions v2) every end bumps the epoch, and the
+/// answer carries the producer id and epoch the client goes on with.
 pub async fn end_txn(broker: &Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxnResponse {
     let id = req.transactional_id.as_str();
-    let result = broker
-        .txns
-        .end_txn(
-            id,
-            req.producer_id.0,
-            req.producer_epoch,
-            req.committed,
-            fenced_error(version, 2),
-        )
-        .await;
-    let error = match result {
-        Ok(Some(prepared)) => {
-            spawn_markers(broker, id.to_string(), prepared);
-            0
+    let producer = (req.producer_id.0, req.producer_epoch);
+    let v2 = version >= 5;
+    let fenced = fenced_error(version, 2);
+    let mut fresh = None;
+    let result = loop {
+        let outcome = broker
+            .txns
+            .end_txn(id, producer, req.committed, v2, fresh, fenced)
+            .await;
+        match outcome {
+            Ok(EndOutcome::NeedProducerId) if fresh.is_none() => {
+                match super::produce::allocate_producer_id(broker).await {
+                    Ok(pid) => fresh = Some(pid),
+                    Err(e) => break Err(e),
+                }
+            }
+            Ok(EndOutcome::NeedProducerId) => break Err(ResponseError::UnknownServerError),
+            Ok(EndOutcome::Done(pid, epoch)) => break Ok((pid, epoch)),
+            Ok(EndOutcome::Prepared(prepared)) => {
+                let answer = prepared.handed_out();
+                spawn_markers(broker, id.to_string(), prepared);
+                break Ok(answer);
+            }
+            Err(e) => break Err(e),
         }
-        Ok(None) => 0,
-        Err(e) => e.code(),
+    };
+    let (error, (pid, epoch)) = match result {
+        Ok(answer) => (0, answer),
+        Err(e) => (e.code(), (-1, -1)),
     };
     EndTxnResponse::default()
         .with_error_code(error)
-        .with_producer_id(ProducerId(-1))
-        .with_producer_epoch(-1)
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
 }
 
 /// The wait between retries of a step that must succeed: 100 ms, doubling

@@ -1,5 +1,6 @@
 //! The transaction coordinator: Kafka's transaction protocol for
-//! transactional producers (KIP-98, with KIP-360's epoch recovery).
+//! transactional producers (KIP-98, with KIP-360's epoch recovery and
+//! KIP-890's transactions v2).
 //!
 //! * [`state`]: one transactional id's state machine (no I/O, no clock);
 //! * [`records`]: the transaction log's record schemas (Kafka's
@@ -103,6 +104,19 @@ pub enum InitOutcome {
     /// An open transaction is being aborted first (this PrepareAbort is
     /// persisted): write its markers and answer CONCURRENT_TRANSACTIONS.
     AbortFirst(TxnState),
+}
+
+/// What EndTxn came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndOutcome {
+    /// Call again with a freshly allocated producer id (transactions v2,
+    /// epoch exhausted).
+    NeedProducerId,
+    /// A retry of an end that is done: answer with this id and epoch.
+    Done(i64, i16),
+    /// This Prepare state is persisted: answer with its
+    /// [`TxnState::handed_out`] id and epoch, then write its markers.
+    Prepared(TxnState),
 }
 
 /// One transaction as DescribeTransactions and ListTransactions report it.
@@ -239,21 +253,22 @@ impl TxnCoordinator {
         }
     }
 
-    /// AddPartitionsToTxn (and the implicit add of a transactional
-    /// produce's partitions).
+    /// AddPartitionsToTxn and AddOffsetsToTxn (`client_version` 0), and the
+    /// implicit add of transactions v2 (Produce v12+, TxnOffsetCommit v5+).
     pub async fn add_partitions(
         &self,
         id: &str,
         producer_id: i64,
         epoch: i16,
         partitions: &[(String, i32)],
+        client_version: i16,
         fenced: ResponseError,
     ) -> Result<(), ResponseError> {
         let now = self.now_ms();
         let next = {
             let mut txns = self.txns.lock();
             let entry = state::check_producer(txns.get(id), producer_id, epoch, fenced)?;
-            let Some(next) = state::add_partitions(entry, partitions, now)? else {
+            let Some(next) = state::add_partitions(entry, partitions, client_version, now)? else {
                 return Ok(());
             };
             Self::begin(&mut txns, id, &next);
@@ -287,22 +302,32 @@ impl TxnCoordinator {
         }
     }
 
-    /// EndTxn. Returns the persisted Prepare state whose markers the
-    /// caller writes next (`None`: a retry of a finished end).
+    /// EndTxn: v5+ (`v2`) under transactions v2's rules, which bump the
+    /// epoch at every end.
     pub async fn end_txn(
         &self,
         id: &str,
-        producer_id: i64,
-        epoch: i16,
+        (producer_id, epoch): (i64, i16),
         commit: bool,
+        v2: bool,
+        fresh_producer_id: Option<i64>,
         fenced: ResponseError,
-    ) -> Result<Option<TxnState>, ResponseError> {
+    ) -> Result<EndOutcome, ResponseError> {
         let now = self.now_ms();
         let next = {
             let mut txns = self.txns.lock();
-            let entry = state::check_producer(txns.get(id), producer_id, epoch, fenced)?;
-            match state::end(entry, commit, now)? {
-                EndDecision::Done => return Ok(None),
+            let decision = if v2 {
+                state::end_v2(txns.get(id), producer_id, epoch, commit, fresh_producer_id, now)?
+            } else {
+                let entry = state::check_producer(txns.get(id), producer_id, epoch, fenced)?;
+                state::end(entry, commit, now)?
+            };
+            match decision {
+                EndDecision::NeedProducerId => return Ok(EndOutcome::NeedProducerId),
+                EndDecision::Done => {
+                    let s = &txns.get(id).ok_or(ResponseError::InvalidProducerIdMapping)?.state;
+                    return Ok(EndOutcome::Done(s.producer_id, s.producer_epoch));
+                }
                 EndDecision::Prepare(next) => {
                     Self::begin(&mut txns, id, &next);
                     next
@@ -310,7 +335,7 @@ impl TxnCoordinator {
             }
         };
         self.persist(id, next.clone()).await?;
-        Ok(Some(next))
+        Ok(EndOutcome::Prepared(next))
     }
 
     /// Every marker of `prepared` is written: the transaction is complete.

@@ -12,6 +12,12 @@
 //! A state is persisted to the transaction log before it takes effect;
 //! while a write is in flight the id is `pending` and every other request
 //! for it is answered CONCURRENT_TRANSACTIONS, as in Kafka.
+//!
+//! Transactions v2 (KIP-890 part 2, EndTxn v5+): every end bumps the
+//! producer epoch, and the markers carry the bumped epoch, so a late write
+//! of the ended transaction is fenced in every partition. The client gets
+//! the new epoch in the EndTxn answer; when the epoch is exhausted the
+//! transaction hands over to a new producer id (`next_producer_id`).
 
 use std::collections::BTreeSet;
 
@@ -87,7 +93,47 @@ pub struct TxnState {
     pub last_update_ms: i64,
     /// When the open transaction began (-1 when none is open).
     pub start_ms: i64,
+    /// The producer id before the last hand-over to a new one (-1: none):
+    /// a retried EndTxn of the old id is recognised by it.
+    pub previous_producer_id: i64,
+    /// The producer id an ending transaction hands over to because its
+    /// epoch is exhausted (-1: none).
+    pub next_producer_id: i64,
+    /// The transaction version of the client's last request (Kafka's
+    /// `ClientTransactionVersion`): 2 for transactions v2.
+    pub client_version: i16,
 }
+
+impl TxnState {
+    /// A new id's first state.
+    pub fn new(producer_id: i64, timeout_ms: i32, now_ms: i64) -> TxnState {
+        TxnState {
+            producer_id,
+            producer_epoch: 0,
+            timeout_ms,
+            status: TxnStatus::Empty,
+            partitions: BTreeSet::new(),
+            last_update_ms: now_ms,
+            start_ms: -1,
+            previous_producer_id: -1,
+            next_producer_id: -1,
+            client_version: 0,
+        }
+    }
+
+    /// The producer id and epoch the client goes on with after this state:
+    /// the next id, at epoch 0, when the transaction hands over to one.
+    pub fn handed_out(&self) -> (i64, i16) {
+        if self.next_producer_id >= 0 {
+            (self.next_producer_id, 0)
+        } else {
+            (self.producer_id, self.producer_epoch)
+        }
+    }
+}
+
+/// Transactions v2: the epoch is bumped at every end (KIP-890).
+pub const TRANSACTION_VERSION_2: i16 = 2;
 
 /// A transactional id in the coordinator's memory.
 #[derive(Debug, Clone)]
@@ -127,15 +173,11 @@ pub fn init(
         let Some(producer_id) = fresh_producer_id else {
             return Ok(InitDecision::NeedProducerId);
         };
-        return Ok(InitDecision::Persist(TxnState {
+        return Ok(InitDecision::Persist(TxnState::new(
             producer_id,
-            producer_epoch: 0,
             timeout_ms,
-            status: TxnStatus::Empty,
-            partitions: BTreeSet::new(),
-            last_update_ms: now_ms,
-            start_ms: -1,
-        }));
+            now_ms,
+        )));
     };
     if entry.pending {
         return Err(ResponseError::ConcurrentTransactions);
@@ -151,12 +193,7 @@ pub fn init(
         TxnStatus::PrepareCommit | TxnStatus::PrepareAbort | TxnStatus::PrepareEpochFence => {
             Err(ResponseError::ConcurrentTransactions)
         }
-        TxnStatus::Ongoing => Ok(InitDecision::AbortOngoing(TxnState {
-            producer_epoch: bumped(s.producer_epoch),
-            status: TxnStatus::PrepareAbort,
-            last_update_ms: now_ms,
-            ..s.clone()
-        })),
+        TxnStatus::Ongoing => Ok(InitDecision::AbortOngoing(fenced_abort(s, now_ms))),
         TxnStatus::Empty | TxnStatus::CompleteCommit | TxnStatus::CompleteAbort | TxnStatus::Dead => {
             let (producer_id, producer_epoch) = if s.producer_epoch >= MAX_EPOCH {
                 match fresh_producer_id {
@@ -166,6 +203,11 @@ pub fn init(
             } else {
                 (s.producer_id, s.producer_epoch + 1)
             };
+            let previous_producer_id = if producer_id == s.producer_id {
+                s.previous_producer_id
+            } else {
+                s.producer_id
+            };
             Ok(InitDecision::Persist(TxnState {
                 producer_id,
                 producer_epoch,
@@ -174,16 +216,30 @@ pub fn init(
                 partitions: BTreeSet::new(),
                 last_update_ms: now_ms,
                 start_ms: -1,
+                previous_producer_id,
+                next_producer_id: -1,
+                client_version: s.client_version,
             }))
         }
     }
 }
 
-fn bumped(epoch: i16) -> i16 {
-    if epoch >= MAX_EPOCH {
-        epoch
+/// The abort of `s`'s open transaction by the coordinator (a timeout, or
+/// a new instance of the producer), under an epoch that fences its
+/// producer: one higher, or two for a transactions v2 client, whose own
+/// retried abort at the epoch below must not pass for this one (as in
+/// Kafka). Never past `i16::MAX`, the highest epoch a marker may carry.
+fn fenced_abort(s: &TxnState, now_ms: i64) -> TxnState {
+    let bump = if s.client_version >= TRANSACTION_VERSION_2 {
+        2
     } else {
-        epoch + 1
+        1
+    };
+    TxnState {
+        producer_epoch: s.producer_epoch.saturating_add(bump),
+        status: TxnStatus::PrepareAbort,
+        last_update_ms: now_ms,
+        ..s.clone()
     }
 }
 
@@ -197,7 +253,13 @@ pub fn check_producer(
     fenced: ResponseError,
 ) -> Result<&TxnEntry, ResponseError> {
     let entry = entry.ok_or(ResponseError::InvalidProducerIdMapping)?;
-    if entry.state.producer_id != producer_id {
+    let s = &entry.state;
+    if s.producer_id != producer_id {
+        // The client already has the id its ending transaction hands over
+        // to; it is the id's own once the markers are written.
+        if s.next_producer_id == producer_id && epoch == 0 && s.status.is_prepare() {
+            return Err(ResponseError::ConcurrentTransactions);
+        }
         return Err(ResponseError::InvalidProducerIdMapping);
     }
     if entry.state.producer_epoch != epoch {
@@ -206,11 +268,13 @@ pub fn check_producer(
     Ok(entry)
 }
 
-/// AddPartitionsToTxn: the state to persist, or `None` when every
+/// AddPartitionsToTxn, or the implicit add of transactions v2
+/// (`client_version`): the state to persist, or `None` when every
 /// partition is already in the open transaction.
 pub fn add_partitions(
     entry: &TxnEntry,
     partitions: &[(String, i32)],
+    client_version: i16,
     now_ms: i64,
 ) -> Result<Option<TxnState>, ResponseError> {
     let s = &entry.state;
@@ -232,6 +296,7 @@ pub fn add_partitions(
     next.status = TxnStatus::Ongoing;
     next.partitions.extend(partitions.iter().cloned());
     next.last_update_ms = now_ms;
+    next.client_version = client_version;
     Ok(Some(next))
 }
 
@@ -242,6 +307,9 @@ pub enum EndDecision {
     Done,
     /// Persist this Prepare state, answer, then write the markers.
     Prepare(TxnState),
+    /// The epoch is exhausted (transactions v2): allocate the producer id
+    /// to hand over to, and decide again.
+    NeedProducerId,
 }
 
 /// EndTxn (commit or abort) for the owning producer's `entry`.
@@ -269,9 +337,86 @@ pub fn end(entry: &TxnEntry, commit: bool, now_ms: i64) -> Result<EndDecision, R
     }
 }
 
-/// The state after every marker of a Prepare state is written.
+/// EndTxn v5+ (transactions v2) for `producer_id` at `epoch`, as Kafka
+/// decides it. The end bumps the epoch. A retry is the epoch below the
+/// bumped one, or the previous id at the last epoch after a hand-over; a
+/// retried end that is done is [`EndDecision::Done`]. An abort with no
+/// open transaction bumps the epoch too (a client's way to reset it).
+pub fn end_v2(
+    entry: Option<&TxnEntry>,
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+    fresh_producer_id: Option<i64>,
+    now_ms: i64,
+) -> Result<EndDecision, ResponseError> {
+    use TxnStatus::*;
+    let entry = entry.ok_or(ResponseError::InvalidProducerIdMapping)?;
+    let s = &entry.state;
+    let retry_on_bump = i32::from(s.producer_epoch) == i32::from(epoch) + 1;
+    let retry_on_hand_over =
+        s.previous_producer_id == producer_id && epoch == MAX_EPOCH && s.producer_epoch == 0;
+    if s.producer_id != producer_id && !retry_on_hand_over {
+        return Err(ResponseError::InvalidProducerIdMapping);
+    }
+    let valid_epoch = match s.status {
+        Ongoing | Empty | Dead | PrepareEpochFence => epoch == s.producer_epoch,
+        PrepareCommit | PrepareAbort => retry_on_bump,
+        CompleteCommit | CompleteAbort => retry_on_bump || retry_on_hand_over || epoch == s.producer_epoch,
+    };
+    if !valid_epoch {
+        return Err(ResponseError::ProducerFenced);
+    }
+    if entry.pending {
+        return Err(ResponseError::ConcurrentTransactions);
+    }
+    let retry = retry_on_bump || retry_on_hand_over;
+    let prepare = |commit: bool, nothing_added: bool| -> Result<EndDecision, ResponseError> {
+        // An epoch at i16::MAX was never handed out: only a forged request
+        // names it.
+        let producer_epoch = s
+            .producer_epoch
+            .checked_add(1)
+            .ok_or(ResponseError::ProducerFenced)?;
+        let next_producer_id = if s.producer_epoch >= MAX_EPOCH {
+            match fresh_producer_id {
+                Some(id) => id,
+                None => return Ok(EndDecision::NeedProducerId),
+            }
+        } else {
+            -1
+        };
+        Ok(EndDecision::Prepare(TxnState {
+            producer_epoch,
+            status: if commit { PrepareCommit } else { PrepareAbort },
+            last_update_ms: now_ms,
+            start_ms: if nothing_added { now_ms } else { s.start_ms },
+            next_producer_id,
+            client_version: TRANSACTION_VERSION_2,
+            ..s.clone()
+        }))
+    };
+    match (s.status, commit) {
+        (Ongoing, _) => prepare(commit, false),
+        (CompleteCommit, true) | (CompleteAbort, false) if retry => Ok(EndDecision::Done),
+        (CompleteCommit | CompleteAbort | Empty, false) if !retry => prepare(false, true),
+        (PrepareCommit, true) | (PrepareAbort, false) => Err(ResponseError::ConcurrentTransactions),
+        _ => Err(ResponseError::InvalidTxnState),
+    }
+}
+
+/// The state after every marker of a Prepare state is written. A
+/// transaction that hands over to a new producer id completes under it.
 pub fn complete(prepared: &TxnState, now_ms: i64) -> TxnState {
+    let (producer_id, producer_epoch) = prepared.handed_out();
+    let previous_producer_id = if producer_id == prepared.producer_id {
+        prepared.previous_producer_id
+    } else {
+        prepared.producer_id
+    };
     TxnState {
+        producer_id,
+        producer_epoch,
         status: if prepared.status == TxnStatus::PrepareCommit {
             TxnStatus::CompleteCommit
         } else {
@@ -280,6 +425,8 @@ pub fn complete(prepared: &TxnState, now_ms: i64) -> TxnState {
         partitions: BTreeSet::new(),
         last_update_ms: now_ms,
         start_ms: -1,
+        previous_producer_id,
+        next_producer_id: -1,
         ..prepared.clone()
     }
 }
@@ -291,12 +438,7 @@ pub fn timed_out(entry: &TxnEntry, now_ms: i64) -> Option<TxnState> {
     let expired = s.status == TxnStatus::Ongoing
         && !entry.pending
         && now_ms > s.start_ms.saturating_add(i64::from(s.timeout_ms));
-    expired.then(|| TxnState {
-        producer_epoch: bumped(s.producer_epoch),
-        status: TxnStatus::PrepareAbort,
-        last_update_ms: now_ms,
-        ..s.clone()
-    })
+    expired.then(|| fenced_abort(s, now_ms))
 }
 
 /// Whether an idle id has outlived `transactional.id.expiration.ms`.
@@ -363,11 +505,11 @@ mod tests {
         );
         let e = entry(s);
         let p = vec![("t".to_string(), 0), ("t".to_string(), 1)];
-        let ongoing = add_partitions(&e, &p, 10).unwrap().unwrap();
+        let ongoing = add_partitions(&e, &p, 0, 10).unwrap().unwrap();
         assert_eq!(ongoing.status, TxnStatus::Ongoing);
         assert_eq!(ongoing.start_ms, 10);
         let e = entry(ongoing);
-        assert_eq!(add_partitions(&e, &p[..1], 11), Ok(None), "already in");
+        assert_eq!(add_partitions(&e, &p[..1], 0, 11), Ok(None), "already in");
         let EndDecision::Prepare(prepared) = end(&e, true, 12).unwrap() else {
             panic!("an open transaction prepares");
         };
@@ -376,7 +518,7 @@ mod tests {
         assert_eq!(end(&e, true, 13), Err(ResponseError::ConcurrentTransactions));
         assert_eq!(end(&e, false, 13), Err(ResponseError::InvalidTxnState));
         assert_eq!(
-            add_partitions(&e, &p, 13),
+            add_partitions(&e, &p, 0, 13),
             Err(ResponseError::ConcurrentTransactions)
         );
         let done = complete(&prepared, 14);
@@ -392,7 +534,7 @@ mod tests {
     #[test]
     fn zombies_are_fenced_and_open_transactions_aborted() {
         let e = entry(persisted(init(None, 1000, None, Some(3), 0)));
-        let e = entry(add_partitions(&e, &[("t".into(), 0)], 1).unwrap().unwrap());
+        let e = entry(add_partitions(&e, &[("t".into(), 0)], 0, 1).unwrap().unwrap());
         // A new producer instance with the same id: the open transaction
         // is aborted under a bumped epoch first.
         let InitDecision::AbortOngoing(fence) = init(Some(&e), 1000, None, None, 2).unwrap() else {
@@ -423,7 +565,7 @@ mod tests {
     #[test]
     fn timeouts_and_epoch_exhaustion() {
         let e = entry(persisted(init(None, 100, None, Some(1), 0)));
-        let e = entry(add_partitions(&e, &[("t".into(), 0)], 1_000).unwrap().unwrap());
+        let e = entry(add_partitions(&e, &[("t".into(), 0)], 0, 1_000).unwrap().unwrap());
         assert_eq!(timed_out(&e, 1_100), None);
         let abort = timed_out(&e, 1_101).unwrap();
         assert_eq!((abort.status, abort.producer_epoch), (TxnStatus::PrepareAbort, 1));
@@ -441,6 +583,159 @@ mod tests {
         assert!(!expired(&e, 10_000, 100_000));
     }
 
+    fn prepared(d: Result<EndDecision, ResponseError>) -> TxnState {
+        match d {
+            Ok(EndDecision::Prepare(s)) => s,
+            other => panic!("expected a Prepare state, got {other:?}"),
+        }
+    }
+
+    /// Kafka's table of EndTxn v5 answers (TransactionCoordinator): each
+    /// end bumps the epoch; the epoch below is a retry.
+    #[test]
+    fn transactions_v2_bump_the_epoch_at_every_end() {
+        let e = entry(persisted(init(None, 1000, None, Some(7), 0)));
+        let p = [("t".to_string(), 0)];
+        let open = add_partitions(&e, &p, TRANSACTION_VERSION_2, 1).unwrap().unwrap();
+        assert_eq!(open.client_version, TRANSACTION_VERSION_2);
+        let e = entry(open);
+        assert_eq!(
+            end_v2(Some(&e), 7, 1, true, None, 2),
+            Err(ResponseError::ProducerFenced),
+            "no epoch above the current one"
+        );
+        assert_eq!(
+            end_v2(Some(&e), 8, 0, true, None, 2),
+            Err(ResponseError::InvalidProducerIdMapping)
+        );
+        let commit = prepared(end_v2(Some(&e), 7, 0, true, None, 2));
+        assert_eq!(
+            (commit.status, commit.producer_epoch),
+            (TxnStatus::PrepareCommit, 1)
+        );
+        assert_eq!(
+            commit.handed_out(),
+            (7, 1),
+            "the client goes on at the bumped epoch"
+        );
+        let e = entry(commit.clone());
+        assert_eq!(
+            end_v2(Some(&e), 7, 0, true, None, 3),
+            Err(ResponseError::ConcurrentTransactions),
+            "a retry while the markers are written"
+        );
+        assert_eq!(
+            add_partitions(&e, &p, TRANSACTION_VERSION_2, 3),
+            Err(ResponseError::ConcurrentTransactions),
+            "the next transaction waits for the markers"
+        );
+        let done = complete(&commit, 4);
+        assert_eq!((done.producer_id, done.producer_epoch), (7, 1));
+        let e = entry(done);
+        // Retry (epoch 0) and current (epoch 1), commit and abort.
+        assert_eq!(end_v2(Some(&e), 7, 0, true, None, 5), Ok(EndDecision::Done));
+        assert_eq!(
+            end_v2(Some(&e), 7, 0, false, None, 5),
+            Err(ResponseError::InvalidTxnState)
+        );
+        assert_eq!(
+            end_v2(Some(&e), 7, 1, true, None, 5),
+            Err(ResponseError::InvalidTxnState)
+        );
+        let reset = prepared(end_v2(Some(&e), 7, 1, false, None, 5));
+        assert_eq!((reset.status, reset.producer_epoch), (TxnStatus::PrepareAbort, 2));
+        assert!(
+            reset.partitions.is_empty(),
+            "an abort with nothing open has no markers"
+        );
+        let e = entry(complete(&reset, 6));
+        assert_eq!(end_v2(Some(&e), 7, 1, false, None, 7), Ok(EndDecision::Done));
+        assert_eq!(
+            end_v2(Some(&e), 7, 0, false, None, 7),
+            Err(ResponseError::ProducerFenced),
+            "two epochs below is a zombie"
+        );
+        // A fresh id: an abort bumps, a commit has nothing to commit.
+        let fresh = entry(persisted(init(None, 1000, None, Some(9), 0)));
+        assert_eq!(
+            end_v2(Some(&fresh), 9, 0, true, None, 1),
+            Err(ResponseError::InvalidTxnState)
+        );
+        assert_eq!(
+            prepared(end_v2(Some(&fresh), 9, 0, false, None, 1)).producer_epoch,
+            1
+        );
+    }
+
+    #[test]
+    fn an_exhausted_epoch_hands_over_to_a_new_producer_id() {
+        let mut s = persisted(init(None, 1000, None, Some(7), 0));
+        s.producer_epoch = MAX_EPOCH;
+        let e = entry(s);
+        let e = entry(
+            add_partitions(&e, &[("t".into(), 0)], TRANSACTION_VERSION_2, 1)
+                .unwrap()
+                .unwrap(),
+        );
+        assert_eq!(
+            end_v2(Some(&e), 7, MAX_EPOCH, true, None, 2),
+            Ok(EndDecision::NeedProducerId)
+        );
+        let commit = prepared(end_v2(Some(&e), 7, MAX_EPOCH, true, Some(8), 2));
+        // The markers carry the last epoch; the client goes on with the new id.
+        assert_eq!((commit.producer_id, commit.producer_epoch), (7, i16::MAX));
+        assert_eq!(commit.handed_out(), (8, 0));
+        let e = entry(commit.clone());
+        assert_eq!(
+            check_producer(Some(&e), 8, 0, ResponseError::ProducerFenced).err(),
+            Some(ResponseError::ConcurrentTransactions),
+            "the new id waits for the markers"
+        );
+        let done = complete(&commit, 3);
+        assert_eq!(
+            (
+                done.producer_id,
+                done.producer_epoch,
+                done.previous_producer_id,
+                done.next_producer_id
+            ),
+            (8, 0, 7, -1)
+        );
+        let e = entry(done);
+        assert_eq!(
+            end_v2(Some(&e), 7, MAX_EPOCH, true, None, 4),
+            Ok(EndDecision::Done),
+            "a retry under the old id"
+        );
+        assert!(check_producer(Some(&e), 8, 0, ResponseError::ProducerFenced).is_ok());
+        // A forged request at the epoch no client holds cannot overflow it.
+        let mut forged = e.state.clone();
+        forged.producer_epoch = i16::MAX;
+        forged.status = TxnStatus::CompleteAbort;
+        assert_eq!(
+            end_v2(Some(&entry(forged)), 8, i16::MAX, false, None, 5),
+            Err(ResponseError::ProducerFenced)
+        );
+    }
+
+    #[test]
+    fn a_v2_producer_past_its_timeout_is_fenced_two_epochs_up() {
+        let e = entry(persisted(init(None, 100, None, Some(1), 0)));
+        let e = entry(
+            add_partitions(&e, &[("t".into(), 0)], TRANSACTION_VERSION_2, 1_000)
+                .unwrap()
+                .unwrap(),
+        );
+        let abort = timed_out(&e, 1_101).unwrap();
+        assert_eq!(abort.producer_epoch, 2);
+        let e = entry(complete(&abort, 1_102));
+        // Its own abort is not mistaken for a retry of this one.
+        assert_eq!(
+            end_v2(Some(&e), 1, 0, false, None, 1_103),
+            Err(ResponseError::ProducerFenced)
+        );
+    }
+
     #[test]
     fn list_filters_combine_as_kafkas_do() {
         for id in 0..=7 {
@@ -450,6 +745,7 @@ mod tests {
         let open = add_partitions(
             &entry(persisted(init(None, 100, None, Some(4), 0))),
             &[("t".into(), 0)],
+            0,
             1_000,
         )
         .unwrap()

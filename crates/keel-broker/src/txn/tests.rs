@@ -48,16 +48,17 @@ fn states_are_persisted_and_reloaded() {
             rt.block_on(c.init_producer_id("tx", 60_000, None, Some(11))),
             Ok(InitOutcome::Ready(11, 0))
         );
-        rt.block_on(c.add_partitions("tx", 11, 0, &p, fenced)).unwrap();
+        rt.block_on(c.add_partitions("tx", 11, 0, &p, 0, fenced)).unwrap();
         assert_eq!(c.verify("tx", 11, 0, &p[0]), Ok(()));
         assert_eq!(
             c.verify("tx", 11, 0, &("t".into(), 1)),
             Err(ResponseError::InvalidTxnState)
         );
-        let prepared = rt
-            .block_on(c.end_txn("tx", 11, 0, true, fenced))
-            .unwrap()
-            .unwrap();
+        let Ok(EndOutcome::Prepared(prepared)) =
+            rt.block_on(c.end_txn("tx", (11, 0), true, false, None, fenced))
+        else {
+            panic!("an open transaction prepares");
+        };
         assert_eq!(prepared.status, TxnStatus::PrepareCommit);
         c.close();
         prepared
@@ -68,8 +69,8 @@ fn states_are_persisted_and_reloaded() {
     rt.block_on(c.complete("tx", &prepared)).unwrap();
     assert!(c.unfinished().is_empty());
     assert_eq!(
-        rt.block_on(c.end_txn("tx", 11, 0, true, fenced)),
-        Ok(None),
+        rt.block_on(c.end_txn("tx", (11, 0), true, false, None, fenced)),
+        Ok(EndOutcome::Done(11, 0)),
         "a retried commit"
     );
     assert_eq!(
@@ -95,7 +96,7 @@ fn open_transactions_past_their_timeout_are_aborted_and_idle_ids_expire() {
     let c = open(dir.path(), &clock);
     rt.block_on(c.init_producer_id("tx", 1_000, None, Some(5)))
         .unwrap();
-    rt.block_on(c.add_partitions("tx", 5, 0, &[("t".into(), 0)], ResponseError::ProducerFenced))
+    rt.block_on(c.add_partitions("tx", 5, 0, &[("t".into(), 0)], 0, ResponseError::ProducerFenced))
         .unwrap();
     clock.0.store(1_000, Ordering::SeqCst);
     assert!(rt.block_on(c.abort_timed_out()).is_empty());
@@ -105,12 +106,82 @@ fn open_transactions_past_their_timeout_are_aborted_and_idle_ids_expire() {
     assert_eq!(aborted[0].1.producer_epoch, 1, "the producer is fenced");
     // The fenced producer's EndTxn is refused.
     assert_eq!(
-        rt.block_on(c.end_txn("tx", 5, 0, true, ResponseError::ProducerFenced)),
+        rt.block_on(c.end_txn("tx", (5, 0), true, false, None, ResponseError::ProducerFenced)),
         Err(ResponseError::ProducerFenced)
     );
     rt.block_on(c.complete("tx", &aborted[0].1)).unwrap();
     clock.0.store(10_000_000, Ordering::SeqCst);
     rt.block_on(c.expire_ids());
     assert!(c.describe_all().is_empty());
+    c.close();
+}
+
+/// Transactions v2 across restarts: the new producer id an exhausted
+/// epoch hands over to is in the log with the Prepare state, so a restart
+/// before the markers completes under the id the client already has.
+#[test]
+fn a_hand_over_to_a_new_producer_id_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock(AtomicI64::new(1_000)));
+    let rt = runtime();
+    let fenced = ResponseError::ProducerFenced;
+    let p = vec![("t".to_string(), 0)];
+    let c = open(dir.path(), &clock);
+    rt.block_on(c.init_producer_id("tx", 60_000, None, Some(20)))
+        .unwrap();
+    for epoch in 0..3 {
+        rt.block_on(c.add_partitions("tx", 20, epoch, &p, state::TRANSACTION_VERSION_2, fenced))
+            .unwrap();
+        let Ok(EndOutcome::Prepared(prepared)) =
+            rt.block_on(c.end_txn("tx", (20, epoch), true, true, None, fenced))
+        else {
+            panic!("an open transaction prepares");
+        };
+        assert_eq!(prepared.handed_out(), (20, epoch + 1));
+        rt.block_on(c.complete("tx", &prepared)).unwrap();
+    }
+    c.close();
+    // Fast-forward to the last epoch a client may hold.
+    let mut last = open(dir.path(), &clock).describe("tx").unwrap();
+    assert_eq!(
+        (last.producer_epoch, last.client_version),
+        (3, state::TRANSACTION_VERSION_2)
+    );
+    last.producer_epoch = i16::MAX - 1;
+    {
+        let c = open(dir.path(), &clock);
+        rt.block_on(c.persist("tx", last)).unwrap();
+        c.close();
+    }
+    let c = open(dir.path(), &clock);
+    rt.block_on(c.add_partitions("tx", 20, i16::MAX - 1, &p, state::TRANSACTION_VERSION_2, fenced))
+        .unwrap();
+    let end = |fresh| rt.block_on(c.end_txn("tx", (20, i16::MAX - 1), true, true, fresh, fenced));
+    assert_eq!(end(None), Ok(EndOutcome::NeedProducerId));
+    let Ok(EndOutcome::Prepared(prepared)) = end(Some(21)) else {
+        panic!("the exhausted epoch prepares under a new id");
+    };
+    assert_eq!(
+        (prepared.producer_epoch, prepared.handed_out()),
+        (i16::MAX, (21, 0))
+    );
+    c.close();
+    let c = open(dir.path(), &clock);
+    assert_eq!(c.unfinished(), vec![("tx".to_string(), prepared.clone())]);
+    rt.block_on(c.complete("tx", &prepared)).unwrap();
+    assert_eq!(
+        rt.block_on(c.end_txn("tx", (20, i16::MAX - 1), true, true, None, fenced)),
+        Ok(EndOutcome::Done(21, 0)),
+        "a retry under the old id"
+    );
+    c.close();
+    let c = open(dir.path(), &clock);
+    let s = c.describe("tx").unwrap();
+    assert_eq!(
+        (s.producer_id, s.producer_epoch, s.previous_producer_id, s.status),
+        (21, 0, 20, TxnStatus::CompleteCommit)
+    );
+    rt.block_on(c.add_partitions("tx", 21, 0, &p, state::TRANSACTION_VERSION_2, fenced))
+        .unwrap();
     c.close();
 }
