@@ -10,7 +10,9 @@ transactions require. Prints each run, then a table of both brokers, the
 Keel/Kafka ratio of the transactional run, and each broker's cost of
 transactions (transactional / idempotent). Then reads every transactional
 topic back read_committed (confluent-kafka) and reports that the counts
-match, so the numbers are of data that was committed. A benchmark, not a
+match, so the numbers are of data that was committed, and the
+transaction.version each broker finalized (2: the client ran transactions
+v2, KIP-890). A benchmark, not a
 test: it prints numbers, asserts none.
 
 usage: bench/transactions.py [--records N] [--record-size B]
@@ -84,10 +86,19 @@ def committed_count(bootstrap: str, topic: str, partitions: int) -> int:
     return n
 
 
+def transaction_version(bootstrap: str) -> int:
+    """The transaction.version level the broker finalizes (`kafka-features
+    describe`): 2 means the client runs transactions v2 (KIP-890)."""
+    text = tool("org.apache.kafka.tools.FeatureCommand", "--bootstrap-server", bootstrap, "describe")
+    found = re.search(r"Feature: transaction\.version\s.*?FinalizedVersionLevel: (\d+)", text)
+    return int(found.group(1)) if found else 0
+
+
 def run_broker(bootstrap: str, r: int, args) -> dict:
     plain = produce(bootstrap, f"idem-{r}", args, transactional=False)
     txn = produce(bootstrap, f"txn-{r}", args, transactional=True)
     txn["read_committed_records"] = committed_count(bootstrap, f"txn-{r}", args.partitions)
+    txn["transaction_version"] = transaction_version(bootstrap)
     return {"idempotent": plain, "transactional": txn}
 
 
@@ -127,7 +138,9 @@ def main() -> int:
         print(f"{m:<24}" + "".join(f"{c:>16.2f}" for c in cells))
     for n in runs:
         counts = [x["transactional"]["read_committed_records"] for x in runs[n]]
-        print(f"{n}: read_committed records per transactional run: {counts} (of {args.records})")
+        levels = sorted({x["transactional"]["transaction_version"] for x in runs[n]})
+        print(f"{n}: read_committed records per transactional run: {counts} (of {args.records}); "
+              f"transaction.version {levels}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs, "best": b}, indent=2))
     return 0
