@@ -37,6 +37,14 @@ def produce_v3(topic: str, partition: int, records: bytes, correlation_id: int =
     return w.produce_request(3, correlation_id, topic, partition, records)
 
 
+def produce_v3_many(parts: list[tuple[str, int, bytes]], correlation_id: int = 1) -> bytes:
+    """Produce v3 of several (topic, partition, records), one topic entry
+    each, in one request."""
+    topics = b"".join(w.string(t) + w.i32(1) + w.i32(p) + w.nbytes(r) for t, p, r in parts)
+    body = w.string(None) + w.i16(-1) + w.i32(30000) + w.i32(len(parts)) + topics
+    return w.frame(w.header_v1(w.PRODUCE, 3, correlation_id) + body)
+
+
 def produce(conn: w.Conn, topic: str, partition: int, records: bytes) -> tuple[int, int]:
     """(error_code, base_offset) of a Produce v3 on `conn`."""
     conn.send(produce_v3(topic, partition, records))

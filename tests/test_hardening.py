@@ -257,6 +257,53 @@ def test_a_failed_fsync_takes_the_log_dir_offline_and_nothing_is_stored_twice(br
     assert (low, high) == (0, 100), "no record stored twice"
 
 
+# ------------------------------------------------------- a slow write
+
+def test_a_slow_write_stalls_only_its_partition(broker_factory):
+    """A write that takes 2 s (injected through the storage seam, as an
+    ext4 journal commit stalls one write()) holds up only its partition.
+    Meanwhile other connections' produce requests to another partition
+    complete (counted), and so does the other partition of the stalled
+    request itself, readable before that request is answered. A connection
+    answers its requests in order, as Kafka's do: the stalled partition's
+    requests pipelined behind it complete afterwards, in order."""
+    b = broker_factory({}, env={"KEEL_FAILPOINTS": "1"})
+    slow, fast = unique("slow"), unique("fast")
+    create_topic(b.bootstrap, slow, 1)
+    create_topic(b.bootstrap, fast, 1)
+
+    def batch(value: bytes) -> bytes:
+        return w.record_batch([(None, value)])
+
+    with w.Conn(b.bootstrap) as c:
+        assert hw.produce(c, slow, 0, batch(b"warm"))[0] == NONE
+        assert hw.produce(c, fast, 0, batch(b"warm"))[0] == NONE
+    failpoint(b, f"write delay=2000 path={slow}-0/ times=1")
+    with w.Conn(b.bootstrap, timeout_s=30) as stalled, w.Conn(b.bootstrap) as other:
+        started = time.monotonic()
+        stalled.send(hw.produce_v3_many([(slow, 0, batch(b"s1")), (fast, 0, batch(b"f1"))], correlation_id=1))
+        stalled.send(hw.produce_v3(slow, 0, batch(b"s2"), correlation_id=2))
+        stalled.send(hw.produce_v3(slow, 0, batch(b"s3"), correlation_id=3))
+        acks = 0
+        while time.monotonic() - started < 1.0:
+            assert hw.produce(other, fast, 0, batch(b"other"))[0] == NONE
+            acks += 1
+        slow_end = hw.list_offsets_v10(other, slow, 0, -1)[1]
+        fast_end = hw.list_offsets_v10(other, fast, 0, -1)[1]
+        during = time.monotonic() - started
+        assert during < 1.9, f"the check itself took {during:.2f} s: the stall may be over"
+        assert slow_end == 1, "the stalled write is not visible yet"
+        assert acks >= 5, f"only {acks} produce requests to another partition completed during the stall"
+        assert fast_end == 2 + acks, "the stalled request's other partition was appended meanwhile"
+        answers = []
+        for _ in range(3):
+            cid, body = stalled.recv_response()
+            answers.append((cid, [(t, err, base) for t, _p, err, base in w.parse_produce(body, 3)]))
+        waited = time.monotonic() - started
+    assert waited >= 1.5, f"answered after {waited:.2f} s: the injected stall did not happen"
+    assert answers == [(1, [(slow, NONE, 1), (fast, NONE, 1)]), (2, [(slow, NONE, 2)]), (3, [(slow, NONE, 3)])]
+
+
 # ------------------------------------------------------- EMFILE at a roll
 
 def test_running_out_of_descriptors_during_a_roll_fails_the_append_cleanly(broker_factory):
