@@ -260,7 +260,7 @@ def test_a_failed_fsync_takes_the_log_dir_offline_and_nothing_is_stored_twice(br
 # ------------------------------------------------------- a slow write
 
 def test_a_slow_write_stalls_only_its_partition(broker_factory):
-    """A write that takes 2 s (injected through the storage seam, as an
+    """A write that takes 3 s (injected through the storage seam, as an
     ext4 journal commit stalls one write()) holds up only its partition.
     Meanwhile other connections' produce requests to another partition
     complete (counted), and so does the other partition of the stalled
@@ -278,7 +278,7 @@ def test_a_slow_write_stalls_only_its_partition(broker_factory):
     with w.Conn(b.bootstrap) as c:
         assert hw.produce(c, slow, 0, batch(b"warm"))[0] == NONE
         assert hw.produce(c, fast, 0, batch(b"warm"))[0] == NONE
-    failpoint(b, f"write delay=2000 path={slow}-0/ times=1")
+    failpoint(b, f"write delay=3000 path={slow}-0/ times=1")
     with w.Conn(b.bootstrap, timeout_s=30) as stalled, w.Conn(b.bootstrap) as other:
         started = time.monotonic()
         stalled.send(hw.produce_v3_many([(slow, 0, batch(b"s1")), (fast, 0, batch(b"f1"))], correlation_id=1))
@@ -288,10 +288,9 @@ def test_a_slow_write_stalls_only_its_partition(broker_factory):
         while time.monotonic() - started < 1.0:
             assert hw.produce(other, fast, 0, batch(b"other"))[0] == NONE
             acks += 1
-        slow_end = hw.list_offsets_v10(other, slow, 0, -1)[1]
         fast_end = hw.list_offsets_v10(other, fast, 0, -1)[1]
-        during = time.monotonic() - started
-        assert during < 1.9, f"the check itself took {during:.2f} s: the stall may be over"
+        # Still unwritten after all that: the stall covered the count.
+        slow_end = hw.list_offsets_v10(other, slow, 0, -1)[1]
         assert slow_end == 1, "the stalled write is not visible yet"
         assert acks >= 5, f"only {acks} produce requests to another partition completed during the stall"
         assert fast_end == 2 + acks, "the stalled request's other partition was appended meanwhile"
@@ -299,8 +298,6 @@ def test_a_slow_write_stalls_only_its_partition(broker_factory):
         for _ in range(3):
             cid, body = stalled.recv_response()
             answers.append((cid, [(t, err, base) for t, _p, err, base in w.parse_produce(body, 3)]))
-        waited = time.monotonic() - started
-    assert waited >= 1.5, f"answered after {waited:.2f} s: the injected stall did not happen"
     # The stalled request's fast batch raced the other connection's for
     # its offset; the slow partition's come in request order.
     [(first_cid, [first_slow, (fast_topic, fast_err, fast_base)]), *rest] = answers

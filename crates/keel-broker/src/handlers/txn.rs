@@ -158,34 +158,7 @@ pub async fn add_offsets_to_txn(
 /// EndTxn. From v5 (transactions v2) every end bumps the epoch, and the
 /// answer carries the producer id and epoch the client goes on with.
 pub async fn end_txn(broker: &Arc<Broker>, req: EndTxnRequest, version: i16) -> EndTxnResponse {
-    let id = req.transactional_id.as_str();
-    let producer = (req.producer_id.0, req.producer_epoch);
-    let v2 = version >= 5;
-    let fenced = fenced_error(version, 2);
-    let mut fresh = None;
-    let result = loop {
-        let outcome = broker
-            .txns
-            .end_txn(id, producer, req.committed, v2, fresh, fenced)
-            .await;
-        match outcome {
-            Ok(EndOutcome::NeedProducerId) if fresh.is_none() => {
-                match super::produce::allocate_producer_id(broker).await {
-                    Ok(pid) => fresh = Some(pid),
-                    Err(e) => break Err(e),
-                }
-            }
-            Ok(EndOutcome::NeedProducerId) => break Err(ResponseError::UnknownServerError),
-            Ok(EndOutcome::Done(pid, epoch)) => break Ok((pid, epoch)),
-            Ok(EndOutcome::Prepared(prepared)) => {
-                let answer = prepared.handed_out();
-                spawn_markers(broker, id.to_string(), prepared);
-                break Ok(answer);
-            }
-            Err(e) => break Err(e),
-        }
-    };
-    let (error, (pid, epoch)) = match result {
+    let (error, (pid, epoch)) = match end(broker, &req, version).await {
         Ok(answer) => (0, answer),
         Err(e) => (e.code(), (-1, -1)),
     };
@@ -193,6 +166,40 @@ pub async fn end_txn(broker: &Arc<Broker>, req: EndTxnRequest, version: i16) -> 
         .with_error_code(error)
         .with_producer_id(ProducerId(pid))
         .with_producer_epoch(epoch)
+}
+
+/// Ends the transaction (allocating the producer id an exhausted epoch
+/// hands over to, once) and starts its markers: the id and epoch to
+/// answer with.
+async fn end(broker: &Arc<Broker>, req: &EndTxnRequest, version: i16) -> Result<(i64, i16), ResponseError> {
+    let id = req.transactional_id.as_str();
+    let producer = (req.producer_id.0, req.producer_epoch);
+    let mut fresh = None;
+    loop {
+        let outcome = broker
+            .txns
+            .end_txn(
+                id,
+                producer,
+                req.committed,
+                version >= 5,
+                fresh,
+                fenced_error(version, 2),
+            )
+            .await?;
+        match outcome {
+            EndOutcome::NeedProducerId if fresh.is_none() => {
+                fresh = Some(super::produce::allocate_producer_id(broker).await?);
+            }
+            EndOutcome::NeedProducerId => return Err(ResponseError::UnknownServerError),
+            EndOutcome::Done(pid, epoch) => return Ok((pid, epoch)),
+            EndOutcome::Prepared(prepared) => {
+                let answer = prepared.handed_out();
+                spawn_markers(broker, id.to_string(), prepared);
+                return Ok(answer);
+            }
+        }
+    }
 }
 
 /// The wait between retries of a step that must succeed: 100 ms, doubling

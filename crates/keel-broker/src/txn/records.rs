@@ -124,7 +124,7 @@ fn decode_value(value: &[u8]) -> Result<TxnState, RecordError> {
             partitions.insert((topic.clone(), r.i32()?));
         }
         if flexible {
-            skip_tags(&mut r, |_, _| Ok(()))?;
+            read_tags(&mut r, |_, _| Ok(()))?;
         }
     }
     let last_update_ms = r.i64()?;
@@ -142,7 +142,7 @@ fn decode_value(value: &[u8]) -> Result<TxnState, RecordError> {
         client_version: 0,
     };
     if flexible {
-        skip_tags(&mut r, |tag, data| {
+        read_tags(&mut r, |tag, data| {
             let mut d = Reader(data);
             match tag {
                 0 => state.previous_producer_id = d.i64()?,
@@ -156,8 +156,9 @@ fn decode_value(value: &[u8]) -> Result<TxnState, RecordError> {
     Ok(state)
 }
 
-/// Reads a flexible struct's tagged fields, handing each to `field`.
-fn skip_tags(
+/// Reads a flexible struct's tagged fields, handing each to `field`
+/// (which ignores the tags it does not know).
+fn read_tags(
     r: &mut Reader,
     mut field: impl FnMut(u32, &[u8]) -> Result<(), RecordError>,
 ) -> Result<(), RecordError> {

@@ -121,6 +121,16 @@ impl TxnState {
         }
     }
 
+    /// The previous producer id of the state after this one, whose
+    /// producer id is `next_id`: this state's id if that changes.
+    fn previous_id_after(&self, next_id: i64) -> i64 {
+        if next_id == self.producer_id {
+            self.previous_producer_id
+        } else {
+            self.producer_id
+        }
+    }
+
     /// The producer id and epoch the client goes on with after this state:
     /// the next id, at epoch 0, when the transaction hands over to one.
     pub fn handed_out(&self) -> (i64, i16) {
@@ -203,22 +213,11 @@ pub fn init(
             } else {
                 (s.producer_id, s.producer_epoch + 1)
             };
-            let previous_producer_id = if producer_id == s.producer_id {
-                s.previous_producer_id
-            } else {
-                s.producer_id
-            };
             Ok(InitDecision::Persist(TxnState {
-                producer_id,
                 producer_epoch,
-                timeout_ms,
-                status: TxnStatus::Empty,
-                partitions: BTreeSet::new(),
-                last_update_ms: now_ms,
-                start_ms: -1,
-                previous_producer_id,
-                next_producer_id: -1,
+                previous_producer_id: s.previous_id_after(producer_id),
                 client_version: s.client_version,
+                ..TxnState::new(producer_id, timeout_ms, now_ms)
             }))
         }
     }
@@ -409,11 +408,6 @@ pub fn end_v2(
 /// transaction that hands over to a new producer id completes under it.
 pub fn complete(prepared: &TxnState, now_ms: i64) -> TxnState {
     let (producer_id, producer_epoch) = prepared.handed_out();
-    let previous_producer_id = if producer_id == prepared.producer_id {
-        prepared.previous_producer_id
-    } else {
-        prepared.producer_id
-    };
     TxnState {
         producer_id,
         producer_epoch,
@@ -425,7 +419,7 @@ pub fn complete(prepared: &TxnState, now_ms: i64) -> TxnState {
         partitions: BTreeSet::new(),
         last_update_ms: now_ms,
         start_ms: -1,
-        previous_producer_id,
+        previous_producer_id: prepared.previous_id_after(producer_id),
         next_producer_id: -1,
         ..prepared.clone()
     }
