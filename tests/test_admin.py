@@ -145,7 +145,7 @@ def test_healthz_and_stats(shared_broker):
     assert all(p["log_start_offset"] == 0 for p in mine)
     # A query string is ignored; other paths and methods are refused.
     assert get(admin, "/stats?pretty")[0] == 200
-    assert get(admin, "/metrics")[0] == 404
+    assert get(admin, "/metric")[0] == 404
     assert get(admin, "/")[0] == 404
     assert get(admin, "/stats", method="POST")[0] == 405
 

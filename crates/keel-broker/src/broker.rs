@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use keel_protocol::messages::ApiKey;
@@ -14,10 +14,12 @@ use crate::config::BrokerConfig;
 use crate::groups::{GroupCoordinator, SystemClock};
 use crate::handlers;
 use crate::health::DirHealth;
+use crate::metrics::Metrics;
 use crate::partition::{Partition, PartitionParts};
 use crate::producers::{write_atomically, ProducerIdAllocator};
 use crate::time::now_ms;
 use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
+use crate::trace::{self, Stage};
 use keel_log::faults::FaultyStorage;
 use keel_log::{DiskStorage, ReadIo, Storage};
 use keel_tier::memory::MemoryLimit;
@@ -110,6 +112,8 @@ pub struct Broker {
     /// time, so a restart under a changed `keel.transaction.version` is
     /// newer to the clients than what they saw before.
     pub features_epoch: i64,
+    /// Request metrics and the slow-request log (`/metrics`).
+    pub metrics: Metrics,
 }
 
 impl Broker {
@@ -188,6 +192,7 @@ impl Broker {
             Arc::new(SystemClock),
         )
         .map_err(StartError::Transactions)?;
+        let metrics = Metrics::new(config.slow_request());
         let broker = Broker {
             config,
             cluster_id,
@@ -209,6 +214,7 @@ impl Broker {
             cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
             features_epoch: crate::time::now_ms(),
+            metrics,
         };
         broker.load_topics()?;
         Ok(Arc::new(broker))
@@ -314,7 +320,10 @@ impl Broker {
 
     /// Handles one request frame.
     pub async fn handle(self: &Arc<Self>, frame: RequestFrame, client: &ClientInfo) -> Reply {
-        let decoded = match keel_protocol::decode(&frame) {
+        let decoding = Instant::now();
+        let decoded = keel_protocol::decode(&frame);
+        trace::add(Stage::Decode, decoding.elapsed());
+        let decoded = match decoded {
             Ok(d) => d,
             Err(DecodeError::UnsupportedVersion { api_key, .. }) if api_key == ApiKey::ApiVersions as i16 => {
                 return match keel_protocol::response::api_versions_unsupported(frame.correlation_id) {
@@ -327,6 +336,7 @@ impl Broker {
         let version = frame.api_version;
         let id = frame.correlation_id;
         let client_id = decoded.header.client_id.as_ref().map_or("", |c| c.as_str());
+        trace::set_client_id(client_id);
         match decoded.body {
             Request::ApiVersions(_) => {
                 respond(ApiKey::ApiVersions, version, id, &handlers::api_versions(self))
@@ -347,10 +357,10 @@ impl Broker {
                 // Joining and encoding megabytes of records: on a bulk
                 // thread, so no produce or tail fetch waits behind the copy.
                 let encode = move || respond(ApiKey::Fetch, version, id, &answer.into_response());
-                match self.cold.bulk().run(encode).await {
-                    Ok(reply) => reply,
-                    Err(e) => Reply::Close(format!("fetch response: {e}")),
-                }
+                let encoding = Instant::now();
+                let reply = self.cold.bulk().run(encode).await;
+                trace::add(Stage::Encode, encoding.elapsed());
+                reply.unwrap_or_else(|e| Reply::Close(format!("fetch response: {e}")))
             }
             Request::ListOffsets(r) => respond(
                 ApiKey::ListOffsets,
@@ -851,7 +861,10 @@ fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
 }
 
 fn respond<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {
-    match keel_protocol::response::encode(key, version, correlation_id, body) {
+    let encoding = Instant::now();
+    let encoded = keel_protocol::response::encode(key, version, correlation_id, body);
+    trace::add(Stage::Encode, encoding.elapsed());
+    match encoded {
         Ok(bytes) => Reply::Frame(bytes),
         Err(e) => {
             tracing::error!(error = %e, "cannot encode response");

@@ -237,7 +237,10 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // Broker-wide budget of reads below the tail cache; 0 = unlimited.
     ("keel.cold.read.bytes.per.sec", "0", ConfigType::Long),
     ("keel.cold.read.max.concurrent", "4", ConfigType::Int),
-    // HOST:PORT of the admin HTTP endpoint (/stats, /healthz); empty: off.
+    // Requests taking at least this long (arrival to response sent) are
+    // logged as one JSON line each, with every stage; -1: off.
+    ("keel.request.slow.ms", "1000", ConfigType::Long),
+    // HOST:PORT of the admin HTTP endpoint (/stats, /metrics, /healthz); empty: off.
     ("keel.admin.listen", "127.0.0.1:9644", ConfigType::String),
     // Tiers (see keel_tier::tiers). `log.dirs` is the fast tier, where all
     // writes land; sealed segments are copied to the capacity dirs, or to
@@ -456,6 +459,7 @@ impl BrokerConfig {
             ("log.cleaner.threads", 1),
             ("log.cleaner.io.buffer.size", 1),
             ("log.cleaner.backoff.ms", 0),
+            ("keel.request.slow.ms", -1),
         ] {
             if self.num(key) < min {
                 return Err(ConfigError {
@@ -535,6 +539,13 @@ impl BrokerConfig {
             }
         }
         Ok(())
+    }
+
+    /// `keel.request.slow.ms`: the slow-request log's threshold, if on.
+    pub fn slow_request(&self) -> Option<std::time::Duration> {
+        u64::try_from(self.num("keel.request.slow.ms"))
+            .ok()
+            .map(std::time::Duration::from_millis)
     }
 
     /// The `transaction.version` feature level (validated: 0 to 2).

@@ -14,11 +14,13 @@ pub mod groups;
 mod handlers;
 pub mod health;
 pub mod metalog;
+pub mod metrics;
 pub mod mover;
 pub mod partition;
 pub mod producers;
 mod time;
 pub mod topics;
+pub mod trace;
 pub mod txn;
 
 pub use broker::{Broker, ClientInfo, Reply, StartError};

@@ -14,11 +14,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use keel_log::batch::BatchHeader;
 use keel_log::marker::Marker;
-use keel_log::{AbortedTxn, AppendError, LogConfig, LogReader, PartitionLog, ReadError, ReadPlan, Storage};
+use keel_log::{
+    AbortedTxn, AppendError, AppendTimes, LogConfig, LogReader, PartitionLog, ReadError, ReadPlan, Storage,
+};
 use keel_protocol::ResponseError;
 use keel_tier::{Chunks, ColdRead, ColdReads, PartitionTail, Tiers};
 use parking_lot::{Mutex, RwLock};
@@ -36,6 +39,22 @@ pub const LEADER_EPOCH: i32 = 0;
 pub struct Appended {
     pub base_offset: i64,
     pub log_start_offset: i64,
+    pub trace: AppendTrace,
+}
+
+/// Where an append's time went, and where its batches were written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppendTrace {
+    /// Waiting in the partition's append queue for its writer thread.
+    pub queue: Duration,
+    /// Waiting for the writer lock.
+    pub lock: Duration,
+    /// The log's own steps, shared by the group written with this append;
+    /// `None` when nothing was written for it (a duplicate).
+    pub log: Option<AppendTimes>,
+    /// The segment written and the position of this append's first batch.
+    pub segment_base_offset: i64,
+    pub position: u64,
 }
 
 /// Why a produce to this partition failed: a Kafka error for the client.
@@ -59,6 +78,7 @@ struct PendingAppend {
     /// Set when the batch is a transaction marker the coordinator writes.
     marker: Option<Marker>,
     reply: oneshot::Sender<Result<Appended, AppendFailure>>,
+    enqueued: Instant,
 }
 
 impl PendingAppend {
@@ -164,8 +184,10 @@ enum ReadAhead {
 /// Where a fetch's bytes come from.
 #[derive(Debug)]
 pub enum ReadSource {
-    /// Whole batches from the tail cache (or held read-ahead): no disk read.
+    /// Whole batches from the tail cache: no disk read.
     Memory(Chunks),
+    /// Whole batches a read-ahead already read: no disk read now.
+    ReadAhead(Chunks),
     /// A planned read of the log files, executed without any lock.
     Disk(ReadPlan),
     /// The read-ahead of this offset is in flight; its bytes arrive here.
@@ -329,6 +351,7 @@ impl Partition {
                 headers,
                 marker,
                 reply,
+                enqueued: Instant::now(),
             });
             !std::mem::replace(&mut q.writer_active, true)
         };
@@ -371,7 +394,9 @@ impl Partition {
     /// Writes one group of pending appends and replies to each.
     fn write_group(&self, group: Vec<PendingAppend>) {
         let mut replies = Vec::with_capacity(group.len());
+        let picked = Instant::now();
         let mut st = self.writer.lock();
+        let locked = Instant::now();
         if let Some(why) = self.refusal(&st) {
             drop(st);
             for item in group {
@@ -397,23 +422,31 @@ impl Partition {
                 }
                 None => plan_item(producers, &item.headers, next_offset, &mut undo),
             };
+            let waited = AppendTrace {
+                queue: picked.saturating_duration_since(item.enqueued),
+                lock: locked - picked,
+                ..AppendTrace::default()
+            };
             match planned {
                 Ok(Planned::Append(n)) => {
-                    replies.push((item.reply, Ok(next_offset)));
+                    let at = Some(buf.len() as u64);
+                    replies.push((item.reply, Ok((next_offset, at)), waited));
                     next_offset += n;
                     buf.extend_from_slice(&item.records);
                     headers.extend(item.headers);
                 }
-                Ok(Planned::Duplicate(offset)) => replies.push((item.reply, Ok(offset))),
-                Err(e) => replies.push((item.reply, Err(e))),
+                Ok(Planned::Duplicate(offset)) => replies.push((item.reply, Ok((offset, None)), waited)),
+                Err(e) => replies.push((item.reply, Err(e), waited)),
             }
         }
         stamp_leader_epoch(&mut buf, &headers);
+        let mut written = None;
         let failure = if buf.is_empty() {
             None
         } else {
             match log.append(&mut buf, &headers, now_ms()) {
                 Ok(info) => {
+                    written = Some((info.times, info.segment_base_offset, info.position));
                     assert_eq!(
                         info.base_offset, first_offset,
                         "log assigned offsets the plan did not expect"
@@ -449,12 +482,24 @@ impl Partition {
         let lso = stable_offset(producers, hw);
         drop(st);
         self.publish(hw, lso, start);
-        for (reply, result) in replies {
+        for (reply, result, waited) in replies {
             let result = match (&failure, result) {
-                (Some(f), Ok(offset)) if offset >= first_offset => Err(f.clone()),
-                (_, r) => r.map(|base_offset| Appended {
-                    base_offset,
-                    log_start_offset: start,
+                (Some(f), Ok((offset, _))) if offset >= first_offset => Err(f.clone()),
+                (_, r) => r.map(|(base_offset, at)| {
+                    let trace = match (at, written) {
+                        (Some(at), Some((times, segment_base_offset, position))) => AppendTrace {
+                            log: Some(times),
+                            segment_base_offset,
+                            position: position + at,
+                            ..waited
+                        },
+                        _ => waited,
+                    };
+                    Appended {
+                        base_offset,
+                        log_start_offset: start,
+                        trace,
+                    }
                 }),
             };
             let _ = reply.send(result);
@@ -663,7 +708,7 @@ impl Partition {
                 if let Some(next) = next_offset_after(&bytes) {
                     self.read_ahead_from(next, max_bytes);
                 }
-                Some(ReadSource::Memory(bytes.into()))
+                Some(ReadSource::ReadAhead(bytes.into()))
             }
             ReadAhead::InFlight { offset: at, waiters } if *at == offset => {
                 let (tx, rx) = oneshot::channel();

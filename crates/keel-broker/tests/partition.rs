@@ -276,7 +276,7 @@ fn read_bytes(source: keel_broker::partition::ReadSource) -> (bool, Bytes) {
     match source {
         ReadSource::Memory(b) => (true, b.join()),
         ReadSource::Disk(plan) => (false, plan.execute().unwrap()),
-        ReadSource::Pending(_) => panic!("no read-ahead runs in these tests"),
+        ReadSource::ReadAhead(_) | ReadSource::Pending(_) => panic!("no read-ahead runs in these tests"),
     }
 }
 
@@ -364,7 +364,7 @@ async fn sequential_cold_reads_are_read_ahead_once() {
     let (mut disk, mut ahead) = (0, 0);
     while offset < p.high_watermark() {
         let bytes = match p.read(offset, 1_000, false).unwrap() {
-            ReadSource::Memory(b) => {
+            ReadSource::Memory(b) | ReadSource::ReadAhead(b) => {
                 ahead += 1;
                 b.join()
             }

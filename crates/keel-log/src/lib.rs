@@ -48,15 +48,15 @@ pub use config::{CleanupPolicy, LogConfig, ReadIo};
 pub use error::{AppendError, DeleteRecordsError, OpenError, ReadError};
 pub use index::SegmentIndex;
 pub use partition::{
-    remove_retired, AppendInfo, PartitionLog, RetentionOutcome, SealedSegment, CLEAN_SHUTDOWN_FILE,
-    LOG_START_OFFSET_FILE,
+    remove_retired, AppendInfo, AppendTimes, PartitionLog, RetentionOutcome, SealedSegment,
+    CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE,
 };
 pub use read::{
     drop_cached_pages, find_timestamp_in_windows, read_windows, HeaderScan, ReadPlan, ScanHint, ScanRead,
     TimestampPlan,
 };
 pub use seal::{Sealer, RECOVERY_POINT_FILE};
-pub use segment::{Damage, SegmentFile};
+pub use segment::{log_path, Damage, SegmentFile};
 pub use storage::{probe_direct_io, read_uncached, DiskStorage, Storage, StoredFile};
 pub use tiered::{Tier, TierState, TieredSegment};
 pub use txnindex::AbortedTxn;

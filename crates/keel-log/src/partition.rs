@@ -8,6 +8,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -60,6 +61,19 @@ pub struct AppendInfo {
     /// True if the active segment rolled before this append (its seal is
     /// queued: see [`PartitionLog::sealer`]).
     pub rolled: bool,
+    /// Where the append's time went.
+    pub times: AppendTimes,
+}
+
+/// The time an append spent in each of its steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppendTimes {
+    /// Rolling to a new segment (creating its files), when it rolled.
+    pub roll: Option<Duration>,
+    /// Writing the batches to the segment and publishing them.
+    pub write: Duration,
+    /// The fsync `flush.messages` / `flush.ms` asked for, when one ran.
+    pub flush: Option<Duration>,
 }
 
 /// What [`PartitionLog::apply_retention`] deleted.
@@ -369,6 +383,7 @@ impl PartitionLog {
             .map(|h| h.max_timestamp)
             .max()
             .unwrap_or(NO_TIMESTAMP);
+        let started = Instant::now();
         let rolled = self.maybe_roll(
             records.len() as u64,
             headers.len(),
@@ -381,10 +396,17 @@ impl PartitionLog {
             self.storage.sync_dir(&self.dir)?;
             self.closed = false;
         }
+        let rolled_at = Instant::now();
         let assigned = assign_offsets(records, headers, base_offset);
         let (segment_base_offset, position) = self.write_batches(records, &assigned)?;
+        let written_at = Instant::now();
         let records_count: u64 = headers.iter().map(|h| h.records_count.max(0) as u64).sum();
         let flushed = self.note_unflushed(records_count, now_ms)?;
+        let times = AppendTimes {
+            roll: rolled.then(|| rolled_at - started),
+            write: written_at - rolled_at,
+            flush: flushed.then(|| written_at.elapsed()),
+        };
         Ok(AppendInfo {
             base_offset,
             last_offset,
@@ -394,6 +416,7 @@ impl PartitionLog {
             records_count,
             flushed,
             rolled,
+            times,
         })
     }
 

@@ -85,6 +85,17 @@ impl ReadPlan {
         self.tiered.as_ref()
     }
 
+    /// The local segment file this plan reads (none for a colder copy or
+    /// an empty plan).
+    pub fn file_path(&self) -> Option<&std::path::Path> {
+        self.file.as_deref().map(SegmentFile::path)
+    }
+
+    /// Byte position in the segment where the read starts.
+    pub fn start_position(&self) -> u64 {
+        self.start_position
+    }
+
     /// Whole batches starting with the one holding the target offset, up to
     /// `max_bytes` in total but always at least one batch (KIP-74). May stop
     /// at the end of the plan's segment; the caller fetches again from there.

@@ -39,6 +39,11 @@ pub(crate) fn segment_path(dir: &Path, base_offset: i64, suffix: &str) -> PathBu
     dir.join(format!("{base_offset:020}.{suffix}"))
 }
 
+/// A segment's `.log` file: `dir/<20-digit base offset>.log`.
+pub fn log_path(dir: &Path, base_offset: i64) -> PathBuf {
+    segment_path(dir, base_offset, LOG_SUFFIX)
+}
+
 /// A segment's `.log`, opened when used. The active segment pins its
 /// handle (it is written); a sealed segment's descriptor stays open only
 /// while a read or a copy holds it, so a broker with many partitions keeps

@@ -1,6 +1,7 @@
 //! The admin HTTP endpoint (`keel.admin.listen`): `GET /stats` answers the
-//! broker's counters as JSON, `GET /healthz` answers `ok`, anything else
-//! 404 (405 for another method on those two paths).
+//! broker's counters as JSON, `GET /metrics` the same and the request
+//! stage histograms in Prometheus' text format, `GET /healthz` answers
+//! `ok`, anything else 404 (405 for another method on those paths).
 //!
 //! A broker started with `KEEL_FAILPOINTS=1` (tests only) also serves its
 //! storage fault injection (`keel_log::faults`): `GET /failpoints` lists the
@@ -28,10 +29,15 @@ use tokio::time::{timeout_at, Instant};
 /// called on a blocking thread.
 pub type StatsSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
+/// The text `GET /metrics` answers, produced afresh for every request, on
+/// a blocking thread.
+pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// What the endpoint serves.
 #[derive(Clone)]
 pub struct Handlers {
     pub stats: StatsSource,
+    pub metrics: MetricsSource,
     /// The broker's fault injection, when it was started with it.
     pub failpoints: Option<keel_log::faults::FaultyStorage>,
 }
@@ -195,6 +201,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Route {
     Stats,
+    Metrics,
     Healthz,
     Failpoints,
     AddFailpoint(String),
@@ -234,6 +241,7 @@ fn parse_request(head: &[u8]) -> Result<Route, Refusal> {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let (route, wanted) = match path {
         "/stats" => (Route::Stats, "GET"),
+        "/metrics" => (Route::Metrics, "GET"),
         "/healthz" => (Route::Healthz, "GET"),
         "/failpoints" => (Route::Failpoints, "GET"),
         "/failpoints/add" => (
@@ -290,6 +298,12 @@ fn answer(route: Route, handlers: &Handlers) -> Response {
     };
     match route {
         Route::Healthz => Response::text(200, "ok\n"),
+        Route::Metrics => Response {
+            status: 200,
+            content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            body: (handlers.metrics)().into_bytes(),
+            allow: None,
+        },
         Route::Failpoints => match failpoints() {
             Ok(f) => Response::text(200, &(f.describe().join("\n") + "\n")),
             Err(r) => r,
@@ -350,7 +364,7 @@ impl Response {
             Refusal::Malformed(why) => Response::text(400, &format!("bad request: {why}\n")),
             Refusal::TooLarge => Response::text(400, "bad request: request head too large\n"),
             Refusal::TimedOut => Response::text(408, "request head not received in time\n"),
-            Refusal::NotFound => Response::text(404, "not found: try /stats or /healthz\n"),
+            Refusal::NotFound => Response::text(404, "not found: try /stats, /metrics or /healthz\n"),
             Refusal::MethodNotAllowed(allowed) => Response {
                 allow: Some(allowed),
                 ..Response::text(405, &format!("method not allowed: use {allowed}\n"))
@@ -395,7 +409,8 @@ mod tests {
         );
         assert_eq!(ok("GET /healthz HTTP/1.0"), Ok(Route::Healthz));
         assert_eq!(ok("GET /stats?pretty=1 HTTP/1.1\nHost: x"), Ok(Route::Stats));
-        assert_eq!(ok("GET /metrics HTTP/1.1"), Err(Refusal::NotFound));
+        assert_eq!(ok("GET /metrics HTTP/1.1"), Ok(Route::Metrics));
+        assert_eq!(ok("GET /metric HTTP/1.1"), Err(Refusal::NotFound));
         assert_eq!(ok("POST /stats HTTP/1.1"), Err(Refusal::MethodNotAllowed("GET")));
         assert_eq!(
             ok("POST /failpoints/add?sync+eio+path%3Dt-0 HTTP/1.1"),
@@ -436,6 +451,7 @@ mod tests {
         let stats: StatsSource = Arc::new(|| serde_json::json!({"tail_cache": {"used_bytes": 7}}));
         let handlers = Handlers {
             stats,
+            metrics: Arc::new(|| "# TYPE keel_requests counter\n# EOF\n".to_string()),
             failpoints: None,
         };
         tokio::spawn(serve(listener, handlers, limits));
@@ -474,6 +490,13 @@ mod tests {
 
         let r = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
         assert_eq!((status(&r), r.split_once("\r\n\r\n").unwrap().1), ("200", "ok\n"));
+        let r = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
+        assert_eq!(status(&r), "200", "{r}");
+        assert!(
+            r.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+            "{r}"
+        );
+        assert!(r.ends_with("# TYPE keel_requests counter\n# EOF\n"), "{r}");
         let r = exchange(addr, b"GET /nope HTTP/1.1\r\n\r\n").await;
         assert_eq!(status(&r), "404");
         let r = exchange(addr, b"DELETE /stats HTTP/1.1\r\n\r\n").await;

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use keel_broker::trace::{self, RequestTrace, Stage};
 use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
 use keel_protocol::frame::{request_size, FRAME_PREFIX_BYTES};
 use keel_protocol::RequestFrame;
@@ -49,8 +50,11 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         let b = Arc::clone(&broker);
         // Called on the blocking pool (see admin::connection).
         let stats: admin::StatsSource = Arc::new(move || b.stats_json());
+        let b = Arc::clone(&broker);
+        let metrics: admin::MetricsSource = Arc::new(move || b.metrics.encode(&b));
         let handlers = admin::Handlers {
             stats,
+            metrics,
             failpoints: broker.failpoints.clone(),
         };
         tokio::spawn(admin::serve(l, handlers, admin::Limits::default()))
@@ -81,7 +85,7 @@ async fn bind_admin(addr: &str) -> Result<Option<TcpListener>, String> {
         .await
         .map_err(|e| format!("config `keel.admin.listen`: cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!("admin endpoint on http://{local} (/stats, /healthz)");
+    tracing::info!("admin endpoint on http://{local} (/stats, /metrics, /healthz)");
     Ok(Some(listener))
 }
 
@@ -189,7 +193,10 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
                     let client = ClientInfo {
                         host: format!("/{}", peer.ip()),
                     };
-                    if let Err(reason) = connection(stream, b, &client, &limits).await {
+                    b.metrics.connection_opened();
+                    let closed = connection(stream, peer, Arc::clone(&b), &client, &limits).await;
+                    b.metrics.connection_closed();
+                    if let Err(reason) = closed {
                         tracing::debug!(%peer, %reason, "connection closed");
                     }
                     limits.release(peer.ip());
@@ -209,6 +216,7 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
 /// cannot be answered, or stays idle past `connections.max.idle.ms`.
 async fn connection(
     stream: TcpStream,
+    peer: SocketAddr,
     broker: Arc<Broker>,
     client: &ClientInfo,
     limits: &ConnectionLimits,
@@ -231,6 +239,7 @@ async fn connection(
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.to_string()),
         }
+        let started = Instant::now();
         let size = request_size(prefix, limits.max_request_bytes).map_err(|e| {
             tracing::warn!(error = %e, "refusing request frame");
             e.to_string()
@@ -240,14 +249,28 @@ async fn connection(
             .await
             .map_err(|e| format!("truncated frame: {e}"))?;
         let frame = RequestFrame::parse(Bytes::from(body)).map_err(|e| e.to_string())?;
-        match broker.handle(frame, client).await {
-            Reply::Frame(bytes) => write_frame(&mut write, &bytes).await.map_err(|e| e.to_string())?,
+        let trace = Arc::new(RequestTrace::new(
+            frame.api_key,
+            frame.api_version,
+            frame.correlation_id,
+            peer.to_string(),
+            started,
+        ));
+        trace.add(Stage::Receive, started.elapsed());
+        let reply = trace::scope(Arc::clone(&trace), broker.handle(frame, client)).await;
+        match reply {
+            Reply::Frame(bytes) => {
+                let sending = Instant::now();
+                write_frame(&mut write, &bytes).await.map_err(|e| e.to_string())?;
+                trace.add(Stage::Send, sending.elapsed());
+            }
             Reply::Nothing => {}
             Reply::Close(reason) => {
                 tracing::warn!(%reason, "closing connection");
                 return Err(reason);
             }
         }
+        broker.metrics.finish(&trace);
     }
 }
 

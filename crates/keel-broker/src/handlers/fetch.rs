@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::partition::{Partition, ReadFailure, ReadSource, LEADER_EPOCH};
+use crate::trace::{self, PartitionTrace, Stage};
 use crate::Broker;
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
@@ -144,27 +145,31 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
                 p.register_waiter(&waiter);
             }
         }
-        let (partitions, mut bytes, failed) = read_all(&targets, total_max, deadline).await;
-        let done = bytes >= min_bytes.max(1) || failed || Instant::now() >= deadline;
+        let read = read_all(&targets, total_max, deadline).await;
+        let done = read.bytes >= min_bytes.max(1) || read.failed || Instant::now() >= deadline;
         let done = done || targets.is_empty();
+        let waiting = Instant::now();
         if done
             || tokio::time::timeout_at(deadline, waiter.notified())
                 .await
                 .is_err()
         {
-            let final_parts = if done {
-                partitions
+            let read = if done {
+                read
             } else {
-                let (parts, read, _) = read_all(&targets, total_max, deadline).await;
-                bytes = read;
-                parts
+                trace::add(Stage::Wait, waiting.elapsed());
+                read_all(&targets, total_max, deadline).await
             };
+            for t in read.traces {
+                trace::partition(t);
+            }
             return FetchAnswer {
-                parts: targets.iter().map(|t| t.topic_index).zip(final_parts).collect(),
+                parts: targets.iter().map(|t| t.topic_index).zip(read.parts).collect(),
                 topics,
-                bytes,
+                bytes: read.bytes,
             };
         }
+        trace::add(Stage::Wait, waiting.elapsed());
     }
 }
 
@@ -202,8 +207,19 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
     (topics, targets)
 }
 
-/// Reads every target once. Returns the per-target results (in target
-/// order), the bytes read, and whether any target failed.
+/// What one read of every target found.
+struct Read {
+    /// Per target, in target order.
+    parts: Vec<PartData>,
+    /// Record bytes in `parts`.
+    bytes: usize,
+    /// Whether any target failed.
+    failed: bool,
+    /// Where each target's data came from, for the request's trace.
+    traces: Vec<PartitionTrace>,
+}
+
+/// Reads every target once.
 ///
 /// Partitions are read in request order against what is left of the
 /// request's budget, as Kafka does: each gets at most the smaller of its
@@ -217,8 +233,10 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
 /// together on the cold executor. When the tail part already has data, the
 /// cold part is waited for only until `deadline`; a cold read still running
 /// then is answered empty and its data kept for the next fetch.
-async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (Vec<PartData>, usize, bool) {
+async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> Read {
+    let started = Instant::now();
     let mut results: Vec<Option<Result<Chunks, Failure>>> = Vec::with_capacity(targets.len());
+    let mut sources: Vec<Option<Source>> = Vec::with_capacity(targets.len());
     let mut cold = Vec::new();
     let mut remaining = total_max;
     let mut any_data = false;
@@ -226,10 +244,13 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
         let budget = t.max_bytes.min(remaining);
         if any_data && budget == 0 {
             results.push(Some(Ok(Chunks::default())));
+            sources.push(None);
             continue;
         }
-        match plan(t, budget) {
-            Ok(Some(ReadSource::Memory(bytes))) => {
+        let planned = plan(t, budget);
+        sources.push(planned.as_ref().ok().and_then(|p| p.as_ref()).map(Source::of));
+        match planned {
+            Ok(Some(ReadSource::Memory(bytes) | ReadSource::ReadAhead(bytes))) => {
                 remaining = remaining.saturating_sub(bytes.len());
                 any_data |= !bytes.is_empty();
                 results.push(Some(Ok(bytes)));
@@ -251,6 +272,8 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
             Err(f) => results.push(Some(Err(f))),
         }
     }
+    let planned = started.elapsed();
+    let mut waited = vec![None; targets.len()];
     let tail_has_data = results.iter().any(|r| matches!(r, Some(Ok(b)) if !b.is_empty()));
     for (i, rx) in cold {
         let outcome = if tail_has_data {
@@ -263,6 +286,7 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
                 if let Ok(p) = &targets[i].partition {
                     p.note_cold_read(bytes.len() as u64);
                 }
+                waited[i] = Some(started.elapsed());
                 Ok(bytes.into())
             }
             Ok(Ok(Err(e))) => Err(cold_failure(&targets[i], &e)),
@@ -279,25 +303,74 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> (V
         results.into_iter().map(|r| r.expect("every target resolved")),
         total_max,
     );
-    let mut out = Vec::with_capacity(targets.len());
-    let (mut bytes, mut failed) = (0, false);
-    for (t, r) in targets.iter().zip(results) {
+    let mut out = Read {
+        parts: Vec::with_capacity(targets.len()),
+        bytes: 0,
+        failed: false,
+        traces: Vec::new(),
+    };
+    for (i, (t, r)) in targets.iter().zip(results).enumerate() {
         let data = match r {
             Ok(records) => {
                 let part = records_of(t, records);
-                if let PartData::Records { records, .. } = &part {
-                    bytes += records.len();
+                if let (PartData::Records { records, .. }, Some(source), Ok(p)) =
+                    (&part, sources[i].take(), &t.partition)
+                {
+                    out.bytes += records.len();
+                    out.traces
+                        .push(source.trace(p, records.len(), waited[i].unwrap_or(planned)));
                 }
                 part
             }
             Err(f) => {
-                failed = true;
+                out.failed = true;
                 PartData::Failed(f.into_data().with_partition_index(t.index))
             }
         };
-        out.push(data);
+        out.parts.push(data);
     }
-    (out, bytes, failed)
+    out
+}
+
+/// Where a partition's read went, for the request's trace.
+struct Source {
+    stage: Stage,
+    file: Option<String>,
+    position: Option<u64>,
+}
+
+impl Source {
+    fn of(source: &ReadSource) -> Source {
+        let (stage, file, position) = match source {
+            ReadSource::Memory(_) => (Stage::ReadCache, None, None),
+            ReadSource::ReadAhead(_) | ReadSource::Pending(_) => (Stage::ReadAhead, None, None),
+            ReadSource::Disk(plan) => match plan.tiered_segment() {
+                Some(t) => (Stage::of_tier(t.tier), Some(t.object.clone()), None),
+                None => (
+                    Stage::ReadLocal,
+                    plan.file_path().map(|f| f.display().to_string()),
+                    Some(plan.start_position()),
+                ),
+            },
+        };
+        Source {
+            stage,
+            file,
+            position,
+        }
+    }
+
+    fn trace(self, p: &Partition, bytes: usize, took: Duration) -> PartitionTrace {
+        PartitionTrace {
+            topic: Arc::clone(&p.topic),
+            partition: p.index,
+            bytes: bytes as u64,
+            source: self.stage.name(),
+            file: self.file,
+            position: self.position,
+            stages: vec![(self.stage, took)],
+        }
+    }
 }
 
 /// One partition's answer. A `read_committed` one is cut at the last

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use keel_log::batch::{
@@ -16,9 +17,11 @@ use keel_protocol::ResponseError;
 
 use super::str_bytes;
 use crate::config::{topic_def, BrokerConfig};
-use crate::partition::{AppendFailure, Partition};
+use crate::metrics::APPEND;
+use crate::partition::{AppendFailure, AppendTrace, Partition};
 use crate::time::now_ms;
 use crate::topics::Topic;
+use crate::trace::{self, PartitionTrace, Stage};
 use crate::Broker;
 
 /// The first Produce version whose transactional batches add their
@@ -41,8 +44,8 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
             let topic = topic.clone();
             let b = Arc::clone(broker);
             let txn = txn_id.clone().map(|id| (id, version >= IMPLICIT_ADD_VERSION));
-            let task =
-                tokio::spawn(async move { produce_partition(&b, topic, p.index, p.records, txn).await });
+            let work = async move { produce_partition(&b, topic, p.index, p.records, txn).await };
+            let task = tokio::spawn(trace::within(trace::current(), work));
             pending.push((t.name.clone(), t.topic_id, p.index, task));
         }
     }
@@ -81,11 +84,19 @@ async fn produce_partition(
     };
     let records = records.unwrap_or_default();
     let max_batch_bytes = broker.config.max_message_bytes(&topic.meta.configs);
-    let headers = match check_records(&records, max_batch_bytes) {
+    let validating = Instant::now();
+    let headers = check_records(&records, max_batch_bytes);
+    trace::longest(Stage::Validate, validating.elapsed());
+    let headers = match headers {
         Ok(h) => h,
         Err((error, message)) => return failed(error, message),
     };
-    if let Err((error, message)) = check_transaction(broker, &headers[0], txn, &topic, index).await {
+    let checking = Instant::now();
+    let checked = check_transaction(broker, &headers[0], txn, &topic, index).await;
+    if headers[0].is_transactional() {
+        trace::longest(Stage::Coordinator, checking.elapsed());
+    }
+    if let Err((error, message)) = checked {
         return failed(error, message);
     }
     if broker
@@ -385,12 +396,41 @@ impl TimestampPolicy {
 }
 
 async fn append(partition: &Arc<Partition>, stamped: Stamped) -> PartitionProduceResponse {
-    match partition.append(stamped.records, stamped.headers).await {
+    let bytes = stamped.records.len() as u64;
+    let appended = partition.append(stamped.records, stamped.headers).await;
+    if let Ok(a) = &appended {
+        trace::partition(append_trace(partition, bytes, &a.trace));
+    }
+    match appended {
         Ok(a) => PartitionProduceResponse::default()
             .with_base_offset(a.base_offset)
             .with_log_append_time_ms(stamped.log_append_time_ms)
             .with_log_start_offset(a.log_start_offset),
         Err(AppendFailure { error, message }) => failed(error, message),
+    }
+}
+
+/// A produced partition as the request's trace shows it.
+fn append_trace(partition: &Partition, bytes: u64, t: &AppendTrace) -> PartitionTrace {
+    let mut stages = vec![(Stage::Queue, t.queue), (Stage::Lock, t.lock)];
+    if let Some(log) = &t.log {
+        stages.extend(log.roll.map(|d| (Stage::Roll, d)));
+        stages.push((Stage::Write, log.write));
+        stages.extend(log.flush.map(|d| (Stage::Flush, d)));
+    }
+    let file = t.log.map(|_| {
+        keel_log::log_path(partition.dir(), t.segment_base_offset)
+            .display()
+            .to_string()
+    });
+    PartitionTrace {
+        topic: Arc::clone(&partition.topic),
+        partition: partition.index,
+        bytes,
+        source: APPEND,
+        position: file.as_ref().map(|_| t.position),
+        file,
+        stages,
     }
 }
 

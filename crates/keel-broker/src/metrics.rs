@@ -1,0 +1,597 @@
+//! The broker's metrics in Prometheus' text format (`GET /metrics` on the
+//! admin endpoint), and the slow-request log.
+//!
+//! Two kinds of metric: those requests feed as they finish (per-API, per-
+//! stage latency histograms, request and byte counters, connections),
+//! kept in a registry here; and the state the broker already counts (tail
+//! cache, cold reads, tiers, the mover, the cleaner, groups, partitions),
+//! read afresh at every scrape from the same counters `/stats` reports.
+//! docs/metrics.md maps each name to Kafka's JMX metrics.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use keel_protocol::messages::ApiKey;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::trace::{RequestTrace, Stage, TraceSummary};
+use crate::Broker;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StageLabels {
+    api: &'static str,
+    stage: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ApiLabels {
+    api: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TierLabels {
+    tier: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PartitionLabels {
+    topic: String,
+    partition: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DirLabels {
+    dir: String,
+}
+
+/// Request metrics and the slow-request threshold.
+pub struct Metrics {
+    registry: Registry,
+    stages: Family<StageLabels, Histogram>,
+    requests: Family<ApiLabels, Counter>,
+    bytes_in: Counter,
+    bytes_out: Family<SourceLabels, Counter>,
+    connections: Gauge,
+    connections_accepted: Counter,
+    slow_requests: Counter,
+    /// `keel.request.slow.ms`: requests at least this slow (not counting a
+    /// fetch's long-poll wait) are logged.
+    slow: Option<Duration>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").field("slow", &self.slow).finish()
+    }
+}
+
+/// Histogram buckets for stage times: 50 µs doubling to about 26 s.
+fn stage_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(50e-6, 2.0, 20))
+}
+
+impl Metrics {
+    pub fn new(slow: Option<Duration>) -> Metrics {
+        let mut registry = Registry::default();
+        let stages =
+            Family::<StageLabels, Histogram>::new_with_constructor(stage_buckets as fn() -> Histogram);
+        registry.register(
+            "keel_request_stage_seconds",
+            "Time requests spent in each stage, by API (stage total: arrival to response sent)",
+            stages.clone(),
+        );
+        let requests = Family::<ApiLabels, Counter>::default();
+        registry.register("keel_requests", "Requests answered, by API", requests.clone());
+        let bytes_in = Counter::default();
+        registry.register(
+            "keel_bytes_in",
+            "Record bytes appended by Produce requests",
+            bytes_in.clone(),
+        );
+        let bytes_out = Family::<SourceLabels, Counter>::default();
+        for stage in [
+            Stage::ReadCache,
+            Stage::ReadAhead,
+            Stage::ReadLocal,
+            Stage::ReadCapacity,
+            Stage::ReadRemote,
+        ] {
+            let _ = bytes_out.get_or_create(&SourceLabels { source: stage.name() });
+        }
+        registry.register(
+            "keel_bytes_out",
+            "Record bytes returned by Fetch requests, by where they were read from",
+            bytes_out.clone(),
+        );
+        let connections = Gauge::default();
+        registry.register(
+            "keel_connections",
+            "Client connections open now",
+            connections.clone(),
+        );
+        let connections_accepted = Counter::default();
+        registry.register(
+            "keel_connections_accepted",
+            "Client connections accepted",
+            connections_accepted.clone(),
+        );
+        let slow_requests = Counter::default();
+        registry.register(
+            "keel_slow_requests",
+            "Requests at or over keel.request.slow.ms (each logged)",
+            slow_requests.clone(),
+        );
+        Metrics {
+            registry,
+            stages,
+            requests,
+            bytes_in,
+            bytes_out,
+            connections,
+            connections_accepted,
+            slow_requests,
+            slow,
+        }
+    }
+
+    pub fn connection_opened(&self) {
+        self.connections.inc();
+        self.connections_accepted.inc();
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections.dec();
+    }
+
+    /// Records a request whose response has been sent (or that needed
+    /// none), and logs it if it was slow.
+    pub fn finish(&self, trace: &RequestTrace) {
+        let total = trace.started.elapsed();
+        trace.add(Stage::Total, total);
+        let summary = trace.summary();
+        let api = api_name(trace.api_key);
+        self.requests.get_or_create(&ApiLabels { api }).inc();
+        for &(stage, d) in &summary.stages {
+            self.stages
+                .get_or_create(&StageLabels {
+                    api,
+                    stage: stage.name(),
+                })
+                .observe(d.as_secs_f64());
+        }
+        for p in &summary.partitions {
+            if p.source == APPEND {
+                self.bytes_in.inc_by(p.bytes);
+            } else {
+                self.bytes_out
+                    .get_or_create(&SourceLabels { source: p.source })
+                    .inc_by(p.bytes);
+            }
+        }
+        // A fetch's long poll is waiting the client asked for, not slowness.
+        let waited = summary
+            .stages
+            .iter()
+            .find(|(s, _)| *s == Stage::Wait)
+            .map_or(Duration::ZERO, |(_, d)| *d);
+        if self.slow.is_some_and(|slow| total.saturating_sub(waited) >= slow) {
+            self.slow_requests.inc();
+            tracing::warn!(target: "keel::slow_request", "{}", slow_request_json(trace, &summary));
+        }
+    }
+
+    /// Everything, in the Prometheus / OpenMetrics text format. Reads each
+    /// partition's page-cache residency: call it on a blocking thread.
+    pub fn encode(&self, broker: &Broker) -> String {
+        let mut text = String::new();
+        let state = state_registry(broker);
+        // Writing to a String cannot fail.
+        let _ = encode_registry(&mut text, &self.registry);
+        let _ = encode_registry(&mut text, &state);
+        let _ = encode_eof(&mut text);
+        text
+    }
+}
+
+/// The source a produce's partition trace carries.
+pub const APPEND: &str = "append";
+
+/// Kafka's name of an API (`Produce`, `Fetch`, ...), as its request
+/// metrics label it.
+pub fn api_name(key: i16) -> &'static str {
+    static NAMES: std::sync::OnceLock<Vec<(i16, &'static str)>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        (0..=i16::from(u8::MAX))
+            .filter_map(|k| {
+                ApiKey::try_from(k)
+                    .ok()
+                    .map(|api| (k, &*format!("{api:?}").leak()))
+            })
+            .collect()
+    });
+    names
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or("Unknown", |(_, name)| name)
+}
+
+/// A slow request as one JSON line: who sent it, what it was, where its
+/// time went and which files and positions it wrote or read.
+fn slow_request_json(trace: &RequestTrace, summary: &TraceSummary) -> serde_json::Value {
+    let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    let stages: serde_json::Map<String, serde_json::Value> = summary
+        .stages
+        .iter()
+        .map(|&(s, d)| (s.name().to_string(), ms(d).into()))
+        .collect();
+    let partitions: Vec<serde_json::Value> = summary
+        .partitions
+        .iter()
+        .map(|p| {
+            let stages: serde_json::Map<String, serde_json::Value> = p
+                .stages
+                .iter()
+                .map(|&(s, d)| (s.name().to_string(), ms(d).into()))
+                .collect();
+            serde_json::json!({
+                "topic": &*p.topic,
+                "partition": p.partition,
+                "bytes": p.bytes,
+                "source": p.source,
+                "file": p.file,
+                "position": p.position,
+                "stages_ms": stages,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "slow_request": true,
+        "api": api_name(trace.api_key),
+        "api_version": trace.api_version,
+        "correlation_id": trace.correlation_id,
+        "client_id": summary.client_id,
+        "client_address": trace.peer,
+        "total_ms": stages.get("total").cloned().unwrap_or_default(),
+        "stages_ms": stages,
+        "bytes": summary.partitions.iter().map(|p| p.bytes).sum::<u64>(),
+        "partitions": partitions,
+        "untraced_partitions": summary.untraced_partitions,
+    })
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: f64) {
+    let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    g.set(value);
+    registry.register(name, help, g);
+}
+
+fn seconds(registry: &mut Registry, name: &str, help: &str, value: Duration) {
+    let c = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+    c.inc_by(value.as_secs_f64());
+    registry.register(name, help, c);
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let c = Counter::<u64>::default();
+    c.inc_by(value);
+    registry.register(name, help, c);
+}
+
+/// The broker's own counters and levels, read now.
+fn state_registry(broker: &Broker) -> Registry {
+    let mut r = Registry::default();
+    let t = broker.tail_cache.stats();
+    gauge(
+        &mut r,
+        "keel_tail_cache_budget_bytes",
+        "Tail cache budget",
+        t.budget_bytes as f64,
+    );
+    gauge(
+        &mut r,
+        "keel_tail_cache_used_bytes",
+        "Bytes in the tail cache",
+        t.used_bytes as f64,
+    );
+    gauge(
+        &mut r,
+        "keel_tail_cache_batches",
+        "Batches in the tail cache",
+        t.cached_batches as f64,
+    );
+    counter(
+        &mut r,
+        "keel_tail_cache_inserted_bytes",
+        "Bytes put in the tail cache",
+        t.inserted_bytes,
+    );
+    counter(
+        &mut r,
+        "keel_tail_cache_evicted_bytes",
+        "Bytes evicted from the tail cache",
+        t.evicted_bytes,
+    );
+    counter(
+        &mut r,
+        "keel_tail_cache_hit_reads",
+        "Fetch reads answered from the tail cache",
+        t.hit_reads,
+    );
+    counter(
+        &mut r,
+        "keel_tail_cache_hit_bytes",
+        "Bytes answered from the tail cache",
+        t.hit_bytes,
+    );
+    counter(
+        &mut r,
+        "keel_tail_cache_miss_reads",
+        "Fetch reads the tail cache could not answer",
+        t.miss_reads,
+    );
+
+    let c = broker.cold.stats();
+    counter(
+        &mut r,
+        "keel_cold_reads",
+        "Reads of log files on the cold-read executor",
+        c.reads,
+    );
+    counter(
+        &mut r,
+        "keel_cold_read_bytes",
+        "Bytes cold reads returned",
+        c.bytes,
+    );
+    counter(
+        &mut r,
+        "keel_cold_read_disk_bytes",
+        "Bytes cold reads took from the disk",
+        c.disk_bytes,
+    );
+    gauge(
+        &mut r,
+        "keel_cold_read_queue_depth",
+        "Cold reads waiting for a slot or for budget",
+        c.queue_depth as f64,
+    );
+    gauge(
+        &mut r,
+        "keel_cold_read_budget_bytes_per_second",
+        "keel.cold.read.bytes.per.sec (0: unlimited)",
+        c.budget_bytes_per_sec as f64,
+    );
+    seconds(
+        &mut r,
+        "keel_cold_read_wait_seconds",
+        "Time cold reads waited before their I/O started",
+        Duration::from_micros(c.wait_us_total),
+    );
+    seconds(
+        &mut r,
+        "keel_cold_read_throttled_seconds",
+        "Time cold reads waited for the byte budget alone",
+        Duration::from_micros(c.throttled_us_total),
+    );
+    counter(
+        &mut r,
+        "keel_read_ahead_hits",
+        "Fetches answered by a read-ahead",
+        c.read_ahead_hits,
+    );
+    gauge(
+        &mut r,
+        "keel_read_ahead_held_bytes",
+        "Bytes read ahead and held",
+        c.read_ahead_held_bytes as f64,
+    );
+
+    let s = broker.tiers.stats();
+    counter(
+        &mut r,
+        "keel_tier_copies",
+        "Segments copied to a colder tier",
+        s.copies,
+    );
+    counter(
+        &mut r,
+        "keel_tier_copied_bytes",
+        "Bytes copied to colder tiers",
+        s.copied_bytes,
+    );
+    counter(
+        &mut r,
+        "keel_tier_copy_failures",
+        "Failed copies to a colder tier",
+        s.copy_failures,
+    );
+    counter(&mut r, "keel_tier_reads", "Reads of colder tiers", s.reads);
+    counter(
+        &mut r,
+        "keel_tier_read_bytes",
+        "Bytes read from colder tiers",
+        s.read_bytes,
+    );
+    counter(
+        &mut r,
+        "keel_tier_read_failures",
+        "Failed reads of colder tiers",
+        s.read_failures,
+    );
+    counter(
+        &mut r,
+        "keel_tier_deletes",
+        "Copies deleted from colder tiers",
+        s.deletes,
+    );
+    let m = &broker.mover;
+    gauge(
+        &mut r,
+        "keel_mover_fast_bytes",
+        "Bytes in the fast (local) tier",
+        m.fast_bytes.load(Relaxed) as f64,
+    );
+    gauge(
+        &mut r,
+        "keel_mover_fast_max_bytes",
+        "The fast tier's budget (keel.tier.fast.max.bytes, 0: none)",
+        m.fast_max_bytes() as f64,
+    );
+    gauge(
+        &mut r,
+        "keel_mover_move_bytes_per_second",
+        "keel.tier.move.bytes.per.sec",
+        m.bytes_per_sec() as f64,
+    );
+    counter(
+        &mut r,
+        "keel_mover_released_segments",
+        "Local segments released after their colder copy",
+        m.released_segments.load(Relaxed),
+    );
+    counter(
+        &mut r,
+        "keel_mover_released_bytes",
+        "Local bytes released",
+        m.released_bytes.load(Relaxed),
+    );
+    counter(
+        &mut r,
+        "keel_mover_failed_passes",
+        "Mover passes that failed",
+        m.failed_passes.load(Relaxed),
+    );
+
+    let cl = &broker.cleaner;
+    counter(
+        &mut r,
+        "keel_cleaner_passes",
+        "Compaction passes",
+        cl.passes.load(Relaxed),
+    );
+    counter(
+        &mut r,
+        "keel_cleaner_failed_passes",
+        "Compaction passes that failed",
+        cl.failed_passes.load(Relaxed),
+    );
+    counter(
+        &mut r,
+        "keel_cleaner_read_bytes",
+        "Bytes compaction read",
+        cl.bytes_read.load(Relaxed),
+    );
+    counter(
+        &mut r,
+        "keel_cleaner_written_bytes",
+        "Bytes compaction wrote",
+        cl.bytes_written.load(Relaxed),
+    );
+    counter(
+        &mut r,
+        "keel_cleaner_reclaimed_bytes",
+        "Bytes compaction reclaimed",
+        cl.bytes_reclaimed.load(Relaxed),
+    );
+
+    let groups = Family::<StateLabels, Gauge>::default();
+    for state in [
+        "Empty",
+        "PreparingRebalance",
+        "CompletingRebalance",
+        "Stable",
+        "Dead",
+    ] {
+        let _ = groups.get_or_create(&StateLabels { state });
+    }
+    for (_, _, state) in broker.groups.list() {
+        groups.get_or_create(&StateLabels { state: state.name() }).inc();
+    }
+    r.register("keel_groups", "Consumer groups, by state", groups);
+
+    let tiers = Family::<TierLabels, Gauge>::default();
+    for tier in [keel_log::Tier::Capacity, keel_log::Tier::Remote] {
+        let _ = tiers.get_or_create(&TierLabels { tier: tier.name() });
+    }
+    let partitions_offline = Family::<PartitionLabels, Gauge>::default();
+    let size = Family::<PartitionLabels, Gauge>::default();
+    let end = Family::<PartitionLabels, Gauge>::default();
+    let start = Family::<PartitionLabels, Gauge>::default();
+    let resident = Family::<PartitionLabels, Gauge>::default();
+    let mut resident_total = 0u64;
+    for topic in broker.topics.all() {
+        for p in &topic.partitions {
+            let labels = PartitionLabels {
+                topic: topic.meta.name.clone(),
+                partition: p.index.to_string(),
+            };
+            let (in_cache, _) = p.page_cache_residency();
+            resident_total += in_cache;
+            resident.get_or_create(&labels).set(in_cache as i64);
+            end.get_or_create(&labels).set(p.high_watermark());
+            start.get_or_create(&labels).set(p.log_start_offset());
+            partitions_offline
+                .get_or_create(&labels)
+                .set(i64::from(p.unavailable().is_some()));
+            if let Some(reader) = p.reader() {
+                size.get_or_create(&labels).set(reader.total_bytes() as i64);
+                for t in reader.tiered_segments().iter().filter(|t| t.is_cold()) {
+                    tiers
+                        .get_or_create(&TierLabels { tier: t.tier.name() })
+                        .inc_by(t.size_bytes as i64);
+                }
+            }
+        }
+    }
+    r.register("keel_log_size_bytes", "A partition's bytes in every tier", size);
+    r.register(
+        "keel_log_end_offset",
+        "A partition's log end offset (high watermark)",
+        end,
+    );
+    r.register("keel_log_start_offset", "A partition's log start offset", start);
+    r.register(
+        "keel_partition_offline",
+        "1 if the partition cannot serve",
+        partitions_offline,
+    );
+    r.register(
+        "keel_page_cache_resident_bytes",
+        "A partition's segment bytes in the page cache",
+        resident,
+    );
+    gauge(
+        &mut r,
+        "keel_page_cache_resident_bytes_all",
+        "Segment bytes in the page cache, all partitions",
+        resident_total as f64,
+    );
+    r.register(
+        "keel_tier_bytes",
+        "Bytes whose only copy is in a colder tier, by tier",
+        tiers,
+    );
+    let dirs = Family::<DirLabels, Gauge>::default();
+    dirs.get_or_create(&DirLabels {
+        dir: broker.dir_health.path().display().to_string(),
+    })
+    .set(i64::from(broker.dir_health.is_offline()));
+    r.register("keel_log_dir_offline", "1 if the log dir is offline", dirs);
+    r
+}

@@ -1,0 +1,371 @@
+//! What one request spent its time on, stage by stage, and which
+//! partitions, files and positions it touched.
+//!
+//! The server opens a [`RequestTrace`] when a request frame has arrived
+//! and runs the broker's handling inside [`scope`]; code anywhere below
+//! (the Produce and Fetch handlers, the partition's append queue results)
+//! adds to the current trace through the free functions here, which do
+//! nothing outside a scope (in tests, on maintenance paths). When the
+//! response has been sent the server hands the trace to
+//! [`crate::metrics::Metrics::finish`]: the stages feed the per-API
+//! histograms, and a request slower than `keel.request.slow.ms` is logged
+//! whole.
+//!
+//! A trace is per request and a connection serves one request at a time,
+//! so its lock is never contended; work for several partitions of one
+//! request runs concurrently within the request's task, which is why
+//! partition stages keep the longest partition's time (the request waited
+//! for that one), not the sum.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// A step of a request's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// From the frame's first bytes to its last: the client's upload.
+    Receive,
+    /// Parsing the request.
+    Decode,
+    /// Checking a produced batch (CRC, records, timestamps): CPU.
+    Validate,
+    /// Waiting in a partition's append queue for its writer thread.
+    Queue,
+    /// Waiting for the partition's writer lock (maintenance holds it).
+    Lock,
+    /// Rolling to a new segment before the append.
+    Roll,
+    /// Writing the batches to the segment file.
+    Write,
+    /// The fsync `flush.messages` / `flush.ms` asked for.
+    Flush,
+    /// A transactional produce waiting for its transaction's coordinator.
+    Coordinator,
+    /// A fetch's long poll: waiting for data to arrive.
+    Wait,
+    /// Reading from the tail cache (memory).
+    ReadCache,
+    /// Taking data a read-ahead had read (or was reading).
+    ReadAhead,
+    /// Reading a local segment file (the cold-read executor).
+    ReadLocal,
+    /// Reading a segment from a capacity directory.
+    ReadCapacity,
+    /// Reading a segment from the object store.
+    ReadRemote,
+    /// Encoding the response.
+    Encode,
+    /// Writing the response to the socket.
+    Send,
+    /// From the frame's arrival to the response sent.
+    Total,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 18] = [
+        Stage::Receive,
+        Stage::Decode,
+        Stage::Validate,
+        Stage::Queue,
+        Stage::Lock,
+        Stage::Roll,
+        Stage::Write,
+        Stage::Flush,
+        Stage::Coordinator,
+        Stage::Wait,
+        Stage::ReadCache,
+        Stage::ReadAhead,
+        Stage::ReadLocal,
+        Stage::ReadCapacity,
+        Stage::ReadRemote,
+        Stage::Encode,
+        Stage::Send,
+        Stage::Total,
+    ];
+
+    /// The stage's label in metrics and in the slow-request log.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Receive => "receive",
+            Stage::Decode => "decode",
+            Stage::Validate => "validate",
+            Stage::Queue => "queue",
+            Stage::Lock => "lock",
+            Stage::Roll => "roll",
+            Stage::Write => "write",
+            Stage::Flush => "flush",
+            Stage::Coordinator => "coordinator",
+            Stage::Wait => "wait",
+            Stage::ReadCache => "read_cache",
+            Stage::ReadAhead => "read_ahead",
+            Stage::ReadLocal => "read_local",
+            Stage::ReadCapacity => "read_capacity",
+            Stage::ReadRemote => "read_remote",
+            Stage::Encode => "encode",
+            Stage::Send => "send",
+            Stage::Total => "total",
+        }
+    }
+
+    /// Where a fetch's data came from, as a read stage.
+    pub fn of_tier(tier: keel_log::Tier) -> Stage {
+        match tier {
+            keel_log::Tier::Capacity => Stage::ReadCapacity,
+            keel_log::Tier::Remote => Stage::ReadRemote,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One partition a request wrote or read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionTrace {
+    pub topic: Arc<str>,
+    pub partition: i32,
+    /// Record bytes written or returned.
+    pub bytes: u64,
+    /// Where they went or came from: `append`, or a read stage's name.
+    pub source: &'static str,
+    /// The segment file written or read, and the byte position in it.
+    pub file: Option<String>,
+    pub position: Option<u64>,
+    /// Stages of this partition alone.
+    pub stages: Vec<(Stage, Duration)>,
+}
+
+/// The parts of the slow-request log a partition list may take: a
+/// request naming thousands of partitions logs the first ones and a count.
+pub const MAX_TRACED_PARTITIONS: usize = 64;
+
+/// One request's timings, filled in as it is handled.
+#[derive(Debug)]
+pub struct RequestTrace {
+    pub api_key: i16,
+    pub api_version: i16,
+    pub correlation_id: i32,
+    /// The client's address (`ip:port`).
+    pub peer: String,
+    /// When the frame's first bytes had arrived.
+    pub started: Instant,
+    data: Mutex<TraceData>,
+}
+
+#[derive(Debug, Default)]
+struct TraceData {
+    client_id: String,
+    stages: [Option<Duration>; Stage::ALL.len()],
+    partitions: Vec<PartitionTrace>,
+    untraced_partitions: usize,
+}
+
+/// What a finished trace holds.
+#[derive(Debug, Clone)]
+pub struct TraceSummary {
+    pub client_id: String,
+    /// The stages that happened, in [`Stage::ALL`] order.
+    pub stages: Vec<(Stage, Duration)>,
+    pub partitions: Vec<PartitionTrace>,
+    /// Partitions past [`MAX_TRACED_PARTITIONS`], counted only.
+    pub untraced_partitions: usize,
+}
+
+impl RequestTrace {
+    pub fn new(
+        api_key: i16,
+        api_version: i16,
+        correlation_id: i32,
+        peer: String,
+        started: Instant,
+    ) -> RequestTrace {
+        RequestTrace {
+            api_key,
+            api_version,
+            correlation_id,
+            peer,
+            started,
+            data: Mutex::new(TraceData::default()),
+        }
+    }
+
+    /// Adds `d` to a stage that happens in sequence with the others.
+    pub fn add(&self, stage: Stage, d: Duration) {
+        let mut data = self.data.lock();
+        let slot = &mut data.stages[stage.index()];
+        *slot = Some(slot.unwrap_or_default() + d);
+    }
+
+    /// Raises a stage to `d`: for work several partitions do at once.
+    pub fn longest(&self, stage: Stage, d: Duration) {
+        let mut data = self.data.lock();
+        let slot = &mut data.stages[stage.index()];
+        *slot = Some(slot.unwrap_or_default().max(d));
+    }
+
+    pub fn set_client_id(&self, client_id: &str) {
+        self.data.lock().client_id = client_id.to_string();
+    }
+
+    /// Records a partition, and its stages as the longest of their kind.
+    pub fn partition(&self, p: PartitionTrace) {
+        for &(stage, d) in &p.stages {
+            self.longest(stage, d);
+        }
+        let mut data = self.data.lock();
+        if data.partitions.len() < MAX_TRACED_PARTITIONS {
+            data.partitions.push(p);
+        } else {
+            data.untraced_partitions += 1;
+        }
+    }
+
+    /// The trace as it stands.
+    pub fn summary(&self) -> TraceSummary {
+        let data = self.data.lock();
+        TraceSummary {
+            client_id: data.client_id.clone(),
+            stages: Stage::ALL
+                .iter()
+                .filter_map(|&s| data.stages[s.index()].map(|d| (s, d)))
+                .collect(),
+            partitions: data.partitions.clone(),
+            untraced_partitions: data.untraced_partitions,
+        }
+    }
+}
+
+tokio::task_local! {
+    static CURRENT: Arc<RequestTrace>;
+}
+
+/// Runs `f` with `trace` as the current request's trace.
+pub async fn scope<F: std::future::Future>(trace: Arc<RequestTrace>, f: F) -> F::Output {
+    CURRENT.scope(trace, f).await
+}
+
+/// Runs `f` within `trace`, if there is one: carries the current trace
+/// into a spawned task (`tokio::spawn(trace::within(trace::current(), f))`).
+pub async fn within<F: std::future::Future>(trace: Option<Arc<RequestTrace>>, f: F) -> F::Output {
+    match trace {
+        Some(t) => CURRENT.scope(t, f).await,
+        None => f.await,
+    }
+}
+
+/// The current request's trace, if there is one.
+pub fn current() -> Option<Arc<RequestTrace>> {
+    CURRENT.try_with(Arc::clone).ok()
+}
+
+fn with(f: impl FnOnce(&RequestTrace)) {
+    let _ = CURRENT.try_with(|t| f(t));
+}
+
+/// [`RequestTrace::add`] on the current trace, if there is one.
+pub fn add(stage: Stage, d: Duration) {
+    with(|t| t.add(stage, d));
+}
+
+/// [`RequestTrace::longest`] on the current trace, if there is one.
+pub fn longest(stage: Stage, d: Duration) {
+    with(|t| t.longest(stage, d));
+}
+
+/// [`RequestTrace::partition`] on the current trace, if there is one.
+pub fn partition(p: PartitionTrace) {
+    with(|t| t.partition(p));
+}
+
+/// [`RequestTrace::set_client_id`] on the current trace, if there is one.
+pub fn set_client_id(client_id: &str) {
+    with(|t| t.set_client_id(client_id));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace() -> Arc<RequestTrace> {
+        Arc::new(RequestTrace::new(0, 9, 7, "127.0.0.1:5".into(), Instant::now()))
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn sequential_stages_add_up_and_partition_stages_keep_the_longest() {
+        let t = trace();
+        t.add(Stage::Decode, ms(1));
+        t.add(Stage::Decode, ms(2));
+        for (i, write) in [5, 9, 3].into_iter().enumerate() {
+            t.partition(PartitionTrace {
+                topic: "t".into(),
+                partition: i as i32,
+                bytes: 10,
+                source: "append",
+                file: None,
+                position: None,
+                stages: vec![(Stage::Write, ms(write)), (Stage::Queue, ms(1))],
+            });
+        }
+        let s = t.summary();
+        assert_eq!(
+            s.stages,
+            vec![
+                (Stage::Decode, ms(3)),
+                (Stage::Queue, ms(1)),
+                (Stage::Write, ms(9))
+            ]
+        );
+        assert_eq!(s.partitions.len(), 3);
+    }
+
+    #[test]
+    fn a_huge_request_traces_its_first_partitions_and_counts_the_rest() {
+        let t = trace();
+        for i in 0..MAX_TRACED_PARTITIONS + 5 {
+            t.partition(PartitionTrace {
+                topic: "t".into(),
+                partition: i as i32,
+                bytes: 0,
+                source: "read_cache",
+                file: None,
+                position: None,
+                stages: Vec::new(),
+            });
+        }
+        let s = t.summary();
+        assert_eq!(
+            (s.partitions.len(), s.untraced_partitions),
+            (MAX_TRACED_PARTITIONS, 5)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_free_functions_reach_the_scoped_trace_and_nothing_outside_one() {
+        add(Stage::Wait, ms(4));
+        let t = trace();
+        scope(Arc::clone(&t), async {
+            add(Stage::Wait, ms(4));
+            set_client_id("c1");
+        })
+        .await;
+        let s = t.summary();
+        assert_eq!(
+            (s.client_id.as_str(), s.stages),
+            ("c1", vec![(Stage::Wait, ms(4))])
+        );
+    }
+
+    #[test]
+    fn every_stage_is_listed_once_in_order() {
+        for (i, s) in Stage::ALL.iter().enumerate() {
+            assert_eq!(s.index(), i, "{s:?}");
+        }
+    }
+}
