@@ -70,6 +70,12 @@ served from the colder tier, copies, failures, the fast tier's bytes and the
 topic's colder-tier bytes at the phase's end. --keel-set KEY=VALUE passes
 any other setting to Keel.
 
+Keel always runs with an admin endpoint, and a second table says where its
+produce and fetch time went in each phase: per request stage (the append
+queue, the write syscall, flushes, reads per tier, ...) the 99th
+percentile's histogram bucket and the mean, from /metrics at the phase
+boundaries (docs/metrics.md).
+
 Where the backfill consumer runs (to tell the client's CPU from the
 broker's): by default inside the keel-bench process, beside the live
 producer and the tailing consumer; --backfill-process runs it as a child
@@ -639,7 +645,10 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
         port = free_port()
         cmd = [str(args.keel_bin), "serve", "--listen", f"127.0.0.1:{port}",
                "--advertised", f"127.0.0.1:{port}", "--data-dir", str(data)]
-        sets = {"keel.admin.listen": ""} if tier is None else dict(tier.sets)
+        # The admin endpoint's /metrics gives each phase's request stages.
+        admin = f"127.0.0.1:{free_port()}"
+        sets = {"keel.admin.listen": admin} if tier is None else dict(tier.sets)
+        admin = sets["keel.admin.listen"]
         sets.update(kv.split("=", 1) for kv in args.keel_set)
         cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
         with open(log_path, "wb") as log:
@@ -649,9 +658,9 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
         wait_port(port, 30)
         print(f"keel: {tail_cache_line(log_path) or 'no tail cache budget line yet in ' + str(log_path)}")
         settle = None if tier is None else lambda: tier.wait_moved(args, work, log_path)
-        res = run_bench("keel", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg, dev,
-                                          work / "keel.json", tier), work / "keel.json", args.bench_cpus,
-                        settle)
+        cmd = bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg, dev, work / "keel.json", tier)
+        cmd += ["--metrics-url", f"http://{admin}/metrics"]
+        res = run_bench("keel", cmd, work / "keel.json", args.bench_cpus, settle)
         res["tail_cache_log"] = tail_cache_line(log_path)
         res["memory_cgroup"] = cg.describe()
         res["disk"] = disk
@@ -779,6 +788,30 @@ def side_by_side(results: dict) -> str:
                 # No ratio to a value that prints as zero.
                 row += " | " + (f"{r / k:.2f}" if k and abs(k) >= 0.005 and r is not None else "-")
             lines.append(row + " |")
+    return "\n".join(lines)
+
+
+STAGES = ("receive", "decode", "validate", "queue", "lock", "roll", "write", "flush", "wait", "read_cache",
+          "read_ahead", "read_local", "read_capacity", "read_remote", "encode", "send", "total")
+
+
+def stage_table(results: dict) -> str:
+    """Where Keel's produce and fetch time went, per phase (its /metrics
+    stage histograms): the 99th percentile's bucket (histogram buckets
+    double, so it is an upper bound within 2x) and the mean, in ms."""
+    phases = (results.get("keel") or {}).get("phases") or []
+    if not any(p.get("stages") for p in phases):
+        return ""
+    names = [p["name"] for p in phases]
+    head = "| API | stage | " + " | ".join(f"{n} p99 <= / mean ms" for n in names) + " |"
+    lines = ["Keel request stages (/metrics):", "", head, "|" + " --- |" * head.count("|")]
+    for api in ("Produce", "Fetch"):
+        for stage in STAGES:
+            cells = [(p.get("stages") or {}).get(api, {}).get(stage) for p in phases]
+            if all(c is None for c in cells):
+                continue
+            lines.append(f"| {api} | {stage} | " + " | ".join(
+                "-" if c is None else f"{fmt(c['p99_ms_at_most'])} / {fmt(c['mean_ms'])}" for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -947,6 +980,10 @@ def main() -> None:
         print(line)
     print()
     print(side_by_side(results))
+    stages = stage_table(results)
+    if stages:
+        print()
+        print(stages)
     print(plot(results, args.plot))
     if args.json:
         args.json.write_text(json.dumps({"machine": {"host": platform.node(), "cores": os.cpu_count(),

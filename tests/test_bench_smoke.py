@@ -48,6 +48,8 @@ def run_catchup(keel_bench, broker, tmp_path, *extra: str) -> tuple[dict, object
     proc = getattr(broker, "proc", None)
     if proc is not None:
         cmd += ["--broker-pid", str(proc.pid)]
+    if getattr(broker, "admin", None):
+        cmd += ["--metrics-url", f"http://{broker.admin}/metrics"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, f"keel-bench failed:\n{run.stdout}\n{run.stderr}"
     assert "tail e2e p99 ms" in run.stdout, run.stdout
@@ -67,6 +69,15 @@ def test_catchup_reports_three_phases(keel_bench, broker, tmp_path):
     assert res["backfill"]["records"] == res["backfill"]["target_records"], res["backfill"]
     if proc is not None:
         assert phases["baseline"]["broker"]["rss_bytes_max"] > 0, phases["baseline"]["broker"]
+    if getattr(broker, "admin", None):
+        # Keel's /metrics: every phase's produces went through a write and
+        # the backfill's fetches read something.
+        for name, p in phases.items():
+            write = p["stages"]["Produce"]["write"]
+            assert write["count"] > 0 and write["mean_ms"] >= 0, (name, p["stages"])
+            assert 0 < write["p99_ms_at_most"] <= 26_215, (name, write)
+        reads = phases["backfill"]["stages"]["Fetch"]
+        assert any(reads.get(s, {}).get("count") for s in ("read_cache", "read_local", "read_ahead")), reads
 
 
 def test_catchup_backfill_in_its_own_process(keel_bench, broker, tmp_path):
@@ -108,6 +119,7 @@ def test_catchup_py_with_keel_tier(tier, keel_bench, tmp_path):
                          env=dict(os.environ, LAB_DIR=str(tmp_path / "lab")))
     assert run.returncode == 0, f"catchup.py failed:\n{run.stdout}\n{run.stderr}"
     assert "colder tier read MB" in run.stdout, run.stdout
+    assert "Keel request stages" in run.stdout, run.stdout
     keel = json.loads(out.read_text())["results"]["keel"]
     settled = keel["settle"]
     assert settled["topic_cold_bytes"] >= 4 << 20, settled
@@ -116,3 +128,6 @@ def test_catchup_py_with_keel_tier(tier, keel_bench, tmp_path):
     backfill = next(p for p in keel["phases"] if p["name"] == "backfill")
     assert backfill["tiers"]["cold_tier_read_bytes"] > 0, backfill["tiers"]
     assert backfill["tiers"]["read_failures"] == 0, backfill["tiers"]
+    # The backfill's fetches of the moved history were served by the tier.
+    tier_stage = {"capacity": "read_capacity", "s3": "read_remote"}[tier]
+    assert backfill["stages"]["Fetch"][tier_stage]["count"] > 0, backfill["stages"]

@@ -103,11 +103,11 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	go func() { prodDone <- r.produceLive(live) }()
 
 	marks := []timedBroker{{0, probe.sample()}}
-	tierMarks := []tierSample{readTiers(cfg.StatsURL, cfg.Topic)}
+	keelMarks := []keelMark{readKeel(cfg)}
 	sleepCtx(ctx, secs(cfg.BaselineS))
 	bfStart := r.since()
 	marks = append(marks, timedBroker{bfStart, probe.sample()})
-	tierMarks = append(tierMarks, readTiers(cfg.StatsURL, cfg.Topic))
+	keelMarks = append(keelMarks, readKeel(cfg))
 	r.phase.Store("backfill")
 	bfTarget, err := endOffsets(ctx, admin, cfg.Topic)
 	if err != nil {
@@ -120,7 +120,7 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	sleepCtx(ctx, secs(cfg.BackfillMinS)-(r.since()-bfStart))
 	bfEnd := r.since()
 	marks = append(marks, timedBroker{bfEnd, probe.sample()})
-	tierMarks = append(tierMarks, readTiers(cfg.StatsURL, cfg.Topic))
+	keelMarks = append(keelMarks, readKeel(cfg))
 	r.phase.Store("after")
 	sleepCtx(ctx, secs(cfg.AfterS))
 	cancelLive()
@@ -129,14 +129,14 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	}
 	stop := r.since()
 	marks = append(marks, timedBroker{stop, probe.sample()})
-	tierMarks = append(tierMarks, readTiers(cfg.StatsURL, cfg.Topic))
+	keelMarks = append(keelMarks, readKeel(cfg))
 	r.drainTail(ctx, 5*time.Second)
 	stopTail()
 	wg.Wait()
 	if ctx.Err() != nil {
 		return nil, errors.New("interrupted")
 	}
-	return r.result(pre, bf, marks, tierMarks, probe), nil
+	return r.result(pre, bf, marks, keelMarks, probe), nil
 }
 
 // waitForGo: --pause-after-preload. The line on stderr is what the caller

@@ -50,6 +50,7 @@ type config struct {
 	PauseAfterPreload bool `json:"pause_after_preload"`
 	// Keel's admin /stats URL: tier counters per phase.
 	StatsURL       string  `json:"stats_url,omitempty"`
+	MetricsURL     string  `json:"metrics_url,omitempty"`
 	JSONPath       string  `json:"-"`
 	ProgressS      float64 `json:"-"`
 	PreloadTimeout float64 `json:"-"`
@@ -134,6 +135,7 @@ func parseCatchup(args []string) config {
 	fs.BoolVar(&c.PauseAfterPreload, "pause-after-preload", false,
 		"after the preload, print \"keel-bench: preload done\" on stderr and wait for a line on stdin before the live phases")
 	fs.StringVar(&c.StatsURL, "stats-url", "", "Keel's admin endpoint, http://HOST:PORT/stats: report tier counters per phase")
+	fs.StringVar(&c.MetricsURL, "metrics-url", "", "Keel's admin endpoint, http://HOST:PORT/metrics: report request stages per phase")
 	fs.StringVar(&c.JSONPath, "json", "", "also write the results as JSON to this file")
 	fs.Float64Var(&c.ProgressS, "progress-s", 5, "seconds between progress lines on stderr (0: none)")
 	fs.Float64Var(&c.PreloadTimeout, "preload-timeout-s", 1800, "give up if the preload takes longer")

@@ -85,6 +85,8 @@ type phaseJSON struct {
 	Broker           brokerJSON `json:"broker"`
 	// Keel's tier counters (--stats-url); nil for other brokers.
 	Tiers *tiersPhaseJSON `json:"tiers,omitempty"`
+	// Keel's request stages (--metrics-url), by API and stage.
+	Stages map[string]map[string]stageJSON `json:"stages,omitempty"`
 }
 
 type pointJSON struct {
@@ -121,7 +123,7 @@ func lat(s summary) latencyJSON {
 	return latencyJSON{s.Count, usToMs(s.P50), usToMs(s.P99), usToMs(s.P999), usToMs(s.Max)}
 }
 
-func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, tierMarks []tierSample,
+func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, keelMarks []keelMark,
 	probe brokerProbe) *result {
 	prod, tail, lag, bfb := r.produceLatUs.snapshot(), r.tailLatUs.snapshot(), r.tailLag.snapshot(), r.backfillB.snapshot()
 	brunq, benchq, busiest := r.brokerRunqUs.snapshot(), r.benchRunqUs.snapshot(), r.brokerBusiestUs.snapshot()
@@ -162,7 +164,8 @@ func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, 
 		ph.Broker.RunqMsPerS = perSecond(between(brunq, from, to), 1e3)
 		ph.Broker.BenchRunqMsPerS = perSecond(between(benchq, from, to), 1e3)
 		ph.Broker.BusiestThreadCore = perSecond(between(busiest, from, to), 1e6)
-		ph.Tiers = tiersPhase(tierMarks[i], tierMarks[i+1])
+		ph.Tiers = tiersPhase(keelMarks[i].tiers, keelMarks[i+1].tiers)
+		ph.Stages = stagesPhase(keelMarks[i].stages, keelMarks[i+1].stages)
 		res.Phases = append(res.Phases, ph)
 	}
 	res.Timeline = timeline(prod, tail, lag, bfb, periodic, marks[len(marks)-1].at)

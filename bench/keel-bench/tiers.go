@@ -48,6 +48,16 @@ type tiersPhaseJSON struct {
 
 var statsClient = &http.Client{Timeout: 10 * time.Second}
 
+// keelMark: what Keel's admin endpoint said at a phase boundary.
+type keelMark struct {
+	tiers  tierSample
+	stages stageSample
+}
+
+func readKeel(cfg config) keelMark {
+	return keelMark{readTiers(cfg.StatsURL, cfg.Topic), readStages(cfg.MetricsURL)}
+}
+
 // readTiers fetches url (Keel's /stats) and sums the topic's partitions.
 func readTiers(url, topic string) tierSample {
 	if url == "" {
