@@ -27,6 +27,7 @@ mod config;
 mod error;
 pub mod faults;
 mod index;
+pub mod inspect;
 pub mod marker;
 mod partition;
 pub mod plan;

@@ -32,10 +32,34 @@ pub struct Record<'a> {
     key_at: usize,
 }
 
-impl Record<'_> {
+/// One record header: its key and its value (`None`: null).
+pub type Header<'a> = (&'a [u8], Option<&'a [u8]>);
+
+impl<'a> Record<'a> {
     /// A record with a null value: Kafka's tombstone.
     pub fn is_tombstone(&self) -> bool {
         self.value.is_none()
+    }
+
+    /// The record's headers, in order, as (key, value) pairs. The count is
+    /// read off the record, so the `Vec` is bounded by the record's size
+    /// (a header takes at least two bytes).
+    pub fn headers(&self) -> Result<Vec<Header<'a>>, String> {
+        let body = self.body;
+        let mut at = self.key_at;
+        bytes_field(body, &mut at).ok_or("bad key")?;
+        bytes_field(body, &mut at).ok_or("bad value")?;
+        let count = get_varlong(body, &mut at).ok_or("bad header count")?;
+        let count = usize::try_from(count).map_err(|_| format!("negative header count {count}"))?;
+        let mut headers = Vec::with_capacity(count.min(body.len() / 2));
+        for i in 0..count {
+            let key = bytes_field(body, &mut at)
+                .flatten()
+                .ok_or_else(|| format!("header {i}: bad key"))?;
+            let value = bytes_field(body, &mut at).ok_or_else(|| format!("header {i}: bad value"))?;
+            headers.push((key, value));
+        }
+        Ok(headers)
     }
 }
 
@@ -96,6 +120,13 @@ impl<'a> Iterator for Records<'a> {
 }
 
 impl<'a> Records<'a> {
+    /// Where the next record (its length prefix) starts in the records
+    /// section: for an uncompressed batch, its file position minus the
+    /// batch's position and header length.
+    pub fn position(&self) -> usize {
+        self.at
+    }
+
     fn read_one(&mut self) -> Result<Record<'a>, String> {
         let len = get_varlong(self.body, &mut self.at).ok_or("bad length")?;
         let len = usize::try_from(len).map_err(|_| format!("negative length {len}"))?;

@@ -63,25 +63,34 @@ pub fn encode(entries: &[AbortedTxn]) -> Vec<u8> {
 pub fn decode(bytes: &[u8]) -> Result<Vec<AbortedTxn>, String> {
     let mut out = Vec::with_capacity(bytes.len() / ENTRY_LEN);
     for e in bytes.chunks_exact(ENTRY_LEN) {
-        let version = i16::from_be_bytes([e[0], e[1]]);
-        if version != VERSION {
-            return Err(format!(
-                "aborted-transaction entry version {version} is not {VERSION}"
-            ));
-        }
-        let at = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&e[i..i + 8]);
-            i64::from_be_bytes(b)
-        };
-        out.push(AbortedTxn {
-            producer_id: at(2),
-            first_offset: at(10),
-            last_offset: at(18),
-            last_stable_offset: at(26),
-        });
+        out.push(decode_entry(e)?);
     }
     Ok(out)
+}
+
+/// Decodes one entry (the first [`ENTRY_LEN`] bytes of `e`); an unknown
+/// version or a short slice is an error.
+pub fn decode_entry(e: &[u8]) -> Result<AbortedTxn, String> {
+    let e = e
+        .get(..ENTRY_LEN)
+        .ok_or_else(|| format!("an aborted-transaction entry of {} bytes", e.len()))?;
+    let version = i16::from_be_bytes([e[0], e[1]]);
+    if version != VERSION {
+        return Err(format!(
+            "aborted-transaction entry version {version} is not {VERSION}"
+        ));
+    }
+    let at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&e[i..i + 8]);
+        i64::from_be_bytes(b)
+    };
+    Ok(AbortedTxn {
+        producer_id: at(2),
+        first_offset: at(10),
+        last_offset: at(18),
+        last_stable_offset: at(26),
+    })
 }
 
 /// Writes the segment's `.txnindex` (atomically), or removes it when there

@@ -3,6 +3,7 @@
 mod admin;
 mod compaction;
 mod config;
+mod segment;
 mod server;
 mod stats;
 
@@ -31,6 +32,10 @@ enum Command {
     Stats(stats::StatsArgs),
     /// Plan compaction: passes, I/O, time and disk for a compacted topic.
     Compaction(compaction::CompactionArgs),
+    /// Read segment files (`.log`, `.index`, `.timeindex`, `.txnindex`),
+    /// Keel's or Apache Kafka's: batches by byte position, damage, index
+    /// checks.
+    Segment(segment::SegmentArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +61,13 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("keel compaction: {e}");
                 ExitCode::FAILURE
+            }
+        },
+        Command::Segment(args) => match segment::run(&args) {
+            Ok(outcome) => ExitCode::from(outcome.exit_code()),
+            Err(e) => {
+                eprintln!("keel segment: {e}");
+                ExitCode::from(2)
             }
         },
         Command::Stats(args) => match stats::run(&args) {
