@@ -3,6 +3,7 @@
 mod admin;
 mod compaction;
 mod config;
+mod doctor;
 mod server;
 mod stats;
 
@@ -31,6 +32,9 @@ enum Command {
     Stats(stats::StatsArgs),
     /// Plan compaction: passes, I/O, time and disk for a compacted topic.
     Compaction(compaction::CompactionArgs),
+    /// Check the host for what hurts a broker: memory limits, reclaim,
+    /// kernel settings, each data dir's filesystem and disk.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("keel compaction: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Doctor(args) => match doctor::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("keel doctor: {e}");
                 ExitCode::FAILURE
             }
         },
