@@ -564,3 +564,70 @@ fn budget_space_findings(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(source: &str, super_options: &str) -> Mount {
+        Mount {
+            major: 0,
+            minor: 0,
+            root: PathBuf::from("/"),
+            mount_point: PathBuf::from("/data"),
+            options: "rw".into(),
+            fstype: "ext4".into(),
+            source: source.into(),
+            super_options: super_options.into(),
+        }
+    }
+
+    /// A device file holding an ext4 superblock with `compat` features.
+    fn device(root: &Path, name: &str, compat: u32) {
+        let mut block = vec![0u8; 4096];
+        block[1024 + 0x38..1024 + 0x3A].copy_from_slice(&EXT4_SUPER_MAGIC.to_le_bytes());
+        block[1024 + 0x5C..1024 + 0x60].copy_from_slice(&compat.to_le_bytes());
+        std::fs::create_dir_all(root.join("dev")).unwrap();
+        std::fs::write(root.join("dev").join(name), block).unwrap();
+    }
+
+    #[test]
+    fn fast_commit_is_read_from_the_superblock() {
+        let tmp = tempfile::tempdir().unwrap();
+        let host = Host {
+            root: tmp.path().to_path_buf(),
+            pid: None,
+        };
+        let m = mount("/dev/sdx", "rw");
+        assert!(matches!(
+            fast_commit(&host, Some("sdx"), &m, ""),
+            FastCommit::Unknown(_)
+        ));
+        device(tmp.path(), "sdx", 0x4 | EXT4_FEATURE_COMPAT_FAST_COMMIT);
+        assert_eq!(
+            fast_commit(&host, Some("sdx"), &m, ""),
+            FastCommit::On("superblock feature")
+        );
+        device(tmp.path(), "sdx", 0x4);
+        assert_eq!(
+            fast_commit(&host, Some("sdx"), &m, ""),
+            FastCommit::Off("superblock features")
+        );
+        // Kernels that listed it as a mount option.
+        let listed = mount("/dev/sdx", "rw,fast_commit");
+        assert!(matches!(
+            fast_commit(&host, Some("sdx"), &listed, ""),
+            FastCommit::On(_)
+        ));
+        std::fs::write(tmp.path().join("dev/sdx"), [0u8; 2048]).unwrap();
+        assert!(matches!(
+            fast_commit(&host, Some("sdx"), &m, ""),
+            FastCommit::Unknown(_)
+        ));
+        assert_eq!(block_name(&host, &m).as_deref(), Some("sdx"));
+        assert_eq!(
+            block_name(&host, &mount("/dev/mapper/vg-data", "")).as_deref(),
+            Some("vg-data")
+        );
+    }
+}

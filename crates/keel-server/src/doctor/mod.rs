@@ -275,3 +275,163 @@ pub fn run(args: &DoctorArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use super::*;
+
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            let kind = entry.file_type().unwrap();
+            if kind.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(entry.path()).unwrap(), &target).unwrap();
+            } else if kind.is_dir() {
+                copy_tree(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+
+    /// A writable copy of a fixture host.
+    fn fixture_host(name: &str) -> (tempfile::TempDir, Host) {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/doctor")
+            .join(name);
+        copy_tree(&src, tmp.path());
+        let host = Host {
+            root: tmp.path().canonicalize().unwrap(),
+            pid: None,
+        };
+        (tmp, host)
+    }
+
+    fn config() -> BrokerConfig {
+        let mut map = BTreeMap::new();
+        map.insert("log.dirs".to_string(), "/data/xfs/keel".to_string());
+        BrokerConfig::from_map(&map).unwrap()
+    }
+
+    /// Adds `by` to counter `key` of a `key value` file under the root.
+    fn bump(host: &Host, file: &str, key: &str, by: u64) {
+        let path = host.path(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let out: String = text
+            .lines()
+            .map(|l| match l.split_once(' ') {
+                Some((k, v)) if k == key => format!("{k} {}\n", v.parse::<u64>().unwrap() + by),
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        assert_ne!(out, text, "{key} not in {file}");
+        std::fs::write(path, out).unwrap();
+    }
+
+    fn get<'a>(report: &'a Report, area: &str, check: &str) -> &'a Finding {
+        let found: Vec<_> = report
+            .findings
+            .iter()
+            .filter(|f| f.area == area && f.check == check)
+            .collect();
+        assert_eq!(found.len(), 1, "{area}/{check}: {found:#?}");
+        found[0]
+    }
+
+    const CGROUP: &str = "/sys/fs/cgroup/system.slice/keel.service";
+
+    #[test]
+    fn counters_are_read_before_and_after_the_sample() {
+        let (_tmp, host) = fixture_host("v2");
+        let mut slept = None;
+        let report = diagnose(&host, &config(), 5, |d| {
+            slept = Some(d);
+            bump(&host, "/proc/vmstat", "pgscan_direct", 50);
+            bump(&host, "/proc/vmstat", "allocstall_normal", 3);
+            bump(&host, "/proc/vmstat", "nr_vmscan_write", 20);
+            bump(&host, &format!("{CGROUP}/memory.events"), "high", 5);
+        });
+        assert_eq!(slept, Some(Duration::from_secs(5)));
+        let direct = get(&report, "reclaim", "direct_reclaim");
+        assert_eq!(direct.severity, Severity::Warn);
+        assert!(
+            direct.found.contains("pgscan_direct +50") && direct.found.contains("allocstall +3"),
+            "{}",
+            direct.found
+        );
+        assert!(direct.fix.contains("vm.min_free_kbytes=167772"), "{}", direct.fix);
+        let written = get(&report, "reclaim", "vmscan_writeback");
+        assert_eq!(written.severity, Severity::Warn);
+        assert!(written.found.contains("nr_vmscan_write +20"));
+        let cgroup = get(&report, "reclaim", "cgroup");
+        assert_eq!(cgroup.severity, Severity::Warn);
+        assert!(
+            cgroup.found.contains("high +5") && cgroup.fix.contains("memory.high"),
+            "{cgroup:?}"
+        );
+        // Direct reclaim seen makes the watermark a warning too.
+        assert_eq!(get(&report, "kernel", "min_free_kbytes").severity, Severity::Warn);
+    }
+
+    #[test]
+    fn an_unchanged_sample_is_ok() {
+        let (_tmp, host) = fixture_host("v2");
+        let report = diagnose(&host, &config(), 1, |_| {});
+        assert_eq!(get(&report, "reclaim", "direct_reclaim").severity, Severity::Ok);
+        assert_eq!(get(&report, "reclaim", "vmscan_writeback").severity, Severity::Ok);
+        assert_eq!(get(&report, "reclaim", "cgroup").severity, Severity::Ok);
+        assert_eq!(get(&report, "kernel", "min_free_kbytes").severity, Severity::Info);
+        assert!(report.findings.iter().all(|f| f.check != "sample"));
+    }
+
+    #[test]
+    fn v1_reclaim_evidence_is_failcnt() {
+        let (_tmp, host) = fixture_host("v1");
+        let report = diagnose(&host, &config(), 2, |_| {
+            std::fs::write(host.path("/sys/fs/cgroup/memory/keel/memory.failcnt"), "20\n").unwrap();
+        });
+        let cgroup = get(&report, "reclaim", "cgroup");
+        assert_eq!(cgroup.severity, Severity::Warn);
+        assert!(
+            cgroup.found.contains("failcnt +3") && cgroup.found.contains("no pgscan"),
+            "{}",
+            cgroup.found
+        );
+    }
+
+    #[test]
+    fn oom_kills_during_the_sample_are_errors() {
+        let (_tmp, host) = fixture_host("v2");
+        let mounts = mounts::parse_mountinfo(&host.read("/proc/self/mountinfo").unwrap());
+        let cgroup = memory::read_cgroup(&host, &mounts);
+        let before = reclaim::snapshot(&host, &cgroup);
+        let mut after = before.clone();
+        after.cgroup_events.insert("oom_kill".into(), 1);
+        let found = reclaim::sampled_findings(&before, &after, 3, &cgroup, "");
+        let f = found.iter().find(|f| f.check == "cgroup").unwrap();
+        assert_eq!(f.severity, Severity::Error);
+    }
+
+    #[test]
+    fn pid_reads_another_process_cgroup() {
+        let (_tmp, mut host) = fixture_host("v2");
+        std::fs::create_dir_all(host.path("/proc/4242")).unwrap();
+        std::fs::write(host.path("/proc/4242/cgroup"), "0::/system.slice\n").unwrap();
+        host.pid = Some(4242);
+        let report = diagnose(&host, &config(), 0, |_| {});
+        let cgroup = get(&report, "memory", "cgroup");
+        assert!(
+            cgroup.found.contains("cgroup v2 /sys/fs/cgroup/system.slice:"),
+            "{}",
+            cgroup.found
+        );
+        assert!(cgroup.found.contains("process 4242"));
+        assert!(report.whose_cgroup.contains("4242"));
+    }
+}
