@@ -126,7 +126,11 @@ pub fn read_cgroup(host: &Host, mounts: &[Mount]) -> Cgroup {
     };
     let mount = mounts.iter().find(|m| m.fstype == "cgroup2");
     let dir = cgroup_dir(mount, "/sys/fs/cgroup", &path);
-    if !host.path(dir.join("memory.current")).exists() && !host.path(dir.join("memory.max")).exists() {
+    // The root cgroup has memory.stat but no memory.current or limits.
+    let has_memory = ["memory.current", "memory.max", "memory.stat"]
+        .iter()
+        .any(|f| host.path(dir.join(f)).exists());
+    if !has_memory {
         return Cgroup::Missing(format!(
             "{} names v2 cgroup {path}, but {} has no memory files (cgroup filesystem not mounted here, or the memory controller not enabled for it)",
             proc_file.display(),
@@ -149,7 +153,11 @@ fn cgroup_dir(mount: Option<&Mount>, default_mount: &str, path: &str) -> PathBuf
         .strip_prefix(&root)
         .or_else(|_| path.strip_prefix("/"))
         .unwrap_or(path);
-    mount_point.join(rel)
+    if rel.as_os_str().is_empty() {
+        mount_point
+    } else {
+        mount_point.join(rel)
+    }
 }
 
 fn limit_file(host: &Host, path: &Path) -> Option<u64> {

@@ -419,6 +419,25 @@ mod tests {
     }
 
     #[test]
+    fn the_root_cgroup_has_no_limits() {
+        let (_tmp, host) = fixture_host("v2");
+        std::fs::write(host.path("/proc/self/cgroup"), "0::/\n").unwrap();
+        std::fs::write(host.path("/sys/fs/cgroup/memory.stat"), "anon 1\nfile 2\n").unwrap();
+        let report = diagnose(&host, &config(), 0, |_| {});
+        let cgroup = get(&report, "memory", "cgroup");
+        assert!(
+            cgroup
+                .found
+                .contains("cgroup v2 /sys/fs/cgroup: memory.max max, memory.high max"),
+            "{}",
+            cgroup.found
+        );
+        assert!(get(&report, "memory", "budgets")
+            .found
+            .contains("from host memory"));
+    }
+
+    #[test]
     fn pid_reads_another_process_cgroup() {
         let (_tmp, mut host) = fixture_host("v2");
         std::fs::create_dir_all(host.path("/proc/4242")).unwrap();
