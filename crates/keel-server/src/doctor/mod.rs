@@ -406,6 +406,17 @@ mod tests {
     }
 
     #[test]
+    fn only_reclaim_writing_pages_itself_is_vmscan_writeback() {
+        let (_tmp, host) = fixture_host("v2");
+        let report = diagnose(&host, &config(), 1, |_| {
+            bump(&host, "/proc/vmstat", "nr_vmscan_immediate_reclaim", 900);
+        });
+        let f = get(&report, "reclaim", "vmscan_writeback");
+        assert_eq!(f.severity, Severity::Info, "{f:?}");
+        assert!(f.found.contains("nr_vmscan_immediate_reclaim +900"));
+    }
+
+    #[test]
     fn oom_kills_during_the_sample_are_errors() {
         let (_tmp, host) = fixture_host("v2");
         let mounts = mounts::parse_mountinfo(&host.read("/proc/self/mountinfo").unwrap());

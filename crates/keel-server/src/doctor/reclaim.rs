@@ -127,7 +127,9 @@ fn host_findings(before: &Snapshot, after: &Snapshot, secs: u64, min_free_hint: 
     }
     let (written, immediate) = (d("nr_vmscan_write"), d("nr_vmscan_immediate_reclaim"));
     let numbers = format!("nr_vmscan_write +{written}, nr_vmscan_immediate_reclaim +{immediate} in {secs} s");
-    out.push(if written > 0 || immediate > 0 {
+    // Only nr_vmscan_write is reclaim writing pages itself; immediate
+    // reclaim counts pages reclaim found already under writeback.
+    out.push(if written > 0 {
         Finding::new(
             Severity::Warn,
             AREA,
@@ -139,6 +141,13 @@ fn host_findings(before: &Snapshot, after: &Snapshot, secs: u64, min_free_hint: 
              memory.high (or the pod's memory limit) for the broker's cgroup, raise \
              vm.min_free_kbytes, and lower vm.dirty_background_bytes so background writeback \
              starts sooner",
+        )
+    } else if immediate > 0 {
+        Finding::new(
+            Severity::Info,
+            AREA,
+            "vmscan_writeback",
+            format!("no vmscan-tagged writeback, but reclaim met pages already under writeback and marked them for reclaim when it ends: {numbers}"),
         )
     } else {
         Finding::new(Severity::Ok, AREA, "vmscan_writeback", format!("no vmscan-tagged writeback: {numbers}"))
