@@ -58,7 +58,7 @@ pub use read::{
 };
 pub use seal::{Sealer, RECOVERY_POINT_FILE};
 pub use segment::{log_path, Damage, SegmentFile};
-pub use storage::{probe_direct_io, read_uncached, DiskStorage, Storage, StoredFile};
+pub use storage::{probe_direct_io, probe_direct_io_at, read_uncached, DiskStorage, Storage, StoredFile};
 pub use tiered::{Tier, TierState, TieredSegment};
 pub use txnindex::AbortedTxn;
 pub use view::LogReader;

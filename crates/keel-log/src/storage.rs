@@ -353,10 +353,15 @@ fn read_aligned(file: &File, pos: u64, len: u64) -> io::Result<Bytes> {
 /// Whether files in `dir` can be read with O_DIRECT: writes a probe file,
 /// reads it back directly, removes it.
 pub fn probe_direct_io(dir: &Path) -> io::Result<()> {
-    let path = dir.join(".keel_direct_io_probe");
+    probe_direct_io_at(&dir.join(".keel_direct_io_probe"))
+}
+
+/// [`probe_direct_io`] with the probe file at `path` (overwritten, then
+/// removed), for probes that must not meet the broker's own.
+pub fn probe_direct_io_at(path: &Path) -> io::Result<()> {
     let result = (|| {
-        fs::write(&path, vec![7u8; DIRECT_ALIGN])?;
-        let file = File::open(&path)?;
+        fs::write(path, vec![7u8; DIRECT_ALIGN])?;
+        let file = File::open(path)?;
         let data = read_aligned(&open_direct(&file)?, 0, DIRECT_ALIGN as u64)?;
         if data.len() != DIRECT_ALIGN || data.iter().any(|b| *b != 7) {
             return Err(io::Error::new(
@@ -366,7 +371,7 @@ pub fn probe_direct_io(dir: &Path) -> io::Result<()> {
         }
         Ok(())
     })();
-    let _ = fs::remove_file(&path);
+    let _ = fs::remove_file(path);
     result
 }
 

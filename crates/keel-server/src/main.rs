@@ -4,6 +4,7 @@ mod admin;
 mod compaction;
 mod config;
 mod segment;
+mod doctor;
 mod server;
 mod stats;
 
@@ -36,6 +37,9 @@ enum Command {
     /// Keel's or Apache Kafka's: batches by byte position, damage, index
     /// checks.
     Segment(segment::SegmentArgs),
+    /// Check the host for what hurts a broker: memory limits, reclaim,
+    /// kernel settings, each data dir's filesystem and disk.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +72,13 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("keel segment: {e}");
                 ExitCode::from(2)
+            }
+        },
+        Command::Doctor(args) => match doctor::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("keel doctor: {e}");
+                ExitCode::FAILURE
             }
         },
         Command::Stats(args) => match stats::run(&args) {
