@@ -3,8 +3,8 @@
 mod admin;
 mod compaction;
 mod config;
-mod segment;
 mod doctor;
+mod segment;
 mod server;
 mod stats;
 
