@@ -275,240 +275,193 @@ fn slow_request_json(trace: &RequestTrace, summary: &TraceSummary) -> serde_json
     })
 }
 
-fn gauge(registry: &mut Registry, name: &str, help: &str, value: f64) {
-    let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-    g.set(value);
-    registry.register(name, help, g);
-}
-
-fn seconds(registry: &mut Registry, name: &str, help: &str, value: Duration) {
-    let c = Counter::<f64, std::sync::atomic::AtomicU64>::default();
-    c.inc_by(value.as_secs_f64());
-    registry.register(name, help, c);
-}
-
-fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
-    let c = Counter::<u64>::default();
-    c.inc_by(value);
-    registry.register(name, help, c);
-}
-
 /// The broker's own counters and levels, read now.
 fn state_registry(broker: &Broker) -> Registry {
     let mut r = Registry::default();
     let t = broker.tail_cache.stats();
-    gauge(
-        &mut r,
-        "keel_tail_cache_budget_bytes",
-        "Tail cache budget",
-        t.budget_bytes as f64,
-    );
-    gauge(
-        &mut r,
-        "keel_tail_cache_used_bytes",
-        "Bytes in the tail cache",
-        t.used_bytes as f64,
-    );
-    gauge(
-        &mut r,
-        "keel_tail_cache_batches",
-        "Batches in the tail cache",
-        t.cached_batches as f64,
-    );
-    counter(
-        &mut r,
-        "keel_tail_cache_inserted_bytes",
-        "Bytes put in the tail cache",
-        t.inserted_bytes,
-    );
-    counter(
-        &mut r,
-        "keel_tail_cache_evicted_bytes",
-        "Bytes evicted from the tail cache",
-        t.evicted_bytes,
-    );
-    counter(
-        &mut r,
-        "keel_tail_cache_hit_reads",
-        "Fetch reads answered from the tail cache",
-        t.hit_reads,
-    );
-    counter(
-        &mut r,
-        "keel_tail_cache_hit_bytes",
-        "Bytes answered from the tail cache",
-        t.hit_bytes,
-    );
-    counter(
-        &mut r,
-        "keel_tail_cache_miss_reads",
-        "Fetch reads the tail cache could not answer",
-        t.miss_reads,
-    );
-
     let c = broker.cold.stats();
-    counter(
-        &mut r,
-        "keel_cold_reads",
-        "Reads of log files on the cold-read executor",
-        c.reads,
-    );
-    counter(
-        &mut r,
-        "keel_cold_read_bytes",
-        "Bytes cold reads returned",
-        c.bytes,
-    );
-    counter(
-        &mut r,
-        "keel_cold_read_disk_bytes",
-        "Bytes cold reads took from the disk",
-        c.disk_bytes,
-    );
-    gauge(
-        &mut r,
-        "keel_cold_read_queue_depth",
-        "Cold reads waiting for a slot or for budget",
-        c.queue_depth as f64,
-    );
-    gauge(
-        &mut r,
-        "keel_cold_read_budget_bytes_per_second",
-        "keel.cold.read.bytes.per.sec (0: unlimited)",
-        c.budget_bytes_per_sec as f64,
-    );
-    seconds(
-        &mut r,
-        "keel_cold_read_wait_seconds",
-        "Time cold reads waited before their I/O started",
-        Duration::from_micros(c.wait_us_total),
-    );
-    seconds(
-        &mut r,
-        "keel_cold_read_throttled_seconds",
-        "Time cold reads waited for the byte budget alone",
-        Duration::from_micros(c.throttled_us_total),
-    );
-    counter(
-        &mut r,
-        "keel_read_ahead_hits",
-        "Fetches answered by a read-ahead",
-        c.read_ahead_hits,
-    );
-    gauge(
-        &mut r,
-        "keel_read_ahead_held_bytes",
-        "Bytes read ahead and held",
-        c.read_ahead_held_bytes as f64,
-    );
-
     let s = broker.tiers.stats();
-    counter(
-        &mut r,
-        "keel_tier_copies",
-        "Segments copied to a colder tier",
-        s.copies,
-    );
-    counter(
-        &mut r,
-        "keel_tier_copied_bytes",
-        "Bytes copied to colder tiers",
-        s.copied_bytes,
-    );
-    counter(
-        &mut r,
-        "keel_tier_copy_failures",
-        "Failed copies to a colder tier",
-        s.copy_failures,
-    );
-    counter(&mut r, "keel_tier_reads", "Reads of colder tiers", s.reads);
-    counter(
-        &mut r,
-        "keel_tier_read_bytes",
-        "Bytes read from colder tiers",
-        s.read_bytes,
-    );
-    counter(
-        &mut r,
-        "keel_tier_read_failures",
-        "Failed reads of colder tiers",
-        s.read_failures,
-    );
-    counter(
-        &mut r,
-        "keel_tier_deletes",
-        "Copies deleted from colder tiers",
-        s.deletes,
-    );
-    let m = &broker.mover;
-    gauge(
-        &mut r,
-        "keel_mover_fast_bytes",
-        "Bytes in the fast (local) tier",
-        m.fast_bytes.load(Relaxed) as f64,
-    );
-    gauge(
-        &mut r,
-        "keel_mover_fast_max_bytes",
-        "The fast tier's budget (keel.tier.fast.max.bytes, 0: none)",
-        m.fast_max_bytes() as f64,
-    );
-    gauge(
-        &mut r,
-        "keel_mover_move_bytes_per_second",
-        "keel.tier.move.bytes.per.sec",
-        m.bytes_per_sec() as f64,
-    );
-    counter(
-        &mut r,
-        "keel_mover_released_segments",
-        "Local segments released after their colder copy",
-        m.released_segments.load(Relaxed),
-    );
-    counter(
-        &mut r,
-        "keel_mover_released_bytes",
-        "Local bytes released",
-        m.released_bytes.load(Relaxed),
-    );
-    counter(
-        &mut r,
-        "keel_mover_failed_passes",
-        "Mover passes that failed",
-        m.failed_passes.load(Relaxed),
-    );
-
-    let cl = &broker.cleaner;
-    counter(
-        &mut r,
-        "keel_cleaner_passes",
-        "Compaction passes",
-        cl.passes.load(Relaxed),
-    );
-    counter(
-        &mut r,
-        "keel_cleaner_failed_passes",
-        "Compaction passes that failed",
-        cl.failed_passes.load(Relaxed),
-    );
-    counter(
-        &mut r,
-        "keel_cleaner_read_bytes",
-        "Bytes compaction read",
-        cl.bytes_read.load(Relaxed),
-    );
-    counter(
-        &mut r,
-        "keel_cleaner_written_bytes",
-        "Bytes compaction wrote",
-        cl.bytes_written.load(Relaxed),
-    );
-    counter(
-        &mut r,
-        "keel_cleaner_reclaimed_bytes",
-        "Bytes compaction reclaimed",
-        cl.bytes_reclaimed.load(Relaxed),
-    );
+    let (m, cl) = (&broker.mover, &broker.cleaner);
+    let gauges: [(&str, &str, f64); 9] = [
+        (
+            "keel_tail_cache_budget_bytes",
+            "Tail cache budget",
+            t.budget_bytes as f64,
+        ),
+        (
+            "keel_tail_cache_used_bytes",
+            "Bytes in the tail cache",
+            t.used_bytes as f64,
+        ),
+        (
+            "keel_tail_cache_batches",
+            "Batches in the tail cache",
+            t.cached_batches as f64,
+        ),
+        (
+            "keel_cold_read_queue_depth",
+            "Cold reads waiting for a slot or for budget",
+            c.queue_depth as f64,
+        ),
+        (
+            "keel_cold_read_budget_bytes_per_second",
+            "keel.cold.read.bytes.per.sec (0: unlimited)",
+            c.budget_bytes_per_sec as f64,
+        ),
+        (
+            "keel_read_ahead_held_bytes",
+            "Bytes read ahead and held",
+            c.read_ahead_held_bytes as f64,
+        ),
+        (
+            "keel_mover_fast_bytes",
+            "Bytes in the fast (local) tier",
+            m.fast_bytes.load(Relaxed) as f64,
+        ),
+        (
+            "keel_mover_fast_max_bytes",
+            "The fast tier's budget (keel.tier.fast.max.bytes, -1: none)",
+            m.fast_max_bytes() as f64,
+        ),
+        (
+            "keel_mover_move_bytes_per_second",
+            "keel.tier.move.bytes.per.sec",
+            m.bytes_per_sec() as f64,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        g.set(value);
+        r.register(name, help, g);
+    }
+    let counters: [(&str, &str, u64); 24] = [
+        (
+            "keel_tail_cache_inserted_bytes",
+            "Bytes put in the tail cache",
+            t.inserted_bytes,
+        ),
+        (
+            "keel_tail_cache_evicted_bytes",
+            "Bytes evicted from the tail cache",
+            t.evicted_bytes,
+        ),
+        (
+            "keel_tail_cache_hit_reads",
+            "Fetch reads answered from the tail cache",
+            t.hit_reads,
+        ),
+        (
+            "keel_tail_cache_hit_bytes",
+            "Bytes answered from the tail cache",
+            t.hit_bytes,
+        ),
+        (
+            "keel_tail_cache_miss_reads",
+            "Fetch reads the tail cache could not answer",
+            t.miss_reads,
+        ),
+        (
+            "keel_cold_reads",
+            "Reads of log files on the cold-read executor",
+            c.reads,
+        ),
+        ("keel_cold_read_bytes", "Bytes cold reads returned", c.bytes),
+        (
+            "keel_cold_read_disk_bytes",
+            "Bytes cold reads took from the disk",
+            c.disk_bytes,
+        ),
+        (
+            "keel_read_ahead_hits",
+            "Fetches answered by a read-ahead",
+            c.read_ahead_hits,
+        ),
+        ("keel_tier_copies", "Segments copied to a colder tier", s.copies),
+        (
+            "keel_tier_copied_bytes",
+            "Bytes copied to colder tiers",
+            s.copied_bytes,
+        ),
+        (
+            "keel_tier_copy_failures",
+            "Failed copies to a colder tier",
+            s.copy_failures,
+        ),
+        ("keel_tier_reads", "Reads of colder tiers", s.reads),
+        (
+            "keel_tier_read_bytes",
+            "Bytes read from colder tiers",
+            s.read_bytes,
+        ),
+        (
+            "keel_tier_read_failures",
+            "Failed reads of colder tiers",
+            s.read_failures,
+        ),
+        ("keel_tier_deletes", "Copies deleted from colder tiers", s.deletes),
+        (
+            "keel_mover_released_segments",
+            "Local segments released after their colder copy",
+            m.released_segments.load(Relaxed),
+        ),
+        (
+            "keel_mover_released_bytes",
+            "Local bytes released",
+            m.released_bytes.load(Relaxed),
+        ),
+        (
+            "keel_mover_failed_passes",
+            "Mover passes that failed",
+            m.failed_passes.load(Relaxed),
+        ),
+        (
+            "keel_cleaner_passes",
+            "Compaction passes",
+            cl.passes.load(Relaxed),
+        ),
+        (
+            "keel_cleaner_failed_passes",
+            "Compaction passes that failed",
+            cl.failed_passes.load(Relaxed),
+        ),
+        (
+            "keel_cleaner_read_bytes",
+            "Bytes compaction read",
+            cl.bytes_read.load(Relaxed),
+        ),
+        (
+            "keel_cleaner_written_bytes",
+            "Bytes compaction wrote",
+            cl.bytes_written.load(Relaxed),
+        ),
+        (
+            "keel_cleaner_reclaimed_bytes",
+            "Bytes compaction reclaimed",
+            cl.bytes_reclaimed.load(Relaxed),
+        ),
+    ];
+    for (name, help, value) in counters {
+        let c = Counter::<u64>::default();
+        c.inc_by(value);
+        r.register(name, help, c);
+    }
+    let seconds: [(&str, &str, u64); 2] = [
+        (
+            "keel_cold_read_wait_seconds",
+            "Time cold reads waited before their I/O started",
+            c.wait_us_total,
+        ),
+        (
+            "keel_cold_read_throttled_seconds",
+            "Time cold reads waited for the byte budget alone",
+            c.throttled_us_total,
+        ),
+    ];
+    for (name, help, micros) in seconds {
+        let c = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        c.inc_by(Duration::from_micros(micros).as_secs_f64());
+        r.register(name, help, c);
+    }
 
     let groups = Family::<StateLabels, Gauge>::default();
     for state in [
@@ -576,11 +529,12 @@ fn state_registry(broker: &Broker) -> Registry {
         "A partition's segment bytes in the page cache",
         resident,
     );
-    gauge(
-        &mut r,
+    let all = Gauge::<i64>::default();
+    all.set(resident_total as i64);
+    r.register(
         "keel_page_cache_resident_bytes_all",
         "Segment bytes in the page cache, all partitions",
-        resident_total as f64,
+        all,
     );
     r.register(
         "keel_tier_bytes",
