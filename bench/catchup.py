@@ -646,8 +646,7 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
         cmd = [str(args.keel_bin), "serve", "--listen", f"127.0.0.1:{port}",
                "--advertised", f"127.0.0.1:{port}", "--data-dir", str(data)]
         # The admin endpoint's /metrics gives each phase's request stages.
-        admin = f"127.0.0.1:{free_port()}"
-        sets = {"keel.admin.listen": admin} if tier is None else dict(tier.sets)
+        sets = {"keel.admin.listen": f"127.0.0.1:{free_port()}"} if tier is None else dict(tier.sets)
         admin = sets["keel.admin.listen"]
         sets.update(kv.split("=", 1) for kv in args.keel_set)
         cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]

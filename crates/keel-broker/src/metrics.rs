@@ -20,7 +20,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::trace::{RequestTrace, Stage, TraceSummary};
+use crate::topics::TopicStore;
+use crate::trace::{Place, RequestTrace, Stage, TraceSummary};
 use crate::Broker;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -160,11 +161,12 @@ impl Metrics {
     }
 
     /// Records a request whose response has been sent (or that needed
-    /// none), and logs it if it was slow.
-    pub fn finish(&self, trace: &RequestTrace) {
+    /// none), and logs it if it was slow (naming its segment files as
+    /// `store` places them).
+    pub fn finish(&self, trace: &RequestTrace, store: &TopicStore) {
         let total = trace.started.elapsed();
         trace.add(Stage::Total, total);
-        let summary = trace.summary();
+        let summary = trace.take_summary();
         let api = api_name(trace.api_key);
         self.requests.get_or_create(&ApiLabels { api }).inc();
         for &(stage, d) in &summary.stages {
@@ -192,7 +194,7 @@ impl Metrics {
             .map_or(Duration::ZERO, |(_, d)| *d);
         if self.slow.is_some_and(|slow| total.saturating_sub(waited) >= slow) {
             self.slow_requests.inc();
-            tracing::warn!(target: "keel::slow_request", "{}", slow_request_json(trace, &summary));
+            tracing::warn!(target: "keel::slow_request", "{}", slow_request_json(trace, &summary, store));
         }
     }
 
@@ -215,25 +217,23 @@ pub const APPEND: &str = "append";
 /// Kafka's name of an API (`Produce`, `Fetch`, ...), as its request
 /// metrics label it.
 pub fn api_name(key: i16) -> &'static str {
-    static NAMES: std::sync::OnceLock<Vec<(i16, &'static str)>> = std::sync::OnceLock::new();
+    const UNKNOWN: &str = "Unknown";
+    // Indexed by API key; the names are made once.
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     let names = NAMES.get_or_init(|| {
         (0..=i16::from(u8::MAX))
-            .filter_map(|k| {
-                ApiKey::try_from(k)
-                    .ok()
-                    .map(|api| (k, &*format!("{api:?}").leak()))
-            })
+            .map(|k| ApiKey::try_from(k).map_or(UNKNOWN, |api| &*format!("{api:?}").leak()))
             .collect()
     });
-    names
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map_or("Unknown", |(_, name)| name)
+    usize::try_from(key)
+        .ok()
+        .and_then(|k| names.get(k).copied())
+        .unwrap_or(UNKNOWN)
 }
 
 /// A slow request as one JSON line: who sent it, what it was, where its
 /// time went and which files and positions it wrote or read.
-fn slow_request_json(trace: &RequestTrace, summary: &TraceSummary) -> serde_json::Value {
+fn slow_request_json(trace: &RequestTrace, summary: &TraceSummary, store: &TopicStore) -> serde_json::Value {
     let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
     let stages: serde_json::Map<String, serde_json::Value> = summary
         .stages
@@ -249,13 +249,27 @@ fn slow_request_json(trace: &RequestTrace, summary: &TraceSummary) -> serde_json
                 .iter()
                 .map(|&(s, d)| (s.name().to_string(), ms(d).into()))
                 .collect();
+            let (file, position) = match &p.place {
+                Some(Place::Segment {
+                    base_offset,
+                    position,
+                }) => {
+                    let dir = store.partition_dir(&p.topic, p.partition);
+                    (
+                        Some(keel_log::log_path(&dir, *base_offset).display().to_string()),
+                        Some(*position),
+                    )
+                }
+                Some(Place::Named { name, position }) => (Some(name.clone()), *position),
+                None => (None, None),
+            };
             serde_json::json!({
                 "topic": &*p.topic,
                 "partition": p.partition,
                 "bytes": p.bytes,
                 "source": p.source,
-                "file": p.file,
-                "position": p.position,
+                "file": file,
+                "position": position,
                 "stages_ms": stages,
             })
         })
@@ -266,7 +280,7 @@ fn slow_request_json(trace: &RequestTrace, summary: &TraceSummary) -> serde_json
         "api_version": trace.api_version,
         "correlation_id": trace.correlation_id,
         "client_id": summary.client_id,
-        "client_address": trace.peer,
+        "client_address": trace.peer.to_string(),
         "total_ms": stages.get("total").cloned().unwrap_or_default(),
         "stages_ms": stages,
         "bytes": summary.partitions.iter().map(|p| p.bytes).sum::<u64>(),

@@ -43,16 +43,22 @@ pub struct Appended {
 }
 
 /// Where an append's time went, and where its batches were written.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AppendTrace {
     /// Waiting in the partition's append queue for its writer thread.
     pub queue: Duration,
     /// Waiting for the writer lock.
     pub lock: Duration,
-    /// The log's own steps, shared by the group written with this append;
     /// `None` when nothing was written for it (a duplicate).
-    pub log: Option<AppendTimes>,
-    /// The segment written and the position of this append's first batch.
+    pub written: Option<Written>,
+}
+
+/// An append's batches in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The log's steps, shared by the group written with this append.
+    pub times: AppendTimes,
+    /// The segment written, and the position of this append's first batch.
     pub segment_base_offset: i64,
     pub position: u64,
 }
@@ -425,7 +431,7 @@ impl Partition {
             let waited = AppendTrace {
                 queue: picked.saturating_duration_since(item.enqueued),
                 lock: locked - picked,
-                ..AppendTrace::default()
+                written: None,
             };
             match planned {
                 Ok(Planned::Append(n)) => {
@@ -446,7 +452,11 @@ impl Partition {
         } else {
             match log.append(&mut buf, &headers, now_ms()) {
                 Ok(info) => {
-                    written = Some((info.times, info.segment_base_offset, info.position));
+                    written = Some(Written {
+                        times: info.times,
+                        segment_base_offset: info.segment_base_offset,
+                        position: info.position,
+                    });
                     assert_eq!(
                         info.base_offset, first_offset,
                         "log assigned offsets the plan did not expect"
@@ -485,21 +495,18 @@ impl Partition {
         for (reply, result, waited) in replies {
             let result = match (&failure, result) {
                 (Some(f), Ok((offset, _))) if offset >= first_offset => Err(f.clone()),
-                (_, r) => r.map(|(base_offset, at)| {
-                    let trace = match (at, written) {
-                        (Some(at), Some((times, segment_base_offset, position))) => AppendTrace {
-                            log: Some(times),
-                            segment_base_offset,
-                            position: position + at,
-                            ..waited
-                        },
-                        _ => waited,
-                    };
-                    Appended {
-                        base_offset,
-                        log_start_offset: start,
-                        trace,
-                    }
+                (_, r) => r.map(|(base_offset, at)| Appended {
+                    base_offset,
+                    log_start_offset: start,
+                    trace: AppendTrace {
+                        // This append's own batches start `at` bytes into
+                        // the group's write.
+                        written: at.zip(written).map(|(at, w)| Written {
+                            position: w.position + at,
+                            ..w
+                        }),
+                        ..waited
+                    },
                 }),
             };
             let _ = reply.send(result);

@@ -17,6 +17,7 @@
 //! partition stages keep the longest partition's time (the request waited
 //! for that one), not the sum.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -131,11 +132,21 @@ pub struct PartitionTrace {
     pub bytes: u64,
     /// Where they went or came from: `append`, or a read stage's name.
     pub source: &'static str,
-    /// The segment file written or read, and the byte position in it.
-    pub file: Option<String>,
-    pub position: Option<u64>,
+    /// The file and byte position written or read, if any.
+    pub place: Option<Place>,
     /// Stages of this partition alone.
     pub stages: Vec<(Stage, Duration)>,
+}
+
+/// Where in a partition's data a request wrote or read. A segment is kept
+/// by its base offset, so the produce path formats no path: only the
+/// slow-request log names the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    /// The partition's own segment `<base offset>.log`.
+    Segment { base_offset: i64, position: u64 },
+    /// A file or a colder tier's object, named in full.
+    Named { name: String, position: Option<u64> },
 }
 
 /// The parts of the slow-request log a partition list may take: a
@@ -148,8 +159,8 @@ pub struct RequestTrace {
     pub api_key: i16,
     pub api_version: i16,
     pub correlation_id: i32,
-    /// The client's address (`ip:port`).
-    pub peer: String,
+    /// The client's address.
+    pub peer: SocketAddr,
     /// When the frame's first bytes had arrived.
     pub started: Instant,
     data: Mutex<TraceData>,
@@ -179,7 +190,7 @@ impl RequestTrace {
         api_key: i16,
         api_version: i16,
         correlation_id: i32,
-        peer: String,
+        peer: SocketAddr,
         started: Instant,
     ) -> RequestTrace {
         RequestTrace {
@@ -223,16 +234,17 @@ impl RequestTrace {
         }
     }
 
-    /// The trace as it stands.
-    pub fn summary(&self) -> TraceSummary {
-        let data = self.data.lock();
+    /// What the trace holds, taken out of it: called once, when the
+    /// request is done.
+    pub fn take_summary(&self) -> TraceSummary {
+        let mut data = self.data.lock();
         TraceSummary {
-            client_id: data.client_id.clone(),
+            client_id: std::mem::take(&mut data.client_id),
             stages: Stage::ALL
                 .iter()
                 .filter_map(|&s| data.stages[s.index()].map(|d| (s, d)))
                 .collect(),
-            partitions: data.partitions.clone(),
+            partitions: std::mem::take(&mut data.partitions),
             untraced_partitions: data.untraced_partitions,
         }
     }
@@ -290,7 +302,13 @@ mod tests {
     use super::*;
 
     fn trace() -> Arc<RequestTrace> {
-        Arc::new(RequestTrace::new(0, 9, 7, "127.0.0.1:5".into(), Instant::now()))
+        Arc::new(RequestTrace::new(
+            0,
+            9,
+            7,
+            "127.0.0.1:5".parse().unwrap(),
+            Instant::now(),
+        ))
     }
 
     fn ms(n: u64) -> Duration {
@@ -308,12 +326,11 @@ mod tests {
                 partition: i as i32,
                 bytes: 10,
                 source: "append",
-                file: None,
-                position: None,
+                place: None,
                 stages: vec![(Stage::Write, ms(write)), (Stage::Queue, ms(1))],
             });
         }
-        let s = t.summary();
+        let s = t.take_summary();
         assert_eq!(
             s.stages,
             vec![
@@ -334,12 +351,11 @@ mod tests {
                 partition: i as i32,
                 bytes: 0,
                 source: "read_cache",
-                file: None,
-                position: None,
+                place: None,
                 stages: Vec::new(),
             });
         }
-        let s = t.summary();
+        let s = t.take_summary();
         assert_eq!(
             (s.partitions.len(), s.untraced_partitions),
             (MAX_TRACED_PARTITIONS, 5)
@@ -355,7 +371,7 @@ mod tests {
             set_client_id("c1");
         })
         .await;
-        let s = t.summary();
+        let s = t.take_summary();
         assert_eq!(
             (s.client_id.as_str(), s.stages),
             ("c1", vec![(Stage::Wait, ms(4))])

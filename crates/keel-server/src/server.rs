@@ -253,7 +253,7 @@ async fn connection(
             frame.api_key,
             frame.api_version,
             frame.correlation_id,
-            peer.to_string(),
+            peer,
             started,
         ));
         trace.add(Stage::Receive, started.elapsed());
@@ -270,7 +270,7 @@ async fn connection(
                 return Err(reason);
             }
         }
-        broker.metrics.finish(&trace);
+        broker.metrics.finish(&trace, &broker.store);
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::partition::{Partition, ReadFailure, ReadSource, LEADER_EPOCH};
-use crate::trace::{self, PartitionTrace, Stage};
+use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
@@ -313,12 +313,17 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> Re
         let data = match r {
             Ok(records) => {
                 let part = records_of(t, records);
-                if let (PartData::Records { records, .. }, Some(source), Ok(p)) =
-                    (&part, sources[i].take(), &t.partition)
-                {
+                if let PartData::Records { records, .. } = &part {
                     out.bytes += records.len();
-                    out.traces
-                        .push(source.trace(p, records.len(), waited[i].unwrap_or(planned)));
+                    // A partition the tail cache had nothing for says
+                    // nothing about where time went: not traced.
+                    let source = sources[i]
+                        .take()
+                        .filter(|s| !records.is_empty() || s.stage != Stage::ReadCache);
+                    if let (Some(source), Ok(p)) = (source, &t.partition) {
+                        out.traces
+                            .push(source.trace(p, records.len(), waited[i].unwrap_or(planned)));
+                    }
                 }
                 part
             }
@@ -335,29 +340,33 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> Re
 /// Where a partition's read went, for the request's trace.
 struct Source {
     stage: Stage,
-    file: Option<String>,
-    position: Option<u64>,
+    place: Option<Place>,
 }
 
 impl Source {
     fn of(source: &ReadSource) -> Source {
-        let (stage, file, position) = match source {
-            ReadSource::Memory(_) => (Stage::ReadCache, None, None),
-            ReadSource::ReadAhead(_) | ReadSource::Pending(_) => (Stage::ReadAhead, None, None),
+        let (stage, place) = match source {
+            ReadSource::Memory(_) => (Stage::ReadCache, None),
+            ReadSource::ReadAhead(_) | ReadSource::Pending(_) => (Stage::ReadAhead, None),
+            // A read of the files: naming them costs nothing next to the I/O.
             ReadSource::Disk(plan) => match plan.tiered_segment() {
-                Some(t) => (Stage::of_tier(t.tier), Some(t.object.clone()), None),
+                Some(t) => (
+                    Stage::of_tier(t.tier),
+                    Some(Place::Named {
+                        name: t.object.clone(),
+                        position: None,
+                    }),
+                ),
                 None => (
                     Stage::ReadLocal,
-                    plan.file_path().map(|f| f.display().to_string()),
-                    Some(plan.start_position()),
+                    plan.file_path().map(|f| Place::Named {
+                        name: f.display().to_string(),
+                        position: Some(plan.start_position()),
+                    }),
                 ),
             },
         };
-        Source {
-            stage,
-            file,
-            position,
-        }
+        Source { stage, place }
     }
 
     fn trace(self, p: &Partition, bytes: usize, took: Duration) -> PartitionTrace {
@@ -366,8 +375,7 @@ impl Source {
             partition: p.index,
             bytes: bytes as u64,
             source: self.stage.name(),
-            file: self.file,
-            position: self.position,
+            place: self.place,
             stages: vec![(self.stage, took)],
         }
     }

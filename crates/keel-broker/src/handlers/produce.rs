@@ -21,7 +21,7 @@ use crate::metrics::APPEND;
 use crate::partition::{AppendFailure, AppendTrace, Partition};
 use crate::time::now_ms;
 use crate::topics::Topic;
-use crate::trace::{self, PartitionTrace, Stage};
+use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
 
 /// The first Produce version whose transactional batches add their
@@ -413,23 +413,20 @@ async fn append(partition: &Arc<Partition>, stamped: Stamped) -> PartitionProduc
 /// A produced partition as the request's trace shows it.
 fn append_trace(partition: &Partition, bytes: u64, t: &AppendTrace) -> PartitionTrace {
     let mut stages = vec![(Stage::Queue, t.queue), (Stage::Lock, t.lock)];
-    if let Some(log) = &t.log {
-        stages.extend(log.roll.map(|d| (Stage::Roll, d)));
-        stages.push((Stage::Write, log.write));
-        stages.extend(log.flush.map(|d| (Stage::Flush, d)));
+    if let Some(w) = &t.written {
+        stages.extend(w.times.roll.map(|d| (Stage::Roll, d)));
+        stages.push((Stage::Write, w.times.write));
+        stages.extend(w.times.flush.map(|d| (Stage::Flush, d)));
     }
-    let file = t.log.map(|_| {
-        keel_log::log_path(partition.dir(), t.segment_base_offset)
-            .display()
-            .to_string()
-    });
     PartitionTrace {
         topic: Arc::clone(&partition.topic),
         partition: partition.index,
         bytes,
         source: APPEND,
-        position: file.as_ref().map(|_| t.position),
-        file,
+        place: t.written.map(|w| Place::Segment {
+            base_offset: w.segment_base_offset,
+            position: w.position,
+        }),
         stages,
     }
 }
