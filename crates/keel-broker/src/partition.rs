@@ -152,8 +152,8 @@ pub struct Partition {
     /// Fetched bytes served from the tail cache and from the log files.
     pub cache_read_bytes: AtomicU64,
     pub cold_read_bytes: AtomicU64,
-    /// Base offsets of the active segment at the last two page-cache passes.
-    page_cache_marks: Mutex<(i64, i64)>,
+    /// Which segments the page-cache passes cover.
+    page_cache_marks: Mutex<PageCacheMarks>,
     /// The broker's cold-read executor (reads below the tail cache).
     cold: Arc<ColdReads>,
     /// The colder tiers, which serve the offsets no longer in the fast tier.
@@ -262,7 +262,7 @@ impl Partition {
             tail: parts.tail,
             cache_read_bytes: AtomicU64::new(0),
             cold_read_bytes: AtomicU64::new(0),
-            page_cache_marks: Mutex::new((0, 0)),
+            page_cache_marks: Mutex::new(PageCacheMarks::default()),
             cold: parts.cold,
             tiers: parts.tiers,
             read_ahead: Mutex::new(ReadAhead::Empty),
@@ -922,23 +922,19 @@ impl Partition {
         }
     }
 
-    /// Drops written segment data from the page cache: every segment active
-    /// in the last two passes (earlier ones were dropped then), so each one
-    /// gets a pass after its last write has been written back. The first
-    /// pass after start-up covers every segment. The tail cache holds the
-    /// newest data; the page cache holds none of it for long. Blocking.
+    /// Drops written segment data from the page cache (see
+    /// [`PageCacheMarks`] for which segments a pass covers). The tail cache
+    /// holds the newest data; the page cache holds none of it for long.
+    /// Blocking.
     pub fn drop_written_pages(&self) {
         let Some(reader) = self.reader() else { return };
-        let from = self.page_cache_marks.lock().0;
-        let files = reader.segment_files_from(from);
-        let active = files.last().map_or(0, |(base, _)| *base);
-        for (_, file) in &files {
+        let from = self.page_cache_marks.lock().from();
+        for (_, file) in &reader.segment_files_from(from) {
             if let Ok(f) = file.open() {
                 f.drop_cache();
             }
         }
-        let mut marks = self.page_cache_marks.lock();
-        *marks = (marks.1, active);
+        self.page_cache_marks.lock().passed(reader.oldest_not_durable());
     }
 
     /// `(bytes of this partition's segment files in the page cache, their
@@ -1097,6 +1093,37 @@ fn load_producers(log: &mut PartitionLog) -> std::io::Result<ProducerStates> {
 
 /// Splits queued appends into groups that each span at most 2^31 offsets
 /// (what one append to the log may), keeping their order.
+/// Which segments a page-cache pass covers: every one not yet durable
+/// (sealed and fsynced) at any of the last [`PageCacheMarks::PASSES`]
+/// passes, so each segment gets passes until some seconds after its seal's
+/// fsync. Advice to drop skips pages still dirty, under writeback or
+/// otherwise busy; on a disk slower than the appends a rolled segment's
+/// pages are all of that until its seal, and some stay busy for a moment
+/// after it. Segments durable before that were dropped by earlier passes.
+/// The first pass after start-up covers every segment.
+#[derive(Debug, Default)]
+pub struct PageCacheMarks {
+    /// The oldest segment not durable at each recent pass, newest last.
+    recent: std::collections::VecDeque<i64>,
+}
+
+impl PageCacheMarks {
+    pub const PASSES: usize = 5;
+
+    /// The base offset a pass starts from.
+    pub fn from(&self) -> i64 {
+        self.recent.front().copied().unwrap_or(i64::MIN)
+    }
+
+    /// Notes a pass, with the oldest segment then not durable.
+    pub fn passed(&mut self, oldest_not_durable: i64) {
+        if self.recent.len() == Self::PASSES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(oldest_not_durable);
+    }
+}
+
 fn split_by_offsets(items: Vec<PendingAppend>) -> Vec<Vec<PendingAppend>> {
     const MAX_GROUP_OFFSETS: i64 = 1 << 31;
     let mut groups: Vec<Vec<PendingAppend>> = Vec::new();
@@ -1283,5 +1310,28 @@ fn storage_failure(message: String) -> AppendFailure {
     AppendFailure {
         error: ResponseError::KafkaStorageError,
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageCacheMarks;
+
+    #[test]
+    fn a_segment_gets_page_cache_passes_until_some_after_its_seal() {
+        let mut marks = PageCacheMarks::default();
+        assert_eq!(marks.from(), i64::MIN, "the first pass covers every segment");
+        // Segment 0 is active, then rolled at offset 100 and not yet sealed.
+        marks.passed(0);
+        marks.passed(0);
+        marks.passed(0);
+        assert_eq!(marks.from(), 0);
+        // Its seal completes: 100 is the oldest segment not durable. Segment
+        // 0 is still covered by the next PASSES passes, then no longer.
+        for pass in 0..PageCacheMarks::PASSES {
+            assert_eq!(marks.from(), 0, "pass {pass} after the seal");
+            marks.passed(100);
+        }
+        assert_eq!(marks.from(), 100);
     }
 }

@@ -472,3 +472,59 @@ async fn appends_never_wait_for_the_seal_of_a_rolled_segment() {
     }
     panic!("the seal never completed");
 }
+
+/// A sealed segment leaves the page cache once its seal's fsync has made
+/// every page clean, however slowly the disk wrote it back: the broker's
+/// periodic drop pass skips pages still dirty, and on a slow disk it has
+/// moved on to newer segments by the time they are clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_segment_leaves_the_page_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        segment_bytes: 256 << 10,
+        ..LogConfig::default()
+    };
+    let tail = keel_tier::TailCache::new(1 << 20).partition();
+    let p = Arc::new(Partition::open(parts(dir.path(), config, tail, cold())).unwrap());
+    let value = vec![7u8; 1024];
+    for _ in 0..100 {
+        let mut b = BatchBuilder::new(1_000);
+        for i in 0..10 {
+            b = b.record(Some(format!("k{i}").as_bytes()), Some(&value));
+        }
+        let bytes = b.build();
+        let headers = validate_batches(&bytes).unwrap();
+        p.append(Bytes::from(bytes), headers).await.unwrap();
+    }
+    if rustix::fs::statfs(dir.path()).unwrap().f_type == 0x0102_1994 {
+        return; // On tmpfs the files are the page cache.
+    }
+    let mut logs: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    assert!(logs.len() >= 3, "{logs:?}");
+    let base =
+        |path: &std::path::Path| -> i64 { path.file_stem().unwrap().to_str().unwrap().parse().unwrap() };
+    let active = base(logs.last().unwrap());
+    let mut sealed = false;
+    for _ in 0..500 {
+        sealed = p.with_log(|log| log.flushed_offset()).unwrap() >= active;
+        if sealed {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(sealed, "the seals did not complete");
+    for path in &logs[..logs.len() - 1] {
+        let f = std::fs::File::open(path).unwrap();
+        let (resident, size) = keel_tier::resident::resident_bytes(&f).unwrap();
+        assert!(size > 200 << 10, "{path:?}: {size}");
+        assert_eq!(
+            resident, 0,
+            "{path:?}: {resident} of {size} bytes still in the page cache"
+        );
+    }
+}

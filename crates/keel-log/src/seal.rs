@@ -201,6 +201,11 @@ impl Sealer {
                 // segment files created since the last one durable.
                 self.dir_dirty.store(false, Ordering::Release);
                 handle.sync_data().map_err(SealError::Sync)?;
+                // Every page of the sealed file is clean now, so this drops
+                // them all. Reads of sealed segments bypass the page cache,
+                // and a drop pass before this fsync skips pages still dirty
+                // or under writeback: on a slow disk they would stay.
+                handle.drop_cache();
                 let index_path = segment_path(&self.dir, base_offset, INDEX_SUFFIX);
                 write_atomically(storage, &index_path, index).map_err(classify)?;
                 let time_path = segment_path(&self.dir, base_offset, TIME_INDEX_SUFFIX);

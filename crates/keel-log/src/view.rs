@@ -151,6 +151,16 @@ impl LogReader {
             .collect()
     }
 
+    /// Base offset of the oldest local segment not yet sealed and fsynced
+    /// (at the latest the active segment's).
+    pub fn oldest_not_durable(&self) -> i64 {
+        let st = self.state.read();
+        st.segments
+            .iter()
+            .find(|s| !s.durable)
+            .map_or_else(|| st.active().base_offset, |s| s.base_offset)
+    }
+
     /// Every colder copy the manifest records, oldest first.
     pub fn tiered_segments(&self) -> Vec<TieredSegment> {
         self.state.read().tiered.clone()
