@@ -187,10 +187,9 @@ pub fn spawn(broker: &Arc<Broker>) {
         let spawned = std::thread::Builder::new()
             .name("keel-cleaner".into())
             .spawn(move || {
-                if let Err(e) = rustix::process::nice(keel_tier::BULK_NICE) {
-                    if i == 0 {
-                        tracing::info!(error = %e, "cleaner threads run at normal priority");
-                    }
+                let lowered = keel_tier::priority::lower_this_thread();
+                if let Some(problems) = lowered.problems().filter(|_| i == 0) {
+                    tracing::info!(%problems, "cleaner threads run above the lowest priority");
                 }
                 run(&broker, &runtime);
             });

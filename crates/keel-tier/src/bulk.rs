@@ -4,17 +4,18 @@
 //!
 //! The request threads (the async runtime's workers) then never spend
 //! milliseconds copying a backfill's megabytes while a producer's request
-//! waits behind it, and when the CPU is short the kernel runs the live
-//! path's threads first: bulk threads are niced by [`BULK_NICE`] (on Linux
-//! a thread's nice value is its own). Where lowering the priority is not
-//! allowed the threads run at normal priority and say so once.
+//! waits behind it, and when the CPU or the disk is short the kernel serves
+//! the live path's threads first: bulk threads run at the lowest CPU and
+//! I/O priority ([`crate::priority`]). Where that is not allowed they say
+//! so once and run at what they got.
 
 use std::sync::mpsc;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-/// How much lower the bulk threads' priority is (CFS weight about a tenth).
+/// How much a background thread is niced where SCHED_IDLE is refused (CFS
+/// weight about a tenth).
 pub const BULK_NICE: i32 = 10;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -36,10 +37,9 @@ impl Bulk {
             std::thread::Builder::new()
                 .name("keel-bulk".into())
                 .spawn(move || {
-                    if let Err(e) = rustix::process::nice(BULK_NICE) {
-                        if i == 0 {
-                            tracing::info!(error = %e, "bulk threads run at normal priority");
-                        }
+                    let lowered = crate::priority::lower_this_thread();
+                    if let Some(problems) = lowered.problems().filter(|_| i == 0) {
+                        tracing::info!(%problems, "bulk threads run above the lowest priority");
                     }
                     loop {
                         // One receiver at a time; the job runs unlocked.
@@ -96,21 +96,23 @@ mod tests {
     async fn jobs_run_off_the_caller_at_lower_priority() {
         let bulk = Bulk::new(2).unwrap();
         let caller = std::thread::current().id();
-        let (thread, name, nice) = bulk
+        let (thread, name, idle, io_class) = bulk
             .run(|| {
                 let t = std::thread::current();
                 (
                     t.id(),
                     t.name().map(String::from),
-                    rustix::process::getpriority_process(None).ok(),
+                    crate::priority::this_thread_is_sched_idle(),
+                    crate::priority::this_thread_io_class().ok(),
                 )
             })
             .await
             .unwrap();
         assert_ne!(thread, caller);
         assert_eq!(name.as_deref(), Some("keel-bulk"));
-        let own = rustix::process::getpriority_process(None).unwrap();
-        assert!(nice.is_some_and(|n| n >= own), "{nice:?} vs {own}");
+        assert!(idle, "bulk threads are SCHED_IDLE");
+        assert_eq!(io_class, Some(3), "bulk threads are in the idle I/O class");
+        assert!(!crate::priority::this_thread_is_sched_idle());
         for i in 0..8 {
             assert_eq!(bulk.run(move || i * i).await.unwrap(), i * i);
         }

@@ -13,6 +13,7 @@ pub mod bulk;
 pub mod cold;
 pub mod memory;
 pub mod pace;
+pub mod priority;
 pub mod resident;
 pub mod tail;
 pub mod tiers;
