@@ -76,6 +76,14 @@ queue, the write syscall, flushes, reads per tier, ...) the 99th
 percentile's histogram bucket and the mean, from /metrics at the phase
 boundaries (docs/metrics.md).
 
+After the preload, keel-bench pauses (--pause-after-preload) until the
+broker's dirty and under-writeback pages (its memory cgroup's memory.stat,
+or the host's /proc/meminfo without one) have stayed under 16 MiB for 3 s,
+at most --settle-max-s (default 120; 0 does not wait), for both brokers
+alike: the baseline then measures a broker at rest, not the preload's
+writeback (on the throttled disk 700 MiB of it, 8 s). With --keel-tier the
+tier wait comes first.
+
 Where the backfill consumer runs (to tell the client's CPU from the
 broker's): by default inside the keel-bench process, beside the live
 producer and the tailing consumer; --backfill-process runs it as a child
@@ -106,7 +114,7 @@ usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--broker-cpus LIST] [--bench-cpus LIST]
                         [--keel-tier none|capacity|s3] [--keel-fast-max-bytes 512MiB]
                         [--keel-move-bytes-per-sec 0] [--segment-bytes N]
-                        [--keel-set KEY=VALUE] [--s3-memory 512MiB]
+                        [--keel-set KEY=VALUE] [--s3-memory 512MiB] [--settle-max-s 120]
                         [--kafka-heap 1g] [--skip-kafka] [--skip-keel] [--bench-bin PATH]
                         [--json FILE] [--plot FILE]
 The keel binary defaults to target/release/keel.
@@ -546,7 +554,7 @@ def pin(cpus: str | None):
 # ---------------------------------------------------------------- brokers
 
 def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, dev: str,
-              out: Path, tier: "KeelTier | None" = None) -> list[str]:
+              out: Path, tier: "KeelTier | None" = None, pause: bool = False) -> list[str]:
     cmd = [str(bench_bin), "catchup", "--bootstrap", bootstrap, "--topic", "catchup",
            "--partitions", str(args.partitions), "--history-bytes", str(args.history_bytes),
            "--record-size", str(args.record_size), "--keys", str(args.keys), "--rate", str(args.rate),
@@ -567,8 +575,10 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
         cmd += ["--backfill-partition-fetch-bytes", str(args.backfill_fetch_bytes)]
     if args.segment_bytes:
         cmd += ["--topic-config", f"segment.bytes={args.segment_bytes}"]
+    if pause:
+        cmd += ["--pause-after-preload"]
     if tier is not None:
-        cmd += ["--pause-after-preload", "--stats-url", tier.stats_url]
+        cmd += ["--stats-url", tier.stats_url]
         cmd += [a for kv in tier.topic_configs for a in ("--topic-config", kv)]
     return cmd
 
@@ -656,8 +666,9 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
         stack.callback(stop_keel, proc)
         wait_port(port, 30)
         print(f"keel: {tail_cache_line(log_path) or 'no tail cache budget line yet in ' + str(log_path)}")
-        settle = None if tier is None else lambda: tier.wait_moved(args, work, log_path)
-        cmd = bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg, dev, work / "keel.json", tier)
+        settle = settle_for(args, "keel", cg, None if tier is None else lambda: tier.wait_moved(args, work, log_path))
+        cmd = bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg, dev, work / "keel.json", tier,
+                        pause=settle is not None)
         cmd += ["--metrics-url", f"http://{admin}/metrics"]
         res = run_bench("keel", cmd, work / "keel.json", args.bench_cpus, settle)
         res["tail_cache_log"] = tail_cache_line(log_path)
@@ -668,6 +679,53 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
             res["tier_title"] = tier.title
             res["tier_log_problems"] = tier_log_problems(log_path)
     return res
+
+
+def dirty_bytes(cg: MemCgroup) -> int:
+    """Dirty and under-writeback page-cache bytes charged to the broker's
+    memory cgroup (the whole host's without one)."""
+    if cg.path is not None:
+        stat = dict(line.split() for line in (cg.path / "memory.stat").read_text().splitlines())
+        keys = ("dirty", "writeback") if cg.version == "v1" else ("file_dirty", "file_writeback")
+        return sum(int(stat.get(k, 0)) for k in keys)
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return sum(int(info[k].split()[0]) * 1024 for k in ("Dirty", "Writeback"))
+
+
+def wait_written_back(args, name: str, cg: MemCgroup) -> dict:
+    """Waits, after the preload, until the broker's dirty and under-writeback
+    pages have stayed under 16 MiB for 3 s (at most --settle-max-s), so the
+    baseline measures a broker at rest rather than the preload's writeback."""
+    start, quiet_since, peak = time.monotonic(), None, 0
+    while True:
+        now, dirty = time.monotonic(), dirty_bytes(cg)
+        peak = max(peak, dirty)
+        quiet_since = (quiet_since or now) if dirty < 16 << 20 else None
+        if quiet_since is not None and now - quiet_since >= 3:
+            settled = True
+            break
+        if now - start >= args.settle_max_s:
+            settled = False
+            break
+        time.sleep(0.25)
+    secs = time.monotonic() - start
+    print(f"{name}: preload written back in {secs:.1f} s (dirty + writeback at most {peak / 2**20:.0f} MiB)"
+          + ("" if settled else f"; still {dirty / 2**20:.0f} MiB after --settle-max-s, going on"), flush=True)
+    return {"writeback_seconds": round(secs, 1), "writeback_peak_bytes": peak, "written_back": settled}
+
+
+def settle_for(args, name: str, cg: MemCgroup, first=None):
+    """The pause after the preload: `first` (the tier move), then the
+    writeback wait; None when there is nothing to wait for."""
+    if first is None and args.settle_max_s <= 0:
+        return None
+
+    def settle() -> dict:
+        out = first() if first is not None else {}
+        if args.settle_max_s > 0:
+            out = dict(out or {}, **wait_written_back(args, name, cg))
+        return out
+    return settle
 
 
 def stop_keel(proc: subprocess.Popen) -> None:
@@ -694,8 +752,10 @@ def run_kafka(args, bench_bin: Path, work: Path) -> dict:
         subprocess.run([str(HERE / "kafka" / "start.sh"), str(port), str(data)], check=True, env=env,
                        preexec_fn=broker_preexec(cg, args.broker_cpus), timeout=300)
         pid = int((data / "kafka.pid").read_text())
+        settle = settle_for(args, "kafka", cg)
         res = run_bench("kafka", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", pid, cg, dev,
-                                           work / "kafka.json"), work / "kafka.json", args.bench_cpus)
+                                           work / "kafka.json", pause=settle is not None),
+                        work / "kafka.json", args.bench_cpus, settle)
         res["memory_cgroup"] = cg.describe()
         res["disk"] = disk
         res["kafka_heap"] = args.kafka_heap
@@ -930,6 +990,9 @@ def main() -> None:
                     help="--keel-tier s3: memory cgroup limit of versitygw (its page cache)")
     ap.add_argument("--keel-set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Keel setting (repeatable), e.g. keel.tail.cache.bytes=65536")
+    ap.add_argument("--settle-max-s", type=float, default=120,
+                    help="after the preload, wait (at most this long) until the broker's dirty and "
+                         "under-writeback pages stay under 16 MiB for 3 s before the baseline; 0: do not wait")
     ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--keel-bin", type=Path, default=REPO / "target" / "release" / "keel")
     ap.add_argument("--bench-bin", type=Path, help="a keel-bench binary already built (default: go build)")
@@ -973,6 +1036,11 @@ def main() -> None:
               f"in {b['seconds']:.1f} s{'' if b['complete'] else ' (INCOMPLETE)'}; "
               f"preload {res['preload']['bytes'] / 1e6:.0f} MB in {res['preload']['seconds']:.1f} s; "
               f"produce errors {res['produce_errors']}")
+        st = res.get("settle") or {}
+        if "writeback_seconds" in st:
+            print(f"{name}: the preload was written back {st['writeback_seconds']:.1f} s after it ended "
+                  f"(dirty + writeback peak {st['writeback_peak_bytes'] / 2**20:.0f} MiB)"
+                  + ("" if st["written_back"] else ", NOT within --settle-max-s"))
     if "keel" in results:
         print(f"keel: {results['keel'].get('tail_cache_log') or 'tail cache line not found'}")
     for line in tier_lines(args, results):

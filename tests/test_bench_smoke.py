@@ -124,6 +124,8 @@ def test_catchup_py_with_keel_tier(tier, keel_bench, tmp_path):
     settled = keel["settle"]
     assert settled["topic_cold_bytes"] >= 4 << 20, settled
     assert settled["tiers"]["copy_failures"] == 0, settled
+    # The baseline started once the preload was written back.
+    assert settled["written_back"], settled
     assert keel["backfill"]["complete"], keel["backfill"]
     backfill = next(p for p in keel["phases"] if p["name"] == "backfill")
     assert backfill["tiers"]["cold_tier_read_bytes"] > 0, backfill["tiers"]
