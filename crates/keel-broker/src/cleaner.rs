@@ -187,10 +187,7 @@ pub fn spawn(broker: &Arc<Broker>) {
         let spawned = std::thread::Builder::new()
             .name("keel-cleaner".into())
             .spawn(move || {
-                let lowered = keel_tier::priority::lower_this_thread();
-                if let Some(problems) = lowered.problems().filter(|_| i == 0) {
-                    tracing::info!(%problems, "cleaner threads run above the lowest priority");
-                }
+                keel_tier::priority::lower_pool_thread("cleaner", i == 0);
                 run(&broker, &runtime);
             });
         if let Err(e) = spawned {

@@ -1091,8 +1091,6 @@ fn load_producers(log: &mut PartitionLog) -> std::io::Result<ProducerStates> {
     Ok(producers)
 }
 
-/// Splits queued appends into groups that each span at most 2^31 offsets
-/// (what one append to the log may), keeping their order.
 /// Which segments a page-cache pass covers: every one not yet durable
 /// (sealed and fsynced) at any of the last [`PageCacheMarks::PASSES`]
 /// passes, so each segment gets passes until some seconds after its seal's
@@ -1102,21 +1100,21 @@ fn load_producers(log: &mut PartitionLog) -> std::io::Result<ProducerStates> {
 /// after it. Segments durable before that were dropped by earlier passes.
 /// The first pass after start-up covers every segment.
 #[derive(Debug, Default)]
-pub struct PageCacheMarks {
+struct PageCacheMarks {
     /// The oldest segment not durable at each recent pass, newest last.
     recent: std::collections::VecDeque<i64>,
 }
 
 impl PageCacheMarks {
-    pub const PASSES: usize = 5;
+    const PASSES: usize = 5;
 
     /// The base offset a pass starts from.
-    pub fn from(&self) -> i64 {
+    fn from(&self) -> i64 {
         self.recent.front().copied().unwrap_or(i64::MIN)
     }
 
     /// Notes a pass, with the oldest segment then not durable.
-    pub fn passed(&mut self, oldest_not_durable: i64) {
+    fn passed(&mut self, oldest_not_durable: i64) {
         if self.recent.len() == Self::PASSES {
             self.recent.pop_front();
         }
@@ -1124,6 +1122,8 @@ impl PageCacheMarks {
     }
 }
 
+/// Splits queued appends into groups that each span at most 2^31 offsets
+/// (what one append to the log may), keeping their order.
 fn split_by_offsets(items: Vec<PendingAppend>) -> Vec<Vec<PendingAppend>> {
     const MAX_GROUP_OFFSETS: i64 = 1 << 31;
     let mut groups: Vec<Vec<PendingAppend>> = Vec::new();

@@ -37,10 +37,7 @@ impl Bulk {
             std::thread::Builder::new()
                 .name("keel-bulk".into())
                 .spawn(move || {
-                    let lowered = crate::priority::lower_this_thread();
-                    if let Some(problems) = lowered.problems().filter(|_| i == 0) {
-                        tracing::info!(%problems, "bulk threads run above the lowest priority");
-                    }
+                    crate::priority::lower_pool_thread("bulk", i == 0);
                     loop {
                         // One receiver at a time; the job runs unlocked.
                         let job = rx.lock().recv();

@@ -21,18 +21,26 @@
 
 use std::io;
 
+/// Lowers the calling thread, a thread of the pool named `pool`; the
+/// pool's `first` thread logs what could not be set.
+pub fn lower_pool_thread(pool: &str, first: bool) {
+    if let Some(problems) = lower_this_thread().problems().filter(|_| first) {
+        tracing::info!(%problems, "{pool} threads run above the lowest priority");
+    }
+}
+
 /// What [`lower_this_thread`] managed to set.
 #[derive(Debug)]
-pub struct Lowered {
+struct Lowered {
     /// `"SCHED_IDLE"`, or `"nice +10"` where SCHED_IDLE was refused.
-    pub cpu: io::Result<&'static str>,
+    cpu: io::Result<&'static str>,
     /// The idle I/O class.
-    pub io: io::Result<()>,
+    io: io::Result<()>,
 }
 
 impl Lowered {
     /// One line for the log, or None when everything was set.
-    pub fn problems(&self) -> Option<String> {
+    fn problems(&self) -> Option<String> {
         let mut out = Vec::new();
         match &self.cpu {
             Ok("SCHED_IDLE") => {}
@@ -48,7 +56,7 @@ impl Lowered {
 
 /// Lowers the calling thread's CPU and I/O priority (Linux: both are the
 /// thread's own, not the process's).
-pub fn lower_this_thread() -> Lowered {
+fn lower_this_thread() -> Lowered {
     let cpu = set_sched_idle().map(|()| "SCHED_IDLE").or_else(|idle| {
         rustix::process::nice(crate::BULK_NICE)
             .map(|_| "nice +10")
@@ -60,14 +68,16 @@ pub fn lower_this_thread() -> Lowered {
     }
 }
 
-/// The calling thread's scheduling policy is SCHED_IDLE (for tests).
-pub fn this_thread_is_sched_idle() -> bool {
+/// The calling thread's scheduling policy is SCHED_IDLE.
+#[cfg(test)]
+pub(crate) fn this_thread_is_sched_idle() -> bool {
     // SAFETY: no arguments; returns the calling thread's policy.
     unsafe { libc::sched_getscheduler(0) == libc::SCHED_IDLE }
 }
 
-/// The calling thread's I/O priority class (for tests): 3 is idle.
-pub fn this_thread_io_class() -> io::Result<i32> {
+/// The calling thread's I/O priority class: 3 is idle.
+#[cfg(test)]
+pub(crate) fn this_thread_io_class() -> io::Result<i32> {
     // SAFETY: ioprio_get(IOPRIO_WHO_PROCESS, 0) reads the calling thread's
     // I/O priority; it takes no pointers.
     let v = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
