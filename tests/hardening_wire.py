@@ -82,11 +82,20 @@ def init_producer_id(conn: w.Conn, producer_id: int = -1, epoch: int = -1,
 
 def list_offsets_v10(conn: w.Conn, topic: str, partition: int, timestamp: int) -> tuple[int, int]:
     """ListOffsets v10 (flexible) -> (error, offset)."""
+    conn.send(list_offsets_v10_request(topic, partition, timestamp))
+    _cid, resp = conn.recv_response_flexible()
+    return parse_list_offsets_v10(resp)
+
+
+def list_offsets_v10_request(topic: str, partition: int, timestamp: int, correlation_id: int = 9) -> bytes:
     part = w.i32(partition) + w.i32(-1) + w.i64(timestamp) + w.EMPTY_TAGS
     topics = w.uvarint(2) + w.compact_string(topic) + w.uvarint(2) + part + w.EMPTY_TAGS
     body = w.i32(-1) + w.i8(0) + topics + w.i32(5000) + w.EMPTY_TAGS
-    conn.send(w.frame(w.header_v2(w.LIST_OFFSETS, 10, 9) + body))
-    _cid, resp = conn.recv_response_flexible()
+    return w.frame(w.header_v2(w.LIST_OFFSETS, 10, correlation_id) + body)
+
+
+def parse_list_offsets_v10(resp: bytes) -> tuple[int, int]:
+    """A ListOffsets v10 response body of one partition -> (error, offset)."""
     r = w.Reader(resp)
     r.i32()  # throttle
     assert r.uvarint() == 2

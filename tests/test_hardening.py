@@ -306,6 +306,47 @@ def test_a_slow_write_stalls_only_its_partition(broker_factory):
     assert rest == [(2, [(slow, NONE, 2)]), (3, [(slow, NONE, 3)])], answers
 
 
+# ------------------------------------------------------- pipelined produce requests
+
+def test_pipelined_produce_requests_are_written_together_and_answered_in_order(broker_factory):
+    """A producer's pipelined Produce requests (max.in.flight) to one
+    partition do not each wait for the one before to be answered. With
+    every write of the partition taking 400 ms, six idempotent requests
+    sent at once are written in two writes (the first, then the five queued
+    behind it), not six. They are answered in request order, with offsets
+    and sequences in request order; a ListOffsets sent behind them waits
+    for all six and sees them."""
+    b = broker_factory({}, env={"KEEL_FAILPOINTS": "1"})
+    topic = unique("pipelined")
+    create_topic(b.bootstrap, topic, 1)
+    with w.Conn(b.bootstrap, timeout_s=30) as c:
+        err, pid, epoch = hw.init_producer_id(c)
+        assert err == NONE
+
+        def batch(seq: int) -> bytes:
+            return w.record_batch([(None, b"v%d" % seq)], producer_id=pid, producer_epoch=epoch,
+                                  base_sequence=seq)
+
+        assert hw.produce(c, topic, 0, batch(0)) == (NONE, 0)
+        failpoint(b, f"write delay=400 path={topic}-0/")
+        started = time.monotonic()
+        for seq in range(1, 7):
+            c.send(hw.produce_v3(topic, 0, batch(seq), correlation_id=100 + seq))
+        c.send(hw.list_offsets_v10_request(topic, 0, -1, correlation_id=200))
+        answers = []
+        for _ in range(6):
+            cid, body = c.recv_response()
+            answers.append((cid, [(err, base) for _t, _p, err, base in w.parse_produce(body, 3)]))
+        cid, body = c.recv_response_flexible()
+        elapsed = time.monotonic() - started
+    assert answers == [(100 + seq, [(NONE, seq)]) for seq in range(1, 7)], answers
+    assert (cid, hw.parse_list_offsets_v10(body)) == (200, (NONE, 7))
+    # Two 400 ms writes; one after the other would take six (2.4 s).
+    assert elapsed < 1.6, f"six pipelined requests took {elapsed:.2f} s"
+    got = consume_range(b.bootstrap, topic, [0], 7)[0]
+    assert [m.value() for m in got] == [b"v%d" % i for i in range(7)]
+
+
 # ------------------------------------------------------- EMFILE at a roll
 
 def test_running_out_of_descriptors_during_a_roll_fails_the_append_cleanly(broker_factory):

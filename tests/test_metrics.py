@@ -102,7 +102,7 @@ def test_requests_explain_their_stages_and_a_slow_write_is_logged_with_its_file_
     # The slow write is in a bucket above 0.8 s.
     assert produces - sample(m, "keel_request_stage_seconds_bucket", api="Produce", stage="write",
                              le="0.8192") >= 1
-    for stage in ("receive", "decode", "validate", "queue", "lock", "encode", "send", "total"):
+    for stage in ("receive", "connection", "decode", "validate", "queue", "lock", "encode", "send", "total"):
         assert sample(m, "keel_request_stage_seconds_count", api="Produce", stage=stage) == produces, stage
     assert sample(m, "keel_request_stage_seconds_count", api="Fetch", stage="read_cache") >= 1
     assert sample(m, "keel_bytes_in_total") == segment.stat().st_size

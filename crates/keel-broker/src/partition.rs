@@ -49,6 +49,12 @@ pub struct AppendTrace {
     pub queue: Duration,
     /// Waiting for the writer lock.
     pub lock: Duration,
+    /// After the write, before the answer: caching the batches, moving the
+    /// high watermark, waking the fetches waiting for it.
+    pub publish: Duration,
+    /// When the writer answered; the request resumes some time later, on
+    /// a request thread.
+    pub answered: Instant,
     /// `None` when nothing was written for it (a duplicate).
     pub written: Option<Written>,
 }
@@ -365,6 +371,7 @@ impl Partition {
             let me = Arc::clone(self);
             tokio::task::spawn_blocking(move || me.drain_queue());
         }
+        crate::trace::append_queued();
         done.await.unwrap_or_else(|_| {
             Err(storage_failure(
                 "the partition's writer failed on this request; the partition was reloaded".into(),
@@ -431,6 +438,8 @@ impl Partition {
             let waited = AppendTrace {
                 queue: picked.saturating_duration_since(item.enqueued),
                 lock: locked - picked,
+                publish: Duration::ZERO,
+                answered: picked,
                 written: None,
             };
             match planned {
@@ -447,10 +456,13 @@ impl Partition {
         }
         stamp_leader_epoch(&mut buf, &headers);
         let mut written = None;
+        let mut written_at = None;
         let failure = if buf.is_empty() {
             None
         } else {
-            match log.append(&mut buf, &headers, now_ms()) {
+            let appended = log.append(&mut buf, &headers, now_ms());
+            written_at = Some(Instant::now());
+            match appended {
                 Ok(info) => {
                     written = Some(Written {
                         times: info.times,
@@ -492,6 +504,8 @@ impl Partition {
         let lso = stable_offset(producers, hw);
         drop(st);
         self.publish(hw, lso, start);
+        let answered = Instant::now();
+        let publish = written_at.map_or(Duration::ZERO, |at| answered - at);
         for (reply, result, waited) in replies {
             let result = match (&failure, result) {
                 (Some(f), Ok((offset, _))) if offset >= first_offset => Err(f.clone()),
@@ -505,6 +519,8 @@ impl Partition {
                             position: w.position + at,
                             ..w
                         }),
+                        publish,
+                        answered,
                         ..waited
                     },
                 }),

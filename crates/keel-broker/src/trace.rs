@@ -11,13 +11,13 @@
 //! histograms, and a request slower than `keel.request.slow.ms` is logged
 //! whole.
 //!
-//! A trace is per request and a connection serves one request at a time,
-//! so its lock is never contended; work for several partitions of one
-//! request runs concurrently within the request's task, which is why
+//! A trace is per request, so its lock is hardly ever contended; work for
+//! several partitions of one request runs concurrently, which is why
 //! partition stages keep the longest partition's time (the request waited
 //! for that one), not the sum.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,9 @@ use parking_lot::Mutex;
 pub enum Stage {
     /// From the frame's first bytes to its last: the client's upload.
     Receive,
+    /// From the frame's last byte to its handling: waiting behind the
+    /// earlier requests of its connection, answered in order.
+    Connection,
     /// Parsing the request.
     Decode,
     /// Checking a produced batch (CRC, records, timestamps): CPU.
@@ -42,6 +45,12 @@ pub enum Stage {
     Write,
     /// The fsync `flush.messages` / `flush.ms` asked for.
     Flush,
+    /// After the write: caching the batches, moving the high watermark,
+    /// waking the fetches waiting for it.
+    Publish,
+    /// From the writer's answer to the request running again on a request
+    /// thread.
+    Reply,
     /// A transactional produce waiting for its transaction's coordinator.
     Coordinator,
     /// A fetch's long poll: waiting for data to arrive.
@@ -65,8 +74,9 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 18] = [
+    pub const ALL: [Stage; 21] = [
         Stage::Receive,
+        Stage::Connection,
         Stage::Decode,
         Stage::Validate,
         Stage::Queue,
@@ -74,6 +84,8 @@ impl Stage {
         Stage::Roll,
         Stage::Write,
         Stage::Flush,
+        Stage::Publish,
+        Stage::Reply,
         Stage::Coordinator,
         Stage::Wait,
         Stage::ReadCache,
@@ -90,6 +102,7 @@ impl Stage {
     pub fn name(self) -> &'static str {
         match self {
             Stage::Receive => "receive",
+            Stage::Connection => "connection",
             Stage::Decode => "decode",
             Stage::Validate => "validate",
             Stage::Queue => "queue",
@@ -97,6 +110,8 @@ impl Stage {
             Stage::Roll => "roll",
             Stage::Write => "write",
             Stage::Flush => "flush",
+            Stage::Publish => "publish",
+            Stage::Reply => "reply",
             Stage::Coordinator => "coordinator",
             Stage::Wait => "wait",
             Stage::ReadCache => "read_cache",
@@ -163,6 +178,10 @@ pub struct RequestTrace {
     pub peer: SocketAddr,
     /// When the frame's first bytes had arrived.
     pub started: Instant,
+    /// Partition appends a Produce makes ([`expect_appends`]; `u32::MAX`
+    /// before it says), and how many are in their partitions' queues.
+    appends_expected: AtomicU32,
+    appends_queued: AtomicU32,
     data: Mutex<TraceData>,
 }
 
@@ -199,8 +218,17 @@ impl RequestTrace {
             correlation_id,
             peer,
             started,
+            appends_expected: AtomicU32::new(u32::MAX),
+            appends_queued: AtomicU32::new(0),
             data: Mutex::new(TraceData::default()),
         }
+    }
+
+    /// Whether every append of this Produce is in its partition's queue:
+    /// what follows on the connection can no longer overtake them.
+    pub fn appends_queued(&self) -> bool {
+        let expected = self.appends_expected.load(Ordering::Acquire);
+        expected != u32::MAX && self.appends_queued.load(Ordering::Acquire) >= expected
     }
 
     /// Adds `d` to a stage that happens in sequence with the others.
@@ -275,6 +303,22 @@ pub fn current() -> Option<Arc<RequestTrace>> {
 
 fn with(f: impl FnOnce(&RequestTrace)) {
     let _ = CURRENT.try_with(|t| f(t));
+}
+
+/// Says how many partition appends the current request (a Produce) makes.
+pub fn expect_appends(n: usize) {
+    with(|t| {
+        let n = u32::try_from(n).unwrap_or(u32::MAX - 1);
+        t.appends_expected.store(n, Ordering::Release);
+    });
+}
+
+/// Notes that one of the current request's appends is in its partition's
+/// queue, in the order the partition will write it.
+pub fn append_queued() {
+    with(|t| {
+        t.appends_queued.fetch_add(1, Ordering::AcqRel);
+    });
 }
 
 /// [`RequestTrace::add`] on the current trace, if there is one.

@@ -3,6 +3,7 @@
 mod admin;
 mod compaction;
 mod config;
+mod connection;
 mod doctor;
 mod segment;
 mod server;

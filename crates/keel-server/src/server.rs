@@ -4,20 +4,15 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::Bytes;
-use keel_broker::trace::{self, RequestTrace, Stage};
-use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
-use keel_protocol::frame::{request_size, FRAME_PREFIX_BYTES};
-use keel_protocol::RequestFrame;
+use keel_broker::{Broker, BrokerConfig, ClientInfo};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::admin;
 use crate::config::{gather, ServeArgs};
+use crate::{admin, connection};
 
 pub fn serve(args: ServeArgs) -> Result<(), String> {
     let map = gather(&args)?;
@@ -126,9 +121,10 @@ async fn shutdown_signal() {
 /// Kafka's connection limits: `max.connections` in all (accepting waits
 /// for a free slot), `max.connections.per.ip` (more from one address are
 /// closed at once), `connections.max.idle.ms` (a connection that sends no
-/// request for that long is closed). Requests on one connection are handled
-/// one at a time, as Kafka does, so a connection has at most one request in
-/// flight and one frame of `socket.request.max.bytes` buffered.
+/// request for that long is closed). A connection holds one request in
+/// flight, or a few small Produce requests (`connection::PIPELINE_DEPTH`,
+/// `connection::PIPELINE_BYTES`), and one frame of
+/// `socket.request.max.bytes` being read.
 struct ConnectionLimits {
     total: Arc<Semaphore>,
     per_ip: usize,
@@ -149,6 +145,13 @@ impl ConnectionLimits {
             max_request_bytes: config.request_max_bytes(),
             by_ip: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn connection(&self) -> connection::Limits {
+        connection::Limits {
+            max_request_bytes: self.max_request_bytes,
+            idle: self.idle,
+        }
     }
 
     /// Counts a connection from `ip`; false if that address has its fill.
@@ -194,7 +197,7 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
                         host: format!("/{}", peer.ip()),
                     };
                     b.metrics.connection_opened();
-                    let closed = connection(stream, peer, Arc::clone(&b), &client, &limits).await;
+                    let closed = connection::serve(stream, peer, &b, &client, limits.connection()).await;
                     b.metrics.connection_closed();
                     if let Err(reason) = closed {
                         tracing::debug!(%peer, %reason, "connection closed");
@@ -209,68 +212,6 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
-    }
-}
-
-/// Serves one connection until the client closes it, sends something that
-/// cannot be answered, or stays idle past `connections.max.idle.ms`.
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    broker: Arc<Broker>,
-    client: &ClientInfo,
-    limits: &ConnectionLimits,
-) -> Result<(), String> {
-    let _ = stream.set_nodelay(true);
-    let (read, mut write) = stream.into_split();
-    let mut read = BufReader::with_capacity(64 * 1024, read);
-    loop {
-        let mut prefix = [0u8; FRAME_PREFIX_BYTES];
-        let next = read.read_exact(&mut prefix);
-        let got = match limits.idle {
-            Some(idle) => match tokio::time::timeout(idle, next).await {
-                Ok(got) => got,
-                Err(_) => return Err("idle past connections.max.idle.ms".into()),
-            },
-            None => next.await,
-        };
-        match got {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.to_string()),
-        }
-        let started = Instant::now();
-        let size = request_size(prefix, limits.max_request_bytes).map_err(|e| {
-            tracing::warn!(error = %e, "refusing request frame");
-            e.to_string()
-        })?;
-        let mut body = vec![0u8; size];
-        read.read_exact(&mut body)
-            .await
-            .map_err(|e| format!("truncated frame: {e}"))?;
-        let frame = RequestFrame::parse(Bytes::from(body)).map_err(|e| e.to_string())?;
-        let trace = Arc::new(RequestTrace::new(
-            frame.api_key,
-            frame.api_version,
-            frame.correlation_id,
-            peer,
-            started,
-        ));
-        trace.add(Stage::Receive, started.elapsed());
-        let reply = trace::scope(Arc::clone(&trace), broker.handle(frame, client)).await;
-        match reply {
-            Reply::Frame(bytes) => {
-                let sending = Instant::now();
-                write_frame(&mut write, &bytes).await.map_err(|e| e.to_string())?;
-                trace.add(Stage::Send, sending.elapsed());
-            }
-            Reply::Nothing => {}
-            Reply::Close(reason) => {
-                tracing::warn!(%reason, "closing connection");
-                return Err(reason);
-            }
-        }
-        broker.metrics.finish(&trace, &broker.store);
     }
 }
 
@@ -290,21 +231,4 @@ fn raise_descriptor_limit() {
         Ok(()) => tracing::info!(from = ?limit.current, to = ?limit.maximum, "raised the open files limit"),
         Err(e) => tracing::warn!(error = %e, current = ?limit.current, "cannot raise the open files limit"),
     }
-}
-
-/// Bytes written per poll of a connection: a large response (a backfill's
-/// megabytes) goes out in pieces with a yield between them, so the
-/// kernel's copy of it never holds a request thread for long while other
-/// connections' requests wait.
-const WRITE_PIECE_BYTES: usize = 256 << 10;
-
-async fn write_frame(write: &mut (impl AsyncWriteExt + Unpin), frame: &[u8]) -> std::io::Result<()> {
-    let mut pieces = frame.chunks(WRITE_PIECE_BYTES).peekable();
-    while let Some(piece) = pieces.next() {
-        write.write_all(piece).await?;
-        if pieces.peek().is_some() {
-            tokio::task::yield_now().await;
-        }
-    }
-    Ok(())
 }

@@ -34,10 +34,25 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
     if !matches!(acks, -1..=1) {
         return Some(all_failed(req, ResponseError::InvalidRequiredAcks));
     }
+    trace::expect_appends(req.topic_data.iter().map(|t| t.partition_data.len()).sum());
+    let txn_id: Option<Arc<str>> = req.transactional_id.as_ref().map(|t| Arc::from(t.as_str()));
+    if let [t] = &req.topic_data[..] {
+        if let [p] = &t.partition_data[..] {
+            // One partition, the common case: appended in this task, with
+            // no task of its own to schedule and join.
+            let topic = broker.topics.resolve(t.name.0.as_str(), t.topic_id);
+            let txn = txn_id.map(|id| (id, version >= IMPLICIT_ADD_VERSION));
+            let result = produce_partition(broker, topic, p.index, p.records.clone(), txn).await;
+            let response = TopicProduceResponse::default()
+                .with_name(t.name.clone())
+                .with_topic_id(t.topic_id)
+                .with_partition_responses(vec![result.with_index(p.index)]);
+            return (acks != 0).then(|| ProduceResponse::default().with_responses(vec![response]));
+        }
+    }
     // Partitions are appended concurrently: a slow write on one does not
     // hold back the others in the same request.
     let mut pending = Vec::new();
-    let txn_id: Option<Arc<str>> = req.transactional_id.as_ref().map(|t| Arc::from(t.as_str()));
     for t in req.topic_data {
         let topic = broker.topics.resolve(t.name.0.as_str(), t.topic_id);
         for p in t.partition_data {
@@ -417,7 +432,9 @@ fn append_trace(partition: &Partition, bytes: u64, t: &AppendTrace) -> Partition
         stages.extend(w.times.roll.map(|d| (Stage::Roll, d)));
         stages.push((Stage::Write, w.times.write));
         stages.extend(w.times.flush.map(|d| (Stage::Flush, d)));
+        stages.push((Stage::Publish, t.publish));
     }
+    stages.push((Stage::Reply, t.answered.elapsed()));
     PartitionTrace {
         topic: Arc::clone(&partition.topic),
         partition: partition.index,

@@ -1,0 +1,479 @@
+//! One client connection: request frames read from the socket, handed to
+//! the broker, and their responses written back in request order, as
+//! Kafka does.
+//!
+//! Kafka handles one request per connection at a time. Keel does too, with
+//! one exception: a Produce request whose appends are all in their
+//! partitions' queues (waiting only for the writers) lets the next Produce
+//! on the connection start. The requests a producer pipelines
+//! (`max.in.flight.requests.per.connection`) then reach a partition's
+//! writer together and are written in one write, instead of each waiting
+//! for the one before it to be answered. Appends still enter every
+//! partition's queue in request order, any other request waits for all
+//! before it, and responses go out in request order.
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use keel_broker::trace::{self, RequestTrace, Stage};
+use keel_broker::{Broker, ClientInfo, Reply};
+use keel_protocol::frame::{request_size, FrameError, FRAME_PREFIX_BYTES};
+use keel_protocol::messages::ApiKey;
+use keel_protocol::RequestFrame;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Requests in flight on one connection at most: the first, and Produce
+/// requests pipelined behind it.
+pub const PIPELINE_DEPTH: usize = 8;
+
+/// Produce requests are pipelined while the frames in flight hold at most
+/// this many bytes: pipelining is for small requests that would otherwise
+/// wait on each other's round trip; a large one is its own batch.
+pub const PIPELINE_BYTES: usize = 1 << 20;
+
+/// Bytes asked of the socket per read, unless a frame needs more.
+const READ_BYTES: usize = 64 << 10;
+
+/// Bytes written per poll of a connection: a large response (a backfill's
+/// megabytes) goes out in pieces with a yield between them, so the
+/// kernel's copy of it never holds a request thread for long while other
+/// connections' requests wait.
+const WRITE_PIECE_BYTES: usize = 256 << 10;
+
+/// What a connection may hold: `socket.request.max.bytes` per frame and
+/// `connections.max.idle.ms` without a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_request_bytes: usize,
+    pub idle: Option<Duration>,
+}
+
+/// Serves one connection until the client closes it, sends something that
+/// cannot be answered, or stays idle past `connections.max.idle.ms`.
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    broker: &Arc<Broker>,
+    client: &ClientInfo,
+    limits: Limits,
+) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    let (mut read, mut write) = stream.into_split();
+    let mut inbox = Inbox::default();
+    let mut flight: VecDeque<InFlight> = VecDeque::new();
+    loop {
+        // Responses that are ready, in request order.
+        while let Some(reply) = flight.front_mut().and_then(|f| f.done.take()) {
+            let done = flight.pop_front().expect("the front was just looked at");
+            match reply {
+                Reply::Frame(bytes) => {
+                    let sending = Instant::now();
+                    write_frame(&mut write, &bytes).await.map_err(|e| e.to_string())?;
+                    done.trace.add(Stage::Send, sending.elapsed());
+                }
+                Reply::Nothing => {}
+                Reply::Close(reason) => {
+                    tracing::warn!(%reason, "closing connection");
+                    return Err(reason);
+                }
+            }
+            broker.metrics.finish(&done.trace, &broker.store);
+        }
+        // Frames the connection may start now.
+        while let Some(len) = inbox.complete_frame(limits.max_request_bytes).map_err(refuse)? {
+            if !admits(&flight, inbox.api_key(), len) {
+                break;
+            }
+            let arrived = inbox.take(len);
+            let frame = RequestFrame::parse(arrived.body).map_err(|e| e.to_string())?;
+            let trace = Arc::new(RequestTrace::new(
+                frame.api_key,
+                frame.api_version,
+                frame.correlation_id,
+                peer,
+                arrived.first_byte,
+            ));
+            trace.add(Stage::Receive, arrived.complete - arrived.first_byte);
+            trace.add(Stage::Connection, arrived.complete.elapsed());
+            let produce = frame.api_key == ApiKey::Produce as i16;
+            let mut reply: Pin<Box<dyn Future<Output = Reply> + Send + '_>> =
+                Box::pin(trace::scope(Arc::clone(&trace), broker.handle(frame, client)));
+            // Polled once now: a Produce queues its appends here, before
+            // the next frame may start.
+            let done = poll_fn(|cx| Poll::Ready(poll_reply(&mut reply, cx))).await;
+            flight.push_back(InFlight {
+                trace,
+                produce,
+                bytes: len,
+                reply,
+                done,
+            });
+        }
+        if flight.front().is_some_and(|f| f.done.is_some()) {
+            continue;
+        }
+        if flight.is_empty() && inbox.eof {
+            return inbox.closed();
+        }
+        // Wait for bytes (unless a whole frame already waits its turn), for
+        // a request in flight to finish, or for the idle limit.
+        let read_more = !inbox.eof && inbox.complete_frame(limits.max_request_bytes) == Ok(None);
+        let working = flight.iter().any(|f| f.done.is_none());
+        let idle = if flight.is_empty() && inbox.buf.is_empty() {
+            limits.idle
+        } else {
+            None
+        };
+        tokio::select! {
+            biased;
+            () = progress(&mut flight), if working => {}
+            got = inbox.fill(&mut read), if read_more => got.map_err(|e| e.to_string())?,
+            () = sleep_or_never(idle) => return Err("idle past connections.max.idle.ms".into()),
+        }
+    }
+}
+
+fn refuse(e: FrameError) -> String {
+    tracing::warn!(error = %e, "refusing request frame");
+    e.to_string()
+}
+
+/// A request being handled, or handled and waiting for the ones before it
+/// to be answered.
+struct InFlight<'a> {
+    trace: Arc<RequestTrace>,
+    produce: bool,
+    /// Its frame's size.
+    bytes: usize,
+    reply: Pin<Box<dyn Future<Output = Reply> + Send + 'a>>,
+    done: Option<Reply>,
+}
+
+impl InFlight<'_> {
+    /// Whether a Produce may start behind this request: it is a Produce
+    /// that was answered, or waits only for its partitions' writers. One
+    /// that closes the connection lets nothing behind it start.
+    fn lets_produce_pass(&self) -> bool {
+        self.produce
+            && match &self.done {
+                Some(Reply::Close(_)) => false,
+                Some(_) => true,
+                None => self.trace.appends_queued(),
+            }
+    }
+}
+
+/// Whether a frame of `len` bytes with `api_key` may start behind the
+/// requests in flight.
+fn admits(flight: &VecDeque<InFlight>, api_key: i16, len: usize) -> bool {
+    flight.is_empty()
+        || (api_key == ApiKey::Produce as i16
+            && flight.len() < PIPELINE_DEPTH
+            && flight.iter().map(|f| f.bytes).sum::<usize>() + len <= PIPELINE_BYTES
+            && flight.iter().all(InFlight::lets_produce_pass))
+}
+
+fn poll_reply(
+    reply: &mut Pin<Box<dyn Future<Output = Reply> + Send + '_>>,
+    cx: &mut std::task::Context,
+) -> Option<Reply> {
+    match reply.as_mut().poll(cx) {
+        Poll::Ready(r) => Some(r),
+        Poll::Pending => None,
+    }
+}
+
+/// Ready when at least one request in flight has finished.
+async fn progress(flight: &mut VecDeque<InFlight<'_>>) {
+    poll_fn(|cx| {
+        let mut finished = false;
+        for f in flight.iter_mut().filter(|f| f.done.is_none()) {
+            f.done = poll_reply(&mut f.reply, cx);
+            finished |= f.done.is_some();
+        }
+        if finished {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Bytes read from the socket and not yet taken as frames, with when each
+/// read arrived.
+#[derive(Default)]
+struct Inbox {
+    buf: BytesMut,
+    /// Position in the connection's byte stream of `buf[0]`.
+    pos: u64,
+    /// (stream position a read ended at, when it returned), for the reads
+    /// whose bytes are still in `buf`, oldest first.
+    reads: VecDeque<(u64, Instant)>,
+    eof: bool,
+}
+
+/// A frame taken from the inbox.
+struct Arrived {
+    /// The frame without its size prefix.
+    body: Bytes,
+    /// When its first byte was read.
+    first_byte: Instant,
+    /// When its last byte was read.
+    complete: Instant,
+}
+
+impl Inbox {
+    /// The whole size (prefix included) of the first frame in the buffer,
+    /// once all of it has arrived. The size is checked as soon as the
+    /// prefix is in.
+    fn complete_frame(&self, max_request_bytes: usize) -> Result<Option<usize>, FrameError> {
+        let Some(prefix) = self.buf.get(..FRAME_PREFIX_BYTES) else {
+            return Ok(None);
+        };
+        let prefix = <[u8; FRAME_PREFIX_BYTES]>::try_from(prefix).expect("sliced to the prefix's size");
+        let len = FRAME_PREFIX_BYTES + request_size(prefix, max_request_bytes)?;
+        Ok((self.buf.len() >= len).then_some(len))
+    }
+
+    /// The API key of the first frame, which [`Inbox::complete_frame`]
+    /// found whole (so at least `MIN_REQUEST_BYTES` long).
+    fn api_key(&self) -> i16 {
+        i16::from_be_bytes([self.buf[FRAME_PREFIX_BYTES], self.buf[FRAME_PREFIX_BYTES + 1]])
+    }
+
+    /// When the byte at stream position `at` (still in the buffer) was read.
+    fn arrival(&self, at: u64) -> Instant {
+        self.reads
+            .iter()
+            .find(|&&(end, _)| end > at)
+            .map_or_else(Instant::now, |&(_, when)| when)
+    }
+
+    /// Takes the first `len` bytes: a whole frame.
+    fn take(&mut self, len: usize) -> Arrived {
+        let first_byte = self.arrival(self.pos);
+        let complete = self.arrival(self.pos + len as u64 - 1);
+        let mut frame = self.buf.split_to(len);
+        frame.advance(FRAME_PREFIX_BYTES);
+        self.pos += len as u64;
+        while self.reads.front().is_some_and(|&(end, _)| end <= self.pos) {
+            self.reads.pop_front();
+        }
+        Arrived {
+            body: frame.freeze(),
+            first_byte,
+            complete,
+        }
+    }
+
+    /// Reads what the socket has, at least one byte, or notes its end.
+    /// Cancel-safe: nothing is read unless it returns.
+    async fn fill(&mut self, read: &mut (impl AsyncRead + Unpin)) -> std::io::Result<()> {
+        let missing = match self.buf.get(..FRAME_PREFIX_BYTES) {
+            // The size was checked (complete_frame) before more is read.
+            Some(prefix) => {
+                let size = i32::from_be_bytes(prefix.try_into().expect("sliced to the prefix's size"));
+                (FRAME_PREFIX_BYTES + usize::try_from(size).unwrap_or(0)).saturating_sub(self.buf.len())
+            }
+            None => FRAME_PREFIX_BYTES - self.buf.len(),
+        };
+        self.buf.reserve(missing.max(READ_BYTES));
+        let n = read.read_buf(&mut self.buf).await?;
+        if n == 0 {
+            self.eof = true;
+        } else {
+            let end = self.pos + self.buf.len() as u64;
+            self.reads.push_back((end, Instant::now()));
+        }
+        Ok(())
+    }
+
+    /// How the stream ended: between frames, or inside one.
+    fn closed(&self) -> Result<(), String> {
+        if self.buf.len() < FRAME_PREFIX_BYTES {
+            Ok(())
+        } else {
+            Err("truncated frame: early eof".into())
+        }
+    }
+}
+
+async fn write_frame(write: &mut (impl AsyncWriteExt + Unpin), frame: &[u8]) -> std::io::Result<()> {
+    let mut pieces = frame.chunks(WRITE_PIECE_BYTES).peekable();
+    while let Some(piece) = pieces.next() {
+        write.write_all(piece).await?;
+        if pieces.peek().is_some() {
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(api_key: i16, body_len: usize) -> Vec<u8> {
+        let size = 8 + body_len;
+        let mut f = (size as i32).to_be_bytes().to_vec();
+        f.extend(api_key.to_be_bytes());
+        f.extend(0i16.to_be_bytes()); // version
+        f.extend(7i32.to_be_bytes()); // correlation id
+        f.extend(std::iter::repeat_n(0xab, body_len));
+        f
+    }
+
+    #[tokio::test]
+    async fn frames_split_across_reads_keep_their_arrival_times() {
+        let mut stream = frame(0, 20);
+        stream.extend(frame(3, 4));
+        let mut inbox = Inbox::default();
+        inbox.fill(&mut &stream[..10]).await.unwrap();
+        assert_eq!(inbox.complete_frame(1 << 20), Ok(None));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        inbox.fill(&mut &stream[10..]).await.unwrap();
+
+        let len = inbox
+            .complete_frame(1 << 20)
+            .unwrap()
+            .expect("the first frame is whole");
+        assert_eq!((len, inbox.api_key()), (32, 0));
+        let first = inbox.take(len);
+        assert_eq!(first.body.len(), 28);
+        assert!(
+            first.complete - first.first_byte >= Duration::from_millis(20),
+            "its last bytes came in the second read"
+        );
+        let len = inbox
+            .complete_frame(1 << 20)
+            .unwrap()
+            .expect("the second frame is whole");
+        assert_eq!((len, inbox.api_key()), (16, 3));
+        let second = inbox.take(len);
+        assert_eq!(
+            second.first_byte, second.complete,
+            "all of it came in the second read"
+        );
+        assert_eq!(second.first_byte, first.complete);
+        assert!(inbox.buf.is_empty() && inbox.reads.is_empty());
+        assert_eq!(inbox.closed(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_bad_size_is_refused_before_the_body_and_a_cut_frame_is_truncated() {
+        let mut inbox = Inbox::default();
+        inbox.fill(&mut &(200i32.to_be_bytes())[..]).await.unwrap();
+        assert!(matches!(
+            inbox.complete_frame(100),
+            Err(FrameError::TooLarge { .. })
+        ));
+
+        let mut inbox = Inbox::default();
+        inbox.fill(&mut &frame(0, 10)[..12]).await.unwrap();
+        inbox.fill(&mut &[][..]).await.unwrap();
+        assert!(inbox.eof);
+        assert!(inbox.closed().is_err(), "a frame cut short is a truncated frame");
+
+        let mut inbox = Inbox::default();
+        inbox.fill(&mut &[0u8, 0][..]).await.unwrap();
+        assert_eq!(
+            inbox.closed(),
+            Ok(()),
+            "a connection may close inside a size prefix"
+        );
+    }
+
+    fn in_flight(api_key: ApiKey, bytes: usize, queued: bool, done: Option<Reply>) -> InFlight<'static> {
+        let trace = Arc::new(RequestTrace::new(
+            api_key as i16,
+            0,
+            1,
+            "127.0.0.1:9".parse().unwrap(),
+            Instant::now(),
+        ));
+        let t = Arc::clone(&trace);
+        let ready = async move {
+            if queued {
+                trace::expect_appends(1);
+                trace::append_queued();
+            }
+        };
+        // Run the marking inside the trace's scope, as a handler would.
+        block_on(trace::scope(t, ready));
+        InFlight {
+            trace,
+            produce: api_key == ApiKey::Produce,
+            bytes,
+            reply: Box::pin(std::future::pending()),
+            done,
+        }
+    }
+
+    fn block_on<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn only_produce_requests_pass_produce_requests_whose_appends_are_queued() {
+        let produce = ApiKey::Produce as i16;
+        let fetch = ApiKey::Fetch as i16;
+        assert!(
+            admits(&VecDeque::new(), fetch, 100),
+            "an idle connection takes anything"
+        );
+
+        let queued: VecDeque<_> = [in_flight(ApiKey::Produce, 100, true, None)].into();
+        assert!(admits(&queued, produce, 100));
+        assert!(
+            !admits(&queued, fetch, 100),
+            "anything else waits for the produce"
+        );
+        assert!(!admits(&queued, produce, PIPELINE_BYTES), "a large one waits");
+
+        let unqueued: VecDeque<_> = [in_flight(ApiKey::Produce, 100, false, None)].into();
+        assert!(
+            !admits(&unqueued, produce, 100),
+            "appends not queued yet could be overtaken"
+        );
+
+        let answered: VecDeque<_> = [in_flight(ApiKey::Produce, 100, false, Some(Reply::Nothing))].into();
+        assert!(admits(&answered, produce, 100));
+        let closing: VecDeque<_> = [in_flight(
+            ApiKey::Produce,
+            100,
+            false,
+            Some(Reply::Close("bad".into())),
+        )]
+        .into();
+        assert!(
+            !admits(&closing, produce, 100),
+            "nothing starts behind a closing reply"
+        );
+
+        let metadata: VecDeque<_> = [in_flight(ApiKey::Metadata, 100, false, None)].into();
+        assert!(!admits(&metadata, produce, 100));
+
+        let full: VecDeque<_> = (0..PIPELINE_DEPTH)
+            .map(|_| in_flight(ApiKey::Produce, 10, true, None))
+            .collect();
+        assert!(!admits(&full, produce, 10), "at most PIPELINE_DEPTH in flight");
+    }
+}
