@@ -26,7 +26,9 @@ use keel_broker::{Broker, ClientInfo, Reply};
 use keel_protocol::frame::{request_size, FrameError, FRAME_PREFIX_BYTES};
 use keel_protocol::messages::ApiKey;
 use keel_protocol::RequestFrame;
+use keel_tier::Bulk;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
 /// Requests in flight on one connection at most: the first, and Produce
@@ -41,11 +43,12 @@ pub const PIPELINE_BYTES: usize = 1 << 20;
 /// Bytes asked of the socket per read, unless a frame needs more.
 const READ_BYTES: usize = 64 << 10;
 
-/// Bytes written per poll of a connection: a large response (a backfill's
-/// megabytes) goes out in pieces with a yield between them, so the
-/// kernel's copy of it never holds a request thread for long while other
-/// connections' requests wait.
-const WRITE_PIECE_BYTES: usize = 256 << 10;
+/// Responses at least this large (a backfill's fetches) are written by
+/// the bulk threads, in pieces of this size: the kernel's copy of them runs
+/// at the bulk threads' priority (SCHED_IDLE), so a request thread or a
+/// partition writer that wakes up does not wait for a request thread to
+/// finish its time slice of sending.
+const BULK_SEND_BYTES: usize = 256 << 10;
 
 /// What a connection may hold: `socket.request.max.bytes` per frame and
 /// `connections.max.idle.ms` without a request.
@@ -65,7 +68,8 @@ pub async fn serve(
     limits: Limits,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
-    let (mut read, mut write) = stream.into_split();
+    let (mut read, write) = stream.into_split();
+    let mut write = Some(write);
     let mut inbox = Inbox::default();
     let mut flight: VecDeque<InFlight> = VecDeque::new();
     loop {
@@ -75,7 +79,9 @@ pub async fn serve(
             match reply {
                 Reply::Frame(bytes) => {
                     let sending = Instant::now();
-                    write_frame(&mut write, &bytes).await.map_err(|e| e.to_string())?;
+                    send(&mut write, bytes, broker.cold.bulk())
+                        .await
+                        .map_err(|e| e.to_string())?;
                     done.trace.add(Stage::Send, sending.elapsed());
                 }
                 Reply::Nothing => {}
@@ -313,12 +319,34 @@ impl Inbox {
     }
 }
 
-async fn write_frame(write: &mut (impl AsyncWriteExt + Unpin), frame: &[u8]) -> std::io::Result<()> {
-    let mut pieces = frame.chunks(WRITE_PIECE_BYTES).peekable();
-    while let Some(piece) = pieces.next() {
-        write.write_all(piece).await?;
-        if pieces.peek().is_some() {
-            tokio::task::yield_now().await;
+/// Writes a response frame. A large one goes out in pieces written by the
+/// bulk threads: this task waits for the socket to take more, hands the
+/// write half and a piece to a bulk thread, and gets the half back.
+async fn send(write: &mut Option<OwnedWriteHalf>, frame: Bytes, bulk: &Bulk) -> std::io::Result<()> {
+    let Some(half) = write.as_mut() else {
+        return Err(std::io::Error::other("the connection's write half was lost"));
+    };
+    if frame.len() < BULK_SEND_BYTES {
+        return half.write_all(&frame).await;
+    }
+    let mut sent = 0;
+    while sent < frame.len() {
+        write.as_ref().expect("kept between pieces").writable().await?;
+        let half = write.take().expect("kept between pieces");
+        let piece = frame.slice(sent..frame.len().min(sent + BULK_SEND_BYTES));
+        // If the job panics the half is dropped with it, which closes the
+        // connection: the response cannot be finished.
+        let (half, wrote) = bulk
+            .run(move || {
+                let wrote = half.try_write(&piece);
+                (half, wrote)
+            })
+            .await?;
+        *write = Some(half);
+        match wrote {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(())
@@ -396,6 +424,40 @@ mod tests {
             Ok(()),
             "a connection may close inside a size prefix"
         );
+    }
+
+    #[tokio::test]
+    async fn a_large_response_is_written_whole_by_the_bulk_threads_and_a_small_one_after_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (_read, write) = server.into_split();
+        let mut write = Some(write);
+        let bulk = Bulk::new(1).unwrap();
+        let large: Bytes = (0..3 * BULK_SEND_BYTES + 123)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let expected_len = large.len() + 3;
+        let reader = tokio::spawn(async move {
+            let mut client = client;
+            let mut got = Vec::new();
+            while got.len() < expected_len {
+                let mut chunk = [0u8; 64 << 10];
+                let n = client.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "the connection closed early");
+                got.extend_from_slice(&chunk[..n]);
+                // A slow reader: the socket fills and the bulk thread's
+                // write would block.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            got
+        });
+        send(&mut write, large.clone(), &bulk).await.unwrap();
+        send(&mut write, Bytes::from_static(b"end"), &bulk).await.unwrap();
+        let got = reader.await.unwrap();
+        assert_eq!(&got[..large.len()], &large[..]);
+        assert_eq!(&got[large.len()..], b"end");
+        assert!(write.is_some(), "the write half came back");
     }
 
     fn in_flight(api_key: ApiKey, bytes: usize, queued: bool, done: Option<Reply>) -> InFlight<'static> {

@@ -1,6 +1,8 @@
 //! [`Bulk`]: a few threads, at a lower CPU priority, for work done on
-//! behalf of consumers reading history: cold reads (I/O, CRC checks, copies)
-//! and assembling and encoding large fetch responses.
+//! behalf of consumers reading history: cold reads (I/O, CRC checks, copies),
+//! assembling and encoding large fetch responses, and writing them to the
+//! socket (the server hands them the connection's write half a piece at a
+//! time).
 //!
 //! The request threads (the async runtime's workers) then never spend
 //! milliseconds copying a backfill's megabytes while a producer's request
