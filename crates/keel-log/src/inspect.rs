@@ -28,6 +28,7 @@ use std::borrow::Cow;
 
 use crate::batch::{check_crc, BatchHeader, ATTRIBUTES_AT, BATCH_HEADER_LEN, NO_TIMESTAMP};
 use crate::index::{OFFSET_ENTRY_LEN, TIME_ENTRY_LEN};
+use crate::marker::{read_marker, Marker};
 use crate::records::{records_in, records_section, Header};
 use crate::txnindex::{self, AbortedTxn};
 
@@ -341,15 +342,29 @@ pub struct BatchSpan {
     pub base_offset: i64,
     pub last_offset: i64,
     pub max_timestamp: i64,
+    pub producer_id: i64,
+    pub transactional: bool,
+    /// The transaction marker of a control batch (None for data batches,
+    /// other control records, and markers that do not parse).
+    pub marker: Option<Marker>,
 }
 
-impl From<&FoundBatch> for BatchSpan {
-    fn from(b: &FoundBatch) -> BatchSpan {
+impl BatchSpan {
+    /// The span of `batch`, whose bytes are `bytes`.
+    pub fn new(batch: &FoundBatch, bytes: &[u8]) -> BatchSpan {
+        let h = &batch.header;
         BatchSpan {
-            position: b.position,
-            base_offset: b.header.base_offset,
-            last_offset: b.header.last_offset(),
-            max_timestamp: b.header.max_timestamp,
+            position: batch.position,
+            base_offset: h.base_offset,
+            last_offset: h.last_offset(),
+            max_timestamp: h.max_timestamp,
+            producer_id: h.producer_id,
+            transactional: h.is_transactional(),
+            marker: if h.is_control() {
+                read_marker(bytes, h).ok().flatten()
+            } else {
+                None
+            },
         }
     }
 }
@@ -472,6 +487,91 @@ pub fn verify_time_index(
                  ({})",
                 max_so_far[k]
             ));
+        }
+    }
+    out
+}
+
+/// Checks `.txnindex` entries against the batches of their `.log`. Each
+/// entry is an aborted transaction whose ABORT marker is in this segment:
+/// entries run in marker order, the batch at an entry's last offset is an
+/// ABORT marker of its producer, and every ABORT marker in the segment has
+/// an entry. The first offset may lie in an earlier segment, or be gone
+/// (compaction drops aborted records); a batch that does hold it is the
+/// producer's first transactional batch of the transaction. Entries that
+/// do not decode are skipped (the dump reports them).
+pub fn verify_txn_index(entries: &[TxnIndexEntry], batches: &[BatchSpan]) -> Vec<IndexMismatch> {
+    let holding = |offset: i64| {
+        let k = batches.partition_point(|b| b.last_offset < offset);
+        batches
+            .get(k)
+            .filter(|b| (b.base_offset..=b.last_offset).contains(&offset))
+    };
+    let mut out = Vec::new();
+    let mut previous: Option<i64> = None;
+    for (i, entry) in entries.iter().enumerate() {
+        let Ok(t) = entry else { continue };
+        let mut fail = |reason: String| out.push(IndexMismatch { entry: i, reason });
+        if previous.is_some_and(|p| t.last_offset <= p) {
+            fail(format!(
+                "last offset {} does not increase on the entry before ({})",
+                t.last_offset,
+                previous.unwrap_or_default()
+            ));
+        }
+        previous = Some(t.last_offset);
+        if t.first_offset > t.last_offset {
+            fail(format!(
+                "first offset {} is after its last offset {}",
+                t.first_offset, t.last_offset
+            ));
+        }
+        match holding(t.last_offset) {
+            None => fail(format!(
+                "its ABORT marker at offset {} is not in the log",
+                t.last_offset
+            )),
+            Some(b) => match b.marker {
+                Some(m) if !m.commit && b.producer_id == t.producer_id => {}
+                Some(m) if !m.commit => fail(format!(
+                    "offset {} is an ABORT marker of producer {}, not {}",
+                    t.last_offset, b.producer_id, t.producer_id
+                )),
+                Some(_) => fail(format!(
+                    "offset {} is a COMMIT marker, not an ABORT",
+                    t.last_offset
+                )),
+                None => fail(format!("offset {} is not a transaction marker", t.last_offset)),
+            },
+        }
+        if let Some(b) = holding(t.first_offset) {
+            if b.base_offset != t.first_offset || !b.transactional || b.marker.is_some() {
+                fail(format!(
+                    "first offset {} is not the start of a transactional batch",
+                    t.first_offset
+                ));
+            } else if b.producer_id != t.producer_id {
+                fail(format!(
+                    "first offset {} is a batch of producer {}, not {}",
+                    t.first_offset, b.producer_id, t.producer_id
+                ));
+            }
+        }
+    }
+    let indexed: Vec<i64> = entries
+        .iter()
+        .filter_map(|e| e.as_ref().ok())
+        .map(|t| t.last_offset)
+        .collect();
+    for b in batches {
+        if b.marker.is_some_and(|m| !m.commit) && !indexed.contains(&b.base_offset) {
+            out.push(IndexMismatch {
+                entry: entries.len(),
+                reason: format!(
+                    "the ABORT marker at offset {} (producer {}) has no entry",
+                    b.base_offset, b.producer_id
+                ),
+            });
         }
     }
     out
@@ -693,7 +793,7 @@ mod tests {
         let (data, s) = segment();
         let spans: Vec<BatchSpan> = walk(&data)
             .filter_map(|f| match f {
-                Found::Batch(b, _) => Some(BatchSpan::from(&b)),
+                Found::Batch(b, bytes) => Some(BatchSpan::new(&b, bytes)),
                 Found::Corrupt(_) => None,
             })
             .collect();

@@ -55,8 +55,8 @@ pub struct DumpArgs {
     #[arg(long, value_name = "BYTE")]
     pub position: Option<u64>,
     /// Check index entries against the `.log` beside the file (on a
-    /// `.log`: against its `.index` and `.timeindex`) and list each
-    /// mismatch.
+    /// `.log`: against its `.index`, `.timeindex` and `.txnindex`) and
+    /// list each mismatch.
     #[arg(long)]
     pub verify_index: bool,
     /// The segment's base offset, when the file name does not state it
@@ -110,6 +110,7 @@ pub struct Input {
     pub log: Option<Vec<u8>>,
     pub offset_index: Option<Vec<u8>>,
     pub time_index: Option<Vec<u8>>,
+    pub txn_index: Option<Vec<u8>>,
 }
 
 /// How a dump went, for the exit status.
@@ -175,18 +176,24 @@ pub fn load(args: &DumpArgs) -> Result<Input, String> {
         log: None,
         offset_index: None,
         time_index: None,
+        txn_index: None,
     };
     if args.verify_index {
         match kind {
             Kind::Log => {
                 input.offset_index = read_if_there(path.with_extension("index"))?;
                 input.time_index = read_if_there(path.with_extension("timeindex"))?;
-                if input.offset_index.is_none() && input.time_index.is_none() {
-                    return Err(format!("{}: no .index or .timeindex beside it", path.display()));
+                input.txn_index = read_if_there(path.with_extension("txnindex"))?;
+                if input.offset_index.is_none() && input.time_index.is_none() && input.txn_index.is_none() {
+                    return Err(format!(
+                        "{}: no .index, .timeindex or .txnindex beside it",
+                        path.display()
+                    ));
                 }
             }
-            Kind::OffsetIndex | Kind::TimeIndex => input.log = Some(read(&path.with_extension("log"))?),
-            Kind::TxnIndex => return Err("--verify-index checks a .index or .timeindex".into()),
+            Kind::OffsetIndex | Kind::TimeIndex | Kind::TxnIndex => {
+                input.log = Some(read(&path.with_extension("log"))?)
+            }
         }
     }
     Ok(input)
@@ -214,6 +221,9 @@ pub fn dump(input: &Input, args: &DumpArgs, out: &mut dyn Write) -> io::Result<O
                 if let Some(index) = &input.time_index {
                     dumper.time_index(index, input.base_offset, Some(&batches))?;
                 }
+                if let Some(index) = &input.txn_index {
+                    dumper.txn_index(index, Some(&batches))?;
+                }
             }
         },
         Kind::OffsetIndex | Kind::TimeIndex => {
@@ -224,7 +234,10 @@ pub fn dump(input: &Input, args: &DumpArgs, out: &mut dyn Write) -> io::Result<O
                 dumper.time_index(&input.data, input.base_offset, batches.as_deref())?;
             }
         }
-        Kind::TxnIndex => dumper.txn_index(&input.data)?,
+        Kind::TxnIndex => {
+            let batches = input.log.as_deref().map(log_spans);
+            dumper.txn_index(&input.data, batches.as_deref())?
+        }
     }
     if args.position.is_none() {
         dumper.summary_line()?;
@@ -236,7 +249,7 @@ pub fn dump(input: &Input, args: &DumpArgs, out: &mut dyn Write) -> io::Result<O
 fn log_spans(data: &[u8]) -> Vec<BatchSpan> {
     inspect::walk(data)
         .filter_map(|f| match f {
-            Found::Batch(b, _) => Some(BatchSpan::from(&b)),
+            Found::Batch(b, bytes) => Some(BatchSpan::new(&b, bytes)),
             Found::Corrupt(_) => None,
         })
         .collect()
@@ -321,7 +334,7 @@ impl Dumper<'_> {
         for found in inspect::walk(data) {
             match found {
                 Found::Batch(batch, bytes) => {
-                    spans.push(BatchSpan::from(&batch));
+                    spans.push(BatchSpan::new(&batch, bytes));
                     self.batch(&batch, bytes, None)?;
                 }
                 Found::Corrupt(region) => self.corrupt(&region)?,
@@ -512,7 +525,7 @@ impl Dumper<'_> {
         Ok(())
     }
 
-    fn txn_index(&mut self, bytes: &[u8]) -> io::Result<()> {
+    fn txn_index(&mut self, bytes: &[u8], batches: Option<&[BatchSpan]>) -> io::Result<()> {
         let (entries, partial) = inspect::read_txn_index(bytes);
         if !self.json {
             writeln!(
@@ -547,6 +560,9 @@ impl Dumper<'_> {
                 v,
                 &format!("{partial} bytes at the end are not a whole entry (ignored)"),
             )?;
+        }
+        if let Some(batches) = batches {
+            self.mismatches(inspect::verify_txn_index(&entries, batches), "txn")?;
         }
         Ok(())
     }
@@ -767,6 +783,7 @@ mod tests {
             log: None,
             offset_index: None,
             time_index: None,
+            txn_index: None,
         }
     }
 
@@ -813,19 +830,19 @@ mod tests {
                 records: rng.gen_bool(0.5),
                 print_data: rng.gen_bool(0.3),
                 json: rng.gen_bool(0.5),
-                verify_index: *kind != Kind::TxnIndex,
+                verify_index: true,
                 ..DumpArgs::default()
             };
             match kind {
                 Kind::Log => {
                     inp.offset_index = Some(kafka_fixture("index"));
                     inp.time_index = Some(kafka_fixture("timeindex"));
+                    inp.txn_index = Some(kafka_fixture("txnindex"));
                     if rng.gen_bool(0.3) {
                         args.position = Some(rng.gen_range(0..inp.data.len() as u64 + 10));
                     }
                 }
-                Kind::OffsetIndex | Kind::TimeIndex => inp.log = Some(log_copy),
-                Kind::TxnIndex => {}
+                Kind::OffsetIndex | Kind::TimeIndex | Kind::TxnIndex => inp.log = Some(log_copy),
             }
             let mut out = Vec::new();
             let outcome = dump(&inp, &args, &mut out).expect("writes to a Vec");

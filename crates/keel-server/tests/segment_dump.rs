@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use keel_log::marker::Marker;
 use keel_log::testing::BatchBuilder;
+use keel_log::txnindex::AbortedTxn;
 use keel_log::{LogConfig, PartitionLog};
 use serde_json::Value;
 
@@ -227,14 +229,90 @@ fn kafkas_index_files_list_and_verify() {
         ],
         [4, 18, 20, 21]
     );
-    // On the .log: both siblings checked.
+    let (code, lines) = dump_json(&dir.join("00000000000000000000.txnindex"), &["--verify-index"]);
+    assert_eq!(code, 0, "{lines:?}");
+    // On the .log: all three siblings checked.
     let (code, lines) = dump_json(&dir.join(KAFKA_LOG), &["--verify-index"]);
     assert_eq!(code, 0);
     let summary = of_type(&lines, "summary")[0];
     assert_eq!(
         (summary["index_entries"].as_u64(), summary["mismatches"].as_u64()),
-        (Some(15), Some(0))
+        (Some(16), Some(0))
     );
+}
+
+/// The fixture's one aborted transaction (producer 4, first offset 18,
+/// ABORT marker at 20), tampered with field by field: each change is a
+/// mismatch against the log.
+#[test]
+fn verify_index_checks_aborted_transactions_against_their_markers() {
+    let dir = kafka_copy();
+    let txn = dir.path().join("00000000000000000000.txnindex");
+    let original = std::fs::read(&txn).unwrap();
+    assert_eq!(original.len(), 34);
+    let reasons = |field_at: usize, value: i64| {
+        let mut bytes = original.clone();
+        bytes[field_at..field_at + 8].copy_from_slice(&value.to_be_bytes());
+        std::fs::write(&txn, &bytes).unwrap();
+        let (code, lines) = dump_json(&txn, &["--verify-index"]);
+        assert_eq!(code, 1, "{lines:?}");
+        of_type(&lines, "mismatch")
+            .iter()
+            .map(|m| {
+                assert_eq!(m["index"], "txn");
+                m["reason"].as_str().unwrap().to_string()
+            })
+            .collect::<Vec<_>>()
+    };
+    // Fields: version (2 bytes), producer id, first offset, last offset,
+    // last stable offset (8 bytes each).
+    assert_eq!(
+        reasons(2, 5),
+        [
+            "offset 20 is an ABORT marker of producer 4, not 5",
+            "first offset 18 is a batch of producer 4, not 5"
+        ]
+    );
+    assert_eq!(
+        reasons(10, 19),
+        ["first offset 19 is not the start of a transactional batch"]
+    );
+    assert_eq!(
+        reasons(18, 17),
+        [
+            "first offset 18 is after its last offset 17",
+            "offset 17 is a COMMIT marker, not an ABORT",
+            "the ABORT marker at offset 20 (producer 4) has no entry"
+        ]
+    );
+    assert_eq!(
+        reasons(18, 16),
+        [
+            "first offset 18 is after its last offset 16",
+            "offset 16 is not a transaction marker",
+            "the ABORT marker at offset 20 (producer 4) has no entry"
+        ]
+    );
+    assert_eq!(
+        reasons(18, 40),
+        [
+            "its ABORT marker at offset 40 is not in the log",
+            "the ABORT marker at offset 20 (producer 4) has no entry"
+        ]
+    );
+    // An empty .txnindex beside a segment that holds an ABORT marker.
+    std::fs::write(&txn, b"").unwrap();
+    let (code, lines) = dump_json(&dir.path().join(KAFKA_LOG), &["--verify-index"]);
+    assert_eq!(code, 1);
+    let m = of_type(&lines, "mismatch");
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(
+        (&m[0]["index"], &m[0]["entry"]),
+        (&Value::from("txn"), &Value::from(0))
+    );
+    // Without --verify-index the file only lists.
+    std::fs::write(&txn, &original).unwrap();
+    assert_eq!(dump_json(&txn, &[]).0, 0);
 }
 
 #[test]
@@ -427,6 +505,31 @@ fn a_segment_keel_wrote_dumps_and_verifies() {
         let info = log.append(&mut batch, &headers, 0).unwrap();
         expected.push((info.position as u64, info.base_offset));
     }
+    // An aborted transaction: two records of producer 9, its ABORT marker,
+    // and the .txnindex entry the broker adds for it.
+    let mut txn = BatchBuilder::new(6_000)
+        .producer(9, 0, 0)
+        .transactional(true)
+        .record(Some(b"t"), Some(b"x"))
+        .record(Some(b"t"), Some(b"y"))
+        .build();
+    let marker = Marker {
+        commit: false,
+        coordinator_epoch: 0,
+    };
+    let mut abort = keel_log::marker::marker_batch(9, 0, marker, 6_001);
+    for batch in [&mut txn, &mut abort] {
+        let headers = keel_log::batch::validate_batches(batch).unwrap();
+        let info = log.append(batch, &headers, 0).unwrap();
+        expected.push((info.position as u64, info.base_offset));
+    }
+    log.add_aborted_txn(AbortedTxn {
+        producer_id: 9,
+        first_offset: 24,
+        last_offset: 26,
+        last_stable_offset: 27,
+    })
+    .unwrap();
     log.close().unwrap();
     let seg = dir.path().join(KAFKA_LOG);
     let (code, lines) = dump_json(&seg, &["--verify-index", "--records"]);
@@ -444,6 +547,12 @@ fn a_segment_keel_wrote_dumps_and_verifies() {
     assert_eq!(got, expected);
     assert_eq!(batches[1]["codec"], "zstd");
     let summary = of_type(&lines, "summary")[0];
-    assert!(summary["index_entries"].as_u64().unwrap() >= 10, "{summary}");
-    assert_eq!(summary["records"], 24);
+    assert!(summary["index_entries"].as_u64().unwrap() >= 11, "{summary}");
+    assert_eq!(summary["records"], 27);
+    let txns = of_type(&lines, "txn_index_entry");
+    assert_eq!(txns.len(), 1, "{lines:?}");
+    assert_eq!(
+        (&txns[0]["first_offset"], &txns[0]["last_offset"]),
+        (&Value::from(24), &Value::from(26))
+    );
 }
