@@ -95,6 +95,11 @@ apply to both brokers alike, and the output names them. Per phase, the
 table has the broker's CPU (/proc/PID/stat utime+stime) and keel-bench's,
 in cores, the machine's busy cores (/proc/stat), and the run-queue wait of
 the broker's and keel-bench's threads (/proc/PID/task/*/schedstat).
+The host's steal (CPU the hypervisor gave to other guests) moves every
+latency on a shared VM and comes and goes by the minute, so the table also
+gives each phase's quiet seconds (steal under 0.05 cores in that second)
+and the produce and tail p99 over those seconds alone; the JSON timeline
+has the steal of every second.
 bench/catchup_plot.py plots runs from several --json files one above the
 other.
 
@@ -789,6 +794,10 @@ ROWS = [  # (label, value of one phase's JSON or None)
     ("host busy cores", lambda p: (p["broker"].get("host") or {}).get("busy_cores")),
     ("host irq+softirq cores", lambda p: (p["broker"].get("host") or {}).get("irq_softirq_cores")),
     ("host steal cores", lambda p: (p["broker"].get("host") or {}).get("steal_cores")),
+    # The phase's quiet seconds alone (keel-bench: host steal under 0.05 cores).
+    ("quiet seconds", lambda p: (p.get("quiet") or {}).get("seconds")),
+    ("quiet produce p99 ms", lambda p: quiet(p, "produce")),
+    ("quiet tail e2e p99 ms", lambda p: quiet(p, "tail")),
     ("broker busiest thread cores", lambda p: p["broker"].get("busiest_thread_cores")),
     ("broker run-queue wait ms/s", lambda p: p["broker"].get("runq_ms_per_s")),
     ("bench run-queue wait ms/s", lambda p: p["broker"].get("bench_runq_ms_per_s")),
@@ -806,6 +815,13 @@ ROWS = [  # (label, value of one phase's JSON or None)
     ("fast tier MB (end)", lambda p: tiers(p, lambda t: t["fast_bytes_end"] / 1e6)),
     ("topic in colder tier MB (end)", lambda p: tiers(p, lambda t: t["topic_cold_bytes_end"] / 1e6)),
 ]
+
+
+def quiet(phase: dict, what: str):
+    q = phase.get("quiet")
+    if not q or not q["seconds"] or not q[what]["count"]:
+        return None
+    return q[what]["p99_ms"]
 
 
 def tiers(phase: dict, get):

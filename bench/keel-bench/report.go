@@ -87,6 +87,55 @@ type phaseJSON struct {
 	Tiers *tiersPhaseJSON `json:"tiers,omitempty"`
 	// Keel's request stages (--metrics-url), by API and stage.
 	Stages map[string]map[string]stageJSON `json:"stages,omitempty"`
+	// The latencies over the phase's quiet seconds alone (nil when the
+	// host's CPU counters were not read).
+	Quiet *quietJSON `json:"quiet,omitempty"`
+}
+
+// quietStealCores: a second of the run is quiet when the hypervisor took
+// less than this much of the machine's CPU (steal, in cores) during it. On
+// a shared VM steal comes and goes from minute to minute and moves every
+// latency with it; the quiet seconds compare phases without it.
+const quietStealCores = 0.05
+
+// quietJSON: a phase's produce and tail latencies over its quiet seconds.
+type quietJSON struct {
+	Seconds float64     `json:"seconds"`
+	Produce latencyJSON `json:"produce"`
+	Tail    latencyJSON `json:"tail"`
+}
+
+// quietSpans: the intervals between consecutive samples in which steal
+// stayed under quietStealCores; nil when the host's CPU was not read.
+func quietSpans(periodic []timedBroker) [][2]time.Duration {
+	var out [][2]time.Duration
+	for i := 1; i < len(periodic); i++ {
+		if steal := stealBetween(periodic[i-1], periodic[i]); steal >= 0 && steal < quietStealCores {
+			out = append(out, [2]time.Duration{periodic[i-1].at, periodic[i].at})
+		}
+	}
+	return out
+}
+
+// quietPhase: the latencies of samples in [from, to) that fall in a quiet
+// span; nil when no sample interval was measured.
+func quietPhase(prod, tail []sample, quiet [][2]time.Duration, measured bool, from, to time.Duration) *quietJSON {
+	if !measured {
+		return nil
+	}
+	var q quietJSON
+	var p, t []int64
+	for _, span := range quiet {
+		lo, hi := max(span[0], from), min(span[1], to)
+		if lo >= hi {
+			continue
+		}
+		q.Seconds += (hi - lo).Seconds()
+		p = append(p, between(prod, lo, hi)...)
+		t = append(t, between(tail, lo, hi)...)
+	}
+	q.Produce, q.Tail = lat(summarize(p)), lat(summarize(t))
+	return &q
 }
 
 type pointJSON struct {
@@ -101,6 +150,7 @@ type pointJSON struct {
 	RSSBytes       int64   `json:"rss_bytes"`
 	BrokerCPUCores float64 `json:"broker_cpu_cores"` // -1: unknown
 	BenchCPUCores  float64 `json:"bench_cpu_cores"`
+	HostStealCores float64 `json:"host_steal_cores"` // -1: unknown
 }
 
 type result struct {
@@ -138,6 +188,8 @@ func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, 
 	if e, ok := r.firstProduceErr.Load().(error); ok {
 		res.FirstError = e.Error()
 	}
+	quiet := quietSpans(periodic)
+	measured := len(periodic) > 1 && periodic[0].s.Host.Ok
 	names := []string{"baseline", "backfill", "after"}
 	for i, name := range names {
 		from, to := marks[i].at, marks[i+1].at
@@ -166,6 +218,7 @@ func (r *run) result(pre preloadResult, bf backfillResult, marks []timedBroker, 
 		ph.Broker.BusiestThreadCore = perSecond(between(busiest, from, to), 1e6)
 		ph.Tiers = tiersPhase(keelMarks[i].tiers, keelMarks[i+1].tiers)
 		ph.Stages = stagesPhase(keelMarks[i].stages, keelMarks[i+1].stages)
+		ph.Quiet = quietPhase(prod, tail, quiet, measured, from, to)
 		res.Phases = append(res.Phases, ph)
 	}
 	res.Timeline = timeline(prod, tail, lag, bfb, periodic, marks[len(marks)-1].at)
@@ -250,7 +303,8 @@ func devPhase(a, b devStat, secs float64) *devJSON {
 func timeline(prod, tail, lag, bfb []sample, periodic []timedBroker, end time.Duration) []pointJSON {
 	var out []pointJSON
 	for t := time.Duration(0); t < end; t += time.Second {
-		p := pointJSON{TS: t.Seconds(), PageCacheBytes: -1, RSSBytes: -1, BrokerCPUCores: -1, BenchCPUCores: -1}
+		p := pointJSON{TS: t.Seconds(), PageCacheBytes: -1, RSSBytes: -1, BrokerCPUCores: -1, BenchCPUCores: -1,
+			HostStealCores: -1}
 		ps := summarize(between(prod, t, t+time.Second))
 		ts := summarize(between(tail, t, t+time.Second))
 		p.ProduceP99Ms, p.ProduceMaxMs = usToMs(ps.P99), usToMs(ps.Max)
@@ -264,12 +318,22 @@ func timeline(prod, tail, lag, bfb []sample, periodic []timedBroker, end time.Du
 				p.PageCacheBytes, p.RSSBytes = s.s.PageCacheBytes, s.s.RSSBytes
 				if i > 0 {
 					p.BrokerCPUCores, p.BenchCPUCores = cpuBetween(periodic[i-1], s)
+					p.HostStealCores = stealBetween(periodic[i-1], s)
 				}
 			}
 		}
 		out = append(out, p)
 	}
 	return out
+}
+
+// stealBetween: the host's steal in cores between two samples (-1: unknown).
+func stealBetween(a, b timedBroker) float64 {
+	dt := (b.at - a.at).Seconds()
+	if !a.s.Host.Ok || !b.s.Host.Ok || dt <= 0 {
+		return -1
+	}
+	return float64(b.s.Host.Steal-a.s.Host.Steal) / clockTicksPerS / dt
 }
 
 // cpuBetween: broker and bench CPU in cores between two samples (-1: unknown).
@@ -342,6 +406,15 @@ func printTable(w io.Writer, res *result) {
 		{"host system cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.SystemCores }) }},
 		{"host irq+softirq cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.IRQCores }) }},
 		{"host steal cores", func(p phaseJSON) string { return host(p, func(h *hostJSON) float64 { return h.StealCores }) }},
+		{fmt.Sprintf("quiet seconds (steal < %.2f cores)", quietStealCores), func(p phaseJSON) string {
+			return quietCell(p, func(q *quietJSON) string { return fmt.Sprintf("%.0f", q.Seconds) })
+		}},
+		{"quiet produce p99 ms", func(p phaseJSON) string {
+			return quietCell(p, func(q *quietJSON) string { return ms(q.Produce.P99Ms) })
+		}},
+		{"quiet tail e2e p99 ms", func(p phaseJSON) string {
+			return quietCell(p, func(q *quietJSON) string { return ms(q.Tail.P99Ms) })
+		}},
 		{"broker busiest thread cores", func(p phaseJSON) string { return optF(p.Broker.BusiestThreadCore) }},
 		{"broker run-queue wait ms/s", func(p phaseJSON) string { return optF(p.Broker.RunqMsPerS) }},
 		{"bench run-queue wait ms/s", func(p phaseJSON) string { return optF(p.Broker.BenchRunqMsPerS) }},
@@ -398,6 +471,14 @@ func host(p phaseJSON, f func(*hostJSON) float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", f(p.Broker.Host))
+}
+
+// quietCell: "-" without host counters, or for latencies with no sample.
+func quietCell(p phaseJSON, f func(*quietJSON) string) string {
+	if p.Quiet == nil || p.Quiet.Seconds == 0 {
+		return "-"
+	}
+	return f(p.Quiet)
 }
 
 func dev(p phaseJSON, f func(*devJSON) float64) string {
