@@ -116,6 +116,11 @@ def test_segments_move_and_read_back_from_every_tier(kind, broker_factory, reque
     t = s["tiers"]
     assert t["copies"] >= 10 and t["copy_failures"] == 0 and t["fast_bytes"] <= 6 * SEGMENT, t
     assert sum(c["local_bytes"] for c in tier_counts(b, topic).values()) <= 6 * SEGMENT
+    # Per partition, the bytes with a copy in each colder tier.
+    for c in tier_counts(b, topic).values():
+        here, other = ("capacity_bytes", "object_store_bytes") if kind == "capacity" else \
+            ("object_store_bytes", "capacity_bytes")
+        assert c[here] >= c["cold_bytes"] >= 5 * 4096 and c[other] == 0, c
 
     # The copies are named by cluster, topic, topic id, partition and base offset,
     # never by a local path; each has a .log, .index and .timeindex.

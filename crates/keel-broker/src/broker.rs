@@ -460,6 +460,12 @@ impl Broker {
                 id,
                 &handlers::txn_admin::describe_producers(self, r),
             ),
+            Request::DescribeLogDirs(r) => respond(
+                ApiKey::DescribeLogDirs,
+                version,
+                id,
+                &handlers::log_dirs::describe_log_dirs(self, r),
+            ),
             body => {
                 self.handle_group(body, version, id, client_id, &client.host)
                     .await
@@ -680,6 +686,17 @@ impl Broker {
                     .collect();
                 let count = |state| tiered.iter().filter(|t| t.state == state).count();
                 let cold_bytes: u64 = tiered.iter().filter(|t| t.is_cold()).map(|t| t.size_bytes).sum();
+                // Bytes with a whole copy in each colder tier (local or not).
+                let in_tier = |tier| -> u64 {
+                    tiered
+                        .iter()
+                        .filter(|t| {
+                            t.tier == tier
+                                && matches!(t.state, keel_log::TierState::Both | keel_log::TierState::Cold)
+                        })
+                        .map(|t| t.size_bytes)
+                        .sum()
+                };
                 partitions.push(serde_json::json!({
                     "topic": topic.meta.name,
                     "partition": p.index,
@@ -701,6 +718,8 @@ impl Broker {
                         "cold": count(keel_log::TierState::Cold),
                         "deleting": count(keel_log::TierState::Deleting),
                         "cold_bytes": cold_bytes,
+                        "capacity_bytes": in_tier(keel_log::Tier::Capacity),
+                        "object_store_bytes": in_tier(keel_log::Tier::Remote),
                     },
                 }));
             }

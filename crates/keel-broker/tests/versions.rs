@@ -338,6 +338,11 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
         ApiKey::DescribeTransactions => encoded!(DescribeTransactionsRequest::default()
             .with_transactional_ids(vec![TransactionalId(str("unknown-txn"))])),
         ApiKey::ListTransactions => encoded!(ListTransactionsRequest::default().with_duration_filter(-1)),
+        ApiKey::DescribeLogDirs => encoded!(DescribeLogDirsRequest::default().with_topics(Some(vec![
+            describe_log_dirs_request::DescribableLogDirTopic::default()
+                .with_topic(name("t"))
+                .with_partitions(vec![0, 9])
+        ]))),
         ApiKey::DescribeProducers => encoded!(DescribeProducersRequest::default().with_topics(vec![
             describe_producers_request::TopicRequest::default()
                 .with_name(name("t"))
@@ -404,6 +409,7 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
         ApiKey::DescribeTransactions => DescribeTransactionsResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::ListTransactions => ListTransactionsResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::DescribeProducers => DescribeProducersResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeLogDirs => DescribeLogDirsResponse::decode(&mut body, version).map(|_| ()),
         other => panic!("{other:?} has no response in this test"),
     };
     r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));

@@ -79,6 +79,7 @@ pub enum Request {
     DescribeTransactions(DescribeTransactionsRequest),
     ListTransactions(ListTransactionsRequest),
     DescribeProducers(DescribeProducersRequest),
+    DescribeLogDirs(DescribeLogDirsRequest),
 }
 
 /// A request with its full header.
@@ -197,6 +198,7 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         }
         ApiKey::ListTransactions => Request::ListTransactions(ListTransactionsRequest::decode(buf, v)?),
         ApiKey::DescribeProducers => Request::DescribeProducers(DescribeProducersRequest::decode(buf, v)?),
+        ApiKey::DescribeLogDirs => Request::DescribeLogDirs(DescribeLogDirsRequest::decode(buf, v)?),
         other => anyhow::bail!("{other:?} is not implemented"),
     })
 }

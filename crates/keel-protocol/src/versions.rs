@@ -78,6 +78,8 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::DescribeTransactions, 0, 0),
     api(ApiKey::ListTransactions, 0, 2),
     api(ApiKey::DescribeProducers, 0, 0),
+    // The operator surface. DescribeLogDirs v0 was removed in Kafka 4.0.
+    api(ApiKey::DescribeLogDirs, 1, 4),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -142,6 +144,7 @@ mod tests {
                 ApiKey::DescribeTransactions => check::<DescribeTransactionsRequest>(a),
                 ApiKey::ListTransactions => check::<ListTransactionsRequest>(a),
                 ApiKey::DescribeProducers => check::<DescribeProducersRequest>(a),
+                ApiKey::DescribeLogDirs => check::<DescribeLogDirsRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
                 ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),

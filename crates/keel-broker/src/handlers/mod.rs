@@ -5,6 +5,7 @@ pub mod admin;
 pub mod configs;
 pub mod fetch;
 pub mod groups;
+pub mod log_dirs;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;

@@ -209,6 +209,7 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::DescribeTransactions => Request::DescribeTransactions(describe_transactions(g, v)),
         ApiKey::ListTransactions => Request::ListTransactions(list_transactions(g, v)),
         ApiKey::DescribeProducers => Request::DescribeProducers(describe_producers(g, v)),
+        ApiKey::DescribeLogDirs => Request::DescribeLogDirs(describe_log_dirs(g, v)),
         _ => return None,
     })
 }
@@ -248,6 +249,7 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::DescribeTransactions(r) => r.encode(buf, v),
         Request::ListTransactions(r) => r.encode(buf, v),
         Request::DescribeProducers(r) => r.encode(buf, v),
+        Request::DescribeLogDirs(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -300,6 +302,7 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::DescribeTransactions(a), Request::DescribeTransactions(b)) => a == b,
         (Request::ListTransactions(a), Request::ListTransactions(b)) => a == b,
         (Request::DescribeProducers(a), Request::DescribeProducers(b)) => a == b,
+        (Request::DescribeLogDirs(a), Request::DescribeLogDirs(b)) => a == b,
         _ => false,
     }
 }
@@ -1016,6 +1019,19 @@ fn list_transactions(g: &mut Gen, v: i16) -> ListTransactionsRequest {
         r = r.with_transactional_id_pattern(g.opt_string());
     }
     r
+}
+
+fn describe_log_dirs(g: &mut Gen, v: i16) -> DescribeLogDirsRequest {
+    use describe_log_dirs_request::*;
+    let topics = g.vec(3, |g| {
+        DescribableLogDirTopic::default()
+            .with_topic(g.topic())
+            .with_partitions(g.vec(4, |g| g.i32()))
+            .with_unknown_tagged_fields(g.tags(v >= 2))
+    });
+    DescribeLogDirsRequest::default()
+        .with_topics(g.bool().then_some(topics))
+        .with_unknown_tagged_fields(g.tags(v >= 2))
 }
 
 fn describe_producers(g: &mut Gen, _v: i16) -> DescribeProducersRequest {
