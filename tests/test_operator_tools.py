@@ -1,19 +1,32 @@
 """Apache Kafka's operator tools (from the 4.3.1 jars) against Keel:
-`kafka-log-dirs --describe` (LogDirsCommand, DescribeLogDirs), and the
-same request on the wire for the fields the tool does not print."""
+`kafka-log-dirs --describe` (LogDirsCommand, DescribeLogDirs, and the same
+request on the wire for the fields the tool does not print), and
+`kafka-configs` on topics (ConfigCommand: IncrementalAlterConfigs,
+DescribeConfigs), with confluent-kafka's AdminClient for the operations the
+tool does not send."""
 from __future__ import annotations
 
 import json
 import os
+import urllib.request
 
-from confluent_kafka import Producer
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 import kafka_tools
 import kafka_wire as w
 from conftest import unique
 from kclient import CLIENT_TIMEOUT_S, create_topic
+from test_hardening import failpoint
 
 DESCRIBE_LOG_DIRS = 35
+
+
+def clear_failpoints(b) -> None:
+    req = urllib.request.Request(f"http://{b.admin}/failpoints/clear", method="POST")
+    with urllib.request.urlopen(req, timeout=CLIENT_TIMEOUT_S) as r:
+        assert r.status == 200
 
 
 def segment_bytes(data_dir, topic: str, partition: int) -> int:
@@ -98,3 +111,138 @@ def test_describe_log_dirs_filters_topics_and_reports_the_volume(broker):
     vfs = os.statvfs(broker.data_dir)
     assert d["total"] == vfs.f_blocks * vfs.f_frsize, d
     assert 0 < d["usable"] <= d["total"], d
+
+
+# ------------------------------------------------------ topic configs
+
+CONFIGS = "kafka.admin.ConfigCommand"
+
+
+def kafka_configs(bootstrap: str, *args: str, ok: bool = True):
+    done = kafka_tools.run(CONFIGS, "--bootstrap-server", bootstrap, *args)
+    if ok:
+        assert done.returncode == 0, f"kafka-configs {' '.join(args)}: {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    return done
+
+
+def topic_overrides(bootstrap: str, topic: str) -> dict[str, str]:
+    """`kafka-configs --describe` of a topic: its dynamic (overridden) configs."""
+    done = kafka_configs(bootstrap, "--describe", "--entity-type", "topics", "--entity-name", topic)
+    out = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("  ") and "=" in line:
+            key, rest = line.strip().split("=", 1)
+            out[key] = rest.split(" sensitive=", 1)[0]
+    return out
+
+
+def delivery_errors(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> list:
+    """Produces each record in a batch of its own (max.message.bytes limits
+    a batch); returns the delivery errors (None: delivered)."""
+    errors = []
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for key, value in records:
+        p.produce(topic, key=key, value=value, partition=0, on_delivery=lambda e, _m: errors.append(e))
+        assert p.flush(CLIENT_TIMEOUT_S) == 0
+    return errors
+
+
+def test_kafka_configs_alters_topic_configs_that_apply_at_once_and_persist(broker_factory):
+    """`kafka-configs --alter` (IncrementalAlterConfigs) on a topic: the
+    request path sees max.message.bytes at once, the open log rolls at the
+    new segment.bytes, --delete-config goes back to the default, and the
+    overrides survive a kill -9."""
+    b = broker_factory({})
+    topic = unique("alter")
+    create_topic(b.bootstrap, topic, 1)
+    alter = ("--alter", "--entity-type", "topics", "--entity-name", topic)
+    kafka_configs(b.bootstrap, *alter, "--add-config",
+                  "max.message.bytes=4000,segment.bytes=20000,cleanup.policy=[delete,compact]")
+    assert topic_overrides(b.bootstrap, topic) == {
+        "max.message.bytes": "4000", "segment.bytes": "20000", "cleanup.policy": "delete,compact"}
+
+    [err] = delivery_errors(b.bootstrap, topic, [(b"big", b"x" * 6000)])
+    assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE, err
+    assert delivery_errors(b.bootstrap, topic, [(b"k%d" % i, b"y" * 3000) for i in range(20)]) == [None] * 20
+    segments = list((b.data_dir / f"{topic}-0").glob("*.log"))
+    assert len(segments) >= 3, f"20 x 3 KB at segment.bytes=20000 rolled into {len(segments)} segment(s)"
+
+    kafka_configs(b.bootstrap, *alter, "--delete-config", "max.message.bytes")
+    assert delivery_errors(b.bootstrap, topic, [(b"big", b"x" * 6000)]) == [None]
+
+    # Acknowledged means saved: a kill -9 right after keeps it.
+    b.kill9()
+    b.start()
+    assert topic_overrides(b.bootstrap, topic) == {"segment.bytes": "20000", "cleanup.policy": "delete,compact"}
+
+
+def test_bad_topic_config_changes_are_refused_naming_the_key(broker):
+    topic = unique("alter-bad")
+    create_topic(broker.bootstrap, topic, 1)
+    alter = ("--alter", "--entity-type", "topics", "--entity-name", topic)
+    for config in ("retention.ms=soon", "no.such.config=1", "segment.bytes=3"):
+        done = kafka_configs(broker.bootstrap, *alter, "--add-config", config, ok=False)
+        out = done.stdout + done.stderr
+        assert done.returncode != 0 and "InvalidConfigurationException" in out, out[-3000:]
+        assert config.split("=")[0] in out, out[-3000:]
+    assert topic_overrides(broker.bootstrap, topic) == {}
+    done = kafka_configs(broker.bootstrap, "--alter", "--entity-type", "topics", "--entity-name",
+                         unique("missing"), "--add-config", "retention.ms=1000", ok=False)
+    assert done.returncode != 0 and "does not exist" in done.stdout + done.stderr
+
+
+def test_incremental_alter_configs_append_subtract_validate_only_and_legacy_alter(broker):
+    """confluent-kafka's AdminClient: APPEND and SUBTRACT edit a list config
+    (and are refused on others), validate_only changes nothing, and the
+    legacy AlterConfigs replaces the whole set of overrides."""
+    topic = unique("alter-ops")
+    create_topic(broker.bootstrap, topic, 1, {"retention.ms": "86400000"})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+
+    def incremental(entries, validate_only=False):
+        res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+        return admin.incremental_alter_configs([res], validate_only=validate_only)[res].result(CLIENT_TIMEOUT_S)
+
+    def error_code(fn) -> int:
+        with pytest.raises(KafkaException) as e:
+            fn()
+        return e.value.args[0].code()
+
+    op = AlterConfigOpType
+    incremental([ConfigEntry("cleanup.policy", "compact", incremental_operation=op.APPEND)])
+    assert topic_overrides(broker.bootstrap, topic)["cleanup.policy"] == "delete,compact"
+    incremental([ConfigEntry("cleanup.policy", "delete", incremental_operation=op.SUBTRACT)])
+    assert topic_overrides(broker.bootstrap, topic)["cleanup.policy"] == "compact"
+    assert error_code(lambda: incremental([ConfigEntry("retention.ms", "5", incremental_operation=op.APPEND)])) \
+        == KafkaError.INVALID_CONFIG
+
+    incremental([ConfigEntry("retention.ms", "1000", incremental_operation=op.SET)], validate_only=True)
+    assert topic_overrides(broker.bootstrap, topic)["retention.ms"] == "86400000"
+    assert error_code(lambda: incremental([ConfigEntry("retention.ms", "x", incremental_operation=op.SET)],
+                                          validate_only=True)) == KafkaError.INVALID_CONFIG
+
+    res = ConfigResource(ResourceType.TOPIC, topic, set_config={"segment.ms": "600000"})
+    admin.alter_configs([res])[res].result(CLIENT_TIMEOUT_S)
+    assert topic_overrides(broker.bootstrap, topic) == {"segment.ms": "600000"}
+
+
+def test_a_config_change_that_cannot_be_saved_changes_nothing(broker_factory):
+    """The topic's description is written before anything changes: when
+    the write fails (ENOSPC through the storage seam) the alter answers
+    KAFKA_STORAGE_ERROR and neither the description nor the live topic
+    has the new value; once the disk has room the same change goes in."""
+    b = broker_factory({}, env={"KEEL_FAILPOINTS": "1"})
+    topic = unique("alter-enospc")
+    create_topic(b.bootstrap, topic, 1)
+    failpoint(b, f"write enospc path=__keel_meta/topics/{topic}")
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("max.message.bytes", "4000", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as e:
+        admin.incremental_alter_configs([res])[res].result(CLIENT_TIMEOUT_S)
+    assert e.value.args[0].code() == KafkaError.KAFKA_STORAGE_ERROR, e.value
+    assert topic_overrides(b.bootstrap, topic) == {}
+    assert delivery_errors(b.bootstrap, topic, [(b"big", b"x" * 6000)]) == [None]
+    clear_failpoints(b)
+    admin.incremental_alter_configs([res])[res].result(CLIENT_TIMEOUT_S)
+    assert topic_overrides(b.bootstrap, topic) == {"max.message.bytes": "4000"}

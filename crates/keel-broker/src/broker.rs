@@ -466,6 +466,18 @@ impl Broker {
                 id,
                 &handlers::log_dirs::describe_log_dirs(self, r),
             ),
+            Request::IncrementalAlterConfigs(r) => respond(
+                ApiKey::IncrementalAlterConfigs,
+                version,
+                id,
+                &handlers::alter_configs::incremental_alter_configs(self, r).await,
+            ),
+            Request::AlterConfigs(r) => respond(
+                ApiKey::AlterConfigs,
+                version,
+                id,
+                &handlers::alter_configs::alter_configs(self, r).await,
+            ),
             body => {
                 self.handle_group(body, version, id, client_id, &client.host)
                     .await

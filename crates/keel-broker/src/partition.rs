@@ -131,7 +131,8 @@ pub struct Partition {
     pub topic: Arc<str>,
     pub index: i32,
     dir: PathBuf,
-    config: LogConfig,
+    /// The log's settings: the topic's configs over the broker's defaults.
+    config: Mutex<LogConfig>,
     storage: Arc<dyn Storage>,
     writer: Mutex<Writer>,
     /// The log's read side; replaced when the log is reloaded.
@@ -250,7 +251,7 @@ impl Partition {
             topic: parts.topic,
             index: parts.index,
             dir: parts.dir,
-            config: parts.config,
+            config: Mutex::new(parts.config),
             storage: parts.storage,
             writer: Mutex::new(Writer {
                 log,
@@ -567,7 +568,8 @@ impl Partition {
             return;
         }
         self.tail.clear();
-        match open_log(&self.storage, &self.dir, &self.config) {
+        let config = self.config.lock().clone();
+        match open_log(&self.storage, &self.dir, &config) {
             Ok((log, producers)) => {
                 let reader = log.reader().clone();
                 let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
@@ -1021,6 +1023,18 @@ impl Partition {
         drop(st);
         self.store_offsets(hw, lso, start);
         Ok(out)
+    }
+
+    /// Applies altered topic configs: the open log takes them at once (its
+    /// next append, roll check, flush and retention pass), and a reload or
+    /// reopen uses them. Waits for an append in progress. Blocking.
+    pub fn set_log_config(&self, config: LogConfig) -> Result<(), String> {
+        let mut st = self.writer.lock();
+        if let Some(log) = st.log.as_mut() {
+            log.set_config(config.clone()).map_err(str::to_string)?;
+        }
+        *self.config.lock() = config;
+        Ok(())
     }
 
     /// Drops the tail cache's batches below `offset`, which the cleaner has

@@ -338,6 +338,17 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
         ApiKey::DescribeTransactions => encoded!(DescribeTransactionsRequest::default()
             .with_transactional_ids(vec![TransactionalId(str("unknown-txn"))])),
         ApiKey::ListTransactions => encoded!(ListTransactionsRequest::default().with_duration_filter(-1)),
+        ApiKey::IncrementalAlterConfigs => encoded!(IncrementalAlterConfigsRequest::default()
+            .with_resources(vec![
+                incremental_alter_configs_request::AlterConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(str("unknown-topic"))
+            ])),
+        ApiKey::AlterConfigs => encoded!(AlterConfigsRequest::default().with_resources(vec![
+            alter_configs_request::AlterConfigsResource::default()
+                .with_resource_type(2)
+                .with_resource_name(str("unknown-topic"))
+        ])),
         ApiKey::DescribeLogDirs => encoded!(DescribeLogDirsRequest::default().with_topics(Some(vec![
             describe_log_dirs_request::DescribableLogDirTopic::default()
                 .with_topic(name("t"))
@@ -410,6 +421,10 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
         ApiKey::ListTransactions => ListTransactionsResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::DescribeProducers => DescribeProducersResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::DescribeLogDirs => DescribeLogDirsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::IncrementalAlterConfigs => {
+            IncrementalAlterConfigsResponse::decode(&mut body, version).map(|_| ())
+        }
+        ApiKey::AlterConfigs => AlterConfigsResponse::decode(&mut body, version).map(|_| ()),
         other => panic!("{other:?} has no response in this test"),
     };
     r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));

@@ -100,7 +100,7 @@ impl Default for LogConfig {
 
 impl LogConfig {
     /// Rejects values Kafka's format cannot represent (positions are int32).
-    pub(crate) fn check(&self) -> Result<(), &'static str> {
+    pub fn check(&self) -> Result<(), &'static str> {
         if self.segment_bytes == 0 || self.segment_bytes > i32::MAX as u64 {
             return Err("segment_bytes must be in 1..=i32::MAX");
         }

@@ -260,6 +260,19 @@ impl PartitionLog {
         &self.config
     }
 
+    /// Replaces the settings, as when a topic's configs are altered at run
+    /// time. They apply from the next append, roll check, flush and
+    /// retention pass; segments already written keep their size. How files
+    /// are read (`read_io`) is decided at open and kept.
+    pub fn set_config(&mut self, config: LogConfig) -> Result<(), &'static str> {
+        config.check()?;
+        self.config = LogConfig {
+            read_io: self.config.read_io,
+            ..config
+        };
+        Ok(())
+    }
+
     pub fn storage(&self) -> &Arc<dyn Storage> {
         &self.storage
     }

@@ -80,6 +80,8 @@ pub enum Request {
     ListTransactions(ListTransactionsRequest),
     DescribeProducers(DescribeProducersRequest),
     DescribeLogDirs(DescribeLogDirsRequest),
+    IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
+    AlterConfigs(AlterConfigsRequest),
 }
 
 /// A request with its full header.
@@ -199,6 +201,10 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         ApiKey::ListTransactions => Request::ListTransactions(ListTransactionsRequest::decode(buf, v)?),
         ApiKey::DescribeProducers => Request::DescribeProducers(DescribeProducersRequest::decode(buf, v)?),
         ApiKey::DescribeLogDirs => Request::DescribeLogDirs(DescribeLogDirsRequest::decode(buf, v)?),
+        ApiKey::IncrementalAlterConfigs => {
+            Request::IncrementalAlterConfigs(IncrementalAlterConfigsRequest::decode(buf, v)?)
+        }
+        ApiKey::AlterConfigs => Request::AlterConfigs(AlterConfigsRequest::decode(buf, v)?),
         other => anyhow::bail!("{other:?} is not implemented"),
     })
 }

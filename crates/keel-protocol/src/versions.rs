@@ -80,6 +80,8 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::DescribeProducers, 0, 0),
     // The operator surface. DescribeLogDirs v0 was removed in Kafka 4.0.
     api(ApiKey::DescribeLogDirs, 1, 4),
+    api(ApiKey::IncrementalAlterConfigs, 0, 1),
+    api(ApiKey::AlterConfigs, 0, 2),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -145,6 +147,8 @@ mod tests {
                 ApiKey::ListTransactions => check::<ListTransactionsRequest>(a),
                 ApiKey::DescribeProducers => check::<DescribeProducersRequest>(a),
                 ApiKey::DescribeLogDirs => check::<DescribeLogDirsRequest>(a),
+                ApiKey::IncrementalAlterConfigs => check::<IncrementalAlterConfigsRequest>(a),
+                ApiKey::AlterConfigs => check::<AlterConfigsRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
                 ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),

@@ -2,6 +2,7 @@
 //! return the response body; framing happens in [`crate::broker`].
 
 pub mod admin;
+pub mod alter_configs;
 pub mod configs;
 pub mod fetch;
 pub mod groups;

@@ -210,6 +210,8 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::ListTransactions => Request::ListTransactions(list_transactions(g, v)),
         ApiKey::DescribeProducers => Request::DescribeProducers(describe_producers(g, v)),
         ApiKey::DescribeLogDirs => Request::DescribeLogDirs(describe_log_dirs(g, v)),
+        ApiKey::IncrementalAlterConfigs => Request::IncrementalAlterConfigs(incremental_alter_configs(g, v)),
+        ApiKey::AlterConfigs => Request::AlterConfigs(alter_configs(g, v)),
         _ => return None,
     })
 }
@@ -250,6 +252,8 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::ListTransactions(r) => r.encode(buf, v),
         Request::DescribeProducers(r) => r.encode(buf, v),
         Request::DescribeLogDirs(r) => r.encode(buf, v),
+        Request::IncrementalAlterConfigs(r) => r.encode(buf, v),
+        Request::AlterConfigs(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -303,6 +307,8 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::ListTransactions(a), Request::ListTransactions(b)) => a == b,
         (Request::DescribeProducers(a), Request::DescribeProducers(b)) => a == b,
         (Request::DescribeLogDirs(a), Request::DescribeLogDirs(b)) => a == b,
+        (Request::IncrementalAlterConfigs(a), Request::IncrementalAlterConfigs(b)) => a == b,
+        (Request::AlterConfigs(a), Request::AlterConfigs(b)) => a == b,
         _ => false,
     }
 }
@@ -1019,6 +1025,47 @@ fn list_transactions(g: &mut Gen, v: i16) -> ListTransactionsRequest {
         r = r.with_transactional_id_pattern(g.opt_string());
     }
     r
+}
+
+fn incremental_alter_configs(g: &mut Gen, v: i16) -> IncrementalAlterConfigsRequest {
+    use incremental_alter_configs_request::*;
+    let resources = g.vec(3, |g| {
+        AlterConfigsResource::default()
+            .with_resource_type(g.i8())
+            .with_resource_name(g.string())
+            .with_configs(g.vec(3, |g| {
+                AlterableConfig::default()
+                    .with_name(g.string())
+                    .with_config_operation(g.i8())
+                    .with_value(g.opt_string())
+                    .with_unknown_tagged_fields(g.tags(v >= 1))
+            }))
+            .with_unknown_tagged_fields(g.tags(v >= 1))
+    });
+    IncrementalAlterConfigsRequest::default()
+        .with_resources(resources)
+        .with_validate_only(g.bool())
+        .with_unknown_tagged_fields(g.tags(v >= 1))
+}
+
+fn alter_configs(g: &mut Gen, v: i16) -> AlterConfigsRequest {
+    use alter_configs_request::*;
+    let resources = g.vec(3, |g| {
+        AlterConfigsResource::default()
+            .with_resource_type(g.i8())
+            .with_resource_name(g.string())
+            .with_configs(g.vec(3, |g| {
+                AlterableConfig::default()
+                    .with_name(g.string())
+                    .with_value(g.opt_string())
+                    .with_unknown_tagged_fields(g.tags(v >= 2))
+            }))
+            .with_unknown_tagged_fields(g.tags(v >= 2))
+    });
+    AlterConfigsRequest::default()
+        .with_resources(resources)
+        .with_validate_only(g.bool())
+        .with_unknown_tagged_fields(g.tags(v >= 2))
 }
 
 fn describe_log_dirs(g: &mut Gen, v: i16) -> DescribeLogDirsRequest {

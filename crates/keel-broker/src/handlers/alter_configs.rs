@@ -1,0 +1,458 @@
+//! IncrementalAlterConfigs and AlterConfigs for topics: `kafka-configs
+//! --alter --entity-type topics`, `Admin.incrementalAlterConfigs`.
+//!
+//! A change is checked as a whole against the topic's new overrides (Kafka's
+//! INVALID_CONFIG naming the key), persisted in the topic's description
+//! (one atomic file write: the commit point), and then applied without a
+//! restart: the registry's topic carries the new overrides, which the
+//! request paths, the cleaner and the tier mover read, and every open
+//! partition log takes its new settings (segment size, retention, flushes).
+//! `validate_only` checks and changes nothing.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use keel_protocol::messages::alter_configs_response::AlterConfigsResourceResponse as LegacyResourceResponse;
+use keel_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
+use keel_protocol::messages::*;
+use keel_protocol::ResponseError;
+
+use super::admin::AdminError;
+use super::str_bytes;
+use crate::config::{topic_def, ConfigType, TopicConfigDef};
+use crate::topics::{Topic, TopicMeta};
+use crate::Broker;
+
+/// Kafka's resource types.
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+const RESOURCE_BROKER_LOGGER: i8 = 8;
+
+/// Kafka's `AlterConfigOp.OpType` ids.
+const OP_SET: i8 = 0;
+const OP_DELETE: i8 = 1;
+const OP_APPEND: i8 = 2;
+const OP_SUBTRACT: i8 = 3;
+
+/// One requested change, decoded.
+struct Change {
+    name: String,
+    op: i8,
+    value: Option<String>,
+}
+
+pub async fn incremental_alter_configs(
+    broker: &Arc<Broker>,
+    req: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    let repeated = repeated_resources(
+        req.resources
+            .iter()
+            .map(|r| (r.resource_type, r.resource_name.as_str())),
+    );
+    let mut responses = Vec::new();
+    for r in req.resources {
+        let changes: Vec<Change> = r
+            .configs
+            .iter()
+            .map(|c| Change {
+                name: c.name.to_string(),
+                op: c.config_operation,
+                value: c.value.as_ref().map(|v| v.to_string()),
+            })
+            .collect();
+        let outcome = if repeated.contains(&(r.resource_type, r.resource_name.to_string())) {
+            Err(duplicate_resource())
+        } else {
+            alter(
+                broker,
+                r.resource_type,
+                r.resource_name.as_str(),
+                req.validate_only,
+                |current| {
+                    incremental(current, &changes, |def| {
+                        broker.config.topic_value(current, def).to_string()
+                    })
+                },
+            )
+            .await
+        };
+        let (code, message) = error_fields(outcome);
+        responses.push(
+            AlterConfigsResourceResponse::default()
+                .with_error_code(code)
+                .with_error_message(message)
+                .with_resource_type(r.resource_type)
+                .with_resource_name(r.resource_name),
+        );
+    }
+    IncrementalAlterConfigsResponse::default().with_responses(responses)
+}
+
+/// AlterConfigs (the legacy form): the resource's overrides become exactly
+/// the given ones.
+pub async fn alter_configs(broker: &Arc<Broker>, req: AlterConfigsRequest) -> AlterConfigsResponse {
+    let repeated = repeated_resources(
+        req.resources
+            .iter()
+            .map(|r| (r.resource_type, r.resource_name.as_str())),
+    );
+    let mut responses = Vec::new();
+    for r in req.resources {
+        let given: Vec<(String, Option<String>)> = r
+            .configs
+            .iter()
+            .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string())))
+            .collect();
+        let outcome = if repeated.contains(&(r.resource_type, r.resource_name.to_string())) {
+            Err(duplicate_resource())
+        } else {
+            alter(
+                broker,
+                r.resource_type,
+                r.resource_name.as_str(),
+                req.validate_only,
+                |_| replacement(&given),
+            )
+            .await
+        };
+        let (code, message) = error_fields(outcome);
+        responses.push(
+            LegacyResourceResponse::default()
+                .with_error_code(code)
+                .with_error_message(message)
+                .with_resource_type(r.resource_type)
+                .with_resource_name(r.resource_name),
+        );
+    }
+    AlterConfigsResponse::default().with_responses(responses)
+}
+
+fn repeated_resources<'a>(resources: impl Iterator<Item = (i8, &'a str)>) -> HashSet<(i8, String)> {
+    let mut seen = HashSet::new();
+    let mut repeated = HashSet::new();
+    for (kind, name) in resources {
+        if !seen.insert((kind, name)) {
+            repeated.insert((kind, name.to_string()));
+        }
+    }
+    repeated
+}
+
+fn duplicate_resource() -> AdminError {
+    (
+        ResponseError::InvalidRequest,
+        "the resource is named more than once in the request".into(),
+    )
+}
+
+fn error_fields(outcome: Result<(), AdminError>) -> (i16, Option<keel_protocol::StrBytes>) {
+    match outcome {
+        Ok(()) => (0, None),
+        Err((error, message)) => (error.code(), Some(str_bytes(message))),
+    }
+}
+
+/// Alters one resource: only topics can be altered; the broker's own
+/// settings come from its config file.
+async fn alter(
+    broker: &Arc<Broker>,
+    kind: i8,
+    name: &str,
+    validate_only: bool,
+    change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
+) -> Result<(), AdminError> {
+    match kind {
+        RESOURCE_TOPIC => alter_topic(broker, name, validate_only, change).await,
+        RESOURCE_BROKER | RESOURCE_BROKER_LOGGER => Err((
+            ResponseError::InvalidRequest,
+            "Keel does not alter broker configs at run time yet: set them in the broker's \
+             config file and restart it"
+                .into(),
+        )),
+        other => Err((
+            ResponseError::InvalidRequest,
+            format!("resource type {other} has no configs to alter"),
+        )),
+    }
+}
+
+/// The overrides after `changes` (Kafka's rules: keys unique; SET and
+/// APPEND/SUBTRACT need a value; APPEND/SUBTRACT only on list configs, on
+/// the current value: `effective` gives the override or else the default).
+fn incremental(
+    current: &BTreeMap<String, String>,
+    changes: &[Change],
+    effective: impl Fn(&'static TopicConfigDef) -> String,
+) -> Result<BTreeMap<String, String>, AdminError> {
+    let mut names = HashSet::new();
+    if !changes.iter().all(|c| names.insert(c.name.as_str())) {
+        return Err((
+            ResponseError::InvalidRequest,
+            "Error due to duplicate config keys".into(),
+        ));
+    }
+    let mut next = current.clone();
+    for c in changes {
+        let value = || {
+            c.value.clone().ok_or_else(|| {
+                (
+                    ResponseError::InvalidRequest,
+                    format!("Null value not supported for : {}", c.name),
+                )
+            })
+        };
+        match c.op {
+            OP_SET => {
+                next.insert(c.name.clone(), value()?);
+            }
+            OP_DELETE => {
+                next.remove(&c.name);
+            }
+            OP_APPEND | OP_SUBTRACT => {
+                let verb = if c.op == OP_APPEND { "append" } else { "subtract" };
+                let def = topic_def(&c.name).ok_or_else(|| unknown_key(&c.name))?;
+                if def.kind != ConfigType::List {
+                    return Err((
+                        ResponseError::InvalidConfig,
+                        format!("Config value {verb} is not allowed for config key: {}", c.name),
+                    ));
+                }
+                let given = value()?;
+                let mut items: Vec<String> = list(&effective(def));
+                if c.op == OP_APPEND {
+                    for item in list(&given) {
+                        if !items.contains(&item) {
+                            items.push(item);
+                        }
+                    }
+                } else {
+                    let removed = list(&given);
+                    items.retain(|i| !removed.contains(i));
+                }
+                next.insert(c.name.clone(), items.join(","));
+            }
+            other => {
+                return Err((
+                    ResponseError::InvalidRequest,
+                    format!("unknown config operation {other} for {}", c.name),
+                ))
+            }
+        }
+    }
+    Ok(next)
+}
+
+/// AlterConfigs' whole set of overrides.
+fn replacement(given: &[(String, Option<String>)]) -> Result<BTreeMap<String, String>, AdminError> {
+    let mut next = BTreeMap::new();
+    for (name, value) in given {
+        let value = value.clone().ok_or_else(|| {
+            (
+                ResponseError::InvalidRequest,
+                format!("Null value not supported for : {name}"),
+            )
+        })?;
+        if next.insert(name.clone(), value).is_some() {
+            return Err((
+                ResponseError::InvalidRequest,
+                "Error due to duplicate config keys".into(),
+            ));
+        }
+    }
+    Ok(next)
+}
+
+fn list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn unknown_key(name: &str) -> AdminError {
+    (
+        ResponseError::InvalidConfig,
+        format!("Unknown topic config name: {name}"),
+    )
+}
+
+async fn alter_topic(
+    broker: &Arc<Broker>,
+    name: &str,
+    validate_only: bool,
+    change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
+) -> Result<(), AdminError> {
+    // One admin change at a time: no create, delete or other alter of the
+    // topic runs in between.
+    let _admin = broker.admin.lock().await;
+    let topic = broker
+        .topics
+        .get(name)
+        .filter(|t| !t.meta.deleting)
+        .ok_or_else(|| {
+            (
+                ResponseError::UnknownTopicOrPartition,
+                format!("The topic '{name}' does not exist."),
+            )
+        })?;
+    let configs = change(&topic.meta.configs)?;
+    if let Some(key) = configs.keys().find(|k| topic_def(k).is_none()) {
+        return Err(unknown_key(key));
+    }
+    let invalid = |e: String| (ResponseError::InvalidConfig, e);
+    broker
+        .config
+        .check_topic_overrides(&configs)
+        .map_err(|e| invalid(e.to_string()))?;
+    let mut log_config = broker
+        .config
+        .topic_log_config(&configs)
+        .map_err(|e| invalid(e.to_string()))?;
+    log_config.read_io = broker.read_io;
+    log_config.check().map_err(|e| invalid(e.to_string()))?;
+    if validate_only || configs == topic.meta.configs {
+        return Ok(());
+    }
+    let changed: Vec<String> = configs
+        .keys()
+        .chain(topic.meta.configs.keys())
+        .filter(|k| configs.get(*k) != topic.meta.configs.get(*k))
+        .cloned()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let meta = TopicMeta {
+        configs,
+        ..topic.meta.clone()
+    };
+    let b = Arc::clone(broker);
+    let saved = meta.clone();
+    tokio::task::spawn_blocking(move || b.store.save(&saved))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    let partitions = topic.partitions.clone();
+    broker.topics.insert(Arc::new(Topic {
+        meta,
+        partitions: partitions.clone(),
+    }));
+    // The open logs take the new settings; an append in progress finishes
+    // first.
+    let topic_name = name.to_string();
+    let applied = tokio::task::spawn_blocking(move || {
+        for p in &partitions {
+            if let Err(e) = p.set_log_config(log_config.clone()) {
+                tracing::warn!(topic = %topic_name, partition = p.index, error = %e, "altered configs not applied to the open log");
+            }
+        }
+    })
+    .await;
+    if let Err(e) = applied {
+        tracing::warn!(topic = name, error = %e, "applying altered configs failed");
+    }
+    tracing::info!(topic = name, ?changed, "altered topic configs");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(name: &str, op: i8, value: Option<&str>) -> Change {
+        Change {
+            name: name.into(),
+            op,
+            value: value.map(str::to_string),
+        }
+    }
+
+    fn apply(current: &[(&str, &str)], changes: &[Change]) -> Result<Vec<(String, String)>, (i16, String)> {
+        let current: BTreeMap<String, String> = current
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        incremental(&current, changes, |d| {
+            current.get(d.name).map_or(d.default, String::as_str).to_string()
+        })
+        .map(|m| m.into_iter().collect())
+        .map_err(|(e, m)| (e.code(), m))
+    }
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn set_delete_append_and_subtract_follow_kafka() {
+        let got = apply(
+            &[("retention.ms", "5"), ("segment.ms", "9")],
+            &[
+                change("retention.ms", OP_DELETE, None),
+                change("segment.bytes", OP_SET, Some("20000")),
+                // Appends to the default (delete) when not overridden.
+                change("cleanup.policy", OP_APPEND, Some("compact,delete")),
+            ],
+        );
+        assert_eq!(
+            got,
+            Ok(pairs(&[
+                ("cleanup.policy", "delete,compact"),
+                ("segment.bytes", "20000"),
+                ("segment.ms", "9")
+            ]))
+        );
+        let got = apply(
+            &[("cleanup.policy", "delete,compact")],
+            &[change("cleanup.policy", OP_SUBTRACT, Some("delete"))],
+        );
+        assert_eq!(got, Ok(pairs(&[("cleanup.policy", "compact")])));
+    }
+
+    #[test]
+    fn refusals_carry_kafkas_errors() {
+        let invalid_request = ResponseError::InvalidRequest.code();
+        let invalid_config = ResponseError::InvalidConfig.code();
+        let dup = apply(
+            &[],
+            &[
+                change("retention.ms", OP_SET, Some("1")),
+                change("retention.ms", OP_DELETE, None),
+            ],
+        );
+        assert_eq!(dup.unwrap_err().0, invalid_request);
+        let null = apply(&[], &[change("retention.ms", OP_SET, None)]).unwrap_err();
+        assert_eq!(
+            null,
+            (
+                invalid_request,
+                "Null value not supported for : retention.ms".into()
+            )
+        );
+        let not_list = apply(&[], &[change("retention.ms", OP_APPEND, Some("1"))]).unwrap_err();
+        assert_eq!(not_list.0, invalid_config);
+        assert!(not_list.1.contains("retention.ms"), "{not_list:?}");
+        let unknown = apply(&[], &[change("no.such", OP_SUBTRACT, Some("1"))]).unwrap_err();
+        assert_eq!(
+            unknown,
+            (invalid_config, "Unknown topic config name: no.such".into())
+        );
+        assert_eq!(
+            apply(&[], &[change("retention.ms", 9, Some("1"))]).unwrap_err().0,
+            invalid_request
+        );
+        assert_eq!(
+            replacement(&[("a".into(), Some("1".into())), ("a".into(), Some("2".into()))])
+                .unwrap_err()
+                .0,
+            ResponseError::InvalidRequest
+        );
+        assert_eq!(
+            replacement(&[("a".into(), None)]).unwrap_err().0,
+            ResponseError::InvalidRequest
+        );
+    }
+}
