@@ -345,10 +345,15 @@ impl Broker {
                 let resp = handlers::metadata::metadata(self, r, version).await;
                 respond(ApiKey::Metadata, version, id, &resp)
             }
-            Request::Produce(r) => match handlers::produce::produce(self, r, version).await {
-                Some(resp) => respond(ApiKey::Produce, version, id, &resp),
-                None => Reply::Nothing,
-            },
+            Request::Produce(r) => {
+                let acks = r.acks;
+                let resp = handlers::produce::produce(self, r, version).await;
+                if acks != 0 {
+                    respond(ApiKey::Produce, version, id, &resp)
+                } else {
+                    handlers::produce::acks_zero_failure(&resp).map_or(Reply::Nothing, Reply::Close)
+                }
+            }
             Request::Fetch(r) => {
                 let answer = handlers::fetch::fetch(self, r).await;
                 if answer.bytes() < BULK_RESPONSE_BYTES {

@@ -299,8 +299,16 @@ impl GroupCoordinator {
         member_id: &str,
         instance_id: Option<&str>,
         offsets: Vec<OffsetToCommit>,
+        version: i16,
     ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
-        self.admit_commit(group_id, generation, |group, now| {
+        // A commit with a generation to a group that does not exist: from
+        // v9 (KIP-848) Kafka answers GROUP_ID_NOT_FOUND.
+        let unknown = if version >= 9 {
+            ResponseError::GroupIdNotFound
+        } else {
+            ResponseError::IllegalGeneration
+        };
+        self.admit_commit(group_id, generation, unknown, |group, now| {
             group.validate_commit(generation, member_id, instance_id, now)
         })?;
         let (results, records) = self.offset_records(group_id, offsets);
@@ -322,9 +330,12 @@ impl GroupCoordinator {
         instance_id: Option<&str>,
         offsets: Vec<OffsetToCommit>,
     ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
-        self.admit_commit(group_id, generation, |group, _| {
-            group.validate_txn_commit(generation, member_id, instance_id)
-        })?;
+        self.admit_commit(
+            group_id,
+            generation,
+            ResponseError::IllegalGeneration,
+            |group, _| group.validate_txn_commit(generation, member_id, instance_id),
+        )?;
         let (results, records) = self.offset_records(group_id, offsets);
         let entry = Entry::Transactional {
             producer_id,
@@ -361,6 +372,7 @@ impl GroupCoordinator {
         &self,
         group_id: &str,
         generation: i32,
+        unknown: ResponseError,
         validate: impl FnOnce(&mut Group, i64) -> Result<(), ResponseError>,
     ) -> Result<(), ResponseError> {
         if group_id.is_empty() {
@@ -374,7 +386,7 @@ impl GroupCoordinator {
                 groups.insert(group_id.to_string(), Group::new(group_id, self.config.group, now));
                 Ok(())
             }
-            None => Err(ResponseError::IllegalGeneration),
+            None => Err(unknown),
         }
     }
 

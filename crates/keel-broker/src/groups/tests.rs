@@ -272,7 +272,7 @@ async fn wrong_generations_and_unknown_members_get_kafkas_errors() {
             leader_epoch: -1,
             metadata: String::new(),
         }];
-        c.commit_offsets("g", generation, member, None, offsets)
+        c.commit_offsets("g", generation, member, None, offsets, 9)
     };
     let member: &'static str = Box::leak(member.into_boxed_str());
     assert_eq!(
@@ -380,7 +380,7 @@ async fn groups_and_offsets_survive_a_reopen() {
         metadata: "meta".into(),
     }];
     h.coordinator
-        .commit_offsets("g", generation, &results[0].member_id, None, offsets)
+        .commit_offsets("g", generation, &results[0].member_id, None, offsets, 9)
         .await
         .unwrap();
     h.reopen();
@@ -416,13 +416,25 @@ async fn offsets_of_an_empty_group_expire_after_retention() {
             metadata: String::new(),
         }]
     };
+    // With a generation, to a group that does not exist: refused, with
+    // Kafka's answer for the request's version.
+    for (version, error) in [
+        (8, ResponseError::IllegalGeneration),
+        (9, ResponseError::GroupIdNotFound),
+    ] {
+        let refused = h
+            .coordinator
+            .commit_offsets("g", 3, "m", None, offsets(1), version)
+            .await;
+        assert_eq!(refused.unwrap_err(), error, "v{version}");
+    }
     h.coordinator
-        .commit_offsets("g", -1, "", None, offsets(1))
+        .commit_offsets("g", -1, "", None, offsets(1), 9)
         .await
         .unwrap();
     h.clock.0.fetch_add(30_000, Ordering::SeqCst);
     h.coordinator
-        .commit_offsets("other", -1, "", None, offsets(2))
+        .commit_offsets("other", -1, "", None, offsets(2), 9)
         .await
         .unwrap();
     assert!(h.coordinator.expire_offsets().is_empty(), "nothing is due yet");
@@ -488,6 +500,7 @@ async fn offsets_of_subscribed_topics_cannot_be_deleted_while_members_consume() 
             &joined.member_id,
             Some("instance"),
             vec![offsets("t"), offsets("u")],
+            9,
         )
         .await
         .unwrap();

@@ -1,7 +1,7 @@
 //! CreateTopics, DeleteTopics, CreatePartitions, and the topic creation
 //! that Metadata's auto-creation shares.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use keel_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
@@ -93,10 +93,32 @@ pub async fn create_topics(
     version: i16,
 ) -> CreateTopicsResponse {
     let mut results = Vec::new();
+    // A name given more than once is refused once, and not created (Kafka).
+    let mut entries: BTreeMap<&str, usize> = BTreeMap::new();
+    for t in &req.topics {
+        *entries.entry(t.name.0.as_str()).or_default() += 1;
+    }
+    let repeated: BTreeSet<String> = entries
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    let mut refused_repeats = BTreeSet::new();
     for t in req.topics {
         let name = t.name.0.as_str().to_string();
         let mut result = CreatableTopicResult::default().with_name(t.name.clone());
-        let outcome = match topic_request(broker, &t) {
+        let outcome = if repeated.contains(&name) {
+            if !refused_repeats.insert(name.clone()) {
+                continue;
+            }
+            Err((
+                ResponseError::InvalidRequest,
+                "Found multiple entries for this topic.".to_string(),
+            ))
+        } else {
+            topic_request(broker, &t)
+        };
+        let outcome = match outcome {
             Ok((partitions, configs)) => {
                 create_topic(broker, &name, partitions, configs, req.validate_only).await
             }
@@ -104,7 +126,10 @@ pub async fn create_topics(
         };
         match outcome {
             Ok(meta) => {
-                result.topic_id = meta.topic_id;
+                // Only a created topic has an id.
+                if !req.validate_only {
+                    result.topic_id = meta.topic_id;
+                }
                 result.num_partitions = meta.partitions;
                 result.replication_factor = 1;
                 if version >= 5 {
@@ -161,13 +186,23 @@ fn topic_request(
         (-1, n) => i32::try_from(n).unwrap_or(i32::MAX),
         (n, _) => n,
     };
-    let mut configs = BTreeMap::new();
-    for c in &t.configs {
-        match &c.value {
-            Some(v) => configs.insert(c.name.as_str().to_string(), v.as_str().to_string()),
-            None => None,
-        };
+    let nulls: Vec<&str> = t
+        .configs
+        .iter()
+        .filter(|c| c.value.is_none())
+        .map(|c| c.name.as_str())
+        .collect();
+    if !nulls.is_empty() {
+        return Err((
+            ResponseError::InvalidConfig,
+            format!("Null value not supported for topic configs: {}", nulls.join(",")),
+        ));
     }
+    let configs = t
+        .configs
+        .iter()
+        .filter_map(|c| Some((c.name.to_string(), c.value.as_ref()?.to_string())))
+        .collect();
     Ok((partitions, configs))
 }
 

@@ -39,10 +39,6 @@ use keel_log::marker::Marker;
 const KEY_TYPE_GROUP: i8 = 0;
 const KEY_TYPE_TRANSACTION: i8 = 1;
 
-/// Operations are not reported (no ACLs yet): Kafka's "not requested"
-/// sentinel.
-const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
-
 fn code(result: Result<(), ResponseError>) -> i16 {
     result.err().map_or(0, |e| e.code())
 }
@@ -307,6 +303,7 @@ pub async fn offset_commit(
             req.member_id.as_str(),
             opt_str(&req.group_instance_id),
             offsets,
+            version,
         )
         .await;
     let topics = commit_response!(
@@ -611,7 +608,11 @@ pub fn describe_groups(broker: &Broker, req: DescribeGroupsRequest, version: i16
         .map(|id| {
             let base = DescribedGroup::default()
                 .with_group_id(id.clone())
-                .with_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED);
+                .with_authorized_operations(if req.include_authorized_operations {
+                    super::operations::GROUP
+                } else {
+                    super::operations::OMITTED
+                });
             let Some(d) = broker.groups.describe(id.as_str()) else {
                 // Kafka: an unknown group is reported Dead; from v6 with
                 // GROUP_ID_NOT_FOUND.

@@ -11,16 +11,14 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 use uuid::Uuid;
 
-use super::{str_bytes, topic_name};
+use super::{operations, str_bytes, topic_name};
 use crate::partition::LEADER_EPOCH;
 use crate::topics::Topic;
 use crate::Broker;
 
-/// "Not requested" for authorized-operations fields.
-const OPERATIONS_OMITTED: i32 = i32::MIN;
-
-/// Every operation Kafka defines (bits 2..=14): one node, no authorizer.
-const ALL_TOPIC_OPERATIONS: i32 = 0b0111_1111_1111_1100;
+/// Kafka's DescribeCluster endpoint type of brokers (KIP-919); a broker
+/// answers for itself only.
+const ENDPOINT_TYPE_BROKER: i8 = 1;
 
 pub async fn metadata(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
     // v0 sends an empty list to mean "all topics"; later versions send null.
@@ -49,10 +47,14 @@ pub async fn metadata(broker: &Arc<Broker>, req: MetadataRequest, version: i16) 
         .with_cluster_id(Some(str_bytes(&broker.cluster_id)))
         .with_controller_id(BrokerId(broker.config.node_id()))
         .with_topics(topics)
-        .with_cluster_authorized_operations(OPERATIONS_OMITTED);
+        .with_cluster_authorized_operations(if req.include_cluster_authorized_operations {
+            operations::CLUSTER
+        } else {
+            operations::OMITTED
+        });
     if req.include_topic_authorized_operations {
         for t in &mut resp.topics {
-            t.topic_authorized_operations = ALL_TOPIC_OPERATIONS;
+            t.topic_authorized_operations = operations::TOPIC;
         }
     }
     resp
@@ -93,7 +95,7 @@ fn error_topic(name: Option<&str>, id: Uuid, error: ResponseError) -> MetadataRe
         .with_error_code(error.code())
         .with_name(name.map(topic_name))
         .with_topic_id(id)
-        .with_topic_authorized_operations(OPERATIONS_OMITTED)
+        .with_topic_authorized_operations(operations::OMITTED)
 }
 
 fn describe_topic(broker: &Broker, topic: &Topic) -> MetadataResponseTopic {
@@ -115,15 +117,26 @@ fn describe_topic(broker: &Broker, topic: &Topic) -> MetadataResponseTopic {
         .with_topic_id(topic.meta.topic_id)
         .with_is_internal(false)
         .with_partitions(partitions)
-        .with_topic_authorized_operations(OPERATIONS_OMITTED)
+        .with_topic_authorized_operations(operations::OMITTED)
 }
 
 pub fn describe_cluster(broker: &Broker, req: DescribeClusterRequest) -> DescribeClusterResponse {
     let node = BrokerId(broker.config.node_id());
+    if req.endpoint_type != ENDPOINT_TYPE_BROKER {
+        return DescribeClusterResponse::default()
+            .with_endpoint_type(req.endpoint_type)
+            .with_error_code(ResponseError::UnsupportedEndpointType.code())
+            .with_error_message(Some(str_bytes(format!(
+                "endpoint type {} is not served by a broker; ask for brokers (1)",
+                req.endpoint_type
+            ))))
+            .with_cluster_id(str_bytes(&broker.cluster_id))
+            .with_cluster_authorized_operations(operations::OMITTED);
+    }
     let operations = if req.include_cluster_authorized_operations {
-        ALL_TOPIC_OPERATIONS
+        operations::CLUSTER
     } else {
-        OPERATIONS_OMITTED
+        operations::OMITTED
     };
     DescribeClusterResponse::default()
         .with_endpoint_type(req.endpoint_type)

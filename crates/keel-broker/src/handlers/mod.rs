@@ -17,6 +17,55 @@ use keel_protocol::messages::api_versions_response::{FinalizedFeatureKey, Suppor
 use keel_protocol::messages::{ApiVersionsResponse, TopicName};
 use keel_protocol::StrBytes;
 
+/// Authorized-operations masks: bit `n` is Kafka's `AclOperation` id `n`.
+/// Without an authorizer Kafka reports every operation the resource type
+/// supports (`AclEntry.supportedOperations`), and so does Keel.
+pub(crate) mod operations {
+    const READ: i32 = 3;
+    const WRITE: i32 = 4;
+    const CREATE: i32 = 5;
+    const DELETE: i32 = 6;
+    const ALTER: i32 = 7;
+    const DESCRIBE: i32 = 8;
+    const CLUSTER_ACTION: i32 = 9;
+    const DESCRIBE_CONFIGS: i32 = 10;
+    const ALTER_CONFIGS: i32 = 11;
+    const IDEMPOTENT_WRITE: i32 = 12;
+
+    const fn mask(ops: &[i32]) -> i32 {
+        let mut m = 0;
+        let mut i = 0;
+        while i < ops.len() {
+            m |= 1 << ops[i];
+            i += 1;
+        }
+        m
+    }
+
+    /// "Not requested".
+    pub const OMITTED: i32 = i32::MIN;
+    pub const TOPIC: i32 = mask(&[
+        READ,
+        WRITE,
+        CREATE,
+        DELETE,
+        ALTER,
+        DESCRIBE,
+        DESCRIBE_CONFIGS,
+        ALTER_CONFIGS,
+    ]);
+    pub const GROUP: i32 = mask(&[READ, DESCRIBE, DELETE]);
+    pub const CLUSTER: i32 = mask(&[
+        CREATE,
+        CLUSTER_ACTION,
+        DESCRIBE_CONFIGS,
+        ALTER_CONFIGS,
+        IDEMPOTENT_WRITE,
+        ALTER,
+        DESCRIBE,
+    ]);
+}
+
 /// The feature flag that selects Kafka's transaction protocol version
 /// (KIP-890): 2 is transactions v2.
 pub const TRANSACTION_VERSION_FEATURE: &str = "transaction.version";

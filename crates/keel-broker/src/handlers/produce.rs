@@ -28,11 +28,11 @@ use crate::Broker;
 /// partition to the transaction themselves (transactions v2, KIP-890).
 const IMPLICIT_ADD_VERSION: i16 = 12;
 
-/// Handles a Produce request. `None` means no response is sent (acks=0).
-pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) -> Option<ProduceResponse> {
-    let acks = req.acks;
-    if !matches!(acks, -1..=1) {
-        return Some(all_failed(req, ResponseError::InvalidRequiredAcks));
+/// Handles a Produce request. With acks=0 the response is not sent; see
+/// [`acks_zero_failure`].
+pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) -> ProduceResponse {
+    if !matches!(req.acks, -1..=1) {
+        return all_failed(req, ResponseError::InvalidRequiredAcks);
     }
     trace::expect_appends(req.topic_data.iter().map(|t| t.partition_data.len()).sum());
     let txn_id: Option<Arc<str>> = req.transactional_id.as_ref().map(|t| Arc::from(t.as_str()));
@@ -47,7 +47,7 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
                 .with_name(t.name.clone())
                 .with_topic_id(t.topic_id)
                 .with_partition_responses(vec![result.with_index(p.index)]);
-            return (acks != 0).then(|| ProduceResponse::default().with_responses(vec![response]));
+            return ProduceResponse::default().with_responses(vec![response]);
         }
     }
     // Partitions are appended concurrently: a slow write on one does not
@@ -80,7 +80,29 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
             ),
         }
     }
-    (acks != 0).then(|| ProduceResponse::default().with_responses(responses))
+    ProduceResponse::default().with_responses(responses)
+}
+
+/// For an acks=0 Produce, which gets no response: the first partition
+/// that failed, as `topic-partition: error`. Kafka closes the connection
+/// then, so that the producer notices (it refreshes its metadata and
+/// reconnects) instead of sending on into the error.
+pub fn acks_zero_failure(response: &ProduceResponse) -> Option<String> {
+    response.responses.iter().find_map(|t| {
+        t.partition_responses.iter().find_map(|p| {
+            (p.error_code != 0).then(|| {
+                let topic = if t.name.0.is_empty() {
+                    t.topic_id.to_string()
+                } else {
+                    t.name.0.to_string()
+                };
+                format!(
+                    "acks=0 produce to {topic}-{} failed with error {}",
+                    p.index, p.error_code
+                )
+            })
+        })
+    })
 }
 
 async fn produce_partition(
