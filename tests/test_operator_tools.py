@@ -16,11 +16,12 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 import kafka_tools
 import kafka_wire as w
-from conftest import unique
+from conftest import unique, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
 from test_hardening import failpoint
 
 DESCRIBE_LOG_DIRS = 35
+KAFKA_STORAGE_ERROR = 56
 
 
 def clear_failpoints(b) -> None:
@@ -246,3 +247,22 @@ def test_a_config_change_that_cannot_be_saved_changes_nothing(broker_factory):
     clear_failpoints(b)
     admin.incremental_alter_configs([res])[res].result(CLIENT_TIMEOUT_S)
     assert topic_overrides(b.bootstrap, topic) == {"max.message.bytes": "4000"}
+
+
+def test_describe_log_dirs_reports_an_offline_dir_as_kafka_does(broker_factory):
+    """After a failed fsync the data dir is offline: DescribeLogDirs says
+    KAFKA_STORAGE_ERROR for it and lists nothing in it."""
+    b = broker_factory({}, env={"KEEL_FAILPOINTS": "1"})
+    topic = unique("logdirs-offline")
+    create_topic(b.bootstrap, topic, 1, {"flush.messages": "1"})
+    produce(b.bootstrap, topic, {0: 5})
+    failpoint(b, f"sync eio path={topic}-0 times=1")
+    p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0, "message.timeout.ms": 3000})
+    p.produce(topic, value=b"x", partition=0)
+    p.flush(10)
+
+    def offline():
+        [d] = describe_log_dirs_v4(b.bootstrap, None)["dirs"]
+        return d if d["error"] == KAFKA_STORAGE_ERROR else None
+    d = wait_until(offline, 30, "the log dir to be reported offline")
+    assert d["partitions"] == {} and d["dir"] == str(b.data_dir.resolve()), d

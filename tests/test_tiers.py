@@ -13,8 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic,
+                                  ResourceType)
 
 from conftest import IMPL, unique, wait_until
 from kclient import CLIENT_TIMEOUT_S, DeliveryLog, consume_range, consumer, create_topic, produce_all
@@ -353,3 +354,21 @@ def test_read_committed_reads_of_cold_segments_skip_aborted_transactions(kind, b
         assert _read_all(bs, topic, "read_committed") == committed, f"{attempt} the restart"
         assert len(_read_all(bs, topic, "read_uncommitted")) == 12 * 40
         b.restart()
+
+
+def test_remote_storage_cannot_be_turned_off_on_a_topic(broker_factory, request, tmp_path):
+    """As Kafka refuses without remote.log.delete.on.disable: turning
+    remote.storage.enable off would leave the object store's copies behind."""
+    sets, topic_config, _files = tier_setup("file", request, tmp_path)
+    b = broker_factory(sets)
+    topic = unique("tier-off")
+    create_topic(b.bootstrap, topic, 1, topic_config)
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("remote.storage.enable", "false", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as e:
+        admin.incremental_alter_configs([res])[res].result(CLIENT_TIMEOUT_S)
+    assert e.value.args[0].code() == KafkaError.INVALID_CONFIG, e.value
+    res = ConfigResource(ResourceType.TOPIC, topic)
+    configs = admin.describe_configs([res])[res].result(CLIENT_TIMEOUT_S)
+    assert configs["remote.storage.enable"].value == "true"

@@ -118,7 +118,10 @@ func quietSpans(periodic []timedBroker) [][2]time.Duration {
 }
 
 // quietPhase: the latencies of samples in [from, to) that fall in a quiet
-// span; nil when no sample interval was measured.
+// span; nil when no sample interval was measured. A sample is placed by
+// one instant (a produce when sent, a tail record when received), so one
+// that straddles a quiet second and a stolen one may count as quiet: the
+// quiet p99 is an upper bound on the steal-free one.
 func quietPhase(prod, tail []sample, quiet [][2]time.Duration, measured bool, from, to time.Duration) *quietJSON {
 	if !measured {
 		return nil
@@ -410,10 +413,10 @@ func printTable(w io.Writer, res *result) {
 			return quietCell(p, func(q *quietJSON) string { return fmt.Sprintf("%.0f", q.Seconds) })
 		}},
 		{"quiet produce p99 ms", func(p phaseJSON) string {
-			return quietCell(p, func(q *quietJSON) string { return ms(q.Produce.P99Ms) })
+			return quietCell(p, func(q *quietJSON) string { return latencyCell(q.Produce) })
 		}},
 		{"quiet tail e2e p99 ms", func(p phaseJSON) string {
-			return quietCell(p, func(q *quietJSON) string { return ms(q.Tail.P99Ms) })
+			return quietCell(p, func(q *quietJSON) string { return latencyCell(q.Tail) })
 		}},
 		{"broker busiest thread cores", func(p phaseJSON) string { return optF(p.Broker.BusiestThreadCore) }},
 		{"broker run-queue wait ms/s", func(p phaseJSON) string { return optF(p.Broker.RunqMsPerS) }},
@@ -473,12 +476,20 @@ func host(p phaseJSON, f func(*hostJSON) float64) string {
 	return fmt.Sprintf("%.2f", f(p.Broker.Host))
 }
 
-// quietCell: "-" without host counters, or for latencies with no sample.
+// quietCell: "-" without host counters or without quiet seconds.
 func quietCell(p phaseJSON, f func(*quietJSON) string) string {
 	if p.Quiet == nil || p.Quiet.Seconds == 0 {
 		return "-"
 	}
 	return f(p.Quiet)
+}
+
+// latencyCell: the p99, or "-" without samples.
+func latencyCell(l latencyJSON) string {
+	if l.Count == 0 {
+		return "-"
+	}
+	return ms(l.P99Ms)
 }
 
 func dev(p phaseJSON, f func(*devJSON) float64) string {

@@ -469,7 +469,7 @@ impl Broker {
                 ApiKey::DescribeLogDirs,
                 version,
                 id,
-                &handlers::log_dirs::describe_log_dirs(self, r),
+                &handlers::log_dirs::describe_log_dirs(self, r).await,
             ),
             Request::IncrementalAlterConfigs(r) => respond(
                 ApiKey::IncrementalAlterConfigs,

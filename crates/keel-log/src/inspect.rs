@@ -495,8 +495,8 @@ pub fn verify_time_index(
 /// Checks `.txnindex` entries against the batches of their `.log`. Each
 /// entry is an aborted transaction whose ABORT marker is in this segment:
 /// entries run in marker order, the batch at an entry's last offset is an
-/// ABORT marker of its producer, and every ABORT marker in the segment has
-/// an entry. The first offset may lie in an earlier segment, or be gone
+/// ABORT marker of its producer, and every ABORT marker whose transaction
+/// has records in the segment has an entry. The first offset may lie in an earlier segment, or be gone
 /// (compaction drops aborted records); a batch that does hold it is the
 /// producer's first transactional batch of the transaction. Entries that
 /// do not decode are skipped (the dump reports them).
@@ -558,13 +558,25 @@ pub fn verify_txn_index(entries: &[TxnIndexEntry], batches: &[BatchSpan]) -> Vec
             }
         }
     }
+    // An ABORT marker needs an entry while this segment still holds records
+    // of its transaction. Kafka's cleaner keeps a marker (until its delete
+    // horizon) after dropping the aborted records, and writes no entry for
+    // it then; a transaction begun in an earlier segment is not checked.
     let indexed: Vec<i64> = entries
         .iter()
         .filter_map(|e| e.as_ref().ok())
         .map(|t| t.last_offset)
         .collect();
+    let mut with_records = std::collections::HashSet::new();
     for b in batches {
-        if b.marker.is_some_and(|m| !m.commit) && !indexed.contains(&b.base_offset) {
+        let Some(marker) = b.marker else {
+            if b.transactional {
+                with_records.insert(b.producer_id);
+            }
+            continue;
+        };
+        let had_records = with_records.remove(&b.producer_id);
+        if had_records && !marker.commit && !indexed.contains(&b.base_offset) {
             out.push(IndexMismatch {
                 entry: entries.len(),
                 reason: format!(

@@ -303,6 +303,20 @@ async fn alter_topic(
         return Err(unknown_key(key));
     }
     let invalid = |e: String| (ResponseError::InvalidConfig, e);
+    // Kafka refuses turning remote storage off unless the remote data is
+    // deleted with it (`remote.log.delete.on.disable`), which Keel does not
+    // do: the copies in the object store would be left behind.
+    let remote = |c: &BTreeMap<String, String>| {
+        topic_def("remote.storage.enable").is_some_and(|d| broker.config.topic_value(c, d) == "true")
+    };
+    if remote(&topic.meta.configs) && !remote(&configs) {
+        return Err(invalid(
+            "It is invalid to disable remote storage without deleting remote data, and Keel \
+             does not delete it on disable (remote.log.delete.on.disable): \
+             remote.storage.enable stays true"
+                .into(),
+        ));
+    }
     broker
         .config
         .check_topic_overrides(&configs)

@@ -10,11 +10,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use keel_protocol::messages::describe_log_dirs_response::{
     DescribeLogDirsPartition, DescribeLogDirsResult, DescribeLogDirsTopic,
 };
 use keel_protocol::messages::*;
+use keel_protocol::ResponseError;
 
 use super::{str_bytes, topic_name};
 use crate::Broker;
@@ -22,7 +24,21 @@ use crate::Broker;
 /// Kafka's answer when a volume's size is unknown.
 const UNKNOWN_BYTES: i64 = -1;
 
-pub fn describe_log_dirs(broker: &Broker, req: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
+pub async fn describe_log_dirs(broker: &Arc<Broker>, req: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
+    let dir = broker.config.data_dir();
+    let log_dir = str_bytes(std::path::absolute(&dir).unwrap_or(dir.clone()).to_string_lossy());
+    // An offline dir is reported as Kafka does: the error, and nothing in it.
+    if broker.dir_health.is_offline() {
+        return DescribeLogDirsResponse::default().with_results(vec![DescribeLogDirsResult::default()
+            .with_error_code(ResponseError::KafkaStorageError.code())
+            .with_log_dir(log_dir)
+            .with_total_bytes(UNKNOWN_BYTES)
+            .with_usable_bytes(UNKNOWN_BYTES)]);
+    }
+    // statvfs can block on a failing disk: not on a request thread.
+    let (usable, total) = tokio::task::spawn_blocking(move || space(&dir))
+        .await
+        .unwrap_or((UNKNOWN_BYTES, UNKNOWN_BYTES));
     // Null topics: every partition. Partitions that do not exist are left
     // out, as Kafka does.
     let wanted: Option<BTreeMap<String, Vec<i32>>> = req.topics.map(|topics| {
@@ -49,8 +65,11 @@ pub fn describe_log_dirs(broker: &Broker, req: DescribeLogDirsRequest) -> Descri
                 .partitions
                 .iter()
                 .filter(|p| only.is_none_or(|o| o.contains(&p.index)))
-                .map(|p| {
-                    let size = p.reader().map_or(0, |r| r.size_bytes());
+                // A partition whose log could not be opened has no size to
+                // report.
+                .filter_map(|p| Some((p, p.reader()?)))
+                .map(|(p, reader)| {
+                    let size = reader.size_bytes();
                     DescribeLogDirsPartition::default()
                         .with_partition_index(p.index)
                         .with_partition_size(i64::try_from(size).unwrap_or(i64::MAX))
@@ -66,11 +85,8 @@ pub fn describe_log_dirs(broker: &Broker, req: DescribeLogDirsRequest) -> Descri
             })
         })
         .collect();
-    let dir = broker.config.data_dir();
-    let (usable, total) = space(&dir);
-    let log_dir = std::path::absolute(&dir).unwrap_or(dir);
     DescribeLogDirsResponse::default().with_results(vec![DescribeLogDirsResult::default()
-        .with_log_dir(str_bytes(log_dir.to_string_lossy()))
+        .with_log_dir(log_dir)
         .with_topics(topics)
         .with_total_bytes(total)
         .with_usable_bytes(usable)])
