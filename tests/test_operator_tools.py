@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.request
 
 import pytest
@@ -28,6 +29,14 @@ def clear_failpoints(b) -> None:
     req = urllib.request.Request(f"http://{b.admin}/failpoints/clear", method="POST")
     with urllib.request.urlopen(req, timeout=CLIENT_TIMEOUT_S) as r:
         assert r.status == 200
+
+
+def api_requests(b, api: str) -> int:
+    """Requests of `api` the broker has answered (its stage histograms)."""
+    with urllib.request.urlopen(f"http://{b.admin}/metrics", timeout=CLIENT_TIMEOUT_S) as r:
+        text = r.read().decode()
+    pattern = r'keel_request_stage_seconds_count\{[^}]*api="%s"[^}]*stage="total"[^}]*\} (\S+)' % api
+    return sum(int(float(v)) for v in re.findall(pattern, text))
 
 
 def segment_bytes(data_dir, topic: str, partition: int) -> int:
@@ -266,3 +275,56 @@ def test_describe_log_dirs_reports_an_offline_dir_as_kafka_does(broker_factory):
         return d if d["error"] == KAFKA_STORAGE_ERROR else None
     d = wait_until(offline, 30, "the log dir to be reported offline")
     assert d["partitions"] == {} and d["dir"] == str(b.data_dir.resolve()), d
+
+
+def test_kafka_leader_election_finds_every_leader_already_elected(broker):
+    """`kafka-leader-election` (ElectLeaders): one broker holds the only,
+    preferred replica, so every named partition answers
+    ELECTION_NOT_NEEDED, which the tool reports as already elected; an
+    unknown partition is UNKNOWN_TOPIC_OR_PARTITION; all partitions at once
+    list none (Kafka leaves out partitions that needed no election)."""
+    topic = unique("elect")
+    create_topic(broker.bootstrap, topic, 2)
+    tool = "org.apache.kafka.tools.LeaderElectionCommand"
+    for election in ("preferred", "unclean"):
+        done = kafka_tools.run(tool, "--bootstrap-server", broker.bootstrap, "--election-type", election,
+                               "--topic", topic, "--partition", "1")
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-3000:]
+        assert "Valid replica already elected for partitions" in out and f"{topic}-1" in out, out
+    done = kafka_tools.run(tool, "--bootstrap-server", broker.bootstrap, "--election-type", "preferred",
+                           "--topic", topic, "--partition", "7")
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "UnknownTopicOrPartitionException" in out, out[-3000:]
+    done = kafka_tools.run(tool, "--bootstrap-server", broker.bootstrap, "--election-type", "preferred",
+                           "--all-topic-partitions")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "Successfully elected" not in out, out[-3000:]
+
+
+def test_kafka_topics_describe_pages_through_topic_partitions(broker):
+    """`kafka-topics --describe` (Admin.describeTopics, DescribeTopicPartitions
+    in Kafka 4.x) with two partitions per response: the tool follows the
+    cursor across partitions and topics and lists every partition once."""
+    a, b = unique("dtp-a"), unique("dtp-b")
+    create_topic(broker.bootstrap, a, 5)
+    create_topic(broker.bootstrap, b, 3)
+    tool = "org.apache.kafka.tools.TopicCommand"
+
+    def described(*args: str) -> dict[str, list[int]]:
+        done = kafka_tools.run(tool, "--bootstrap-server", broker.bootstrap, "--describe",
+                               "--partition-size-limit-per-response", "2", *args)
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        parts: dict[str, list[int]] = {}
+        for line in done.stdout.splitlines():
+            fields = dict(re.findall(r"(\w+): (\S*)", line))
+            if "Partition" in fields:
+                assert (fields["Leader"], fields["Replicas"], fields["Isr"]) == ("1", "1", "1"), line
+                parts.setdefault(fields["Topic"], []).append(int(fields["Partition"]))
+        return parts
+
+    assert described("--topic", a) == {a: [0, 1, 2, 3, 4]}
+    # Five partitions, two per response: three DescribeTopicPartitions.
+    assert api_requests(broker, "DescribeTopicPartitions") == 3
+    everything = described()
+    assert everything[a] == [0, 1, 2, 3, 4] and everything[b] == [0, 1, 2], everything

@@ -483,6 +483,18 @@ impl Broker {
                 id,
                 &handlers::alter_configs::alter_configs(self, r).await,
             ),
+            Request::ElectLeaders(r) => respond(
+                ApiKey::ElectLeaders,
+                version,
+                id,
+                &handlers::elect::elect_leaders(self, r),
+            ),
+            Request::DescribeTopicPartitions(r) => respond(
+                ApiKey::DescribeTopicPartitions,
+                version,
+                id,
+                &handlers::metadata::describe_topic_partitions(self, r),
+            ),
             body => {
                 self.handle_group(body, version, id, client_id, &client.host)
                     .await

@@ -186,6 +186,8 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("num.partitions", "1", ConfigType::Int),
     ("default.replication.factor", "1", ConfigType::Int),
     ("socket.request.max.bytes", "104857600", ConfigType::Int),
+    // The most partitions one DescribeTopicPartitions response describes.
+    ("max.request.partition.size.limit", "2000", ConfigType::Int),
     // The most record bytes one Fetch response carries, whatever it asks.
     ("fetch.max.bytes", "57671680", ConfigType::Int),
     // Connections: in all, per client address, and how long one may idle.

@@ -349,6 +349,16 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
                 .with_resource_type(2)
                 .with_resource_name(str("unknown-topic"))
         ])),
+        ApiKey::DescribeTopicPartitions => encoded!(DescribeTopicPartitionsRequest::default()
+            .with_topics(vec![
+                describe_topic_partitions_request::TopicRequest::default().with_name(name("t"))
+            ])
+            .with_response_partition_limit(10)),
+        ApiKey::ElectLeaders => encoded!(ElectLeadersRequest::default().with_topic_partitions(Some(vec![
+            elect_leaders_request::TopicPartitions::default()
+                .with_topic(name("t"))
+                .with_partitions(vec![0, 9])
+        ]))),
         ApiKey::DescribeLogDirs => encoded!(DescribeLogDirsRequest::default().with_topics(Some(vec![
             describe_log_dirs_request::DescribableLogDirTopic::default()
                 .with_topic(name("t"))
@@ -425,6 +435,10 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
             IncrementalAlterConfigsResponse::decode(&mut body, version).map(|_| ())
         }
         ApiKey::AlterConfigs => AlterConfigsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::ElectLeaders => ElectLeadersResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeTopicPartitions => {
+            DescribeTopicPartitionsResponse::decode(&mut body, version).map(|_| ())
+        }
         other => panic!("{other:?} has no response in this test"),
     };
     r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));

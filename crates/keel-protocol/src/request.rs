@@ -82,6 +82,8 @@ pub enum Request {
     DescribeLogDirs(DescribeLogDirsRequest),
     IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
     AlterConfigs(AlterConfigsRequest),
+    ElectLeaders(ElectLeadersRequest),
+    DescribeTopicPartitions(DescribeTopicPartitionsRequest),
 }
 
 /// A request with its full header.
@@ -205,6 +207,10 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
             Request::IncrementalAlterConfigs(IncrementalAlterConfigsRequest::decode(buf, v)?)
         }
         ApiKey::AlterConfigs => Request::AlterConfigs(AlterConfigsRequest::decode(buf, v)?),
+        ApiKey::ElectLeaders => Request::ElectLeaders(ElectLeadersRequest::decode(buf, v)?),
+        ApiKey::DescribeTopicPartitions => {
+            Request::DescribeTopicPartitions(DescribeTopicPartitionsRequest::decode(buf, v)?)
+        }
         other => anyhow::bail!("{other:?} is not implemented"),
     })
 }

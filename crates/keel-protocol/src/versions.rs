@@ -82,6 +82,8 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::DescribeLogDirs, 1, 4),
     api(ApiKey::IncrementalAlterConfigs, 0, 1),
     api(ApiKey::AlterConfigs, 0, 2),
+    api(ApiKey::ElectLeaders, 0, 2),
+    api(ApiKey::DescribeTopicPartitions, 0, 0),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -149,6 +151,8 @@ mod tests {
                 ApiKey::DescribeLogDirs => check::<DescribeLogDirsRequest>(a),
                 ApiKey::IncrementalAlterConfigs => check::<IncrementalAlterConfigsRequest>(a),
                 ApiKey::AlterConfigs => check::<AlterConfigsRequest>(a),
+                ApiKey::ElectLeaders => check::<ElectLeadersRequest>(a),
+                ApiKey::DescribeTopicPartitions => check::<DescribeTopicPartitionsRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
                 ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),

@@ -148,3 +148,135 @@ pub fn describe_cluster(broker: &Broker, req: DescribeClusterRequest) -> Describ
             .with_port(broker.advertised_port)])
         .with_cluster_authorized_operations(operations)
 }
+
+/// DescribeTopicPartitions (KIP-966), which Kafka 4.x's Admin client uses
+/// to describe topics (`kafka-topics --describe`): the topics by name (all
+/// of them when none is named), in name order, their partitions paged by
+/// `response_partition_limit` (at most `max.request.partition.size.limit`)
+/// with a cursor to continue from. A cursor outside the named topics is
+/// INVALID_REQUEST on every topic (the response has no error of its own).
+pub fn describe_topic_partitions(
+    broker: &Broker,
+    req: DescribeTopicPartitionsRequest,
+) -> DescribeTopicPartitionsResponse {
+    use describe_topic_partitions_response::DescribeTopicPartitionsResponseTopic;
+    let named: Vec<_> = req.topics.iter().map(|t| t.name.clone()).collect();
+    paged_topic_partitions(broker, req).unwrap_or_else(|(error, message)| {
+        tracing::debug!(%message, "DescribeTopicPartitions refused");
+        DescribeTopicPartitionsResponse::default().with_topics(
+            named
+                .into_iter()
+                .map(|name| {
+                    DescribeTopicPartitionsResponseTopic::default()
+                        .with_error_code(error.code())
+                        .with_name(Some(name))
+                        .with_topic_authorized_operations(operations::OMITTED)
+                })
+                .collect(),
+        )
+    })
+}
+
+fn paged_topic_partitions(
+    broker: &Broker,
+    req: DescribeTopicPartitionsRequest,
+) -> Result<DescribeTopicPartitionsResponse, (ResponseError, String)> {
+    use describe_topic_partitions_response::{
+        Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
+    };
+    let cap = broker.config.num("max.request.partition.size.limit").max(1);
+    let mut budget = i64::from(req.response_partition_limit).clamp(1, cap);
+    let mut names: Vec<String> = if req.topics.is_empty() {
+        broker
+            .topics
+            .all()
+            .iter()
+            .filter(|t| !t.meta.deleting)
+            .map(|t| t.meta.name.clone())
+            .collect()
+    } else {
+        req.topics.iter().map(|t| t.name.0.to_string()).collect()
+    };
+    names.sort();
+    names.dedup();
+    let (first_topic, first_partition) = match &req.cursor {
+        Some(c) => {
+            let topic = c.topic_name.0.to_string();
+            if !req.topics.is_empty() && !names.contains(&topic) {
+                return Err((
+                    ResponseError::InvalidRequest,
+                    format!("the topic list does not contain the cursor's topic {topic}"),
+                ));
+            }
+            if c.partition_index < 0 {
+                return Err((
+                    ResponseError::InvalidRequest,
+                    format!("the cursor's partition {} is negative", c.partition_index),
+                ));
+            }
+            (Some(topic), c.partition_index)
+        }
+        None => (None, 0),
+    };
+    let node = BrokerId(broker.config.node_id());
+    let mut topics = Vec::new();
+    let mut next_cursor = None;
+    for name in names
+        .into_iter()
+        .filter(|n| first_topic.as_ref().is_none_or(|f| n >= f))
+    {
+        if budget == 0 {
+            next_cursor = Some(Cursor::default().with_topic_name(topic_name(&name)));
+            break;
+        }
+        let Some(topic) = broker.topics.get(&name).filter(|t| !t.meta.deleting) else {
+            topics.push(
+                DescribeTopicPartitionsResponseTopic::default()
+                    .with_error_code(ResponseError::UnknownTopicOrPartition.code())
+                    .with_name(Some(topic_name(&name)))
+                    .with_topic_authorized_operations(operations::TOPIC),
+            );
+            continue;
+        };
+        let from = if first_topic.as_deref() == Some(name.as_str()) {
+            first_partition
+        } else {
+            0
+        };
+        let mut partitions = Vec::new();
+        for p in topic.partitions.iter().filter(|p| p.index >= from) {
+            if budget == 0 {
+                next_cursor = Some(
+                    Cursor::default()
+                        .with_topic_name(topic_name(&name))
+                        .with_partition_index(p.index),
+                );
+                break;
+            }
+            budget -= 1;
+            partitions.push(
+                DescribeTopicPartitionsResponsePartition::default()
+                    .with_partition_index(p.index)
+                    .with_leader_id(node)
+                    .with_leader_epoch(LEADER_EPOCH)
+                    .with_replica_nodes(vec![node])
+                    .with_isr_nodes(vec![node])
+                    .with_eligible_leader_replicas(Some(Vec::new()))
+                    .with_last_known_elr(Some(Vec::new())),
+            );
+        }
+        topics.push(
+            DescribeTopicPartitionsResponseTopic::default()
+                .with_name(Some(topic_name(&name)))
+                .with_topic_id(topic.meta.topic_id)
+                .with_partitions(partitions)
+                .with_topic_authorized_operations(operations::TOPIC),
+        );
+        if next_cursor.is_some() {
+            break;
+        }
+    }
+    Ok(DescribeTopicPartitionsResponse::default()
+        .with_topics(topics)
+        .with_next_cursor(next_cursor))
+}

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod alter_configs;
 pub mod configs;
+pub mod elect;
 pub mod fetch;
 pub mod groups;
 pub mod log_dirs;

@@ -212,6 +212,8 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::DescribeLogDirs => Request::DescribeLogDirs(describe_log_dirs(g, v)),
         ApiKey::IncrementalAlterConfigs => Request::IncrementalAlterConfigs(incremental_alter_configs(g, v)),
         ApiKey::AlterConfigs => Request::AlterConfigs(alter_configs(g, v)),
+        ApiKey::ElectLeaders => Request::ElectLeaders(elect_leaders(g, v)),
+        ApiKey::DescribeTopicPartitions => Request::DescribeTopicPartitions(describe_topic_partitions(g, v)),
         _ => return None,
     })
 }
@@ -254,6 +256,8 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::DescribeLogDirs(r) => r.encode(buf, v),
         Request::IncrementalAlterConfigs(r) => r.encode(buf, v),
         Request::AlterConfigs(r) => r.encode(buf, v),
+        Request::ElectLeaders(r) => r.encode(buf, v),
+        Request::DescribeTopicPartitions(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -309,6 +313,8 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::DescribeLogDirs(a), Request::DescribeLogDirs(b)) => a == b,
         (Request::IncrementalAlterConfigs(a), Request::IncrementalAlterConfigs(b)) => a == b,
         (Request::AlterConfigs(a), Request::AlterConfigs(b)) => a == b,
+        (Request::ElectLeaders(a), Request::ElectLeaders(b)) => a == b,
+        (Request::DescribeTopicPartitions(a), Request::DescribeTopicPartitions(b)) => a == b,
         _ => false,
     }
 }
@@ -1066,6 +1072,41 @@ fn alter_configs(g: &mut Gen, v: i16) -> AlterConfigsRequest {
         .with_resources(resources)
         .with_validate_only(g.bool())
         .with_unknown_tagged_fields(g.tags(v >= 2))
+}
+
+fn describe_topic_partitions(g: &mut Gen, _v: i16) -> DescribeTopicPartitionsRequest {
+    use describe_topic_partitions_request::*;
+    let cursor = Cursor::default()
+        .with_topic_name(g.topic())
+        .with_partition_index(g.i32())
+        .with_unknown_tagged_fields(g.tags(true));
+    DescribeTopicPartitionsRequest::default()
+        .with_topics(g.vec(3, |g| {
+            TopicRequest::default()
+                .with_name(g.topic())
+                .with_unknown_tagged_fields(g.tags(true))
+        }))
+        .with_response_partition_limit(g.i32())
+        .with_cursor(g.bool().then_some(cursor))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn elect_leaders(g: &mut Gen, v: i16) -> ElectLeadersRequest {
+    use elect_leaders_request::*;
+    let topics = g.vec(3, |g| {
+        TopicPartitions::default()
+            .with_topic(g.topic())
+            .with_partitions(g.vec(4, |g| g.i32()))
+            .with_unknown_tagged_fields(g.tags(v >= 2))
+    });
+    let mut r = ElectLeadersRequest::default()
+        .with_topic_partitions(g.bool().then_some(topics))
+        .with_timeout_ms(g.i32())
+        .with_unknown_tagged_fields(g.tags(v >= 2));
+    if v >= 1 {
+        r = r.with_election_type(g.i8());
+    }
+    r
 }
 
 fn describe_log_dirs(g: &mut Gen, v: i16) -> DescribeLogDirsRequest {
