@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import urllib.request
 
 import pytest
@@ -328,3 +329,47 @@ def test_kafka_topics_describe_pages_through_topic_partitions(broker):
     assert api_requests(broker, "DescribeTopicPartitions") == 3
     everything = described()
     assert everything[a] == [0, 1, 2, 3, 4] and everything[b] == [0, 1, 2], everything
+
+
+def test_kafka_configs_changes_a_loggers_level_while_the_broker_runs(broker):
+    """`kafka-configs --entity-type broker-loggers` (BROKER_LOGGER): the
+    loggers are Keel's crates and modules, with `root`; setting one to DEBUG
+    shows that module's debug lines at once, deleting it goes back to the
+    root's level, and Kafka's refusals hold."""
+    loggers = ("--entity-type", "broker-loggers", "--entity-name", "1")
+
+    def levels() -> dict[str, str]:
+        done = kafka_configs(broker.bootstrap, "--describe", *loggers)
+        return {k: v for k, v in (line.strip().split(" ", 1)[0].split("=", 1)
+                                  for line in done.stdout.splitlines()
+                                  if line.startswith("  ") and "=" in line)}
+
+    def refused_connection_logged() -> bool:
+        """Sends a frame of negative size (the broker closes the connection,
+        saying why at debug level) and says whether the log has that line."""
+        marker = len(broker.log_path.read_text(errors="replace"))
+        with w.Conn(broker.bootstrap) as c:
+            c.send(b"\xff\xff\xff\xff")
+            assert c.closed_by_peer()
+        time.sleep(0.5)
+        return "connection closed" in broker.log_path.read_text(errors="replace")[marker:]
+
+    before = levels()
+    assert before["root"] == "INFO" and before["keel"] == "INFO", before
+    assert not refused_connection_logged()
+    kafka_configs(broker.bootstrap, "--alter", *loggers, "--add-config", "keel=DEBUG")
+    assert levels()["keel"] == "DEBUG"
+    assert refused_connection_logged()
+    kafka_configs(broker.bootstrap, "--alter", *loggers, "--delete-config", "keel")
+    assert levels()["keel"] == "INFO"
+    assert not refused_connection_logged()
+    done = kafka_configs(broker.bootstrap, "--alter", *loggers, "--add-config", "keel=LOUD", ok=False)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "InvalidConfigurationException" in out, out[-3000:]
+    assert "not a supported log level" in out, out[-3000:]
+    # The tool itself refuses loggers the broker does not list.
+    done = kafka_configs(broker.bootstrap, "--alter", *loggers, "--add-config",
+                         "kafka.server.ReplicaManager=DEBUG", ok=False)
+    assert done.returncode != 0 and "Invalid broker logger(s)" in done.stdout + done.stderr
+    done = kafka_configs(broker.bootstrap, "--alter", *loggers, "--delete-config", "root", ok=False)
+    assert done.returncode != 0 and "root logger is not allowed" in done.stdout + done.stderr

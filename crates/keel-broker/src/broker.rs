@@ -114,6 +114,9 @@ pub struct Broker {
     pub features_epoch: i64,
     /// Request metrics and the slow-request log (`/metrics`).
     pub metrics: Metrics,
+    /// The process's loggers (Kafka's BROKER_LOGGER), set by the binary
+    /// that owns the log subscriber; unset, there are none to describe.
+    pub loggers: std::sync::OnceLock<Arc<dyn crate::loggers::Loggers>>,
 }
 
 impl Broker {
@@ -214,6 +217,7 @@ impl Broker {
             cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
             features_epoch: crate::time::now_ms(),
+            loggers: std::sync::OnceLock::new(),
             metrics,
         };
         broker.load_topics()?;

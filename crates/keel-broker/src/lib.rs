@@ -13,6 +13,7 @@ pub mod fuzzing;
 pub mod groups;
 mod handlers;
 pub mod health;
+pub mod loggers;
 pub mod metalog;
 pub mod metrics;
 pub mod mover;

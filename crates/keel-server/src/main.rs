@@ -5,6 +5,7 @@ mod compaction;
 mod config;
 mod connection;
 mod doctor;
+mod loggers;
 mod segment;
 mod server;
 mod stats;
@@ -44,13 +45,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
+    // KEEL_LOG's levels, changeable at run time (BROKER_LOGGER).
+    tracing_subscriber::registry()
+        .with(loggers::filter())
+        .with(loggers::Targets)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(ansi)
+                .with_writer(std::io::stderr),
+        )
         .init();
     let cli = Cli::parse();
     match cli.command {

@@ -39,6 +39,9 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
+    if let Some(levels) = crate::loggers::installed() {
+        let _ = broker.loggers.set(levels);
+    }
     broker.spawn_maintenance();
     tracing::info!(data_dir = %data_dir.display(), advertised = %format!("{}:{}", broker.advertised_host, broker.advertised_port), "listening on {local}");
     let admin_task = admin_listener.map(|l| {

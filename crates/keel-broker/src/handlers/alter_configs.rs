@@ -20,6 +20,7 @@ use keel_protocol::ResponseError;
 use super::admin::AdminError;
 use super::str_bytes;
 use crate::config::{topic_def, ConfigType, TopicConfigDef};
+use crate::loggers::LoggerChange;
 use crate::topics::{Topic, TopicMeta};
 use crate::Broker;
 
@@ -63,6 +64,8 @@ pub async fn incremental_alter_configs(
             .collect();
         let outcome = if repeated.contains(&(r.resource_type, r.resource_name.to_string())) {
             Err(duplicate_resource())
+        } else if r.resource_type == RESOURCE_BROKER_LOGGER {
+            alter_loggers(broker, r.resource_name.as_str(), req.validate_only, &changes)
         } else {
             alter(
                 broker,
@@ -128,6 +131,43 @@ pub async fn alter_configs(broker: &Arc<Broker>, req: AlterConfigsRequest) -> Al
     AlterConfigsResponse::default().with_responses(responses)
 }
 
+/// Sets or removes loggers' levels (Kafka's checks, in `crate::loggers`);
+/// they last until the process stops.
+fn alter_loggers(
+    broker: &Broker,
+    name: &str,
+    validate_only: bool,
+    changes: &[Change],
+) -> Result<(), AdminError> {
+    let node = broker.config.node_id().to_string();
+    if name != node {
+        return Err((
+            ResponseError::InvalidRequest,
+            format!("Unexpected broker id, expected {node}, but received {name}"),
+        ));
+    }
+    let Some(loggers) = broker.loggers.get() else {
+        return Err((
+            ResponseError::InvalidRequest,
+            "this process has no loggers to change".into(),
+        ));
+    };
+    let requested: Vec<LoggerChange> = changes
+        .iter()
+        .map(|c| LoggerChange {
+            logger: c.name.clone(),
+            op: c.op,
+            level: c.value.clone(),
+        })
+        .collect();
+    let checked = crate::loggers::check(loggers, &requested)?;
+    if !validate_only {
+        loggers.apply(&checked);
+        tracing::info!(changes = ?checked, "changed log levels");
+    }
+    Ok(())
+}
+
 fn repeated_resources<'a>(resources: impl Iterator<Item = (i8, &'a str)>) -> HashSet<(i8, String)> {
     let mut seen = HashSet::new();
     let mut repeated = HashSet::new();
@@ -164,10 +204,17 @@ async fn alter(
 ) -> Result<(), AdminError> {
     match kind {
         RESOURCE_TOPIC => alter_topic(broker, name, validate_only, change).await,
-        RESOURCE_BROKER | RESOURCE_BROKER_LOGGER => Err((
+        RESOURCE_BROKER => Err((
             ResponseError::InvalidRequest,
             "Keel does not alter broker configs at run time yet: set them in the broker's \
              config file and restart it"
+                .into(),
+        )),
+        // Loggers are IncrementalAlterConfigs' alone, as in Kafka.
+        RESOURCE_BROKER_LOGGER => Err((
+            ResponseError::InvalidRequest,
+            "AlterConfigs does not support the BROKER_LOGGER resource type: use \
+             IncrementalAlterConfigs"
                 .into(),
         )),
         other => Err((

@@ -13,9 +13,11 @@ use crate::Broker;
 /// Kafka's resource types and config sources.
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
+const RESOURCE_BROKER_LOGGER: i8 = 8;
 const SOURCE_TOPIC: i8 = 1;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
+const SOURCE_BROKER_LOGGER: i8 = 6;
 
 struct Entry {
     name: String,
@@ -37,6 +39,7 @@ pub fn describe_configs(broker: &Broker, req: DescribeConfigsRequest) -> Describ
             let entries = match r.resource_type {
                 RESOURCE_TOPIC => topic_entries(broker, r.resource_name.as_str()),
                 RESOURCE_BROKER => broker_entries(broker, r.resource_name.as_str()),
+                RESOURCE_BROKER_LOGGER => logger_entries(broker, r.resource_name.as_str()),
                 other => Err((
                     ResponseError::InvalidRequest,
                     format!("resource type {other} is not supported"),
@@ -138,6 +141,32 @@ fn broker_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseEr
                 read_only: true,
                 synonyms: vec![(k.to_string(), v.to_string(), source)],
             }
+        })
+        .collect())
+}
+
+/// The loggers with a level of their own, and the root logger.
+fn logger_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseError, String)> {
+    let node = broker.config.node_id().to_string();
+    if name != node {
+        return Err((
+            ResponseError::InvalidRequest,
+            format!("Unexpected broker id, expected {node}, but received {name}"),
+        ));
+    }
+    Ok(broker
+        .loggers
+        .get()
+        .map(|l| l.levels())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(logger, level)| Entry {
+            name: logger,
+            value: level,
+            source: SOURCE_BROKER_LOGGER,
+            kind: ConfigType::String,
+            read_only: false,
+            synonyms: Vec::new(),
         })
         .collect())
 }
