@@ -18,16 +18,12 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::admin::AdminError;
+use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
 use super::str_bytes;
 use crate::config::{topic_def, ConfigType, TopicConfigDef};
 use crate::loggers::LoggerChange;
 use crate::topics::{Topic, TopicMeta};
 use crate::Broker;
-
-/// Kafka's resource types.
-const RESOURCE_TOPIC: i8 = 2;
-const RESOURCE_BROKER: i8 = 4;
-const RESOURCE_BROKER_LOGGER: i8 = 8;
 
 /// Kafka's `AlterConfigOp.OpType` ids.
 const OP_SET: i8 = 0;

@@ -6,14 +6,12 @@ use keel_protocol::messages::describe_configs_response::{
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
+use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
 use super::str_bytes;
 use crate::config::{ConfigType, BROKER_CONFIGS, TOPIC_CONFIGS};
 use crate::Broker;
 
-/// Kafka's resource types and config sources.
-const RESOURCE_TOPIC: i8 = 2;
-const RESOURCE_BROKER: i8 = 4;
-const RESOURCE_BROKER_LOGGER: i8 = 8;
+/// Kafka's config sources.
 const SOURCE_TOPIC: i8 = 1;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;

@@ -18,6 +18,13 @@ use keel_protocol::messages::api_versions_response::{FinalizedFeatureKey, Suppor
 use keel_protocol::messages::{ApiVersionsResponse, TopicName};
 use keel_protocol::StrBytes;
 
+/// Kafka's config resource types (`ConfigResource.Type`).
+pub(crate) mod config_resource {
+    pub const RESOURCE_TOPIC: i8 = 2;
+    pub const RESOURCE_BROKER: i8 = 4;
+    pub const RESOURCE_BROKER_LOGGER: i8 = 8;
+}
+
 /// Authorized-operations masks: bit `n` is Kafka's `AclOperation` id `n`.
 /// Without an authorizer Kafka reports every operation the resource type
 /// supports (`AclEntry.supportedOperations`), and so does Keel.
