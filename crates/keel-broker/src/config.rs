@@ -326,6 +326,25 @@ pub fn known_keys() -> impl Iterator<Item = &'static str> {
         .chain(ALIASES.iter().map(|(a, _)| *a))
 }
 
+/// One change an IncrementalAlterConfigs request asks of a resource:
+/// Kafka's `AlterConfigOp`, a topic config or a logger by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigChange {
+    pub name: String,
+    /// One of [`ConfigChange::SET`] ..= [`ConfigChange::SUBTRACT`] (any
+    /// other value is refused).
+    pub op: i8,
+    pub value: Option<String>,
+}
+
+impl ConfigChange {
+    /// Kafka's `AlterConfigOp.OpType` ids.
+    pub const SET: i8 = 0;
+    pub const DELETE: i8 = 1;
+    pub const APPEND: i8 = 2;
+    pub const SUBTRACT: i8 = 3;
+}
+
 /// A configuration key or value that was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {

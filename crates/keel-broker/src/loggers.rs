@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use keel_protocol::ResponseError;
 
+use crate::config::ConfigChange;
+
 /// Kafka's log levels (`LogLevelConfig.VALID_LOG_LEVELS`).
 pub const LEVELS: [&str; 6] = ["FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE"];
 
@@ -31,58 +33,50 @@ pub trait Loggers: Send + Sync {
 /// Levels to set (`Some`) or remove (`None`), by logger.
 pub type LevelChanges = Vec<(String, Option<String>)>;
 
-/// One requested change: SET (0) with a level, DELETE (1).
-pub struct LoggerChange {
-    pub logger: String,
-    pub op: i8,
-    pub level: Option<String>,
-}
-
-/// Checks `changes` as Kafka does and returns them ready for
-/// [`Loggers::apply`].
+/// Checks `changes` to loggers as Kafka does (after the checks every
+/// resource's changes pass: each key once, a value but for DELETE) and
+/// returns them ready for [`Loggers::apply`].
 pub fn check(
     loggers: &Arc<dyn Loggers>,
-    changes: &[LoggerChange],
+    changes: &[ConfigChange],
 ) -> Result<LevelChanges, (ResponseError, String)> {
     let mut out: LevelChanges = Vec::with_capacity(changes.len());
     for c in changes {
-        if out.iter().any(|(l, _)| *l == c.logger) {
-            return Err((
-                ResponseError::InvalidRequest,
-                "Error due to duplicate config keys".into(),
-            ));
-        }
-        if !loggers.exists(&c.logger) {
+        if !loggers.exists(&c.name) {
             return Err((
                 ResponseError::InvalidConfig,
-                format!("Logger {} does not exist!", c.logger),
+                format!("Logger {} does not exist!", c.name),
             ));
         }
         match c.op {
-            0 => {
-                let level = c.level.clone().unwrap_or_default();
+            ConfigChange::SET => {
+                let level = c.value.clone().unwrap_or_default();
                 if !LEVELS.contains(&level.as_str()) {
                     return Err((
                         ResponseError::InvalidConfig,
                         format!(
                             "Cannot set the log level of {} to {level} as it is not a supported log \
                              level. Valid log levels are {}",
-                            c.logger,
+                            c.name,
                             LEVELS.join(", ")
                         ),
                     ));
                 }
-                out.push((c.logger.clone(), Some(level)));
+                out.push((c.name.clone(), Some(level)));
             }
-            1 if c.logger == ROOT => {
+            ConfigChange::DELETE if c.name == ROOT => {
                 return Err((
                     ResponseError::InvalidRequest,
                     "Removing the log level of the root logger is not allowed".into(),
                 ))
             }
-            1 => out.push((c.logger.clone(), None)),
-            2 | 3 => {
-                let op = if c.op == 2 { "APPEND" } else { "SUBTRACT" };
+            ConfigChange::DELETE => out.push((c.name.clone(), None)),
+            ConfigChange::APPEND | ConfigChange::SUBTRACT => {
+                let op = if c.op == ConfigChange::APPEND {
+                    "APPEND"
+                } else {
+                    "SUBTRACT"
+                };
                 return Err((
                     ResponseError::InvalidRequest,
                     format!("{op} operation is not allowed for the BROKER_LOGGER resource"),
@@ -91,7 +85,7 @@ pub fn check(
             other => {
                 return Err((
                     ResponseError::InvalidRequest,
-                    format!("unknown config operation {other} for {}", c.logger),
+                    format!("unknown config operation {other} for {}", c.name),
                 ))
             }
         }
@@ -115,11 +109,11 @@ mod tests {
         fn apply(&self, _: &[(String, Option<String>)]) {}
     }
 
-    fn change(logger: &str, op: i8, level: Option<&str>) -> LoggerChange {
-        LoggerChange {
-            logger: logger.into(),
+    fn change(logger: &str, op: i8, level: Option<&str>) -> ConfigChange {
+        ConfigChange {
+            name: logger.into(),
             op,
-            level: level.map(str::to_string),
+            value: level.map(str::to_string),
         }
     }
 
@@ -158,13 +152,6 @@ mod tests {
         );
         assert_eq!(
             code(check(&l, &[change("keel", 2, Some("INFO"))])),
-            ResponseError::InvalidRequest
-        );
-        assert_eq!(
-            code(check(
-                &l,
-                &[change("keel", 0, Some("INFO")), change("keel", 1, None)]
-            )),
             ResponseError::InvalidRequest
         );
     }

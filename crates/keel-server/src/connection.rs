@@ -108,7 +108,6 @@ pub async fn serve(
             ));
             trace.add(Stage::Receive, arrived.complete - arrived.first_byte);
             trace.add(Stage::Connection, arrived.complete.elapsed());
-            let produce = frame.api_key == ApiKey::Produce as i16;
             let mut reply: Pin<Box<dyn Future<Output = Reply> + Send + '_>> =
                 Box::pin(trace::scope(Arc::clone(&trace), broker.handle(frame, client)));
             // Polled once now: a Produce queues its appends here, before
@@ -116,7 +115,6 @@ pub async fn serve(
             let done = poll_fn(|cx| Poll::Ready(poll_reply(&mut reply, cx))).await;
             flight.push_back(InFlight {
                 trace,
-                produce,
                 bytes: len,
                 reply,
                 done,
@@ -155,7 +153,6 @@ fn refuse(e: FrameError) -> String {
 /// to be answered.
 struct InFlight<'a> {
     trace: Arc<RequestTrace>,
-    produce: bool,
     /// Its frame's size.
     bytes: usize,
     reply: Pin<Box<dyn Future<Output = Reply> + Send + 'a>>,
@@ -167,7 +164,7 @@ impl InFlight<'_> {
     /// that was answered, or waits only for its partitions' writers. One
     /// that closes the connection lets nothing behind it start.
     fn lets_produce_pass(&self) -> bool {
-        self.produce
+        self.trace.api_key == ApiKey::Produce as i16
             && match &self.done {
                 Some(Reply::Close(_)) => false,
                 Some(_) => true,
@@ -475,22 +472,17 @@ mod tests {
                 trace::append_queued();
             }
         };
-        // Run the marking inside the trace's scope, as a handler would.
-        block_on(trace::scope(t, ready));
+        // Run the marking inside the trace's scope, as a handler would; it
+        // does not wait, so one poll finishes it.
+        let mut marking = std::pin::pin!(trace::scope(t, ready));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(marking.as_mut().poll(&mut cx).is_ready());
         InFlight {
             trace,
-            produce: api_key == ApiKey::Produce,
             bytes,
             reply: Box::pin(std::future::pending()),
             done,
         }
-    }
-
-    fn block_on<F: Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(f)
     }
 
     #[test]

@@ -139,14 +139,12 @@ fn tracing_level(kafka: &str) -> String {
 /// the handle is kept for [`installed`].
 pub fn filter() -> reload::Layer<EnvFilter, Registry> {
     let directives = std::env::var("KEEL_LOG").unwrap_or_else(|_| "info".into());
-    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|e| {
-        eprintln!("keel: KEEL_LOG={directives:?} is not a log filter ({e}); using info");
-        EnvFilter::new("info")
-    });
-    let state = if EnvFilter::try_new(&directives).is_ok() {
-        State::parse(&directives)
-    } else {
-        State::parse("info")
+    let (filter, state) = match EnvFilter::try_new(&directives) {
+        Ok(filter) => (filter, State::parse(&directives)),
+        Err(e) => {
+            eprintln!("keel: KEEL_LOG={directives:?} is not a log filter ({e}); using info");
+            (EnvFilter::new("info"), State::parse("info"))
+        }
     };
     let (layer, handle) = reload::Layer::new(filter);
     let _ = INSTALLED.set(Arc::new(Levels {

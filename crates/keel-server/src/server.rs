@@ -201,10 +201,12 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
                     };
                     b.metrics.connection_opened();
                     let closed = connection::serve(stream, peer, &b, &client, limits.connection()).await;
-                    b.metrics.connection_closed();
                     if let Err(reason) = closed {
                         tracing::debug!(%peer, %reason, "connection closed");
                     }
+                    // Counted once its reason is logged: whoever sees the
+                    // count fall finds the line in the log.
+                    b.metrics.connection_closed();
                     limits.release(peer.ip());
                     drop(slot);
                 });

@@ -9,122 +9,157 @@
 //! partition log takes its new settings (segment size, retention, flushes).
 //! `validate_only` checks and changes nothing.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use keel_protocol::messages::alter_configs_response::AlterConfigsResourceResponse as LegacyResourceResponse;
 use keel_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use keel_protocol::messages::*;
-use keel_protocol::ResponseError;
+use keel_protocol::{ResponseError, StrBytes};
 
 use super::admin::AdminError;
 use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
 use super::str_bytes;
-use crate::config::{topic_def, ConfigType, TopicConfigDef};
-use crate::loggers::LoggerChange;
+use crate::config::{topic_def, ConfigChange, ConfigType, TopicConfigDef};
 use crate::topics::{Topic, TopicMeta};
 use crate::Broker;
 
-/// Kafka's `AlterConfigOp.OpType` ids.
-const OP_SET: i8 = 0;
-const OP_DELETE: i8 = 1;
-const OP_APPEND: i8 = 2;
-const OP_SUBTRACT: i8 = 3;
-
-/// One requested change, decoded.
-struct Change {
-    name: String,
-    op: i8,
-    value: Option<String>,
+/// What a request asks of one resource.
+enum Edit {
+    /// IncrementalAlterConfigs: these changes to what is set.
+    Changes(Vec<ConfigChange>),
+    /// AlterConfigs: exactly these overrides.
+    Replace(Vec<(String, Option<String>)>),
 }
 
 pub async fn incremental_alter_configs(
     broker: &Arc<Broker>,
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
-    let repeated = repeated_resources(
-        req.resources
-            .iter()
-            .map(|r| (r.resource_type, r.resource_name.as_str())),
-    );
-    let mut responses = Vec::new();
-    for r in req.resources {
-        let changes: Vec<Change> = r
+    let edits = req.resources.iter().map(|r| {
+        let changes = r
             .configs
             .iter()
-            .map(|c| Change {
+            .map(|c| ConfigChange {
                 name: c.name.to_string(),
                 op: c.config_operation,
                 value: c.value.as_ref().map(|v| v.to_string()),
             })
             .collect();
-        let outcome = if repeated.contains(&(r.resource_type, r.resource_name.to_string())) {
-            Err(duplicate_resource())
-        } else if r.resource_type == RESOURCE_BROKER_LOGGER {
-            alter_loggers(broker, r.resource_name.as_str(), req.validate_only, &changes)
-        } else {
-            alter(
-                broker,
-                r.resource_type,
-                r.resource_name.as_str(),
-                req.validate_only,
-                |current| {
-                    incremental(current, &changes, |def| {
-                        broker.config.topic_value(current, def).to_string()
-                    })
-                },
-            )
-            .await
-        };
-        let (code, message) = error_fields(outcome);
-        responses.push(
+        (r.resource_type, r.resource_name.as_str(), Edit::Changes(changes))
+    });
+    let results = alter_all(broker, edits.collect(), req.validate_only).await;
+    let responses = req
+        .resources
+        .into_iter()
+        .zip(results)
+        .map(|(r, (code, message))| {
             AlterConfigsResourceResponse::default()
                 .with_error_code(code)
                 .with_error_message(message)
                 .with_resource_type(r.resource_type)
-                .with_resource_name(r.resource_name),
-        );
-    }
+                .with_resource_name(r.resource_name)
+        })
+        .collect();
     IncrementalAlterConfigsResponse::default().with_responses(responses)
 }
 
 /// AlterConfigs (the legacy form): the resource's overrides become exactly
 /// the given ones.
 pub async fn alter_configs(broker: &Arc<Broker>, req: AlterConfigsRequest) -> AlterConfigsResponse {
-    let repeated = repeated_resources(
-        req.resources
-            .iter()
-            .map(|r| (r.resource_type, r.resource_name.as_str())),
-    );
-    let mut responses = Vec::new();
-    for r in req.resources {
-        let given: Vec<(String, Option<String>)> = r
+    let edits = req.resources.iter().map(|r| {
+        let given = r
             .configs
             .iter()
             .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string())))
             .collect();
-        let outcome = if repeated.contains(&(r.resource_type, r.resource_name.to_string())) {
-            Err(duplicate_resource())
-        } else {
-            alter(
-                broker,
-                r.resource_type,
-                r.resource_name.as_str(),
-                req.validate_only,
-                |_| replacement(&given),
-            )
-            .await
-        };
-        let (code, message) = error_fields(outcome);
-        responses.push(
+        (r.resource_type, r.resource_name.as_str(), Edit::Replace(given))
+    });
+    let results = alter_all(broker, edits.collect(), req.validate_only).await;
+    let responses = req
+        .resources
+        .into_iter()
+        .zip(results)
+        .map(|(r, (code, message))| {
             LegacyResourceResponse::default()
                 .with_error_code(code)
                 .with_error_message(message)
                 .with_resource_type(r.resource_type)
-                .with_resource_name(r.resource_name),
-        );
-    }
+                .with_resource_name(r.resource_name)
+        })
+        .collect();
     AlterConfigsResponse::default().with_responses(responses)
+}
+
+/// Alters each resource in turn; per resource, the error code and message
+/// of its answer. A resource named twice in one request is refused.
+async fn alter_all(
+    broker: &Arc<Broker>,
+    edits: Vec<(i8, &str, Edit)>,
+    validate_only: bool,
+) -> Vec<(i16, Option<StrBytes>)> {
+    let mut seen = HashSet::new();
+    let repeated: HashSet<(i8, &str)> = edits
+        .iter()
+        .map(|(kind, name, _)| (*kind, *name))
+        .filter(|r| !seen.insert(*r))
+        .collect();
+    let mut results = Vec::with_capacity(edits.len());
+    for (kind, name, edit) in &edits {
+        let outcome = if repeated.contains(&(*kind, *name)) {
+            Err((
+                ResponseError::InvalidRequest,
+                "the resource is named more than once in the request".into(),
+            ))
+        } else {
+            match edit {
+                Edit::Changes(changes) => match check_changes(changes) {
+                    Err(e) => Err(e),
+                    Ok(()) if *kind == RESOURCE_BROKER_LOGGER => {
+                        alter_loggers(broker, name, validate_only, changes)
+                    }
+                    Ok(()) => {
+                        alter(broker, *kind, name, validate_only, |current| {
+                            incremental(current, changes, |def| {
+                                broker.config.topic_value(current, def).to_string()
+                            })
+                        })
+                        .await
+                    }
+                },
+                Edit::Replace(given) => {
+                    alter(broker, *kind, name, validate_only, |_| replacement(given)).await
+                }
+            }
+        };
+        results.push(match outcome {
+            Ok(()) => (0, None),
+            Err((error, message)) => (error.code(), Some(str_bytes(message))),
+        });
+    }
+    results
+}
+
+/// Kafka's checks on the changes to any resource, before its own: each
+/// key once, and a value for every operation but DELETE.
+fn check_changes(changes: &[ConfigChange]) -> Result<(), AdminError> {
+    let mut names = HashSet::new();
+    if !changes.iter().all(|c| names.insert(c.name.as_str())) {
+        return Err((
+            ResponseError::InvalidRequest,
+            "Error due to duplicate config keys".into(),
+        ));
+    }
+    match changes
+        .iter()
+        .find(|c| c.op != ConfigChange::DELETE && c.value.is_none())
+    {
+        Some(c) => Err((
+            ResponseError::InvalidRequest,
+            format!("Null value not supported for : {}", c.name),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Sets or removes loggers' levels (Kafka's checks, in `crate::loggers`);
@@ -133,7 +168,7 @@ fn alter_loggers(
     broker: &Broker,
     name: &str,
     validate_only: bool,
-    changes: &[Change],
+    changes: &[ConfigChange],
 ) -> Result<(), AdminError> {
     let node = broker.config.node_id().to_string();
     if name != node {
@@ -148,45 +183,12 @@ fn alter_loggers(
             "this process has no loggers to change".into(),
         ));
     };
-    let requested: Vec<LoggerChange> = changes
-        .iter()
-        .map(|c| LoggerChange {
-            logger: c.name.clone(),
-            op: c.op,
-            level: c.value.clone(),
-        })
-        .collect();
-    let checked = crate::loggers::check(loggers, &requested)?;
+    let checked = crate::loggers::check(loggers, changes)?;
     if !validate_only {
         loggers.apply(&checked);
         tracing::info!(changes = ?checked, "changed log levels");
     }
     Ok(())
-}
-
-fn repeated_resources<'a>(resources: impl Iterator<Item = (i8, &'a str)>) -> HashSet<(i8, String)> {
-    let mut seen = HashSet::new();
-    let mut repeated = HashSet::new();
-    for (kind, name) in resources {
-        if !seen.insert((kind, name)) {
-            repeated.insert((kind, name.to_string()));
-        }
-    }
-    repeated
-}
-
-fn duplicate_resource() -> AdminError {
-    (
-        ResponseError::InvalidRequest,
-        "the resource is named more than once in the request".into(),
-    )
-}
-
-fn error_fields(outcome: Result<(), AdminError>) -> (i16, Option<keel_protocol::StrBytes>) {
-    match outcome {
-        Ok(()) => (0, None),
-        Err((error, message)) => (error.code(), Some(str_bytes(message))),
-    }
 }
 
 /// Alters one resource: only topics can be altered; the broker's own
@@ -220,40 +222,27 @@ async fn alter(
     }
 }
 
-/// The overrides after `changes` (Kafka's rules: keys unique; SET and
-/// APPEND/SUBTRACT need a value; APPEND/SUBTRACT only on list configs, on
-/// the current value: `effective` gives the override or else the default).
+/// The overrides after `changes`, which passed [`check_changes`]:
+/// APPEND and SUBTRACT only on list configs, on the current value
+/// (`effective` gives the override or else the default).
 fn incremental(
     current: &BTreeMap<String, String>,
-    changes: &[Change],
+    changes: &[ConfigChange],
     effective: impl Fn(&'static TopicConfigDef) -> String,
 ) -> Result<BTreeMap<String, String>, AdminError> {
-    let mut names = HashSet::new();
-    if !changes.iter().all(|c| names.insert(c.name.as_str())) {
-        return Err((
-            ResponseError::InvalidRequest,
-            "Error due to duplicate config keys".into(),
-        ));
-    }
     let mut next = current.clone();
     for c in changes {
-        let value = || {
-            c.value.clone().ok_or_else(|| {
-                (
-                    ResponseError::InvalidRequest,
-                    format!("Null value not supported for : {}", c.name),
-                )
-            })
-        };
+        let value = c.value.clone().unwrap_or_default();
         match c.op {
-            OP_SET => {
-                next.insert(c.name.clone(), value()?);
+            ConfigChange::SET => {
+                next.insert(c.name.clone(), value);
             }
-            OP_DELETE => {
+            ConfigChange::DELETE => {
                 next.remove(&c.name);
             }
-            OP_APPEND | OP_SUBTRACT => {
-                let verb = if c.op == OP_APPEND { "append" } else { "subtract" };
+            ConfigChange::APPEND | ConfigChange::SUBTRACT => {
+                let append = c.op == ConfigChange::APPEND;
+                let verb = if append { "append" } else { "subtract" };
                 let def = topic_def(&c.name).ok_or_else(|| unknown_key(&c.name))?;
                 if def.kind != ConfigType::List {
                     return Err((
@@ -261,16 +250,15 @@ fn incremental(
                         format!("Config value {verb} is not allowed for config key: {}", c.name),
                     ));
                 }
-                let given = value()?;
                 let mut items: Vec<String> = list(&effective(def));
-                if c.op == OP_APPEND {
-                    for item in list(&given) {
+                if append {
+                    for item in list(&value) {
                         if !items.contains(&item) {
                             items.push(item);
                         }
                     }
                 } else {
-                    let removed = list(&given);
+                    let removed = list(&value);
                     items.retain(|i| !removed.contains(i));
                 }
                 next.insert(c.name.clone(), items.join(","));
@@ -373,13 +361,11 @@ async fn alter_topic(
     if validate_only || configs == topic.meta.configs {
         return Ok(());
     }
-    let changed: Vec<String> = configs
+    let changed: BTreeSet<String> = configs
         .keys()
         .chain(topic.meta.configs.keys())
         .filter(|k| configs.get(*k) != topic.meta.configs.get(*k))
         .cloned()
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
         .collect();
     let meta = TopicMeta {
         configs,
@@ -419,19 +405,24 @@ async fn alter_topic(
 mod tests {
     use super::*;
 
-    fn change(name: &str, op: i8, value: Option<&str>) -> Change {
-        Change {
+    fn change(name: &str, op: i8, value: Option<&str>) -> ConfigChange {
+        ConfigChange {
             name: name.into(),
             op,
             value: value.map(str::to_string),
         }
     }
 
-    fn apply(current: &[(&str, &str)], changes: &[Change]) -> Result<Vec<(String, String)>, (i16, String)> {
+    /// As a request's changes go: the common checks, then the topic's.
+    fn apply(
+        current: &[(&str, &str)],
+        changes: &[ConfigChange],
+    ) -> Result<Vec<(String, String)>, (i16, String)> {
         let current: BTreeMap<String, String> = current
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
+        check_changes(changes).map_err(|(e, m)| (e.code(), m))?;
         incremental(&current, changes, |d| {
             current.get(d.name).map_or(d.default, String::as_str).to_string()
         })
@@ -448,10 +439,10 @@ mod tests {
         let got = apply(
             &[("retention.ms", "5"), ("segment.ms", "9")],
             &[
-                change("retention.ms", OP_DELETE, None),
-                change("segment.bytes", OP_SET, Some("20000")),
+                change("retention.ms", ConfigChange::DELETE, None),
+                change("segment.bytes", ConfigChange::SET, Some("20000")),
                 // Appends to the default (delete) when not overridden.
-                change("cleanup.policy", OP_APPEND, Some("compact,delete")),
+                change("cleanup.policy", ConfigChange::APPEND, Some("compact,delete")),
             ],
         );
         assert_eq!(
@@ -464,7 +455,7 @@ mod tests {
         );
         let got = apply(
             &[("cleanup.policy", "delete,compact")],
-            &[change("cleanup.policy", OP_SUBTRACT, Some("delete"))],
+            &[change("cleanup.policy", ConfigChange::SUBTRACT, Some("delete"))],
         );
         assert_eq!(got, Ok(pairs(&[("cleanup.policy", "compact")])));
     }
@@ -476,12 +467,12 @@ mod tests {
         let dup = apply(
             &[],
             &[
-                change("retention.ms", OP_SET, Some("1")),
-                change("retention.ms", OP_DELETE, None),
+                change("retention.ms", ConfigChange::SET, Some("1")),
+                change("retention.ms", ConfigChange::DELETE, None),
             ],
         );
         assert_eq!(dup.unwrap_err().0, invalid_request);
-        let null = apply(&[], &[change("retention.ms", OP_SET, None)]).unwrap_err();
+        let null = apply(&[], &[change("retention.ms", ConfigChange::SET, None)]).unwrap_err();
         assert_eq!(
             null,
             (
@@ -489,10 +480,10 @@ mod tests {
                 "Null value not supported for : retention.ms".into()
             )
         );
-        let not_list = apply(&[], &[change("retention.ms", OP_APPEND, Some("1"))]).unwrap_err();
+        let not_list = apply(&[], &[change("retention.ms", ConfigChange::APPEND, Some("1"))]).unwrap_err();
         assert_eq!(not_list.0, invalid_config);
         assert!(not_list.1.contains("retention.ms"), "{not_list:?}");
-        let unknown = apply(&[], &[change("no.such", OP_SUBTRACT, Some("1"))]).unwrap_err();
+        let unknown = apply(&[], &[change("no.such", ConfigChange::SUBTRACT, Some("1"))]).unwrap_err();
         assert_eq!(
             unknown,
             (invalid_config, "Unknown topic config name: no.such".into())
