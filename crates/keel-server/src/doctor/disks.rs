@@ -472,30 +472,22 @@ fn space_findings(dir: &Dir, config: &BrokerConfig) -> Vec<Finding> {
         avail.saturating_mul(100) / total.max(1),
         human(used)
     );
-    let mut out = Vec::new();
     let segment = u64::try_from(config.num("log.segment.bytes")).unwrap_or(0);
-    if dir.role == Role::Log && avail < segment.saturating_mul(2) {
-        out.push(f(Severity::Error, format!("{found}: less than two segments (log.segment.bytes={segment}) free; a roll or a compaction pass fails with ENOSPC"))
-            .fix("free space on the filesystem, or lower log.segment.bytes"));
+    // One verdict for the space check; the budgets are a check of their own.
+    let verdict = if dir.role == Role::Log && avail < segment.saturating_mul(2) {
+        f(Severity::Error, format!("{found}: less than two segments (log.segment.bytes={segment}) free; a roll or a compaction pass fails with ENOSPC"))
+            .fix("free space on the filesystem, or lower log.segment.bytes")
     } else if total > 0 && avail < total / 10 {
-        out.push(
-            f(Severity::Warn, format!("{found}: under 10% free")).fix(match dir.role {
-                Role::Log => {
-                    "lower log.retention.bytes / retention.ms or keel.tier.fast.max.bytes, or add space"
-                }
-                Role::Capacity => {
-                    "lower log.retention.bytes / retention.ms, or add space to the capacity tier"
-                }
-            }),
-        );
-    }
+        f(Severity::Warn, format!("{found}: under 10% free")).fix(match dir.role {
+            Role::Log => "lower log.retention.bytes / retention.ms or keel.tier.fast.max.bytes, or add space",
+            Role::Capacity => "lower log.retention.bytes / retention.ms, or add space to the capacity tier",
+        })
+    } else {
+        f(Severity::Ok, found)
+    };
+    let mut out = vec![verdict];
     if dir.role == Role::Log {
         out.extend(budget_space_findings(config, total, avail, used, partitions));
-    }
-    if out.is_empty() {
-        out.push(f(Severity::Ok, found));
-    } else {
-        out.insert(0, f(Severity::Info, found));
     }
     out
 }
