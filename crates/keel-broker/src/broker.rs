@@ -77,7 +77,11 @@ impl std::fmt::Display for StartError {
 impl std::error::Error for StartError {}
 
 pub struct Broker {
-    pub config: BrokerConfig,
+    /// The configuration in force: the config file under the dynamic broker
+    /// configs (see `crate::dynamic_config`); read it with [`Broker::config`].
+    pub config: parking_lot::RwLock<Arc<BrokerConfig>>,
+    /// The memory the broker may use (host or cgroup), for the budgets.
+    pub memory: MemoryLimit,
     pub cluster_id: String,
     pub advertised_host: String,
     pub advertised_port: i32,
@@ -120,6 +124,11 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// The configuration in force (dynamic changes replace it whole).
+    pub fn config(&self) -> Arc<BrokerConfig> {
+        Arc::clone(&self.config.read())
+    }
+
     /// Opens the data directory: cluster identity, topics, partition logs
     /// (with recovery). Blocking.
     pub fn open(
@@ -146,6 +155,9 @@ impl Broker {
             None => DiskStorage::shared(),
         };
         let store = TopicStore::new(&data_dir, Arc::clone(&storage));
+        let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
+            .map_err(io(&meta_dir))?;
+        let config = crate::dynamic_config::start(config, stored);
         let memory = MemoryLimit::detect();
         let tail_cache = TailCache::new(tail_cache_budget(&config, &memory));
         let cold = ColdReads::new(
@@ -197,7 +209,8 @@ impl Broker {
         .map_err(StartError::Transactions)?;
         let metrics = Metrics::new(config.slow_request());
         let broker = Broker {
-            config,
+            config: parking_lot::RwLock::new(Arc::new(config)),
+            memory,
             cluster_id,
             advertised_host,
             advertised_port,
@@ -225,7 +238,7 @@ impl Broker {
     }
 
     fn load_topics(&self) -> Result<(), StartError> {
-        let data_dir = self.config.data_dir();
+        let data_dir = self.config().data_dir();
         let io = |error| StartError::Io {
             path: data_dir.clone(),
             error,
@@ -275,7 +288,7 @@ impl Broker {
         tolerate_failures: bool,
     ) -> Result<Vec<Arc<Partition>>, String> {
         let mut log_config = self
-            .config
+            .config()
             .topic_log_config(&meta.configs)
             .map_err(|e| e.to_string())?;
         log_config.read_io = self.read_io;
@@ -586,10 +599,10 @@ impl Broker {
     pub fn spawn_maintenance(self: &Arc<Self>) {
         self.groups.spawn_timers();
         handlers::txn::spawn_timers(self);
-        let retention_every = Duration::from_millis(self.config.retention_check_interval_ms());
+        let retention_every = Duration::from_millis(self.config().retention_check_interval_ms());
         self.spawn_every(retention_every, true, Broker::apply_retention);
         let expire_every = Duration::from_millis(
-            u64::try_from(self.config.num("producer.id.expiration.check.interval.ms"))
+            u64::try_from(self.config().num("producer.id.expiration.check.interval.ms"))
                 .unwrap_or(600_000)
                 .max(1),
         );
@@ -648,7 +661,7 @@ impl Broker {
 
     /// Forgets producers idle for `producer.id.expiration.ms`.
     fn expire_producers(&self) {
-        let (now, expiration_ms) = (now_ms(), self.config.num("producer.id.expiration.ms"));
+        let (now, expiration_ms) = (now_ms(), self.config().num("producer.id.expiration.ms"));
         let mut expired = 0;
         for topic in self.topics.all() {
             for p in &topic.partitions {
@@ -694,7 +707,7 @@ impl Broker {
         let (mut resident_total, mut size_total) = (0u64, 0u64);
         for topic in self.topics.all() {
             let compacted = self
-                .config
+                .config()
                 .cleanup_policy(&topic.meta.configs)
                 .is_ok_and(|c| c.compact);
             for p in &topic.partitions {
@@ -910,6 +923,11 @@ fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
         keel_tier::memory::TAIL_CACHE_SHARE_PERCENT
     );
     budget
+}
+
+/// The tail cache's budget under `config` (see `tail_cache_budget`).
+pub(crate) fn tail_cache_bytes(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
+    u64::try_from(config.num("keel.tail.cache.bytes")).unwrap_or_else(|_| limit.default_tail_cache_bytes())
 }
 
 fn respond<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {

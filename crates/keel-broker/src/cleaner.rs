@@ -17,9 +17,14 @@
 //! budget), reading around the page cache; only the swap of each cleaned
 //! group takes the lock, briefly. What each partition's passes did, and why
 //! a partition is not cleanable, is kept for `/stats`.
+//!
+//! The settings but `log.cleaner.enable` are dynamic broker configs, as in
+//! Kafka: a new budget reaches a pass in progress; more threads start at
+//! once, and threads beyond a smaller count stop after their current pass;
+//! each thread sizes its key map again before its next pass.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -40,8 +45,13 @@ const STOP_CHECK: Duration = Duration::from_millis(100);
 /// The cleaner's shared state and broker-wide counters.
 #[derive(Debug)]
 pub struct Cleaner {
-    pub settings: CleanerSettings,
+    settings: Mutex<CleanerSettings>,
     pacer: Pacer,
+    /// Which thread slots have a thread running (thread `i` stops when
+    /// `i` is no longer below `log.cleaner.threads`).
+    running: Mutex<Vec<bool>>,
+    /// Where passes wait for their budget; set when the threads start.
+    runtime: OnceLock<tokio::runtime::Handle>,
     stopping: AtomicBool,
     /// Partitions a thread is cleaning (by address), so no two threads
     /// clean one partition.
@@ -129,7 +139,9 @@ impl Cleaner {
     pub fn new(settings: CleanerSettings) -> Cleaner {
         Cleaner {
             pacer: Pacer::new(settings.io_bytes_per_sec),
-            settings,
+            settings: Mutex::new(settings),
+            running: Mutex::new(Vec::new()),
+            runtime: OnceLock::new(),
             stopping: AtomicBool::new(false),
             busy: Mutex::new(Vec::new()),
             passes: AtomicU64::new(0),
@@ -142,9 +154,15 @@ impl Cleaner {
         }
     }
 
+    /// The settings in force.
+    pub fn settings(&self) -> CleanerSettings {
+        self.settings.lock().clone()
+    }
+
     /// The key-map budget of one thread.
     pub fn map_bytes_per_thread(&self) -> usize {
-        self.settings.dedupe_buffer_bytes / self.settings.threads.max(1)
+        let s = self.settings.lock();
+        s.dedupe_buffer_bytes / s.threads.max(1)
     }
 
     /// Stops the threads after their current pass.
@@ -154,10 +172,11 @@ impl Cleaner {
 
     pub fn to_json(&self) -> serde_json::Value {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let s = &self.settings;
+        let s = self.settings();
         serde_json::json!({
             "enabled": s.enabled,
             "threads": s.threads,
+            "threads_running": self.running.lock().iter().filter(|on| **on).count(),
             "dedupe_buffer_bytes": s.dedupe_buffer_bytes,
             "map_keys_per_thread": KeyMap::with_budget(self.map_bytes_per_thread()).budget_entries(),
             "io_bytes_per_sec": s.io_bytes_per_sec,
@@ -176,40 +195,85 @@ impl Cleaner {
 /// from within the runtime: passes wait for their I/O budget on it.
 pub fn spawn(broker: &Arc<Broker>) {
     let cleaner = &broker.cleaner;
-    if !cleaner.settings.enabled {
+    if !cleaner.settings().enabled {
         tracing::info!("log cleaner disabled (log.cleaner.enable=false)");
         return;
     }
-    let runtime = tokio::runtime::Handle::current();
-    for i in 0..cleaner.settings.threads {
-        let broker = Arc::downgrade(broker);
+    let _ = cleaner.runtime.set(tokio::runtime::Handle::current());
+    start_threads(broker);
+}
+
+/// Takes new settings (dynamic broker configs): the budget at once, the
+/// thread count and key-map size from each thread's next pass.
+/// `log.cleaner.enable` stays as the broker started.
+pub fn reconfigure(broker: &Arc<Broker>, mut settings: CleanerSettings) {
+    let cleaner = &broker.cleaner;
+    cleaner.pacer.set_bytes_per_sec(settings.io_bytes_per_sec);
+    {
+        let mut current = cleaner.settings.lock();
+        settings.enabled = current.enabled;
+        *current = settings;
+    }
+    start_threads(broker);
+}
+
+/// Starts a thread in every slot below `log.cleaner.threads` that has none.
+fn start_threads(broker: &Arc<Broker>) {
+    let cleaner = &broker.cleaner;
+    let settings = cleaner.settings();
+    let Some(runtime) = cleaner.runtime.get() else {
+        return;
+    };
+    if !settings.enabled {
+        return;
+    }
+    let mut running = cleaner.running.lock();
+    if running.len() < settings.threads {
+        running.resize(settings.threads, false);
+    }
+    for (slot, on) in running.iter_mut().enumerate().take(settings.threads) {
+        if *on {
+            continue;
+        }
+        let weak = Arc::downgrade(broker);
         let runtime = runtime.clone();
         let spawned = std::thread::Builder::new()
             .name("keel-cleaner".into())
             .spawn(move || {
-                keel_tier::priority::lower_pool_thread("cleaner", i == 0);
-                run(&broker, &runtime);
+                keel_tier::priority::lower_pool_thread("cleaner", slot == 0);
+                run(&weak, &runtime, slot);
             });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start a log cleaner thread");
+        match spawned {
+            Ok(_) => *on = true,
+            Err(e) => tracing::error!(error = %e, "cannot start a log cleaner thread"),
         }
     }
 }
 
-fn run(broker: &Weak<Broker>, runtime: &tokio::runtime::Handle) {
-    let budget = match broker.upgrade() {
-        Some(b) => b.cleaner.map_bytes_per_thread(),
-        None => return,
-    };
-    let mut map = KeyMap::with_budget(budget);
+fn run(broker: &Weak<Broker>, runtime: &tokio::runtime::Handle, slot: usize) {
+    // The key map and the budget it was made for.
+    let mut map: Option<(usize, KeyMap)> = None;
     loop {
         let Some(b) = broker.upgrade() else { return };
         if b.cleaner.stopping.load(Ordering::Relaxed) {
             return;
         }
-        let cleaned = clean_neediest(&b, &mut map, runtime);
+        {
+            let mut running = b.cleaner.running.lock();
+            if slot >= b.cleaner.settings().threads {
+                running[slot] = false;
+                tracing::info!(slot, "log cleaner thread stopped (log.cleaner.threads lowered)");
+                return;
+            }
+        }
+        let budget = b.cleaner.map_bytes_per_thread();
+        let map = match &mut map {
+            Some((made_for, m)) if *made_for == budget => m,
+            _ => &mut map.insert((budget, KeyMap::with_budget(budget))).1,
+        };
+        let cleaned = clean_neediest(&b, map, runtime);
         map.release();
-        let backoff = Duration::from_millis(b.cleaner.settings.backoff_ms);
+        let backoff = Duration::from_millis(b.cleaner.settings().backoff_ms);
         drop(b);
         if !cleaned {
             let until = Instant::now() + backoff;
@@ -240,7 +304,7 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
     let now = now_ms();
     let mut best: Option<Candidate> = None;
     for topic in broker.topics.all() {
-        let settings = match broker.config.compaction(&topic.meta.configs) {
+        let settings = match broker.config().compaction(&topic.meta.configs) {
             Ok(c) if c.enabled => c,
             _ => continue,
         };
@@ -265,7 +329,7 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
                 continue;
             };
             let mut source = source
-                .with_read_window(cleaner.settings.io_buffer_bytes)
+                .with_read_window(cleaner.settings().io_buffer_bytes)
                 .with_stable_end(stable);
             if broker.tiers.has(Tier::Capacity) {
                 source = source.with_cold(Arc::new(ColdAccess {

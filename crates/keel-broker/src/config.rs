@@ -278,6 +278,73 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("log.cleaner.backoff.ms", "15000", ConfigType::Long),
 ];
 
+/// Broker keys an operator may change at run time (IncrementalAlterConfigs
+/// on the broker or the cluster default, as Kafka's `kafka-configs
+/// --entity-type brokers`), besides the topic defaults (`log.*` and the
+/// like, see [`is_dynamic`]). Each takes effect without a restart.
+pub const DYNAMIC_BROKER_CONFIGS: &[&str] = &[
+    "max.connections",
+    "max.connections.per.ip",
+    "producer.id.expiration.ms",
+    "log.cleaner.threads",
+    "log.cleaner.dedupe.buffer.size",
+    "log.cleaner.io.buffer.size",
+    "log.cleaner.io.max.bytes.per.second",
+    "log.cleaner.backoff.ms",
+    "keel.tail.cache.bytes",
+    "keel.cold.read.bytes.per.sec",
+    "keel.tier.move.bytes.per.sec",
+    "keel.tier.fast.max.bytes",
+    "keel.request.slow.ms",
+];
+
+/// Whether a broker key can change at run time: the listed keys, and every
+/// topic default but `remote.log.storage.enable` (a topic's remote storage
+/// cannot be turned off under it).
+pub fn is_dynamic(key: &str) -> bool {
+    DYNAMIC_BROKER_CONFIGS.contains(&key)
+        || topic_def_by_broker_name(key).is_some_and(|d| d.broker_name != "remote.log.storage.enable")
+}
+
+/// The type of a broker key (topic defaults included), if Keel has it.
+pub fn broker_config_type(key: &str) -> Option<ConfigType> {
+    BROKER_CONFIGS
+        .iter()
+        .find(|(n, _, _)| *n == key)
+        .map(|(_, _, k)| *k)
+        .or_else(|| topic_def_by_broker_name(key).map(|d| d.kind))
+}
+
+/// The built-in default of a broker key.
+fn builtin_default(key: &str) -> Option<&'static str> {
+    BROKER_CONFIGS
+        .iter()
+        .find(|(n, _, _)| *n == key)
+        .map(|(_, d, _)| *d)
+        .or_else(|| topic_def_by_broker_name(key).map(|d| d.default))
+}
+
+/// Where a broker config's value comes from: Kafka's `ConfigSource` ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    DynamicTopic = 1,
+    DynamicBroker = 2,
+    DynamicDefaultBroker = 3,
+    StaticBroker = 4,
+    Default = 5,
+    DynamicBrokerLogger = 6,
+}
+
+/// The broker configs set at run time: the cluster-wide default (Kafka's
+/// broker resource `""`) and this broker's own, which wins over it. Both
+/// win over the config file, and are persisted (see
+/// `crate::dynamic_config`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicLayers {
+    pub default: BTreeMap<String, String>,
+    pub broker: BTreeMap<String, String>,
+}
+
 /// Below this, a cleaner thread's key map could not hold the keys of one
 /// large batch.
 const MIN_DEDUPE_BUFFER_PER_THREAD: i64 = 64 * 1024;
@@ -404,9 +471,13 @@ pub fn check_value(key: &str, kind: ConfigType, value: &str) -> Result<(), Confi
 /// The broker's configuration: every key with its value, defaults filled in.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
+    /// What is in force: the static values under the dynamic layers.
     values: BTreeMap<String, String>,
+    /// The built-in defaults under what the operator set at start-up.
+    statics: BTreeMap<String, String>,
     /// Keys the operator set (the rest are defaults), for DescribeConfigs.
     explicit: Vec<String>,
+    dynamic: DynamicLayers,
 }
 
 impl BrokerConfig {
@@ -427,22 +498,86 @@ impl BrokerConfig {
                 .iter()
                 .find(|(a, _)| a == key)
                 .map_or(key.as_str(), |(_, c)| c);
-            let kind = BROKER_CONFIGS
-                .iter()
-                .find(|(n, _, _)| *n == key)
-                .map(|(_, _, k)| *k)
-                .or_else(|| topic_def_by_broker_name(key).map(|d| d.kind))
-                .ok_or_else(|| ConfigError {
-                    key: key.to_string(),
-                    reason: "unknown configuration key".into(),
-                })?;
+            let kind = broker_config_type(key).ok_or_else(|| ConfigError {
+                key: key.to_string(),
+                reason: "unknown configuration key".into(),
+            })?;
             check_value(key, kind, value)?;
             values.insert(key.to_string(), value.clone());
             explicit.push(key.to_string());
         }
-        let config = BrokerConfig { values, explicit };
+        let config = BrokerConfig {
+            statics: values.clone(),
+            values,
+            explicit,
+            dynamic: DynamicLayers::default(),
+        };
         config.validate()?;
         Ok(config)
+    }
+
+    /// This configuration with `dynamic` as its run-time layers in place of
+    /// the current ones. Every key must be dynamic ([`is_dynamic`]) and
+    /// every value valid, alone and with the rest.
+    pub fn with_dynamic(&self, dynamic: DynamicLayers) -> Result<BrokerConfig, ConfigError> {
+        let mut values = self.statics.clone();
+        for (key, value) in dynamic.default.iter().chain(&dynamic.broker) {
+            let kind = broker_config_type(key).ok_or_else(|| ConfigError {
+                key: key.clone(),
+                reason: "unknown broker config".into(),
+            })?;
+            if !is_dynamic(key) {
+                return Err(ConfigError {
+                    key: key.clone(),
+                    reason: "cannot be changed at run time (set it in the config file)".into(),
+                });
+            }
+            check_value(key, kind, value)?;
+            values.insert(key.clone(), value.clone());
+        }
+        let config = BrokerConfig {
+            values,
+            statics: self.statics.clone(),
+            explicit: self.explicit.clone(),
+            dynamic,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The run-time layers in force.
+    pub fn dynamic(&self) -> &DynamicLayers {
+        &self.dynamic
+    }
+
+    /// A broker key's values from the highest-priority source down, as
+    /// DescribeConfigs' synonyms: this broker's dynamic value, the cluster
+    /// default, the config file, the built-in default.
+    pub fn layers(&self, key: &str) -> Vec<(String, ConfigSource)> {
+        let mut out = Vec::new();
+        if let Some(v) = self.dynamic.broker.get(key) {
+            out.push((v.clone(), ConfigSource::DynamicBroker));
+        }
+        if let Some(v) = self.dynamic.default.get(key) {
+            out.push((v.clone(), ConfigSource::DynamicDefaultBroker));
+        }
+        if self.is_explicit(key) {
+            out.push((
+                self.statics.get(key).cloned().unwrap_or_default(),
+                ConfigSource::StaticBroker,
+            ));
+        }
+        if let Some(d) = builtin_default(key) {
+            out.push((d.to_string(), ConfigSource::Default));
+        }
+        out
+    }
+
+    /// Where a broker key's value in force comes from.
+    pub fn source(&self, key: &str) -> ConfigSource {
+        self.layers(key)
+            .first()
+            .map_or(ConfigSource::Default, |(_, s)| *s)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {

@@ -8,6 +8,7 @@
 pub mod broker;
 pub mod cleaner;
 pub mod config;
+pub mod dynamic_config;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod groups;

@@ -8,6 +8,7 @@
 //! read afresh at every scrape from the same counters `/stats` reports.
 //! docs/metrics.md maps each name to Kafka's JMX metrics.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -71,14 +72,15 @@ pub struct Metrics {
     connections: Gauge,
     connections_accepted: Counter,
     slow_requests: Counter,
-    /// `keel.request.slow.ms`: requests at least this slow (not counting a
-    /// fetch's long-poll wait) are logged.
-    slow: Option<Duration>,
+    /// `keel.request.slow.ms` in microseconds (dynamic; `u64::MAX`: off):
+    /// requests at least this slow (not counting a fetch's long-poll wait)
+    /// are logged.
+    slow_us: AtomicU64,
 }
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics").field("slow", &self.slow).finish()
+        f.debug_struct("Metrics").field("slow", &self.slow()).finish()
     }
 }
 
@@ -88,6 +90,23 @@ fn stage_buckets() -> Histogram {
 }
 
 impl Metrics {
+    fn slow_us(slow: Option<Duration>) -> u64 {
+        slow.map_or(u64::MAX, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1))
+    }
+
+    /// The slow-request log's threshold, if on.
+    pub fn slow(&self) -> Option<Duration> {
+        match self.slow_us.load(Relaxed) {
+            u64::MAX => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+
+    /// Changes the slow-request log's threshold (`keel.request.slow.ms`).
+    pub fn set_slow(&self, slow: Option<Duration>) {
+        self.slow_us.store(Self::slow_us(slow), Relaxed);
+    }
+
     pub fn new(slow: Option<Duration>) -> Metrics {
         let mut registry = Registry::default();
         let stages =
@@ -147,7 +166,7 @@ impl Metrics {
             connections,
             connections_accepted,
             slow_requests,
-            slow,
+            slow_us: AtomicU64::new(Self::slow_us(slow)),
         }
     }
 
@@ -192,7 +211,10 @@ impl Metrics {
             .iter()
             .find(|(s, _)| *s == Stage::Wait)
             .map_or(Duration::ZERO, |(_, d)| *d);
-        if self.slow.is_some_and(|slow| total.saturating_sub(waited) >= slow) {
+        if self
+            .slow()
+            .is_some_and(|slow| total.saturating_sub(waited) >= slow)
+        {
             self.slow_requests.inc();
             tracing::warn!(target: "keel::slow_request", "{}", slow_request_json(trace, &summary, store));
         }

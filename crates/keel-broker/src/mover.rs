@@ -23,7 +23,7 @@
 //! the mover. A fast tier over its budget with nothing left to release is
 //! logged, with the mover's last error, at most once a minute.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,8 @@ const OVER_BUDGET_LOG_EVERY: Duration = Duration::from_secs(60);
 pub struct Mover {
     pacer: Pacer,
     interval: Duration,
-    fast_max_bytes: i64,
+    /// `keel.tier.fast.max.bytes` (dynamic).
+    fast_max_bytes: AtomicI64,
     /// Local bytes of every partition at the end of the last pass.
     pub fast_bytes: AtomicU64,
     /// Local bytes already copied to a colder tier (releasable).
@@ -85,7 +86,7 @@ impl Mover {
             last_fs_full_log: Mutex::new(None),
             pacer: Pacer::new(move_bytes_per_sec),
             interval,
-            fast_max_bytes,
+            fast_max_bytes: AtomicI64::new(fast_max_bytes),
             fast_bytes: AtomicU64::new(0),
             fast_copied_bytes: AtomicU64::new(0),
             released_segments: AtomicU64::new(0),
@@ -102,7 +103,14 @@ impl Mover {
     }
 
     pub fn fast_max_bytes(&self) -> i64 {
-        self.fast_max_bytes
+        self.fast_max_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Takes new budgets (dynamic broker configs); a copy in progress
+    /// continues at the new rate.
+    pub fn reconfigure(&self, move_bytes_per_sec: u64, fast_max_bytes: i64) {
+        self.pacer.set_bytes_per_sec(move_bytes_per_sec);
+        self.fast_max_bytes.store(fast_max_bytes, Ordering::Relaxed);
     }
 
     /// Current back-off after failures (0 when healthy).
@@ -141,7 +149,7 @@ struct Target {
 fn targets(broker: &Broker) -> Vec<Target> {
     let mut out = Vec::new();
     for topic in broker.topics.all() {
-        let policy = broker.config.tier_policy(&topic.meta.configs);
+        let policy = broker.config().tier_policy(&topic.meta.configs);
         for p in &topic.partitions {
             out.push(Target {
                 topic: Arc::clone(&topic),
@@ -296,7 +304,7 @@ async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()
         note_released(broker, released);
     }
     // The fast tier's budget, oldest first across partitions.
-    let budget = broker.mover.fast_max_bytes;
+    let budget = broker.mover.fast_max_bytes();
     let mut fast = fast_bytes(targets).await?;
     while budget >= 0 && fast > budget as u64 {
         let mut oldest: Option<(&Target, i64, i64)> = None;
@@ -398,7 +406,7 @@ async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
 /// Records the fast tier's free space and says so, at most once a minute,
 /// when it runs low while segments wait to move.
 fn check_fast_space(broker: &Broker) {
-    let Some((free, total)) = keel_tier::filesystem_space(&broker.config.data_dir()) else {
+    let Some((free, total)) = keel_tier::filesystem_space(&broker.config().data_dir()) else {
         return;
     };
     let mover = &broker.mover;
@@ -411,7 +419,7 @@ fn check_fast_space(broker: &Broker) {
     if last.is_none_or(|at| at.elapsed() >= OVER_BUDGET_LOG_EVERY) {
         *last = Some(Instant::now());
         tracing::warn!(
-            dir = %broker.config.data_dir().display(),
+            dir = %broker.config().data_dir().display(),
             free_bytes = free,
             total_bytes = total,
             fast_bytes = mover.fast_bytes.load(Ordering::Relaxed),

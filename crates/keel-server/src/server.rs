@@ -3,13 +3,14 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use keel_broker::{Broker, BrokerConfig, ClientInfo};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
 
 use crate::config::{gather, ServeArgs};
 use crate::{admin, connection};
@@ -57,7 +58,7 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         };
         tokio::spawn(admin::serve(l, handlers, admin::Limits::default()))
     });
-    let limits = ConnectionLimits::from_config(&broker.config);
+    let limits = ConnectionLimits::from_config(&broker.config());
     tokio::select! {
         _ = accept_loop(listener, Arc::clone(&broker), limits) => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),
@@ -124,26 +125,30 @@ async fn shutdown_signal() {
 /// Kafka's connection limits: `max.connections` in all (accepting waits
 /// for a free slot), `max.connections.per.ip` (more from one address are
 /// closed at once), `connections.max.idle.ms` (a connection that sends no
-/// request for that long is closed). A connection holds one request in
-/// flight, or a few small Produce requests (`connection::PIPELINE_DEPTH`,
-/// `connection::PIPELINE_BYTES`), and one frame of
-/// `socket.request.max.bytes` being read.
+/// request for that long is closed). The first two are dynamic broker
+/// configs, read from the configuration in force at each accept. A
+/// connection holds one request in flight, or a few small Produce requests
+/// (`connection::PIPELINE_DEPTH`, `connection::PIPELINE_BYTES`), and one
+/// frame of `socket.request.max.bytes` being read.
 struct ConnectionLimits {
-    total: Arc<Semaphore>,
-    per_ip: usize,
+    open: AtomicUsize,
+    /// Signalled when a connection closes.
+    freed: Notify,
     idle: Option<Duration>,
     max_request_bytes: usize,
     by_ip: Mutex<HashMap<IpAddr, usize>>,
 }
 
+/// How often a full accept loop looks at `max.connections` again (it may
+/// have been raised) when no connection closes.
+const MAX_CONNECTIONS_RECHECK: Duration = Duration::from_secs(1);
+
 impl ConnectionLimits {
     fn from_config(config: &BrokerConfig) -> Arc<ConnectionLimits> {
-        let num = |key| usize::try_from(config.num(key)).unwrap_or(usize::MAX);
-        let total = num("max.connections").min(Semaphore::MAX_PERMITS);
         let idle_ms = config.num("connections.max.idle.ms");
         Arc::new(ConnectionLimits {
-            total: Arc::new(Semaphore::new(total)),
-            per_ip: num("max.connections.per.ip"),
+            open: AtomicUsize::new(0),
+            freed: Notify::new(),
             idle: u64::try_from(idle_ms).ok().map(Duration::from_millis),
             max_request_bytes: config.request_max_bytes(),
             by_ip: Mutex::new(HashMap::new()),
@@ -157,14 +162,30 @@ impl ConnectionLimits {
         }
     }
 
-    /// Counts a connection from `ip`; false if that address has its fill.
-    fn admit(&self, ip: IpAddr) -> bool {
+    /// Waits until fewer than `max.connections` are open.
+    async fn wait_for_slot(&self, broker: &Broker) {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let max = usize::try_from(broker.config().num("max.connections")).unwrap_or(usize::MAX);
+            if self.open.load(Ordering::Acquire) < max {
+                return;
+            }
+            let _ = tokio::time::timeout(MAX_CONNECTIONS_RECHECK, freed).await;
+        }
+    }
+
+    /// Counts a connection from `ip`; false if that address has its fill
+    /// (`per_ip`).
+    fn admit(&self, ip: IpAddr, per_ip: usize) -> bool {
         let mut by_ip = self.by_ip.lock();
         let n = by_ip.entry(ip).or_insert(0);
-        if *n >= self.per_ip {
+        if *n >= per_ip {
             return false;
         }
         *n += 1;
+        self.open.fetch_add(1, Ordering::AcqRel);
         true
     }
 
@@ -176,6 +197,8 @@ impl ConnectionLimits {
                 by_ip.remove(&ip);
             }
         }
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        self.freed.notify_waiters();
     }
 }
 
@@ -183,13 +206,13 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
     loop {
         // At `max.connections`, stop accepting until one closes (clients
         // wait in the listen backlog, as with Kafka).
-        let Ok(slot) = Arc::clone(&limits.total).acquire_owned().await else {
-            return;
-        };
+        limits.wait_for_slot(&broker).await;
         match listener.accept().await {
             Ok((stream, peer)) => {
-                if !limits.admit(peer.ip()) {
-                    tracing::warn!(%peer, max = limits.per_ip, "closing a connection over max.connections.per.ip");
+                let per_ip =
+                    usize::try_from(broker.config().num("max.connections.per.ip")).unwrap_or(usize::MAX);
+                if !limits.admit(peer.ip(), per_ip) {
+                    tracing::warn!(%peer, max = per_ip, "closing a connection over max.connections.per.ip");
                     drop(stream);
                     continue;
                 }
@@ -208,7 +231,6 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
                     // count fall finds the line in the log.
                     b.metrics.connection_closed();
                     limits.release(peer.ip());
-                    drop(slot);
                 });
             }
             Err(e) => {

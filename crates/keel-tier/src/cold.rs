@@ -50,7 +50,6 @@ pub struct ColdStats {
 
 #[derive(Debug)]
 pub struct ColdReads {
-    budget_bytes_per_sec: u64,
     max_concurrent: usize,
     slots: Semaphore,
     /// Where reads run; shared with other bulk work (large fetch responses).
@@ -77,7 +76,6 @@ impl ColdReads {
     pub fn new(budget_bytes_per_sec: u64, max_concurrent: usize) -> ColdReads {
         let max_concurrent = max_concurrent.max(1);
         ColdReads {
-            budget_bytes_per_sec,
             max_concurrent,
             slots: Semaphore::new(max_concurrent),
             // Room for every read plus response encoding beside them.
@@ -93,6 +91,11 @@ impl ColdReads {
             read_ahead_held_bytes: AtomicU64::new(0),
             read_ahead_hits: AtomicU64::new(0),
         }
+    }
+
+    /// Changes the byte budget (0: unlimited), for reads queued now too.
+    pub fn set_budget_bytes_per_sec(&self, bytes_per_sec: u64) {
+        self.budget.set_bytes_per_sec(bytes_per_sec);
     }
 
     /// The bulk threads reads run on, for other bulk work.
@@ -161,7 +164,7 @@ impl ColdReads {
 
     pub fn stats(&self) -> ColdStats {
         ColdStats {
-            budget_bytes_per_sec: self.budget_bytes_per_sec,
+            budget_bytes_per_sec: self.budget.bytes_per_sec(),
             max_concurrent: self.max_concurrent as u64,
             queue_depth: self.queue_depth.load(Ordering::Relaxed).max(0) as u64,
             reads: self.reads.load(Ordering::Relaxed),

@@ -136,7 +136,7 @@ impl From<Bytes> for Chunks {
 
 #[derive(Debug)]
 pub struct TailCache {
-    budget_bytes: u64,
+    budget_bytes: AtomicU64,
     inner: Mutex<Inner>,
     next_id: AtomicU64,
     counters: Counters,
@@ -153,11 +153,18 @@ pub struct PartitionTail {
 impl TailCache {
     pub fn new(budget_bytes: u64) -> Arc<TailCache> {
         Arc::new(TailCache {
-            budget_bytes,
+            budget_bytes: AtomicU64::new(budget_bytes),
             inner: Mutex::new(Inner::default()),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
         })
+    }
+
+    /// Changes the budget; a smaller one evicts the oldest batches at once.
+    pub fn set_budget(&self, budget_bytes: u64) {
+        let mut inner = self.inner.lock();
+        self.budget_bytes.store(budget_bytes, Ordering::Relaxed);
+        self.evict(&mut inner);
     }
 
     /// Registers a partition. Its run starts empty: data written before
@@ -177,7 +184,7 @@ impl TailCache {
         };
         let c = &self.counters;
         TailStats {
-            budget_bytes: self.budget_bytes,
+            budget_bytes: self.budget_bytes.load(Ordering::Relaxed),
             used_bytes,
             cached_batches,
             inserted_bytes: c.inserted_bytes.load(Ordering::Relaxed),
@@ -219,7 +226,8 @@ impl TailCache {
     /// Drops the oldest batches until the budget holds.
     fn evict(&self, inner: &mut Inner) {
         let (mut bytes, mut batches) = (0u64, 0u64);
-        while inner.used_bytes > self.budget_bytes {
+        let budget = self.budget_bytes.load(Ordering::Relaxed);
+        while inner.used_bytes > budget {
             let Some((id, base)) = inner.order.pop_front() else {
                 break;
             };
@@ -434,6 +442,25 @@ mod tests {
         assert!(b.read(0, i64::MAX, 100).is_none());
         let s = cache.stats();
         assert_eq!((s.used_bytes, s.evicted_batches), (300, 2));
+    }
+
+    #[test]
+    fn a_smaller_budget_evicts_the_oldest_at_once() {
+        let cache = TailCache::new(1000);
+        let (a, b) = (cache.partition(), cache.partition());
+        a.insert([batch(0, 1, 100)]);
+        b.insert([batch(0, 1, 100)]);
+        a.insert([batch(1, 1, 100)]);
+        cache.set_budget(150);
+        let s = cache.stats();
+        assert_eq!((s.budget_bytes, s.used_bytes, s.evicted_batches), (150, 100, 2));
+        assert!(a.read(0, i64::MAX, 1000).is_none(), "a's oldest went first");
+        assert!(a.read(1, i64::MAX, 1000).is_some());
+        assert!(b.read(0, i64::MAX, 1000).is_none());
+        // A larger one evicts nothing and lets the cache fill again.
+        cache.set_budget(1000);
+        b.insert([batch(1, 1, 400)]);
+        assert_eq!(cache.stats().used_bytes, 500);
     }
 
     #[test]

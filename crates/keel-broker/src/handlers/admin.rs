@@ -35,7 +35,7 @@ pub(crate) async fn create_topic(
         ));
     }
     broker
-        .config
+        .config()
         .check_topic_overrides(&configs)
         .map_err(|e| (ResponseError::InvalidConfig, e.to_string()))?;
     let _admin = broker.admin.lock().await;
@@ -154,7 +154,7 @@ fn topic_request(
     broker: &Broker,
     t: &create_topics_request::CreatableTopic,
 ) -> Result<(i32, BTreeMap<String, String>), AdminError> {
-    let node = broker.config.node_id();
+    let node = broker.config().node_id();
     if !t.assignments.is_empty() {
         if t.num_partitions != -1 || t.replication_factor != -1 {
             return Err((
@@ -182,7 +182,7 @@ fn topic_request(
         ));
     }
     let partitions = match (t.num_partitions, t.assignments.len()) {
-        (-1, 0) => broker.config.default_partitions(),
+        (-1, 0) => broker.config().default_partitions(),
         (-1, n) => i32::try_from(n).unwrap_or(i32::MAX),
         (n, _) => n,
     };
@@ -213,7 +213,7 @@ fn effective_configs(broker: &Broker, overrides: &BTreeMap<String, String>) -> V
             let source = if overrides.contains_key(d.name) { 1 } else { 5 };
             CreatableTopicConfigs::default()
                 .with_name(str_bytes(d.name))
-                .with_value(Some(str_bytes(broker.config.topic_value(overrides, d))))
+                .with_value(Some(str_bytes(broker.config().topic_value(overrides, d))))
                 .with_config_source(source)
         })
         .collect()
@@ -270,7 +270,7 @@ pub async fn delete_topics(broker: &Arc<Broker>, req: DeleteTopicsRequest) -> De
 /// colder copies deleted from their tiers, and every group's committed
 /// offsets of the topic removed, as Kafka does.
 async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), AdminError> {
-    if broker.config.get("delete.topic.enable") != "true" {
+    if broker.config().get("delete.topic.enable") != "true" {
         return Err((
             ResponseError::TopicDeletionDisabled,
             "delete.topic.enable is false".into(),

@@ -1,6 +1,9 @@
-//! IncrementalAlterConfigs and AlterConfigs for topics: `kafka-configs
-//! --alter --entity-type topics`, `Admin.incrementalAlterConfigs`.
+//! IncrementalAlterConfigs and AlterConfigs: `kafka-configs --alter`,
+//! `Admin.incrementalAlterConfigs`, for topics, brokers (the dynamic
+//! broker configs of `crate::dynamic_config`: this broker's own and the
+//! cluster default `""`) and loggers (`crate::loggers`).
 //!
+//! For a topic:
 //! A change is checked as a whole against the topic's new overrides (Kafka's
 //! INVALID_CONFIG naming the key), persisted in the topic's description
 //! (one atomic file write: the commit point), and then applied without a
@@ -20,7 +23,7 @@ use keel_protocol::{ResponseError, StrBytes};
 use super::admin::AdminError;
 use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
 use super::str_bytes;
-use crate::config::{topic_def, ConfigChange, ConfigType, TopicConfigDef};
+use crate::config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
 use crate::topics::{Topic, TopicMeta};
 use crate::Broker;
 
@@ -120,9 +123,7 @@ async fn alter_all(
                     }
                     Ok(()) => {
                         alter(broker, *kind, name, validate_only, |current| {
-                            incremental(current, changes, |def| {
-                                broker.config.topic_value(current, def).to_string()
-                            })
+                            incremental(current, changes, |key| effective(broker, *kind, current, key))
                         })
                         .await
                     }
@@ -170,7 +171,7 @@ fn alter_loggers(
     validate_only: bool,
     changes: &[ConfigChange],
 ) -> Result<(), AdminError> {
-    let node = broker.config.node_id().to_string();
+    let node = broker.config().node_id().to_string();
     if name != node {
         return Err((
             ResponseError::InvalidRequest,
@@ -191,8 +192,28 @@ fn alter_loggers(
     Ok(())
 }
 
-/// Alters one resource: only topics can be altered; the broker's own
-/// settings come from its config file.
+/// A key's type and current value on a topic (its override or else the
+/// broker's default) or on the broker (the value in force), for APPEND and
+/// SUBTRACT; unknown keys are refused.
+fn effective(
+    broker: &Broker,
+    kind: i8,
+    current: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<(ConfigType, String), AdminError> {
+    let config = broker.config();
+    if kind == RESOURCE_BROKER {
+        let ty = broker_config_type(key).ok_or_else(|| unknown_broker_key(key))?;
+        let value = current
+            .get(key)
+            .map_or_else(|| config.get(key).to_string(), String::clone);
+        return Ok((ty, value));
+    }
+    let def = topic_def(key).ok_or_else(|| unknown_key(key))?;
+    Ok((def.kind, config.topic_value(current, def).to_string()))
+}
+
+/// Alters one resource: a topic's overrides or a broker's dynamic configs.
 async fn alter(
     broker: &Arc<Broker>,
     kind: i8,
@@ -202,12 +223,7 @@ async fn alter(
 ) -> Result<(), AdminError> {
     match kind {
         RESOURCE_TOPIC => alter_topic(broker, name, validate_only, change).await,
-        RESOURCE_BROKER => Err((
-            ResponseError::InvalidRequest,
-            "Keel does not alter broker configs at run time yet: set them in the broker's \
-             config file and restart it"
-                .into(),
-        )),
+        RESOURCE_BROKER => alter_broker(broker, name, validate_only, change).await,
         // Loggers are IncrementalAlterConfigs' alone, as in Kafka.
         RESOURCE_BROKER_LOGGER => Err((
             ResponseError::InvalidRequest,
@@ -222,13 +238,13 @@ async fn alter(
     }
 }
 
-/// The overrides after `changes`, which passed [`check_changes`]:
+/// The values set after `changes`, which passed [`check_changes`]:
 /// APPEND and SUBTRACT only on list configs, on the current value
-/// (`effective` gives the override or else the default).
+/// (`effective` gives a key's type and value in force).
 fn incremental(
     current: &BTreeMap<String, String>,
     changes: &[ConfigChange],
-    effective: impl Fn(&'static TopicConfigDef) -> String,
+    effective: impl Fn(&str) -> Result<(ConfigType, String), AdminError>,
 ) -> Result<BTreeMap<String, String>, AdminError> {
     let mut next = current.clone();
     for c in changes {
@@ -243,14 +259,14 @@ fn incremental(
             ConfigChange::APPEND | ConfigChange::SUBTRACT => {
                 let append = c.op == ConfigChange::APPEND;
                 let verb = if append { "append" } else { "subtract" };
-                let def = topic_def(&c.name).ok_or_else(|| unknown_key(&c.name))?;
-                if def.kind != ConfigType::List {
+                let (kind, value_now) = effective(&c.name)?;
+                if kind != ConfigType::List {
                     return Err((
                         ResponseError::InvalidConfig,
                         format!("Config value {verb} is not allowed for config key: {}", c.name),
                     ));
                 }
-                let mut items: Vec<String> = list(&effective(def));
+                let mut items: Vec<String> = list(&value_now);
                 if append {
                     for item in list(&value) {
                         if !items.contains(&item) {
@@ -310,6 +326,75 @@ fn unknown_key(name: &str) -> AdminError {
     )
 }
 
+/// Kafka stores broker keys it does not know; Keel refuses them, so that a
+/// typo cannot look applied.
+fn unknown_broker_key(name: &str) -> AdminError {
+    (
+        ResponseError::InvalidRequest,
+        format!("Unknown broker config name: {name} (Keel has no such broker config)"),
+    )
+}
+
+/// Alters a broker's dynamic configs: `name` is this broker's node id (its
+/// own values) or `""` (the cluster default).
+async fn alter_broker(
+    broker: &Arc<Broker>,
+    name: &str,
+    validate_only: bool,
+    change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
+) -> Result<(), AdminError> {
+    let node = broker.config().node_id();
+    let per_broker =
+        match name.parse::<i32>() {
+            _ if name.is_empty() => false,
+            Ok(id) if id == node => true,
+            Ok(id) => return Err((
+                ResponseError::InvalidRequest,
+                format!(
+                    "broker {id} is not this broker (node.id {node}): name {node}, or the cluster default"
+                ),
+            )),
+            Err(_) => {
+                return Err((
+                    ResponseError::InvalidRequest,
+                    format!("Invalid broker name {name}: a node id, or empty for the cluster default"),
+                ))
+            }
+        };
+    // One admin change at a time: topic changes check against the defaults.
+    let _admin = broker.admin.lock().await;
+    let mut layers = broker.config().dynamic().clone();
+    let layer = if per_broker {
+        &mut layers.broker
+    } else {
+        &mut layers.default
+    };
+    let next = change(layer)?;
+    let touched: BTreeSet<&String> = next
+        .keys()
+        .chain(layer.keys())
+        .filter(|k| next.get(*k) != layer.get(*k))
+        .collect();
+    if let Some(key) = touched.iter().find(|k| broker_config_type(k).is_none()) {
+        return Err(unknown_broker_key(key));
+    }
+    // Kafka's answer to a key that cannot change at run time, for the
+    // whole resource.
+    let fixed: Vec<&str> = touched
+        .iter()
+        .filter(|k| !is_dynamic(k))
+        .map(|k| k.as_str())
+        .collect();
+    if !fixed.is_empty() {
+        return Err((
+            ResponseError::InvalidRequest,
+            format!("Cannot update these configs dynamically: [{}]", fixed.join(", ")),
+        ));
+    }
+    *layer = next;
+    crate::dynamic_config::alter(broker, layers, validate_only).await
+}
+
 async fn alter_topic(
     broker: &Arc<Broker>,
     name: &str,
@@ -338,7 +423,7 @@ async fn alter_topic(
     // deleted with it (`remote.log.delete.on.disable`), which Keel does not
     // do: the copies in the object store would be left behind.
     let remote = |c: &BTreeMap<String, String>| {
-        topic_def("remote.storage.enable").is_some_and(|d| broker.config.topic_value(c, d) == "true")
+        topic_def("remote.storage.enable").is_some_and(|d| broker.config().topic_value(c, d) == "true")
     };
     if remote(&topic.meta.configs) && !remote(&configs) {
         return Err(invalid(
@@ -349,11 +434,11 @@ async fn alter_topic(
         ));
     }
     broker
-        .config
+        .config()
         .check_topic_overrides(&configs)
         .map_err(|e| invalid(e.to_string()))?;
     let mut log_config = broker
-        .config
+        .config()
         .topic_log_config(&configs)
         .map_err(|e| invalid(e.to_string()))?;
     log_config.read_io = broker.read_io;
@@ -423,8 +508,12 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         check_changes(changes).map_err(|(e, m)| (e.code(), m))?;
-        incremental(&current, changes, |d| {
-            current.get(d.name).map_or(d.default, String::as_str).to_string()
+        incremental(&current, changes, |key| {
+            let d = topic_def(key).ok_or_else(|| unknown_key(key))?;
+            Ok((
+                d.kind,
+                current.get(d.name).map_or(d.default, String::as_str).to_string(),
+            ))
         })
         .map(|m| m.into_iter().collect())
         .map_err(|(e, m)| (e.code(), m))

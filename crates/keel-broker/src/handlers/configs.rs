@@ -8,22 +8,16 @@ use keel_protocol::ResponseError;
 
 use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
 use super::str_bytes;
-use crate::config::{ConfigType, BROKER_CONFIGS, TOPIC_CONFIGS};
+use crate::config::{broker_config_type, is_dynamic, ConfigSource, ConfigType, TOPIC_CONFIGS};
 use crate::Broker;
-
-/// Kafka's config sources.
-const SOURCE_TOPIC: i8 = 1;
-const SOURCE_STATIC_BROKER: i8 = 4;
-const SOURCE_DEFAULT: i8 = 5;
-const SOURCE_BROKER_LOGGER: i8 = 6;
 
 struct Entry {
     name: String,
     value: String,
-    source: i8,
+    source: ConfigSource,
     kind: ConfigType,
     read_only: bool,
-    synonyms: Vec<(String, String, i8)>,
+    synonyms: Vec<(String, String, ConfigSource)>,
 }
 
 pub fn describe_configs(broker: &Broker, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
@@ -62,12 +56,13 @@ pub fn describe_configs(broker: &Broker, req: DescribeConfigsRequest) -> Describ
     DescribeConfigsResponse::default().with_results(results)
 }
 
-fn broker_source(broker: &Broker, key: &str) -> i8 {
-    if broker.config.is_explicit(key) {
-        SOURCE_STATIC_BROKER
-    } else {
-        SOURCE_DEFAULT
-    }
+/// A broker key's synonyms: its value in each source, highest first.
+fn broker_synonyms(config: &crate::config::BrokerConfig, key: &str) -> Vec<(String, String, ConfigSource)> {
+    config
+        .layers(key)
+        .into_iter()
+        .map(|(value, source)| (key.to_string(), value, source))
+        .collect()
 }
 
 fn topic_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseError, String)> {
@@ -75,23 +70,18 @@ fn topic_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseErr
         ResponseError::UnknownTopicOrPartition,
         format!("topic `{name}` does not exist"),
     ))?;
+    let config = broker.config();
     let overrides = &topic.meta.configs;
     Ok(TOPIC_CONFIGS
         .iter()
         .map(|d| {
-            let default = broker.config.topic_default(d).to_string();
-            let broker_syn = (
-                d.broker_name.to_string(),
-                default,
-                broker_source(broker, d.broker_name),
-            );
-            let (value, source, synonyms) = match overrides.get(d.name) {
-                Some(v) => (
-                    v.clone(),
-                    SOURCE_TOPIC,
-                    vec![(d.name.to_string(), v.clone(), SOURCE_TOPIC), broker_syn],
-                ),
-                None => (broker_syn.1.clone(), broker_syn.2, vec![broker_syn]),
+            let mut synonyms = broker_synonyms(&config, d.broker_name);
+            let (value, source) = match overrides.get(d.name) {
+                Some(v) => {
+                    synonyms.insert(0, (d.name.to_string(), v.clone(), ConfigSource::DynamicTopic));
+                    (v.clone(), ConfigSource::DynamicTopic)
+                }
+                None => (config.topic_default(d).to_string(), config.source(d.broker_name)),
             };
             Entry {
                 name: d.name.to_string(),
@@ -105,47 +95,50 @@ fn topic_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseErr
         .collect())
 }
 
+/// This broker's configs (`name` its node id): every key, the dynamic ones
+/// writable; or the cluster default (`name` empty): the keys set there.
 fn broker_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseError, String)> {
-    let node = broker.config.node_id().to_string();
-    if !name.is_empty() && name != node {
+    let config = broker.config();
+    let node = config.node_id().to_string();
+    let kind_of = |key: &str| broker_config_type(key).unwrap_or(ConfigType::String);
+    if name.is_empty() {
+        return Ok(config
+            .dynamic()
+            .default
+            .iter()
+            .map(|(k, v)| Entry {
+                name: k.clone(),
+                value: v.clone(),
+                source: ConfigSource::DynamicDefaultBroker,
+                kind: kind_of(k),
+                read_only: false,
+                // Kafka names only the default itself here.
+                synonyms: vec![(k.clone(), v.clone(), ConfigSource::DynamicDefaultBroker)],
+            })
+            .collect());
+    }
+    if name != node {
         return Err((
             ResponseError::InvalidRequest,
             format!("broker `{name}` is not this broker ({node})"),
         ));
     }
-    let kind_of = |key: &str| {
-        BROKER_CONFIGS
-            .iter()
-            .find(|(n, _, _)| *n == key)
-            .map(|(_, _, k)| *k)
-            .or_else(|| {
-                TOPIC_CONFIGS
-                    .iter()
-                    .find(|d| d.broker_name == key)
-                    .map(|d| d.kind)
-            })
-            .unwrap_or(ConfigType::String)
-    };
-    Ok(broker
-        .config
+    Ok(config
         .entries()
-        .map(|(k, v)| {
-            let source = broker_source(broker, k);
-            Entry {
-                name: k.to_string(),
-                value: v.to_string(),
-                source,
-                kind: kind_of(k),
-                read_only: true,
-                synonyms: vec![(k.to_string(), v.to_string(), source)],
-            }
+        .map(|(k, v)| Entry {
+            name: k.to_string(),
+            value: v.to_string(),
+            source: config.source(k),
+            kind: kind_of(k),
+            read_only: !is_dynamic(k),
+            synonyms: broker_synonyms(&config, k),
         })
         .collect())
 }
 
 /// The loggers with a level of their own, and the root logger.
 fn logger_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseError, String)> {
-    let node = broker.config.node_id().to_string();
+    let node = broker.config().node_id().to_string();
     if name != node {
         return Err((
             ResponseError::InvalidRequest,
@@ -161,7 +154,7 @@ fn logger_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseEr
         .map(|(logger, level)| Entry {
             name: logger,
             value: level,
-            source: SOURCE_BROKER_LOGGER,
+            source: ConfigSource::DynamicBrokerLogger,
             kind: ConfigType::String,
             read_only: false,
             synonyms: Vec::new(),
@@ -177,7 +170,7 @@ fn to_result(e: Entry, include_synonyms: bool) -> DescribeConfigsResourceResult 
                 DescribeConfigsSynonym::default()
                     .with_name(str_bytes(n))
                     .with_value(Some(str_bytes(v)))
-                    .with_source(s)
+                    .with_source(s as i8)
             })
             .collect()
     } else {
@@ -195,7 +188,7 @@ fn to_result(e: Entry, include_synonyms: bool) -> DescribeConfigsResourceResult 
         .with_value((!sensitive).then(|| str_bytes(e.value)))
         .with_is_sensitive(sensitive)
         .with_read_only(e.read_only)
-        .with_config_source(e.source)
+        .with_config_source(e.source as i8)
         .with_config_type(e.kind as i8)
         .with_synonyms(synonyms)
 }

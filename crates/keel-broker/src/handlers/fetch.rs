@@ -121,7 +121,8 @@ impl FetchAnswer {
 pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
     let (topics, targets) = resolve(broker, &req);
     // The request's limit, within the broker's `fetch.max.bytes`.
-    let broker_max = usize::try_from(broker.config.num("fetch.max.bytes")).unwrap_or(DEFAULT_FETCH_MAX_BYTES);
+    let broker_max =
+        usize::try_from(broker.config().num("fetch.max.bytes")).unwrap_or(DEFAULT_FETCH_MAX_BYTES);
     let total_max = usize::try_from(req.max_bytes)
         .ok()
         .filter(|m| *m > 0)

@@ -71,7 +71,7 @@ pub fn find_coordinator(
     let (host, port, node) = (
         str_bytes(broker.advertised_host.clone()),
         broker.advertised_port,
-        broker.config.node_id(),
+        broker.config().node_id(),
     );
     if version < 4 {
         let result = answer(req.key.as_str());

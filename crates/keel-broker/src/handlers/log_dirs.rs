@@ -25,7 +25,7 @@ use crate::Broker;
 const UNKNOWN_BYTES: i64 = -1;
 
 pub async fn describe_log_dirs(broker: &Arc<Broker>, req: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
-    let dir = broker.config.data_dir();
+    let dir = broker.config().data_dir();
     let log_dir = str_bytes(std::path::absolute(&dir).unwrap_or(dir.clone()).to_string_lossy());
     // An offline dir is reported as Kafka does: the error, and nothing in it.
     if broker.dir_health.is_offline() {

@@ -32,7 +32,7 @@ pub async fn metadata(broker: &Arc<Broker>, req: MetadataRequest, version: i16) 
             .collect()
     } else {
         let allow_create =
-            broker.config.auto_create_topics() && (version < 4 || req.allow_auto_topic_creation);
+            broker.config().auto_create_topics() && (version < 4 || req.allow_auto_topic_creation);
         let mut out = Vec::new();
         for t in req.topics.unwrap_or_default() {
             out.push(requested_topic(broker, t, allow_create).await);
@@ -41,11 +41,11 @@ pub async fn metadata(broker: &Arc<Broker>, req: MetadataRequest, version: i16) 
     };
     let mut resp = MetadataResponse::default()
         .with_brokers(vec![MetadataResponseBroker::default()
-            .with_node_id(BrokerId(broker.config.node_id()))
+            .with_node_id(BrokerId(broker.config().node_id()))
             .with_host(str_bytes(&broker.advertised_host))
             .with_port(broker.advertised_port)])
         .with_cluster_id(Some(str_bytes(&broker.cluster_id)))
-        .with_controller_id(BrokerId(broker.config.node_id()))
+        .with_controller_id(BrokerId(broker.config().node_id()))
         .with_topics(topics)
         .with_cluster_authorized_operations(if req.include_cluster_authorized_operations {
             operations::CLUSTER
@@ -77,7 +77,7 @@ async fn requested_topic(
     if !allow_create {
         return error_topic(Some(&name), Uuid::nil(), ResponseError::UnknownTopicOrPartition);
     }
-    let partitions = broker.config.default_partitions();
+    let partitions = broker.config().default_partitions();
     match super::admin::create_topic(broker, &name, partitions, BTreeMap::new(), false).await {
         Ok(_) | Err((ResponseError::TopicAlreadyExists, _)) => match broker.topics.get(&name) {
             Some(topic) => describe_topic(broker, &topic),
@@ -99,7 +99,7 @@ fn error_topic(name: Option<&str>, id: Uuid, error: ResponseError) -> MetadataRe
 }
 
 fn describe_topic(broker: &Broker, topic: &Topic) -> MetadataResponseTopic {
-    let node = BrokerId(broker.config.node_id());
+    let node = BrokerId(broker.config().node_id());
     let partitions = topic
         .partitions
         .iter()
@@ -121,7 +121,7 @@ fn describe_topic(broker: &Broker, topic: &Topic) -> MetadataResponseTopic {
 }
 
 pub fn describe_cluster(broker: &Broker, req: DescribeClusterRequest) -> DescribeClusterResponse {
-    let node = BrokerId(broker.config.node_id());
+    let node = BrokerId(broker.config().node_id());
     if req.endpoint_type != ENDPOINT_TYPE_BROKER {
         return DescribeClusterResponse::default()
             .with_endpoint_type(req.endpoint_type)
@@ -184,7 +184,7 @@ fn paged_topic_partitions(
     use describe_topic_partitions_response::{
         Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
     };
-    let cap = broker.config.num("max.request.partition.size.limit").max(1);
+    let cap = broker.config().num("max.request.partition.size.limit").max(1);
     let mut budget = i64::from(req.response_partition_limit).clamp(1, cap);
     let mut names: Vec<String> = if req.topics.is_empty() {
         broker
@@ -218,7 +218,7 @@ fn paged_topic_partitions(
         }
         None => (None, 0),
     };
-    let node = BrokerId(broker.config.node_id());
+    let node = BrokerId(broker.config().node_id());
     let mut topics = Vec::new();
     let mut next_cursor = None;
     for name in names

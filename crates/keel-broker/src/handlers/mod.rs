@@ -82,7 +82,7 @@ pub const TRANSACTION_VERSION_FEATURE: &str = "transaction.version";
 /// reports them: `transaction.version` supported 0 to 2 and finalized at
 /// `keel.transaction.version`, which clients read to choose the protocol.
 pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
-    let level = broker.config.transaction_version();
+    let level = broker.config().transaction_version();
     let mut response = keel_protocol::response::api_versions(0)
         .with_supported_features(vec![SupportedFeatureKey::default()
             .with_name(str_bytes(TRANSACTION_VERSION_FEATURE))

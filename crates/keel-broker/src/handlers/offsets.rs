@@ -44,7 +44,7 @@ pub async fn list_offsets(
             let tiered = broker
                 .topics
                 .get(t.name.0.as_str())
-                .is_some_and(|topic| broker.config.tier_policy(&topic.meta.configs).tier.is_some());
+                .is_some_and(|topic| broker.config().tier_policy(&topic.meta.configs).tier.is_some());
             let r = match partition_of(broker, t.name.0.as_str(), p.partition_index) {
                 Ok(partition) => match offset_at(&partition, p.timestamp, tiered, committed).await {
                     Ok((offset, timestamp)) => base

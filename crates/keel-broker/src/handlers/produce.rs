@@ -120,7 +120,7 @@ async fn produce_partition(
         return failed(ResponseError::UnknownTopicOrPartition, String::new());
     };
     let records = records.unwrap_or_default();
-    let max_batch_bytes = broker.config.max_message_bytes(&topic.meta.configs);
+    let max_batch_bytes = broker.config().max_message_bytes(&topic.meta.configs);
     let validating = Instant::now();
     let headers = check_records(&records, max_batch_bytes);
     trace::longest(Stage::Validate, validating.elapsed());
@@ -137,7 +137,7 @@ async fn produce_partition(
         return failed(error, message);
     }
     if broker
-        .config
+        .config()
         .cleanup_policy(&topic.meta.configs)
         .is_ok_and(|p| p.compact)
     {
@@ -158,7 +158,7 @@ async fn produce_partition(
             ]);
         }
     }
-    let policy = TimestampPolicy::of(&broker.config, &topic.meta.configs);
+    let policy = TimestampPolicy::of(&broker.config(), &topic.meta.configs);
     match policy.apply(records, headers, now_ms()) {
         Ok(stamped) => append(&partition, stamped).await,
         Err(refused) => {

@@ -291,7 +291,7 @@ pub fn spawn_timers(broker: &Arc<Broker>) {
     }
     let every = u64::try_from(
         broker
-            .config
+            .config()
             .num("transaction.abort.timed.out.transaction.cleanup.interval.ms"),
     )
     .unwrap_or(10_000)
