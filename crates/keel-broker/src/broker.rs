@@ -17,6 +17,7 @@ use crate::health::DirHealth;
 use crate::metrics::Metrics;
 use crate::partition::{Partition, PartitionParts};
 use crate::producers::{write_atomically, ProducerIdAllocator};
+use crate::quotas::table::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE};
 use crate::time::now_ms;
 use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use crate::trace::{self, Stage};
@@ -61,6 +62,7 @@ pub enum StartError {
     Partition(String),
     Groups(String),
     Transactions(String),
+    Quotas(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -70,6 +72,7 @@ impl std::fmt::Display for StartError {
             StartError::Partition(e) => write!(f, "cannot open partition: {e}"),
             StartError::Groups(e) => write!(f, "cannot open the group log: {e}"),
             StartError::Transactions(e) => write!(f, "cannot open the transaction log: {e}"),
+            StartError::Quotas(e) => write!(f, "cannot open the quota log: {e}"),
         }
     }
 }
@@ -98,6 +101,8 @@ pub struct Broker {
     pub groups: Arc<GroupCoordinator>,
     /// The transaction coordinator.
     pub txns: Arc<crate::txn::TxnCoordinator>,
+    /// Client quotas: what is set, and the rates held to them.
+    pub quotas: crate::quotas::ClientQuotas,
     /// The newest batches of every partition, under one byte budget.
     pub tail_cache: Arc<TailCache>,
     /// How segment data is read back (`keel.io.direct`, probed at start-up).
@@ -207,6 +212,12 @@ impl Broker {
             Arc::new(SystemClock),
         )
         .map_err(StartError::Transactions)?;
+        let quotas = crate::quotas::ClientQuotas::open_with(
+            Arc::clone(&storage),
+            &meta_dir.join("quotas"),
+            config.quota_windows(),
+        )
+        .map_err(StartError::Quotas)?;
         let metrics = Metrics::new(config.slow_request());
         let broker = Broker {
             config: parking_lot::RwLock::new(Arc::new(config)),
@@ -222,6 +233,7 @@ impl Broker {
             producer_ids: Mutex::new(producer_ids),
             groups: Arc::new(groups),
             txns: Arc::new(txns),
+            quotas,
             tail_cache,
             read_io,
             cold,
@@ -364,7 +376,10 @@ impl Broker {
             }
             Request::Produce(r) => {
                 let acks = r.acks;
-                let resp = handlers::produce::produce(self, r, version).await;
+                let mut resp = handlers::produce::produce(self, r, version).await;
+                // Kafka counts the whole request against producer_byte_rate.
+                resp.throttle_time_ms =
+                    self.quota_throttle(PRODUCER_BYTE_RATE, client_id, frame.bytes.len(), false);
                 if acks != 0 {
                     respond(ApiKey::Produce, version, id, &resp)
                 } else {
@@ -373,6 +388,14 @@ impl Broker {
             }
             Request::Fetch(r) => {
                 let answer = handlers::fetch::fetch(self, r).await;
+                // Over consumer_byte_rate, Kafka answers empty, with the
+                // throttle time, and does not count the records withheld.
+                let throttle = self.quota_throttle(CONSUMER_BYTE_RATE, client_id, answer.bytes(), true);
+                if throttle > 0 {
+                    let empty =
+                        keel_protocol::messages::FetchResponse::default().with_throttle_time_ms(throttle);
+                    return respond(ApiKey::Fetch, version, id, &empty);
+                }
                 if answer.bytes() < BULK_RESPONSE_BYTES {
                     return respond(ApiKey::Fetch, version, id, &answer.into_response());
                 }
@@ -512,11 +535,44 @@ impl Broker {
                 id,
                 &handlers::metadata::describe_topic_partitions(self, r),
             ),
+            Request::DescribeClientQuotas(r) => respond(
+                ApiKey::DescribeClientQuotas,
+                version,
+                id,
+                &handlers::quotas::describe_client_quotas(self, r),
+            ),
+            Request::AlterClientQuotas(r) => respond(
+                ApiKey::AlterClientQuotas,
+                version,
+                id,
+                &handlers::quotas::alter_client_quotas(self, r).await,
+            ),
+            Request::DescribeUserScramCredentials(r) => respond(
+                ApiKey::DescribeUserScramCredentials,
+                version,
+                id,
+                &handlers::scram::describe_user_scram_credentials(r),
+            ),
             body => {
                 self.handle_group(body, version, id, client_id, &client.host)
                     .await
             }
         }
+    }
+
+    /// Records `bytes` against the client's quota `key` (its user is
+    /// ANONYMOUS until security lands) and returns the throttle time, which
+    /// also mutes the connection after the response (see `crate::quotas`).
+    fn quota_throttle(&self, key: &'static str, client_id: &str, bytes: usize, take_back: bool) -> i32 {
+        let user = crate::quotas::ANONYMOUS;
+        let ms = self
+            .quotas
+            .record(key, user, client_id, bytes as f64, take_back, now_ms());
+        let ms = i32::try_from(ms).unwrap_or(i32::MAX);
+        if ms > 0 {
+            trace::throttle(ms as u32);
+        }
+        ms
     }
 
     /// The group coordinator's APIs.
@@ -862,6 +918,7 @@ impl Broker {
         );
         self.groups.close();
         self.txns.close();
+        self.quotas.close();
         for topic in self.topics.all() {
             for p in &topic.partitions {
                 if let Err(e) = p.close() {

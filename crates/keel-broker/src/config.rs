@@ -203,6 +203,10 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         ConfigType::Int,
     ),
     ("log.retention.check.interval.ms", "300000", ConfigType::Long),
+    // Client quotas' rates are measured over this many windows of this
+    // many seconds.
+    ("quota.window.num", "11", ConfigType::Int),
+    ("quota.window.size.seconds", "1", ConfigType::Int),
     ("delete.topic.enable", "true", ConfigType::Boolean),
     ("group.min.session.timeout.ms", "6000", ConfigType::Int),
     ("group.max.session.timeout.ms", "1800000", ConfigType::Int),
@@ -616,6 +620,8 @@ impl BrokerConfig {
             ("log.cleaner.io.buffer.size", 1),
             ("log.cleaner.backoff.ms", 0),
             ("keel.request.slow.ms", -1),
+            ("quota.window.num", 1),
+            ("quota.window.size.seconds", 1),
         ] {
             if self.num(key) < min {
                 return Err(ConfigError {
@@ -707,6 +713,14 @@ impl BrokerConfig {
     /// The `transaction.version` feature level (validated: 0 to 2).
     pub fn transaction_version(&self) -> i16 {
         i16::try_from(self.num("keel.transaction.version")).unwrap_or(0)
+    }
+
+    /// The client quotas' rate windows.
+    pub fn quota_windows(&self) -> crate::quotas::rate::Windows {
+        crate::quotas::rate::Windows {
+            samples: usize::try_from(self.num("quota.window.num")).unwrap_or(11).max(1),
+            window_ms: self.num("quota.window.size.seconds").max(1).saturating_mul(1000),
+        }
     }
 
     /// The transaction coordinator's settings.

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod mover;
 pub mod partition;
 pub mod producers;
+pub mod quotas;
 mod time;
 pub mod topics;
 pub mod trace;

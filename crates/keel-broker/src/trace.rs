@@ -182,6 +182,9 @@ pub struct RequestTrace {
     /// before it says), and how many are in their partitions' queues.
     appends_expected: AtomicU32,
     appends_queued: AtomicU32,
+    /// How long the connection reads nothing more after the response
+    /// (a client quota's throttle time, KIP-219).
+    throttle_ms: AtomicU32,
     data: Mutex<TraceData>,
 }
 
@@ -220,6 +223,7 @@ impl RequestTrace {
             started,
             appends_expected: AtomicU32::new(u32::MAX),
             appends_queued: AtomicU32::new(0),
+            throttle_ms: AtomicU32::new(0),
             data: Mutex::new(TraceData::default()),
         }
     }
@@ -229,6 +233,11 @@ impl RequestTrace {
     pub fn appends_queued(&self) -> bool {
         let expected = self.appends_expected.load(Ordering::Acquire);
         expected != u32::MAX && self.appends_queued.load(Ordering::Acquire) >= expected
+    }
+
+    /// The throttle time a quota gave the request, in ms (0: none).
+    pub fn throttle_ms(&self) -> u32 {
+        self.throttle_ms.load(Ordering::Acquire)
     }
 
     /// Adds `d` to a stage that happens in sequence with the others.
@@ -334,6 +343,14 @@ pub fn longest(stage: Stage, d: Duration) {
 /// [`RequestTrace::partition`] on the current trace, if there is one.
 pub fn partition(p: PartitionTrace) {
     with(|t| t.partition(p));
+}
+
+/// Throttles the connection of the current request for `ms` after its
+/// response (the longest of what the request's quotas ask).
+pub fn throttle(ms: u32) {
+    with(|t| {
+        t.throttle_ms.fetch_max(ms, Ordering::AcqRel);
+    });
 }
 
 /// [`RequestTrace::set_client_id`] on the current trace, if there is one.

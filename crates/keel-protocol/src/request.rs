@@ -84,6 +84,9 @@ pub enum Request {
     AlterConfigs(AlterConfigsRequest),
     ElectLeaders(ElectLeadersRequest),
     DescribeTopicPartitions(DescribeTopicPartitionsRequest),
+    DescribeClientQuotas(DescribeClientQuotasRequest),
+    AlterClientQuotas(AlterClientQuotasRequest),
+    DescribeUserScramCredentials(DescribeUserScramCredentialsRequest),
 }
 
 /// A request with its full header.
@@ -208,6 +211,13 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         }
         ApiKey::AlterConfigs => Request::AlterConfigs(AlterConfigsRequest::decode(buf, v)?),
         ApiKey::ElectLeaders => Request::ElectLeaders(ElectLeadersRequest::decode(buf, v)?),
+        ApiKey::DescribeClientQuotas => {
+            Request::DescribeClientQuotas(DescribeClientQuotasRequest::decode(buf, v)?)
+        }
+        ApiKey::AlterClientQuotas => Request::AlterClientQuotas(AlterClientQuotasRequest::decode(buf, v)?),
+        ApiKey::DescribeUserScramCredentials => {
+            Request::DescribeUserScramCredentials(DescribeUserScramCredentialsRequest::decode(buf, v)?)
+        }
         ApiKey::DescribeTopicPartitions => {
             Request::DescribeTopicPartitions(DescribeTopicPartitionsRequest::decode(buf, v)?)
         }

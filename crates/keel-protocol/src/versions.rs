@@ -84,6 +84,12 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::AlterConfigs, 0, 2),
     api(ApiKey::ElectLeaders, 0, 2),
     api(ApiKey::DescribeTopicPartitions, 0, 0),
+    // Client quotas (KIP-546).
+    api(ApiKey::DescribeClientQuotas, 0, 1),
+    api(ApiKey::AlterClientQuotas, 0, 1),
+    // What `kafka-configs --describe --entity-type users` asks beside the
+    // quotas; Keel has no SCRAM credentials yet.
+    api(ApiKey::DescribeUserScramCredentials, 0, 0),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -153,6 +159,9 @@ mod tests {
                 ApiKey::AlterConfigs => check::<AlterConfigsRequest>(a),
                 ApiKey::ElectLeaders => check::<ElectLeadersRequest>(a),
                 ApiKey::DescribeTopicPartitions => check::<DescribeTopicPartitionsRequest>(a),
+                ApiKey::DescribeClientQuotas => check::<DescribeClientQuotasRequest>(a),
+                ApiKey::AlterClientQuotas => check::<AlterClientQuotasRequest>(a),
+                ApiKey::DescribeUserScramCredentials => check::<DescribeUserScramCredentialsRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
                 ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),

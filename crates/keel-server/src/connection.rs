@@ -11,6 +11,10 @@
 //! for the one before it to be answered. Appends still enter every
 //! partition's queue in request order, any other request waits for all
 //! before it, and responses go out in request order.
+//!
+//! A response a client quota throttled (its trace says for how long) is
+//! sent at once, and then the connection reads and starts nothing more for
+//! the throttle time: Kafka's channel muting (KIP-219).
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -72,6 +76,8 @@ pub async fn serve(
     let mut write = Some(write);
     let mut inbox = Inbox::default();
     let mut flight: VecDeque<InFlight> = VecDeque::new();
+    // Until when a quota's throttle time mutes the connection.
+    let mut muted_until: Option<Instant> = None;
     loop {
         // Responses that are ready, in request order.
         while let Some(reply) = flight.front_mut().and_then(|f| f.done.take()) {
@@ -90,10 +96,21 @@ pub async fn serve(
                     return Err(reason);
                 }
             }
+            let throttle = done.trace.throttle_ms();
+            if throttle > 0 {
+                let until = Instant::now() + Duration::from_millis(u64::from(throttle));
+                muted_until = Some(muted_until.map_or(until, |m| m.max(until)));
+            }
             broker.metrics.finish(&done.trace, &broker.store);
         }
+        if muted_until.is_some_and(|m| m <= Instant::now()) {
+            muted_until = None;
+        }
         // Frames the connection may start now.
-        while let Some(len) = inbox.complete_frame(limits.max_request_bytes).map_err(refuse)? {
+        while let Some(len) = match muted_until {
+            Some(_) => None,
+            None => inbox.complete_frame(limits.max_request_bytes).map_err(refuse)?,
+        } {
             if !admits(&flight, inbox.api_key(), len) {
                 break;
             }
@@ -128,9 +145,10 @@ pub async fn serve(
         }
         // Wait for bytes (unless a whole frame already waits its turn), for
         // a request in flight to finish, or for the idle limit.
-        let read_more = !inbox.eof && inbox.complete_frame(limits.max_request_bytes) == Ok(None);
+        let read_more =
+            muted_until.is_none() && !inbox.eof && inbox.complete_frame(limits.max_request_bytes) == Ok(None);
         let working = flight.iter().any(|f| f.done.is_none());
-        let idle = if flight.is_empty() && inbox.buf.is_empty() {
+        let idle = if flight.is_empty() && inbox.buf.is_empty() && muted_until.is_none() {
             limits.idle
         } else {
             None
@@ -138,6 +156,7 @@ pub async fn serve(
         tokio::select! {
             biased;
             () = progress(&mut flight), if working => {}
+            () = sleep_or_never(muted_until.map(|m| m.saturating_duration_since(Instant::now()))), if muted_until.is_some() => {}
             got = inbox.fill(&mut read), if read_more => got.map_err(|e| e.to_string())?,
             () = sleep_or_never(idle) => return Err("idle past connections.max.idle.ms".into()),
         }

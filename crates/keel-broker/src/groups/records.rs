@@ -259,7 +259,7 @@ pub(crate) fn put_compact_str(b: &mut BytesMut, s: &str) {
     b.put_slice(s.as_bytes());
 }
 
-fn put_opt_str(b: &mut BytesMut, s: Option<&str>) {
+pub(crate) fn put_opt_str(b: &mut BytesMut, s: Option<&str>) {
     match s {
         Some(s) => put_str(b, s),
         None => b.put_i16(-1),
@@ -275,7 +275,7 @@ fn put_bytes(b: &mut BytesMut, v: &[u8]) {
 pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl Reader<'_> {
-    fn need(&self, n: usize) -> Result<(), RecordError> {
+    pub(crate) fn need(&self, n: usize) -> Result<(), RecordError> {
         if self.0.len() < n {
             return Err(RecordError("truncated".into()));
         }
@@ -302,7 +302,7 @@ impl Reader<'_> {
         Ok(self.0.get_i64())
     }
 
-    fn opt_string(&mut self) -> Result<Option<String>, RecordError> {
+    pub(crate) fn opt_string(&mut self) -> Result<Option<String>, RecordError> {
         let len = self.i16()?;
         if len < 0 {
             return Ok(None);

@@ -344,23 +344,24 @@ async fn alter_broker(
     change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
 ) -> Result<(), AdminError> {
     let node = broker.config().node_id();
-    let per_broker =
-        match name.parse::<i32>() {
-            _ if name.is_empty() => false,
-            Ok(id) if id == node => true,
-            Ok(id) => return Err((
+    let per_broker = match name.parse::<i32>() {
+        _ if name.is_empty() => false,
+        Ok(id) if id == node => true,
+        Ok(id) => {
+            return Err((
                 ResponseError::InvalidRequest,
                 format!(
                     "broker {id} is not this broker (node.id {node}): name {node}, or the cluster default"
                 ),
-            )),
-            Err(_) => {
-                return Err((
-                    ResponseError::InvalidRequest,
-                    format!("Invalid broker name {name}: a node id, or empty for the cluster default"),
-                ))
-            }
-        };
+            ))
+        }
+        Err(_) => {
+            return Err((
+                ResponseError::InvalidRequest,
+                format!("Invalid broker name {name}: a node id, or empty for the cluster default"),
+            ))
+        }
+    };
     // One admin change at a time: topic changes check against the defaults.
     let _admin = broker.admin.lock().await;
     let mut layers = broker.config().dynamic().clone();

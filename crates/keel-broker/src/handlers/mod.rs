@@ -11,6 +11,8 @@ pub mod log_dirs;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
+pub mod quotas;
+pub mod scram;
 pub mod txn;
 pub mod txn_admin;
 

@@ -1,0 +1,116 @@
+//! Client quotas, as Kafka's (KIP-13, KIP-55, KIP-219): byte rates for
+//! producers (`producer_byte_rate`) and consumers (`consumer_byte_rate`)
+//! set per user, per client id, their defaults and their combinations with
+//! AlterClientQuotas (`kafka-configs --alter --entity-type users/clients`),
+//! described with DescribeClientQuotas.
+//!
+//! The quotas live in a coordinator log of their own
+//! (`__keel_meta/quotas`, see `crate::metalog`): a change is acknowledged
+//! once it is in the log. Enforcement keeps one [`rate::Rate`] per quota
+//! key and per `(user, client-id)` the matching quota names (see
+//! [`table::QuotaTable::resolve`]), over `quota.window.num` windows of
+//! `quota.window.size.seconds`. A Produce's request bytes and a Fetch's
+//! response bytes are recorded; over the quota, the response carries the
+//! throttle time Kafka computes and the connection reads nothing more for
+//! that long (KIP-219), so even a client that ignores `throttle_time_ms`
+//! is held to the rate. A Fetch over its quota is answered empty (its
+//! bytes are taken back), as Kafka does.
+//!
+//! Until a client authenticates (security is not there yet) its user is
+//! Kafka's unauthenticated principal, `ANONYMOUS`.
+
+pub mod rate;
+pub mod table;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use keel_log::Storage;
+use parking_lot::Mutex;
+
+use crate::metalog::{MetaLog, StoreError};
+use rate::{Rate, Windows};
+use table::{Entity, QuotaRecord, QuotaTable, RateKey};
+
+/// The user of a client that has not authenticated.
+pub const ANONYMOUS: &str = "ANONYMOUS";
+
+/// The quota log's segment size and snapshot interval: quotas are few.
+const LOG_BYTES: u64 = 1 << 20;
+
+/// Rates not used for this long are forgotten (Kafka expires its quota
+/// sensors after an hour of inactivity).
+const RATE_IDLE_MS: i64 = 3_600_000;
+
+/// Rates kept before idle ones are looked for.
+const RATES_BEFORE_SWEEP: usize = 10_000;
+
+pub struct ClientQuotas {
+    store: MetaLog<QuotaTable>,
+    windows: Windows,
+    /// By quota key and the `(user, client-id)` its rate is kept for.
+    rates: Mutex<HashMap<(&'static str, RateKey), Rate>>,
+}
+
+impl ClientQuotas {
+    /// Loads the quota log through `storage`. Blocking.
+    pub fn open_with(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        windows: Windows,
+    ) -> Result<ClientQuotas, String> {
+        let store = MetaLog::open_with(storage, dir, crate::metalog::log_config(LOG_BYTES), LOG_BYTES)?;
+        Ok(ClientQuotas {
+            store,
+            windows,
+            rates: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Every entity with quotas, and its values.
+    pub fn all(&self) -> BTreeMap<Entity, BTreeMap<String, f64>> {
+        self.store.with_table(|t| t.quotas.clone())
+    }
+
+    /// Persists quota changes; in force once this returns.
+    pub async fn write(&self, records: Vec<QuotaRecord>) -> Result<(), StoreError> {
+        self.store.write(records).await
+    }
+
+    /// Records `amount` against the quota `key` of `user` / `client_id` and
+    /// returns the throttle time in ms (0 within the quota, or with none).
+    /// `take_back` removes the amount again when throttled (a Fetch that is
+    /// answered empty).
+    pub fn record(
+        &self,
+        key: &'static str,
+        user: &str,
+        client_id: &str,
+        amount: f64,
+        take_back: bool,
+        now_ms: i64,
+    ) -> i64 {
+        let Some((bound, rate_key)) = self.store.with_table(|t| t.resolve(key, user, client_id)) else {
+            return 0;
+        };
+        let mut rates = self.rates.lock();
+        if rates.len() >= RATES_BEFORE_SWEEP {
+            rates.retain(|_, r| now_ms - r.last_used_ms() < RATE_IDLE_MS);
+        }
+        let rate = rates
+            .entry((key, rate_key))
+            .or_insert_with(|| Rate::new(self.windows, now_ms));
+        rate.record(amount, now_ms);
+        let throttle = rate.throttle_ms(bound, now_ms);
+        if throttle > 0 && take_back {
+            rate.record(-amount, now_ms);
+        }
+        throttle
+    }
+
+    /// Flushes and closes the quota log. Blocking.
+    pub fn close(&self) {
+        self.store.close();
+    }
+}

@@ -1,0 +1,84 @@
+"""AlterClientQuotas (49) and DescribeClientQuotas (48) v1 on the wire, for
+the answers no client library exposes whole (each entry's error message,
+the filters' match types and `strict`)."""
+from __future__ import annotations
+
+import struct
+
+import kafka_wire as w
+
+DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
+EXACT, DEFAULT, ANY = 0, 1, 2
+
+Entity = list[tuple[str, str | None]]
+
+
+def _array(items: list[bytes]) -> bytes:
+    return w.uvarint(len(items) + 1) + b"".join(items)
+
+
+def _reader_compact_string(r: w.Reader) -> str | None:
+    n = r.uvarint() - 1
+    return None if n < 0 else r.take(n).decode()
+
+
+def _entity(r: w.Reader) -> Entity:
+    out = []
+    for _ in range(r.uvarint() - 1):
+        kind = _reader_compact_string(r)
+        name = _reader_compact_string(r)
+        r.skip_tags()
+        out.append((kind, name))
+    return out
+
+
+def alter(bootstrap: str, entries: list[tuple[Entity, list[tuple[str, float, bool]]]],
+          validate_only: bool = False) -> list[tuple[int, str | None, Entity]]:
+    """-> per entry (error code, message, entity echoed)."""
+    body = _array([
+        _array([w.compact_string(k) + w.compact_string(n) + w.EMPTY_TAGS for k, n in entity])
+        + _array([w.compact_string(key) + struct.pack(">d", value) + w.i8(int(remove)) + w.EMPTY_TAGS
+                  for key, value, remove in ops])
+        + w.EMPTY_TAGS
+        for entity, ops in entries]) + w.i8(int(validate_only)) + w.EMPTY_TAGS
+    with w.Conn(bootstrap) as c:
+        c.send(w.frame(w.header_v2(ALTER_CLIENT_QUOTAS, 1, 7) + body))
+        _cid, resp = c.recv_response_flexible()
+    r = w.Reader(resp)
+    r.i32()  # throttle_time_ms
+    out = []
+    for _ in range(r.uvarint() - 1):
+        code = r.i16()
+        message = _reader_compact_string(r)
+        entity = _entity(r)
+        r.skip_tags()
+        out.append((code, message, entity))
+    return out
+
+
+def describe(bootstrap: str, components: list[tuple[str, int, str | None]], strict: bool = False
+             ) -> tuple[int, str | None, list[tuple[Entity, dict[str, float]]] | None]:
+    """-> (error code, message, [(entity, {key: value})] or None)."""
+    body = _array([w.compact_string(kind) + w.i8(match_type) + w.compact_string(name) + w.EMPTY_TAGS
+                   for kind, match_type, name in components]) + w.i8(int(strict)) + w.EMPTY_TAGS
+    with w.Conn(bootstrap) as c:
+        c.send(w.frame(w.header_v2(DESCRIBE_CLIENT_QUOTAS, 1, 8) + body))
+        _cid, resp = c.recv_response_flexible()
+    r = w.Reader(resp)
+    r.i32()
+    code = r.i16()
+    message = _reader_compact_string(r)
+    n = r.uvarint() - 1
+    if n < 0:
+        return code, message, None
+    entries = []
+    for _ in range(n):
+        entity = _entity(r)
+        values = {}
+        for _ in range(r.uvarint() - 1):
+            key = _reader_compact_string(r)
+            values[key] = struct.unpack(">d", r.take(8))[0]
+            r.skip_tags()
+        r.skip_tags()
+        entries.append((sorted(entity, key=lambda e: e[0]), values))
+    return code, message, entries

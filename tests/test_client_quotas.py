@@ -1,0 +1,138 @@
+"""Client quotas: `kafka-configs --entity-type users / clients` (Apache
+Kafka's ConfigCommand from the 4.3.1 jars) and AlterClientQuotas /
+DescribeClientQuotas on the wire, against Keel. The answers to bad
+requests are Kafka 4.3.1's own, probed on it; the rates are held by
+Kafka's own ProducerPerformance and ConsumerPerformance."""
+from __future__ import annotations
+
+import re
+
+import quota_wire as q
+from conftest import unique
+from test_operator_tools import kafka_configs
+
+INVALID_REQUEST, UNSUPPORTED_VERSION = 42, 35
+
+
+def quota_lines(bootstrap: str, *entity: str) -> list[str]:
+    """`kafka-configs --describe` of quota entities: its lines, sorted."""
+    done = kafka_configs(bootstrap, "--describe", *entity)
+    return sorted(line.strip() for line in done.stdout.splitlines() if line.startswith("Quota configs"))
+
+
+def test_kafka_configs_sets_describes_and_deletes_quotas_that_survive_a_kill(broker_factory):
+    b = broker_factory({})
+    alter = ("--alter", "--add-config")
+    kafka_configs(b.bootstrap, "--entity-type", "users", "--entity-default", *alter, "producer_byte_rate=5000000")
+    kafka_configs(b.bootstrap, "--entity-type", "users", "--entity-name", "alice", *alter,
+                  "consumer_byte_rate=2000000,producer_byte_rate=3000000")
+    kafka_configs(b.bootstrap, "--entity-type", "clients", "--entity-name", "perf", *alter,
+                  "producer_byte_rate=1048576")
+    kafka_configs(b.bootstrap, "--entity-type", "users", "--entity-name", "alice", "--entity-type", "clients",
+                  "--entity-default", *alter, "consumer_byte_rate=4000000")
+    users = quota_lines(b.bootstrap, "--entity-type", "users")
+    assert users == [
+        "Quota configs for the default user-principal are producer_byte_rate=5000000.0",
+        "Quota configs for user-principal 'alice' are consumer_byte_rate=2000000.0, producer_byte_rate=3000000.0",
+    ], users
+    assert quota_lines(b.bootstrap, "--entity-type", "clients", "--entity-name", "perf") == [
+        "Quota configs for client-id 'perf' are producer_byte_rate=1048576.0"]
+    # The same on the wire: every entity naming a user, and strictly one.
+    code, _, entries = q.describe(b.bootstrap, [("user", q.ANY, None)])
+    assert code == 0 and {tuple(e) for e, _ in entries} == {
+        (("client-id", None), ("user", "alice")), (("user", None),), (("user", "alice"),)}, entries
+    code, _, entries = q.describe(b.bootstrap, [("user", q.EXACT, "alice")], strict=True)
+    assert entries == [([("user", "alice")], {"consumer_byte_rate": 2000000.0, "producer_byte_rate": 3000000.0})]
+
+    b.kill9()
+    b.start()
+    assert quota_lines(b.bootstrap, "--entity-type", "users") == users
+    kafka_configs(b.bootstrap, "--alter", "--entity-type", "users", "--entity-name", "alice",
+                  "--delete-config", "producer_byte_rate,consumer_byte_rate")
+    assert quota_lines(b.bootstrap, "--entity-type", "users") == [
+        "Quota configs for the default user-principal are producer_byte_rate=5000000.0"]
+    _, _, entries = q.describe(b.bootstrap, [])
+    assert {tuple(e) for e, _ in entries} == {
+        (("client-id", None), ("user", "alice")), (("client-id", "perf"),), (("user", None),)}, entries
+
+
+# (entity, ops, error code, message): what Kafka 4.3.1 answers.
+REFUSED = [
+    ([("user", "alice")], [("foo_rate", 100, False)], INVALID_REQUEST, "Invalid configuration key foo_rate"),
+    ([("user", "alice")], [("producer_byte_rate", 1000.5, False)], INVALID_REQUEST,
+     "producer_byte_rate cannot be a fractional value."),
+    ([("user", "alice")], [("producer_byte_rate", 0, False)], INVALID_REQUEST,
+     "Quota producer_byte_rate must be greater than 0"),
+    ([("client-id", "c1")], [("consumer_byte_rate", -1, False)], INVALID_REQUEST,
+     "Quota consumer_byte_rate must be greater than 0"),
+    ([("user", "huge")], [("producer_byte_rate", 1e20, False)], INVALID_REQUEST,
+     "Proposed value for producer_byte_rate is too large for a LONG."),
+    ([("ip", "1.2.3.4"), ("user", "alice")], [("connection_creation_rate", 10, False)], INVALID_REQUEST,
+     "Invalid quota entity combination, IP entity shouldnot be combined with User or ClientId"),
+    ([("user", "alice")], [("connection_creation_rate", 10, False)], INVALID_REQUEST,
+     "Invalid configuration key connection_creation_rate"),
+    ([("ip", "1.2.3.4")], [("producer_byte_rate", 10, False)], INVALID_REQUEST,
+     "Invalid configuration key producer_byte_rate"),
+    ([("ip", "not-an-ip")], [("connection_creation_rate", 10, False)], INVALID_REQUEST,
+     "not-an-ip is not a valid IP or resolvable host."),
+    ([("group", "g1")], [("producer_byte_rate", 10, False)], INVALID_REQUEST,
+     "Unhandled client quota entity type: group"),
+    ([], [("producer_byte_rate", 10, False)], INVALID_REQUEST, "Invalid empty client quota entity"),
+    ([("user", "")], [("producer_byte_rate", 10, False)], INVALID_REQUEST, "Empty user not supported"),
+    ([("client-id", "")], [("producer_byte_rate", 10, False)], INVALID_REQUEST, "Empty client-id not supported"),
+    ([("user", "twice")], [("producer_byte_rate", 10, False), ("producer_byte_rate", 20, False)], INVALID_REQUEST,
+     "Ignoring duplicate entity ClientQuotaEntity(entries={user=twice})"),
+]
+
+
+def test_client_quota_changes_are_refused_as_kafka_does(broker):
+    """Each refused entry gets Kafka's code and message, and the entries
+    beside it in the same request still apply; validate_only changes
+    nothing; removing what is not set is fine, as in Kafka."""
+    got = q.alter(broker.bootstrap, [(entity, ops) for entity, ops, _, _ in REFUSED]
+                  + [([("user", "ok")], [("producer_byte_rate", 1000, False)])])
+    for (entity, _ops, code, message), (got_code, got_message, echoed) in zip(REFUSED, got):
+        assert (got_code, got_message) == (code, message), (entity, got_code, got_message)
+        assert echoed == entity
+    assert got[-1][:2] == (0, None)
+    _, _, entries = q.describe(broker.bootstrap, [])
+    assert entries == [([("user", "ok")], {"producer_byte_rate": 1000.0})], entries
+
+    assert q.alter(broker.bootstrap, [([("user", "vo")], [("consumer_byte_rate", 5, False)])],
+                   validate_only=True) == [(0, None, [("user", "vo")])]
+    assert q.alter(broker.bootstrap, [([("user", "nobody")], [("foo_rate", 0, True)])])[0][0] == 0
+    _, _, entries = q.describe(broker.bootstrap, [])
+    assert entries == [([("user", "ok")], {"producer_byte_rate": 1000.0})], entries
+    # Keel refuses the keys it does not enforce yet, rather than keep them unenforced.
+    [(code, message, _)] = q.alter(broker.bootstrap, [([("user", "a")], [("request_percentage", 50, False)])])
+    assert code == INVALID_REQUEST and "does not enforce request_percentage" in message
+
+
+def test_client_quota_filters_are_checked_as_kafka_does(broker):
+    q.alter(broker.bootstrap, [([("user", "alice")], [("producer_byte_rate", 1000, False)]),
+                               ([("user", None), ("client-id", None)], [("consumer_byte_rate", 60, False)]),
+                               ([("client-id", "c1")], [("consumer_byte_rate", 3000, False)])])
+    for components, code, message in [
+        ([("user", q.EXACT, None)], INVALID_REQUEST, "Request specified MATCH_TYPE_EXACT, but set match string to null."),
+        ([("user", q.DEFAULT, "alice")], INVALID_REQUEST,
+         "Request specified MATCH_TYPE_DEFAULT, but also specified a match string."),
+        ([("user", q.ANY, "alice")], INVALID_REQUEST,
+         "Request specified MATCH_TYPE_SPECIFIED, but also specified a match string."),
+        ([("user", 3, None)], INVALID_REQUEST, "Unknown match type 3"),
+        ([("group", q.ANY, None)], UNSUPPORTED_VERSION, "Unsupported entity type group"),
+        ([("user", q.ANY, None), ("user", q.ANY, None), ("group", q.ANY, None)], UNSUPPORTED_VERSION,
+         "Unsupported entity type group"),
+        ([("", q.ANY, None)], INVALID_REQUEST, "Invalid empty entity type."),
+        ([("user", q.ANY, None), ("user", q.DEFAULT, None)], INVALID_REQUEST,
+         "Entity type user cannot appear more than once in the filter."),
+        ([("ip", q.ANY, None), ("user", q.ANY, None)], INVALID_REQUEST,
+         "Invalid entity filter component combination. IP filter component should not be used with user or "
+         "clientId filter component."),
+    ]:
+        assert q.describe(broker.bootstrap, components) == (code, message, None), components
+    _, _, entries = q.describe(broker.bootstrap, [("user", q.DEFAULT, None)])
+    assert entries == [([("client-id", None), ("user", None)], {"consumer_byte_rate": 60.0})]
+    _, _, entries = q.describe(broker.bootstrap, [("client-id", q.ANY, None)], strict=True)
+    assert entries == [([("client-id", "c1")], {"consumer_byte_rate": 3000.0})]
+    # Kafka answers an empty message, not a null one.
+    assert q.describe(broker.bootstrap, [("user", q.EXACT, "nobody")]) == (0, "", [])
