@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import re
 
+import kafka_tools
+import kafka_wire as w
 import quota_wire as q
-from conftest import unique
+from kclient import create_topic
+from test_metrics import sample, scrape
 from test_operator_tools import kafka_configs
 
 INVALID_REQUEST, UNSUPPORTED_VERSION = 42, 35
@@ -136,3 +139,95 @@ def test_client_quota_filters_are_checked_as_kafka_does(broker):
     assert entries == [([("client-id", "c1")], {"consumer_byte_rate": 3000.0})]
     # Kafka answers an empty message, not a null one.
     assert q.describe(broker.bootstrap, [("user", q.EXACT, "nobody")]) == (0, "", [])
+
+
+MIB = 1 << 20
+
+
+def test_kafkas_perf_tools_are_held_to_their_byte_rates(broker_factory):
+    """A producer and a consumer with a quota of 1 MiB/s each, measured by
+    Kafka's own ProducerPerformance and ConsumerPerformance over ~20 MiB.
+
+    Kafka's rate allows a first burst of `quota.window.num - 1` windows'
+    worth before it throttles, and a window that leaves the rate lets the
+    next burst through: with the default 11 windows of 1 s, a 20 s run is
+    dominated by those bursts (10 MiB each). Two windows keep a burst at
+    one second's worth, so a 20 s run shows the rate held."""
+    b = broker_factory({"quota.window.num": "2"})
+    topic = "quota-perf"
+    create_topic(b.bootstrap, topic, partitions=1)
+    kafka_configs(b.bootstrap, "--alter", "--entity-type", "clients", "--entity-name", "perf-p",
+                  "--add-config", f"producer_byte_rate={MIB}")
+    kafka_configs(b.bootstrap, "--alter", "--entity-type", "clients", "--entity-name", "perf-c",
+                  "--add-config", f"consumer_byte_rate={MIB}")
+    records, size = 20_000, 1024
+
+    done = kafka_tools.run("org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+                           "--num-records", str(records), "--record-size", str(size), "--throughput", "-1",
+                           "--command-property", f"bootstrap.servers={b.bootstrap}", "client.id=perf-p", "acks=1",
+                           timeout_s=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # "20000 records sent, 1027.9 records/sec (1.00 MB/sec), ..." (MB: MiB)
+    sent = re.search(rf"{records} records sent, ([\d.]+) records/sec", done.stdout)
+    assert sent, done.stdout[-2000:]
+    produced_mib_s = float(sent.group(1)) * size / MIB
+    print(f"producer_byte_rate {MIB} B/s: ProducerPerformance {produced_mib_s:.3f} MiB/s")
+    assert 0.9 <= produced_mib_s <= 1.1, done.stdout[-2000:]
+
+    # --fetch-size is max.partition.fetch.bytes: a fetch far smaller than
+    # a second's worth, so that whole fetches can meet the rate.
+    done = kafka_tools.run("org.apache.kafka.tools.ConsumerPerformance", "--topic", topic,
+                           "--bootstrap-server", b.bootstrap, "--num-records", str(records),
+                           "--fetch-size", "65536", "--timeout", "60000",
+                           "--command-property", "client.id=perf-c", timeout_s=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The last column but one is fetch.MB.sec: the rate after the group's join.
+    row = done.stdout.strip().splitlines()[-1].split(", ")
+    consumed_mib, fetch_mib_s = float(row[2]), float(row[-2])
+    print(f"consumer_byte_rate {MIB} B/s: ConsumerPerformance {fetch_mib_s:.3f} MiB/s ({consumed_mib:.1f} MiB)")
+    assert consumed_mib >= records * size / MIB * 0.99
+    assert 0.9 <= fetch_mib_s <= 1.1, done.stdout[-2000:]
+
+
+def test_connections_over_their_address_connection_creation_rate_are_closed_unanswered(broker):
+    """`connection_creation_rate` for 127.0.0.1 (KIP-612): with Kafka's 11
+    windows a first burst of ten seconds' worth is served; every connection
+    past it is held unread and closed (after at most one window), and is
+    not counted against the rate. Without the quota, all are served."""
+    b = broker
+    kafka_configs(b.bootstrap, "--alter", "--entity-type", "ips", "--entity-name", "127.0.0.1",
+                  "--add-config", "connection_creation_rate=5")
+    assert quota_lines(b.bootstrap, "--entity-type", "ips") == [
+        "Quota configs for ip '127.0.0.1' are connection_creation_rate=5.0"]
+
+    def attempt(n: int) -> tuple[int, int]:
+        """Opens n connections at once, asks each for ApiVersions: -> (answered, closed)."""
+        conns = [w.Conn(b.bootstrap, timeout_s=15) for _ in range(n)]
+        answered = closed = 0
+        for i, c in enumerate(conns):
+            try:
+                c.send(w.api_versions_request(0, i))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        for c in conns:
+            try:
+                c.recv_response()
+                answered += 1
+            except (ConnectionError, ConnectionResetError):
+                closed += 1
+            c.close()
+        return answered, closed
+
+    # 5/s measured over at least 10 s: the 51st connection within the
+    # first second is over (a few more if the second runs on).
+    answered, closed = attempt(80)
+    print(f"connection_creation_rate 5/s: {answered} of 80 connections served, {closed} closed unanswered")
+    assert 50 <= answered <= 56 and answered + closed == 80, (answered, closed)
+    if b.admin:
+        families = scrape(b)
+        assert sample(families, "keel_quota_throttled_total", quota="connection_creation_rate") == closed
+        assert sample(families, "keel_connections_accepted_total") >= answered
+
+    kafka_configs(b.bootstrap, "--alter", "--entity-type", "ips", "--entity-name", "127.0.0.1",
+                  "--delete-config", "connection_creation_rate")
+    assert attempt(40) == (40, 0)

@@ -17,7 +17,7 @@ use crate::health::DirHealth;
 use crate::metrics::Metrics;
 use crate::partition::{Partition, PartitionParts};
 use crate::producers::{write_atomically, ProducerIdAllocator};
-use crate::quotas::table::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE};
+use crate::quotas::table::{CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE};
 use crate::time::now_ms;
 use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use crate::trace::{self, Stage};
@@ -568,11 +568,24 @@ impl Broker {
         let ms = self
             .quotas
             .record(key, user, client_id, bytes as f64, take_back, now_ms());
-        let ms = i32::try_from(ms).unwrap_or(i32::MAX);
+        let ms = u32::try_from(ms).unwrap_or(u32::MAX);
         if ms > 0 {
-            trace::throttle(ms as u32);
+            trace::throttle(ms);
+            self.metrics.quota_throttled(key, u64::from(ms));
         }
-        ms
+        i32::try_from(ms).unwrap_or(i32::MAX)
+    }
+
+    /// Counts a new connection from `ip` against its address's
+    /// `connection_creation_rate`: how long to hold it unread before
+    /// closing it, or `None` to serve it.
+    pub fn connection_throttle(&self, ip: std::net::IpAddr) -> Option<Duration> {
+        let ms = u64::try_from(self.quotas.record_connection(ip, now_ms())).unwrap_or(0);
+        if ms == 0 {
+            return None;
+        }
+        self.metrics.quota_throttled(CONNECTION_CREATION_RATE, ms);
+        Some(Duration::from_millis(ms))
     }
 
     /// The group coordinator's APIs.

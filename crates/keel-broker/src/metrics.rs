@@ -58,6 +58,11 @@ struct PartitionLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct QuotaLabels {
+    quota: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DirLabels {
     dir: String,
 }
@@ -72,6 +77,8 @@ pub struct Metrics {
     connections: Gauge,
     connections_accepted: Counter,
     slow_requests: Counter,
+    quota_throttled: Family<QuotaLabels, Counter>,
+    quota_throttle_ms: Family<QuotaLabels, Counter>,
     /// `keel.request.slow.ms` in microseconds (dynamic; `u64::MAX`: off):
     /// requests at least this slow (not counting a fetch's long-poll wait)
     /// are logged.
@@ -157,6 +164,18 @@ impl Metrics {
             "Requests at or over keel.request.slow.ms (each logged)",
             slow_requests.clone(),
         );
+        let quota_throttled = Family::<QuotaLabels, Counter>::default();
+        registry.register(
+            "keel_quota_throttled",
+            "Responses (connections, for connection_creation_rate) a client quota throttled, by quota key",
+            quota_throttled.clone(),
+        );
+        let quota_throttle_ms = Family::<QuotaLabels, Counter>::default();
+        registry.register(
+            "keel_quota_throttle_ms",
+            "Throttle time client quotas gave, in ms, by quota key",
+            quota_throttle_ms.clone(),
+        );
         Metrics {
             registry,
             stages,
@@ -166,6 +185,8 @@ impl Metrics {
             connections,
             connections_accepted,
             slow_requests,
+            quota_throttled,
+            quota_throttle_ms,
             slow_us: AtomicU64::new(Self::slow_us(slow)),
         }
     }
@@ -173,6 +194,14 @@ impl Metrics {
     pub fn connection_opened(&self) {
         self.connections.inc();
         self.connections_accepted.inc();
+    }
+
+    /// A response or connection the client quota `quota` throttled for
+    /// `ms`.
+    pub fn quota_throttled(&self, quota: &'static str, ms: u64) {
+        let labels = QuotaLabels { quota };
+        self.quota_throttled.get_or_create(&labels).inc();
+        self.quota_throttle_ms.get_or_create(&labels).inc_by(ms);
     }
 
     pub fn connection_closed(&self) {

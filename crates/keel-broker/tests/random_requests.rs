@@ -94,6 +94,11 @@ fn check_response(key: ApiKey, version: i16, mut bytes: bytes::Bytes, what: &str
         ApiKey::DescribeTopicPartitions => {
             DescribeTopicPartitionsResponse::decode(&mut bytes, version).map(drop)
         }
+        ApiKey::DescribeClientQuotas => DescribeClientQuotasResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::AlterClientQuotas => AlterClientQuotasResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::DescribeUserScramCredentials => {
+            DescribeUserScramCredentialsResponse::decode(&mut bytes, version).map(drop)
+        }
         other => panic!("{other:?} is advertised but this test cannot decode its response"),
     };
     decoded.unwrap_or_else(|e| panic!("{what}: response does not decode: {e}"));

@@ -209,6 +209,18 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
         limits.wait_for_slot(&broker).await;
         match listener.accept().await {
             Ok((stream, peer)) => {
+                if let Some(hold) = broker.connection_throttle(peer.ip()) {
+                    // Kafka's answer to a connection over its address's
+                    // connection_creation_rate: nothing is read, and the
+                    // close comes after the throttle time, which slows
+                    // down a client that reconnects at once.
+                    tracing::debug!(%peer, hold_ms = hold.as_millis(), "closing a connection over connection_creation_rate");
+                    tokio::spawn(async move {
+                        tokio::time::sleep(hold).await;
+                        drop(stream);
+                    });
+                    continue;
+                }
                 let per_ip =
                     usize::try_from(broker.config().num("max.connections.per.ip")).unwrap_or(usize::MAX);
                 if !limits.admit(peer.ip(), per_ip) {

@@ -15,7 +15,8 @@ use keel_protocol::ResponseError;
 use super::admin::AdminError;
 use super::str_bytes;
 use crate::quotas::table::{
-    Entity, QuotaRecord, CLIENT_ID, CONSUMER_BYTE_RATE, IP, PRODUCER_BYTE_RATE, USER,
+    Entity, QuotaRecord, CLIENT_ID, CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, IP, PRODUCER_BYTE_RATE,
+    USER,
 };
 use crate::Broker;
 
@@ -26,17 +27,13 @@ const CLIENT_KEYS: &[&str] = &[
     "request_percentage",
     "controller_mutation_rate",
 ];
-const IP_KEYS: &[&str] = &["connection_creation_rate"];
+const IP_KEYS: &[&str] = &[CONNECTION_CREATION_RATE];
 /// Kafka's LONG quota keys (the others are DOUBLE).
-const LONG_KEYS: &[&str] = &[PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, "connection_creation_rate"];
+const LONG_KEYS: &[&str] = &[PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, CONNECTION_CREATION_RATE];
 
 /// Keys Kafka has that Keel does not enforce yet: refused rather than
 /// stored without effect.
-const NOT_ENFORCED: &[&str] = &[
-    "request_percentage",
-    "controller_mutation_rate",
-    "connection_creation_rate",
-];
+const NOT_ENFORCED: &[&str] = &["request_percentage", "controller_mutation_rate"];
 
 /// DescribeClientQuotas' match types.
 const MATCH_EXACT: i8 = 0;
@@ -239,7 +236,7 @@ fn check_entry(entry: &alter_client_quotas_request::EntryData) -> Result<Vec<Quo
         }
         if !op.remove && NOT_ENFORCED.contains(&key) {
             return Err(invalid(format!(
-                "Keel does not enforce {key} yet: only producer_byte_rate and consumer_byte_rate can be set"
+                "Keel does not enforce {key} yet: producer_byte_rate, consumer_byte_rate and connection_creation_rate can be set"
             )));
         }
         let value = if op.remove {

@@ -14,7 +14,9 @@
 //! throttle time Kafka computes and the connection reads nothing more for
 //! that long (KIP-219), so even a client that ignores `throttle_time_ms`
 //! is held to the rate. A Fetch over its quota is answered empty (its
-//! bytes are taken back), as Kafka does.
+//! bytes are taken back), as Kafka does. New connections from an address
+//! are held to its `connection_creation_rate` (KIP-612): one over it is
+//! held unread for the throttle time (at most a window) and then closed.
 //!
 //! Until a client authenticates (security is not there yet) its user is
 //! Kafka's unauthenticated principal, `ANONYMOUS`.
@@ -23,6 +25,7 @@ pub mod rate;
 pub mod table;
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -31,7 +34,7 @@ use parking_lot::Mutex;
 
 use crate::metalog::{MetaLog, StoreError};
 use rate::{Rate, Windows};
-use table::{Entity, QuotaRecord, QuotaTable, RateKey};
+use table::{Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE};
 
 /// The user of a client that has not authenticated.
 pub const ANONYMOUS: &str = "ANONYMOUS";
@@ -94,6 +97,33 @@ impl ClientQuotas {
         let Some((bound, rate_key)) = self.store.with_table(|t| t.resolve(key, user, client_id)) else {
             return 0;
         };
+        self.record_at(key, rate_key, bound, amount, take_back, now_ms)
+    }
+
+    /// Records a new connection from `ip` against its
+    /// `connection_creation_rate` and returns how long to hold it before
+    /// closing it unread, in ms, or 0 to serve it. As in Kafka, the hold is
+    /// at most one window, and a refused connection is not counted.
+    pub fn record_connection(&self, ip: IpAddr, now_ms: i64) -> i64 {
+        let Some(bound) = self.store.with_table(|t| t.resolve_ip(ip)) else {
+            return 0;
+        };
+        let key = (ip.to_string(), String::new());
+        let throttle = self.record_at(CONNECTION_CREATION_RATE, key, bound, 1.0, true, now_ms);
+        throttle.min(self.windows.window_ms)
+    }
+
+    /// Records `amount` on the rate kept for `key` / `rate_key` and returns
+    /// the throttle time against `bound`.
+    fn record_at(
+        &self,
+        key: &'static str,
+        rate_key: RateKey,
+        bound: f64,
+        amount: f64,
+        take_back: bool,
+        now_ms: i64,
+    ) -> i64 {
         let mut rates = self.rates.lock();
         if rates.len() >= RATES_BEFORE_SWEEP {
             rates.retain(|_, r| now_ms - r.last_used_ms() < RATE_IDLE_MS);

@@ -4,6 +4,7 @@
 //! client. Sans-I/O.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -17,6 +18,8 @@ pub const IP: &str = "ip";
 /// Kafka's quota keys: producer and consumer bytes per second.
 pub const PRODUCER_BYTE_RATE: &str = "producer_byte_rate";
 pub const CONSUMER_BYTE_RATE: &str = "consumer_byte_rate";
+/// Kafka's quota on new connections per second from one address (KIP-612).
+pub const CONNECTION_CREATION_RATE: &str = "connection_creation_rate";
 
 /// An entity: each type at most once, sorted; a `None` name is the type's
 /// default (`--entity-default`).
@@ -172,6 +175,29 @@ impl QuotaTable {
     }
 }
 
+impl QuotaTable {
+    /// The `connection_creation_rate` of connections from `ip`: the
+    /// address's own quota, else the `ip` default. An entity's name is
+    /// compared as an address, so `::1` and `0:0::1` are the same.
+    pub fn resolve_ip(&self, ip: IpAddr) -> Option<f64> {
+        let mut default = None;
+        for (entity, values) in &self.quotas {
+            let (Some(name), 1) = (entity.get(IP), entity.len()) else {
+                continue;
+            };
+            let Some(v) = values.get(CONNECTION_CREATION_RATE) else {
+                continue;
+            };
+            match name {
+                Some(named) if named.parse::<IpAddr>().ok() == Some(ip) => return Some(*v),
+                None => default = Some(*v),
+                Some(_) => {}
+            }
+        }
+        default
+    }
+}
+
 /// An entity from `(type, name)` pairs.
 pub fn entity(parts: &[(&str, Option<String>)]) -> Entity {
     parts.iter().map(|(k, n)| (k.to_string(), n.clone())).collect()
@@ -245,5 +271,21 @@ mod tests {
         assert_eq!(t.resolve(CONSUMER_BYTE_RATE, "alice", "app"), None);
         assert_eq!(t.resolve(k, "bob", "app").unwrap().0, 4.0);
         assert_eq!(t.resolve(k, "bob", "other").unwrap().0, 5.0);
+    }
+
+    #[test]
+    fn an_address_has_its_own_connection_rate_or_the_default() {
+        let mut t = QuotaTable::default();
+        let k = CONNECTION_CREATION_RATE;
+        let local: IpAddr = "127.0.0.1".parse().unwrap();
+        let v6: IpAddr = "::1".parse().unwrap();
+        assert_eq!(t.resolve_ip(local), None);
+        set(&mut t, &[(IP, None)], k, 20.0);
+        assert_eq!(t.resolve_ip(local), Some(20.0));
+        set(&mut t, &[(IP, Some("0:0::1"))], k, 5.0);
+        set(&mut t, &[(IP, Some("10.0.0.1"))], PRODUCER_BYTE_RATE, 5.0);
+        assert_eq!(t.resolve_ip(v6), Some(5.0));
+        assert_eq!(t.resolve_ip(local), Some(20.0));
+        assert_eq!(t.resolve_ip("10.0.0.1".parse().unwrap()), Some(20.0));
     }
 }

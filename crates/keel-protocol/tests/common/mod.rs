@@ -126,6 +126,35 @@ impl Gen {
         StrBytes::from_string(s)
     }
 
+    /// A finite or infinite number, often one a quota check cares about
+    /// (never NaN, which would not compare equal after a round trip).
+    fn f64(&mut self) -> f64 {
+        const EDGES: &[f64] = &[
+            0.0,
+            -1.0,
+            1.0,
+            1048576.0,
+            0.5,
+            1e20,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        if self.one_in(2) {
+            EDGES[self.rng.gen_range(0..EDGES.len())]
+        } else {
+            f64::from(self.i32()) / 4.0
+        }
+    }
+
+    /// A quota entity type or key: mostly Kafka's, sometimes anything.
+    fn quota_word(&mut self, known: &[&'static str]) -> StrBytes {
+        if self.one_in(4) {
+            self.string()
+        } else {
+            StrBytes::from_static_str(known[self.rng.gen_range(0..known.len())])
+        }
+    }
+
     fn opt_string(&mut self) -> Option<StrBytes> {
         (!self.one_in(3)).then(|| self.string())
     }
@@ -214,6 +243,11 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::AlterConfigs => Request::AlterConfigs(alter_configs(g, v)),
         ApiKey::ElectLeaders => Request::ElectLeaders(elect_leaders(g, v)),
         ApiKey::DescribeTopicPartitions => Request::DescribeTopicPartitions(describe_topic_partitions(g, v)),
+        ApiKey::DescribeClientQuotas => Request::DescribeClientQuotas(describe_client_quotas(g, v)),
+        ApiKey::AlterClientQuotas => Request::AlterClientQuotas(alter_client_quotas(g, v)),
+        ApiKey::DescribeUserScramCredentials => {
+            Request::DescribeUserScramCredentials(describe_user_scram_credentials(g, v))
+        }
         _ => return None,
     })
 }
@@ -258,6 +292,9 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::AlterConfigs(r) => r.encode(buf, v),
         Request::ElectLeaders(r) => r.encode(buf, v),
         Request::DescribeTopicPartitions(r) => r.encode(buf, v),
+        Request::DescribeClientQuotas(r) => r.encode(buf, v),
+        Request::AlterClientQuotas(r) => r.encode(buf, v),
+        Request::DescribeUserScramCredentials(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -315,6 +352,9 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::AlterConfigs(a), Request::AlterConfigs(b)) => a == b,
         (Request::ElectLeaders(a), Request::ElectLeaders(b)) => a == b,
         (Request::DescribeTopicPartitions(a), Request::DescribeTopicPartitions(b)) => a == b,
+        (Request::DescribeClientQuotas(a), Request::DescribeClientQuotas(b)) => a == b,
+        (Request::AlterClientQuotas(a), Request::AlterClientQuotas(b)) => a == b,
+        (Request::DescribeUserScramCredentials(a), Request::DescribeUserScramCredentials(b)) => a == b,
         _ => false,
     }
 }
@@ -1088,6 +1128,65 @@ fn describe_topic_partitions(g: &mut Gen, _v: i16) -> DescribeTopicPartitionsReq
         }))
         .with_response_partition_limit(g.i32())
         .with_cursor(g.bool().then_some(cursor))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+const QUOTA_ENTITY_TYPES: &[&str] = &["user", "client-id", "ip", "group"];
+const QUOTA_KEYS: &[&str] = &[
+    "producer_byte_rate",
+    "consumer_byte_rate",
+    "connection_creation_rate",
+    "request_percentage",
+];
+
+fn describe_client_quotas(g: &mut Gen, v: i16) -> DescribeClientQuotasRequest {
+    use describe_client_quotas_request::*;
+    DescribeClientQuotasRequest::default()
+        .with_components(g.vec(3, |g| {
+            ComponentData::default()
+                .with_entity_type(g.quota_word(QUOTA_ENTITY_TYPES))
+                .with_match_type(if g.one_in(4) { g.i8() } else { g.i8().rem_euclid(3) })
+                .with_match(g.opt_string())
+                .with_unknown_tagged_fields(g.tags(v >= 1))
+        }))
+        .with_strict(g.bool())
+        .with_unknown_tagged_fields(g.tags(v >= 1))
+}
+
+fn alter_client_quotas(g: &mut Gen, v: i16) -> AlterClientQuotasRequest {
+    use alter_client_quotas_request::*;
+    let entries = g.vec(3, |g| {
+        EntryData::default()
+            .with_entity(g.vec(3, |g| {
+                EntityData::default()
+                    .with_entity_type(g.quota_word(QUOTA_ENTITY_TYPES))
+                    .with_entity_name(g.opt_string())
+                    .with_unknown_tagged_fields(g.tags(v >= 1))
+            }))
+            .with_ops(g.vec(3, |g| {
+                OpData::default()
+                    .with_key(g.quota_word(QUOTA_KEYS))
+                    .with_value(g.f64())
+                    .with_remove(g.bool())
+                    .with_unknown_tagged_fields(g.tags(v >= 1))
+            }))
+            .with_unknown_tagged_fields(g.tags(v >= 1))
+    });
+    AlterClientQuotasRequest::default()
+        .with_entries(entries)
+        .with_validate_only(g.bool())
+        .with_unknown_tagged_fields(g.tags(v >= 1))
+}
+
+fn describe_user_scram_credentials(g: &mut Gen, _v: i16) -> DescribeUserScramCredentialsRequest {
+    use describe_user_scram_credentials_request::*;
+    let users = g.vec(3, |g| {
+        UserName::default()
+            .with_name(g.string())
+            .with_unknown_tagged_fields(g.tags(true))
+    });
+    DescribeUserScramCredentialsRequest::default()
+        .with_users(g.bool().then_some(users))
         .with_unknown_tagged_fields(g.tags(true))
 }
 
