@@ -10,6 +10,7 @@ import re
 import kafka_tools
 import kafka_wire as w
 import quota_wire as q
+from conftest import IMPL, wait_until
 from kclient import create_topic
 from test_metrics import sample, scrape
 from test_operator_tools import kafka_configs
@@ -88,27 +89,52 @@ REFUSED = [
 ]
 
 
+def described(bootstrap: str, components, expected) -> None:
+    """DescribeClientQuotas answers `expected`. Keel does at once; Kafka
+    once its brokers' metadata has caught up with the controller (the same
+    tests run against Kafka with KEEL_TEST_IMPL=kafka)."""
+    wait_until(lambda: q.describe(bootstrap, components)[2] == expected, 10,
+               f"quotas {components} to be {expected}")
+
+
+def answers(got: list[tuple[int, str | None, q.Entity]]) -> dict:
+    """AlterClientQuotas' answers by entity (Kafka's come in its hash map's order)."""
+    return {tuple(sorted(entity)): (code, message) for code, message, entity in got}
+
+
 def test_client_quota_changes_are_refused_as_kafka_does(broker):
     """Each refused entry gets Kafka's code and message, and the entries
     beside it in the same request still apply; validate_only changes
     nothing; removing what is not set is fine, as in Kafka."""
-    got = q.alter(broker.bootstrap, [(entity, ops) for entity, ops, _, _ in REFUSED]
-                  + [([("user", "ok")], [("producer_byte_rate", 1000, False)])])
-    for (entity, _ops, code, message), (got_code, got_message, echoed) in zip(REFUSED, got):
+    for entity, ops, code, message in REFUSED:
+        # One request each: Kafka answers a request once per entity.
+        [(got_code, got_message, echoed)] = q.alter(broker.bootstrap, [(entity, ops)])
         assert (got_code, got_message) == (code, message), (entity, got_code, got_message)
-        assert echoed == entity
-    assert got[-1][:2] == (0, None)
-    _, _, entries = q.describe(broker.bootstrap, [])
-    assert entries == [([("user", "ok")], {"producer_byte_rate": 1000.0})], entries
+        assert sorted(echoed) == sorted(entity)  # Kafka's order is its hash map's
+    # A refused entry leaves the others of its request to apply.
+    got = q.alter(broker.bootstrap, [([("user", "bad")], [("foo_rate", 1, False)]),
+                                     ([("user", "ok")], [("producer_byte_rate", 1000, False)])])
+    assert answers(got) == {(("user", "bad"),): (INVALID_REQUEST, "Invalid configuration key foo_rate"),
+                            (("user", "ok"),): (0, None)}, got
+    described(broker.bootstrap, [], [([("user", "ok")], {"producer_byte_rate": 1000.0})])
+    # An entity named twice in one request: one answer, "Ignoring duplicate
+    # entity", and the first entry's change stands.
+    got = q.alter(broker.bootstrap, [([("client-id", "dup")], [("producer_byte_rate", 100, False)]),
+                                     ([("client-id", "dup")], [("consumer_byte_rate", 200, False)])])
+    assert answers(got) == {(("client-id", "dup"),): (
+        INVALID_REQUEST, "Ignoring duplicate entity ClientQuotaEntity(entries={client-id=dup})")}, got
+    described(broker.bootstrap, [("client-id", q.EXACT, "dup")], [([("client-id", "dup")], {"producer_byte_rate": 100.0})])
+    q.alter(broker.bootstrap, [([("client-id", "dup")], [("producer_byte_rate", 0, True)])])
 
     assert q.alter(broker.bootstrap, [([("user", "vo")], [("consumer_byte_rate", 5, False)])],
                    validate_only=True) == [(0, None, [("user", "vo")])]
     assert q.alter(broker.bootstrap, [([("user", "nobody")], [("foo_rate", 0, True)])])[0][0] == 0
-    _, _, entries = q.describe(broker.bootstrap, [])
-    assert entries == [([("user", "ok")], {"producer_byte_rate": 1000.0})], entries
+    described(broker.bootstrap, [], [([("user", "ok")], {"producer_byte_rate": 1000.0})])
+    if IMPL == "kafka":
+        return
     # Keel refuses the keys it does not enforce yet, rather than keep them unenforced.
-    [(code, message, _)] = q.alter(broker.bootstrap, [([("user", "a")], [("request_percentage", 50, False)])])
-    assert code == INVALID_REQUEST and "does not enforce request_percentage" in message
+    [(code, message, _)] = q.alter(broker.bootstrap, [([("user", "a")], [("controller_mutation_rate", 5, False)])])
+    assert code == INVALID_REQUEST and "does not enforce controller_mutation_rate" in message
 
 
 def test_client_quota_filters_are_checked_as_kafka_does(broker):
@@ -123,8 +149,18 @@ def test_client_quota_filters_are_checked_as_kafka_does(broker):
          "Request specified MATCH_TYPE_SPECIFIED, but also specified a match string."),
         ([("user", 3, None)], INVALID_REQUEST, "Unknown match type 3"),
         ([("group", q.ANY, None)], UNSUPPORTED_VERSION, "Unsupported entity type group"),
-        ([("user", q.ANY, None), ("user", q.ANY, None), ("group", q.ANY, None)], UNSUPPORTED_VERSION,
+        # One pass over the components, in order.
+        ([("user", q.ANY, None), ("user", q.ANY, None), ("group", q.ANY, None)], INVALID_REQUEST,
+         "Entity type user cannot appear more than once in the filter."),
+        ([("user", q.ANY, None), ("group", q.ANY, None), ("user", q.ANY, None)], UNSUPPORTED_VERSION,
          "Unsupported entity type group"),
+        ([("group", q.ANY, None), ("", q.ANY, None)], UNSUPPORTED_VERSION, "Unsupported entity type group"),
+        ([("user", q.EXACT, None), ("group", q.ANY, None)], INVALID_REQUEST,
+         "Request specified MATCH_TYPE_EXACT, but set match string to null."),
+        ([("user", q.ANY, None), ("user", q.EXACT, None)], INVALID_REQUEST,
+         "Entity type user cannot appear more than once in the filter."),
+        ([("ip", q.ANY, None), ("user", q.EXACT, None)], INVALID_REQUEST,
+         "Request specified MATCH_TYPE_EXACT, but set match string to null."),
         ([("", q.ANY, None)], INVALID_REQUEST, "Invalid empty entity type."),
         ([("user", q.ANY, None), ("user", q.DEFAULT, None)], INVALID_REQUEST,
          "Entity type user cannot appear more than once in the filter."),
@@ -231,3 +267,39 @@ def test_connections_over_their_address_connection_creation_rate_are_closed_unan
     kafka_configs(b.bootstrap, "--alter", "--entity-type", "ips", "--entity-name", "127.0.0.1",
                   "--delete-config", "connection_creation_rate")
     assert attempt(40) == (40, 0)
+
+
+def api_versions_throttles(bootstrap: str, client_id: str, requests: int, enough: int) -> list[int]:
+    """Sends ApiVersions v2 as `client_id`, one at a time, until `requests`
+    are answered or `enough` were throttled: -> every throttle_time_ms."""
+    throttles = []
+    with w.Conn(bootstrap, timeout_s=30) as c:
+        for i in range(requests):
+            c.send(w.frame(w.header_v1(w.API_VERSIONS, 2, i, client_id)))
+            cid, body = c.recv_response()
+            assert cid == i
+            r = w.Reader(body)
+            assert r.i16() == 0
+            r.take(6 * r.i32())  # (api key, min, max) per API
+            throttles.append(r.i32())
+            if sum(t > 0 for t in throttles) >= enough:
+                break
+    return throttles
+
+
+def test_request_percentage_throttles_a_busy_client_and_not_another(broker_factory):
+    """request_percentage=0.5 (5 ms of request handling per second) for one
+    client id: a client sending requests back to back is throttled within a
+    few hundred; another client id, without a quota, never is."""
+    b = broker_factory({"quota.window.num": "2"})
+    kafka_configs(b.bootstrap, "--alter", "--entity-type", "clients", "--entity-name", "busy",
+                  "--add-config", "request_percentage=0.5")
+    busy = api_versions_throttles(b.bootstrap, "busy", 2000, enough=5)
+    throttled = [t for t in busy if t > 0]
+    print(f"request_percentage 0.5: {len(busy)} requests, throttled {throttled} ms")
+    assert len(throttled) == 5, busy
+    # Bounded by one window (quota.window.size.seconds), as in Kafka.
+    assert max(throttled) <= 1000, throttled
+    assert api_versions_throttles(b.bootstrap, "calm", 300, enough=1) == [0] * 300
+    if b.admin:
+        assert sample(scrape(b), "keel_quota_throttled_total", quota="request_percentage") == 5

@@ -17,7 +17,10 @@ use crate::health::DirHealth;
 use crate::metrics::Metrics;
 use crate::partition::{Partition, PartitionParts};
 use crate::producers::{write_atomically, ProducerIdAllocator};
-use crate::quotas::table::{CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE};
+use crate::quotas::table::{
+    CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE,
+};
+use crate::quotas::Throttle;
 use crate::time::now_ms;
 use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use crate::trace::{self, Stage};
@@ -367,12 +370,16 @@ impl Broker {
         let client_id = decoded.header.client_id.as_ref().map_or("", |c| c.as_str());
         trace::set_client_id(client_id);
         match decoded.body {
-            Request::ApiVersions(_) => {
-                respond(ApiKey::ApiVersions, version, id, &handlers::api_versions(self))
-            }
+            Request::ApiVersions(_) => self.answer(
+                client_id,
+                ApiKey::ApiVersions,
+                version,
+                id,
+                &mut handlers::api_versions(self),
+            ),
             Request::Metadata(r) => {
-                let resp = handlers::metadata::metadata(self, r, version).await;
-                respond(ApiKey::Metadata, version, id, &resp)
+                let mut resp = handlers::metadata::metadata(self, r, version).await;
+                self.answer(client_id, ApiKey::Metadata, version, id, &mut resp)
             }
             Request::Produce(r) => {
                 let acks = r.acks;
@@ -381,16 +388,23 @@ impl Broker {
                 resp.throttle_time_ms =
                     self.quota_throttle(PRODUCER_BYTE_RATE, client_id, frame.bytes.len(), false);
                 if acks != 0 {
-                    respond(ApiKey::Produce, version, id, &resp)
+                    self.answer(client_id, ApiKey::Produce, version, id, &mut resp)
                 } else {
+                    // No response to carry it: the throttle mutes the
+                    // connection only.
+                    self.request_throttle(client_id);
                     handlers::produce::acks_zero_failure(&resp).map_or(Reply::Nothing, Reply::Close)
                 }
             }
             Request::Fetch(r) => {
                 let answer = handlers::fetch::fetch(self, r).await;
-                // Over consumer_byte_rate, Kafka answers empty, with the
-                // throttle time, and does not count the records withheld.
-                let throttle = self.quota_throttle(CONSUMER_BYTE_RATE, client_id, answer.bytes(), true);
+                // Over a quota, Kafka answers empty, with the throttle time,
+                // and does not count the records withheld against
+                // consumer_byte_rate.
+                let mut throttle = self.request_throttle(client_id);
+                if throttle == 0 {
+                    throttle = self.quota_throttle(CONSUMER_BYTE_RATE, client_id, answer.bytes(), true);
+                }
                 if throttle > 0 {
                     let empty =
                         keel_protocol::messages::FetchResponse::default().with_throttle_time_ms(throttle);
@@ -407,79 +421,90 @@ impl Broker {
                 trace::add(Stage::Encode, encoding.elapsed());
                 reply.unwrap_or_else(|e| Reply::Close(format!("fetch response: {e}")))
             }
-            Request::ListOffsets(r) => respond(
+            Request::ListOffsets(r) => self.answer(
+                client_id,
                 ApiKey::ListOffsets,
                 version,
                 id,
-                &handlers::offsets::list_offsets(self, r, version).await,
+                &mut handlers::offsets::list_offsets(self, r, version).await,
             ),
             Request::OffsetForLeaderEpoch(r) => {
-                let resp = handlers::offsets::offset_for_leader_epoch(self, r);
-                respond(ApiKey::OffsetForLeaderEpoch, version, id, &resp)
+                let mut resp = handlers::offsets::offset_for_leader_epoch(self, r);
+                self.answer(client_id, ApiKey::OffsetForLeaderEpoch, version, id, &mut resp)
             }
-            Request::DeleteRecords(r) => respond(
+            Request::DeleteRecords(r) => self.answer(
+                client_id,
                 ApiKey::DeleteRecords,
                 version,
                 id,
-                &handlers::offsets::delete_records(self, r).await,
+                &mut handlers::offsets::delete_records(self, r).await,
             ),
-            Request::CreateTopics(r) => respond(
+            Request::CreateTopics(r) => self.answer(
+                client_id,
                 ApiKey::CreateTopics,
                 version,
                 id,
-                &handlers::admin::create_topics(self, r, version).await,
+                &mut handlers::admin::create_topics(self, r, version).await,
             ),
-            Request::DeleteTopics(r) => respond(
+            Request::DeleteTopics(r) => self.answer(
+                client_id,
                 ApiKey::DeleteTopics,
                 version,
                 id,
-                &handlers::admin::delete_topics(self, r).await,
+                &mut handlers::admin::delete_topics(self, r).await,
             ),
             Request::CreatePartitions(r) => {
-                let resp = handlers::admin::create_partitions(self, r).await;
-                respond(ApiKey::CreatePartitions, version, id, &resp)
+                let mut resp = handlers::admin::create_partitions(self, r).await;
+                self.answer(client_id, ApiKey::CreatePartitions, version, id, &mut resp)
             }
-            Request::DescribeConfigs(r) => respond(
+            Request::DescribeConfigs(r) => self.answer(
+                client_id,
                 ApiKey::DescribeConfigs,
                 version,
                 id,
-                &handlers::configs::describe_configs(self, r),
+                &mut handlers::configs::describe_configs(self, r),
             ),
-            Request::DescribeCluster(r) => respond(
+            Request::DescribeCluster(r) => self.answer(
+                client_id,
                 ApiKey::DescribeCluster,
                 version,
                 id,
-                &handlers::metadata::describe_cluster(self, r),
+                &mut handlers::metadata::describe_cluster(self, r),
             ),
-            Request::InitProducerId(r) => respond(
+            Request::InitProducerId(r) => self.answer(
+                client_id,
                 ApiKey::InitProducerId,
                 version,
                 id,
-                &handlers::produce::init_producer_id(self, r).await,
+                &mut handlers::produce::init_producer_id(self, r).await,
             ),
-            Request::AddPartitionsToTxn(r) => respond(
+            Request::AddPartitionsToTxn(r) => self.answer(
+                client_id,
                 ApiKey::AddPartitionsToTxn,
                 version,
                 id,
-                &handlers::txn::add_partitions_to_txn(self, r, version).await,
+                &mut handlers::txn::add_partitions_to_txn(self, r, version).await,
             ),
-            Request::EndTxn(r) => respond(
+            Request::EndTxn(r) => self.answer(
+                client_id,
                 ApiKey::EndTxn,
                 version,
                 id,
-                &handlers::txn::end_txn(self, r, version).await,
+                &mut handlers::txn::end_txn(self, r, version).await,
             ),
-            Request::AddOffsetsToTxn(r) => respond(
+            Request::AddOffsetsToTxn(r) => self.answer(
+                client_id,
                 ApiKey::AddOffsetsToTxn,
                 version,
                 id,
-                &handlers::txn::add_offsets_to_txn(self, r, version).await,
+                &mut handlers::txn::add_offsets_to_txn(self, r, version).await,
             ),
-            Request::TxnOffsetCommit(r) => respond(
+            Request::TxnOffsetCommit(r) => self.answer(
+                client_id,
                 ApiKey::TxnOffsetCommit,
                 version,
                 id,
-                &handlers::groups::txn_offset_commit(self, r, version).await,
+                &mut handlers::groups::txn_offset_commit(self, r, version).await,
             ),
             Request::WriteTxnMarkers(r) => respond(
                 ApiKey::WriteTxnMarkers,
@@ -487,77 +512,119 @@ impl Broker {
                 id,
                 &handlers::txn_admin::write_txn_markers(self, r).await,
             ),
-            Request::DescribeTransactions(r) => respond(
+            Request::DescribeTransactions(r) => self.answer(
+                client_id,
                 ApiKey::DescribeTransactions,
                 version,
                 id,
-                &handlers::txn_admin::describe_transactions(self, r),
+                &mut handlers::txn_admin::describe_transactions(self, r),
             ),
-            Request::ListTransactions(r) => respond(
+            Request::ListTransactions(r) => self.answer(
+                client_id,
                 ApiKey::ListTransactions,
                 version,
                 id,
-                &handlers::txn_admin::list_transactions(self, r),
+                &mut handlers::txn_admin::list_transactions(self, r),
             ),
-            Request::DescribeProducers(r) => respond(
+            Request::DescribeProducers(r) => self.answer(
+                client_id,
                 ApiKey::DescribeProducers,
                 version,
                 id,
-                &handlers::txn_admin::describe_producers(self, r),
+                &mut handlers::txn_admin::describe_producers(self, r),
             ),
-            Request::DescribeLogDirs(r) => respond(
+            Request::DescribeLogDirs(r) => self.answer(
+                client_id,
                 ApiKey::DescribeLogDirs,
                 version,
                 id,
-                &handlers::log_dirs::describe_log_dirs(self, r).await,
+                &mut handlers::log_dirs::describe_log_dirs(self, r).await,
             ),
-            Request::IncrementalAlterConfigs(r) => respond(
+            Request::IncrementalAlterConfigs(r) => self.answer(
+                client_id,
                 ApiKey::IncrementalAlterConfigs,
                 version,
                 id,
-                &handlers::alter_configs::incremental_alter_configs(self, r).await,
+                &mut handlers::alter_configs::incremental_alter_configs(self, r).await,
             ),
-            Request::AlterConfigs(r) => respond(
+            Request::AlterConfigs(r) => self.answer(
+                client_id,
                 ApiKey::AlterConfigs,
                 version,
                 id,
-                &handlers::alter_configs::alter_configs(self, r).await,
+                &mut handlers::alter_configs::alter_configs(self, r).await,
             ),
-            Request::ElectLeaders(r) => respond(
+            Request::ElectLeaders(r) => self.answer(
+                client_id,
                 ApiKey::ElectLeaders,
                 version,
                 id,
-                &handlers::elect::elect_leaders(self, r),
+                &mut handlers::elect::elect_leaders(self, r),
             ),
-            Request::DescribeTopicPartitions(r) => respond(
+            Request::DescribeTopicPartitions(r) => self.answer(
+                client_id,
                 ApiKey::DescribeTopicPartitions,
                 version,
                 id,
-                &handlers::metadata::describe_topic_partitions(self, r),
+                &mut handlers::metadata::describe_topic_partitions(self, r),
             ),
-            Request::DescribeClientQuotas(r) => respond(
+            Request::DescribeClientQuotas(r) => self.answer(
+                client_id,
                 ApiKey::DescribeClientQuotas,
                 version,
                 id,
-                &handlers::quotas::describe_client_quotas(self, r),
+                &mut handlers::quotas::describe_client_quotas(self, r),
             ),
-            Request::AlterClientQuotas(r) => respond(
+            Request::AlterClientQuotas(r) => self.answer(
+                client_id,
                 ApiKey::AlterClientQuotas,
                 version,
                 id,
-                &handlers::quotas::alter_client_quotas(self, r).await,
+                &mut handlers::quotas::alter_client_quotas(self, r).await,
             ),
-            Request::DescribeUserScramCredentials(r) => respond(
+            Request::DescribeUserScramCredentials(r) => self.answer(
+                client_id,
                 ApiKey::DescribeUserScramCredentials,
                 version,
                 id,
-                &handlers::scram::describe_user_scram_credentials(r),
+                &mut handlers::scram::describe_user_scram_credentials(r),
             ),
             body => {
                 self.handle_group(body, version, id, client_id, &client.host)
                     .await
             }
         }
+    }
+
+    /// Encodes a response after raising its throttle time to what the
+    /// client's `request_percentage` asks for the time the request has
+    /// taken so far (Kafka throttles every response but those of cluster
+    /// actions that way).
+    fn answer<R: Encodable + Throttle>(
+        &self,
+        client_id: &str,
+        key: ApiKey,
+        version: i16,
+        id: i32,
+        body: &mut R,
+    ) -> Reply {
+        let throttle = self.request_throttle(client_id);
+        if throttle > 0 {
+            body.raise_throttle_time_ms(throttle);
+        }
+        respond(key, version, id, body)
+    }
+
+    /// Records the current request's handling time against the client's
+    /// `request_percentage` and returns the throttle time.
+    fn request_throttle(&self, client_id: &str) -> i32 {
+        let Some(busy) = trace::busy() else {
+            return 0;
+        };
+        let ms = self
+            .quotas
+            .record_request_time(crate::quotas::ANONYMOUS, client_id, busy, now_ms());
+        self.throttled(REQUEST_PERCENTAGE, ms)
     }
 
     /// Records `bytes` against the client's quota `key` (its user is
@@ -568,7 +635,13 @@ impl Broker {
         let ms = self
             .quotas
             .record(key, user, client_id, bytes as f64, take_back, now_ms());
-        let ms = u32::try_from(ms).unwrap_or(u32::MAX);
+        self.throttled(key, ms)
+    }
+
+    /// A throttle time of `ms` from the quota `key`: on the request's trace
+    /// (the connection mutes for it) and in the metrics.
+    fn throttled(&self, key: &'static str, ms: i64) -> i32 {
+        let ms = u32::try_from(ms).unwrap_or(if ms < 0 { 0 } else { u32::MAX });
         if ms > 0 {
             trace::throttle(ms);
             self.metrics.quota_throttled(key, u64::from(ms));
@@ -599,64 +672,79 @@ impl Broker {
     ) -> Reply {
         use handlers::groups;
         match body {
-            Request::FindCoordinator(r) => respond(
+            Request::FindCoordinator(r) => self.answer(
+                client_id,
                 ApiKey::FindCoordinator,
                 version,
                 id,
-                &groups::find_coordinator(self, r, version),
+                &mut groups::find_coordinator(self, r, version),
             ),
             Request::JoinGroup(r) => {
-                let resp = groups::join_group(self, r, version, client_id, client_host).await;
-                respond(ApiKey::JoinGroup, version, id, &resp)
+                let mut resp = groups::join_group(self, r, version, client_id, client_host).await;
+                self.answer(client_id, ApiKey::JoinGroup, version, id, &mut resp)
             }
-            Request::SyncGroup(r) => respond(
+            Request::SyncGroup(r) => self.answer(
+                client_id,
                 ApiKey::SyncGroup,
                 version,
                 id,
-                &groups::sync_group(self, r, version).await,
+                &mut groups::sync_group(self, r, version).await,
             ),
-            Request::Heartbeat(r) => respond(ApiKey::Heartbeat, version, id, &groups::heartbeat(self, r)),
-            Request::LeaveGroup(r) => respond(
+            Request::Heartbeat(r) => self.answer(
+                client_id,
+                ApiKey::Heartbeat,
+                version,
+                id,
+                &mut groups::heartbeat(self, r),
+            ),
+            Request::LeaveGroup(r) => self.answer(
+                client_id,
                 ApiKey::LeaveGroup,
                 version,
                 id,
-                &groups::leave_group(self, r, version),
+                &mut groups::leave_group(self, r, version),
             ),
-            Request::OffsetCommit(r) => respond(
+            Request::OffsetCommit(r) => self.answer(
+                client_id,
                 ApiKey::OffsetCommit,
                 version,
                 id,
-                &groups::offset_commit(self, r, version).await,
+                &mut groups::offset_commit(self, r, version).await,
             ),
-            Request::OffsetFetch(r) => respond(
+            Request::OffsetFetch(r) => self.answer(
+                client_id,
                 ApiKey::OffsetFetch,
                 version,
                 id,
-                &groups::offset_fetch(self, r, version),
+                &mut groups::offset_fetch(self, r, version),
             ),
-            Request::ListGroups(r) => respond(
+            Request::ListGroups(r) => self.answer(
+                client_id,
                 ApiKey::ListGroups,
                 version,
                 id,
-                &groups::list_groups(self, r, version),
+                &mut groups::list_groups(self, r, version),
             ),
-            Request::DescribeGroups(r) => respond(
+            Request::DescribeGroups(r) => self.answer(
+                client_id,
                 ApiKey::DescribeGroups,
                 version,
                 id,
-                &groups::describe_groups(self, r, version),
+                &mut groups::describe_groups(self, r, version),
             ),
-            Request::DeleteGroups(r) => respond(
+            Request::DeleteGroups(r) => self.answer(
+                client_id,
                 ApiKey::DeleteGroups,
                 version,
                 id,
-                &groups::delete_groups(self, r).await,
+                &mut groups::delete_groups(self, r).await,
             ),
-            Request::OffsetDelete(r) => respond(
+            Request::OffsetDelete(r) => self.answer(
+                client_id,
                 ApiKey::OffsetDelete,
                 version,
                 id,
-                &groups::offset_delete(self, r).await,
+                &mut groups::offset_delete(self, r).await,
             ),
             other => Reply::Close(format!("no handler for {other:?}")),
         }

@@ -17,7 +17,7 @@
 //! for that one), not the sum.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -185,7 +185,30 @@ pub struct RequestTrace {
     /// How long the connection reads nothing more after the response
     /// (a client quota's throttle time, KIP-219).
     throttle_ms: AtomicU32,
+    /// Time the request's own task has spent being polled (on a request
+    /// thread), in ns, not counting a poll under way; and when that poll
+    /// began, in ns after `started` (`NOT_POLLING` between polls).
+    busy_ns: AtomicU64,
+    poll_began_ns: AtomicU64,
     data: Mutex<TraceData>,
+}
+
+const NOT_POLLING: u64 = u64::MAX;
+
+/// A poll of a request's task under way: counted as busy time when dropped.
+pub struct Polling<'a> {
+    trace: &'a RequestTrace,
+}
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        let t = self.trace;
+        let began = t.poll_began_ns.swap(NOT_POLLING, Ordering::AcqRel);
+        if began != NOT_POLLING {
+            let now = t.since_started_ns();
+            t.busy_ns.fetch_add(now.saturating_sub(began), Ordering::AcqRel);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -224,6 +247,8 @@ impl RequestTrace {
             appends_expected: AtomicU32::new(u32::MAX),
             appends_queued: AtomicU32::new(0),
             throttle_ms: AtomicU32::new(0),
+            busy_ns: AtomicU64::new(0),
+            poll_began_ns: AtomicU64::new(NOT_POLLING),
             data: Mutex::new(TraceData::default()),
         }
     }
@@ -233,6 +258,30 @@ impl RequestTrace {
     pub fn appends_queued(&self) -> bool {
         let expected = self.appends_expected.load(Ordering::Acquire);
         expected != u32::MAX && self.appends_queued.load(Ordering::Acquire) >= expected
+    }
+
+    fn since_started_ns(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Marks a poll of the request's task; its time counts as busy until
+    /// the guard is dropped. The connection polls each request through it.
+    pub fn polling(&self) -> Polling<'_> {
+        self.poll_began_ns
+            .store(self.since_started_ns(), Ordering::Release);
+        Polling { trace: self }
+    }
+
+    /// The time the request's task has occupied a request thread so far
+    /// (Kafka's request handler time, the measure of `request_percentage`):
+    /// not its waits (a long poll, a rebalance, a partition's writer).
+    pub fn busy(&self) -> Duration {
+        let mut ns = self.busy_ns.load(Ordering::Acquire);
+        let began = self.poll_began_ns.load(Ordering::Acquire);
+        if began != NOT_POLLING {
+            ns += self.since_started_ns().saturating_sub(began);
+        }
+        Duration::from_nanos(ns)
     }
 
     /// The throttle time a quota gave the request, in ms (0: none).
@@ -353,6 +402,11 @@ pub fn throttle(ms: u32) {
     });
 }
 
+/// [`RequestTrace::busy`] of the current trace, if there is one.
+pub fn busy() -> Option<Duration> {
+    CURRENT.try_with(|t| t.busy()).ok()
+}
+
 /// [`RequestTrace::set_client_id`] on the current trace, if there is one.
 pub fn set_client_id(client_id: &str) {
     with(|t| t.set_client_id(client_id));
@@ -370,6 +424,29 @@ mod tests {
             "127.0.0.1:5".parse().unwrap(),
             Instant::now(),
         ))
+    }
+
+    #[test]
+    fn busy_time_is_the_time_inside_polls_only() {
+        let t = trace();
+        assert_eq!(t.busy(), Duration::ZERO);
+        let slept = Duration::from_millis(3);
+        {
+            let _polling = t.polling();
+            std::thread::sleep(slept);
+            // A poll under way counts as far as it has got.
+            assert!(t.busy() >= slept);
+        }
+        let after_poll = t.busy();
+        assert!(after_poll >= slept);
+        // Between polls (a long poll, a writer's queue) nothing is added.
+        std::thread::sleep(slept);
+        assert_eq!(t.busy(), after_poll);
+        {
+            let _polling = t.polling();
+            std::thread::sleep(slept);
+        }
+        assert!(t.busy() >= after_poll + slept);
     }
 
     fn ms(n: u64) -> Duration {

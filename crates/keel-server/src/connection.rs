@@ -129,7 +129,7 @@ pub async fn serve(
                 Box::pin(trace::scope(Arc::clone(&trace), broker.handle(frame, client)));
             // Polled once now: a Produce queues its appends here, before
             // the next frame may start.
-            let done = poll_fn(|cx| Poll::Ready(poll_reply(&mut reply, cx))).await;
+            let done = poll_fn(|cx| Poll::Ready(poll_reply(&mut reply, &trace, cx))).await;
             flight.push_back(InFlight {
                 trace,
                 bytes: len,
@@ -202,10 +202,14 @@ fn admits(flight: &VecDeque<InFlight>, api_key: i16, len: usize) -> bool {
             && flight.iter().all(InFlight::lets_produce_pass))
 }
 
+/// Polls a request once, counting the poll as the request's busy time
+/// (what `request_percentage` quotas measure).
 fn poll_reply(
     reply: &mut Pin<Box<dyn Future<Output = Reply> + Send + '_>>,
+    trace: &RequestTrace,
     cx: &mut std::task::Context,
 ) -> Option<Reply> {
+    let _polling = trace.polling();
     match reply.as_mut().poll(cx) {
         Poll::Ready(r) => Some(r),
         Poll::Pending => None,
@@ -217,7 +221,7 @@ async fn progress(flight: &mut VecDeque<InFlight<'_>>) {
     poll_fn(|cx| {
         let mut finished = false;
         for f in flight.iter_mut().filter(|f| f.done.is_none()) {
-            f.done = poll_reply(&mut f.reply, cx);
+            f.done = poll_reply(&mut f.reply, &f.trace, cx);
             finished |= f.done.is_some();
         }
         if finished {

@@ -16,7 +16,7 @@ use super::admin::AdminError;
 use super::str_bytes;
 use crate::quotas::table::{
     Entity, QuotaRecord, CLIENT_ID, CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, IP, PRODUCER_BYTE_RATE,
-    USER,
+    REQUEST_PERCENTAGE, USER,
 };
 use crate::Broker;
 
@@ -24,7 +24,7 @@ use crate::Broker;
 const CLIENT_KEYS: &[&str] = &[
     PRODUCER_BYTE_RATE,
     CONSUMER_BYTE_RATE,
-    "request_percentage",
+    REQUEST_PERCENTAGE,
     "controller_mutation_rate",
 ];
 const IP_KEYS: &[&str] = &[CONNECTION_CREATION_RATE];
@@ -33,7 +33,7 @@ const LONG_KEYS: &[&str] = &[PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, CONNECTION_
 
 /// Keys Kafka has that Keel does not enforce yet: refused rather than
 /// stored without effect.
-const NOT_ENFORCED: &[&str] = &["request_percentage", "controller_mutation_rate"];
+const NOT_ENFORCED: &[&str] = &["controller_mutation_rate"];
 
 /// DescribeClientQuotas' match types.
 const MATCH_EXACT: i8 = 0;
@@ -96,10 +96,12 @@ fn describe(broker: &Broker, req: &DescribeClientQuotasRequest) -> Result<Vec<De
         .collect())
 }
 
-/// Kafka's checks of a filter, in its order (probed on Kafka 4.3.1): the
-/// entity types first, then each component, then the combination.
+/// Kafka's checks of a filter, in its order (probed on Kafka 4.3.1): one
+/// pass over the components, each checked for an empty type, a type Kafka
+/// does not know, a repeated type and its match, then the combination.
 fn check_filter(components: &[describe_client_quotas_request::ComponentData]) -> Result<(), AdminError> {
     let invalid = |m: String| (ResponseError::InvalidRequest, m);
+    let mut seen = HashSet::new();
     for c in components {
         let kind = c.entity_type.as_str();
         if kind.is_empty() {
@@ -111,10 +113,6 @@ fn check_filter(components: &[describe_client_quotas_request::ComponentData]) ->
                 format!("Unsupported entity type {kind}"),
             ));
         }
-    }
-    let mut seen = HashSet::new();
-    for c in components {
-        let kind = c.entity_type.as_str();
         if !seen.insert(kind) {
             return Err(invalid(format!(
                 "Entity type {kind} cannot appear more than once in the filter."
@@ -155,8 +153,27 @@ pub async fn alter_client_quotas(
     broker: &Broker,
     req: AlterClientQuotasRequest,
 ) -> AlterClientQuotasResponse {
-    let mut results = Vec::with_capacity(req.entries.len());
+    // Kafka answers once per entity: an entity named again in the same
+    // request is answered "Ignoring duplicate entity", while the changes
+    // of its first entry stand.
+    let mut results: Vec<(Entity, EntryData)> = Vec::with_capacity(req.entries.len());
     for entry in &req.entries {
+        let named: Entity = entry
+            .entity
+            .iter()
+            .map(|e| {
+                (
+                    e.entity_type.to_string(),
+                    e.entity_name.as_ref().map(|n| n.to_string()),
+                )
+            })
+            .collect();
+        if let Some((_, answered)) = results.iter_mut().find(|(e, _)| *e == named) {
+            let message = format!("Ignoring duplicate entity {}", entity_text(&named));
+            answered.error_code = ResponseError::InvalidRequest.code();
+            answered.error_message = Some(str_bytes(message));
+            continue;
+        }
         let outcome = match check_entry(entry) {
             Ok(_) if req.validate_only => Ok(()),
             Ok(records) => broker
@@ -179,14 +196,13 @@ pub async fn alter_client_quotas(
             Ok(()) => (0, None),
             Err((error, message)) => (error.code(), Some(str_bytes(message))),
         };
-        results.push(
-            EntryData::default()
-                .with_error_code(code)
-                .with_error_message(message)
-                .with_entity(entity),
-        );
+        let answer = EntryData::default()
+            .with_error_code(code)
+            .with_error_message(message)
+            .with_entity(entity);
+        results.push((named, answer));
     }
-    AlterClientQuotasResponse::default().with_entries(results)
+    AlterClientQuotasResponse::default().with_entries(results.into_iter().map(|(_, a)| a).collect())
 }
 
 /// Kafka's checks of one entry (probed on Kafka 4.3.1, messages
@@ -226,7 +242,7 @@ fn check_entry(entry: &alter_client_quotas_request::EntryData) -> Result<Vec<Quo
         let key = op.key.as_str();
         if !keys.insert(key) {
             return Err(invalid(format!(
-                "Ignoring duplicate entity ClientQuotaEntity(entries={})",
+                "Ignoring duplicate entity {}",
                 entity_text(&entity)
             )));
         }
@@ -236,7 +252,8 @@ fn check_entry(entry: &alter_client_quotas_request::EntryData) -> Result<Vec<Quo
         }
         if !op.remove && NOT_ENFORCED.contains(&key) {
             return Err(invalid(format!(
-                "Keel does not enforce {key} yet: producer_byte_rate, consumer_byte_rate and connection_creation_rate can be set"
+                "Keel does not enforce {key} yet: producer_byte_rate, consumer_byte_rate, request_percentage and \
+                 connection_creation_rate can be set"
             )));
         }
         let value = if op.remove {
@@ -269,11 +286,12 @@ fn check_entry(entry: &alter_client_quotas_request::EntryData) -> Result<Vec<Quo
     Ok(records)
 }
 
-/// An entity as Kafka prints one: `{user=alice, client-id=null}`.
+/// An entity as Kafka prints one:
+/// `ClientQuotaEntity(entries={user=alice, client-id=null})`.
 fn entity_text(entity: &Entity) -> String {
     let parts: Vec<String> = entity
         .iter()
         .map(|(kind, name)| format!("{kind}={}", name.as_deref().unwrap_or("null")))
         .collect();
-    format!("{{{}}}", parts.join(", "))
+    format!("ClientQuotaEntity(entries={{{}}})", parts.join(", "))
 }

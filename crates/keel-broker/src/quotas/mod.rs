@@ -1,6 +1,7 @@
-//! Client quotas, as Kafka's (KIP-13, KIP-55, KIP-219): byte rates for
-//! producers (`producer_byte_rate`) and consumers (`consumer_byte_rate`)
-//! set per user, per client id, their defaults and their combinations with
+//! Client quotas, as Kafka's (KIP-13, KIP-55, KIP-124, KIP-219): byte
+//! rates for producers (`producer_byte_rate`) and consumers
+//! (`consumer_byte_rate`) and request handling time
+//! (`request_percentage`) set per user, per client id, their defaults and their combinations with
 //! AlterClientQuotas (`kafka-configs --alter --entity-type users/clients`),
 //! described with DescribeClientQuotas.
 //!
@@ -14,7 +15,11 @@
 //! throttle time Kafka computes and the connection reads nothing more for
 //! that long (KIP-219), so even a client that ignores `throttle_time_ms`
 //! is held to the rate. A Fetch over its quota is answered empty (its
-//! bytes are taken back), as Kafka does. New connections from an address
+//! bytes are taken back), as Kafka does. Every request's handling time
+//! (the time its task was polled on a request thread, see
+//! `RequestTrace::busy`) is recorded against `request_percentage`, in
+//! percent of one thread, and throttles any response (at most a window).
+//! New connections from an address
 //! are held to its `connection_creation_rate` (KIP-612): one over it is
 //! held unread for the throttle time (at most a window) and then closed.
 //!
@@ -23,18 +28,22 @@
 
 pub mod rate;
 pub mod table;
+mod throttle;
+
+pub use throttle::Throttle;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use keel_log::Storage;
 use parking_lot::Mutex;
 
 use crate::metalog::{MetaLog, StoreError};
 use rate::{Rate, Windows};
-use table::{Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE};
+use table::{Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE, REQUEST_PERCENTAGE};
 
 /// The user of a client that has not authenticated.
 pub const ANONYMOUS: &str = "ANONYMOUS";
@@ -98,6 +107,23 @@ impl ClientQuotas {
             return 0;
         };
         self.record_at(key, rate_key, bound, amount, take_back, now_ms)
+    }
+
+    /// Records `busy` (the time a request occupied a request thread)
+    /// against the `request_percentage` of `user` / `client_id`, as Kafka
+    /// does: in percent of one thread over a second. Returns the throttle
+    /// time, at most one window, as Kafka bounds it.
+    pub fn record_request_time(&self, user: &str, client_id: &str, busy: Duration, now_ms: i64) -> i64 {
+        let percent_seconds = busy.as_secs_f64() * 100.0;
+        let throttle = self.record(
+            REQUEST_PERCENTAGE,
+            user,
+            client_id,
+            percent_seconds,
+            false,
+            now_ms,
+        );
+        throttle.min(self.windows.window_ms)
     }
 
     /// Records a new connection from `ip` against its
