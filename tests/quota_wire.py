@@ -82,3 +82,37 @@ def describe(bootstrap: str, components: list[tuple[str, int, str | None]], stri
         r.skip_tags()
         entries.append((sorted(entity, key=lambda e: e[0]), values))
     return code, message, entries
+
+
+CREATE_TOPICS = 19
+
+
+def create_topics(bootstrap: str, client_id: str, version: int, topics: list[tuple[str, int]]
+                  ) -> tuple[int, list[tuple[str, int, str | None]]]:
+    """CreateTopics v5-v7 (flexible) as `client_id`: -> (throttle_time_ms,
+    [(topic, error code, message)])."""
+    assert 5 <= version <= 7
+    body = _array([w.compact_string(name) + w.i32(partitions) + w.i16(-1) + _array([]) + _array([])
+                   + w.EMPTY_TAGS for name, partitions in topics]) + w.i32(30_000) + w.i8(0) + w.EMPTY_TAGS
+    with w.Conn(bootstrap) as c:
+        c.send(w.frame(w.header_v2(CREATE_TOPICS, version, 9, client_id) + body))
+        _cid, resp = c.recv_response_flexible()
+    r = w.Reader(resp)
+    throttle = r.i32()
+    out = []
+    for _ in range(r.uvarint() - 1):
+        name = _reader_compact_string(r)
+        if version >= 7:
+            r.take(16)  # topic id
+        code = r.i16()
+        message = _reader_compact_string(r)
+        r.i32()  # num_partitions
+        r.i16()  # replication_factor
+        for _ in range(r.uvarint() - 1):  # configs (null: -1 + 1 = 0 entries)
+            _reader_compact_string(r)
+            _reader_compact_string(r)
+            r.take(3)  # read_only, config_source, is_sensitive
+            r.skip_tags()
+        r.skip_tags()
+        out.append((name, code, message))
+    return throttle, out

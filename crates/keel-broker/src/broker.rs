@@ -18,7 +18,8 @@ use crate::metrics::Metrics;
 use crate::partition::{Partition, PartitionParts};
 use crate::producers::{write_atomically, ProducerIdAllocator};
 use crate::quotas::table::{
-    CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE,
+    CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
 };
 use crate::quotas::Throttle;
 use crate::time::now_ms;
@@ -439,22 +440,24 @@ impl Broker {
                 id,
                 &mut handlers::offsets::delete_records(self, r).await,
             ),
-            Request::CreateTopics(r) => self.answer(
-                client_id,
-                ApiKey::CreateTopics,
-                version,
-                id,
-                &mut handlers::admin::create_topics(self, r, version).await,
-            ),
-            Request::DeleteTopics(r) => self.answer(
-                client_id,
-                ApiKey::DeleteTopics,
-                version,
-                id,
-                &mut handlers::admin::delete_topics(self, r).await,
-            ),
+            // Kafka's controller_mutation_rate is strict (refusing with
+            // THROTTLING_QUOTA_EXCEEDED) from these versions on.
+            Request::CreateTopics(r) => {
+                let mut quota = self.mutations(client_id, version >= 6);
+                let mut resp = handlers::admin::create_topics(self, r, version, &mut quota).await;
+                resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
+                self.answer(client_id, ApiKey::CreateTopics, version, id, &mut resp)
+            }
+            Request::DeleteTopics(r) => {
+                let mut quota = self.mutations(client_id, version >= 5);
+                let mut resp = handlers::admin::delete_topics(self, r, &mut quota).await;
+                resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
+                self.answer(client_id, ApiKey::DeleteTopics, version, id, &mut resp)
+            }
             Request::CreatePartitions(r) => {
-                let mut resp = handlers::admin::create_partitions(self, r).await;
+                let mut quota = self.mutations(client_id, version >= 3);
+                let mut resp = handlers::admin::create_partitions(self, r, &mut quota).await;
+                resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
                 self.answer(client_id, ApiKey::CreatePartitions, version, id, &mut resp)
             }
             Request::DescribeConfigs(r) => self.answer(
@@ -613,6 +616,11 @@ impl Broker {
             body.raise_throttle_time_ms(throttle);
         }
         respond(key, version, id, body)
+    }
+
+    /// The client's `controller_mutation_rate` for one request.
+    fn mutations(&self, client_id: &str, strict: bool) -> crate::quotas::Mutations<'_> {
+        self.quotas.mutations(crate::quotas::ANONYMOUS, client_id, strict)
     }
 
     /// Records the current request's handling time against the client's

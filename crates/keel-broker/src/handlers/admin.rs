@@ -9,10 +9,13 @@ use keel_protocol::messages::create_topics_response::{CreatableTopicConfigs, Cre
 use keel_protocol::messages::delete_topics_response::DeletableTopicResult;
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
+use keel_protocol::StrBytes;
 use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
 use crate::config::TOPIC_CONFIGS;
+use crate::quotas::Mutations;
+use crate::time::now_ms;
 use crate::topics::{validate_topic_name, Topic, TopicMeta};
 use crate::Broker;
 
@@ -87,10 +90,22 @@ async fn open_and_save(
     .map_err(|e| (ResponseError::KafkaStorageError, e))
 }
 
+/// A topic refused by `controller_mutation_rate`, with Kafka's error and,
+/// as Kafka answers it, no message.
+fn throttled() -> AdminError {
+    (ResponseError::ThrottlingQuotaExceeded, String::new())
+}
+
+/// A refusal's message for the response: none if empty.
+fn message_of(message: String) -> Option<StrBytes> {
+    (!message.is_empty()).then(|| str_bytes(message))
+}
+
 pub async fn create_topics(
     broker: &Arc<Broker>,
     req: CreateTopicsRequest,
     version: i16,
+    quota: &mut Mutations<'_>,
 ) -> CreateTopicsResponse {
     let mut results = Vec::new();
     // A name given more than once is refused once, and not created (Kafka).
@@ -106,7 +121,10 @@ pub async fn create_topics(
     let mut refused_repeats = BTreeSet::new();
     for t in req.topics {
         let name = t.name.0.as_str().to_string();
-        let mut result = CreatableTopicResult::default().with_name(t.name.clone());
+        // Kafka answers a created topic with a null message.
+        let mut result = CreatableTopicResult::default()
+            .with_name(t.name.clone())
+            .with_error_message(None);
         let outcome = if repeated.contains(&name) {
             if !refused_repeats.insert(name.clone()) {
                 continue;
@@ -119,6 +137,11 @@ pub async fn create_topics(
             topic_request(broker, &t)
         };
         let outcome = match outcome {
+            // Counted only where partitions are created (not under
+            // validate_only).
+            Ok((partitions, _)) if !req.validate_only && !quota.admit(partitions, now_ms()) => {
+                Err(throttled())
+            }
             Ok((partitions, configs)) => {
                 create_topic(broker, &name, partitions, configs, req.validate_only).await
             }
@@ -138,7 +161,7 @@ pub async fn create_topics(
             }
             Err((error, message)) => {
                 result.error_code = error.code();
-                result.error_message = Some(str_bytes(message));
+                result.error_message = message_of(message);
                 result.num_partitions = -1;
                 result.replication_factor = -1;
             }
@@ -219,7 +242,11 @@ fn effective_configs(broker: &Broker, overrides: &BTreeMap<String, String>) -> V
         .collect()
 }
 
-pub async fn delete_topics(broker: &Arc<Broker>, req: DeleteTopicsRequest) -> DeleteTopicsResponse {
+pub async fn delete_topics(
+    broker: &Arc<Broker>,
+    req: DeleteTopicsRequest,
+    quota: &mut Mutations<'_>,
+) -> DeleteTopicsResponse {
     let mut targets: Vec<(Option<String>, Uuid)> = req
         .topic_names
         .iter()
@@ -243,9 +270,14 @@ pub async fn delete_topics(broker: &Arc<Broker>, req: DeleteTopicsRequest) -> De
             Some(t) => {
                 r.name = Some(topic_name(&t.meta.name));
                 r.topic_id = t.meta.topic_id;
-                if let Err((error, message)) = delete_topic(broker, t).await {
+                let outcome = if quota.admit(t.meta.partitions, now_ms()) {
+                    delete_topic(broker, t).await
+                } else {
+                    Err(throttled())
+                };
+                if let Err((error, message)) = outcome {
                     r.error_code = error.code();
-                    r.error_message = Some(str_bytes(message));
+                    r.error_message = message_of(message);
                 }
             }
             None => {
@@ -339,14 +371,15 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
 pub async fn create_partitions(
     broker: &Arc<Broker>,
     req: CreatePartitionsRequest,
+    quota: &mut Mutations<'_>,
 ) -> CreatePartitionsResponse {
     let mut results = Vec::new();
     for t in req.topics {
         let mut r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
-        if let Err((error, message)) = grow_topic(broker, t.name.0.as_str(), t.count, req.validate_only).await
-        {
+        let grown = grow_topic(broker, t.name.0.as_str(), t.count, req.validate_only, quota).await;
+        if let Err((error, message)) = grown {
             r.error_code = error.code();
-            r.error_message = Some(str_bytes(message));
+            r.error_message = message_of(message);
         }
         results.push(r);
     }
@@ -358,6 +391,7 @@ async fn grow_topic(
     name: &str,
     count: i32,
     validate_only: bool,
+    quota: &mut Mutations<'_>,
 ) -> Result<(), AdminError> {
     let _admin = broker.admin.lock().await;
     let topic = broker.topics.get(name).ok_or((
@@ -373,6 +407,9 @@ async fn grow_topic(
     }
     if validate_only {
         return Ok(());
+    }
+    if !quota.admit(count - current, now_ms()) {
+        return Err(throttled());
     }
     let mut meta = topic.meta.clone();
     meta.partitions = count;

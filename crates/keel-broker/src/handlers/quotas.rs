@@ -15,8 +15,8 @@ use keel_protocol::ResponseError;
 use super::admin::AdminError;
 use super::str_bytes;
 use crate::quotas::table::{
-    Entity, QuotaRecord, CLIENT_ID, CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, IP, PRODUCER_BYTE_RATE,
-    REQUEST_PERCENTAGE, USER,
+    Entity, QuotaRecord, CLIENT_ID, CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE,
+    IP, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, USER,
 };
 use crate::Broker;
 
@@ -25,15 +25,11 @@ const CLIENT_KEYS: &[&str] = &[
     PRODUCER_BYTE_RATE,
     CONSUMER_BYTE_RATE,
     REQUEST_PERCENTAGE,
-    "controller_mutation_rate",
+    CONTROLLER_MUTATION_RATE,
 ];
 const IP_KEYS: &[&str] = &[CONNECTION_CREATION_RATE];
 /// Kafka's LONG quota keys (the others are DOUBLE).
 const LONG_KEYS: &[&str] = &[PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, CONNECTION_CREATION_RATE];
-
-/// Keys Kafka has that Keel does not enforce yet: refused rather than
-/// stored without effect.
-const NOT_ENFORCED: &[&str] = &["controller_mutation_rate"];
 
 /// DescribeClientQuotas' match types.
 const MATCH_EXACT: i8 = 0;
@@ -249,12 +245,6 @@ fn check_entry(entry: &alter_client_quotas_request::EntryData) -> Result<Vec<Quo
         // Removing a key is not checked (Kafka accepts removing any).
         if !op.remove && !allowed.contains(&key) {
             return Err(invalid(format!("Invalid configuration key {key}")));
-        }
-        if !op.remove && NOT_ENFORCED.contains(&key) {
-            return Err(invalid(format!(
-                "Keel does not enforce {key} yet: producer_byte_rate, consumer_byte_rate, request_percentage and \
-                 connection_creation_rate can be set"
-            )));
         }
         let value = if op.remove {
             None

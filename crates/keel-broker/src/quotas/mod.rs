@@ -19,6 +19,8 @@
 //! (the time its task was polled on a request thread, see
 //! `RequestTrace::busy`) is recorded against `request_percentage`, in
 //! percent of one thread, and throttles any response (at most a window).
+//! Topic and partition creations and deletions are held to
+//! `controller_mutation_rate` with Kafka's token bucket ([`Mutations`]).
 //! New connections from an address
 //! are held to its `connection_creation_rate` (KIP-612): one over it is
 //! held unread for the throttle time (at most a window) and then closed.
@@ -42,8 +44,11 @@ use keel_log::Storage;
 use parking_lot::Mutex;
 
 use crate::metalog::{MetaLog, StoreError};
-use rate::{Rate, Windows};
-use table::{Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE, REQUEST_PERCENTAGE};
+use rate::{Rate, TokenBucket, Windows};
+use table::{
+    Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE, CONTROLLER_MUTATION_RATE,
+    REQUEST_PERCENTAGE,
+};
 
 /// The user of a client that has not authenticated.
 pub const ANONYMOUS: &str = "ANONYMOUS";
@@ -63,6 +68,55 @@ pub struct ClientQuotas {
     windows: Windows,
     /// By quota key and the `(user, client-id)` its rate is kept for.
     rates: Mutex<HashMap<(&'static str, RateKey), Rate>>,
+    /// `controller_mutation_rate`'s buckets, by `(user, client-id)`.
+    buckets: Mutex<HashMap<RateKey, TokenBucket>>,
+}
+
+/// One request's `controller_mutation_rate` (KIP-599), asked before each
+/// topic's partitions are created or deleted. Strict (CreateTopics v6+,
+/// DeleteTopics v5+, CreatePartitions v3+): a mutation is refused with
+/// THROTTLING_QUOTA_EXCEEDED while the bucket is below zero, and one that
+/// finds it at or above zero is done even if it overdraws it. Permissive
+/// (older versions, whose clients do not know the error): every mutation
+/// is done and the response is throttled.
+pub struct Mutations<'a> {
+    quotas: &'a ClientQuotas,
+    /// The quota and whose bucket; `None` without a quota.
+    bucket: Option<(f64, RateKey)>,
+    strict: bool,
+    throttle_ms: i64,
+}
+
+impl Mutations<'_> {
+    /// Asks to create or delete `partitions` partitions; false if the quota
+    /// refuses them (strict only).
+    pub fn admit(&mut self, partitions: i32, now_ms: i64) -> bool {
+        let Some((quota, key)) = &self.bucket else {
+            return true;
+        };
+        let mut buckets = self.quotas.buckets.lock();
+        let bucket = buckets
+            .entry(key.clone())
+            .or_insert_with(|| TokenBucket::new(self.quotas.windows, now_ms));
+        if self.strict {
+            let owed_ms = bucket.throttle_ms(*quota, now_ms);
+            if owed_ms > 0 {
+                self.throttle_ms = owed_ms;
+                return false;
+            }
+            bucket.take(*quota, f64::from(partitions.max(0)), now_ms);
+        } else {
+            bucket.take(*quota, f64::from(partitions.max(0)), now_ms);
+            self.throttle_ms = bucket.throttle_ms(*quota, now_ms);
+        }
+        true
+    }
+
+    /// The response's throttle time: the last refusal's (strict) or the
+    /// overdraft's (permissive), in ms.
+    pub fn throttle_ms(&self) -> i64 {
+        self.throttle_ms
+    }
 }
 
 impl ClientQuotas {
@@ -77,6 +131,7 @@ impl ClientQuotas {
             store,
             windows,
             rates: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(HashMap::new()),
         })
     }
 
@@ -107,6 +162,19 @@ impl ClientQuotas {
             return 0;
         };
         self.record_at(key, rate_key, bound, amount, take_back, now_ms)
+    }
+
+    /// The `controller_mutation_rate` of one request of `user` /
+    /// `client_id`, strict or permissive by its version.
+    pub fn mutations(&self, user: &str, client_id: &str, strict: bool) -> Mutations<'_> {
+        Mutations {
+            quotas: self,
+            bucket: self
+                .store
+                .with_table(|t| t.resolve(CONTROLLER_MUTATION_RATE, user, client_id)),
+            strict,
+            throttle_ms: 0,
+        }
     }
 
     /// Records `busy` (the time a request occupied a request thread)

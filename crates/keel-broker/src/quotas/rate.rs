@@ -112,9 +112,80 @@ impl Rate {
     }
 }
 
+/// Kafka's token bucket for `controller_mutation_rate` (KIP-599): tokens
+/// (partitions created or deleted) refill at the quota per second up to a
+/// burst of `samples - 1` windows' worth, and a mutation takes its tokens
+/// even when that leaves the bucket below zero. Full when new.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    windows: Windows,
+    tokens: f64,
+    updated_ms: i64,
+    full: bool,
+}
+
+impl TokenBucket {
+    pub fn new(windows: Windows, now_ms: i64) -> TokenBucket {
+        TokenBucket {
+            windows,
+            tokens: 0.0,
+            updated_ms: now_ms,
+            full: true,
+        }
+    }
+
+    fn burst(&self, quota: f64) -> f64 {
+        self.windows.samples.saturating_sub(1) as f64 * self.windows.window_ms as f64 / 1000.0 * quota
+    }
+
+    /// The tokens left at `now_ms` (negative: owed).
+    pub fn tokens(&mut self, quota: f64, now_ms: i64) -> f64 {
+        let burst = self.burst(quota);
+        if std::mem::take(&mut self.full) {
+            self.tokens = burst;
+        }
+        let refill = quota * (now_ms - self.updated_ms).max(0) as f64 / 1000.0;
+        self.tokens = (self.tokens + refill).min(burst);
+        self.updated_ms = now_ms;
+        self.tokens
+    }
+
+    /// Takes `amount` tokens.
+    pub fn take(&mut self, quota: f64, amount: f64, now_ms: i64) {
+        let burst = self.burst(quota);
+        self.tokens = (self.tokens(quota, now_ms) - amount).min(burst);
+    }
+
+    /// How long until the bucket is back at zero, in ms (0 if it is not
+    /// below), as Kafka computes a mutation's throttle time.
+    pub fn throttle_ms(&mut self, quota: f64, now_ms: i64) -> i64 {
+        let tokens = self.tokens(quota, now_ms);
+        if tokens >= 0.0 || quota <= 0.0 {
+            0
+        } else {
+            (-tokens / quota * 1000.0).round() as i64
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_bucket_starts_full_lets_one_mutation_overdraw_and_refills() {
+        let w = Windows::default();
+        let mut b = TokenBucket::new(w, 0);
+        // 2 partitions a second: a burst of 10 windows' worth.
+        assert_eq!(b.tokens(2.0, 0), 20.0);
+        b.take(2.0, 26.0, 0);
+        assert_eq!(b.tokens(2.0, 0), -6.0);
+        assert_eq!(b.throttle_ms(2.0, 0), 3000);
+        assert_eq!(b.throttle_ms(2.0, 1000), 2000);
+        assert_eq!(b.throttle_ms(2.0, 3000), 0);
+        // Refilled, but never past the burst.
+        assert_eq!(b.tokens(2.0, 60_000), 20.0);
+    }
 
     #[test]
     fn a_first_burst_is_measured_over_ten_windows() {

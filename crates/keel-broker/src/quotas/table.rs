@@ -20,6 +20,8 @@ pub const PRODUCER_BYTE_RATE: &str = "producer_byte_rate";
 pub const CONSUMER_BYTE_RATE: &str = "consumer_byte_rate";
 /// Kafka's quota on request handling time: percent of one request thread.
 pub const REQUEST_PERCENTAGE: &str = "request_percentage";
+/// Kafka's quota on partitions created and deleted per second (KIP-599).
+pub const CONTROLLER_MUTATION_RATE: &str = "controller_mutation_rate";
 /// Kafka's quota on new connections per second from one address (KIP-612).
 pub const CONNECTION_CREATION_RATE: &str = "connection_creation_rate";
 
