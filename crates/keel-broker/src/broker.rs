@@ -754,6 +754,26 @@ impl Broker {
                 id,
                 &mut groups::offset_delete(self, r).await,
             ),
+            Request::ConsumerGroupHeartbeat(r) => self.answer(
+                client_id,
+                ApiKey::ConsumerGroupHeartbeat,
+                version,
+                id,
+                &mut handlers::consumer_groups::consumer_group_heartbeat(
+                    self,
+                    r,
+                    version,
+                    client_id,
+                    client_host,
+                ),
+            ),
+            Request::ConsumerGroupDescribe(r) => self.answer(
+                client_id,
+                ApiKey::ConsumerGroupDescribe,
+                version,
+                id,
+                &mut handlers::consumer_groups::consumer_group_describe(self, r, version),
+            ),
             other => Reply::Close(format!("no handler for {other:?}")),
         }
     }

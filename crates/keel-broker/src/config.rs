@@ -212,6 +212,23 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("group.max.session.timeout.ms", "1800000", ConfigType::Int),
     ("group.initial.rebalance.delay.ms", "3000", ConfigType::Int),
     ("group.max.size", "2147483647", ConfigType::Int),
+    // The consumer protocol's groups (KIP-848).
+    ("group.consumer.session.timeout.ms", "45000", ConfigType::Int),
+    ("group.consumer.min.session.timeout.ms", "45000", ConfigType::Int),
+    ("group.consumer.max.session.timeout.ms", "60000", ConfigType::Int),
+    ("group.consumer.heartbeat.interval.ms", "5000", ConfigType::Int),
+    (
+        "group.consumer.min.heartbeat.interval.ms",
+        "5000",
+        ConfigType::Int,
+    ),
+    (
+        "group.consumer.max.heartbeat.interval.ms",
+        "15000",
+        ConfigType::Int,
+    ),
+    ("group.consumer.assignors", "uniform,range", ConfigType::List),
+    ("group.consumer.max.size", "2147483647", ConfigType::Int),
     ("offsets.retention.minutes", "10080", ConfigType::Int),
     ("offsets.retention.check.interval.ms", "600000", ConfigType::Long),
     ("offset.metadata.max.bytes", "4096", ConfigType::Int),
@@ -603,6 +620,9 @@ impl BrokerConfig {
             ("group.max.session.timeout.ms", 0),
             ("group.initial.rebalance.delay.ms", 0),
             ("group.max.size", 1),
+            ("group.consumer.session.timeout.ms", 1),
+            ("group.consumer.heartbeat.interval.ms", 1),
+            ("group.consumer.max.size", 1),
             ("offsets.retention.minutes", 1),
             ("offsets.retention.check.interval.ms", 1),
             ("offset.metadata.max.bytes", 0),
@@ -629,6 +649,44 @@ impl BrokerConfig {
                     reason: format!("must be at least {min}"),
                 });
             }
+        }
+        // Kafka's bounds on the consumer protocol's timeouts.
+        for (key, min, max) in [
+            (
+                "group.consumer.session.timeout.ms",
+                "group.consumer.min.session.timeout.ms",
+                "group.consumer.max.session.timeout.ms",
+            ),
+            (
+                "group.consumer.heartbeat.interval.ms",
+                "group.consumer.min.heartbeat.interval.ms",
+                "group.consumer.max.heartbeat.interval.ms",
+            ),
+        ] {
+            let (v, lo, hi) = (self.num(key), self.num(min), self.num(max));
+            if v < lo || v > hi {
+                return Err(ConfigError {
+                    key: key.into(),
+                    reason: format!("{v} must be between {min} ({lo}) and {max} ({hi})"),
+                });
+            }
+        }
+        if self.num("group.consumer.heartbeat.interval.ms") >= self.num("group.consumer.session.timeout.ms") {
+            return Err(ConfigError {
+                key: "group.consumer.heartbeat.interval.ms".into(),
+                reason: "must be less than group.consumer.session.timeout.ms".into(),
+            });
+        }
+        let assignors = self.get("group.consumer.assignors");
+        if let Some(bad) = assignors
+            .split(',')
+            .map(str::trim)
+            .find(|a| crate::groups::assignor::Assignor::parse(a).is_none())
+        {
+            return Err(ConfigError {
+                key: "group.consumer.assignors".into(),
+                reason: format!("{bad}: Keel's assignors are uniform and range"),
+            });
         }
         let level = self.num("keel.transaction.version");
         if !(0..=i64::from(crate::txn::state::TRANSACTION_VERSION_2)).contains(&level) {
@@ -741,6 +799,16 @@ impl BrokerConfig {
                 max_session_timeout_ms: int("group.max.session.timeout.ms"),
                 initial_rebalance_delay_ms: int("group.initial.rebalance.delay.ms"),
                 max_size: usize::try_from(self.num("group.max.size")).unwrap_or(usize::MAX),
+            },
+            consumer: crate::groups::consumer::ConsumerGroupConfig {
+                session_timeout_ms: int("group.consumer.session.timeout.ms"),
+                heartbeat_interval_ms: int("group.consumer.heartbeat.interval.ms"),
+                assignors: self
+                    .get("group.consumer.assignors")
+                    .split(',')
+                    .filter_map(|a| crate::groups::assignor::Assignor::parse(a.trim()))
+                    .collect(),
+                max_size: usize::try_from(self.num("group.consumer.max.size")).unwrap_or(usize::MAX),
             },
             offsets_retention_ms: self.num("offsets.retention.minutes").saturating_mul(60_000),
             offsets_retention_check_interval_ms: self.num("offsets.retention.check.interval.ms"),

@@ -369,6 +369,35 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
                 .with_name(name("t"))
                 .with_partition_indexes(vec![0, 9])
         ])),
+        ApiKey::DescribeClientQuotas => {
+            encoded!(DescribeClientQuotasRequest::default().with_components(vec![
+                describe_client_quotas_request::ComponentData::default()
+                    .with_entity_type(str("user"))
+                    .with_match_type(2)
+            ]))
+        }
+        ApiKey::AlterClientQuotas => encoded!(AlterClientQuotasRequest::default().with_entries(vec![
+            alter_client_quotas_request::EntryData::default()
+                .with_entity(vec![alter_client_quotas_request::EntityData::default()
+                    .with_entity_type(str("client-id"))
+                    .with_entity_name(Some(str("versions")))])
+                .with_ops(vec![alter_client_quotas_request::OpData::default()
+                    .with_key(str("producer_byte_rate"))
+                    .with_value(1e9)])
+        ])),
+        ApiKey::DescribeUserScramCredentials => encoded!(DescribeUserScramCredentialsRequest::default()
+            .with_users(Some(vec![
+                describe_user_scram_credentials_request::UserName::default().with_name(str("alice"))
+            ]))),
+        ApiKey::ConsumerGroupHeartbeat => encoded!(ConsumerGroupHeartbeatRequest::default()
+            .with_group_id(group_id("kip848"))
+            .with_member_id(str("member-1"))
+            .with_member_epoch(0)
+            .with_rebalance_timeout_ms(30_000)
+            .with_subscribed_topic_names(Some(vec![name("t")]))
+            .with_topic_partitions(Some(vec![]))),
+        ApiKey::ConsumerGroupDescribe => encoded!(ConsumerGroupDescribeRequest::default()
+            .with_group_ids(vec![group_id("kip848"), group_id("unknown")])),
         other => panic!("{other:?} has no request in this test"),
     }
 }
@@ -438,6 +467,17 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
         ApiKey::ElectLeaders => ElectLeadersResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::DescribeTopicPartitions => {
             DescribeTopicPartitionsResponse::decode(&mut body, version).map(|_| ())
+        }
+        ApiKey::DescribeClientQuotas => DescribeClientQuotasResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::AlterClientQuotas => AlterClientQuotasResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeUserScramCredentials => {
+            DescribeUserScramCredentialsResponse::decode(&mut body, version).map(|_| ())
+        }
+        ApiKey::ConsumerGroupHeartbeat => {
+            ConsumerGroupHeartbeatResponse::decode(&mut body, version).map(|_| ())
+        }
+        ApiKey::ConsumerGroupDescribe => {
+            ConsumerGroupDescribeResponse::decode(&mut body, version).map(|_| ())
         }
         other => panic!("{other:?} has no response in this test"),
     };

@@ -87,6 +87,8 @@ pub enum Request {
     DescribeClientQuotas(DescribeClientQuotasRequest),
     AlterClientQuotas(AlterClientQuotasRequest),
     DescribeUserScramCredentials(DescribeUserScramCredentialsRequest),
+    ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest),
+    ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
 }
 
 /// A request with its full header.
@@ -217,6 +219,12 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         ApiKey::AlterClientQuotas => Request::AlterClientQuotas(AlterClientQuotasRequest::decode(buf, v)?),
         ApiKey::DescribeUserScramCredentials => {
             Request::DescribeUserScramCredentials(DescribeUserScramCredentialsRequest::decode(buf, v)?)
+        }
+        ApiKey::ConsumerGroupHeartbeat => {
+            Request::ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest::decode(buf, v)?)
+        }
+        ApiKey::ConsumerGroupDescribe => {
+            Request::ConsumerGroupDescribe(ConsumerGroupDescribeRequest::decode(buf, v)?)
         }
         ApiKey::DescribeTopicPartitions => {
             Request::DescribeTopicPartitions(DescribeTopicPartitionsRequest::decode(buf, v)?)

@@ -90,6 +90,9 @@ pub const SUPPORTED: &[ApiSupport] = &[
     // What `kafka-configs --describe --entity-type users` asks beside the
     // quotas; Keel has no SCRAM credentials yet.
     api(ApiKey::DescribeUserScramCredentials, 0, 0),
+    // The consumer group protocol (KIP-848).
+    api(ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    api(ApiKey::ConsumerGroupDescribe, 0, 1),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -162,6 +165,8 @@ mod tests {
                 ApiKey::DescribeClientQuotas => check::<DescribeClientQuotasRequest>(a),
                 ApiKey::AlterClientQuotas => check::<AlterClientQuotasRequest>(a),
                 ApiKey::DescribeUserScramCredentials => check::<DescribeUserScramCredentialsRequest>(a),
+                ApiKey::ConsumerGroupHeartbeat => check::<ConsumerGroupHeartbeatRequest>(a),
+                ApiKey::ConsumerGroupDescribe => check::<ConsumerGroupDescribeRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
                 ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),

@@ -1,7 +1,10 @@
-//! The group coordinator: Kafka's classic consumer group protocol and
-//! committed offsets.
+//! The group coordinator: Kafka's classic consumer group protocol, the
+//! consumer protocol (KIP-848), and committed offsets.
 //!
-//! * [`group`]: one group's membership state machine (no I/O, no clock);
+//! * [`group`]: one classic group's membership state machine (no I/O, no
+//!   clock);
+//! * [`consumer`]: one consumer-protocol group's state machine, and
+//!   [`assignor`] its server-side assignors;
 //! * [`store`]: the group log that persists offsets and group metadata;
 //! * [`records`]: that log's record schemas (Kafka's `__consumer_offsets`).
 //!
@@ -10,6 +13,8 @@
 //! single node coordinates every group, so FindCoordinator always names
 //! this broker.
 
+pub mod assignor;
+pub mod consumer;
 pub mod group;
 pub mod records;
 pub mod store;
@@ -25,6 +30,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::metalog::Entry;
+use consumer::{ConsumerGroup, ConsumerGroupConfig, ConsumerGroupState, Heartbeat, HeartbeatAnswer, Topics};
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
 use keel_log::marker::Marker;
 use records::{CommittedOffset, GroupRecord};
@@ -46,9 +52,11 @@ impl Clock for SystemClock {
 
 /// Coordinator settings, from the broker's `group.*` and `offsets.*`
 /// configs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
     pub group: GroupConfig,
+    /// `group.consumer.*`: groups of the consumer protocol.
+    pub consumer: ConsumerGroupConfig,
     /// `offsets.retention.minutes`, in ms.
     pub offsets_retention_ms: i64,
     /// `offsets.retention.check.interval.ms`.
@@ -64,6 +72,7 @@ impl Default for CoordinatorConfig {
     fn default() -> Self {
         CoordinatorConfig {
             group: GroupConfig::default(),
+            consumer: ConsumerGroupConfig::default(),
             offsets_retention_ms: 7 * 24 * 60 * 60 * 1000,
             offsets_retention_check_interval_ms: 600_000,
             offset_metadata_max_bytes: 4096,
@@ -105,7 +114,15 @@ pub struct OffsetToCommit {
 }
 
 pub struct GroupCoordinator {
+    /// Classic groups, and every group id with offsets and no consumer
+    /// group. Locked before `consumer_groups` when both are.
     groups: Mutex<HashMap<String, Group>>,
+    /// Consumer-protocol groups, also once empty (until deleted, their
+    /// offsets expire, or a classic member joins). Membership is not
+    /// persisted: after a restart a group with offsets is an empty classic
+    /// group again, a member is asked to rejoin (UNKNOWN_MEMBER_ID), and
+    /// its offsets are where it committed them.
+    consumer_groups: Mutex<HashMap<String, ConsumerGroup>>,
     store: GroupStore,
     config: CoordinatorConfig,
     clock: Arc<dyn Clock>,
@@ -148,6 +165,7 @@ impl GroupCoordinator {
         });
         Ok(GroupCoordinator {
             groups: Mutex::new(groups),
+            consumer_groups: Mutex::new(HashMap::new()),
             store,
             config,
             clock,
@@ -179,6 +197,19 @@ impl GroupCoordinator {
         }
         let answer = {
             let mut groups = self.groups.lock();
+            // A consumer-protocol group with members refuses classic ones
+            // (Keel does not mix the protocols in one group); an empty one
+            // becomes a classic group, its offsets kept.
+            {
+                let mut consumer = self.consumer_groups.lock();
+                match consumer.get(group_id) {
+                    Some(g) if !g.is_empty() => return error(ResponseError::GroupIdNotFound),
+                    Some(_) => {
+                        consumer.remove(group_id);
+                    }
+                    None => {}
+                }
+            }
             if !groups.contains_key(group_id) && !params.member_id.is_empty() {
                 return error(ResponseError::UnknownMemberId);
             }
@@ -242,6 +273,87 @@ impl GroupCoordinator {
             }
         };
         rx.await.unwrap_or(Err(ResponseError::UnknownMemberId))
+    }
+
+    /// Handles ConsumerGroupHeartbeat. A classic group with members keeps
+    /// its id; an empty one (offsets only) becomes a consumer group.
+    pub fn consumer_heartbeat(
+        &self,
+        group_id: &str,
+        hb: Heartbeat,
+        topics: &Topics,
+    ) -> Result<HeartbeatAnswer, consumer::Refusal> {
+        let now = self.now_ms();
+        let mut classic = self.groups.lock();
+        if classic.get(group_id).is_some_and(|g| !g.is_empty()) {
+            return Err((
+                ResponseError::GroupIdNotFound,
+                Some(format!("Group {group_id} is not a consumer group.")),
+            ));
+        }
+        let mut consumer = self.consumer_groups.lock();
+        if hb.member_epoch != 0 && !consumer.contains_key(group_id) {
+            // Unknown here (after a restart, say): the member rejoins.
+            return Err((
+                ResponseError::UnknownMemberId,
+                Some(format!(
+                    "Member {} is not a member of group {group_id}.",
+                    hb.member_id
+                )),
+            ));
+        }
+        let group = consumer.entry(group_id.to_string()).or_insert_with(|| {
+            classic.remove(group_id);
+            ConsumerGroup::new(group_id, self.config.consumer.clone())
+        });
+        let answer = group.heartbeat(hb, topics, now);
+        drop(consumer);
+        drop(classic);
+        self.timer.notify_one();
+        answer
+    }
+
+    /// A consumer group as ConsumerGroupDescribe reports it; `Err` when the
+    /// id is a classic group (or unknown).
+    pub fn describe_consumer(&self, group_id: &str) -> Result<ConsumerGroup, (ResponseError, String)> {
+        if let Some(g) = self.consumer_groups.lock().get(group_id) {
+            return Ok(g.clone());
+        }
+        match self.groups.lock().get(group_id) {
+            Some(g) if !g.is_empty() => Err((
+                ResponseError::GroupIdNotFound,
+                format!("Group {group_id} is not a consumer group."),
+            )),
+            _ => Err((
+                ResponseError::GroupIdNotFound,
+                format!("Group {group_id} not found."),
+            )),
+        }
+    }
+
+    /// Consumer groups with members: (id, state).
+    pub fn list_consumer(&self) -> Vec<(String, ConsumerGroupState)> {
+        let mut out: Vec<(String, ConsumerGroupState)> = self
+            .consumer_groups
+            .lock()
+            .values()
+            .map(|g| (g.id.clone(), g.state()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Checks a commit to a consumer group, if `group_id` is one.
+    fn admit_consumer_commit(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        epoch: i32,
+    ) -> Option<Result<(), ResponseError>> {
+        self.consumer_groups
+            .lock()
+            .get(group_id)
+            .map(|g| g.validate_commit(member_id, epoch))
     }
 
     /// Writes records to the group log; a failure is COORDINATOR_NOT_AVAILABLE
@@ -308,9 +420,12 @@ impl GroupCoordinator {
         } else {
             ResponseError::IllegalGeneration
         };
-        self.admit_commit(group_id, generation, unknown, |group, now| {
-            group.validate_commit(generation, member_id, instance_id, now)
-        })?;
+        match self.admit_consumer_commit(group_id, member_id, generation) {
+            Some(admitted) => admitted?,
+            None => self.admit_commit(group_id, generation, unknown, |group, now| {
+                group.validate_commit(generation, member_id, instance_id, now)
+            })?,
+        }
         let (results, records) = self.offset_records(group_id, offsets);
         self.persist(group_id, records, "offsets").await?;
         Ok(results)
@@ -330,12 +445,15 @@ impl GroupCoordinator {
         instance_id: Option<&str>,
         offsets: Vec<OffsetToCommit>,
     ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
-        self.admit_commit(
-            group_id,
-            generation,
-            ResponseError::IllegalGeneration,
-            |group, _| group.validate_txn_commit(generation, member_id, instance_id),
-        )?;
+        match self.admit_consumer_commit(group_id, member_id, generation) {
+            Some(admitted) => admitted?,
+            None => self.admit_commit(
+                group_id,
+                generation,
+                ResponseError::IllegalGeneration,
+                |group, _| group.validate_txn_commit(generation, member_id, instance_id),
+            )?,
+        }
         let (results, records) = self.offset_records(group_id, offsets);
         let entry = Entry::Transactional {
             producer_id,
@@ -511,8 +629,20 @@ impl GroupCoordinator {
         let mut records = Vec::new();
         {
             let mut groups = self.groups.lock();
+            let mut consumer = self.consumer_groups.lock();
             let now = self.now_ms();
             for id in ids {
+                if let Some(g) = consumer.get(id) {
+                    let result = if g.is_empty() {
+                        consumer.remove(id);
+                        records.extend(self.tombstones(id));
+                        Ok(())
+                    } else {
+                        Err(ResponseError::NonEmptyGroup)
+                    };
+                    results.push(result);
+                    continue;
+                }
                 let result = match groups.get_mut(id) {
                     None => Err(ResponseError::GroupIdNotFound),
                     Some(g) if g.state() == GroupState::Dead => Err(ResponseError::GroupIdNotFound),
@@ -590,7 +720,16 @@ impl GroupCoordinator {
         group_id: &str,
         partitions: &[(String, i32)],
     ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
-        let subscribed: BTreeSet<String> = {
+        let consumer_subscribed = self.consumer_groups.lock().get(group_id).map(|g| {
+            if g.is_empty() {
+                BTreeSet::new()
+            } else {
+                g.subscribed_topic_names()
+            }
+        });
+        let subscribed: BTreeSet<String> = if let Some(s) = consumer_subscribed {
+            s
+        } else {
             let groups = self.groups.lock();
             let group = groups.get(group_id).ok_or(ResponseError::GroupIdNotFound)?;
             if group.is_empty() {
@@ -625,6 +764,7 @@ impl GroupCoordinator {
     /// that became empty, to persist.
     fn tick(&self) -> Vec<GroupRecord> {
         let now = self.now_ms();
+        self.tick_consumer(now);
         let mut groups = self.groups.lock();
         groups
             .values_mut()
@@ -638,12 +778,37 @@ impl GroupCoordinator {
             .collect()
     }
 
+    /// Session and rebalance timeouts of consumer groups.
+    fn tick_consumer(&self, now: i64) {
+        let mut consumer = self.consumer_groups.lock();
+        let due: Vec<String> = consumer
+            .values()
+            .filter(|g| g.next_deadline_ms().is_some_and(|d| d <= now))
+            .map(|g| g.id.clone())
+            .collect();
+        for id in due {
+            let Some(g) = consumer.get_mut(&id) else { continue };
+            // The target is recomputed for the topics the group knew; the
+            // next heartbeat brings the broker's current ones.
+            let topics = g.known_topics();
+            g.tick(&topics, now);
+        }
+    }
+
     fn next_deadline_ms(&self) -> Option<i64> {
-        self.groups
+        let classic = self
+            .groups
             .lock()
             .values()
             .filter_map(Group::next_deadline_ms)
-            .min()
+            .min();
+        let consumer = self
+            .consumer_groups
+            .lock()
+            .values()
+            .filter_map(ConsumerGroup::next_deadline_ms)
+            .min();
+        classic.into_iter().chain(consumer).min()
     }
 
     /// `offsets.retention.minutes`: offsets of an empty group expire that
@@ -655,9 +820,34 @@ impl GroupCoordinator {
         let now = self.now_ms();
         let retention_ms = self.config.offsets_retention_ms;
         let mut groups = self.groups.lock();
+        let mut consumer = self.consumer_groups.lock();
         let mut records = Vec::new();
         let mut emptied = Vec::new();
         self.store.with_table(|table| {
+            // Consumer groups: offsets expire that long after their commit
+            // once the group is empty or no longer subscribes to their
+            // topic (Kafka's rule for them); an empty group without
+            // offsets goes.
+            for group in consumer.values() {
+                let subscribed = group.subscribed_topic_names();
+                let mut remaining = 0;
+                for ((topic, partition), v) in table.offsets.get(&group.id).into_iter().flatten() {
+                    let unused = group.is_empty() || !subscribed.contains(topic);
+                    if unused && v.commit_timestamp_ms + retention_ms <= now {
+                        records.push(GroupRecord::Offset {
+                            group: group.id.clone(),
+                            topic: topic.clone(),
+                            partition: *partition,
+                            value: None,
+                        });
+                    } else {
+                        remaining += 1;
+                    }
+                }
+                if group.is_empty() && remaining == 0 {
+                    emptied.push((group.id.clone(), false));
+                }
+            }
             for group in groups.values() {
                 let offsets = table.offsets.get(&group.id);
                 let subscribed = (!group.is_empty()).then(|| group.subscribed_topics()).flatten();
@@ -692,6 +882,7 @@ impl GroupCoordinator {
         });
         for (id, has_metadata) in emptied {
             tracing::info!(group = %id, "removing empty group without offsets");
+            consumer.remove(&id);
             if let Some(mut g) = groups.remove(&id) {
                 g.kill(now);
             }

@@ -40,7 +40,8 @@ impl Harness {
             offsets_retention_ms: 60_000,
             ..CoordinatorConfig::default()
         };
-        let coordinator = Arc::new(GroupCoordinator::open(dir.path(), config, clock.clone()).unwrap());
+        let coordinator =
+            Arc::new(GroupCoordinator::open(dir.path(), config.clone(), clock.clone()).unwrap());
         Harness {
             dir,
             clock,
@@ -51,8 +52,9 @@ impl Harness {
 
     fn reopen(&mut self) {
         self.coordinator.close();
-        self.coordinator =
-            Arc::new(GroupCoordinator::open(self.dir.path(), self.config, self.clock.clone()).unwrap());
+        self.coordinator = Arc::new(
+            GroupCoordinator::open(self.dir.path(), self.config.clone(), self.clock.clone()).unwrap(),
+        );
     }
 
     /// Moves the clock and runs the timers, letting woken tasks run.

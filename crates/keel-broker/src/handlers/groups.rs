@@ -579,22 +579,31 @@ fn committed_fields(v: Fetched, with_epoch: bool) -> (i64, i32, String, i16) {
 pub fn list_groups(broker: &Broker, req: ListGroupsRequest, version: i16) -> ListGroupsResponse {
     let states: Vec<String> = req.states_filter.iter().map(|s| s.to_lowercase()).collect();
     let types: Vec<String> = req.types_filter.iter().map(|s| s.to_lowercase()).collect();
-    let groups = broker
+    // (id, protocol type, state, group type)
+    let classic = broker
         .groups
         .list()
         .into_iter()
-        .filter(|(_, _, state)| states.is_empty() || states.contains(&state.name().to_lowercase()))
-        .filter(|_| types.is_empty() || types.iter().any(|t| t == "classic"))
-        .map(|(id, protocol_type, state)| {
+        .map(|(id, protocol_type, state)| (id, protocol_type, state.name(), "classic"));
+    let consumer = broker
+        .groups
+        .list_consumer()
+        .into_iter()
+        .map(|(id, state)| (id, "consumer".to_string(), state.name(), "consumer"));
+    let groups = classic
+        .chain(consumer)
+        .filter(|(_, _, state, _)| states.is_empty() || states.contains(&state.to_lowercase()))
+        .filter(|(_, _, _, kind)| types.is_empty() || types.iter().any(|t| t == kind))
+        .map(|(id, protocol_type, state, kind)| {
             let g = ListedGroup::default()
                 .with_group_id(GroupId(str_bytes(id)))
                 .with_protocol_type(str_bytes(protocol_type));
             match version {
                 0..=3 => g,
-                4 => g.with_group_state(str_bytes(state.name())),
+                4 => g.with_group_state(str_bytes(state)),
                 _ => g
-                    .with_group_state(str_bytes(state.name()))
-                    .with_group_type(str_bytes("classic")),
+                    .with_group_state(str_bytes(state))
+                    .with_group_type(str_bytes(kind)),
             }
         })
         .collect();

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod alter_configs;
 pub mod configs;
+pub mod consumer_groups;
 pub mod elect;
 pub mod fetch;
 pub mod groups;
@@ -79,26 +80,43 @@ pub(crate) mod operations {
 /// The feature flag that selects Kafka's transaction protocol version
 /// (KIP-890): 2 is transactions v2.
 pub const TRANSACTION_VERSION_FEATURE: &str = "transaction.version";
+/// `group.version` 1: the consumer group protocol (KIP-848) is served.
+pub const GROUP_VERSION_FEATURE: &str = "group.version";
+pub const GROUP_VERSION: i16 = 1;
 
 /// ApiVersions: the APIs, and (v3+) the features, as a KRaft broker
-/// reports them: `transaction.version` supported 0 to 2 and finalized at
+/// reports them: `group.version` finalized at 1, and
+/// `transaction.version` supported 0 to 2 and finalized at
 /// `keel.transaction.version`, which clients read to choose the protocol.
 pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
     let level = broker.config().transaction_version();
-    let mut response = keel_protocol::response::api_versions(0)
-        .with_supported_features(vec![SupportedFeatureKey::default()
-            .with_name(str_bytes(TRANSACTION_VERSION_FEATURE))
+    let supported = |name: &str, max: i16| {
+        SupportedFeatureKey::default()
+            .with_name(str_bytes(name))
             .with_min_version(0)
-            .with_max_version(crate::txn::state::TRANSACTION_VERSION_2)])
-        .with_finalized_features_epoch(broker.features_epoch);
+            .with_max_version(max)
+    };
+    let finalized = |name: &str, level: i16| {
+        FinalizedFeatureKey::default()
+            .with_name(str_bytes(name))
+            .with_min_version_level(level)
+            .with_max_version_level(level)
+    };
+    let mut finals = vec![finalized(GROUP_VERSION_FEATURE, GROUP_VERSION)];
     // Kafka leaves a feature at level 0 out of the finalized ones.
     if level > 0 {
-        response = response.with_finalized_features(vec![FinalizedFeatureKey::default()
-            .with_name(str_bytes(TRANSACTION_VERSION_FEATURE))
-            .with_min_version_level(level)
-            .with_max_version_level(level)]);
+        finals.push(finalized(TRANSACTION_VERSION_FEATURE, level));
     }
-    response
+    keel_protocol::response::api_versions(0)
+        .with_supported_features(vec![
+            supported(GROUP_VERSION_FEATURE, GROUP_VERSION),
+            supported(
+                TRANSACTION_VERSION_FEATURE,
+                crate::txn::state::TRANSACTION_VERSION_2,
+            ),
+        ])
+        .with_finalized_features_epoch(broker.features_epoch)
+        .with_finalized_features(finals)
 }
 
 /// A partition of an existing topic, or UNKNOWN_TOPIC_OR_PARTITION.

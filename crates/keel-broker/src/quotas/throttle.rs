@@ -60,4 +60,6 @@ throttle_field!(
     DescribeClientQuotasResponse,
     AlterClientQuotasResponse,
     DescribeUserScramCredentialsResponse,
+    ConsumerGroupHeartbeatResponse,
+    ConsumerGroupDescribeResponse,
 );

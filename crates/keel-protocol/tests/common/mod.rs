@@ -248,6 +248,8 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::DescribeUserScramCredentials => {
             Request::DescribeUserScramCredentials(describe_user_scram_credentials(g, v))
         }
+        ApiKey::ConsumerGroupHeartbeat => Request::ConsumerGroupHeartbeat(consumer_group_heartbeat(g, v)),
+        ApiKey::ConsumerGroupDescribe => Request::ConsumerGroupDescribe(consumer_group_describe(g, v)),
         _ => return None,
     })
 }
@@ -295,6 +297,8 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::DescribeClientQuotas(r) => r.encode(buf, v),
         Request::AlterClientQuotas(r) => r.encode(buf, v),
         Request::DescribeUserScramCredentials(r) => r.encode(buf, v),
+        Request::ConsumerGroupHeartbeat(r) => r.encode(buf, v),
+        Request::ConsumerGroupDescribe(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -355,6 +359,8 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::DescribeClientQuotas(a), Request::DescribeClientQuotas(b)) => a == b,
         (Request::AlterClientQuotas(a), Request::AlterClientQuotas(b)) => a == b,
         (Request::DescribeUserScramCredentials(a), Request::DescribeUserScramCredentials(b)) => a == b,
+        (Request::ConsumerGroupHeartbeat(a), Request::ConsumerGroupHeartbeat(b)) => a == b,
+        (Request::ConsumerGroupDescribe(a), Request::ConsumerGroupDescribe(b)) => a == b,
         _ => false,
     }
 }
@@ -1187,6 +1193,54 @@ fn describe_user_scram_credentials(g: &mut Gen, _v: i16) -> DescribeUserScramCre
     });
     DescribeUserScramCredentialsRequest::default()
         .with_users(g.bool().then_some(users))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn consumer_group_heartbeat(g: &mut Gen, v: i16) -> ConsumerGroupHeartbeatRequest {
+    use consumer_group_heartbeat_request::*;
+    // Epochs a coordinator treats apart: join, leave, static leave, others.
+    let epoch = match g.i8().rem_euclid(5) {
+        0 => 0,
+        1 => -1,
+        2 => -2,
+        3 => g.i32(),
+        _ => i32::from(g.i8().rem_euclid(4)),
+    };
+    let owned = g.vec(3, |g| {
+        TopicPartitions::default()
+            .with_topic_id(g.uuid())
+            .with_partitions(g.vec(4, |g| g.i32()))
+            .with_unknown_tagged_fields(g.tags(true))
+    });
+    let mut r = ConsumerGroupHeartbeatRequest::default()
+        .with_group_id(GroupId(g.string()))
+        .with_member_id(if g.one_in(2) {
+            g.string()
+        } else {
+            StrBytes::from_static_str("member-1")
+        })
+        .with_member_epoch(epoch)
+        .with_instance_id(g.opt_string())
+        .with_rack_id(g.opt_string())
+        .with_rebalance_timeout_ms(if g.one_in(3) { -1 } else { g.i32() })
+        .with_subscribed_topic_names(g.bool().then(|| g.vec(3, |g| g.topic())))
+        .with_server_assignor(if g.one_in(2) {
+            None
+        } else {
+            Some(g.quota_word(&["uniform", "range"]))
+        })
+        .with_topic_partitions(g.bool().then_some(owned))
+        .with_unknown_tagged_fields(g.tags(true));
+    if v >= 1 {
+        r = r.with_subscribed_topic_regex(g.opt_string());
+    }
+    r
+}
+
+fn consumer_group_describe(g: &mut Gen, _v: i16) -> ConsumerGroupDescribeRequest {
+    ConsumerGroupDescribeRequest::default()
+        .with_group_ids(g.vec(3, |g| GroupId(g.string())))
+        .with_include_authorized_operations(g.bool())
         .with_unknown_tagged_fields(g.tags(true))
 }
 

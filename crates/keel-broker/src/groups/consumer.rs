@@ -1,0 +1,861 @@
+//! One consumer group of Kafka's consumer protocol (KIP-848): members
+//! heartbeat with their subscription, the coordinator computes every
+//! member's target assignment with a server-side assignor, and each member
+//! reconciles towards its target one step per heartbeat, revoking before
+//! it is assigned partitions that others still hold. No I/O and no clock:
+//! operations take `now_ms`.
+//!
+//! Epochs: the group epoch moves when membership, a subscription or a
+//! subscribed topic's partition count changes; the target assignment is
+//! recomputed when it is behind the group epoch (`assignment_epoch`); a
+//! member's epoch moves to the assignment epoch once it has revoked what
+//! its target no longer holds. A partition is handed to a member only when
+//! no other member holds it or is revoking it, so no partition is ever
+//! held by two members at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use keel_protocol::ResponseError;
+use uuid::Uuid;
+
+use super::assignor::{self, Assignor};
+
+/// Partitions by topic id.
+pub type Assignment = BTreeMap<Uuid, BTreeSet<i32>>;
+
+/// A topic as the group sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub id: Uuid,
+    pub partitions: i32,
+}
+
+/// The broker's topics by name, when a heartbeat came.
+pub type Topics = BTreeMap<String, TopicInfo>;
+
+/// The member epoch a member leaves with, and a static member's temporary
+/// leave.
+pub const LEAVE_EPOCH: i32 = -1;
+pub const STATIC_LEAVE_EPOCH: i32 = -2;
+
+/// `group.consumer.*` settings.
+#[derive(Debug, Clone)]
+pub struct ConsumerGroupConfig {
+    pub session_timeout_ms: i32,
+    pub heartbeat_interval_ms: i32,
+    /// `group.consumer.assignors`; the first is the default.
+    pub assignors: Vec<Assignor>,
+    pub max_size: usize,
+}
+
+impl Default for ConsumerGroupConfig {
+    fn default() -> Self {
+        ConsumerGroupConfig {
+            session_timeout_ms: 45_000,
+            heartbeat_interval_ms: 5_000,
+            assignors: vec![Assignor::Uniform, Assignor::Range],
+            max_size: usize::MAX,
+        }
+    }
+}
+
+/// Where a member is in its reconciliation (Kafka's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// Holds its target at the assignment epoch.
+    Stable,
+    /// Must give up partitions its target no longer holds before it moves
+    /// to the new epoch.
+    UnrevokedPartitions,
+    /// At the new epoch, waiting for partitions other members still hold.
+    UnreleasedPartitions,
+}
+
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub rebalance_timeout_ms: i32,
+    pub subscribed_names: Vec<String>,
+    pub subscribed_regex: Option<String>,
+    pub server_assignor: Option<String>,
+    pub epoch: i32,
+    pub previous_epoch: i32,
+    pub state: MemberState,
+    /// The partitions it holds.
+    pub assigned: Assignment,
+    /// The partitions it must revoke (still its own until it says so).
+    pub revoking: Assignment,
+    session_deadline_ms: i64,
+    revoke_deadline_ms: Option<i64>,
+    /// The epoch and assignment the last response carried: an assignment
+    /// is sent again only when it changes.
+    sent: Option<(i32, Assignment)>,
+}
+
+/// A ConsumerGroupHeartbeat, its optional fields `None` when the member
+/// did not send them (unchanged since its last heartbeat).
+#[derive(Debug, Clone, Default)]
+pub struct Heartbeat {
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub rebalance_timeout_ms: i32,
+    pub subscribed_names: Option<Vec<String>>,
+    pub subscribed_regex: Option<String>,
+    pub server_assignor: Option<String>,
+    /// The partitions the member holds now.
+    pub owned: Option<Assignment>,
+    pub client_id: String,
+    pub client_host: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeartbeatAnswer {
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub heartbeat_interval_ms: i32,
+    /// The partitions the member is to hold, when they changed.
+    pub assignment: Option<Assignment>,
+}
+
+/// A refused heartbeat: Kafka's error and message.
+pub type Refusal = (ResponseError, Option<String>);
+
+/// The group's state as ConsumerGroupDescribe and ListGroups name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumerGroupState {
+    Empty,
+    Reconciling,
+    Stable,
+}
+
+impl ConsumerGroupState {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConsumerGroupState::Empty => "Empty",
+            ConsumerGroupState::Reconciling => "Reconciling",
+            ConsumerGroupState::Stable => "Stable",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ConsumerGroup {
+    pub id: String,
+    /// Moves with membership, subscriptions and subscribed topics.
+    pub epoch: i32,
+    /// The group epoch the target assignment was computed at.
+    pub assignment_epoch: i32,
+    pub members: BTreeMap<String, Member>,
+    /// Every member's target assignment.
+    pub target: BTreeMap<String, Assignment>,
+    /// The subscribed topics as the target was computed for them.
+    subscribed_topics: Topics,
+    /// The assignor the target was computed with.
+    pub assignor: Assignor,
+    config: ConsumerGroupConfig,
+}
+
+fn refuse(error: ResponseError, message: impl Into<String>) -> Refusal {
+    (error, Some(message.into()))
+}
+
+impl ConsumerGroup {
+    pub fn new(id: &str, config: ConsumerGroupConfig) -> ConsumerGroup {
+        let assignor = config.assignors.first().copied().unwrap_or(Assignor::Uniform);
+        ConsumerGroup {
+            id: id.to_string(),
+            epoch: 0,
+            assignment_epoch: 0,
+            members: BTreeMap::new(),
+            target: BTreeMap::new(),
+            subscribed_topics: Topics::new(),
+            assignor,
+            config,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn state(&self) -> ConsumerGroupState {
+        if self.members.is_empty() {
+            ConsumerGroupState::Empty
+        } else if self
+            .members
+            .values()
+            .all(|m| m.epoch == self.assignment_epoch && m.state == MemberState::Stable)
+        {
+            ConsumerGroupState::Stable
+        } else {
+            ConsumerGroupState::Reconciling
+        }
+    }
+
+    /// Handles a ConsumerGroupHeartbeat (its fields checked by the caller).
+    pub fn heartbeat(
+        &mut self,
+        hb: Heartbeat,
+        topics: &Topics,
+        now_ms: i64,
+    ) -> Result<HeartbeatAnswer, Refusal> {
+        if hb.member_epoch == LEAVE_EPOCH || hb.member_epoch == STATIC_LEAVE_EPOCH {
+            return self.leave(&hb, topics);
+        }
+        if let Some(name) = &hb.server_assignor {
+            if !self.config.assignors.iter().any(|a| a.name() == name) {
+                return Err(refuse(
+                    ResponseError::UnsupportedAssignor,
+                    format!(
+                        "Assignor {name} is not supported. Supported assignors: {}.",
+                        self.assignor_names()
+                    ),
+                ));
+            }
+        }
+        let mut changed = if hb.member_epoch == 0 {
+            self.join(&hb)?
+        } else {
+            self.check_epoch(&hb)?;
+            false
+        };
+        changed |= self.update_member(&hb, now_ms);
+        let subscribed = self.subscribed(topics);
+        if subscribed != self.subscribed_topics {
+            self.subscribed_topics = subscribed;
+            changed = true;
+        }
+        if changed {
+            self.epoch += 1;
+        }
+        if self.epoch > self.assignment_epoch {
+            self.compute_target(topics);
+        }
+        self.reconcile(&hb.member_id, hb.owned.as_ref(), now_ms);
+        let member = self
+            .members
+            .get_mut(&hb.member_id)
+            .expect("a member that heartbeats is in the group");
+        let now_sent = (member.epoch, member.assigned.clone());
+        let assignment =
+            (hb.owned.is_some() || member.sent.as_ref() != Some(&now_sent)).then(|| now_sent.1.clone());
+        member.sent = Some(now_sent);
+        Ok(HeartbeatAnswer {
+            member_id: member.id.clone(),
+            member_epoch: member.epoch,
+            heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            assignment,
+        })
+    }
+
+    fn assignor_names(&self) -> String {
+        let names: Vec<&str> = self.config.assignors.iter().map(|a| a.name()).collect();
+        names.join(", ")
+    }
+
+    /// A member joining (epoch 0), new or again; true if membership changed.
+    fn join(&mut self, hb: &Heartbeat) -> Result<bool, Refusal> {
+        let known = self.members.contains_key(&hb.member_id);
+        if !known && self.members.len() >= self.config.max_size {
+            return Err(refuse(
+                ResponseError::GroupMaxSizeReached,
+                format!(
+                    "The consumer group has reached its maximum capacity of {} members.",
+                    self.config.max_size
+                ),
+            ));
+        }
+        // A static member coming back under a new member id replaces the
+        // old one (which is fenced).
+        if let Some(instance) = &hb.instance_id {
+            let replaced: Vec<String> = self
+                .members
+                .values()
+                .filter(|m| m.id != hb.member_id && m.instance_id.as_ref() == Some(instance))
+                .map(|m| m.id.clone())
+                .collect();
+            for id in replaced {
+                self.remove(&id);
+            }
+        }
+        match self.members.get_mut(&hb.member_id) {
+            // Rejoining: it starts again from nothing.
+            Some(m) => {
+                m.epoch = 0;
+                m.previous_epoch = 0;
+                m.state = MemberState::Stable;
+                m.assigned.clear();
+                m.revoking.clear();
+                m.revoke_deadline_ms = None;
+                m.sent = None;
+            }
+            None => {
+                self.members.insert(
+                    hb.member_id.clone(),
+                    Member {
+                        id: hb.member_id.clone(),
+                        instance_id: None,
+                        rack_id: None,
+                        client_id: String::new(),
+                        client_host: String::new(),
+                        rebalance_timeout_ms: hb.rebalance_timeout_ms,
+                        subscribed_names: Vec::new(),
+                        subscribed_regex: None,
+                        server_assignor: None,
+                        epoch: 0,
+                        previous_epoch: 0,
+                        state: MemberState::Stable,
+                        assigned: Assignment::new(),
+                        revoking: Assignment::new(),
+                        session_deadline_ms: 0,
+                        revoke_deadline_ms: None,
+                        sent: None,
+                    },
+                );
+            }
+        }
+        Ok(!known)
+    }
+
+    /// A known member's epoch: its own, or the one before when the owned
+    /// partitions show that it missed the last response.
+    fn check_epoch(&self, hb: &Heartbeat) -> Result<(), Refusal> {
+        let Some(m) = self.members.get(&hb.member_id) else {
+            return Err(refuse(
+                ResponseError::UnknownMemberId,
+                format!("Member {} is not a member of group {}.", hb.member_id, self.id),
+            ));
+        };
+        let missed_response = hb.member_epoch == m.previous_epoch
+            && hb
+                .owned
+                .as_ref()
+                .is_some_and(|owned| contains_all(&m.assigned, owned));
+        if hb.member_epoch == m.epoch || missed_response {
+            return Ok(());
+        }
+        let (relation, epoch) = if hb.member_epoch > m.epoch {
+            ("greater", hb.member_epoch)
+        } else {
+            ("smaller", hb.member_epoch)
+        };
+        Err(refuse(
+            ResponseError::FencedMemberEpoch,
+            format!(
+                "The consumer group member has a {relation} member epoch ({epoch}) than the one known by the \
+                 group coordinator ({}). The member must abandon all its partitions and rejoin.",
+                m.epoch
+            ),
+        ))
+    }
+
+    /// Takes the heartbeat's fields; true if the subscription or the
+    /// assignor changed.
+    fn update_member(&mut self, hb: &Heartbeat, now_ms: i64) -> bool {
+        let session_ms = i64::from(self.config.session_timeout_ms);
+        let m = self
+            .members
+            .get_mut(&hb.member_id)
+            .expect("checked or joined above");
+        let mut changed = false;
+        if let Some(names) = &hb.subscribed_names {
+            let mut names = names.clone();
+            names.sort();
+            names.dedup();
+            changed |= names != m.subscribed_names;
+            m.subscribed_names = names;
+        }
+        if let Some(regex) = &hb.subscribed_regex {
+            let regex = (!regex.is_empty()).then(|| regex.clone());
+            changed |= regex != m.subscribed_regex;
+            m.subscribed_regex = regex;
+        }
+        if hb.server_assignor.is_some() && hb.server_assignor != m.server_assignor {
+            m.server_assignor = hb.server_assignor.clone();
+            changed = true;
+        }
+        if hb.instance_id.is_some() {
+            m.instance_id = hb.instance_id.clone();
+        }
+        if hb.rack_id.is_some() {
+            m.rack_id = hb.rack_id.clone();
+        }
+        if hb.rebalance_timeout_ms > 0 {
+            m.rebalance_timeout_ms = hb.rebalance_timeout_ms;
+        }
+        m.client_id = hb.client_id.clone();
+        m.client_host = hb.client_host.clone();
+        m.session_deadline_ms = now_ms + session_ms;
+        changed
+    }
+
+    fn leave(&mut self, hb: &Heartbeat, topics: &Topics) -> Result<HeartbeatAnswer, Refusal> {
+        if !self.members.contains_key(&hb.member_id) {
+            return Err(refuse(
+                ResponseError::UnknownMemberId,
+                format!("Member {} is not a member of group {}.", hb.member_id, self.id),
+            ));
+        }
+        self.remove(&hb.member_id);
+        self.compute_target(topics);
+        Ok(HeartbeatAnswer {
+            member_id: hb.member_id.clone(),
+            member_epoch: hb.member_epoch,
+            heartbeat_interval_ms: 0,
+            assignment: None,
+        })
+    }
+
+    /// Removes a member (its partitions are free for others at once) and
+    /// moves the group epoch.
+    fn remove(&mut self, member_id: &str) {
+        if self.members.remove(member_id).is_some() {
+            self.target.remove(member_id);
+            self.epoch += 1;
+        }
+    }
+
+    /// The topics some member subscribes to (by name or pattern) that
+    /// exist.
+    fn subscribed(&self, topics: &Topics) -> Topics {
+        let mut out = Topics::new();
+        for m in self.members.values() {
+            for (name, info) in assignor::member_topics(m, topics) {
+                out.insert(name, info);
+            }
+        }
+        out
+    }
+
+    /// The target assignment at the group epoch, with the assignor most
+    /// members ask for (else `group.consumer.assignors`' first).
+    fn compute_target(&mut self, topics: &Topics) {
+        let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
+        for m in self.members.values() {
+            if let Some(a) = &m.server_assignor {
+                *votes.entry(a.as_str()).or_default() += 1;
+            }
+        }
+        let chosen = votes
+            .iter()
+            .max_by_key(|(name, n)| (**n, std::cmp::Reverse(**name)))
+            .and_then(|(name, _)| Assignor::parse(name));
+        self.assignor = chosen.unwrap_or_else(|| {
+            self.config
+                .assignors
+                .first()
+                .copied()
+                .unwrap_or(Assignor::Uniform)
+        });
+        let subscriptions: BTreeMap<String, Topics> = self
+            .members
+            .values()
+            .map(|m| (m.id.clone(), assignor::member_topics(m, topics)))
+            .collect();
+        self.target = self.assignor.assign(&subscriptions, &self.target);
+        self.assignment_epoch = self.epoch;
+    }
+
+    /// One step of a member towards its target (Kafka's current
+    /// assignment builder).
+    fn reconcile(&mut self, member_id: &str, owned: Option<&Assignment>, now_ms: i64) {
+        let target = self.target.get(member_id).cloned().unwrap_or_default();
+        let held_by_others = self.held_by_others(member_id);
+        let assignment_epoch = self.assignment_epoch;
+        let Some(m) = self.members.get_mut(member_id) else {
+            return;
+        };
+        match m.state {
+            MemberState::UnrevokedPartitions => {
+                let revoked = owned.is_some_and(|o| !intersects(o, &m.revoking));
+                if !revoked {
+                    return;
+                }
+                m.revoking.clear();
+                m.revoke_deadline_ms = None;
+            }
+            MemberState::Stable if m.epoch == assignment_epoch => return,
+            MemberState::Stable | MemberState::UnreleasedPartitions => {}
+        }
+        let kept = intersection(&m.assigned, &target);
+        let revoking = difference(&m.assigned, &target);
+        if !revoking.is_empty() {
+            m.assigned = kept;
+            m.revoking = revoking;
+            m.state = MemberState::UnrevokedPartitions;
+            m.revoke_deadline_ms = Some(now_ms + i64::from(m.rebalance_timeout_ms.max(0)));
+            return;
+        }
+        let wanted = difference(&target, &kept);
+        let free = difference(&wanted, &held_by_others);
+        let waiting = free != wanted;
+        m.assigned = union(&kept, &free);
+        if m.epoch != assignment_epoch {
+            m.previous_epoch = m.epoch;
+            m.epoch = assignment_epoch;
+        }
+        m.state = if waiting {
+            MemberState::UnreleasedPartitions
+        } else {
+            MemberState::Stable
+        };
+    }
+
+    /// The partitions other members hold or are revoking.
+    fn held_by_others(&self, member_id: &str) -> Assignment {
+        let mut held = Assignment::new();
+        for m in self.members.values().filter(|m| m.id != member_id) {
+            held = union(&held, &union(&m.assigned, &m.revoking));
+        }
+        held
+    }
+
+    /// Removes members whose session expired or who did not revoke in
+    /// their rebalance timeout; true if any went.
+    pub fn tick(&mut self, topics: &Topics, now_ms: i64) -> bool {
+        let gone: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| m.session_deadline_ms <= now_ms || m.revoke_deadline_ms.is_some_and(|d| d <= now_ms))
+            .map(|m| m.id.clone())
+            .collect();
+        for id in &gone {
+            tracing::info!(group = %self.id, member = %id, "removing a consumer group member whose session or rebalance timed out");
+            self.remove(id);
+        }
+        if !gone.is_empty() {
+            self.compute_target(topics);
+        }
+        !gone.is_empty()
+    }
+
+    pub fn next_deadline_ms(&self) -> Option<i64> {
+        self.members
+            .values()
+            .flat_map(|m| [Some(m.session_deadline_ms), m.revoke_deadline_ms])
+            .flatten()
+            .min()
+    }
+
+    /// Checks an OffsetCommit (or a transactional one) against the group:
+    /// from a member at its current epoch, or, with no member id and a
+    /// negative epoch, to an empty group.
+    pub fn validate_commit(&self, member_id: &str, member_epoch: i32) -> Result<(), ResponseError> {
+        if member_epoch < 0 && member_id.is_empty() && self.members.is_empty() {
+            return Ok(());
+        }
+        let m = self
+            .members
+            .get(member_id)
+            .ok_or(ResponseError::UnknownMemberId)?;
+        if member_epoch > m.epoch {
+            return Err(ResponseError::FencedMemberEpoch);
+        }
+        if member_epoch < m.epoch {
+            return Err(ResponseError::StaleMemberEpoch);
+        }
+        Ok(())
+    }
+
+    /// The subscribed topics as the group last saw them.
+    pub fn known_topics(&self) -> Topics {
+        self.subscribed_topics.clone()
+    }
+
+    /// The topic names some member subscribes to now (offsets of other
+    /// topics may expire).
+    pub fn subscribed_topic_names(&self) -> BTreeSet<String> {
+        self.subscribed_topics.keys().cloned().collect()
+    }
+}
+
+fn union(a: &Assignment, b: &Assignment) -> Assignment {
+    let mut out = a.clone();
+    for (topic, partitions) in b {
+        out.entry(*topic).or_default().extend(partitions);
+    }
+    out
+}
+
+fn intersection(a: &Assignment, b: &Assignment) -> Assignment {
+    let mut out = Assignment::new();
+    for (topic, partitions) in a {
+        if let Some(other) = b.get(topic) {
+            let both: BTreeSet<i32> = partitions.intersection(other).copied().collect();
+            if !both.is_empty() {
+                out.insert(*topic, both);
+            }
+        }
+    }
+    out
+}
+
+fn difference(a: &Assignment, b: &Assignment) -> Assignment {
+    let mut out = Assignment::new();
+    for (topic, partitions) in a {
+        let rest: BTreeSet<i32> = match b.get(topic) {
+            Some(other) => partitions.difference(other).copied().collect(),
+            None => partitions.clone(),
+        };
+        if !rest.is_empty() {
+            out.insert(*topic, rest);
+        }
+    }
+    out
+}
+
+fn intersects(a: &Assignment, b: &Assignment) -> bool {
+    !intersection(a, b).is_empty()
+}
+
+fn contains_all(outer: &Assignment, inner: &Assignment) -> bool {
+    difference(inner, outer).is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    fn topics(n: i32) -> Topics {
+        Topics::from([(
+            "t".to_string(),
+            TopicInfo {
+                id: Uuid::from_u128(7),
+                partitions: n,
+            },
+        )])
+    }
+
+    fn join(id: &str) -> Heartbeat {
+        Heartbeat {
+            member_id: id.into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: 30_000,
+            subscribed_names: Some(vec!["t".into()]),
+            owned: Some(Assignment::new()),
+            ..Heartbeat::default()
+        }
+    }
+
+    fn beat(id: &str, epoch: i32, owned: &Assignment) -> Heartbeat {
+        Heartbeat {
+            member_id: id.into(),
+            member_epoch: epoch,
+            rebalance_timeout_ms: 30_000,
+            owned: Some(owned.clone()),
+            ..Heartbeat::default()
+        }
+    }
+
+    fn partitions(a: &Assignment) -> usize {
+        a.values().map(BTreeSet::len).sum()
+    }
+
+    /// No partition is held (assigned or being revoked) by two members.
+    fn held_once(g: &ConsumerGroup) {
+        let mut seen = BTreeSet::new();
+        for m in g.members.values() {
+            for (t, ps) in union(&m.assigned, &m.revoking) {
+                for p in ps {
+                    assert!(seen.insert((t, p)), "{t}-{p} held twice: {:?}", g.members);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_second_member_gets_partitions_only_after_the_first_revokes_them() {
+        let t = topics(4);
+        let mut g = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+        let a1 = g.heartbeat(join("m1"), &t, 0).unwrap();
+        assert_eq!(
+            (a1.member_epoch, partitions(a1.assignment.as_ref().unwrap())),
+            (1, 4)
+        );
+        let m1_owned = a1.assignment.unwrap();
+
+        // m2 joins: its share is still m1's, so it gets the new epoch and nothing yet.
+        let a2 = g.heartbeat(join("m2"), &t, 10).unwrap();
+        assert_eq!(
+            (a2.member_epoch, a2.assignment.clone()),
+            (2, Some(Assignment::new()))
+        );
+        held_once(&g);
+
+        // m1 is asked to give two up, at its old epoch.
+        let r1 = g.heartbeat(beat("m1", 1, &m1_owned), &t, 20).unwrap();
+        let kept = r1.assignment.unwrap();
+        assert_eq!((r1.member_epoch, partitions(&kept)), (1, 2));
+        assert_eq!(g.state(), ConsumerGroupState::Reconciling);
+        // Until it says they are gone, m2 still waits.
+        let w2 = g.heartbeat(beat("m2", 2, &Assignment::new()), &t, 25).unwrap();
+        assert_eq!(w2.assignment, Some(Assignment::new()));
+        held_once(&g);
+
+        let r1 = g.heartbeat(beat("m1", 1, &kept), &t, 30).unwrap();
+        assert_eq!(r1.member_epoch, 2);
+        let r2 = g.heartbeat(beat("m2", 2, &Assignment::new()), &t, 40).unwrap();
+        assert_eq!(partitions(r2.assignment.as_ref().unwrap()), 2);
+        held_once(&g);
+        assert_eq!(g.state(), ConsumerGroupState::Stable);
+
+        // Leaving frees its partitions for the other at once.
+        let left = g.heartbeat(beat("m1", LEAVE_EPOCH, &kept), &t, 50).unwrap();
+        assert_eq!(left.member_epoch, LEAVE_EPOCH);
+        let r2 = g
+            .heartbeat(beat("m2", 2, &r2.assignment.unwrap()), &t, 60)
+            .unwrap();
+        assert_eq!(
+            (r2.member_epoch, partitions(r2.assignment.as_ref().unwrap())),
+            (3, 4)
+        );
+    }
+
+    #[test]
+    fn unknown_members_and_wrong_epochs_are_refused() {
+        let t = topics(2);
+        let mut g = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+        let a = g.heartbeat(join("m1"), &t, 0).unwrap();
+        let owned = a.assignment.unwrap();
+        let err = |r: Result<HeartbeatAnswer, Refusal>| r.unwrap_err().0;
+        assert_eq!(
+            err(g.heartbeat(beat("nobody", 1, &owned), &t, 1)),
+            ResponseError::UnknownMemberId
+        );
+        assert_eq!(
+            err(g.heartbeat(beat("m1", 5, &owned), &t, 1)),
+            ResponseError::FencedMemberEpoch
+        );
+        // The epoch before the current one is accepted only with the
+        // partitions the member holds, proof that it missed an answer.
+        g.heartbeat(join("m2"), &t, 2).unwrap();
+        let m1 = g.members["m1"].clone();
+        if m1.epoch != 1 {
+            assert!(g
+                .heartbeat(beat("m1", m1.previous_epoch, &m1.assigned), &t, 3)
+                .is_ok());
+        }
+        let mut bad = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+        let mut hb = join("m1");
+        hb.server_assignor = Some("sticky".into());
+        assert_eq!(err(bad.heartbeat(hb, &t, 0)), ResponseError::UnsupportedAssignor);
+        // Commits: only at the member's epoch.
+        assert_eq!(g.validate_commit("m1", g.members["m1"].epoch), Ok(()));
+        assert_eq!(g.validate_commit("m1", 0), Err(ResponseError::StaleMemberEpoch));
+        assert_eq!(g.validate_commit("m1", 99), Err(ResponseError::FencedMemberEpoch));
+        assert_eq!(g.validate_commit("", -1), Err(ResponseError::UnknownMemberId));
+    }
+
+    #[test]
+    fn a_silent_member_leaves_after_its_session_timeout() {
+        let t = topics(3);
+        let config = ConsumerGroupConfig {
+            session_timeout_ms: 1000,
+            ..ConsumerGroupConfig::default()
+        };
+        let mut g = ConsumerGroup::new("g", config);
+        g.heartbeat(join("m1"), &t, 0).unwrap();
+        g.heartbeat(join("m2"), &t, 500).unwrap();
+        assert_eq!(g.next_deadline_ms(), Some(1000));
+        assert!(!g.tick(&t, 999));
+        assert!(g.tick(&t, 1000));
+        assert_eq!(g.members.keys().collect::<Vec<_>>(), vec!["m2"]);
+        assert_eq!(partitions(&g.target["m2"]), 3);
+    }
+
+    /// What each live client believes: its epoch and the partitions it holds.
+    type Clients = BTreeMap<String, (i32, Assignment)>;
+
+    /// One heartbeat of a client as Kafka's consumer sends it: joining at
+    /// epoch 0, and, when fenced, dropping its partitions and joining again.
+    /// With `lost`, the answer does not reach it.
+    fn client_beat(g: &mut ConsumerGroup, clients: &mut Clients, id: &str, t: &Topics, now: i64, lost: bool) {
+        let (epoch, owned) = clients[id].clone();
+        let hb = if epoch == 0 {
+            join(id)
+        } else {
+            beat(id, epoch, &owned)
+        };
+        let a = match g.heartbeat(hb, t, now) {
+            Ok(a) => a,
+            Err((ResponseError::FencedMemberEpoch, _)) => {
+                clients.insert(id.to_string(), (0, Assignment::new()));
+                g.heartbeat(join(id), t, now).unwrap()
+            }
+            Err(e) => panic!("{id} at epoch {epoch} refused: {e:?}"),
+        };
+        if !lost {
+            let owned = a.assignment.unwrap_or_else(|| clients[id].1.clone());
+            clients.insert(id.to_string(), (a.member_epoch, owned));
+        }
+    }
+
+    /// Members join, leave, lose responses and heartbeat in random order,
+    /// each reporting what it was last given: no partition is ever held
+    /// twice, and once every member heartbeats a few times without change
+    /// the group is stable with every partition held once.
+    #[test]
+    fn random_membership_never_holds_a_partition_twice_and_converges() {
+        let seed = keel_log::testing::test_seed();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for _round in 0..50 {
+            let t = topics(rng.gen_range(1..12));
+            let mut g = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+            let mut clients = Clients::new();
+            let mut next = 0;
+            let mut now = 0;
+            for _step in 0..60 {
+                now += 10;
+                let choice = rng.gen_range(0..10);
+                let pick = |clients: &Clients, rng: &mut SmallRng| {
+                    clients
+                        .keys()
+                        .nth(rng.gen_range(0..clients.len()))
+                        .unwrap()
+                        .clone()
+                };
+                if choice == 0 || clients.is_empty() {
+                    next += 1;
+                    let id = format!("m{next}");
+                    clients.insert(id.clone(), (0, Assignment::new()));
+                    client_beat(&mut g, &mut clients, &id, &t, now, false);
+                } else if choice == 1 && clients.len() > 1 {
+                    let id = pick(&clients, &mut rng);
+                    let (_, owned) = clients.remove(&id).unwrap();
+                    g.heartbeat(beat(&id, LEAVE_EPOCH, &owned), &t, now).unwrap();
+                } else {
+                    let id = pick(&clients, &mut rng);
+                    let lost = rng.gen_range(0..8) == 0;
+                    client_beat(&mut g, &mut clients, &id, &t, now, lost);
+                }
+                held_once(&g);
+                // What the clients hold is never held twice either.
+                let mut seen = BTreeSet::new();
+                for (_, owned) in clients.values() {
+                    for (t, ps) in owned {
+                        for p in ps {
+                            assert!(seen.insert((*t, *p)), "seed {seed}: clients hold {t}-{p} twice");
+                        }
+                    }
+                }
+            }
+            for _ in 0..4 {
+                for id in clients.keys().cloned().collect::<Vec<_>>() {
+                    now += 10;
+                    client_beat(&mut g, &mut clients, &id, &t, now, false);
+                }
+            }
+            assert_eq!(g.state(), ConsumerGroupState::Stable, "seed {seed}");
+            let held: usize = clients.values().map(|(_, o)| partitions(o)).sum();
+            assert_eq!(held, t["t"].partitions as usize, "seed {seed}");
+        }
+    }
+}
