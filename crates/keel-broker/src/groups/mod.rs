@@ -830,51 +830,39 @@ impl GroupCoordinator {
             // offsets goes.
             for group in consumer.values() {
                 let subscribed = group.subscribed_topic_names();
-                let mut remaining = 0;
-                for ((topic, partition), v) in table.offsets.get(&group.id).into_iter().flatten() {
-                    let unused = group.is_empty() || !subscribed.contains(topic);
-                    if unused && v.commit_timestamp_ms + retention_ms <= now {
-                        records.push(GroupRecord::Offset {
-                            group: group.id.clone(),
-                            topic: topic.clone(),
-                            partition: *partition,
-                            value: None,
-                        });
-                    } else {
-                        remaining += 1;
-                    }
-                }
+                let remaining = expire(
+                    &group.id,
+                    table.offsets.get(&group.id),
+                    &mut records,
+                    |topic, v| {
+                        (group.is_empty() || !subscribed.contains(topic))
+                            && v.commit_timestamp_ms + retention_ms <= now
+                    },
+                );
                 if group.is_empty() && remaining == 0 {
                     emptied.push((group.id.clone(), false));
                 }
             }
             for group in groups.values() {
-                let offsets = table.offsets.get(&group.id);
                 let subscribed = (!group.is_empty()).then(|| group.subscribed_topics()).flatten();
-                let mut remaining = 0;
-                for ((topic, partition), v) in offsets.into_iter().flatten() {
-                    let expired = if group.is_empty() {
-                        let since = if group.protocol_type().is_some() {
-                            group.state_since_ms().max(v.commit_timestamp_ms)
+                let remaining = expire(
+                    &group.id,
+                    table.offsets.get(&group.id),
+                    &mut records,
+                    |topic, v| {
+                        if group.is_empty() {
+                            let since = if group.protocol_type().is_some() {
+                                group.state_since_ms().max(v.commit_timestamp_ms)
+                            } else {
+                                v.commit_timestamp_ms
+                            };
+                            since + retention_ms <= now
                         } else {
-                            v.commit_timestamp_ms
-                        };
-                        since + retention_ms <= now
-                    } else {
-                        subscribed.as_ref().is_some_and(|s| !s.contains(topic))
-                            && v.commit_timestamp_ms + retention_ms <= now
-                    };
-                    if expired {
-                        records.push(GroupRecord::Offset {
-                            group: group.id.clone(),
-                            topic: topic.clone(),
-                            partition: *partition,
-                            value: None,
-                        });
-                    } else {
-                        remaining += 1;
-                    }
-                }
+                            subscribed.as_ref().is_some_and(|s| !s.contains(topic))
+                                && v.commit_timestamp_ms + retention_ms <= now
+                        }
+                    },
+                );
                 if group.is_empty() && remaining == 0 && group.state() == GroupState::Empty {
                     emptied.push((group.id.clone(), table.groups.contains_key(&group.id)));
                 }
@@ -933,6 +921,30 @@ impl GroupCoordinator {
     pub fn close(&self) {
         self.store.close();
     }
+}
+
+/// Tombstones, into `records`, for the offsets of `group` that `expired`
+/// picks (by topic and committed value); -> how many remain.
+fn expire(
+    group: &str,
+    offsets: Option<&store::GroupOffsets>,
+    records: &mut Vec<GroupRecord>,
+    expired: impl Fn(&str, &CommittedOffset) -> bool,
+) -> usize {
+    let mut remaining = 0;
+    for ((topic, partition), v) in offsets.into_iter().flatten() {
+        if expired(topic, v) {
+            records.push(GroupRecord::Offset {
+                group: group.to_string(),
+                topic: topic.clone(),
+                partition: *partition,
+                value: None,
+            });
+        } else {
+            remaining += 1;
+        }
+    }
+    remaining
 }
 
 #[cfg(test)]

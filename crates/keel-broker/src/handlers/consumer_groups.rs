@@ -181,11 +181,10 @@ pub fn consumer_group_describe(
         .map(|id| {
             let base = DescribedGroup::default()
                 .with_group_id(id.clone())
-                .with_authorized_operations(if req.include_authorized_operations {
-                    super::operations::GROUP
-                } else {
-                    super::operations::OMITTED
-                });
+                .with_authorized_operations(super::operations::if_asked(
+                    req.include_authorized_operations,
+                    super::operations::GROUP,
+                ));
             let g = match broker.groups.describe_consumer(id.as_str()) {
                 Ok(g) => g,
                 Err((error, message)) => {

@@ -617,11 +617,10 @@ pub fn describe_groups(broker: &Broker, req: DescribeGroupsRequest, version: i16
         .map(|id| {
             let base = DescribedGroup::default()
                 .with_group_id(id.clone())
-                .with_authorized_operations(if req.include_authorized_operations {
-                    super::operations::GROUP
-                } else {
-                    super::operations::OMITTED
-                });
+                .with_authorized_operations(super::operations::if_asked(
+                    req.include_authorized_operations,
+                    super::operations::GROUP,
+                ));
             let Some(d) = broker.groups.describe(id.as_str()) else {
                 // Kafka: an unknown group is reported Dead; from v6 with
                 // GROUP_ID_NOT_FOUND.

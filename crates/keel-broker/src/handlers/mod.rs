@@ -55,6 +55,16 @@ pub(crate) mod operations {
 
     /// "Not requested".
     pub const OMITTED: i32 = i32::MIN;
+
+    /// `mask` when the request asked for authorized operations, else
+    /// [`OMITTED`].
+    pub fn if_asked(asked: bool, mask: i32) -> i32 {
+        if asked {
+            mask
+        } else {
+            OMITTED
+        }
+    }
     pub const TOPIC: i32 = mask(&[
         READ,
         WRITE,
