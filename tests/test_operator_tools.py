@@ -381,3 +381,43 @@ def test_kafka_configs_changes_a_loggers_level_while_the_broker_runs(broker):
     assert done.returncode != 0 and "Invalid broker logger(s)" in done.stdout + done.stderr
     done = kafka_configs(broker.bootstrap, "--alter", *loggers, "--delete-config", "root", ok=False)
     assert done.returncode != 0 and "root logger is not allowed" in done.stdout + done.stderr
+
+
+def list_config_resources(bootstrap: str, version: int, types: list[int]) -> tuple[int, list[tuple[str, int | None]]]:
+    """ListConfigResources (74) on the wire: -> (error code, [(name, type)])."""
+    body = (w.uvarint(len(types) + 1) + b"".join(w.i8(t) for t in types) if version >= 1 else b"") + w.EMPTY_TAGS
+    with w.Conn(bootstrap) as c:
+        c.send(w.frame(w.header_v2(74, version, 3) + body))
+        _cid, resp = c.recv_response_flexible()
+    r = w.Reader(resp)
+    r.i32()
+    error, out = r.i16(), []
+    for _ in range(r.uvarint() - 1):
+        name = r.take(r.uvarint() - 1).decode()
+        kind = r.i8() if version >= 1 else None
+        r.skip_tags()
+        # Kafka lists its internal topics too; Keel has none.
+        if not name.startswith("__"):
+            out.append((name, kind))
+    return error, out
+
+
+def test_list_config_resources_answers_as_kafka_does(broker):
+    """What Kafka 4.3.1 answers (probed on it): v1 lists the broker's
+    logger, the broker and every topic, or the types asked; client metrics
+    and groups list nothing without their configs; another type is
+    UNSUPPORTED_VERSION. v0 lists client metrics resources only."""
+    create_topic(broker.bootstrap, "listed-b", partitions=1)
+    create_topic(broker.bootstrap, "listed-a", partitions=1)
+    node = "1"
+    assert list_config_resources(broker.bootstrap, 1, []) == (
+        0, [(node, 8), (node, 4), ("listed-a", 2), ("listed-b", 2)])
+    assert list_config_resources(broker.bootstrap, 1, [2, 32]) == (0, [("listed-a", 2), ("listed-b", 2)])
+    assert list_config_resources(broker.bootstrap, 1, [4]) == (0, [(node, 4)])
+    assert list_config_resources(broker.bootstrap, 1, [16]) == (0, [])
+    for other in (0, 1, 99):
+        assert list_config_resources(broker.bootstrap, 1, [other]) == (35, [])
+    assert list_config_resources(broker.bootstrap, 0, []) == (0, [])
+    done = kafka_tools.run("org.apache.kafka.tools.ClientMetricsCommand", "--bootstrap-server", broker.bootstrap,
+                           "--list")
+    assert done.returncode == 0, done.stderr[-3000:]

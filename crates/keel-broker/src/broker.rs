@@ -585,6 +585,13 @@ impl Broker {
                 id,
                 &mut handlers::quotas::alter_client_quotas(self, r).await,
             ),
+            Request::ListConfigResources(r) => self.answer(
+                client_id,
+                ApiKey::ListConfigResources,
+                version,
+                id,
+                &mut handlers::configs::list_config_resources(self, r, version),
+            ),
             Request::DescribeUserScramCredentials(r) => self.answer(
                 client_id,
                 ApiKey::DescribeUserScramCredentials,

@@ -535,10 +535,15 @@ fn state_registry(broker: &Broker) -> Registry {
         "CompletingRebalance",
         "Stable",
         "Dead",
+        "Reconciling",
     ] {
         let _ = groups.get_or_create(&StateLabels { state });
     }
     for (_, _, state) in broker.groups.list() {
+        groups.get_or_create(&StateLabels { state: state.name() }).inc();
+    }
+    // Consumer-protocol groups (KIP-848) share Empty and Stable.
+    for (_, state) in broker.groups.list_consumer() {
         groups.get_or_create(&StateLabels { state: state.name() }).inc();
     }
     r.register("keel_groups", "Consumer groups, by state", groups);

@@ -398,6 +398,7 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
             .with_topic_partitions(Some(vec![]))),
         ApiKey::ConsumerGroupDescribe => encoded!(ConsumerGroupDescribeRequest::default()
             .with_group_ids(vec![group_id("kip848"), group_id("unknown")])),
+        ApiKey::ListConfigResources => encoded!(ListConfigResourcesRequest::default()),
         other => panic!("{other:?} has no request in this test"),
     }
 }
@@ -479,6 +480,7 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
         ApiKey::ConsumerGroupDescribe => {
             ConsumerGroupDescribeResponse::decode(&mut body, version).map(|_| ())
         }
+        ApiKey::ListConfigResources => ListConfigResourcesResponse::decode(&mut body, version).map(|_| ()),
         other => panic!("{other:?} has no response in this test"),
     };
     r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));

@@ -89,6 +89,7 @@ pub enum Request {
     DescribeUserScramCredentials(DescribeUserScramCredentialsRequest),
     ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest),
     ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
+    ListConfigResources(ListConfigResourcesRequest),
 }
 
 /// A request with its full header.
@@ -225,6 +226,9 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         }
         ApiKey::ConsumerGroupDescribe => {
             Request::ConsumerGroupDescribe(ConsumerGroupDescribeRequest::decode(buf, v)?)
+        }
+        ApiKey::ListConfigResources => {
+            Request::ListConfigResources(ListConfigResourcesRequest::decode(buf, v)?)
         }
         ApiKey::DescribeTopicPartitions => {
             Request::DescribeTopicPartitions(DescribeTopicPartitionsRequest::decode(buf, v)?)

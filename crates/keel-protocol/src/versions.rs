@@ -93,6 +93,8 @@ pub const SUPPORTED: &[ApiSupport] = &[
     // The consumer group protocol (KIP-848).
     api(ApiKey::ConsumerGroupHeartbeat, 0, 1),
     api(ApiKey::ConsumerGroupDescribe, 0, 1),
+    // KIP-1142 (v0: ListClientMetricsResources).
+    api(ApiKey::ListConfigResources, 0, 1),
 ];
 
 /// The support entry for an API key, if Keel implements it.
@@ -167,6 +169,7 @@ mod tests {
                 ApiKey::DescribeUserScramCredentials => check::<DescribeUserScramCredentialsRequest>(a),
                 ApiKey::ConsumerGroupHeartbeat => check::<ConsumerGroupHeartbeatRequest>(a),
                 ApiKey::ConsumerGroupDescribe => check::<ConsumerGroupDescribeRequest>(a),
+                ApiKey::ListConfigResources => check::<ListConfigResourcesRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),
                 ApiKey::DeleteGroups => check::<DeleteGroupsRequest>(a),

@@ -1,4 +1,4 @@
-//! DescribeConfigs for topics and the broker.
+//! DescribeConfigs for topics and the broker, and ListConfigResources.
 
 use keel_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
@@ -191,4 +191,55 @@ fn to_result(e: Entry, include_synonyms: bool) -> DescribeConfigsResourceResult 
         .with_config_source(e.source as i8)
         .with_config_type(e.kind as i8)
         .with_synonyms(synonyms)
+}
+
+/// ListConfigResources (KIP-1142; v0 was ListClientMetricsResources): the
+/// resources that have configs, of the types asked (all if none), in
+/// Kafka 4.3.1's order. Keel has no client metrics subscriptions and no
+/// group configs, so those types list nothing; a type Kafka does not list
+/// is UNSUPPORTED_VERSION.
+pub fn list_config_resources(
+    broker: &Broker,
+    req: ListConfigResourcesRequest,
+    version: i16,
+) -> ListConfigResourcesResponse {
+    use super::config_resource::{RESOURCE_CLIENT_METRICS, RESOURCE_GROUP};
+    use keel_protocol::messages::list_config_resources_response::ConfigResource;
+    const LISTED: [i8; 5] = [
+        RESOURCE_BROKER_LOGGER,
+        RESOURCE_BROKER,
+        RESOURCE_TOPIC,
+        RESOURCE_CLIENT_METRICS,
+        RESOURCE_GROUP,
+    ];
+    // v0 lists client metrics resources only.
+    let wanted: Vec<i8> = match (version, req.resource_types.is_empty()) {
+        (0, _) => vec![RESOURCE_CLIENT_METRICS],
+        (_, true) => LISTED.to_vec(),
+        (_, false) => req.resource_types.clone(),
+    };
+    if wanted.iter().any(|t| !LISTED.contains(t)) {
+        return ListConfigResourcesResponse::default()
+            .with_error_code(ResponseError::UnsupportedVersion.code());
+    }
+    let node = broker.config().node_id().to_string();
+    let resource = |name: String, kind: i8| {
+        ConfigResource::default()
+            .with_resource_name(str_bytes(name))
+            .with_resource_type(kind)
+    };
+    let mut out = Vec::new();
+    for kind in LISTED.into_iter().filter(|k| wanted.contains(k)) {
+        match kind {
+            RESOURCE_BROKER_LOGGER | RESOURCE_BROKER => out.push(resource(node.clone(), kind)),
+            RESOURCE_TOPIC => {
+                let mut names: Vec<String> =
+                    broker.topics.all().iter().map(|t| t.meta.name.clone()).collect();
+                names.sort();
+                out.extend(names.into_iter().map(|n| resource(n, kind)));
+            }
+            _ => {}
+        }
+    }
+    ListConfigResourcesResponse::default().with_config_resources(out)
 }

@@ -26,6 +26,8 @@ pub(crate) mod config_resource {
     pub const RESOURCE_TOPIC: i8 = 2;
     pub const RESOURCE_BROKER: i8 = 4;
     pub const RESOURCE_BROKER_LOGGER: i8 = 8;
+    pub const RESOURCE_CLIENT_METRICS: i8 = 16;
+    pub const RESOURCE_GROUP: i8 = 32;
 }
 
 /// Authorized-operations masks: bit `n` is Kafka's `AclOperation` id `n`.

@@ -62,4 +62,5 @@ throttle_field!(
     DescribeUserScramCredentialsResponse,
     ConsumerGroupHeartbeatResponse,
     ConsumerGroupDescribeResponse,
+    ListConfigResourcesResponse,
 );

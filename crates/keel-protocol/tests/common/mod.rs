@@ -250,6 +250,7 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         }
         ApiKey::ConsumerGroupHeartbeat => Request::ConsumerGroupHeartbeat(consumer_group_heartbeat(g, v)),
         ApiKey::ConsumerGroupDescribe => Request::ConsumerGroupDescribe(consumer_group_describe(g, v)),
+        ApiKey::ListConfigResources => Request::ListConfigResources(list_config_resources(g, v)),
         _ => return None,
     })
 }
@@ -299,6 +300,7 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::DescribeUserScramCredentials(r) => r.encode(buf, v),
         Request::ConsumerGroupHeartbeat(r) => r.encode(buf, v),
         Request::ConsumerGroupDescribe(r) => r.encode(buf, v),
+        Request::ListConfigResources(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
     }
@@ -361,6 +363,7 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::DescribeUserScramCredentials(a), Request::DescribeUserScramCredentials(b)) => a == b,
         (Request::ConsumerGroupHeartbeat(a), Request::ConsumerGroupHeartbeat(b)) => a == b,
         (Request::ConsumerGroupDescribe(a), Request::ConsumerGroupDescribe(b)) => a == b,
+        (Request::ListConfigResources(a), Request::ListConfigResources(b)) => a == b,
         _ => false,
     }
 }
@@ -1242,6 +1245,20 @@ fn consumer_group_describe(g: &mut Gen, _v: i16) -> ConsumerGroupDescribeRequest
         .with_group_ids(g.vec(3, |g| GroupId(g.string())))
         .with_include_authorized_operations(g.bool())
         .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn list_config_resources(g: &mut Gen, v: i16) -> ListConfigResourcesRequest {
+    let mut r = ListConfigResourcesRequest::default().with_unknown_tagged_fields(g.tags(true));
+    if v >= 1 {
+        r = r.with_resource_types(g.vec(4, |g| {
+            if g.one_in(3) {
+                g.i8()
+            } else {
+                1 << g.i8().rem_euclid(6)
+            }
+        }));
+    }
+    r
 }
 
 fn elect_leaders(g: &mut Gen, v: i16) -> ElectLeadersRequest {
