@@ -108,3 +108,43 @@ def find_coordinator(bootstrap: str, group: str) -> int:
     r = w.Reader(resp)
     r.i32()
     return r.i16()
+
+
+def _offset_fetch(bootstrap: str, group: str, member_id: str | None, member_epoch: int
+                  ) -> tuple[int, dict[tuple[str, int], int]]:
+    """OffsetFetch v9 of every offset of `group`: -> (group-level error,
+    {(topic, partition): committed offset})."""
+    body = (_array([w.compact_string(group) + w.compact_string(member_id) + w.i32(member_epoch)
+                    + w.uvarint(0) + w.EMPTY_TAGS]) + w.i8(0) + w.EMPTY_TAGS)
+    with w.Conn(bootstrap) as c:
+        c.send(w.frame(w.header_v2(9, 9, 8) + body))
+        _cid, resp = c.recv_response_flexible()
+    r = w.Reader(resp)
+    r.i32()
+    assert r.uvarint() - 1 == 1
+    _string(r)
+    committed = {}
+    for _ in range(r.uvarint() - 1):
+        topic = _string(r)
+        for _ in range(r.uvarint() - 1):
+            partition, offset, _epoch = r.i32(), r.i64(), r.i32()
+            _string(r)
+            r.i16()
+            r.skip_tags()
+            if offset >= 0:
+                committed[(topic, partition)] = offset
+        r.skip_tags()
+    return r.i16(), committed
+
+
+def offset_fetch_error(bootstrap: str, group: str, member_id: str | None, member_epoch: int) -> int:
+    """OffsetFetch v9 as a member (or as an admin tool: no member, epoch
+    -1): -> the group-level error code."""
+    return _offset_fetch(bootstrap, group, member_id, member_epoch)[0]
+
+
+def offset_fetch_committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    """The group's committed offsets, read as an admin tool does."""
+    error, committed = _offset_fetch(bootstrap, group, None, -1)
+    assert error == 0, error
+    return committed

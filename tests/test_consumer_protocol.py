@@ -19,7 +19,7 @@ from conftest import IMPL, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
 
 INVALID_REQUEST, UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH = 42, 25, 110
-UNSUPPORTED_ASSIGNOR, GROUP_ID_NOT_FOUND = 112, 69
+UNSUPPORTED_ASSIGNOR, GROUP_ID_NOT_FOUND, STALE_MEMBER_EPOCH = 112, 69, 113
 
 # Rebalances take a few heartbeats: short ones keep the test quick.
 FAST = {"group.consumer.heartbeat.interval.ms": "300", "group.consumer.min.heartbeat.interval.ms": "300",
@@ -174,6 +174,11 @@ def test_heartbeats_are_checked_as_kafka_checks_them(broker_factory):
     assert unknown["error"] == UNKNOWN_MEMBER_ID, unknown
     [(topic_id, held)] = joined["assignment"]
     assert held == [0, 1] and joined["interval"] == 300
+    # OffsetFetch from a member is checked against its epoch (v9).
+    assert cg.offset_fetch_error(b.bootstrap, "hb-group", member, epoch) == 0
+    assert cg.offset_fetch_error(b.bootstrap, "hb-group", member, epoch + 1) == STALE_MEMBER_EPOCH
+    assert cg.offset_fetch_error(b.bootstrap, "hb-group", "someone-else", epoch) == UNKNOWN_MEMBER_ID
+    assert cg.offset_fetch_error(b.bootstrap, "hb-group", None, -1) == 0
     fenced = cg.heartbeat(b.bootstrap, "hb-group", member, epoch + 5, owned=[(topic_id, held)])
     assert fenced["error"] == FENCED_MEMBER_EPOCH, fenced
     same = cg.heartbeat(b.bootstrap, "hb-group", member, epoch, owned=[(topic_id, held)])
@@ -242,6 +247,20 @@ def test_a_group_moves_between_the_classic_and_consumer_protocols_with_its_offse
         assert "Stable" in line, done.stdout
     finally:
         modern.stop()
+
+    # The empty consumer group's offsets, with kafka-consumer-groups: deleted,
+    # then set again at the log end (so the classic member below reads only
+    # what comes next: had the reset not worked, it would read from the
+    # start).
+    def tool(*args: str) -> str:
+        done = kafka_tools.run("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                               "--bootstrap-server", b.bootstrap, "--group", group, *args)
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        return done.stdout
+    tool("--delete-offsets", "--topic", topic)
+    assert not cg.offset_fetch_committed(b.bootstrap, group)
+    tool("--reset-offsets", "--topic", topic, "--to-latest", "--execute")
+    assert cg.offset_fetch_committed(b.bootstrap, group) == {(topic, 0): 10, (topic, 1): 10}
 
     third = [f"c{i}" for i in range(10)]
     produce(b.bootstrap, topic, third, 2)

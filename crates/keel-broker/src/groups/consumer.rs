@@ -563,6 +563,19 @@ impl ConsumerGroup {
         Ok(())
     }
 
+    /// Checks an OffsetFetch that names a member (v9): the member at its
+    /// current epoch, as Kafka checks it.
+    pub fn validate_fetch(&self, member_id: &str, member_epoch: i32) -> Result<(), ResponseError> {
+        let m = self
+            .members
+            .get(member_id)
+            .ok_or(ResponseError::UnknownMemberId)?;
+        if member_epoch != m.epoch {
+            return Err(ResponseError::StaleMemberEpoch);
+        }
+        Ok(())
+    }
+
     /// The subscribed topics as the group last saw them.
     pub fn known_topics(&self) -> Topics {
         self.subscribed_topics.clone()

@@ -343,6 +343,24 @@ impl GroupCoordinator {
         out
     }
 
+    /// Checks an OffsetFetch from a member (v9 names one) of a consumer
+    /// group; one from no member (an admin tool), or to another group,
+    /// passes.
+    pub fn validate_consumer_fetch(
+        &self,
+        group_id: &str,
+        member_id: Option<&str>,
+        member_epoch: i32,
+    ) -> Result<(), ResponseError> {
+        if member_id.is_none() && member_epoch < 0 {
+            return Ok(());
+        }
+        match self.consumer_groups.lock().get(group_id) {
+            Some(g) => g.validate_fetch(member_id.unwrap_or(""), member_epoch),
+            None => Ok(()),
+        }
+    }
+
     /// Checks a commit to a consumer group, if `group_id` is one.
     fn admit_consumer_commit(
         &self,

@@ -527,6 +527,15 @@ pub fn offset_fetch(broker: &Broker, req: OffsetFetchRequest, version: i16) -> O
         .groups
         .into_iter()
         .map(|g| {
+            let member = g.member_id.as_ref().map(|m| m.as_str());
+            if let Err(e) = broker
+                .groups
+                .validate_consumer_fetch(g.group_id.as_str(), member, g.member_epoch)
+            {
+                return OffsetFetchResponseGroup::default()
+                    .with_group_id(g.group_id)
+                    .with_error_code(e.code());
+            }
             let topics = g.topics.map(|ts| {
                 ts.into_iter()
                     .map(|t| (t.name.to_string(), t.partition_indexes))
