@@ -5,7 +5,9 @@ requests are Kafka 4.3.1's own, probed on it; the rates are held by
 Kafka's own ProducerPerformance and ConsumerPerformance."""
 from __future__ import annotations
 
+import math
 import re
+import time
 
 import kafka_tools
 import kafka_wire as w
@@ -250,11 +252,16 @@ def test_connections_over_their_address_connection_creation_rate_are_closed_unan
             c.close()
         return answered, closed
 
-    # 5/s measured over at least 10 s: the 51st connection within the
-    # first second is over (a few more if the second runs on).
+    # 5/s measured over at least 10 s: 50 connections at once are within
+    # the rate, and 5 more for every second the connections took to
+    # arrive (bounded by the attempt's whole time: a loaded machine may
+    # accept them over a second or two).
+    started = time.monotonic()
     answered, closed = attempt(80)
-    print(f"connection_creation_rate 5/s: {answered} of 80 connections served, {closed} closed unanswered")
-    assert 50 <= answered <= 56 and answered + closed == 80, (answered, closed)
+    took_s = time.monotonic() - started
+    print(f"connection_creation_rate 5/s: {answered} of 80 connections served, {closed} closed unanswered "
+          f"(in {took_s:.2f} s)")
+    assert 50 <= answered <= 50 + math.ceil(5 * took_s) and answered + closed == 80, (answered, closed, took_s)
     if b.admin:
         families = scrape(b)
         assert sample(families, "keel_quota_throttled_total", quota="connection_creation_rate") == closed

@@ -265,3 +265,32 @@ def test_a_group_moves_between_the_classic_and_consumer_protocols_with_its_offse
     third = [f"c{i}" for i in range(10)]
     produce(b.bootstrap, topic, third, 2)
     assert classic_consume(b.bootstrap, topic, group, set(third)) == set(third)
+
+
+def test_a_static_member_restarts_into_its_place_without_a_rebalance(broker_factory):
+    """A console consumer with `group.instance.id` leaves for a while (on
+    close, with epoch -2) and comes back under a new member id: it gets its
+    partitions back, and the group epoch does not move."""
+    b = broker_factory(FAST)
+    topic, group = "static", "static-group"
+    create_topic(b.bootstrap, topic, partitions=4)
+    static = ("--command-property", "group.instance.id=host-a")
+    a = ConsoleConsumer(b.bootstrap, topic, group, *static)
+    other = ConsoleConsumer(b.bootstrap, topic, group)
+    try:
+        before = spread(b.bootstrap, group, 2, 4)
+        held = {i: m["assignment"] for i, m in before["members"].items()}
+        a.stop()
+        g = cg.describe(b.bootstrap, group)
+        # Still two members: the static one's place is kept.
+        assert len(g["members"]) == 2 and g["epoch"] == before["epoch"], g
+        a = ConsoleConsumer(b.bootstrap, topic, group, *static)
+        # A new member id takes the place, with the same partitions.
+        wait_until(lambda: set(cg.describe(b.bootstrap, group)["members"]) != set(held), 60,
+                   "the static member to come back")
+        after = spread(b.bootstrap, group, 2, 4)
+        assert after["epoch"] == before["epoch"], (before, after)
+        assert sorted(held.values(), key=str) == sorted((m["assignment"] for m in after["members"].values()), key=str)
+    finally:
+        a.stop()
+        other.stop()

@@ -91,6 +91,9 @@ pub struct Member {
     pub revoking: Assignment,
     session_deadline_ms: i64,
     revoke_deadline_ms: Option<i64>,
+    /// A static member that left with `STATIC_LEAVE_EPOCH`: its place is
+    /// kept for its instance id until its session times out.
+    pub left_static: bool,
     /// The epoch and assignment the last response carried: an assignment
     /// is sent again only when it changes.
     sent: Option<(i32, Assignment)>,
@@ -271,17 +274,28 @@ impl ConsumerGroup {
                 ),
             ));
         }
-        // A static member coming back under a new member id replaces the
-        // old one (which is fenced).
+        // A static member coming back under a new member id takes the
+        // place (epoch, partitions, target) of the one that left with
+        // `STATIC_LEAVE_EPOCH`, without a rebalance; one still there keeps
+        // its instance id.
         if let Some(instance) = &hb.instance_id {
-            let replaced: Vec<String> = self
+            let holder = self
                 .members
                 .values()
-                .filter(|m| m.id != hb.member_id && m.instance_id.as_ref() == Some(instance))
-                .map(|m| m.id.clone())
-                .collect();
-            for id in replaced {
-                self.remove(&id);
+                .find(|m| m.id != hb.member_id && m.instance_id.as_ref() == Some(instance))
+                .map(|m| (m.id.clone(), m.left_static));
+            match holder {
+                Some((old, true)) => {
+                    self.replace_static(&old, &hb.member_id);
+                    return Ok(false);
+                }
+                Some((_, false)) => {
+                    return Err(refuse(
+                        ResponseError::UnreleasedInstanceId,
+                        format!("Static member with instance id {instance} is not released yet."),
+                    ))
+                }
+                None => {}
             }
         }
         match self.members.get_mut(&hb.member_id) {
@@ -293,6 +307,7 @@ impl ConsumerGroup {
                 m.assigned.clear();
                 m.revoking.clear();
                 m.revoke_deadline_ms = None;
+                m.left_static = false;
                 m.sent = None;
             }
             None => {
@@ -315,6 +330,7 @@ impl ConsumerGroup {
                         revoking: Assignment::new(),
                         session_deadline_ms: 0,
                         revoke_deadline_ms: None,
+                        left_static: false,
                         sent: None,
                     },
                 );
@@ -396,20 +412,41 @@ impl ConsumerGroup {
     }
 
     fn leave(&mut self, hb: &Heartbeat, topics: &Topics) -> Result<HeartbeatAnswer, Refusal> {
-        if !self.members.contains_key(&hb.member_id) {
+        let Some(m) = self.members.get_mut(&hb.member_id) else {
             return Err(refuse(
                 ResponseError::UnknownMemberId,
                 format!("Member {} is not a member of group {}.", hb.member_id, self.id),
             ));
+        };
+        // A static member leaving for a while keeps its place until its
+        // session times out.
+        if hb.member_epoch == STATIC_LEAVE_EPOCH && m.instance_id.is_some() {
+            m.left_static = true;
+        } else {
+            self.remove(&hb.member_id);
+            self.compute_target(topics);
         }
-        self.remove(&hb.member_id);
-        self.compute_target(topics);
         Ok(HeartbeatAnswer {
             member_id: hb.member_id.clone(),
             member_epoch: hb.member_epoch,
             heartbeat_interval_ms: 0,
             assignment: None,
         })
+    }
+
+    /// Moves the place of a static member that left to the member id that
+    /// rejoins with its instance id.
+    fn replace_static(&mut self, old: &str, new: &str) {
+        let Some(mut m) = self.members.remove(old) else {
+            return;
+        };
+        m.id = new.to_string();
+        m.left_static = false;
+        m.sent = None;
+        if let Some(target) = self.target.remove(old) {
+            self.target.insert(new.to_string(), target);
+        }
+        self.members.insert(new.to_string(), m);
     }
 
     /// Removes a member (its partitions are free for others at once) and
@@ -809,6 +846,58 @@ mod tests {
             let owned = a.assignment.unwrap_or_else(|| clients[id].1.clone());
             clients.insert(id.to_string(), (a.member_epoch, owned));
         }
+    }
+
+    #[test]
+    fn a_static_member_that_leaves_for_a_while_gets_its_partitions_back_without_a_rebalance() {
+        let t = topics(4);
+        let mut g = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+        let mut j1 = join("m1");
+        j1.instance_id = Some("host-1".into());
+        let a1 = g.heartbeat(j1.clone(), &t, 0).unwrap();
+        let a2 = g.heartbeat(join("m2"), &t, 10).unwrap();
+        // Settle: m1 revokes, both hold two.
+        let r1 = g
+            .heartbeat(beat("m1", a1.member_epoch, &a1.assignment.unwrap()), &t, 20)
+            .unwrap();
+        let kept = r1.assignment.unwrap();
+        let r1 = g.heartbeat(beat("m1", r1.member_epoch, &kept), &t, 30).unwrap();
+        g.heartbeat(beat("m2", a2.member_epoch, &Assignment::new()), &t, 40)
+            .unwrap();
+        assert_eq!(g.state(), ConsumerGroupState::Stable);
+        let epoch = g.epoch;
+        let mut leave = beat("m1", STATIC_LEAVE_EPOCH, &kept);
+        leave.instance_id = Some("host-1".into());
+        assert_eq!(
+            g.heartbeat(leave, &t, 50).unwrap().member_epoch,
+            STATIC_LEAVE_EPOCH
+        );
+        // Its place is kept: no new epoch, its partitions stay its own.
+        assert_eq!(g.epoch, epoch);
+        let mut back = join("m1-new");
+        back.instance_id = Some("host-1".into());
+        let again = g.heartbeat(back, &t, 60).unwrap();
+        assert_eq!(
+            (again.member_epoch, again.assignment),
+            (r1.member_epoch, Some(kept))
+        );
+        assert!(!g.members.contains_key("m1"));
+        assert_eq!(g.epoch, epoch);
+        // Another member with that instance id while it is there.
+        let mut clash = join("m10");
+        clash.instance_id = Some("host-1".into());
+        assert_eq!(
+            g.heartbeat(clash, &t, 65).unwrap_err().0,
+            ResponseError::UnreleasedInstanceId
+        );
+        // Unless its session times out first: then it goes, with a rebalance.
+        let mut gone = beat("m1-new", again.member_epoch, &Assignment::new());
+        gone.member_epoch = STATIC_LEAVE_EPOCH;
+        gone.instance_id = Some("host-1".into());
+        g.heartbeat(gone, &t, 70).unwrap();
+        let before = g.epoch;
+        assert!(g.tick(&t, 60 + 45_000));
+        assert!(!g.members.contains_key("m1-new") && g.epoch > before);
     }
 
     /// Members join, leave, lose responses and heartbeat in random order,
