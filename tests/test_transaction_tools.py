@@ -97,3 +97,8 @@ def test_kafka_features_shows_the_transaction_version(broker_factory):
         fields = dict(re.findall(r"(\w+): (\S+)", line))
         assert fields["SupportedMinVersion"] == "0" and fields["SupportedMaxVersion"] == "2", line
         assert fields["FinalizedVersionLevel"] == str(level), line
+        # The other features Keel reports, as Kafka 4.3.1 names them.
+        features = {m.group(1): dict(re.findall(r"(\w+): (\S+)", l))
+                    for l in done.stdout.splitlines() if (m := re.match(r"Feature: (\S+)", l))}
+        assert features["metadata.version"]["FinalizedVersionLevel"] == "4.3-IV0", done.stdout
+        assert features["group.version"]["FinalizedVersionLevel"] == "1", done.stdout

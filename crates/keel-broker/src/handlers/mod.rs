@@ -95,17 +95,23 @@ pub const TRANSACTION_VERSION_FEATURE: &str = "transaction.version";
 /// `group.version` 1: the consumer group protocol (KIP-848) is served.
 pub const GROUP_VERSION_FEATURE: &str = "group.version";
 pub const GROUP_VERSION: i16 = 1;
+/// `metadata.version` 30 is Kafka 4.3-IV0's: the level of the protocol
+/// Keel answers (it has no KRaft metadata log to move between levels, so
+/// it supports that one only).
+pub const METADATA_VERSION_FEATURE: &str = "metadata.version";
+pub const METADATA_VERSION: i16 = 30;
 
 /// ApiVersions: the APIs, and (v3+) the features, as a KRaft broker
-/// reports them: `group.version` finalized at 1, and
+/// reports them: `metadata.version` at Kafka 4.3-IV0's level,
+/// `group.version` finalized at 1, and
 /// `transaction.version` supported 0 to 2 and finalized at
 /// `keel.transaction.version`, which clients read to choose the protocol.
 pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
     let level = broker.config().transaction_version();
-    let supported = |name: &str, max: i16| {
+    let supported = |name: &str, min: i16, max: i16| {
         SupportedFeatureKey::default()
             .with_name(str_bytes(name))
-            .with_min_version(0)
+            .with_min_version(min)
             .with_max_version(max)
     };
     let finalized = |name: &str, level: i16| {
@@ -114,16 +120,21 @@ pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
             .with_min_version_level(level)
             .with_max_version_level(level)
     };
-    let mut finals = vec![finalized(GROUP_VERSION_FEATURE, GROUP_VERSION)];
+    let mut finals = vec![
+        finalized(METADATA_VERSION_FEATURE, METADATA_VERSION),
+        finalized(GROUP_VERSION_FEATURE, GROUP_VERSION),
+    ];
     // Kafka leaves a feature at level 0 out of the finalized ones.
     if level > 0 {
         finals.push(finalized(TRANSACTION_VERSION_FEATURE, level));
     }
     keel_protocol::response::api_versions(0)
         .with_supported_features(vec![
-            supported(GROUP_VERSION_FEATURE, GROUP_VERSION),
+            supported(METADATA_VERSION_FEATURE, METADATA_VERSION, METADATA_VERSION),
+            supported(GROUP_VERSION_FEATURE, 0, GROUP_VERSION),
             supported(
                 TRANSACTION_VERSION_FEATURE,
+                0,
                 crate::txn::state::TRANSACTION_VERSION_2,
             ),
         ])
