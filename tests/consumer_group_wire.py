@@ -10,21 +10,12 @@ import kafka_wire as w
 HEARTBEAT, DESCRIBE = 68, 69
 
 
-def _array(items: list[bytes]) -> bytes:
-    return w.uvarint(len(items) + 1) + b"".join(items)
-
-
-def _string(r: w.Reader) -> str | None:
-    n = r.uvarint() - 1
-    return None if n < 0 else r.take(n).decode()
-
-
 def _assignment(r: w.Reader) -> dict[str, list[int]]:
     """-> {topic name: partitions}"""
     out = {}
     for _ in range(r.uvarint() - 1):
         r.take(16)  # topic id
-        name = _string(r)
+        name = r.compact_string()
         out[name] = sorted(r.i32() for _ in range(r.uvarint() - 1))
         r.skip_tags()
     r.skip_tags()
@@ -34,25 +25,25 @@ def _assignment(r: w.Reader) -> dict[str, list[int]]:
 def describe(bootstrap: str, group: str) -> dict:
     """-> {"error", "state", "epoch", "assignment_epoch", "assignor",
     "members": {member id: {"epoch", "client_id", "topics", "assignment", "target"}}}"""
-    body = _array([w.compact_string(group)]) + w.i8(0) + w.EMPTY_TAGS
+    body = w.compact_array([w.compact_string(group)]) + w.i8(0) + w.EMPTY_TAGS
     with w.Conn(bootstrap) as c:
         c.send(w.frame(w.header_v2(DESCRIBE, 1, 5) + body))
         _cid, resp = c.recv_response_flexible()
     r = w.Reader(resp)
     r.i32()
     assert r.uvarint() - 1 == 1
-    g = {"error": r.i16(), "message": _string(r)}
-    _string(r)  # group id
-    g["state"] = _string(r)
+    g = {"error": r.i16(), "message": r.compact_string()}
+    r.compact_string()  # group id
+    g["state"] = r.compact_string()
     g["epoch"], g["assignment_epoch"] = r.i32(), r.i32()
-    g["assignor"] = _string(r)
+    g["assignor"] = r.compact_string()
     members = {}
     for _ in range(r.uvarint() - 1):
-        member_id = _string(r)
-        _string(r), _string(r)  # instance id, rack id
-        m = {"epoch": r.i32(), "client_id": _string(r), "client_host": _string(r)}
-        m["topics"] = [_string(r) for _ in range(r.uvarint() - 1)]
-        m["regex"] = _string(r)
+        member_id = r.compact_string()
+        r.compact_string(), r.compact_string()  # instance id, rack id
+        m = {"epoch": r.i32(), "client_id": r.compact_string(), "client_host": r.compact_string()}
+        m["topics"] = [r.compact_string() for _ in range(r.uvarint() - 1)]
+        m["regex"] = r.compact_string()
         m["assignment"] = _assignment(r)
         m["target"] = _assignment(r)
         m["type"] = r.i8()
@@ -68,9 +59,9 @@ def heartbeat(bootstrap: str, group: str, member_id: str, epoch: int, topics: li
               owned: list[tuple[uuid.UUID, list[int]]] | None = None, rebalance_timeout_ms: int = 30000,
               assignor: str | None = None, regex: str | None = None, version: int = 1) -> dict:
     """One ConsumerGroupHeartbeat: -> {"error", "message", "member_id", "epoch", "interval", "assignment"}"""
-    topics_field = w.uvarint(0) if topics is None else _array([w.compact_string(t) for t in topics])
-    owned_field = w.uvarint(0) if owned is None else _array([
-        t.bytes + _array([w.i32(p) for p in ps]) + w.EMPTY_TAGS for t, ps in owned])
+    topics_field = w.uvarint(0) if topics is None else w.compact_array([w.compact_string(t) for t in topics])
+    owned_field = w.uvarint(0) if owned is None else w.compact_array([
+        t.bytes + w.compact_array([w.i32(p) for p in ps]) + w.EMPTY_TAGS for t, ps in owned])
     body = (w.compact_string(group) + w.compact_string(member_id) + w.i32(epoch)
             + w.compact_string(None) + w.compact_string(None) + w.i32(rebalance_timeout_ms)
             + topics_field + (w.compact_string(regex) if version >= 1 else b"")
@@ -80,7 +71,7 @@ def heartbeat(bootstrap: str, group: str, member_id: str, epoch: int, topics: li
         _cid, resp = c.recv_response_flexible()
     r = w.Reader(resp)
     r.i32()
-    out = {"error": r.i16(), "message": _string(r), "member_id": _string(r), "epoch": r.i32(),
+    out = {"error": r.i16(), "message": r.compact_string(), "member_id": r.compact_string(), "epoch": r.i32(),
            "interval": r.i32()}
     present = r.i8()
     if present >= 0:
@@ -114,7 +105,7 @@ def _offset_fetch(bootstrap: str, group: str, member_id: str | None, member_epoc
                   ) -> tuple[int, dict[tuple[str, int], int]]:
     """OffsetFetch v9 of every offset of `group`: -> (group-level error,
     {(topic, partition): committed offset})."""
-    body = (_array([w.compact_string(group) + w.compact_string(member_id) + w.i32(member_epoch)
+    body = (w.compact_array([w.compact_string(group) + w.compact_string(member_id) + w.i32(member_epoch)
                     + w.uvarint(0) + w.EMPTY_TAGS]) + w.i8(0) + w.EMPTY_TAGS)
     with w.Conn(bootstrap) as c:
         c.send(w.frame(w.header_v2(9, 9, 8) + body))
@@ -122,13 +113,13 @@ def _offset_fetch(bootstrap: str, group: str, member_id: str | None, member_epoc
     r = w.Reader(resp)
     r.i32()
     assert r.uvarint() - 1 == 1
-    _string(r)
+    r.compact_string()
     committed = {}
     for _ in range(r.uvarint() - 1):
-        topic = _string(r)
+        topic = r.compact_string()
         for _ in range(r.uvarint() - 1):
             partition, offset, _epoch = r.i32(), r.i64(), r.i32()
-            _string(r)
+            r.compact_string()
             r.i16()
             r.skip_tags()
             if offset >= 0:

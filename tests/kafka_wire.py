@@ -84,6 +84,11 @@ def compact_string(s: str | None) -> bytes:
     return uvarint(len(b) + 1) + b
 
 
+def compact_array(items: list[bytes]) -> bytes:
+    """A flexible version's array: its length + 1 as an unsigned varint."""
+    return uvarint(len(items) + 1) + b"".join(items)
+
+
 def nbytes(b: bytes | None) -> bytes:
     if b is None:
         return i32(-1)
@@ -199,6 +204,10 @@ class Reader:
 
     def string(self):
         n = self.i16()
+        return None if n < 0 else self.take(n).decode()
+
+    def compact_string(self):
+        n = self.uvarint() - 1
         return None if n < 0 else self.take(n).decode()
 
     def bytes_(self):

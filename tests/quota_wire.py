@@ -13,20 +13,11 @@ EXACT, DEFAULT, ANY = 0, 1, 2
 Entity = list[tuple[str, str | None]]
 
 
-def _array(items: list[bytes]) -> bytes:
-    return w.uvarint(len(items) + 1) + b"".join(items)
-
-
-def _reader_compact_string(r: w.Reader) -> str | None:
-    n = r.uvarint() - 1
-    return None if n < 0 else r.take(n).decode()
-
-
 def _entity(r: w.Reader) -> Entity:
     out = []
     for _ in range(r.uvarint() - 1):
-        kind = _reader_compact_string(r)
-        name = _reader_compact_string(r)
+        kind = r.compact_string()
+        name = r.compact_string()
         r.skip_tags()
         out.append((kind, name))
     return out
@@ -35,9 +26,9 @@ def _entity(r: w.Reader) -> Entity:
 def alter(bootstrap: str, entries: list[tuple[Entity, list[tuple[str, float, bool]]]],
           validate_only: bool = False) -> list[tuple[int, str | None, Entity]]:
     """-> per entry (error code, message, entity echoed)."""
-    body = _array([
-        _array([w.compact_string(k) + w.compact_string(n) + w.EMPTY_TAGS for k, n in entity])
-        + _array([w.compact_string(key) + struct.pack(">d", value) + w.i8(int(remove)) + w.EMPTY_TAGS
+    body = w.compact_array([
+        w.compact_array([w.compact_string(k) + w.compact_string(n) + w.EMPTY_TAGS for k, n in entity])
+        + w.compact_array([w.compact_string(key) + struct.pack(">d", value) + w.i8(int(remove)) + w.EMPTY_TAGS
                   for key, value, remove in ops])
         + w.EMPTY_TAGS
         for entity, ops in entries]) + w.i8(int(validate_only)) + w.EMPTY_TAGS
@@ -49,7 +40,7 @@ def alter(bootstrap: str, entries: list[tuple[Entity, list[tuple[str, float, boo
     out = []
     for _ in range(r.uvarint() - 1):
         code = r.i16()
-        message = _reader_compact_string(r)
+        message = r.compact_string()
         entity = _entity(r)
         r.skip_tags()
         out.append((code, message, entity))
@@ -59,7 +50,7 @@ def alter(bootstrap: str, entries: list[tuple[Entity, list[tuple[str, float, boo
 def describe(bootstrap: str, components: list[tuple[str, int, str | None]], strict: bool = False
              ) -> tuple[int, str | None, list[tuple[Entity, dict[str, float]]] | None]:
     """-> (error code, message, [(entity, {key: value})] or None)."""
-    body = _array([w.compact_string(kind) + w.i8(match_type) + w.compact_string(name) + w.EMPTY_TAGS
+    body = w.compact_array([w.compact_string(kind) + w.i8(match_type) + w.compact_string(name) + w.EMPTY_TAGS
                    for kind, match_type, name in components]) + w.i8(int(strict)) + w.EMPTY_TAGS
     with w.Conn(bootstrap) as c:
         c.send(w.frame(w.header_v2(DESCRIBE_CLIENT_QUOTAS, 1, 8) + body))
@@ -67,7 +58,7 @@ def describe(bootstrap: str, components: list[tuple[str, int, str | None]], stri
     r = w.Reader(resp)
     r.i32()
     code = r.i16()
-    message = _reader_compact_string(r)
+    message = r.compact_string()
     n = r.uvarint() - 1
     if n < 0:
         return code, message, None
@@ -76,7 +67,7 @@ def describe(bootstrap: str, components: list[tuple[str, int, str | None]], stri
         entity = _entity(r)
         values = {}
         for _ in range(r.uvarint() - 1):
-            key = _reader_compact_string(r)
+            key = r.compact_string()
             values[key] = struct.unpack(">d", r.take(8))[0]
             r.skip_tags()
         r.skip_tags()
@@ -92,7 +83,7 @@ def create_topics(bootstrap: str, client_id: str, version: int, topics: list[tup
     """CreateTopics v5-v7 (flexible) as `client_id`: -> (throttle_time_ms,
     [(topic, error code, message)])."""
     assert 5 <= version <= 7
-    body = _array([w.compact_string(name) + w.i32(partitions) + w.i16(-1) + _array([]) + _array([])
+    body = w.compact_array([w.compact_string(name) + w.i32(partitions) + w.i16(-1) + w.compact_array([]) + w.compact_array([])
                    + w.EMPTY_TAGS for name, partitions in topics]) + w.i32(30_000) + w.i8(0) + w.EMPTY_TAGS
     with w.Conn(bootstrap) as c:
         c.send(w.frame(w.header_v2(CREATE_TOPICS, version, 9, client_id) + body))
@@ -101,16 +92,16 @@ def create_topics(bootstrap: str, client_id: str, version: int, topics: list[tup
     throttle = r.i32()
     out = []
     for _ in range(r.uvarint() - 1):
-        name = _reader_compact_string(r)
+        name = r.compact_string()
         if version >= 7:
             r.take(16)  # topic id
         code = r.i16()
-        message = _reader_compact_string(r)
+        message = r.compact_string()
         r.i32()  # num_partitions
         r.i16()  # replication_factor
         for _ in range(r.uvarint() - 1):  # configs (null: -1 + 1 = 0 entries)
-            _reader_compact_string(r)
-            _reader_compact_string(r)
+            r.compact_string()
+            r.compact_string()
             r.take(3)  # read_only, config_source, is_sensitive
             r.skip_tags()
         r.skip_tags()

@@ -94,7 +94,7 @@ def describe_log_dirs_v4(bootstrap: str, topics: dict[str, list[int]] | None) ->
     for _ in range(r.uvarint() - 1):
         d = {"error": r.i16(), "dir": r.take(r.uvarint() - 1).decode(), "partitions": {}}
         for _ in range(r.uvarint() - 1):
-            name = r.take(r.uvarint() - 1).decode()
+            name = r.compact_string()
             for _ in range(r.uvarint() - 1):
                 index, size, lag, future = r.i32(), r.i64(), r.i64(), r.i8()
                 r.skip_tags()
@@ -385,7 +385,7 @@ def test_kafka_configs_changes_a_loggers_level_while_the_broker_runs(broker):
 
 def list_config_resources(bootstrap: str, version: int, types: list[int]) -> tuple[int, list[tuple[str, int | None]]]:
     """ListConfigResources (74) on the wire: -> (error code, [(name, type)])."""
-    body = (w.uvarint(len(types) + 1) + b"".join(w.i8(t) for t in types) if version >= 1 else b"") + w.EMPTY_TAGS
+    body = (w.compact_array([w.i8(t) for t in types]) if version >= 1 else b"") + w.EMPTY_TAGS
     with w.Conn(bootstrap) as c:
         c.send(w.frame(w.header_v2(74, version, 3) + body))
         _cid, resp = c.recv_response_flexible()
@@ -393,7 +393,7 @@ def list_config_resources(bootstrap: str, version: int, types: list[int]) -> tup
     r.i32()
     error, out = r.i16(), []
     for _ in range(r.uvarint() - 1):
-        name = r.take(r.uvarint() - 1).decode()
+        name = r.compact_string()
         kind = r.i8() if version >= 1 else None
         r.skip_tags()
         # Kafka lists its internal topics too; Keel has none.
