@@ -6,12 +6,14 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import ConfigResource, NewPartitions, OffsetSpec
+from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions, NewTopic,
+                                  OffsetSpec)
 
 from conftest import unique, wait_until
-from kclient import (CLIENT_TIMEOUT_S, DeliveryLog, admin, consume_range, consumer, create_topic,
-                     assert_stored_codec, produce_all, topic_absent, topic_partitions,
-                     wait_topic)
+import kafka_wire as kw
+from kclient import (CLIENT_TIMEOUT_S, CODEC_IDS, DeliveryLog, admin, consume_range, consumer, create_topic,
+                     assert_stored_codec, expected_codec, produce_all, stored_codecs, topic_absent,
+                     topic_partitions, wait_topic)
 
 # ----------------------------------------------------------------- records
 
@@ -437,3 +439,77 @@ def test_kafka_python_auto_create(shared_broker):
     finally:
         prod.close(timeout=10)
     assert topic_partitions(bs, topic)
+
+
+# ------------------------------------------------- the topic's compression.type
+
+@pytest.mark.parametrize("producer_codec,topic_codec", [
+    ("none", "gzip"), ("gzip", "uncompressed"), ("lz4", "zstd"), ("zstd", "snappy"), ("snappy", "lz4"),
+])
+def test_the_topic_compression_type_is_applied(shared_broker, producer_codec, topic_codec):
+    """A topic whose compression.type names a codec stores every batch in
+    it, whatever the producer sent (Kafka recompresses too); the records,
+    offsets and idempotent sequences come back unchanged, and a change of
+    compression.type applies to the next batches."""
+    bs = shared_broker.bootstrap
+    topic = unique(f"ct-{producer_codec}-{topic_codec}")
+    extra = {"compression.zstd.level": "9"} if topic_codec == "zstd" else {}
+    create_topic(bs, topic, partitions=1, config={"compression.type": topic_codec, **extra})
+    records = make_records(3000, seed=len(producer_codec) + 31)
+    for r in records:
+        r["partition"] = 0
+    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True, "acks": "all",
+                  "compression.type": producer_codec, "linger.ms": 5})
+    log = DeliveryLog()
+    produce_all(p, records, log, topic)
+    check_roundtrip(records, log, consume_range(bs, topic, [0], len(records)))
+    want = "none" if topic_codec == "uncompressed" else topic_codec
+    assert stored_codecs(bs, topic, 0) == {CODEC_IDS[want]}
+    assert all(b["crc_ok"] for b in kw.fetch_batches(bs, topic, 0, max_bytes=256 << 10, check_crc=True))
+
+    # Back to the producer's codec for the batches that follow.
+    a = admin(bs)  # kept alive until the future resolves
+    res = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("compression.type", "producer", incremental_operation=AlterConfigOpType.SET)])
+    a.incremental_alter_configs([res])[res].result(timeout=CLIENT_TIMEOUT_S)
+    more = make_records(500, seed=7)
+    for r in more:
+        r["partition"] = 0
+    log2 = DeliveryLog()
+    produce_all(p, more, log2, topic)
+    log2.check()
+    after = kw.fetch_batches(bs, topic, 0, offset=len(records), max_bytes=4 << 20)
+    assert {b["codec"] for b in after} <= {0, expected_codec(bs, producer_codec)}, after[:3]
+
+
+def test_compression_configs_are_checked_as_kafka_checks_them(shared_broker):
+    bs = shared_broker.bootstrap
+    a = admin(bs)
+    bad = [
+        ({"compression.type": "brotli"}, "String must be one of: uncompressed, zstd, lz4, snappy, gzip, producer"),
+        ({"compression.gzip.level": "10"}, "compression.gzip.level"),
+        ({"compression.zstd.level": "23"}, "compression.zstd.level"),
+        ({"compression.lz4.level": "0"}, "compression.lz4.level"),
+        ({"leader.replication.throttled.replicas": "0-1"}, "leader.replication.throttled.replicas"),
+    ]
+    for config, message in bad:
+        topic = unique("ctbad")
+        fs = a.create_topics([NewTopic(topic, 1, 1, config=config)], request_timeout=CLIENT_TIMEOUT_S)
+        with pytest.raises(KafkaException) as e:
+            fs[topic].result(timeout=CLIENT_TIMEOUT_S)
+        err = e.value.args[0]
+        assert err.code() == KafkaError.INVALID_CONFIG and message in err.str(), (config, err)
+    # Kafka 4.3's other topic configs are taken and described.
+    topic = unique("ctok")
+    create_topic(bs, topic, 1, {"compression.gzip.level": "9", "compression.lz4.level": "17",
+                                "compression.zstd.level": "-5", "leader.replication.throttled.replicas": "*",
+                                "follower.replication.throttled.replicas": "0:1,0:2"})
+    res = ConfigResource("topic", topic)
+    described = a.describe_configs([res])[res].result(timeout=CLIENT_TIMEOUT_S)
+    assert {k: described[k].value for k in (
+        "compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
+        "leader.replication.throttled.replicas", "follower.replication.throttled.replicas",
+        "remote.log.copy.disable", "remote.log.delete.on.disable")} == {
+        "compression.gzip.level": "9", "compression.lz4.level": "17", "compression.zstd.level": "-5",
+        "leader.replication.throttled.replicas": "*", "follower.replication.throttled.replicas": "0:1,0:2",
+        "remote.log.copy.disable": "false", "remote.log.delete.on.disable": "false"}

@@ -356,19 +356,68 @@ def test_read_committed_reads_of_cold_segments_skip_aborted_transactions(kind, b
         b.restart()
 
 
-def test_remote_storage_cannot_be_turned_off_on_a_topic(broker_factory, request, tmp_path):
-    """As Kafka refuses without remote.log.delete.on.disable: turning
-    remote.storage.enable off would leave the object store's copies behind."""
-    sets, topic_config, _files = tier_setup("file", request, tmp_path)
-    b = broker_factory(sets)
-    topic = unique("tier-off")
-    create_topic(b.bootstrap, topic, 1, topic_config)
-    admin = AdminClient({"bootstrap.servers": b.bootstrap})
-    res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
-        ConfigEntry("remote.storage.enable", "false", incremental_operation=AlterConfigOpType.SET)])
-    with pytest.raises(KafkaException) as e:
-        admin.incremental_alter_configs([res])[res].result(CLIENT_TIMEOUT_S)
-    assert e.value.args[0].code() == KafkaError.INVALID_CONFIG, e.value
-    res = ConfigResource(ResourceType.TOPIC, topic)
-    configs = admin.describe_configs([res])[res].result(CLIENT_TIMEOUT_S)
-    assert configs["remote.storage.enable"].value == "true"
+def test_remote_storage_read_only_and_turned_off_with_its_data(broker_factory, request, tmp_path):
+    """Kafka's two ways out of a topic's remote storage (KIP-950):
+    `remote.log.copy.disable=true` keeps the copies readable and makes no
+    more; `remote.storage.enable=false` only together with
+    `remote.log.delete.on.disable=true`, which deletes the copies and the
+    offsets held only there. Turning it off alone is refused."""
+    sets, topic_config, tier_files = tier_setup("file", request, tmp_path)
+    b = broker_factory({**sets, "keel.tier.fast.max.bytes": str(4 * SEGMENT)})
+    bs, topic, n = b.bootstrap, unique("tier-off"), 6000
+    create_topic(bs, topic, 1, topic_config)
+    every = list(records(n, 1))
+    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True, "linger.ms": 5, "batch.size": 4096})
+    log = DeliveryLog()
+    produce_all(p, every[:n // 2], log, topic)
+    log.check()
+    wait_until(lambda: tier_counts(b, topic)[0]["cold"] >= 3, 60, "segments only in the object store")
+    admin = AdminClient({"bootstrap.servers": bs})
+
+    def alter(**changes):
+        res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+            ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET)
+            for k, v in changes.items()])
+        return admin.incremental_alter_configs([res])[res].result(CLIENT_TIMEOUT_S)
+
+    def refused(**changes) -> str:
+        with pytest.raises(KafkaException) as e:
+            alter(**changes)
+        assert e.value.args[0].code() == KafkaError.INVALID_CONFIG, e.value
+        return e.value.args[0].str()
+
+    # Read-only: the local log must then keep everything retention keeps.
+    why = refused(remote_log_copy_disable="true", local_retention_ms="60000")
+    assert "When `remote.log.copy.disable` is set to true, the `local.retention.ms`" in why, why
+    alter(remote_log_copy_disable="true")
+    copies = lambda: sum(tier_counts(b, topic)[0][k] for k in ("both", "cold", "copying"))  # noqa: E731
+    time.sleep(0.5)  # a copy the mover had begun before the change may finish
+    wait_until(lambda: tier_counts(b, topic)[0]["copying"] == 0, 30, "the copy in flight done")
+    made = copies()
+    produce_all(p, every[n // 2:], log, topic)
+    log.check()
+    time.sleep(2)  # twenty mover passes (keel.tier.check.interval.ms=100)
+    assert copies() == made, "copies made with remote.log.copy.disable=true"
+    check_all(bs, topic, n, 1)
+
+    # Off alone is refused with Kafka's message, which names both ways out.
+    why = refused(remote_storage_enable="false")
+    assert "It is invalid to disable remote storage without deleting remote data." in why, why
+    assert "remote.log.delete.on.disable=true" in why, why
+    # Off with deletion: the copies go, and the offsets only they held.
+    alter(remote_storage_enable="false", remote_log_delete_on_disable="true")
+    wait_until(lambda: tier_files() == [], 30, "the object store's copies deleted")
+    counts = tier_counts(b, topic)[0]
+    assert counts["both"] == counts["cold"] == counts["deleting"] == 0, counts
+    start = next(q["log_start_offset"] for q in stats(b)["partitions"] if q["topic"] == topic)
+    assert 0 < start < n // 2, start
+    check_all(bs, topic, n, 1, start={0: start})
+    c = consumer(bs)
+    try:
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=CLIENT_TIMEOUT_S) == (start, n)
+    finally:
+        c.close()
+    configs = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
+    described = next(iter(configs.values())).result(CLIENT_TIMEOUT_S)
+    assert (described["remote.storage.enable"].value, described["remote.log.delete.on.disable"].value) == \
+        ("false", "true")

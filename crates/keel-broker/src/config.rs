@@ -28,7 +28,8 @@ pub enum ConfigType {
 }
 
 /// A topic-level config Keel knows: its topic name, the broker default it
-/// overrides, that default's value and its type.
+/// overrides (empty for a topic config with no broker synonym), that
+/// default's value and its type.
 #[derive(Debug, Clone, Copy)]
 pub struct TopicConfigDef {
     pub name: &'static str,
@@ -66,6 +67,24 @@ pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
         ConfigType::String,
     ),
     def(
+        "compression.gzip.level",
+        "compression.gzip.level",
+        "-1",
+        ConfigType::Int,
+    ),
+    def(
+        "compression.lz4.level",
+        "compression.lz4.level",
+        "9",
+        ConfigType::Int,
+    ),
+    def(
+        "compression.zstd.level",
+        "compression.zstd.level",
+        "3",
+        ConfigType::Int,
+    ),
+    def(
         "delete.retention.ms",
         "log.cleaner.delete.retention.ms",
         "86400000",
@@ -89,6 +108,15 @@ pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
         "log.index.interval.bytes",
         "4096",
         ConfigType::Int,
+    ),
+    // Replication throttles name replicas of other brokers; one broker has
+    // no followers, so they are accepted, checked and reported only.
+    def("leader.replication.throttled.replicas", "", "", ConfigType::List),
+    def(
+        "follower.replication.throttled.replicas",
+        "",
+        "",
+        ConfigType::List,
     ),
     def(
         "local.retention.bytes",
@@ -146,6 +174,8 @@ pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
     ),
     def("min.insync.replicas", "min.insync.replicas", "1", ConfigType::Int),
     def("preallocate", "log.preallocate", "false", ConfigType::Boolean),
+    def("remote.log.copy.disable", "", "false", ConfigType::Boolean),
+    def("remote.log.delete.on.disable", "", "false", ConfigType::Boolean),
     def(
         "remote.storage.enable",
         "remote.log.storage.enable",
@@ -410,7 +440,12 @@ pub fn known_keys() -> impl Iterator<Item = &'static str> {
     BROKER_CONFIGS
         .iter()
         .map(|(n, _, _)| *n)
-        .chain(TOPIC_CONFIGS.iter().map(|d| d.broker_name))
+        .chain(
+            TOPIC_CONFIGS
+                .iter()
+                .map(|d| d.broker_name)
+                .filter(|n| !n.is_empty()),
+        )
         .chain(ALIASES.iter().map(|(a, _)| *a))
 }
 
@@ -449,7 +484,9 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 fn topic_def_by_broker_name(name: &str) -> Option<&'static TopicConfigDef> {
-    TOPIC_CONFIGS.iter().find(|d| d.broker_name == name)
+    TOPIC_CONFIGS
+        .iter()
+        .find(|d| !d.broker_name.is_empty() && d.broker_name == name)
 }
 
 /// The definition of a topic-level config.
@@ -476,17 +513,78 @@ pub fn check_value(key: &str, kind: ConfigType, value: &str) -> Result<(), Confi
                         .strip_prefix("s3://")
                         .is_some_and(|b| !b.is_empty() && !b.starts_with('/'))
             }
+            "compression.type" => COMPRESSION_TYPES.contains(&value),
+            "leader.replication.throttled.replicas" | "follower.replication.throttled.replicas" => {
+                throttled_replicas_ok(value)
+            }
             _ => true,
         },
     };
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError {
+    if !ok {
+        let reason = match key {
+            "compression.type" => format!("String must be one of: {}", COMPRESSION_TYPES.join(", ")),
+            "leader.replication.throttled.replicas" | "follower.replication.throttled.replicas" => {
+                "must be the literal '*' or a list of replicas in the following format: \
+                 [partitionId]:[brokerId],[partitionId]:[brokerId],..."
+                    .to_string()
+            }
+            _ => format!("`{value}` is not a valid {kind:?}"),
+        };
+        return Err(ConfigError {
             key: key.to_string(),
-            reason: format!("`{value}` is not a valid {kind:?}"),
-        })
+            reason,
+        });
     }
+    check_level(key, value)
+}
+
+/// Kafka's `compression.type` values: a codec, `uncompressed`, or
+/// `producer` (keep the producer's codec).
+const COMPRESSION_TYPES: &[&str] = &["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"];
+
+/// `*`, or `partition:broker` pairs separated by commas (Kafka's
+/// `ThrottledReplicaListValidator`).
+fn throttled_replicas_ok(value: &str) -> bool {
+    let value = value.trim();
+    if value.is_empty() || value == "*" {
+        return true;
+    }
+    value.split(',').all(|pair| {
+        pair.trim()
+            .split_once(':')
+            .is_some_and(|(p, b)| p.trim().parse::<u32>().is_ok() && b.trim().parse::<u32>().is_ok())
+    })
+}
+
+/// A `compression.<codec>.level` within Kafka's range for the codec
+/// (gzip also takes -1, its default).
+fn check_level(key: &str, value: &str) -> Result<(), ConfigError> {
+    let codec = match key {
+        "compression.gzip.level" => keel_log::codec::Codec::Gzip,
+        "compression.lz4.level" => keel_log::codec::Codec::Lz4,
+        "compression.zstd.level" => keel_log::codec::Codec::Zstd,
+        _ => return Ok(()),
+    };
+    let Some(range) = codec.level_range() else {
+        return Ok(());
+    };
+    let level: i32 = value.parse().unwrap_or(i32::MIN);
+    if range.contains(&level) || (codec == keel_log::codec::Codec::Gzip && level == -1) {
+        return Ok(());
+    }
+    let also = if codec == keel_log::codec::Codec::Gzip {
+        " or -1"
+    } else {
+        ""
+    };
+    Err(ConfigError {
+        key: key.to_string(),
+        reason: format!(
+            "Value must be between {} and {}{also}",
+            range.start(),
+            range.end()
+        ),
+    })
 }
 
 /// The broker's configuration: every key with its value, defaults filled in.
@@ -510,7 +608,7 @@ impl BrokerConfig {
         for (name, default, _) in BROKER_CONFIGS {
             values.insert(name.to_string(), default.to_string());
         }
-        for d in TOPIC_CONFIGS {
+        for d in TOPIC_CONFIGS.iter().filter(|d| !d.broker_name.is_empty()) {
             values.insert(d.broker_name.to_string(), d.default.to_string());
         }
         let mut explicit = Vec::new();
@@ -938,7 +1036,10 @@ impl BrokerConfig {
     }
 
     /// The broker default behind a topic config.
-    pub fn topic_default(&self, def: &TopicConfigDef) -> &str {
+    pub fn topic_default<'a>(&'a self, def: &TopicConfigDef) -> &'a str {
+        if def.broker_name.is_empty() {
+            return def.default;
+        }
         self.get(def.broker_name)
     }
 
@@ -1008,6 +1109,22 @@ impl BrokerConfig {
         })
     }
 
+    /// The codec a topic stores its batches in, with its level: `None` for
+    /// `compression.type=producer` (batches are kept as sent).
+    pub fn topic_compression(
+        &self,
+        overrides: &BTreeMap<String, String>,
+    ) -> Option<(keel_log::codec::Codec, Option<i32>)> {
+        let value = |name: &str| topic_def(name).map_or("", |d| self.topic_value(overrides, d));
+        let codec = keel_log::codec::Codec::from_config_name(value("compression.type"))?;
+        let level = match codec {
+            keel_log::codec::Codec::Gzip => value("compression.gzip.level").parse().ok().filter(|l| *l != -1),
+            keel_log::codec::Codec::Zstd => value("compression.zstd.level").parse().ok(),
+            _ => None,
+        };
+        Some((codec, level))
+    }
+
     /// The largest record batch a topic accepts (`max.message.bytes`).
     pub fn max_message_bytes(&self, overrides: &BTreeMap<String, String>) -> usize {
         topic_def("max.message.bytes")
@@ -1034,6 +1151,30 @@ impl BrokerConfig {
             });
         }
         self.compaction(overrides)?;
+        if remote
+            && overrides
+                .get("remote.log.copy.disable")
+                .is_some_and(|v| v == "true")
+        {
+            // Nothing is copied any more, so the local log must keep all of
+            // it (Kafka's rule, and its message).
+            let value = |name: &str| topic_def(name).map_or("", |d| self.topic_value(overrides, d));
+            for (local, total) in [
+                ("local.retention.bytes", "retention.bytes"),
+                ("local.retention.ms", "retention.ms"),
+            ] {
+                if value(local) != "-2" && value(local) != value(total) {
+                    return Err(ConfigError {
+                        key: "remote.log.copy.disable".into(),
+                        reason: format!(
+                            "When `remote.log.copy.disable` is set to true, the `{local}` and `{total}` must \
+                             be set to the identical value because there will be no more logs copied to \
+                             the remote storage."
+                        ),
+                    });
+                }
+            }
+        }
         if remote && self.get("keel.tier.remote").is_empty() {
             return Err(ConfigError {
                 key: "remote.storage.enable".into(),
@@ -1084,8 +1225,12 @@ impl BrokerConfig {
             -2 => num(total),
             v => v,
         };
+        // `remote.log.copy.disable` keeps the object store's copies readable
+        // and makes no more (Kafka's read-only remote tier).
+        let copy = !(tier == Some(keel_log::Tier::Remote) && value("remote.log.copy.disable") == "true");
         TierPolicy {
             tier,
+            copy,
             local_retention_bytes: local("local.retention.bytes", "retention.bytes"),
             local_retention_ms: local("local.retention.ms", "retention.ms"),
         }
@@ -1097,6 +1242,9 @@ impl BrokerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TierPolicy {
     pub tier: Option<keel_log::Tier>,
+    /// Whether the mover copies segments to `tier` (false once the topic's
+    /// `remote.log.copy.disable` is set; the copies made stay readable).
+    pub copy: bool,
     pub local_retention_bytes: i64,
     pub local_retention_ms: i64,
 }
@@ -1249,6 +1397,79 @@ mod tests {
         .unwrap();
         let compact = map(&[("cleanup.policy", "compact"), ("remote.storage.enable", "true")]);
         assert_eq!(tiered.tier_policy(&compact).tier, Some(keel_log::Tier::Capacity));
+    }
+
+    #[test]
+    fn compression_and_kafka_4_3_topic_configs() {
+        use keel_log::codec::Codec;
+        let c = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        let refused = |pairs: &[(&str, &str)]| c.check_topic_overrides(&map(pairs)).unwrap_err().key;
+        assert_eq!(refused(&[("compression.type", "none")]), "compression.type");
+        assert_eq!(
+            refused(&[("compression.gzip.level", "0")]),
+            "compression.gzip.level"
+        );
+        assert_eq!(
+            refused(&[("compression.lz4.level", "18")]),
+            "compression.lz4.level"
+        );
+        assert_eq!(
+            refused(&[("compression.zstd.level", "-131073")]),
+            "compression.zstd.level"
+        );
+        assert_eq!(
+            refused(&[("follower.replication.throttled.replicas", "0:a")]),
+            "follower.replication.throttled.replicas"
+        );
+        for ok in [
+            &[("compression.gzip.level", "-1")][..],
+            &[("leader.replication.throttled.replicas", " 0:1 , 1:1 ")],
+            &[("remote.log.copy.disable", "true")],
+        ] {
+            assert!(c.check_topic_overrides(&map(ok)).is_ok(), "{ok:?}");
+        }
+        // The topic's codec and level; gzip's -1 is its default level.
+        assert_eq!(c.topic_compression(&BTreeMap::new()), None);
+        assert_eq!(
+            c.topic_compression(&map(&[("compression.type", "uncompressed")])),
+            Some((Codec::None, None))
+        );
+        assert_eq!(
+            c.topic_compression(&map(&[("compression.type", "gzip")])),
+            Some((Codec::Gzip, None))
+        );
+        assert_eq!(
+            c.topic_compression(&map(&[
+                ("compression.type", "zstd"),
+                ("compression.zstd.level", "-3")
+            ])),
+            Some((Codec::Zstd, Some(-3)))
+        );
+        // The broker default applies to topics without an override.
+        let b = BrokerConfig::from_map(&map(&[("compression.type", "lz4")])).unwrap();
+        assert_eq!(b.topic_compression(&BTreeMap::new()), Some((Codec::Lz4, None)));
+        // Topic configs without a broker synonym are not broker keys.
+        assert!(BrokerConfig::from_map(&map(&[("remote.log.copy.disable", "true")])).is_err());
+        assert!(!known_keys().any(str::is_empty));
+    }
+
+    #[test]
+    fn read_only_remote_storage_copies_nothing_and_keeps_its_retention() {
+        let c = BrokerConfig::from_map(&map(&[("keel.tier.remote", "file:///tmp/keel-remote")])).unwrap();
+        let remote = [
+            ("remote.storage.enable", "true"),
+            ("remote.log.copy.disable", "true"),
+        ];
+        let policy = c.tier_policy(&map(&remote));
+        assert_eq!((policy.tier, policy.copy), (Some(keel_log::Tier::Remote), false));
+        assert!(c.tier_policy(&map(&remote[..1])).copy);
+        assert!(c.check_topic_overrides(&map(&remote)).is_ok());
+        let mut shorter = remote.to_vec();
+        shorter.push(("local.retention.bytes", "1000"));
+        assert_eq!(
+            c.check_topic_overrides(&map(&shorter)).unwrap_err().key,
+            "remote.log.copy.disable"
+        );
     }
 
     #[test]

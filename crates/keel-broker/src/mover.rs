@@ -197,9 +197,14 @@ async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
     // 2. Copies, each followed by releases.
     release(broker, &targets).await?;
     for t in &targets {
-        let Some(tier) = t.policy.tier else { continue };
+        let Some(tier) = t.policy.tier.filter(|_| t.policy.copy) else {
+            continue;
+        };
         let candidates = on_log(&t.partition, |log| log.copy_candidates()).await?;
         for segment in candidates {
+            if !copies_now(broker, t) {
+                break;
+            }
             if let Err(e) = copy_one(broker, t, tier, &segment).await {
                 tracing::warn!(
                     topic = %t.topic.meta.name, partition = t.partition.index, base_offset = segment.base_offset,
@@ -227,6 +232,20 @@ async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Whether the topic's configs, as they are now, still have segments
+/// copied: a pass lists its candidates once, and an operator may set
+/// `remote.log.copy.disable` or turn the tier off while it copies them.
+fn copies_now(broker: &Broker, t: &Target) -> bool {
+    broker
+        .topics
+        .get(&t.topic.meta.name)
+        .filter(|now| now.meta.topic_id == t.topic.meta.topic_id)
+        .is_some_and(|now| {
+            let policy = broker.config().tier_policy(&now.meta.configs);
+            policy.copy && policy.tier == t.policy.tier
+        })
 }
 
 async fn copy_one(

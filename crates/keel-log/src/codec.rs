@@ -12,10 +12,12 @@
 //!   does (independent 64 KiB blocks, no block or content checksum).
 //! * zstd: one zstd frame; written at level 3, Kafka's default.
 //!
-//! The log stores batches as producers sent them; the codecs run where Keel
-//! has to look inside one: the cleaner (which writes a batch it shortens
-//! with the batch's own codec, as Kafka's does) and the produce checks of
-//! compacted topics. Decompression stops at a stated size, so a small batch
+//! The log stores batches as producers sent them, unless the topic's
+//! `compression.type` names another codec: then the produce path writes
+//! the batch in that codec, as Kafka does. The codecs also run where Keel
+//! has to look inside a batch: the cleaner (which writes a batch it
+//! shortens with the batch's own codec, as Kafka's does) and the produce
+//! checks of compacted topics. Decompression stops at a stated size, so a small batch
 //! that inflates without end costs an error, not the broker's memory.
 
 // Parsing code: bad bytes are errors, never panics.
@@ -87,10 +89,45 @@ impl Codec {
 
     /// `data` compressed as a Kafka client of this codec writes it.
     pub fn compress(self, data: &[u8]) -> io::Result<Vec<u8>> {
+        self.compress_at(data, None)
+    }
+
+    /// Kafka's name for a `compression.type` value: `uncompressed` or a
+    /// codec (`producer`, which keeps the producer's codec, is not one).
+    pub fn from_config_name(name: &str) -> Option<Codec> {
+        Some(match name {
+            "uncompressed" => Codec::None,
+            "gzip" => Codec::Gzip,
+            "snappy" => Codec::Snappy,
+            "lz4" => Codec::Lz4,
+            "zstd" => Codec::Zstd,
+            _ => return None,
+        })
+    }
+
+    /// Kafka's range for this codec's `compression.<codec>.level` (KIP-390),
+    /// if it has levels: gzip 1..=9, lz4 1..=17, zstd -131072..=22.
+    pub fn level_range(self) -> Option<std::ops::RangeInclusive<i32>> {
+        match self {
+            Codec::Gzip => Some(1..=9),
+            Codec::Lz4 => Some(1..=17),
+            Codec::Zstd => Some(-131_072..=22),
+            Codec::None | Codec::Snappy => None,
+        }
+    }
+
+    /// `data` compressed with this codec at `level` (`None`: the codec's
+    /// default, gzip 6 and zstd 3 as in Kafka). gzip and zstd honour the
+    /// level; the lz4 encoder has one level (LZ4's fast compressor), so an
+    /// lz4 level changes nothing; snappy has none.
+    pub fn compress_at(self, data: &[u8], level: Option<i32>) -> io::Result<Vec<u8>> {
         match self {
             Codec::None => Ok(data.to_vec()),
             Codec::Gzip => {
-                let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(GZIP_LEVEL));
+                let level = level
+                    .and_then(|l| u32::try_from(l).ok())
+                    .map_or(GZIP_LEVEL, |l| l.min(9));
+                let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
                 out.write_all(data)?;
                 out.finish()
             }
@@ -105,7 +142,7 @@ impl Codec {
                 out.write_all(data)?;
                 out.finish().map_err(io::Error::other)
             }
-            Codec::Zstd => zstd::bulk::compress(data, ZSTD_LEVEL),
+            Codec::Zstd => zstd::bulk::compress(data, level.unwrap_or(ZSTD_LEVEL)),
         }
     }
 }

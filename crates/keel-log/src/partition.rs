@@ -1359,6 +1359,39 @@ impl PartitionLog {
         Ok(true)
     }
 
+    /// Gives up the colder tier `tier`, as Kafka does when a topic's remote
+    /// storage is turned off with `remote.log.delete.on.disable=true`:
+    /// offsets held only there are deleted (the log start offset moves past
+    /// them, persisted first), and copies there of segments still held
+    /// locally are marked for deletion. The mover deletes both from the
+    /// tier. Returns the log start offset.
+    pub fn discard_tier(&mut self, tier: Tier) -> io::Result<i64> {
+        self.check_writable()?;
+        let only_there = {
+            let st = self.view.state.read();
+            st.cold().filter(|t| t.tier == tier).map(|t| t.next_offset).max()
+        };
+        if let Some(start) = only_there {
+            self.delete_records_before(start).map_err(|e| match e {
+                DeleteRecordsError::Io(e) => e,
+                other => io::Error::other(other.to_string()),
+            })?;
+        }
+        let mut tiered = self.view.tiered_segments();
+        let mut marked = false;
+        for t in tiered
+            .iter_mut()
+            .filter(|t| t.tier == tier && matches!(t.state, TierState::Both | TierState::Copying))
+        {
+            t.state = TierState::Deleting;
+            marked = true;
+        }
+        if marked {
+            self.publish_manifest(tiered)?;
+        }
+        Ok(self.log_start_offset())
+    }
+
     /// Colder copies waiting to be deleted from their tier.
     pub fn pending_deletes(&self) -> Vec<TieredSegment> {
         self.view

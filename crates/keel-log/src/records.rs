@@ -270,6 +270,45 @@ pub(crate) fn rebuild_batch(
     Ok(out)
 }
 
+/// `batch` with its records in `target`'s codec, compressed at `level`
+/// (see [`Codec::compress_at`]): Kafka's recompression of a batch whose
+/// codec is not its topic's `compression.type`. The records are checked
+/// as they are unpacked (count, fields, offset deltas), as Kafka's
+/// `LogValidator` does when it opens a batch; offsets, producer fields,
+/// timestamps and records stay as they are, and the codec bits, length and
+/// CRC are rewritten.
+pub fn recompress_batch(
+    batch: &[u8],
+    header: &BatchHeader,
+    target: Codec,
+    level: Option<i32>,
+) -> Result<Vec<u8>, String> {
+    let section = records_section(batch, header)?;
+    let attributes = (header.attributes & !COMPRESSION_MASK) | target as i16;
+    let mut out = Vec::with_capacity(BATCH_HEADER_LEN + section.len());
+    out.extend_from_slice(&batch[..BATCH_HEADER_LEN]);
+    out[ATTRIBUTES_AT..ATTRIBUTES_AT + 2]
+        .copy_from_slice(&(header.attributes & !COMPRESSION_MASK).to_be_bytes());
+    out.extend_from_slice(&section);
+    let plain_length = (out.len() - BATCH_OVERHEAD) as i32;
+    out[LENGTH_AT..LENGTH_AT + 4].copy_from_slice(&plain_length.to_be_bytes());
+    let plain = BatchHeader::parse(&out).map_err(|e| e.to_string())?;
+    crate::batch::validate_records(&out, &plain)?;
+    if target != Codec::None {
+        let body = target
+            .compress_at(&section, level)
+            .map_err(|e| format!("{} compression: {e}", target.name()))?;
+        out.truncate(BATCH_HEADER_LEN);
+        out.extend_from_slice(&body);
+    }
+    let batch_length = (out.len() - BATCH_OVERHEAD) as i32;
+    out[LENGTH_AT..LENGTH_AT + 4].copy_from_slice(&batch_length.to_be_bytes());
+    out[ATTRIBUTES_AT..ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
+    let crc = crc32c::crc32c(&out[ATTRIBUTES_AT..]);
+    out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+    Ok(out)
+}
+
 /// The delete horizon a batch carries, if any (KIP-534).
 pub fn delete_horizon(header: &BatchHeader) -> Option<i64> {
     (header.attributes & DELETE_HORIZON_FLAG != 0).then_some(header.base_timestamp)
@@ -338,6 +377,73 @@ mod tests {
             first_keyless_record(&batch, &h).unwrap_err(),
             "unknown compression codec 7"
         );
+    }
+
+    #[test]
+    fn recompression_changes_only_the_codec_length_and_crc() {
+        let codecs = [Codec::None, Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd];
+        for from in codecs {
+            for to in codecs {
+                let batch = BatchBuilder::new(7_000)
+                    .base_offset(42)
+                    .producer(9, 2, 17)
+                    .transactional(true)
+                    .record(Some(b"k1"), Some(b"v1"))
+                    .record(None, Some(b"v2"))
+                    .record(Some(b"k3"), None)
+                    .compressed(from)
+                    .build();
+                let h = validate_batches(&batch).unwrap()[0];
+                let level = to.level_range().map(|r| *r.start());
+                let out = recompress_batch(&batch, &h, to, level).unwrap();
+                // validate_batches checks the new CRC and, when the result
+                // is uncompressed, its records.
+                let nh = validate_batches(&out).unwrap()[0];
+                let case = format!("{} -> {}", from.name(), to.name());
+                assert_eq!(nh.compression_codec(), to as u8, "{case}");
+                assert_eq!(
+                    nh.attributes & !COMPRESSION_MASK,
+                    h.attributes & !COMPRESSION_MASK,
+                    "{case}"
+                );
+                assert_eq!(
+                    (
+                        nh.base_offset,
+                        nh.producer_id,
+                        nh.producer_epoch,
+                        nh.base_sequence
+                    ),
+                    (42, 9, 2, 17),
+                    "{case}"
+                );
+                assert_eq!(
+                    (nh.base_timestamp, nh.max_timestamp, nh.records_count),
+                    (h.base_timestamp, h.max_timestamp, 3)
+                );
+                assert_eq!(
+                    records_section(&out, &nh).unwrap(),
+                    records_section(&batch, &h).unwrap(),
+                    "{case}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn recompression_refuses_records_that_do_not_match_the_header() {
+        let mut batch = BatchBuilder::new(0)
+            .record(Some(b"a"), Some(b"1"))
+            .record(Some(b"b"), Some(b"2"))
+            .compressed(Codec::Gzip)
+            .build();
+        // The header claims one record more than the compressed section holds.
+        batch[RECORDS_COUNT_AT..RECORDS_COUNT_AT + 4].copy_from_slice(&3i32.to_be_bytes());
+        batch[23..27].copy_from_slice(&2i32.to_be_bytes()); // last offset delta
+        let crc = crc32c::crc32c(&batch[ATTRIBUTES_AT..]);
+        batch[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+        let h = validate_batches(&batch).unwrap()[0];
+        let why = recompress_batch(&batch, &h, Codec::Zstd, None).unwrap_err();
+        assert!(why.contains("2 records but its header says 3"), "{why}");
     }
 
     #[test]

@@ -257,6 +257,51 @@ fn retention_and_delete_records_reach_cold_segments_first() {
 }
 
 #[test]
+fn discarding_a_tier_deletes_what_only_it_held_and_marks_its_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(dir.path(), config()).unwrap();
+    let stored = fill(&mut log);
+    move_segments(&mut log, tier.path(), 2);
+    let before = log.tiered_segments();
+    let cold: Vec<_> = before.iter().filter(|t| t.is_cold()).cloned().collect();
+    let both: Vec<_> = before
+        .iter()
+        .filter(|t| t.state == TierState::Both)
+        .cloned()
+        .collect();
+    assert!(cold.len() >= 2 && both.len() == 2, "{before:?}");
+    let first_local = log.segment_base_offsets()[0];
+    assert_eq!(first_local, cold.last().unwrap().next_offset);
+
+    // Another tier is left alone.
+    assert_eq!(log.discard_tier(Tier::Remote).unwrap(), 0);
+    assert!(log.pending_deletes().is_empty());
+
+    assert_eq!(log.discard_tier(Tier::Capacity).unwrap(), first_local);
+    assert_eq!(log.log_start_offset(), first_local);
+    let mut pending = log.pending_deletes();
+    pending.sort_by_key(|t| t.base_offset);
+    assert_eq!(pending.len(), before.len(), "every copy goes: {pending:?}");
+    assert!(log.read_plan(cold[0].base_offset, 100).is_err());
+    // What stays is read locally, byte for byte.
+    let (_, _, bytes) = stored.iter().find(|(base, ..)| *base == first_local).unwrap();
+    assert_eq!(
+        &read_any(&log, tier.path(), first_local, bytes.len())[..],
+        &bytes[..]
+    );
+    // The local segments are candidates again (for another tier), and the
+    // discard survives a reopen.
+    assert_eq!(log.copy_candidates().len(), both.len());
+    drop(log);
+    let log = PartitionLog::open(dir.path(), config()).unwrap();
+    assert_eq!(
+        (log.log_start_offset(), log.pending_deletes().len()),
+        (first_local, before.len())
+    );
+}
+
+#[test]
 fn start_up_rolls_back_copies_and_finishes_releases() {
     let dir = tempfile::tempdir().unwrap();
     let tier = tempfile::tempdir().unwrap();

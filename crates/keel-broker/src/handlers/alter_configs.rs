@@ -420,17 +420,20 @@ async fn alter_topic(
         return Err(unknown_key(key));
     }
     let invalid = |e: String| (ResponseError::InvalidConfig, e);
-    // Kafka refuses turning remote storage off unless the remote data is
-    // deleted with it (`remote.log.delete.on.disable`), which Keel does not
-    // do: the copies in the object store would be left behind.
-    let remote = |c: &BTreeMap<String, String>| {
-        topic_def("remote.storage.enable").is_some_and(|d| broker.config().topic_value(c, d) == "true")
+    // Kafka turns remote storage off only with the remote data deleted
+    // (`remote.log.delete.on.disable=true` in the same change).
+    let flag = |c: &BTreeMap<String, String>, key: &str| {
+        topic_def(key).is_some_and(|d| broker.config().topic_value(c, d) == "true")
     };
-    if remote(&topic.meta.configs) && !remote(&configs) {
+    let disabling_remote =
+        flag(&topic.meta.configs, "remote.storage.enable") && !flag(&configs, "remote.storage.enable");
+    if disabling_remote && !flag(&configs, "remote.log.delete.on.disable") {
         return Err(invalid(
-            "It is invalid to disable remote storage without deleting remote data, and Keel \
-             does not delete it on disable (remote.log.delete.on.disable): \
-             remote.storage.enable stays true"
+            "It is invalid to disable remote storage without deleting remote data. If you want to \
+             keep the remote data and turn to read only, please set \
+             `remote.storage.enable=true,remote.log.copy.disable=true`. If you want to disable remote \
+             storage and delete all remote data, please set \
+             `remote.storage.enable=false,remote.log.delete.on.disable=true`."
                 .into(),
         ));
     }
@@ -476,6 +479,20 @@ async fn alter_topic(
         for p in &partitions {
             if let Err(e) = p.set_log_config(log_config.clone()) {
                 tracing::warn!(topic = %topic_name, partition = p.index, error = %e, "altered configs not applied to the open log");
+            }
+            if disabling_remote {
+                // The mover deletes what this marks; offsets held only in
+                // the object store are gone from the log now.
+                match p.with_log(|log| log.discard_tier(keel_log::Tier::Remote)) {
+                    Ok(Ok(start)) => tracing::info!(
+                        topic = %topic_name, partition = p.index, log_start_offset = start,
+                        "remote storage disabled: the object store's copies are deleted"
+                    ),
+                    Ok(Err(e)) | Err(e) => tracing::warn!(
+                        topic = %topic_name, partition = p.index, error = %e,
+                        "remote storage disabled, but its copies could not be marked for deletion"
+                    ),
+                }
             }
         }
     })

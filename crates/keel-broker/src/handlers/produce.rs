@@ -158,6 +158,10 @@ async fn produce_partition(
             ]);
         }
     }
+    let (records, headers) = match in_topic_codec(broker, &topic, records, headers, max_batch_bytes).await {
+        Ok(converted) => converted,
+        Err((error, message)) => return failed(error, message),
+    };
     let policy = TimestampPolicy::of(&broker.config(), &topic.meta.configs);
     match policy.apply(records, headers, now_ms()) {
         Ok(stamped) => append(&partition, stamped).await,
@@ -165,6 +169,53 @@ async fn produce_partition(
             failed(ResponseError::InvalidTimestamp, refused.message).with_record_errors(refused.record_errors)
         }
     }
+}
+
+/// Batches this large are recompressed on the blocking pool, not on the
+/// request's worker thread.
+const RECOMPRESS_INLINE_MAX_BYTES: usize = 64 << 10;
+
+/// The batch in its topic's `compression.type` when that names a codec
+/// other than the batch's own, as Kafka's `LogValidator` rebuilds it; as
+/// sent otherwise (`producer`, or the same codec). The rebuilt batch must
+/// still fit `max.message.bytes`.
+async fn in_topic_codec(
+    broker: &Broker,
+    topic: &Topic,
+    records: Bytes,
+    headers: Vec<BatchHeader>,
+    max_batch_bytes: usize,
+) -> Result<(Bytes, Vec<BatchHeader>), (ResponseError, String)> {
+    let Some((codec, level)) = broker.config().topic_compression(&topic.meta.configs) else {
+        return Ok((records, headers));
+    };
+    if headers[0].compression_codec() == codec as u8 {
+        return Ok((records, headers));
+    }
+    let started = Instant::now();
+    let header = headers[0];
+    let rebuild = move || keel_log::records::recompress_batch(&records, &header, codec, level);
+    let rebuilt = if headers[0].total_len() <= RECOMPRESS_INLINE_MAX_BYTES {
+        rebuild()
+    } else {
+        tokio::task::spawn_blocking(rebuild)
+            .await
+            .unwrap_or_else(|e| Err(format!("recompression failed: {e}")))
+    };
+    trace::longest(Stage::Validate, started.elapsed());
+    let rebuilt = rebuilt.map_err(|why| (ResponseError::CorruptMessage, why))?;
+    let header = BatchHeader::parse(&rebuilt).map_err(|e| (ResponseError::CorruptMessage, e.to_string()))?;
+    if header.total_len() > max_batch_bytes {
+        return Err((
+            ResponseError::MessageTooLarge,
+            format!(
+                "batch of {} bytes in {} exceeds max.message.bytes={max_batch_bytes}",
+                header.total_len(),
+                codec.name()
+            ),
+        ));
+    }
+    Ok((Bytes::from(rebuilt), vec![header]))
 }
 
 /// Validates a partition's records before they reach the log, as Kafka's
