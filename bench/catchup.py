@@ -89,7 +89,9 @@ broker's): by default inside the keel-bench process, beside the live
 producer and the tailing consumer; --backfill-process runs it as a child
 process, and --backfill-nice N, --backfill-sched-idle (SCHED_IDLE) and
 --backfill-cpus LIST (taskset) run that child deprioritised or pinned;
---backfill-fetch-bytes sets its fetch.max.partition.bytes (default 16 MiB).
+--backfill-fetch-bytes sets its fetch.max.partition.bytes (default 16 MiB)
+and --backfill-receive-buffer its socket receive buffer (SO_RCVBUF, the Java
+consumer's receive.buffer.bytes; default the kernel's autotuning).
 --broker-cpus and --bench-cpus pin the broker and keel-bench. The settings
 apply to both brokers alike, and the output names them. Per phase, the
 table has the broker's CPU (/proc/PID/stat utime+stime) and keel-bench's,
@@ -115,7 +117,7 @@ usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--hdd-mb-per-s 150] [--hdd-iops 300] [--loop-bytes N]
                         [--backfill-process] [--backfill-nice N]
                         [--backfill-sched-idle] [--backfill-cpus LIST]
-                        [--backfill-fetch-bytes 16MiB]
+                        [--backfill-fetch-bytes 16MiB] [--backfill-receive-buffer N]
                         [--broker-cpus LIST] [--bench-cpus LIST]
                         [--keel-tier none|capacity|s3] [--keel-fast-max-bytes 512MiB]
                         [--keel-move-bytes-per-sec 0] [--segment-bytes N]
@@ -578,6 +580,8 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
         cmd += ["--backfill-cpus", args.backfill_cpus]
     if args.backfill_fetch_bytes:
         cmd += ["--backfill-partition-fetch-bytes", str(args.backfill_fetch_bytes)]
+    if args.backfill_receive_buffer:
+        cmd += ["--backfill-receive-buffer-bytes", str(args.backfill_receive_buffer)]
     if args.segment_bytes:
         cmd += ["--topic-config", f"segment.bytes={args.segment_bytes}"]
     if pause:
@@ -986,6 +990,9 @@ def main() -> None:
     ap.add_argument("--backfill-cpus", help="pin the backfill process (taskset -c LIST)")
     ap.add_argument("--backfill-fetch-bytes", type=parse_bytes, default=0,
                     help="backfill fetch.max.partition.bytes (keel-bench default 16MiB; fetch.max.bytes is 4x)")
+    ap.add_argument("--backfill-receive-buffer", type=parse_bytes, default=0,
+                    help="backfill consumer's SO_RCVBUF, the Java consumer's receive.buffer.bytes "
+                         "(64KiB there); default: the OS's autotuning")
     ap.add_argument("--broker-cpus", help="pin the broker to these CPUs (e.g. 0)")
     ap.add_argument("--bench-cpus", help="pin keel-bench (and a backfill process, unless --backfill-cpus)")
     ap.add_argument("--keel-tier", choices=("none", "capacity", "s3"), default="none",

@@ -24,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"sort"
@@ -55,6 +56,9 @@ type backfillOpts struct {
 	// PartitionFetchBytes: fetch.max.partition.bytes (franz-go
 	// FetchMaxPartitionBytes); fetch.max.bytes is four times it.
 	PartitionFetchBytes int32
+	// ReceiveBuffer: SO_RCVBUF of the consumer's connections (the Java
+	// consumer's receive.buffer.bytes); -1 leaves the OS default.
+	ReceiveBuffer int
 }
 
 // backfillLoop reads every partition of `target` from its earliest offset
@@ -73,7 +77,7 @@ func backfillLoop(ctx context.Context, o backfillOpts, target map[int32]int64, o
 	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Bootstrap),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{o.Topic: parts}),
 		kgo.FetchMaxBytes(4*o.PartitionFetchBytes), kgo.FetchMaxPartitionBytes(o.PartitionFetchBytes),
-		kgo.FetchMaxWait(500*time.Millisecond))
+		kgo.FetchMaxWait(500*time.Millisecond), kgo.Dialer(receiveBufferDialer(o.ReceiveBuffer)))
 	if err != nil {
 		return res, fmt.Errorf("backfill consumer: %w", err)
 	}
@@ -109,7 +113,8 @@ func backfillLoop(ctx context.Context, o backfillOpts, target map[int32]int64, o
 
 // backfill runs the backfill of the catch-up scenario the configured way.
 func (r *run) backfill(ctx context.Context, target map[int32]int64) (backfillResult, error) {
-	o := backfillOpts{r.cfg.Bootstrap, r.cfg.Topic, r.cfg.BackfillMaxS, r.cfg.BackfillMBPerS, r.cfg.BackfillFetchBytes}
+	o := backfillOpts{r.cfg.Bootstrap, r.cfg.Topic, r.cfg.BackfillMaxS, r.cfg.BackfillMBPerS,
+		r.cfg.BackfillFetchBytes, r.cfg.BackfillReceiveBuffer}
 	onBytes := func(b int64) {
 		r.backfillBytes.Add(b)
 		r.backfillB.add(r.since(), b)
@@ -141,7 +146,8 @@ func backfillCommand(cfg config, target map[int32]int64) ([]string, error) {
 	return append(argv, self, "backfill", "--bootstrap", cfg.Bootstrap, "--topic", cfg.Topic,
 		"--target", formatTarget(target), "--max-s", fmt.Sprint(cfg.BackfillMaxS),
 		"--max-mb-per-s", fmt.Sprint(cfg.BackfillMBPerS),
-		"--partition-fetch-bytes", fmt.Sprint(cfg.BackfillFetchBytes)), nil
+		"--partition-fetch-bytes", fmt.Sprint(cfg.BackfillFetchBytes),
+		"--receive-buffer-bytes", fmt.Sprint(cfg.BackfillReceiveBuffer)), nil
 }
 
 func runBackfillChild(ctx context.Context, cfg config, target map[int32]int64, onBytes func(int64)) (backfillResult, error) {
@@ -232,6 +238,7 @@ func mainBackfill(ctx context.Context, args []string) error {
 	fs.Float64Var(&o.MaxS, "max-s", 120, "stop after this many seconds if not done")
 	fs.Float64Var(&o.MBPerS, "max-mb-per-s", 0, "pace to at most this many MB/s (0: unpaced)")
 	fetchBytes := fs.Int("partition-fetch-bytes", 16<<20, "fetch.max.partition.bytes (fetch.max.bytes is 4x)")
+	fs.IntVar(&o.ReceiveBuffer, "receive-buffer-bytes", -1, "SO_RCVBUF of the consumer's connections; -1: the OS default")
 	_ = fs.Parse(args)
 	if o.Bootstrap == "" || o.Topic == "" || *targetS == "" {
 		return errors.New("backfill: --bootstrap, --topic and --target are required")
@@ -255,4 +262,36 @@ func mainBackfill(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(w, "done %s\n", data)
 	return w.Flush()
+}
+
+// receiveBufferDialer dials with SO_RCVBUF set to bytes, as the Java
+// consumer does with receive.buffer.bytes (64 KiB by default; -1 leaves the
+// kernel's autotuning). A small buffer bounds how much one read() copies.
+func receiveBufferDialer(bytes int) func(ctx context.Context, network, host string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	if bytes > 0 {
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, bytes)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	return d.DialContext
+}
+
+// parseReceiveBuffer: "-1" (the OS default) or a positive size in bytes
+// with the usual suffixes.
+func parseReceiveBuffer(s string) (int, error) {
+	if s == "-1" {
+		return -1, nil
+	}
+	n, err := parseBytes(s)
+	if err != nil || n < 1 || n > 1<<30 {
+		return 0, fmt.Errorf("want -1 or 1 B .. 1 GiB, got %q", s)
+	}
+	return int(n), nil
 }

@@ -42,6 +42,9 @@ type config struct {
 	BackfillCPUs      string `json:"backfill_cpus"`
 	// The backfill consumer's fetch.max.partition.bytes.
 	BackfillFetchBytes int32 `json:"backfill_partition_fetch_bytes"`
+	// BackfillReceiveBuffer: the backfill consumer's socket receive buffer
+	// (the Java consumer's receive.buffer.bytes); -1 leaves the OS default.
+	BackfillReceiveBuffer int `json:"backfill_receive_buffer_bytes"`
 	// Topic configs for CreateTopics (segment.bytes, remote.storage.enable).
 	TopicConfigs map[string]string `json:"topic_configs,omitempty"`
 	// Wait for a line on stdin between the preload and the live phases, so
@@ -115,6 +118,7 @@ func parseCatchup(args []string) config {
 	fs.Float64Var(&c.BackfillMinS, "backfill-min-s", 0, "keep the backfill phase at least this long (for tiny histories that are read in a blink)")
 	fs.Float64Var(&c.BackfillMBPerS, "backfill-max-mb-per-s", 0, "pace the backfill consumer to at most this many MB/s (0: as fast as the broker serves)")
 	fetchBytes := fs.String("backfill-partition-fetch-bytes", "16MiB", "backfill consumer's fetch.max.partition.bytes (fetch.max.bytes is 4x)")
+	rcvBuf := fs.String("backfill-receive-buffer-bytes", "-1", "backfill consumer's socket receive buffer, SO_RCVBUF (the Java consumer's receive.buffer.bytes, 64KiB there); -1: the OS default")
 	fs.Float64Var(&c.AfterS, "after-s", 20, "seconds measured after the backfill ends")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker PID: report its disk reads (/proc/PID/io) and RSS")
 	fs.StringVar(&c.Cgroup, "cgroup", "", "broker's memory cgroup directory: report its page cache (memory.stat)")
@@ -149,6 +153,9 @@ func parseCatchup(args []string) config {
 		fatalf("--backfill-partition-fetch-bytes: want 1 B .. 256 MiB, got %q", *fetchBytes)
 	}
 	c.BackfillFetchBytes = int32(fb)
+	if c.BackfillReceiveBuffer, err = parseReceiveBuffer(*rcvBuf); err != nil {
+		fatalf("--backfill-receive-buffer-bytes: %v", err)
+	}
 	switch {
 	case c.Bootstrap == "":
 		fatalf("--bootstrap is required")
@@ -171,6 +178,9 @@ func (c config) setup() string {
 	fetch := fmt.Sprintf("backfill fetches of %.0f MiB per partition", float64(c.BackfillFetchBytes)/(1<<20))
 	if c.BackfillFetchBytes < 1<<20 {
 		fetch = fmt.Sprintf("backfill fetches of %d KiB per partition", c.BackfillFetchBytes>>10)
+	}
+	if c.BackfillReceiveBuffer > 0 {
+		fetch += fmt.Sprintf(", receive buffer %d KiB", c.BackfillReceiveBuffer>>10)
 	}
 	if !c.BackfillProcess {
 		return fetch + ", consumer in the bench process (beside the live producer and tail)"
