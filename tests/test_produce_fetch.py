@@ -513,3 +513,30 @@ def test_compression_configs_are_checked_as_kafka_checks_them(shared_broker):
         "compression.gzip.level": "9", "compression.lz4.level": "17", "compression.zstd.level": "-5",
         "leader.replication.throttled.replicas": "*", "follower.replication.throttled.replicas": "0:1,0:2",
         "remote.log.copy.disable": "false", "remote.log.delete.on.disable": "false"}
+
+
+def test_zstd_needs_produce_v7(shared_broker):
+    """KIP-110, as Kafka 4.3 answers it: a zstd batch in a Produce below v7
+    gets UNSUPPORTED_COMPRESSION_TYPE (76). A Fetch below v10 from a topic
+    whose compression.type is zstd is answered with its zstd batches (Kafka
+    4.x no longer refuses it, unlike Kafka 2.x and 3.x)."""
+    bs = shared_broker.bootstrap
+    plain, zstd = unique("zstd-old"), unique("zstd-topic")
+    create_topic(bs, plain)
+    create_topic(bs, zstd, config={"compression.type": "zstd"})
+    # The codec bits say zstd; the check comes before anything is unpacked.
+    flagged = kw.record_batch([(b"k", b"v")], attributes=4)
+    with kw.Conn(bs) as c:
+        c.send(kw.produce_request(3, 1, plain, 0, flagged))
+        assert kw.parse_produce(c.recv_response()[1], 3) == [(plain, 0, 76, -1)]
+        # An uncompressed batch to the zstd topic is taken (and stored as zstd).
+        c.send(kw.produce_request(3, 2, zstd, 0, kw.record_batch([(b"k", b"v")])))
+        assert kw.parse_produce(c.recv_response()[1], 3) == [(zstd, 0, 0, 0)]
+        c.send(kw.fetch_request_v4(3, zstd, 0, 0, max_wait_ms=0))
+        [(_t, _p, err, _hw, records)] = kw.parse_fetch_v4(c.recv_response()[1])
+        assert err == 0 and [b["codec"] for b in kw.parse_batch_headers(records)] == [4]
+        c.send(kw.fetch_request_v4(4, plain, 0, 0, max_wait_ms=0))
+        [(_t, _p, err, hw, _records)] = kw.parse_fetch_v4(c.recv_response()[1])
+        assert (err, hw) == (0, 0)
+    # A current client reads the zstd topic.
+    assert [m.value() for m in consume_range(bs, zstd, [0], 1)[0]] == [b"v"]

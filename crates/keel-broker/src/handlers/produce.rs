@@ -9,6 +9,7 @@ use keel_log::batch::{
     set_log_append_time, validate_batches, validate_records, BatchError, BatchHeader, RecordTimestamps,
     NO_TIMESTAMP,
 };
+use keel_log::codec::Codec;
 use keel_protocol::messages::produce_response::{
     BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
 };
@@ -23,6 +24,10 @@ use crate::time::now_ms;
 use crate::topics::Topic;
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
+
+/// The first Produce version that may carry zstd batches (KIP-110); older
+/// clients could not read them back either.
+const ZSTD_MIN_PRODUCE_VERSION: i16 = 7;
 
 /// The first Produce version whose transactional batches add their
 /// partition to the transaction themselves (transactions v2, KIP-890).
@@ -42,7 +47,7 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
             // no task of its own to schedule and join.
             let topic = broker.topics.resolve(t.name.0.as_str(), t.topic_id);
             let txn = txn_id.map(|id| (id, version >= IMPLICIT_ADD_VERSION));
-            let result = produce_partition(broker, topic, p.index, p.records.clone(), txn).await;
+            let result = produce_partition(broker, topic, p.index, p.records.clone(), txn, version).await;
             let response = TopicProduceResponse::default()
                 .with_name(t.name.clone())
                 .with_topic_id(t.topic_id)
@@ -59,7 +64,7 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
             let topic = topic.clone();
             let b = Arc::clone(broker);
             let txn = txn_id.clone().map(|id| (id, version >= IMPLICIT_ADD_VERSION));
-            let work = async move { produce_partition(&b, topic, p.index, p.records, txn).await };
+            let work = async move { produce_partition(&b, topic, p.index, p.records, txn, version).await };
             let task = tokio::spawn(trace::within(trace::current(), work));
             pending.push((t.name.clone(), t.topic_id, p.index, task));
         }
@@ -111,6 +116,7 @@ async fn produce_partition(
     index: i32,
     records: Option<Bytes>,
     txn: Option<(Arc<str>, bool)>,
+    version: i16,
 ) -> PartitionProduceResponse {
     let topic = match topic {
         Ok(t) => t,
@@ -128,6 +134,12 @@ async fn produce_partition(
         Ok(h) => h,
         Err((error, message)) => return failed(error, message),
     };
+    if headers[0].compression_codec() == Codec::Zstd as u8 && version < ZSTD_MIN_PRODUCE_VERSION {
+        return failed(
+            ResponseError::UnsupportedCompressionType,
+            format!("Produce requests with version {version} are not allowed to use ZStandard compression"),
+        );
+    }
     let checking = Instant::now();
     let checked = check_transaction(broker, &headers[0], txn, &topic, index).await;
     if headers[0].is_transactional() {
