@@ -64,6 +64,12 @@ def stats(b) -> dict:
         return json.load(r)
 
 
+def passes_after(b, n: int):
+    """Waits until the mover has finished `n` more passes."""
+    done = stats(b)["tiers"]["passes"]
+    wait_until(lambda: stats(b)["tiers"]["passes"] >= done + n, 60, f"{n} mover passes")
+
+
 def tier_counts(b, topic: str) -> dict:
     """Per partition: the tier block of /stats."""
     return {p["partition"]: p["tiers"] for p in stats(b)["partitions"] if p["topic"] == topic}
@@ -391,12 +397,13 @@ def test_remote_storage_read_only_and_turned_off_with_its_data(broker_factory, r
     assert "When `remote.log.copy.disable` is set to true, the `local.retention.ms`" in why, why
     alter(remote_log_copy_disable="true")
     copies = lambda: sum(tier_counts(b, topic)[0][k] for k in ("both", "cold", "copying"))  # noqa: E731
-    time.sleep(0.5)  # a copy the mover had begun before the change may finish
-    wait_until(lambda: tier_counts(b, topic)[0]["copying"] == 0, 30, "the copy in flight done")
+    # The pass under way may finish the copy it had begun; the one after
+    # it started under the new config.
+    passes_after(b, 2)
     made = copies()
     produce_all(p, every[n // 2:], log, topic)
     log.check()
-    time.sleep(2)  # twenty mover passes (keel.tier.check.interval.ms=100)
+    passes_after(b, 10)
     assert copies() == made, "copies made with remote.log.copy.disable=true"
     check_all(bs, topic, n, 1)
 

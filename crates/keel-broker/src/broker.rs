@@ -1022,6 +1022,7 @@ impl Broker {
             "fast_over_budget": m.over_budget.load(Relaxed),
             "released_segments": m.released_segments.load(Relaxed),
             "released_bytes": m.released_bytes.load(Relaxed),
+            "passes": m.passes.load(Relaxed),
             "failed_passes": m.failed_passes.load(Relaxed),
             "orphans_deleted": m.orphans_deleted.load(Relaxed),
             "fast_fs_free_bytes": m.fast_fs_free_bytes.load(Relaxed),

@@ -399,7 +399,7 @@ fn state_registry(broker: &Broker) -> Registry {
         g.set(value);
         r.register(name, help, g);
     }
-    let counters: [(&str, &str, u64); 24] = [
+    let counters: [(&str, &str, u64); 25] = [
         (
             "keel_tail_cache_inserted_bytes",
             "Bytes put in the tail cache",
@@ -473,6 +473,11 @@ fn state_registry(broker: &Broker) -> Registry {
             "keel_mover_released_bytes",
             "Local bytes released",
             m.released_bytes.load(Relaxed),
+        ),
+        (
+            "keel_mover_passes",
+            "Mover passes finished, failed ones included",
+            m.passes.load(Relaxed),
         ),
         (
             "keel_mover_failed_passes",

@@ -54,6 +54,8 @@ pub struct Mover {
     pub released_segments: AtomicU64,
     pub released_bytes: AtomicU64,
     pub failed_passes: AtomicU64,
+    /// Passes finished, failed ones included.
+    pub passes: AtomicU64,
     pub over_budget: AtomicBool,
     pub orphans_deleted: AtomicU64,
     /// Free and total bytes of the fast tier's filesystem at the last pass.
@@ -92,6 +94,7 @@ impl Mover {
             released_segments: AtomicU64::new(0),
             released_bytes: AtomicU64::new(0),
             failed_passes: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
             over_budget: AtomicBool::new(false),
             backoff_ms: AtomicU64::new(0),
             last_over_budget_log: Mutex::new(None),
@@ -136,6 +139,7 @@ pub async fn run(broker: Arc<Broker>) {
         mover
             .backoff_ms
             .store(backoff.as_millis() as u64, Ordering::Relaxed);
+        mover.passes.fetch_add(1, Ordering::Relaxed);
     }
 }
 

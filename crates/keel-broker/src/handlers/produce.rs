@@ -126,7 +126,9 @@ async fn produce_partition(
         return failed(ResponseError::UnknownTopicOrPartition, String::new());
     };
     let records = records.unwrap_or_default();
-    let max_batch_bytes = broker.config().max_message_bytes(&topic.meta.configs);
+    // One snapshot of the configs for all of this batch's checks.
+    let config = broker.config();
+    let max_batch_bytes = config.max_message_bytes(&topic.meta.configs);
     let validating = Instant::now();
     let headers = check_records(&records, max_batch_bytes);
     trace::longest(Stage::Validate, validating.elapsed());
@@ -148,8 +150,7 @@ async fn produce_partition(
     if let Err((error, message)) = checked {
         return failed(error, message);
     }
-    if broker
-        .config()
+    if config
         .cleanup_policy(&topic.meta.configs)
         .is_ok_and(|p| p.compact)
     {
@@ -170,11 +171,11 @@ async fn produce_partition(
             ]);
         }
     }
-    let (records, headers) = match in_topic_codec(broker, &topic, records, headers, max_batch_bytes).await {
+    let (records, headers) = match in_topic_codec(&config, &topic, records, headers, max_batch_bytes).await {
         Ok(converted) => converted,
         Err((error, message)) => return failed(error, message),
     };
-    let policy = TimestampPolicy::of(&broker.config(), &topic.meta.configs);
+    let policy = TimestampPolicy::of(&config, &topic.meta.configs);
     match policy.apply(records, headers, now_ms()) {
         Ok(stamped) => append(&partition, stamped).await,
         Err(refused) => {
@@ -192,13 +193,13 @@ const RECOMPRESS_INLINE_MAX_BYTES: usize = 64 << 10;
 /// sent otherwise (`producer`, or the same codec). The rebuilt batch must
 /// still fit `max.message.bytes`.
 async fn in_topic_codec(
-    broker: &Broker,
+    config: &BrokerConfig,
     topic: &Topic,
     records: Bytes,
     headers: Vec<BatchHeader>,
     max_batch_bytes: usize,
 ) -> Result<(Bytes, Vec<BatchHeader>), (ResponseError, String)> {
-    let Some((codec, level)) = broker.config().topic_compression(&topic.meta.configs) else {
+    let Some((codec, level)) = config.topic_compression(&topic.meta.configs) else {
         return Ok((records, headers));
     };
     if headers[0].compression_codec() == codec as u8 {
