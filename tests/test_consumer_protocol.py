@@ -1,8 +1,10 @@
 """The consumer group protocol (KIP-848, `group.protocol=consumer`) with
 Apache Kafka's own console consumer (4.3.1) against Keel: partitions are
 spread by the server-side assignor and move on join and leave, committed
-offsets survive a broker restart, and `kafka-consumer-groups` shows the
-group. ConsumerGroupHeartbeat's refusals are checked on the wire."""
+offsets survive a broker restart, `kafka-consumer-groups` shows the
+group, and a classic confluent-kafka group migrates online to the consumer
+protocol and back. ConsumerGroupHeartbeat's refusals are checked on the
+wire."""
 from __future__ import annotations
 
 import json
@@ -294,3 +296,90 @@ def test_a_static_member_restarts_into_its_place_without_a_rebalance(broker_fact
     finally:
         a.stop()
         other.stop()
+
+
+class ClassicMember:
+    """A confluent-kafka consumer of the classic protocol, polling in a
+    thread: it keeps what it reads and the partitions it holds."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str):
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                  "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                                  "heartbeat.interval.ms": 300, "auto.commit.interval.ms": 200})
+        self.consumer.subscribe([topic])
+        self.values: set[str] = set()
+        self.held: set[int] = set()
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.stopping.is_set():
+            for m in self.consumer.consume(100, timeout=0.1):
+                if m.error():
+                    self.errors.append(str(m.error()))
+                else:
+                    self.values.add(m.value().decode())
+            self.held = {tp.partition for tp in self.consumer.assignment()}
+        self.consumer.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+
+
+def held_apart(members: list[ClassicMember], shares: set[int], partitions: int) -> bool:
+    """Each classic member holds a share in `shares`, and no partition is
+    held twice; with `partitions` held in all."""
+    held = [set(m.held) for m in members]
+    return ({len(h) for h in held} <= shares and sum(len(h) for h in held) == len(set().union(*held)) == partitions)
+
+
+def test_a_classic_group_migrates_online_to_the_consumer_protocol_and_back(broker_factory):
+    """Two confluent-kafka consumers (classic protocol) share a topic; a
+    console consumer with `group.protocol=consumer` joins the same group,
+    which becomes a consumer group hosting the classic members, and the
+    server-side assignor spreads the partitions over all three. When it
+    leaves, the group is a classic group again and the two share
+    everything. No record is lost on the way."""
+    b = broker_factory(FAST)
+    topic, group, partitions = "online", "online-group", 6
+    create_topic(b.bootstrap, topic, partitions=partitions)
+    first = [f"a{i}" for i in range(60)]
+    produce(b.bootstrap, topic, first, partitions)
+    classic = [ClassicMember(b.bootstrap, topic, group) for _ in range(2)]
+    modern = None
+    try:
+        wait_until(lambda: held_apart(classic, {3}, partitions), 60, "the classic members sharing the partitions")
+        assert cg.describe(b.bootstrap, group)["error"] == GROUP_ID_NOT_FOUND, "a classic group"
+
+        modern = ConsoleConsumer(b.bootstrap, topic, group)
+        g = spread(b.bootstrap, group, 3, partitions)
+        assert sorted(m["type"] for m in g["members"].values()) == [0, 0, 1], g
+        wait_until(lambda: held_apart(classic, {2}, partitions - 2), 60, "the classic members giving up a partition each")
+        second = [f"b{i}" for i in range(30)]
+        produce(b.bootstrap, topic, second, partitions)
+        everything = set(first + second)
+        wait_until(lambda: everything <= set(modern.consumed()).union(*(m.values for m in classic)), 60,
+                   "every record consumed by the group")
+        # kafka-consumer-groups shows the classic members with the other.
+        done = kafka_tools.run("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                               "--bootstrap-server", b.bootstrap, "--describe", "--group", group, "--members")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert all(member_id in done.stdout for member_id in g["members"]), done.stdout
+
+        modern.stop()
+        # Downgraded: a classic group of the two, which rebalances.
+        wait_until(lambda: cg.describe(b.bootstrap, group)["error"] == GROUP_ID_NOT_FOUND, 60,
+                   "the group to become a classic group")
+        wait_until(lambda: held_apart(classic, {3}, partitions), 60, "the classic members sharing everything again")
+        third = [f"c{i}" for i in range(30)]
+        produce(b.bootstrap, topic, third, partitions)
+        wait_until(lambda: set(third) <= set().union(*(m.values for m in classic)), 60, "the last records")
+        assert not any(m.errors for m in classic), [m.errors for m in classic]
+    finally:
+        if modern:
+            modern.stop()
+        for m in classic:
+            m.stop()

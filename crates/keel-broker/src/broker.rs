@@ -772,7 +772,8 @@ impl Broker {
                     version,
                     client_id,
                     client_host,
-                ),
+                )
+                .await,
             ),
             Request::ConsumerGroupDescribe(r) => self.answer(
                 client_id,

@@ -259,6 +259,11 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ),
     ("group.consumer.assignors", "uniform,range", ConfigType::List),
     ("group.consumer.max.size", "2147483647", ConfigType::Int),
+    (
+        "group.consumer.migration.policy",
+        "bidirectional",
+        ConfigType::String,
+    ),
     ("offsets.retention.minutes", "10080", ConfigType::Int),
     ("offsets.retention.check.interval.ms", "600000", ConfigType::Long),
     ("offset.metadata.max.bytes", "4096", ConfigType::Int),
@@ -786,6 +791,16 @@ impl BrokerConfig {
                 reason: format!("{bad}: Keel's assignors are uniform and range"),
             });
         }
+        let policy = self.get("group.consumer.migration.policy");
+        if crate::groups::consumer::MigrationPolicy::parse(policy).is_none() {
+            return Err(ConfigError {
+                key: "group.consumer.migration.policy".into(),
+                reason: format!(
+                    "{policy}: must be one of {}",
+                    crate::groups::consumer::MigrationPolicy::NAMES.join(", ")
+                ),
+            });
+        }
         let level = self.num("keel.transaction.version");
         if !(0..=i64::from(crate::txn::state::TRANSACTION_VERSION_2)).contains(&level) {
             return Err(ConfigError {
@@ -907,6 +922,10 @@ impl BrokerConfig {
                     .filter_map(|a| crate::groups::assignor::Assignor::parse(a.trim()))
                     .collect(),
                 max_size: usize::try_from(self.num("group.consumer.max.size")).unwrap_or(usize::MAX),
+                migration: crate::groups::consumer::MigrationPolicy::parse(
+                    self.get("group.consumer.migration.policy"),
+                )
+                .unwrap_or(crate::groups::consumer::MigrationPolicy::Bidirectional),
             },
             offsets_retention_ms: self.num("offsets.retention.minutes").saturating_mul(60_000),
             offsets_retention_check_interval_ms: self.num("offsets.retention.check.interval.ms"),
@@ -1491,15 +1510,25 @@ mod tests {
             .check_topic_overrides(&map(&[("message.timestamp.type", "LogAppendTime")]))
             .is_ok());
         assert!(BrokerConfig::from_map(&map(&[("group.initial.rebalance.delay.ms", "-1")])).is_err());
+        let policy = BrokerConfig::from_map(&map(&[("group.consumer.migration.policy", "sideways")]));
+        assert_eq!(
+            policy.unwrap_err().reason,
+            "sideways: must be one of bidirectional, upgrade, downgrade, disabled"
+        );
         let c = BrokerConfig::from_map(&map(&[
             ("group.min.session.timeout.ms", "500"),
             ("offsets.retention.minutes", "2"),
+            ("group.consumer.migration.policy", "UPGRADE"),
         ]))
         .unwrap()
         .coordinator_config();
         assert_eq!(c.group.min_session_timeout_ms, 500);
         assert_eq!(c.offsets_retention_ms, 120_000);
         assert_eq!(c.group.initial_rebalance_delay_ms, 3000);
+        assert_eq!(
+            c.consumer.migration,
+            crate::groups::consumer::MigrationPolicy::Upgrade
+        );
     }
 
     #[test]

@@ -15,10 +15,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
 use keel_protocol::ResponseError;
 use uuid::Uuid;
 
 use super::assignor::{self, Assignor};
+
+mod classic;
+pub use classic::{MigrationPolicy, CONSUMER_PROTOCOL_TYPE};
 
 /// Partitions by topic id.
 pub type Assignment = BTreeMap<Uuid, BTreeSet<i32>>;
@@ -46,6 +50,9 @@ pub struct ConsumerGroupConfig {
     /// `group.consumer.assignors`; the first is the default.
     pub assignors: Vec<Assignor>,
     pub max_size: usize,
+    /// `group.consumer.migration.policy`: whether a group moves between
+    /// the classic and the consumer protocol while it has members.
+    pub migration: MigrationPolicy,
 }
 
 impl Default for ConsumerGroupConfig {
@@ -55,6 +62,7 @@ impl Default for ConsumerGroupConfig {
             heartbeat_interval_ms: 5_000,
             assignors: vec![Assignor::Uniform, Assignor::Range],
             max_size: usize::MAX,
+            migration: MigrationPolicy::Bidirectional,
         }
     }
 }
@@ -97,6 +105,24 @@ pub struct Member {
     /// The epoch and assignment the last response carried: an assignment
     /// is sent again only when it changes.
     sent: Option<(i32, Assignment)>,
+    /// Set for a member of the classic protocol (JoinGroup, SyncGroup,
+    /// Heartbeat) that the group hosts.
+    pub classic: Option<ClassicMember>,
+}
+
+/// What a classic-protocol member of a consumer group keeps besides a
+/// consumer member's fields.
+#[derive(Debug, Clone)]
+pub struct ClassicMember {
+    pub session_timeout_ms: i32,
+    /// Its assignment strategies with their subscription metadata, in its
+    /// order of preference; it is answered in the first one's name.
+    pub protocols: Vec<(String, Bytes)>,
+    /// It was told to rejoin (REBALANCE_IN_PROGRESS): it is removed if it
+    /// has not joined again by then.
+    rejoin_deadline_ms: Option<i64>,
+    /// It joined: it is removed if it has not synced by then.
+    sync_deadline_ms: Option<i64>,
 }
 
 /// A ConsumerGroupHeartbeat, its optional fields `None` when the member
@@ -332,6 +358,7 @@ impl ConsumerGroup {
                         revoke_deadline_ms: None,
                         left_static: false,
                         sent: None,
+                        classic: None,
                     },
                 );
             }
@@ -342,7 +369,7 @@ impl ConsumerGroup {
     /// A known member's epoch: its own, or the one before when the owned
     /// partitions show that it missed the last response.
     fn check_epoch(&self, hb: &Heartbeat) -> Result<(), Refusal> {
-        let Some(m) = self.members.get(&hb.member_id) else {
+        let Some(m) = self.members.get(&hb.member_id).filter(|m| m.classic.is_none()) else {
             return Err(refuse(
                 ResponseError::UnknownMemberId,
                 format!("Member {} is not a member of group {}.", hb.member_id, self.id),
@@ -412,7 +439,11 @@ impl ConsumerGroup {
     }
 
     fn leave(&mut self, hb: &Heartbeat, topics: &Topics) -> Result<HeartbeatAnswer, Refusal> {
-        let Some(m) = self.members.get_mut(&hb.member_id) else {
+        let Some(m) = self
+            .members
+            .get_mut(&hb.member_id)
+            .filter(|m| m.classic.is_none())
+        else {
             return Err(refuse(
                 ResponseError::UnknownMemberId,
                 format!("Member {} is not a member of group {}.", hb.member_id, self.id),
@@ -559,7 +590,13 @@ impl ConsumerGroup {
         let gone: Vec<String> = self
             .members
             .values()
-            .filter(|m| m.session_deadline_ms <= now_ms || m.revoke_deadline_ms.is_some_and(|d| d <= now_ms))
+            .filter(|m| {
+                std::iter::once(Some(m.session_deadline_ms))
+                    .chain(m.classic_deadlines())
+                    .chain([m.revoke_deadline_ms])
+                    .flatten()
+                    .any(|d| d <= now_ms)
+            })
             .map(|m| m.id.clone())
             .collect();
         for id in &gone {
@@ -575,7 +612,11 @@ impl ConsumerGroup {
     pub fn next_deadline_ms(&self) -> Option<i64> {
         self.members
             .values()
-            .flat_map(|m| [Some(m.session_deadline_ms), m.revoke_deadline_ms])
+            .flat_map(|m| {
+                [Some(m.session_deadline_ms), m.revoke_deadline_ms]
+                    .into_iter()
+                    .chain(m.classic_deadlines())
+            })
             .flatten()
             .min()
     }
@@ -591,6 +632,10 @@ impl ConsumerGroup {
             .members
             .get(member_id)
             .ok_or(ResponseError::UnknownMemberId)?;
+        // A classic member commits with its generation, which is its epoch.
+        if m.classic.is_some() && member_epoch != m.epoch {
+            return Err(ResponseError::IllegalGeneration);
+        }
         if member_epoch > m.epoch {
             return Err(ResponseError::FencedMemberEpoch);
         }

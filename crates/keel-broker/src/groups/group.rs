@@ -113,7 +113,7 @@ pub struct JoinedMember {
 }
 
 impl JoinResult {
-    fn error(error: ResponseError, member_id: &str) -> JoinResult {
+    pub fn error(error: ResponseError, member_id: &str) -> JoinResult {
         JoinResult {
             error: Some(error),
             generation: -1,
@@ -130,6 +130,23 @@ pub type SyncResult = Result<SyncAnswer, ResponseError>;
 pub struct SyncAnswer {
     pub protocol_type: Option<String>,
     pub protocol_name: Option<String>,
+    pub assignment: Bytes,
+}
+
+/// A member moving between a classic and a consumer group (KIP-848 online
+/// migration).
+#[derive(Debug, Clone)]
+pub struct MigratingMember {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    /// Its strategies with their metadata, in its order of preference.
+    pub protocols: Vec<(String, Bytes)>,
+    /// Its subscription under the group's strategy.
+    pub subscription: Bytes,
     pub assignment: Bytes,
 }
 
@@ -390,6 +407,90 @@ impl Group {
     fn set_state(&mut self, state: GroupState, now_ms: i64) {
         self.state = state;
         self.state_since_ms = now_ms;
+    }
+
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The members as a consumer group takes them over (the online
+    /// upgrade): the generation, and each member with its subscription
+    /// under the group's strategy (its first one if no join phase has
+    /// ended yet).
+    pub fn migrating_members(&self) -> (i32, Vec<MigratingMember>) {
+        let members = self
+            .members
+            .iter()
+            .map(|(id, m)| MigratingMember {
+                id: id.clone(),
+                instance_id: m.instance_id.clone(),
+                client_id: m.client_id.clone(),
+                client_host: m.client_host.clone(),
+                session_timeout_ms: m.session_timeout_ms,
+                rebalance_timeout_ms: m.rebalance_timeout_ms,
+                protocols: m.protocols.clone(),
+                subscription: match &self.protocol {
+                    Some(p) => m.metadata_for(p),
+                    None => m.protocols.first().map(|(_, md)| md.clone()).unwrap_or_default(),
+                },
+                assignment: m.assignment.clone(),
+            })
+            .collect();
+        (self.generation, members)
+    }
+
+    /// Ends the group once a consumer group has taken its members over:
+    /// requests waiting in a join or sync phase are told to join again.
+    pub fn hand_over(&mut self, now_ms: i64) {
+        for (id, m) in &mut self.members {
+            if let Some(w) = m.join_waiter.take() {
+                let _ = w.send(JoinResult::error(ResponseError::RebalanceInProgress, id));
+            }
+            if let Some(w) = m.sync_waiter.take() {
+                let _ = w.send(Err(ResponseError::RebalanceInProgress));
+            }
+        }
+        self.kill(now_ms);
+    }
+
+    /// A classic group taking over a consumer group's members (the online
+    /// downgrade): at the group epoch as generation with their partitions,
+    /// then rebalancing, so every member joins again.
+    pub fn take_over(
+        id: &str,
+        config: GroupConfig,
+        (generation, protocol): (i32, String),
+        members: Vec<MigratingMember>,
+        now_ms: i64,
+    ) -> Group {
+        let mut group = Group::new(id, config, now_ms);
+        group.generation = generation;
+        group.protocol_type = Some("consumer".to_string());
+        group.protocol = Some(protocol);
+        group.leader = members.first().map(|m| m.id.clone());
+        for m in members {
+            let seq = group.take_seq();
+            if let Some(instance) = &m.instance_id {
+                group.static_members.insert(instance.clone(), m.id.clone());
+            }
+            let member = Member {
+                instance_id: m.instance_id,
+                client_id: m.client_id,
+                client_host: m.client_host,
+                session_timeout_ms: m.session_timeout_ms,
+                rebalance_timeout_ms: m.rebalance_timeout_ms,
+                protocols: m.protocols,
+                assignment: m.assignment,
+                seq,
+                join_waiter: None,
+                sync_waiter: None,
+                session_deadline_ms: now_ms + i64::from(m.session_timeout_ms),
+            };
+            group.members.insert(m.id, member);
+        }
+        group.set_state(GroupState::Stable, now_ms);
+        group.prepare_rebalance(now_ms);
+        group
     }
 
     /// Marks the group deleted: every waiting request is told so.

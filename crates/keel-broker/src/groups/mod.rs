@@ -15,6 +15,7 @@
 
 pub mod assignor;
 pub mod consumer;
+pub mod embedded;
 pub mod group;
 pub mod records;
 pub mod store;
@@ -118,7 +119,8 @@ pub struct GroupCoordinator {
     /// group. Locked before `consumer_groups` when both are.
     groups: Mutex<HashMap<String, Group>>,
     /// Consumer-protocol groups, also once empty (until deleted, their
-    /// offsets expire, or a classic member joins). Membership is not
+    /// offsets expire, or a classic member joins), and the classic members
+    /// they host after an online upgrade. Membership is not
     /// persisted: after a restart a group with offsets is an empty classic
     /// group again, a member is asked to rejoin (UNKNOWN_MEMBER_ID), and
     /// its offsets are where it committed them.
@@ -178,7 +180,9 @@ impl GroupCoordinator {
     }
 
     /// Handles JoinGroup; waits for the join phase to end when it must.
-    pub async fn join(&self, group_id: &str, params: JoinParams) -> JoinResult {
+    /// A consumer group with members hosts the member (KIP-848 online
+    /// migration); `topics` are the broker's, for its assignor.
+    pub async fn join(&self, group_id: &str, params: JoinParams, topics: &Topics) -> JoinResult {
         let member_id = params.member_id.clone();
         let error = |e| JoinResult {
             error: Some(e),
@@ -197,13 +201,17 @@ impl GroupCoordinator {
         }
         let answer = {
             let mut groups = self.groups.lock();
-            // A consumer-protocol group with members refuses classic ones
-            // (Keel does not mix the protocols in one group); an empty one
-            // becomes a classic group, its offsets kept.
+            // A consumer group with members hosts a classic member; an
+            // empty one becomes a classic group, its offsets kept.
             {
                 let mut consumer = self.consumer_groups.lock();
-                match consumer.get(group_id) {
-                    Some(g) if !g.is_empty() => return error(ResponseError::GroupIdNotFound),
+                match consumer.get_mut(group_id) {
+                    Some(g) if !g.is_empty() => {
+                        let result = g.classic_join(params, topics, self.now_ms());
+                        drop(consumer);
+                        self.timer.notify_one();
+                        return result;
+                    }
                     Some(_) => {
                         consumer.remove(group_id);
                     }
@@ -227,7 +235,9 @@ impl GroupCoordinator {
     }
 
     /// Handles SyncGroup; the leader's assignment is persisted before any
-    /// member gets its share.
+    /// member gets its share. A classic member of a consumer group gets
+    /// the partitions the group's assignor gave it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn sync(
         &self,
         group_id: &str,
@@ -236,7 +246,18 @@ impl GroupCoordinator {
         instance_id: Option<&str>,
         protocol: (Option<&str>, Option<&str>),
         assignments: Vec<(String, Bytes)>,
+        topics: &Topics,
     ) -> SyncResult {
+        if let Some(g) = self.consumer_groups.lock().get_mut(group_id) {
+            return g.classic_sync(
+                member_id,
+                instance_id,
+                generation,
+                protocol,
+                topics,
+                self.now_ms(),
+            );
+        }
         let outcome = {
             let mut groups = self.groups.lock();
             let Some(group) = groups.get_mut(group_id) else {
@@ -275,23 +296,89 @@ impl GroupCoordinator {
         rx.await.unwrap_or(Err(ResponseError::UnknownMemberId))
     }
 
-    /// Handles ConsumerGroupHeartbeat. A classic group with members keeps
-    /// its id; an empty one (offsets only) becomes a consumer group.
-    pub fn consumer_heartbeat(
+    /// Handles ConsumerGroupHeartbeat. An empty classic group (offsets
+    /// only) becomes a consumer group; one with members of the consumer
+    /// protocol type too, its members hosted (the online upgrade, persisted
+    /// as the classic group's tombstone before the answer). When the last
+    /// consumer-protocol member leaves, the classic members left become a
+    /// classic group again.
+    pub async fn consumer_heartbeat(
         &self,
         group_id: &str,
         hb: Heartbeat,
         topics: &Topics,
     ) -> Result<HeartbeatAnswer, consumer::Refusal> {
+        let (answer, upgraded) = self.consumer_heartbeat_now(group_id, hb, topics)?;
+        if upgraded {
+            let record = GroupRecord::Group {
+                group: group_id.to_string(),
+                value: None,
+            };
+            self.persist(group_id, vec![record], "the group's upgrade")
+                .await
+                .map_err(|e| (e, None))?;
+        }
+        Ok(answer)
+    }
+
+    /// The heartbeat, under the locks; -> also whether it upgraded a
+    /// classic group with persisted metadata.
+    fn consumer_heartbeat_now(
+        &self,
+        group_id: &str,
+        hb: Heartbeat,
+        topics: &Topics,
+    ) -> Result<(HeartbeatAnswer, bool), consumer::Refusal> {
         let now = self.now_ms();
         let mut classic = self.groups.lock();
-        if classic.get(group_id).is_some_and(|g| !g.is_empty()) {
-            return Err((
-                ResponseError::GroupIdNotFound,
-                Some(format!("Group {group_id} is not a consumer group.")),
-            ));
-        }
         let mut consumer = self.consumer_groups.lock();
+        let mut upgraded = false;
+        if let Some(g) = classic.get_mut(group_id).filter(|g| !g.is_empty()) {
+            let not_consumer = || {
+                (
+                    ResponseError::GroupIdNotFound,
+                    Some(format!("Group {group_id} is not a consumer group.")),
+                )
+            };
+            let policy = self.config.consumer.migration;
+            if hb.member_epoch != 0 {
+                return Err(not_consumer());
+            }
+            let refusal = if !policy.upgrades() {
+                Some("the online upgrade is disabled")
+            } else if g.protocol_type() != Some(consumer::CONSUMER_PROTOCOL_TYPE) {
+                Some("the group does not use the consumer embedded protocol")
+            } else if g.member_count() >= self.config.consumer.max_size {
+                Some("the group size exceeds the consumer group maximum size")
+            } else {
+                None
+            };
+            if let Some(why) = refusal {
+                tracing::info!(
+                    group = group_id,
+                    "cannot upgrade the classic group to a consumer group: {why}"
+                );
+                return Err(not_consumer());
+            }
+            let (generation, members) = g.migrating_members();
+            let converted = ConsumerGroup::from_classic(
+                group_id,
+                generation,
+                members,
+                topics,
+                self.config.consumer.clone(),
+                now,
+            )?;
+            g.hand_over(now);
+            classic.remove(group_id);
+            upgraded = self.store.with_table(|t| t.groups.contains_key(group_id));
+            tracing::info!(
+                group = group_id,
+                generation,
+                "upgraded the classic group to a consumer group"
+            );
+            consumer.insert(group_id.to_string(), converted);
+        }
         if hb.member_epoch != 0 && !consumer.contains_key(group_id) {
             // Unknown here (after a restart, say): the member rejoins.
             return Err((
@@ -302,15 +389,51 @@ impl GroupCoordinator {
                 )),
             ));
         }
+        let leaving = hb.member_epoch < 0;
         let group = consumer.entry(group_id.to_string()).or_insert_with(|| {
             classic.remove(group_id);
             ConsumerGroup::new(group_id, self.config.consumer.clone())
         });
         let answer = group.heartbeat(hb, topics, now);
+        if leaving {
+            self.maybe_downgrade(&mut classic, &mut consumer, group_id, topics, now);
+        }
         drop(consumer);
         drop(classic);
         self.timer.notify_one();
-        answer
+        answer.map(|a| (a, upgraded))
+    }
+
+    /// Turns a consumer group that has only classic members left into a
+    /// classic group, which rebalances (the online downgrade). The caller
+    /// holds both locks.
+    fn maybe_downgrade(
+        &self,
+        classic: &mut HashMap<String, Group>,
+        consumer: &mut HashMap<String, ConsumerGroup>,
+        group_id: &str,
+        topics: &Topics,
+        now: i64,
+    ) {
+        let Some(g) = consumer.get(group_id).filter(|g| g.downgradable()) else {
+            return;
+        };
+        if g.members.len() > self.config.group.max_size {
+            tracing::info!(
+                group = group_id,
+                "cannot downgrade the consumer group to a classic group: its size is greater than the classic group maximum size"
+            );
+            return;
+        }
+        let (generation, protocol, members) = g.to_classic(topics);
+        consumer.remove(group_id);
+        tracing::info!(
+            group = group_id,
+            generation,
+            "downgraded the consumer group to a classic group"
+        );
+        let group = Group::take_over(group_id, self.config.group, (generation, protocol), members, now);
+        classic.insert(group_id.to_string(), group);
     }
 
     /// A consumer group as ConsumerGroupDescribe reports it; `Err` when the
@@ -395,6 +518,11 @@ impl GroupCoordinator {
         member_id: &str,
         instance_id: Option<&str>,
     ) -> Result<(), ResponseError> {
+        if let Some(g) = self.consumer_groups.lock().get_mut(group_id) {
+            let result = g.classic_heartbeat(member_id, instance_id, generation, self.now_ms());
+            self.timer.notify_one();
+            return result;
+        }
         let mut groups = self.groups.lock();
         let group = groups.get_mut(group_id).ok_or(ResponseError::UnknownMemberId)?;
         group.heartbeat(generation, member_id, instance_id, self.now_ms())
@@ -405,9 +533,26 @@ impl GroupCoordinator {
         &self,
         group_id: &str,
         members: &[(String, Option<String>)],
+        topics: &Topics,
     ) -> Vec<Result<(), ResponseError>> {
         let mut groups = self.groups.lock();
         let now = self.now_ms();
+        {
+            let mut consumer = self.consumer_groups.lock();
+            if let Some(g) = consumer.get_mut(group_id) {
+                let results = members
+                    .iter()
+                    .map(|(member_id, instance_id)| {
+                        g.classic_leave(member_id, instance_id.as_deref(), topics)
+                    })
+                    .collect();
+                self.maybe_downgrade(&mut groups, &mut consumer, group_id, topics, now);
+                drop(consumer);
+                drop(groups);
+                self.timer.notify_one();
+                return results;
+            }
+        }
         let results = members
             .iter()
             .map(|(member_id, instance_id)| match groups.get_mut(group_id) {
@@ -782,8 +927,8 @@ impl GroupCoordinator {
     /// that became empty, to persist.
     fn tick(&self) -> Vec<GroupRecord> {
         let now = self.now_ms();
-        self.tick_consumer(now);
         let mut groups = self.groups.lock();
+        self.tick_consumer(&mut groups, now);
         groups
             .values_mut()
             .filter(|g| g.next_deadline_ms().is_some_and(|d| d <= now))
@@ -797,7 +942,7 @@ impl GroupCoordinator {
     }
 
     /// Session and rebalance timeouts of consumer groups.
-    fn tick_consumer(&self, now: i64) {
+    fn tick_consumer(&self, classic: &mut HashMap<String, Group>, now: i64) {
         let mut consumer = self.consumer_groups.lock();
         let due: Vec<String> = consumer
             .values()
@@ -809,7 +954,9 @@ impl GroupCoordinator {
             // The target is recomputed for the topics the group knew; the
             // next heartbeat brings the broker's current ones.
             let topics = g.known_topics();
-            g.tick(&topics, now);
+            if g.tick(&topics, now) {
+                self.maybe_downgrade(classic, &mut consumer, &id, &topics, now);
+            }
         }
     }
 

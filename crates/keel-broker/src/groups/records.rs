@@ -354,7 +354,7 @@ impl Reader<'_> {
         Ok(s)
     }
 
-    fn bytes(&mut self) -> Result<Bytes, RecordError> {
+    pub(crate) fn bytes(&mut self) -> Result<Bytes, RecordError> {
         let len = self.i32()?;
         if len < 0 {
             return Ok(Bytes::new());

@@ -68,7 +68,7 @@ impl Harness {
     fn join(&self, member_id: &str, instance: Option<&str>) -> JoinHandle<JoinResult> {
         let c = Arc::clone(&self.coordinator);
         let params = params(member_id, instance);
-        tokio::spawn(async move { c.join("g", params).await })
+        tokio::spawn(async move { c.join("g", params, &Topics::new()).await })
     }
 
     /// The two-step join of a new dynamic member (JoinGroup v4+).
@@ -95,6 +95,7 @@ impl Harness {
                 instance.as_deref(),
                 (None, None),
                 assignments,
+                &Topics::new(),
             )
             .await
         })
@@ -263,7 +264,15 @@ async fn wrong_generations_and_unknown_members_get_kafkas_errors() {
         Err(ResponseError::UnknownMemberId)
     );
     let sync = c
-        .sync("g", generation + 1, &member, None, (None, None), Vec::new())
+        .sync(
+            "g",
+            generation + 1,
+            &member,
+            None,
+            (None, None),
+            Vec::new(),
+            &Topics::new(),
+        )
         .await;
     assert_eq!(sync.unwrap_err(), ResponseError::IllegalGeneration);
     let commit = |generation, member: &'static str| {
@@ -288,31 +297,41 @@ async fn wrong_generations_and_unknown_members_get_kafkas_errors() {
     // A commit from outside the generation while the group has members.
     assert_eq!(commit(-1, "").await.unwrap_err(), ResponseError::UnknownMemberId);
     assert!(commit(generation, member).await.is_ok());
-    let unknown = c.join("g", params("nobody", None)).await;
+    let unknown = c.join("g", params("nobody", None), &Topics::new()).await;
     assert_eq!(unknown.error, Some(ResponseError::UnknownMemberId));
     let mut short = params("", None);
     short.session_timeout_ms = 10;
     assert_eq!(
-        c.join("g", short).await.error,
+        c.join("g", short, &Topics::new()).await.error,
         Some(ResponseError::InvalidSessionTimeout)
     );
     let mut other = params("", None);
     other.protocols = vec![("roundrobin".into(), Bytes::new())];
     assert_eq!(
-        c.join("g", other).await.error,
+        c.join("g", other, &Topics::new()).await.error,
         Some(ResponseError::InconsistentGroupProtocol)
     );
     // A follower that rejoins unchanged gets the current generation back;
     // the leader's rejoin starts a rebalance.
     let follower = results.iter().find(|r| r.member_id != r.leader).unwrap();
-    let same = c.join("g", params(&follower.member_id, None)).await;
+    let same = c
+        .join("g", params(&follower.member_id, None), &Topics::new())
+        .await;
     assert_eq!((same.error, same.generation), (None, generation));
     assert_eq!(h.state(), GroupState::Stable);
     let rejoin = h.join(&results[0].leader, None);
     settle().await;
     assert_eq!(h.state(), GroupState::PreparingRebalance);
     let sync = c
-        .sync("g", generation, member, None, (None, None), Vec::new())
+        .sync(
+            "g",
+            generation,
+            member,
+            None,
+            (None, None),
+            Vec::new(),
+            &Topics::new(),
+        )
         .await;
     assert_eq!(sync.unwrap_err(), ResponseError::RebalanceInProgress);
     drop(rejoin);
@@ -357,6 +376,7 @@ async fn a_restarted_static_member_takes_its_place_without_a_rebalance() {
             Some("instance-b"),
             (None, None),
             Vec::new(),
+            &Topics::new(),
         )
         .await
         .unwrap();
@@ -465,7 +485,9 @@ async fn only_empty_groups_can_be_deleted() {
             Err(ResponseError::GroupIdNotFound)
         ]
     );
-    let left = h.coordinator.leave("g", &[(results[0].member_id.clone(), None)]);
+    let left = h
+        .coordinator
+        .leave("g", &[(results[0].member_id.clone(), None)], &Topics::new());
     assert_eq!(left, vec![Ok(())]);
     // The last member left: the join phase ends at once, with nobody.
     assert_eq!(h.state(), GroupState::Empty);
@@ -482,7 +504,7 @@ async fn offsets_of_subscribed_topics_cannot_be_deleted_while_members_consume() 
     p.protocols = vec![("range".into(), subscription)];
     let join = {
         let c = Arc::clone(&h.coordinator);
-        tokio::spawn(async move { c.join("g", p).await })
+        tokio::spawn(async move { c.join("g", p, &Topics::new()).await })
     };
     settle().await;
     h.advance(i64::from(DELAY_MS)).await;
@@ -577,4 +599,403 @@ async fn transactional_offsets_are_checked_held_and_ended_by_their_marker() {
     h.coordinator.end_transaction(8, 0, marker(false)).await.unwrap();
     let fetched = stable(&h.coordinator);
     assert_eq!(fetched[0].2.as_ref().unwrap().as_ref().map(|v| v.offset), Some(5));
+}
+
+// Online migration (KIP-848): classic members of a consumer group.
+
+mod migration {
+    use super::*;
+    use crate::groups::consumer::{Assignment, MigrationPolicy, TopicInfo};
+    use crate::groups::embedded::{self, Subscription};
+
+    const TOPIC_ID: uuid::Uuid = uuid::Uuid::from_u128(0x7);
+
+    fn topics() -> Topics {
+        Topics::from([(
+            "t".to_string(),
+            TopicInfo {
+                id: TOPIC_ID,
+                partitions: 6,
+            },
+        )])
+    }
+
+    fn subscription(owned: &[i32]) -> Bytes {
+        Subscription {
+            version: 3,
+            topics: vec!["t".into()],
+            owned: if owned.is_empty() {
+                vec![]
+            } else {
+                vec![("t".into(), owned.to_vec())]
+            },
+            rack_id: None,
+        }
+        .encode()
+    }
+
+    fn classic_params(member_id: &str, owned: &[i32]) -> JoinParams {
+        JoinParams {
+            protocols: vec![("range".into(), subscription(owned))],
+            ..params(member_id, None)
+        }
+    }
+
+    /// A classic consumer with the eager protocol: it revokes everything
+    /// before it joins again.
+    struct Classic {
+        id: String,
+        generation: i32,
+        owned: Vec<i32>,
+    }
+
+    impl Classic {
+        async fn rejoin(&mut self, c: &GroupCoordinator) {
+            self.owned.clear();
+            let r = c.join("g", classic_params(&self.id, &[]), &topics()).await;
+            assert_eq!(r.error, None, "{r:?}");
+            assert_eq!((r.leader.as_str(), r.members.len()), ("", 0), "the group assigns");
+            self.generation = r.generation;
+            let s = c
+                .sync(
+                    "g",
+                    r.generation,
+                    &self.id,
+                    None,
+                    (Some("consumer"), Some("range")),
+                    vec![],
+                    &topics(),
+                )
+                .await;
+            match s {
+                Ok(a) => {
+                    let (parts, _) = embedded::parse_assignment(&a.assignment).unwrap();
+                    self.owned = parts.into_iter().flat_map(|(_, ps)| ps).collect();
+                }
+                Err(e) => assert_eq!(e, ResponseError::RebalanceInProgress),
+            }
+        }
+
+        /// Heartbeats; joins again when told to.
+        async fn beat(&mut self, c: &GroupCoordinator) {
+            match c.heartbeat("g", self.generation, &self.id, None) {
+                Ok(()) => {}
+                Err(ResponseError::RebalanceInProgress) => self.rejoin(c).await,
+                Err(e) => panic!("{}: {e:?}", self.id),
+            }
+        }
+    }
+
+    /// A consumer-protocol member.
+    struct Modern {
+        id: String,
+        epoch: i32,
+        owned: Assignment,
+    }
+
+    impl Modern {
+        async fn beat(&mut self, c: &GroupCoordinator) {
+            let hb = Heartbeat {
+                member_id: self.id.clone(),
+                member_epoch: self.epoch,
+                rebalance_timeout_ms: REBALANCE_MS,
+                subscribed_names: Some(vec!["t".into()]),
+                owned: Some(self.owned.clone()),
+                ..Heartbeat::default()
+            };
+            let a = c.consumer_heartbeat("g", hb, &topics()).await.unwrap();
+            self.epoch = a.member_epoch;
+            if let Some(assignment) = a.assignment {
+                self.owned = assignment;
+            }
+        }
+
+        fn partitions(&self) -> Vec<i32> {
+            self.owned
+                .get(&TOPIC_ID)
+                .map(|p| p.iter().copied().collect())
+                .unwrap_or_default()
+        }
+    }
+
+    /// Two classic members holding three partitions each, in a Stable
+    /// classic group.
+    async fn classic_group(h: &Harness) -> Vec<Classic> {
+        let c = &h.coordinator;
+        let mut ids = Vec::new();
+        let mut joins = Vec::new();
+        for _ in 0..2 {
+            let first = c.join("g", classic_params("", &[]), &topics()).await;
+            assert_eq!(first.error, Some(ResponseError::MemberIdRequired));
+            let cc = Arc::clone(c);
+            let id = first.member_id.clone();
+            joins.push(tokio::spawn(async move {
+                cc.join("g", classic_params(&id, &[]), &topics()).await
+            }));
+            ids.push(first.member_id);
+            settle().await;
+        }
+        h.advance(i64::from(DELAY_MS)).await;
+        h.advance(i64::from(DELAY_MS)).await;
+        let mut results = Vec::new();
+        for j in joins {
+            results.push(j.await.unwrap());
+        }
+        let leader = results
+            .iter()
+            .find(|r| r.member_id == r.leader)
+            .unwrap()
+            .leader
+            .clone();
+        let shares: Vec<(String, Bytes)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let ps: Vec<i32> = (0..6).filter(|p| p % 2 == i as i32).collect();
+                (
+                    id.clone(),
+                    embedded::encode_assignment(3, &vec![("t".into(), ps)]),
+                )
+            })
+            .collect();
+        let mut syncs = Vec::new();
+        for r in &results {
+            let cc = Arc::clone(c);
+            let a = if r.member_id == leader {
+                shares.clone()
+            } else {
+                vec![]
+            };
+            let (g, id) = (r.generation, r.member_id.clone());
+            syncs.push(tokio::spawn(async move {
+                cc.sync("g", g, &id, None, (None, None), a, &topics()).await
+            }));
+        }
+        for s in syncs {
+            s.await.unwrap().unwrap();
+        }
+        assert_eq!(h.state(), GroupState::Stable);
+        results
+            .iter()
+            .map(|r| Classic {
+                id: r.member_id.clone(),
+                generation: r.generation,
+                owned: ids
+                    .iter()
+                    .position(|id| *id == r.member_id)
+                    .map(|i| (0..6).filter(|p| p % 2 == i as i32).collect())
+                    .unwrap(),
+            })
+            .collect()
+    }
+
+    /// No partition is held by two members, as the clients see it.
+    fn disjoint(classic: &[Classic], modern: &Modern) -> Vec<i32> {
+        let mut all: Vec<i32> = classic.iter().flat_map(|c| c.owned.clone()).collect();
+        all.extend(modern.partitions());
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "a partition held twice");
+        all
+    }
+
+    #[tokio::test]
+    async fn a_classic_group_upgrades_hosts_its_members_and_downgrades_when_the_last_consumer_member_leaves()
+    {
+        let h = Harness::new();
+        let c = &h.coordinator;
+        let mut classic = classic_group(&h).await;
+        let generation = classic[0].generation;
+        let mut modern = Modern {
+            id: "modern".into(),
+            epoch: 0,
+            owned: Assignment::new(),
+        };
+        modern.beat(c).await;
+        // Upgraded: the classic members are hosted at their generation
+        // with the partitions they held.
+        let g = c.describe_consumer("g").unwrap();
+        assert_eq!(g.members.len(), 3);
+        for m in &classic {
+            let hosted = &g.members[&m.id];
+            assert!(hosted.classic.is_some());
+            assert_eq!(hosted.epoch, generation);
+            assert_eq!(hosted.assigned[&TOPIC_ID].len(), 3);
+        }
+        assert!(c.describe("g").is_none(), "no classic group any more");
+        assert!(modern.epoch > generation && modern.partitions().is_empty());
+
+        // Everyone heartbeats until the group is stable: two partitions
+        // each, never one partition in two hands.
+        for _ in 0..10 {
+            for i in 0..classic.len() {
+                classic[i].beat(c).await;
+                disjoint(&classic, &modern);
+            }
+            modern.beat(c).await;
+            disjoint(&classic, &modern);
+        }
+        let g = c.describe_consumer("g").unwrap();
+        assert_eq!(g.state(), crate::groups::consumer::ConsumerGroupState::Stable);
+        assert_eq!(disjoint(&classic, &modern), (0..6).collect::<Vec<_>>());
+        assert!(classic.iter().all(|m| m.owned.len() == 2) && modern.partitions().len() == 2);
+        // A classic member commits with its generation, its epoch.
+        let epoch = classic[0].generation;
+        assert_eq!(c.admit_consumer_commit("g", &classic[0].id, epoch), Some(Ok(())));
+        assert_eq!(
+            c.admit_consumer_commit("g", &classic[0].id, epoch - 1),
+            Some(Err(ResponseError::IllegalGeneration))
+        );
+
+        // The consumer member leaves: a classic group again, which
+        // rebalances at the next generation.
+        let leave = Heartbeat {
+            member_id: "modern".into(),
+            member_epoch: crate::groups::consumer::LEAVE_EPOCH,
+            ..Heartbeat::default()
+        };
+        c.consumer_heartbeat("g", leave, &topics()).await.unwrap();
+        assert_eq!(h.state(), GroupState::PreparingRebalance);
+        let epoch = g.epoch + 1;
+        assert_eq!(
+            c.heartbeat("g", epoch, &classic[0].id, None),
+            Err(ResponseError::RebalanceInProgress)
+        );
+        let rejoins: Vec<_> = classic
+            .iter()
+            .map(|m| {
+                let cc = Arc::clone(c);
+                let id = m.id.clone();
+                tokio::spawn(async move { cc.join("g", classic_params(&id, &[]), &topics()).await })
+            })
+            .collect();
+        settle().await;
+        let mut again = Vec::new();
+        for j in rejoins {
+            again.push(j.await.unwrap());
+        }
+        assert!(
+            again
+                .iter()
+                .all(|r| r.error.is_none() && r.generation == epoch + 1),
+            "{again:?}"
+        );
+        assert_eq!(again.iter().filter(|r| r.member_id == r.leader).count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_member_whose_session_ends_leaves_a_classic_group_behind() {
+        let h = Harness::new();
+        let c = &h.coordinator;
+        let mut classic = classic_group(&h).await;
+        let mut modern = Modern {
+            id: "modern".into(),
+            epoch: 0,
+            owned: Assignment::new(),
+        };
+        modern.beat(c).await;
+        // The consumer member goes silent; the classic members go on (and
+        // join again when told to).
+        let session_ms =
+            i64::from(crate::groups::consumer::ConsumerGroupConfig::default().session_timeout_ms);
+        let mut waited = 0;
+        while c.describe("g").is_none() {
+            assert!(waited <= session_ms, "no downgrade after the session timeout");
+            h.clock.0.fetch_add(1_000, Ordering::SeqCst);
+            waited += 1_000;
+            for m in &mut classic {
+                m.beat(c).await;
+            }
+            h.advance(0).await;
+        }
+        assert!(waited >= session_ms, "{waited}");
+        let d = c.describe("g").unwrap();
+        assert_eq!((d.state, d.members.len()), (GroupState::PreparingRebalance, 2));
+        assert!(c.describe_consumer("g").is_err());
+    }
+
+    #[tokio::test]
+    async fn upgrades_follow_the_policy_and_the_protocol_type() {
+        let mut h = Harness::new();
+        h.config.consumer.migration = MigrationPolicy::Downgrade;
+        h.reopen();
+        classic_group(&h).await;
+        let join = Heartbeat {
+            member_id: "modern".into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: REBALANCE_MS,
+            subscribed_names: Some(vec!["t".into()]),
+            owned: Some(Assignment::new()),
+            ..Heartbeat::default()
+        };
+        let refused = h
+            .coordinator
+            .consumer_heartbeat("g", join.clone(), &topics())
+            .await;
+        assert_eq!(refused.unwrap_err().0, ResponseError::GroupIdNotFound);
+        assert_eq!(h.state(), GroupState::Stable);
+
+        // Allowed: the classic group's persisted metadata is tombstoned,
+        // so a restart does not bring back members the consumer group
+        // took over.
+        h.config.consumer.migration = MigrationPolicy::Bidirectional;
+        h.reopen();
+        assert_eq!(h.state(), GroupState::Stable, "restored from its metadata");
+        h.coordinator
+            .consumer_heartbeat("g", join, &topics())
+            .await
+            .unwrap();
+        h.reopen();
+        assert!(h.coordinator.describe("g").is_none_or(|d| d.members.is_empty()));
+    }
+
+    #[tokio::test]
+    async fn hosted_members_get_kafkas_errors() {
+        let h = Harness::new();
+        let c = &h.coordinator;
+        let classic = classic_group(&h).await;
+        let mut modern = Modern {
+            id: "modern".into(),
+            epoch: 0,
+            owned: Assignment::new(),
+        };
+        modern.beat(c).await;
+        let m = &classic[0];
+        assert_eq!(
+            c.heartbeat("g", m.generation + 7, &m.id, None),
+            Err(ResponseError::IllegalGeneration)
+        );
+        assert_eq!(
+            c.heartbeat("g", 1, "nobody", None),
+            Err(ResponseError::UnknownMemberId)
+        );
+        // The consumer member is not a classic one.
+        assert_eq!(
+            c.heartbeat("g", modern.epoch, "modern", None),
+            Err(ResponseError::UnknownMemberId)
+        );
+        let sync = c
+            .sync(
+                "g",
+                m.generation,
+                &m.id,
+                None,
+                (Some("connect"), None),
+                vec![],
+                &topics(),
+            )
+            .await;
+        assert_eq!(sync.unwrap_err(), ResponseError::InconsistentGroupProtocol);
+        // A JoinGroup of another protocol type is refused.
+        let other = JoinParams {
+            protocol_type: "connect".into(),
+            ..classic_params(&m.id, &[])
+        };
+        let r = c.join("g", other, &topics()).await;
+        assert_eq!(r.error, Some(ResponseError::InconsistentGroupProtocol));
+        // Leaving by member id.
+        assert_eq!(c.leave("g", &[(m.id.clone(), None)], &topics()), vec![Ok(())]);
+        assert_eq!(c.describe_consumer("g").unwrap().members.len(), 2);
+    }
 }

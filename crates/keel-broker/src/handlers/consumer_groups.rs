@@ -17,12 +17,13 @@ use crate::groups::consumer::{self, Heartbeat, TopicInfo, Topics};
 use crate::topics::base64_url;
 use crate::Broker;
 
-/// Kafka's ConsumerGroupDescribe member type of a consumer-protocol member
-/// (v1).
+/// Kafka's ConsumerGroupDescribe member types (v1): a classic-protocol
+/// member the group hosts, and a consumer-protocol member.
+const MEMBER_TYPE_CLASSIC: i8 = 0;
 const MEMBER_TYPE_CONSUMER: i8 = 1;
 
 /// The broker's topics as a group sees them.
-fn topics(broker: &Broker) -> Topics {
+pub(crate) fn topics(broker: &Broker) -> Topics {
     broker
         .topics
         .all()
@@ -79,7 +80,7 @@ fn check(req: &ConsumerGroupHeartbeatRequest, version: i16) -> Result<String, St
     Ok(member_id)
 }
 
-pub fn consumer_group_heartbeat(
+pub async fn consumer_group_heartbeat(
     broker: &Broker,
     req: ConsumerGroupHeartbeatRequest,
     version: i16,
@@ -130,6 +131,7 @@ pub fn consumer_group_heartbeat(
     match broker
         .groups
         .consumer_heartbeat(req.group_id.as_str(), hb, &topics(broker))
+        .await
     {
         Ok(answer) => {
             let assignment = answer.assignment.map(|a| {
@@ -215,7 +217,11 @@ pub fn consumer_group_describe(
                         .with_assignment(described(&m.assigned))
                         .with_target_assignment(described(g.target.get(&m.id).unwrap_or(&empty)));
                     if version >= 1 {
-                        member.with_member_type(MEMBER_TYPE_CONSUMER)
+                        member.with_member_type(if m.classic.is_some() {
+                            MEMBER_TYPE_CLASSIC
+                        } else {
+                            MEMBER_TYPE_CONSUMER
+                        })
                     } else {
                         member
                     }

@@ -136,7 +136,8 @@ pub async fn join_group(
             .collect(),
         require_known_member_id: version >= 4,
     };
-    let r = broker.groups.join(req.group_id.as_str(), params).await;
+    let topics = super::consumer_groups::topics(broker);
+    let r = broker.groups.join(req.group_id.as_str(), params, &topics).await;
     let members = r
         .members
         .into_iter()
@@ -184,6 +185,7 @@ pub async fn sync_group(broker: &Arc<Broker>, req: SyncGroupRequest, version: i1
             opt_str(&req.group_instance_id),
             (opt_str(&req.protocol_type), opt_str(&req.protocol_name)),
             assignments,
+            &super::consumer_groups::topics(broker),
         )
         .await;
     match result {
@@ -212,9 +214,11 @@ pub fn heartbeat(broker: &Broker, req: HeartbeatRequest) -> HeartbeatResponse {
 
 pub fn leave_group(broker: &Broker, req: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
     if version < 3 {
-        let results = broker
-            .groups
-            .leave(req.group_id.as_str(), &[(req.member_id.to_string(), None)]);
+        let results = broker.groups.leave(
+            req.group_id.as_str(),
+            &[(req.member_id.to_string(), None)],
+            &super::consumer_groups::topics(broker),
+        );
         let result = results.into_iter().next().unwrap_or(Ok(()));
         return LeaveGroupResponse::default().with_error_code(code(result));
     }
@@ -228,7 +232,8 @@ pub fn leave_group(broker: &Broker, req: LeaveGroupRequest, version: i16) -> Lea
             )
         })
         .collect();
-    let results = broker.groups.leave(req.group_id.as_str(), &leaving);
+    let topics = super::consumer_groups::topics(broker);
+    let results = broker.groups.leave(req.group_id.as_str(), &leaving, &topics);
     let members = req
         .members
         .into_iter()
