@@ -531,3 +531,183 @@ impl ConsumerGroup {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::groups::consumer::{ConsumerGroupState, Heartbeat, TopicInfo, LEAVE_EPOCH};
+
+    const T: Uuid = Uuid::from_u128(9);
+
+    fn topics(n: i32) -> Topics {
+        Topics::from([("t".to_string(), TopicInfo { id: T, partitions: n })])
+    }
+
+    /// How a client of either protocol behaves.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Kind {
+        Consumer,
+        /// Revokes everything before it joins again.
+        Eager,
+        /// Keeps what it owns across a join and reports it.
+        Cooperative,
+    }
+
+    struct Client {
+        kind: Kind,
+        epoch: i32,
+        owned: BTreeSet<i32>,
+    }
+
+    fn join_params(id: &str, owned: &BTreeSet<i32>) -> JoinParams {
+        let owned: TopicPartitions = if owned.is_empty() {
+            vec![]
+        } else {
+            vec![("t".into(), owned.iter().copied().collect())]
+        };
+        let subscription = Subscription {
+            version: 3,
+            topics: vec!["t".into()],
+            owned,
+            rack_id: None,
+        };
+        JoinParams {
+            member_id: id.into(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: 45_000,
+            rebalance_timeout_ms: 30_000,
+            protocol_type: CONSUMER_PROTOCOL_TYPE.into(),
+            protocols: vec![("cooperative-sticky".into(), subscription.encode())],
+            require_known_member_id: false,
+        }
+    }
+
+    fn classic_join(g: &mut ConsumerGroup, id: &str, c: &mut Client, t: &Topics, now: i64) {
+        if c.kind == Kind::Eager {
+            c.owned.clear();
+        }
+        let r = g.classic_join(join_params(id, &c.owned), t, now);
+        assert_eq!(r.error, None);
+        c.epoch = r.generation;
+        match g.classic_sync(id, None, r.generation, (None, None), t, now) {
+            Ok(a) => {
+                let (parts, _) = embedded::parse_assignment(&a.assignment).unwrap();
+                c.owned = parts.into_iter().flat_map(|(_, ps)| ps).collect();
+            }
+            Err(e) => assert_eq!(e, ResponseError::RebalanceInProgress),
+        }
+    }
+
+    fn step(g: &mut ConsumerGroup, id: &str, c: &mut Client, t: &Topics, now: i64) {
+        if c.kind != Kind::Consumer {
+            match g.classic_heartbeat(id, None, c.epoch, now) {
+                Ok(()) => {}
+                Err(ResponseError::RebalanceInProgress) => classic_join(g, id, c, t, now),
+                Err(e) => panic!("{id}: {e:?}"),
+            }
+            return;
+        }
+        let owned: Assignment = if c.owned.is_empty() {
+            Assignment::new()
+        } else {
+            Assignment::from([(T, c.owned.clone())])
+        };
+        let hb = Heartbeat {
+            member_id: id.into(),
+            member_epoch: c.epoch,
+            rebalance_timeout_ms: 30_000,
+            subscribed_names: Some(vec!["t".into()]),
+            owned: Some(owned),
+            ..Heartbeat::default()
+        };
+        let a = g.heartbeat(hb, t, now).unwrap();
+        c.epoch = a.member_epoch;
+        if let Some(a) = a.assignment {
+            c.owned = a.get(&T).cloned().unwrap_or_default();
+        }
+    }
+
+    /// Consumer-protocol, eager and cooperative classic members join,
+    /// leave and heartbeat in random order: no partition is ever held by
+    /// two clients, and once all of them heartbeat a few times the group
+    /// is stable with every partition held once.
+    #[test]
+    fn mixed_protocols_never_hold_a_partition_twice_and_converge() {
+        let seed = keel_log::testing::test_seed();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for _round in 0..40 {
+            let t = topics(rng.gen_range(1..12));
+            let mut g = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+            let mut clients: BTreeMap<String, Client> = BTreeMap::new();
+            let mut now = 0;
+            for n in 0..60 {
+                now += 10;
+                let choice = rng.gen_range(0..10);
+                if choice == 0 || clients.is_empty() {
+                    let kind = [Kind::Consumer, Kind::Eager, Kind::Cooperative][rng.gen_range(0..3)];
+                    let id = format!("m{n}");
+                    let mut c = Client {
+                        kind,
+                        epoch: 0,
+                        owned: BTreeSet::new(),
+                    };
+                    if kind == Kind::Consumer {
+                        step(&mut g, &id, &mut c, &t, now);
+                    } else {
+                        classic_join(&mut g, &id, &mut c, &t, now);
+                    }
+                    clients.insert(id, c);
+                } else {
+                    let id = clients
+                        .keys()
+                        .nth(rng.gen_range(0..clients.len()))
+                        .unwrap()
+                        .clone();
+                    if choice == 1 && clients.len() > 1 {
+                        let c = clients.remove(&id).unwrap();
+                        if c.kind == Kind::Consumer {
+                            let leave = Heartbeat {
+                                member_id: id.clone(),
+                                member_epoch: LEAVE_EPOCH,
+                                ..Heartbeat::default()
+                            };
+                            g.heartbeat(leave, &t, now).unwrap();
+                        } else {
+                            g.classic_leave(&id, None, &t).unwrap();
+                        }
+                    } else {
+                        let c = clients.get_mut(&id).unwrap();
+                        step(&mut g, &id, c, &t, now);
+                    }
+                }
+                let mut seen = BTreeSet::new();
+                for (id, c) in &clients {
+                    for p in &c.owned {
+                        assert!(
+                            seen.insert(*p),
+                            "seed {seed}: {id} holds {p}, which another client holds"
+                        );
+                    }
+                }
+            }
+            for _ in 0..6 {
+                for id in clients.keys().cloned().collect::<Vec<_>>() {
+                    now += 10;
+                    let c = clients.get_mut(&id).unwrap();
+                    step(&mut g, &id, c, &t, now);
+                }
+            }
+            assert_eq!(g.state(), ConsumerGroupState::Stable, "seed {seed}");
+            let held: usize = clients.values().map(|c| c.owned.len()).sum();
+            assert_eq!(held, t["t"].partitions as usize, "seed {seed}");
+        }
+    }
+}
