@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use regex::Regex;
 use uuid::Uuid;
 
 use super::consumer::{Assignment, Member, Topics};
@@ -57,12 +56,10 @@ pub fn member_topics(m: &Member, topics: &Topics) -> Topics {
         .iter()
         .filter_map(|name| topics.get(name).map(|info| (name.clone(), *info)))
         .collect();
-    if let Some(pattern) = &m.subscribed_regex {
-        if let Ok(re) = Regex::new(&format!("^(?:{pattern})$")) {
-            for (name, info) in topics {
-                if !name.starts_with("__") && re.is_match(name) {
-                    out.insert(name.clone(), *info);
-                }
+    if let Some(re) = &m.subscribed_pattern {
+        for (name, info) in topics {
+            if !name.starts_with("__") && re.is_match(name) {
+                out.insert(name.clone(), *info);
             }
         }
     }

@@ -89,6 +89,8 @@ pub struct Member {
     pub rebalance_timeout_ms: i32,
     pub subscribed_names: Vec<String>,
     pub subscribed_regex: Option<String>,
+    /// `subscribed_regex` compiled (anchored), once per change.
+    pub subscribed_pattern: Option<regex::Regex>,
     pub server_assignor: Option<String>,
     pub epoch: i32,
     pub previous_epoch: i32,
@@ -348,6 +350,7 @@ impl ConsumerGroup {
                         rebalance_timeout_ms: hb.rebalance_timeout_ms,
                         subscribed_names: Vec::new(),
                         subscribed_regex: None,
+                        subscribed_pattern: None,
                         server_assignor: None,
                         epoch: 0,
                         previous_epoch: 0,
@@ -416,8 +419,13 @@ impl ConsumerGroup {
         }
         if let Some(regex) = &hb.subscribed_regex {
             let regex = (!regex.is_empty()).then(|| regex.clone());
-            changed |= regex != m.subscribed_regex;
-            m.subscribed_regex = regex;
+            if regex != m.subscribed_regex {
+                changed = true;
+                m.subscribed_pattern = regex
+                    .as_ref()
+                    .and_then(|p| regex::Regex::new(&format!("^(?:{p})$")).ok());
+                m.subscribed_regex = regex;
+            }
         }
         if hb.server_assignor.is_some() && hb.server_assignor != m.server_assignor {
             m.server_assignor = hb.server_assignor.clone();
@@ -943,6 +951,44 @@ mod tests {
         let before = g.epoch;
         assert!(g.tick(&t, 60 + 45_000));
         assert!(!g.members.contains_key("m1-new") && g.epoch > before);
+    }
+
+    /// A member subscribed by pattern gets the partitions of every topic
+    /// whose whole name matches (internal `__` topics never), and moves
+    /// when the pattern changes.
+    #[test]
+    fn a_regex_subscription_matches_whole_names() {
+        let info = |n: u128, partitions| TopicInfo {
+            id: Uuid::from_u128(n),
+            partitions,
+        };
+        let t = Topics::from([
+            ("orders".to_string(), info(1, 2)),
+            ("orders-eu".to_string(), info(2, 1)),
+            ("old-orders".to_string(), info(3, 1)),
+            ("__orders".to_string(), info(4, 1)),
+        ]);
+        let mut g = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+        let mut hb = join("m");
+        hb.subscribed_names = None;
+        hb.subscribed_regex = Some("orders.*".into());
+        let a = g.heartbeat(hb, &t, 0).unwrap();
+        let held = a.assignment.unwrap();
+        assert_eq!(
+            held.keys().copied().collect::<Vec<_>>(),
+            vec![Uuid::from_u128(1), Uuid::from_u128(2)]
+        );
+        let mut again = beat("m", a.member_epoch, &held);
+        again.subscribed_regex = Some("old-.*".into());
+        let a = g.heartbeat(again, &t, 10).unwrap();
+        // Revoke first, then the new topic.
+        let kept = a.assignment.unwrap();
+        assert!(kept.is_empty());
+        let a = g.heartbeat(beat("m", a.member_epoch, &kept), &t, 20).unwrap();
+        assert_eq!(
+            a.assignment.unwrap().keys().copied().collect::<Vec<_>>(),
+            vec![Uuid::from_u128(3)]
+        );
     }
 
     /// Members join, leave, lose responses and heartbeat in random order,

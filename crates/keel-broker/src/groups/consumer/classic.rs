@@ -117,6 +117,7 @@ impl Member {
             rebalance_timeout_ms: p.rebalance_timeout_ms,
             subscribed_names: Vec::new(),
             subscribed_regex: None,
+            subscribed_pattern: None,
             server_assignor: None,
             epoch: 0,
             previous_epoch: 0,
@@ -189,6 +190,7 @@ impl ConsumerGroup {
                 rebalance_timeout_ms: m.rebalance_timeout_ms,
                 subscribed_names: names,
                 subscribed_regex: None,
+                subscribed_pattern: None,
                 server_assignor: None,
                 epoch: generation,
                 previous_epoch: generation,
@@ -341,6 +343,7 @@ impl ConsumerGroup {
         let mut changed = is_new || names != m.subscribed_names;
         m.subscribed_names = names;
         m.subscribed_regex = None;
+        m.subscribed_pattern = None;
         m.rack_id = subscription.rack_id.clone();
         m.instance_id = p.instance_id.clone();
         m.rebalance_timeout_ms = p.rebalance_timeout_ms;
