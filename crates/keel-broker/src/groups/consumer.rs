@@ -192,6 +192,34 @@ pub struct ConsumerGroup {
     config: ConsumerGroupConfig,
 }
 
+impl Member {
+    /// A member that has just joined: no partitions, epoch 0.
+    fn new(id: &str, rebalance_timeout_ms: i32) -> Member {
+        Member {
+            id: id.to_string(),
+            instance_id: None,
+            rack_id: None,
+            client_id: String::new(),
+            client_host: String::new(),
+            rebalance_timeout_ms,
+            subscribed_names: Vec::new(),
+            subscribed_regex: None,
+            subscribed_pattern: None,
+            server_assignor: None,
+            epoch: 0,
+            previous_epoch: 0,
+            state: MemberState::Stable,
+            assigned: Assignment::new(),
+            revoking: Assignment::new(),
+            session_deadline_ms: 0,
+            revoke_deadline_ms: None,
+            left_static: false,
+            sent: None,
+            classic: None,
+        }
+    }
+}
+
 fn refuse(error: ResponseError, message: impl Into<String>) -> Refusal {
     (error, Some(message.into()))
 }
@@ -257,17 +285,7 @@ impl ConsumerGroup {
             false
         };
         changed |= self.update_member(&hb, now_ms);
-        let subscribed = self.subscribed(topics);
-        if subscribed != self.subscribed_topics {
-            self.subscribed_topics = subscribed;
-            changed = true;
-        }
-        if changed {
-            self.epoch += 1;
-        }
-        if self.epoch > self.assignment_epoch {
-            self.compute_target(topics);
-        }
+        self.advance_epochs(changed, topics);
         self.reconcile(&hb.member_id, hb.owned.as_ref(), now_ms);
         let member = self
             .members
@@ -283,6 +301,23 @@ impl ConsumerGroup {
             heartbeat_interval_ms: self.config.heartbeat_interval_ms,
             assignment,
         })
+    }
+
+    /// Moves the group epoch when membership or a subscription changed
+    /// (`changed`) or the subscribed topics did, and recomputes the target
+    /// when it is behind.
+    fn advance_epochs(&mut self, mut changed: bool, topics: &Topics) {
+        let subscribed = self.subscribed(topics);
+        if subscribed != self.subscribed_topics {
+            self.subscribed_topics = subscribed;
+            changed = true;
+        }
+        if changed {
+            self.epoch += 1;
+        }
+        if self.epoch > self.assignment_epoch {
+            self.compute_target(topics);
+        }
     }
 
     fn assignor_names(&self) -> String {
@@ -341,28 +376,7 @@ impl ConsumerGroup {
             None => {
                 self.members.insert(
                     hb.member_id.clone(),
-                    Member {
-                        id: hb.member_id.clone(),
-                        instance_id: None,
-                        rack_id: None,
-                        client_id: String::new(),
-                        client_host: String::new(),
-                        rebalance_timeout_ms: hb.rebalance_timeout_ms,
-                        subscribed_names: Vec::new(),
-                        subscribed_regex: None,
-                        subscribed_pattern: None,
-                        server_assignor: None,
-                        epoch: 0,
-                        previous_epoch: 0,
-                        state: MemberState::Stable,
-                        assigned: Assignment::new(),
-                        revoking: Assignment::new(),
-                        session_deadline_ms: 0,
-                        revoke_deadline_ms: None,
-                        left_static: false,
-                        sent: None,
-                        classic: None,
-                    },
+                    Member::new(&hb.member_id, hb.rebalance_timeout_ms),
                 );
             }
         }

@@ -442,15 +442,7 @@ impl Group {
     /// Ends the group once a consumer group has taken its members over:
     /// requests waiting in a join or sync phase are told to join again.
     pub fn hand_over(&mut self, now_ms: i64) {
-        for (id, m) in &mut self.members {
-            if let Some(w) = m.join_waiter.take() {
-                let _ = w.send(JoinResult::error(ResponseError::RebalanceInProgress, id));
-            }
-            if let Some(w) = m.sync_waiter.take() {
-                let _ = w.send(Err(ResponseError::RebalanceInProgress));
-            }
-        }
-        self.kill(now_ms);
+        self.end(ResponseError::RebalanceInProgress, now_ms);
     }
 
     /// A classic group taking over a consumer group's members (the online
@@ -495,12 +487,17 @@ impl Group {
 
     /// Marks the group deleted: every waiting request is told so.
     pub fn kill(&mut self, now_ms: i64) {
+        self.end(ResponseError::CoordinatorNotAvailable, now_ms);
+    }
+
+    /// Answers every waiting join and sync with `error`; the group is Dead.
+    fn end(&mut self, error: ResponseError, now_ms: i64) {
         for (id, m) in &mut self.members {
             if let Some(w) = m.join_waiter.take() {
-                let _ = w.send(JoinResult::error(ResponseError::CoordinatorNotAvailable, id));
+                let _ = w.send(JoinResult::error(error, id));
             }
             if let Some(w) = m.sync_waiter.take() {
-                let _ = w.send(Err(ResponseError::CoordinatorNotAvailable));
+                let _ = w.send(Err(error));
             }
         }
         self.members.clear();

@@ -109,31 +109,16 @@ impl Member {
 
     fn new_classic(id: &str, p: &JoinParams) -> Member {
         Member {
-            id: id.to_string(),
             instance_id: p.instance_id.clone(),
-            rack_id: None,
             client_id: p.client_id.clone(),
             client_host: p.client_host.clone(),
-            rebalance_timeout_ms: p.rebalance_timeout_ms,
-            subscribed_names: Vec::new(),
-            subscribed_regex: None,
-            subscribed_pattern: None,
-            server_assignor: None,
-            epoch: 0,
-            previous_epoch: 0,
-            state: MemberState::Stable,
-            assigned: Assignment::new(),
-            revoking: Assignment::new(),
-            session_deadline_ms: 0,
-            revoke_deadline_ms: None,
-            left_static: false,
-            sent: None,
             classic: Some(ClassicMember {
                 session_timeout_ms: p.session_timeout_ms,
                 protocols: p.protocols.clone(),
                 rejoin_deadline_ms: None,
                 sync_deadline_ms: None,
             }),
+            ..Member::new(id, p.rebalance_timeout_ms)
         }
     }
 }
@@ -182,31 +167,22 @@ impl ConsumerGroup {
             names.sort();
             names.dedup();
             let member = Member {
-                id: m.id.clone(),
                 instance_id: m.instance_id,
                 rack_id: subscription.rack_id,
                 client_id: m.client_id,
                 client_host: m.client_host,
-                rebalance_timeout_ms: m.rebalance_timeout_ms,
                 subscribed_names: names,
-                subscribed_regex: None,
-                subscribed_pattern: None,
-                server_assignor: None,
                 epoch: generation,
                 previous_epoch: generation,
-                state: MemberState::Stable,
                 assigned: assigned.clone(),
-                revoking: Assignment::new(),
                 session_deadline_ms: now_ms + i64::from(m.session_timeout_ms),
-                revoke_deadline_ms: None,
-                left_static: false,
-                sent: None,
                 classic: Some(ClassicMember {
                     session_timeout_ms: m.session_timeout_ms,
                     protocols: m.protocols,
                     rejoin_deadline_ms: None,
                     sync_deadline_ms: None,
                 }),
+                ..Member::new(&m.id, m.rebalance_timeout_ms)
             };
             group.target.insert(m.id.clone(), assigned);
             group.members.insert(m.id, member);
@@ -340,7 +316,7 @@ impl ConsumerGroup {
         names.sort();
         names.dedup();
         let m = self.members.get_mut(&member_id).expect("inserted above");
-        let mut changed = is_new || names != m.subscribed_names;
+        let changed = is_new || names != m.subscribed_names;
         m.subscribed_names = names;
         m.subscribed_regex = None;
         m.subscribed_pattern = None;
@@ -357,17 +333,7 @@ impl ConsumerGroup {
             rejoin_deadline_ms: None,
             sync_deadline_ms: Some(now_ms + i64::from(p.rebalance_timeout_ms.max(0))),
         });
-        let subscribed = self.subscribed(topics);
-        if subscribed != self.subscribed_topics {
-            self.subscribed_topics = subscribed;
-            changed = true;
-        }
-        if changed {
-            self.epoch += 1;
-        }
-        if self.epoch > self.assignment_epoch {
-            self.compute_target(topics);
-        }
+        self.advance_epochs(changed, topics);
         let owned = by_id(&subscription.owned, topics);
         self.reconcile(&member_id, Some(&owned), now_ms);
         let m = &self.members[&member_id];
@@ -390,20 +356,24 @@ impl ConsumerGroup {
                 .members
                 .get(member_id)
                 .ok_or(ResponseError::UnknownMemberId)?,
-            Some(instance) => {
-                let m = self
-                    .members
-                    .values()
-                    .find(|m| m.instance_id.as_deref() == Some(instance))
-                    .ok_or(ResponseError::UnknownMemberId)?;
-                if m.id != member_id {
-                    return Err(ResponseError::FencedInstanceId);
-                }
-                m
-            }
+            Some(instance) => self.static_member(instance, Some(member_id))?,
         };
         if m.classic.is_none() {
             return Err(ResponseError::UnknownMemberId);
+        }
+        Ok(m)
+    }
+
+    /// The member with `instance` id; FENCED_INSTANCE_ID if it is not
+    /// `member_id` (any member id passes when `None`).
+    fn static_member(&self, instance: &str, member_id: Option<&str>) -> Result<&Member, ResponseError> {
+        let m = self
+            .members
+            .values()
+            .find(|m| m.instance_id.as_deref() == Some(instance))
+            .ok_or(ResponseError::UnknownMemberId)?;
+        if member_id.is_some_and(|id| id != m.id) {
+            return Err(ResponseError::FencedInstanceId);
         }
         Ok(m)
     }
@@ -515,16 +485,10 @@ impl ConsumerGroup {
         topics: &Topics,
     ) -> Result<(), ResponseError> {
         let id = match instance_id {
+            // By instance id alone from an admin tool.
             Some(instance) => {
-                let m = self
-                    .members
-                    .values()
-                    .find(|m| m.instance_id.as_deref() == Some(instance))
-                    .ok_or(ResponseError::UnknownMemberId)?;
-                if !member_id.is_empty() && m.id != member_id {
-                    return Err(ResponseError::FencedInstanceId);
-                }
-                m.id.clone()
+                let named = (!member_id.is_empty()).then_some(member_id);
+                self.static_member(instance, named)?.id.clone()
             }
             None => member_id.to_string(),
         };
