@@ -146,6 +146,32 @@ def test_kafka_console_consumers_share_partitions_and_resume_after_a_restart(bro
         again.stop()
 
 
+def test_members_go_on_at_their_epochs_across_a_broker_restart(broker_factory):
+    """The group is in the group log: after a kill -9 and a restart, the
+    console consumers' heartbeats are answered at the epochs they had, with
+    the partitions they held, and they go on consuming."""
+    b = broker_factory(FAST)
+    topic, group, partitions = "restarted", "restarted-group", 4
+    create_topic(b.bootstrap, topic, partitions=partitions)
+    consumers = [ConsoleConsumer(b.bootstrap, topic, group) for _ in range(2)]
+    try:
+        before = spread(b.bootstrap, group, 2, partitions)
+        b.kill9()
+        b.start()
+        after = spread(b.bootstrap, group, 2, partitions)
+        assert after["epoch"] == before["epoch"], (before, after)
+        assert {i: m["assignment"] for i, m in after["members"].items()} == \
+            {i: m["assignment"] for i, m in before["members"].items()}
+        values = [f"r{i}" for i in range(20)]
+        produce(b.bootstrap, topic, values, partitions)
+        wait_until(lambda: set(values) <= {v for c in consumers for v in c.consumed()}, 60,
+                   "the records produced after the restart")
+        assert cg.describe(b.bootstrap, group)["epoch"] == before["epoch"]
+    finally:
+        for c in consumers:
+            c.stop()
+
+
 def test_heartbeats_are_checked_as_kafka_checks_them(broker_factory):
     b = broker_factory(FAST)
     create_topic(b.bootstrap, "hb", partitions=2)
@@ -191,9 +217,9 @@ def test_heartbeats_are_checked_as_kafka_checks_them(broker_factory):
                                                                        {"hb": [0, 1]}), g
     assert (m["topics"], m["regex"], m["type"]) == (["hb"], "", 1), m
     if IMPL == "keel":
-        # Keel keeps no membership across a restart: a member of a group it
-        # does not know is asked to rejoin (Kafka, which persists members,
-        # answers GROUP_ID_NOT_FOUND).
+        # A member of a group Keel does not know (its log lost, or written
+        # by a Keel that kept no consumer groups) is asked to rejoin; Kafka
+        # answers GROUP_ID_NOT_FOUND, which its Java client takes as fatal.
         lost = cg.heartbeat(b.bootstrap, "forgotten-group", member, 3, owned=[])
         assert lost["error"] == UNKNOWN_MEMBER_ID, lost
     # v0: the coordinator names a joining member.

@@ -717,7 +717,7 @@ impl Broker {
                 ApiKey::LeaveGroup,
                 version,
                 id,
-                &mut groups::leave_group(self, r, version),
+                &mut groups::leave_group(self, r, version).await,
             ),
             Request::OffsetCommit(r) => self.answer(
                 client_id,

@@ -230,19 +230,39 @@ impl<T: Table> MetaLog<T> {
 
     /// Appends one entry; resolves once it is in the log file and applied.
     pub async fn write_entry(&self, entry: Entry<T::Record>) -> Result<(), StoreError> {
-        if entry.is_empty() {
-            return Ok(());
-        }
-        let (reply, rx) = oneshot::channel();
-        let sent = match &*self.commands.lock() {
-            Some(tx) => tx.send(Command::Write { entry, reply }).is_ok(),
-            None => false,
+        self.submit(entry).await
+    }
+
+    /// Queues one entry now, so that entries queued under a caller's lock
+    /// are written in that lock's order; the future resolves once it is
+    /// in the log file and applied.
+    pub fn submit(
+        &self,
+        entry: Entry<T::Record>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
+        let queued = if entry.is_empty() {
+            None
+        } else {
+            let (reply, rx) = oneshot::channel();
+            let sent = match &*self.commands.lock() {
+                Some(tx) => tx.send(Command::Write { entry, reply }).is_ok(),
+                None => false,
+            };
+            Some(if sent {
+                Ok(rx)
+            } else {
+                Err(StoreError("closed".into()))
+            })
         };
-        if !sent {
-            return Err(StoreError("closed".into()));
+        async move {
+            match queued {
+                None => Ok(()),
+                Some(Err(e)) => Err(e),
+                Some(Ok(rx)) => rx
+                    .await
+                    .unwrap_or_else(|_| Err(StoreError("writer stopped".into()))),
+            }
         }
-        rx.await
-            .unwrap_or_else(|_| Err(StoreError("writer stopped".into())))
     }
 
     /// Reads the table (no I/O happens under this lock).

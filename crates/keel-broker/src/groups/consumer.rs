@@ -20,6 +20,8 @@ use keel_protocol::ResponseError;
 use uuid::Uuid;
 
 use super::assignor::{self, Assignor};
+use super::consumer_records::{self as persisted, ConsumerGroupView, CurrentAssignment, MemberMetadata};
+use super::records::GroupRecord;
 
 mod classic;
 pub use classic::{MigrationPolicy, CONSUMER_PROTOCOL_TYPE};
@@ -187,6 +189,15 @@ pub struct ConsumerGroup {
     pub target: BTreeMap<String, Assignment>,
     /// The subscribed topics as the target was computed for them.
     subscribed_topics: Topics,
+    /// Their hash ([`persisted::metadata_hash`]), persisted with the epoch.
+    subscribed_hash: i64,
+    /// Restored from the group log: `subscribed_topics` is not known until
+    /// the next heartbeat brings the broker's topics (it moves the epoch
+    /// only if their hash changed meanwhile).
+    topics_unknown: bool,
+    /// The group as the group log has it (or will, once the records last
+    /// taken from [`ConsumerGroup::changes`] are written).
+    persisted: ConsumerGroupView,
     /// The assignor the target was computed with.
     pub assignor: Assignor,
     config: ConsumerGroupConfig,
@@ -233,10 +244,140 @@ impl ConsumerGroup {
             assignment_epoch: 0,
             members: BTreeMap::new(),
             target: BTreeMap::new(),
+            subscribed_hash: persisted::metadata_hash(&Topics::new()),
             subscribed_topics: Topics::new(),
+            topics_unknown: false,
+            persisted: ConsumerGroupView::default(),
             assignor,
             config,
         }
+    }
+
+    /// Rebuilds a group from the group log. Members come back with a fresh
+    /// session, so those whose clients are gone expire; a member without
+    /// its metadata record is not one.
+    pub fn restore(
+        id: &str,
+        view: &ConsumerGroupView,
+        config: ConsumerGroupConfig,
+        now_ms: i64,
+    ) -> ConsumerGroup {
+        let mut g = ConsumerGroup::new(id, config);
+        (g.epoch, g.subscribed_hash) = view.epoch.unwrap_or((0, g.subscribed_hash));
+        g.assignment_epoch = view.target_epoch.unwrap_or(0);
+        for (member_id, meta) in &view.members {
+            let current = view.current.get(member_id).cloned().unwrap_or_default();
+            let state = match current.state {
+                1 => MemberState::UnrevokedPartitions,
+                2 => MemberState::UnreleasedPartitions,
+                _ => MemberState::Stable,
+            };
+            let session_ms = meta
+                .classic
+                .as_ref()
+                .map_or(g.config.session_timeout_ms, |(session, _)| *session);
+            let member = Member {
+                instance_id: meta.instance_id.clone(),
+                rack_id: meta.rack_id.clone(),
+                client_id: meta.client_id.clone(),
+                client_host: meta.client_host.clone(),
+                subscribed_names: meta.subscribed_names.clone(),
+                subscribed_regex: meta.subscribed_regex.clone(),
+                subscribed_pattern: meta.subscribed_regex.as_ref().and_then(|p| compile_pattern(p)),
+                server_assignor: meta.server_assignor.clone(),
+                epoch: current.epoch,
+                previous_epoch: current.previous_epoch,
+                state,
+                assigned: current.assigned,
+                revoking: current.revoking,
+                session_deadline_ms: now_ms + i64::from(session_ms),
+                revoke_deadline_ms: (state == MemberState::UnrevokedPartitions)
+                    .then(|| now_ms + i64::from(meta.rebalance_timeout_ms.max(0))),
+                classic: meta.classic.as_ref().map(|(session, protocols)| ClassicMember {
+                    session_timeout_ms: *session,
+                    protocols: protocols.clone(),
+                    rejoin_deadline_ms: None,
+                    sync_deadline_ms: None,
+                }),
+                ..Member::new(member_id, meta.rebalance_timeout_ms)
+            };
+            g.target.insert(
+                member_id.clone(),
+                view.targets.get(member_id).cloned().unwrap_or_default(),
+            );
+            g.members.insert(member_id.clone(), member);
+        }
+        g.assignor = g.preferred_assignor();
+        g.topics_unknown = true;
+        g.persisted = g.view();
+        g
+    }
+
+    /// The group as the group log holds it.
+    pub fn view(&self) -> ConsumerGroupView {
+        let members = self.members.values();
+        ConsumerGroupView {
+            epoch: Some((self.epoch, self.subscribed_hash)),
+            target_epoch: Some(self.assignment_epoch),
+            members: members
+                .clone()
+                .map(|m| {
+                    let meta = MemberMetadata {
+                        instance_id: m.instance_id.clone(),
+                        rack_id: m.rack_id.clone(),
+                        client_id: m.client_id.clone(),
+                        client_host: m.client_host.clone(),
+                        subscribed_names: m.subscribed_names.clone(),
+                        subscribed_regex: m.subscribed_regex.clone(),
+                        rebalance_timeout_ms: m.rebalance_timeout_ms,
+                        server_assignor: m.server_assignor.clone(),
+                        classic: m
+                            .classic
+                            .as_ref()
+                            .map(|c| (c.session_timeout_ms, c.protocols.clone())),
+                    };
+                    (m.id.clone(), meta)
+                })
+                .collect(),
+            targets: members
+                .clone()
+                .map(|m| (m.id.clone(), self.target.get(&m.id).cloned().unwrap_or_default()))
+                .collect(),
+            current: members
+                .map(|m| {
+                    let state = match m.state {
+                        MemberState::Stable => 0,
+                        MemberState::UnrevokedPartitions => 1,
+                        MemberState::UnreleasedPartitions => 2,
+                    };
+                    let current = CurrentAssignment {
+                        epoch: m.epoch,
+                        previous_epoch: m.previous_epoch,
+                        state,
+                        assigned: m.assigned.clone(),
+                        revoking: m.revoking.clone(),
+                    };
+                    (m.id.clone(), current)
+                })
+                .collect(),
+        }
+    }
+
+    /// The records that bring the group log up to the group's state; the
+    /// caller writes them in the order it takes them.
+    pub fn changes(&mut self) -> Vec<GroupRecord> {
+        let now = self.view();
+        let records = ConsumerGroupView::diff(&self.id, &self.persisted, &now);
+        self.persisted = now;
+        records
+    }
+
+    /// The tombstones that remove the group from the group log.
+    pub fn tombstones(&mut self) -> Vec<GroupRecord> {
+        let gone = ConsumerGroupView::default();
+        let records = ConsumerGroupView::diff(&self.id, &self.persisted, &gone);
+        self.persisted = gone;
+        records
     }
 
     pub fn is_empty(&self) -> bool {
@@ -308,9 +449,12 @@ impl ConsumerGroup {
     /// when it is behind.
     fn advance_epochs(&mut self, mut changed: bool, topics: &Topics) {
         let subscribed = self.subscribed(topics);
-        if subscribed != self.subscribed_topics {
+        if self.topics_unknown || subscribed != self.subscribed_topics {
+            let hash = persisted::metadata_hash(&subscribed);
+            changed |= hash != self.subscribed_hash;
+            self.subscribed_hash = hash;
             self.subscribed_topics = subscribed;
-            changed = true;
+            self.topics_unknown = false;
         }
         if changed {
             self.epoch += 1;
@@ -435,9 +579,7 @@ impl ConsumerGroup {
             let regex = (!regex.is_empty()).then(|| regex.clone());
             if regex != m.subscribed_regex {
                 changed = true;
-                m.subscribed_pattern = regex
-                    .as_ref()
-                    .and_then(|p| regex::Regex::new(&format!("^(?:{p})$")).ok());
+                m.subscribed_pattern = regex.as_ref().and_then(|p| compile_pattern(p));
                 m.subscribed_regex = regex;
             }
         }
@@ -526,6 +668,19 @@ impl ConsumerGroup {
     /// The target assignment at the group epoch, with the assignor most
     /// members ask for (else `group.consumer.assignors`' first).
     fn compute_target(&mut self, topics: &Topics) {
+        self.assignor = self.preferred_assignor();
+        let subscriptions: BTreeMap<String, Topics> = self
+            .members
+            .values()
+            .map(|m| (m.id.clone(), assignor::member_topics(m, topics)))
+            .collect();
+        self.target = self.assignor.assign(&subscriptions, &self.target);
+        self.assignment_epoch = self.epoch;
+    }
+
+    /// The assignor most members ask for, else `group.consumer.assignors`'
+    /// first.
+    fn preferred_assignor(&self) -> Assignor {
         let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
         for m in self.members.values() {
             if let Some(a) = &m.server_assignor {
@@ -536,20 +691,13 @@ impl ConsumerGroup {
             .iter()
             .max_by_key(|(name, n)| (**n, std::cmp::Reverse(**name)))
             .and_then(|(name, _)| Assignor::parse(name));
-        self.assignor = chosen.unwrap_or_else(|| {
+        chosen.unwrap_or_else(|| {
             self.config
                 .assignors
                 .first()
                 .copied()
                 .unwrap_or(Assignor::Uniform)
-        });
-        let subscriptions: BTreeMap<String, Topics> = self
-            .members
-            .values()
-            .map(|m| (m.id.clone(), assignor::member_topics(m, topics)))
-            .collect();
-        self.target = self.assignor.assign(&subscriptions, &self.target);
-        self.assignment_epoch = self.epoch;
+        })
     }
 
     /// One step of a member towards its target (Kafka's current
@@ -625,7 +773,9 @@ impl ConsumerGroup {
             tracing::info!(group = %self.id, member = %id, "removing a consumer group member whose session or rebalance timed out");
             self.remove(id);
         }
-        if !gone.is_empty() {
+        // A restored group recomputes its target at the next heartbeat,
+        // with the broker's topics.
+        if !gone.is_empty() && !self.topics_unknown {
             self.compute_target(topics);
         }
         !gone.is_empty()
@@ -688,8 +838,23 @@ impl ConsumerGroup {
     /// The topic names some member subscribes to now (offsets of other
     /// topics may expire).
     pub fn subscribed_topic_names(&self) -> BTreeSet<String> {
+        if self.topics_unknown {
+            // Restored and not heartbeated yet: the names members
+            // subscribe to (topics matched by a pattern are known only
+            // once the broker's topics are).
+            return self
+                .members
+                .values()
+                .flat_map(|m| m.subscribed_names.iter().cloned())
+                .collect();
+        }
         self.subscribed_topics.keys().cloned().collect()
     }
+}
+
+/// A member's topic pattern, matched against whole names.
+fn compile_pattern(pattern: &str) -> Option<regex::Regex> {
+    regex::Regex::new(&format!("^(?:{pattern})$")).ok()
 }
 
 fn union(a: &Assignment, b: &Assignment) -> Assignment {

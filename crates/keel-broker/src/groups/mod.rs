@@ -15,6 +15,7 @@
 
 pub mod assignor;
 pub mod consumer;
+pub mod consumer_records;
 pub mod embedded;
 pub mod group;
 pub mod records;
@@ -36,6 +37,17 @@ use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, Sync
 use keel_log::marker::Marker;
 use records::{CommittedOffset, GroupRecord};
 use store::{GroupStore, StoreError};
+
+/// What a JoinGroup to a group id that is (or was) a consumer group comes
+/// to; `W` is a queued write of the group log.
+enum ConsumerJoin<W> {
+    /// The consumer group hosts the member: the answer, and the write of
+    /// the group's records.
+    Hosted(JoinResult, W),
+    /// A classic group takes the join, with the write of the tombstones of
+    /// the empty consumer group it replaces, if there was one.
+    Classic(Box<JoinParams>, Option<W>),
+}
 
 /// The time source of the coordinator, so tests can move time by hand.
 pub trait Clock: Send + Sync {
@@ -120,10 +132,9 @@ pub struct GroupCoordinator {
     groups: Mutex<HashMap<String, Group>>,
     /// Consumer-protocol groups, also once empty (until deleted, their
     /// offsets expire, or a classic member joins), and the classic members
-    /// they host after an online upgrade. Membership is not
-    /// persisted: after a restart a group with offsets is an empty classic
-    /// group again, a member is asked to rejoin (UNKNOWN_MEMBER_ID), and
-    /// its offsets are where it committed them.
+    /// they host after an online upgrade. Each change is written to the
+    /// group log (queued under this lock, so in its order) before it is
+    /// answered; after a restart members go on at their epochs.
     consumer_groups: Mutex<HashMap<String, ConsumerGroup>>,
     store: GroupStore,
     config: CoordinatorConfig,
@@ -155,11 +166,24 @@ impl GroupCoordinator {
         let store = GroupStore::open_with(storage, dir, log_config, config.log_segment_bytes)?;
         let now = clock.now_ms();
         let mut groups = HashMap::new();
+        let mut consumer_groups = HashMap::new();
         store.with_table(|table| {
-            for meta in table.groups.values() {
+            for (id, view) in &table.consumer {
+                let g = ConsumerGroup::restore(id, view, config.consumer.clone(), now);
+                consumer_groups.insert(id.clone(), g);
+            }
+            for meta in table
+                .groups
+                .values()
+                .filter(|m| !consumer_groups.contains_key(&m.group))
+            {
                 groups.insert(meta.group.clone(), Group::restore(meta, config.group, now));
             }
-            for id in table.offsets.keys() {
+            for id in table
+                .offsets
+                .keys()
+                .filter(|id| !consumer_groups.contains_key(*id))
+            {
                 groups
                     .entry(id.clone())
                     .or_insert_with(|| Group::new(id, config.group, now));
@@ -167,7 +191,7 @@ impl GroupCoordinator {
         });
         Ok(GroupCoordinator {
             groups: Mutex::new(groups),
-            consumer_groups: Mutex::new(HashMap::new()),
+            consumer_groups: Mutex::new(consumer_groups),
             store,
             config,
             clock,
@@ -199,38 +223,72 @@ impl GroupCoordinator {
         {
             return error(ResponseError::InvalidSessionTimeout);
         }
-        let answer = {
+        let step = {
             let mut groups = self.groups.lock();
-            // A consumer group with members hosts a classic member; an
-            // empty one becomes a classic group, its offsets kept.
-            {
-                let mut consumer = self.consumer_groups.lock();
-                match consumer.get_mut(group_id) {
-                    Some(g) if !g.is_empty() => {
-                        let result = g.classic_join(params, topics, self.now_ms());
-                        drop(consumer);
-                        self.timer.notify_one();
-                        return result;
+            let mut consumer = self.consumer_groups.lock();
+            let step = self.join_consumer_group(&mut consumer, group_id, params, topics);
+            drop(consumer);
+            match step {
+                ConsumerJoin::Hosted(result, written) => Ok((result, written)),
+                ConsumerJoin::Classic(params, conversion) => {
+                    if !groups.contains_key(group_id) && !params.member_id.is_empty() {
+                        return error(ResponseError::UnknownMemberId);
                     }
-                    Some(_) => {
-                        consumer.remove(group_id);
-                    }
-                    None => {}
+                    let now = self.now_ms();
+                    let group = groups
+                        .entry(group_id.to_string())
+                        .or_insert_with(|| Group::new(group_id, limits, now));
+                    Err((conversion, group.join(*params, now)))
                 }
             }
-            if !groups.contains_key(group_id) && !params.member_id.is_empty() {
-                return error(ResponseError::UnknownMemberId);
+        };
+        let (conversion, answer) = match step {
+            Ok((result, written)) => {
+                self.timer.notify_one();
+                return match written.await {
+                    Ok(()) => result,
+                    Err(e) => {
+                        tracing::error!(group = group_id, error = %e, "cannot persist a member's join");
+                        error(ResponseError::CoordinatorNotAvailable)
+                    }
+                };
             }
-            let now = self.now_ms();
-            let group = groups
-                .entry(group_id.to_string())
-                .or_insert_with(|| Group::new(group_id, limits, now));
-            group.join(params, now)
+            Err(classic) => classic,
         };
         self.timer.notify_one();
+        if let Some(written) = conversion {
+            if let Err(e) = written.await {
+                tracing::error!(group = group_id, error = %e, "cannot persist a group's conversion");
+            }
+        }
         match answer {
             Answer::Now(result) => result,
             Answer::Later(rx) => rx.await.unwrap_or_else(|_| error(ResponseError::UnknownMemberId)),
+        }
+    }
+
+    /// A JoinGroup to a group id that is (or was) a consumer group; the
+    /// caller holds both locks.
+    fn join_consumer_group(
+        &self,
+        consumer: &mut HashMap<String, ConsumerGroup>,
+        group_id: &str,
+        params: JoinParams,
+        topics: &Topics,
+    ) -> ConsumerJoin<impl std::future::Future<Output = Result<(), StoreError>>> {
+        match consumer.get_mut(group_id) {
+            Some(g) if !g.is_empty() => {
+                let result = g.classic_join(params, topics, self.now_ms());
+                ConsumerJoin::Hosted(result, self.store.submit(Entry::Records(g.changes())))
+            }
+            // The empty consumer group's records go; the classic group that
+            // replaces it writes its own when it has an assignment.
+            Some(g) => {
+                let written = self.store.submit(Entry::Records(g.tombstones()));
+                consumer.remove(group_id);
+                ConsumerJoin::Classic(Box::new(params), Some(written))
+            }
+            None => ConsumerJoin::Classic(Box::new(params), None),
         }
     }
 
@@ -308,31 +366,39 @@ impl GroupCoordinator {
         hb: Heartbeat,
         topics: &Topics,
     ) -> Result<HeartbeatAnswer, consumer::Refusal> {
-        let (answer, upgraded) = self.consumer_heartbeat_now(group_id, hb, topics)?;
-        if upgraded {
-            let record = GroupRecord::Group {
-                group: group_id.to_string(),
-                value: None,
-            };
-            self.persist(group_id, vec![record], "the group's upgrade")
-                .await
-                .map_err(|e| (e, None))?;
-        }
-        Ok(answer)
+        let (answer, written) = self.consumer_heartbeat_now(group_id, hb, topics);
+        written.await.map_err(|e| {
+            tracing::error!(group = group_id, error = %e, "cannot persist a consumer group's change");
+            (ResponseError::CoordinatorNotAvailable, None)
+        })?;
+        answer
     }
 
-    /// The heartbeat, under the locks; -> also whether it upgraded a
-    /// classic group with persisted metadata.
+    /// The heartbeat, under the locks; -> also its records, queued.
     fn consumer_heartbeat_now(
         &self,
         group_id: &str,
         hb: Heartbeat,
         topics: &Topics,
-    ) -> Result<(HeartbeatAnswer, bool), consumer::Refusal> {
+    ) -> (
+        Result<HeartbeatAnswer, consumer::Refusal>,
+        impl std::future::Future<Output = Result<(), StoreError>>,
+    ) {
+        let mut records = Vec::new();
+        let answer = self.consumer_heartbeat_locked(group_id, hb, topics, &mut records);
+        (answer, self.store.submit(Entry::Records(records)))
+    }
+
+    fn consumer_heartbeat_locked(
+        &self,
+        group_id: &str,
+        hb: Heartbeat,
+        topics: &Topics,
+        records: &mut Vec<GroupRecord>,
+    ) -> Result<HeartbeatAnswer, consumer::Refusal> {
         let now = self.now_ms();
         let mut classic = self.groups.lock();
         let mut consumer = self.consumer_groups.lock();
-        let mut upgraded = false;
         if let Some(g) = classic.get_mut(group_id).filter(|g| !g.is_empty()) {
             let not_consumer = || {
                 (
@@ -371,7 +437,12 @@ impl GroupCoordinator {
             )?;
             g.hand_over(now);
             classic.remove(group_id);
-            upgraded = self.store.with_table(|t| t.groups.contains_key(group_id));
+            if self.store.with_table(|t| t.groups.contains_key(group_id)) {
+                records.push(GroupRecord::Group {
+                    group: group_id.to_string(),
+                    value: None,
+                });
+            }
             tracing::info!(
                 group = group_id,
                 generation,
@@ -390,23 +461,36 @@ impl GroupCoordinator {
             ));
         }
         let leaving = hb.member_epoch < 0;
-        let group = consumer.entry(group_id.to_string()).or_insert_with(|| {
-            classic.remove(group_id);
-            ConsumerGroup::new(group_id, self.config.consumer.clone())
-        });
+        if !consumer.contains_key(group_id) {
+            // An empty classic group (offsets only) gives way, its
+            // metadata tombstoned as Kafka does.
+            let had_metadata = self.store.with_table(|t| t.groups.contains_key(group_id));
+            if classic.remove(group_id).is_some() && had_metadata {
+                records.push(GroupRecord::Group {
+                    group: group_id.to_string(),
+                    value: None,
+                });
+            }
+            let fresh = ConsumerGroup::new(group_id, self.config.consumer.clone());
+            consumer.insert(group_id.to_string(), fresh);
+        }
+        let group = consumer.get_mut(group_id).expect("inserted above");
         let answer = group.heartbeat(hb, topics, now);
+        if answer.is_ok() {
+            records.extend(group.changes());
+        }
         if leaving {
-            self.maybe_downgrade(&mut classic, &mut consumer, group_id, topics, now);
+            records.extend(self.maybe_downgrade(&mut classic, &mut consumer, group_id, topics, now));
         }
         drop(consumer);
         drop(classic);
         self.timer.notify_one();
-        answer.map(|a| (a, upgraded))
+        answer
     }
 
     /// Turns a consumer group that has only classic members left into a
     /// classic group, which rebalances (the online downgrade). The caller
-    /// holds both locks.
+    /// holds both locks. -> the consumer group's tombstones.
     fn maybe_downgrade(
         &self,
         classic: &mut HashMap<String, Group>,
@@ -414,18 +498,19 @@ impl GroupCoordinator {
         group_id: &str,
         topics: &Topics,
         now: i64,
-    ) {
-        let Some(g) = consumer.get(group_id).filter(|g| g.downgradable()) else {
-            return;
+    ) -> Vec<GroupRecord> {
+        let Some(g) = consumer.get_mut(group_id).filter(|g| g.downgradable()) else {
+            return Vec::new();
         };
         if g.members.len() > self.config.group.max_size {
             tracing::info!(
                 group = group_id,
                 "cannot downgrade the consumer group to a classic group: its size is greater than the classic group maximum size"
             );
-            return;
+            return Vec::new();
         }
         let (generation, protocol, members) = g.to_classic(topics);
+        let tombstones = g.tombstones();
         consumer.remove(group_id);
         tracing::info!(
             group = group_id,
@@ -434,6 +519,7 @@ impl GroupCoordinator {
         );
         let group = Group::take_over(group_id, self.config.group, (generation, protocol), members, now);
         classic.insert(group_id.to_string(), group);
+        tombstones
     }
 
     /// A consumer group as ConsumerGroupDescribe reports it; `Err` when the
@@ -529,12 +615,30 @@ impl GroupCoordinator {
     }
 
     /// Handles LeaveGroup: one result per leaving member.
-    pub fn leave(
+    pub async fn leave(
         &self,
         group_id: &str,
         members: &[(String, Option<String>)],
         topics: &Topics,
     ) -> Vec<Result<(), ResponseError>> {
+        let (results, written) = self.leave_now(group_id, members, topics);
+        if let Err(e) = written.await {
+            tracing::error!(group = group_id, error = %e, "cannot persist members leaving");
+            return vec![Err(ResponseError::CoordinatorNotAvailable); members.len()];
+        }
+        results
+    }
+
+    /// The leave, under the locks; -> also its records, queued.
+    fn leave_now(
+        &self,
+        group_id: &str,
+        members: &[(String, Option<String>)],
+        topics: &Topics,
+    ) -> (
+        Vec<Result<(), ResponseError>>,
+        impl std::future::Future<Output = Result<(), StoreError>>,
+    ) {
         let mut groups = self.groups.lock();
         let now = self.now_ms();
         {
@@ -546,11 +650,13 @@ impl GroupCoordinator {
                         g.classic_leave(member_id, instance_id.as_deref(), topics)
                     })
                     .collect();
-                self.maybe_downgrade(&mut groups, &mut consumer, group_id, topics, now);
+                let mut records = g.changes();
+                records.extend(self.maybe_downgrade(&mut groups, &mut consumer, group_id, topics, now));
+                let written = self.store.submit(Entry::Records(records));
                 drop(consumer);
                 drop(groups);
                 self.timer.notify_one();
-                return results;
+                return (results, written);
             }
         }
         let results = members
@@ -562,7 +668,7 @@ impl GroupCoordinator {
             .collect();
         drop(groups);
         self.timer.notify_one();
-        results
+        (results, self.store.submit(Entry::Records(Vec::new())))
     }
 
     /// Handles OffsetCommit for partitions of existing topics. `Err` is a
@@ -795,8 +901,9 @@ impl GroupCoordinator {
             let mut consumer = self.consumer_groups.lock();
             let now = self.now_ms();
             for id in ids {
-                if let Some(g) = consumer.get(id) {
+                if let Some(g) = consumer.get_mut(id) {
                     let result = if g.is_empty() {
+                        records.extend(g.tombstones());
                         consumer.remove(id);
                         records.extend(self.tombstones(id));
                         Ok(())
@@ -923,26 +1030,30 @@ impl GroupCoordinator {
         Ok(results)
     }
 
-    /// Applies due timeouts in every group; returns the metadata of groups
-    /// that became empty, to persist.
-    fn tick(&self) -> Vec<GroupRecord> {
+    /// Applies due timeouts in every group; -> the write, queued, of what
+    /// changed (consumer groups' records, classic groups that became
+    /// empty).
+    fn tick(&self) -> impl std::future::Future<Output = Result<(), StoreError>> {
         let now = self.now_ms();
         let mut groups = self.groups.lock();
-        self.tick_consumer(&mut groups, now);
-        groups
-            .values_mut()
-            .filter(|g| g.next_deadline_ms().is_some_and(|d| d <= now))
-            .filter_map(|g| {
-                g.tick(now).then(|| GroupRecord::Group {
-                    group: g.id.clone(),
-                    value: Some(g.metadata()),
-                })
-            })
-            .collect()
+        let mut records = self.tick_consumer(&mut groups, now);
+        records.extend(
+            groups
+                .values_mut()
+                .filter(|g| g.next_deadline_ms().is_some_and(|d| d <= now))
+                .filter_map(|g| {
+                    g.tick(now).then(|| GroupRecord::Group {
+                        group: g.id.clone(),
+                        value: Some(g.metadata()),
+                    })
+                }),
+        );
+        self.store.submit(Entry::Records(records))
     }
 
     /// Session and rebalance timeouts of consumer groups.
-    fn tick_consumer(&self, classic: &mut HashMap<String, Group>, now: i64) {
+    fn tick_consumer(&self, classic: &mut HashMap<String, Group>, now: i64) -> Vec<GroupRecord> {
+        let mut records = Vec::new();
         let mut consumer = self.consumer_groups.lock();
         let due: Vec<String> = consumer
             .values()
@@ -955,9 +1066,11 @@ impl GroupCoordinator {
             // next heartbeat brings the broker's current ones.
             let topics = g.known_topics();
             if g.tick(&topics, now) {
-                self.maybe_downgrade(classic, &mut consumer, &id, &topics, now);
+                records.extend(g.changes());
+                records.extend(self.maybe_downgrade(classic, &mut consumer, &id, &topics, now));
             }
         }
+        records
     }
 
     fn next_deadline_ms(&self) -> Option<i64> {
@@ -1035,7 +1148,9 @@ impl GroupCoordinator {
         });
         for (id, has_metadata) in emptied {
             tracing::info!(group = %id, "removing empty group without offsets");
-            consumer.remove(&id);
+            if let Some(mut g) = consumer.remove(&id) {
+                records.extend(g.tombstones());
+            }
             if let Some(mut g) = groups.remove(&id) {
                 g.kill(now);
             }
@@ -1054,8 +1169,8 @@ impl GroupCoordinator {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             loop {
-                let records = me.tick();
-                if let Err(e) = me.store.write(records).await {
+                let written = me.tick();
+                if let Err(e) = written.await {
                     tracing::error!(error = %e, "cannot persist group state");
                 }
                 let wait_ms = me

@@ -5,12 +5,15 @@
 //!   `(offset, leader epoch, metadata, commit timestamp)`;
 //! * group metadata: key v2 `(group)`, value v3 (protocol type,
 //!   generation, protocol, leader, state timestamp, members);
-//! * a record with a null value deletes its key (a tombstone).
+//! * a record with a null value deletes its key (a tombstone);
+//! * consumer-protocol groups: keys 3 and 5 to 8 ([`super::consumer_records`]).
 //!
 //! Also the one piece of the consumer protocol the coordinator reads: the
 //! topics in a member's subscription.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::consumer_records::{self, ConsumerKey, ConsumerValue};
 
 const OFFSET_KEY_VERSION: i16 = 1;
 const GROUP_KEY_VERSION: i16 = 2;
@@ -63,6 +66,12 @@ pub enum GroupRecord {
         group: String,
         value: Option<GroupMetadata>,
     },
+    /// One record of a consumer-protocol group ([`super::consumer_records`]).
+    Consumer {
+        group: String,
+        key: ConsumerKey,
+        value: Option<ConsumerValue>,
+    },
 }
 
 /// A record that does not parse: the group log is corrupt or was written
@@ -95,6 +104,7 @@ impl GroupRecord {
                 b.put_i16(GROUP_KEY_VERSION);
                 put_str(&mut b, group);
             }
+            GroupRecord::Consumer { group, key, .. } => consumer_records::encode_key(&mut b, group, key),
         }
         b.freeze()
     }
@@ -130,6 +140,7 @@ impl GroupRecord {
                     put_bytes(&mut b, &m.assignment);
                 }
             }
+            GroupRecord::Consumer { value, .. } => consumer_records::encode_value(&mut b, value.as_ref()?),
         }
         Some(b.freeze())
     }
@@ -154,6 +165,11 @@ impl GroupRecord {
                 let value = value.map(|v| decode_group_value(&group, v)).transpose()?;
                 Ok(GroupRecord::Group { group, value })
             }
+            version @ (consumer_records::EPOCH_KEY
+            | consumer_records::MEMBER_KEY
+            | consumer_records::TARGET_EPOCH_KEY
+            | consumer_records::TARGET_KEY
+            | consumer_records::CURRENT_KEY) => consumer_records::decode(version, &mut k, value),
             other => Err(RecordError(format!("unknown key version {other}"))),
         }
     }

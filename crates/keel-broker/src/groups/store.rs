@@ -12,6 +12,7 @@ use std::collections::{btree_map, BTreeMap};
 
 use bytes::Bytes;
 
+use super::consumer_records::ConsumerGroupView;
 use super::records::{CommittedOffset, GroupMetadata, GroupRecord};
 pub use crate::metalog::StoreError;
 use crate::metalog::{MetaLog, Table};
@@ -27,6 +28,8 @@ pub type GroupStore = MetaLog<GroupTable>;
 pub struct GroupTable {
     pub offsets: BTreeMap<String, GroupOffsets>,
     pub groups: BTreeMap<String, GroupMetadata>,
+    /// Consumer-protocol groups.
+    pub consumer: BTreeMap<String, ConsumerGroupView>,
     /// Offsets of open transactions, by producer id.
     pub pending: BTreeMap<i64, PendingOffsets>,
 }
@@ -87,6 +90,13 @@ impl Table for GroupTable {
             GroupRecord::Group { group, value: None } => {
                 self.groups.remove(&group);
             }
+            GroupRecord::Consumer { group, key, value } => {
+                let view = self.consumer.entry(group.clone()).or_default();
+                view.apply(key, value);
+                if view.is_empty() {
+                    self.consumer.remove(&group);
+                }
+            }
         }
     }
 
@@ -103,7 +113,11 @@ impl Table for GroupTable {
                 value: Some(v.clone()),
             })
         });
-        groups.chain(offsets).collect()
+        let consumer = self
+            .consumer
+            .iter()
+            .flat_map(|(g, view)| ConsumerGroupView::diff(g, &ConsumerGroupView::default(), view));
+        groups.chain(consumer).chain(offsets).collect()
     }
 
     fn encode(record: &GroupRecord) -> (Bytes, Option<Bytes>) {

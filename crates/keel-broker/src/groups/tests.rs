@@ -60,8 +60,7 @@ impl Harness {
     /// Moves the clock and runs the timers, letting woken tasks run.
     async fn advance(&self, ms: i64) {
         self.clock.0.fetch_add(ms, Ordering::SeqCst);
-        let records = self.coordinator.tick();
-        self.coordinator.store.write(records).await.unwrap();
+        self.coordinator.tick().await.unwrap();
         settle().await;
     }
 
@@ -487,7 +486,8 @@ async fn only_empty_groups_can_be_deleted() {
     );
     let left = h
         .coordinator
-        .leave("g", &[(results[0].member_id.clone(), None)], &Topics::new());
+        .leave("g", &[(results[0].member_id.clone(), None)], &Topics::new())
+        .await;
     assert_eq!(left, vec![Ok(())]);
     // The last member left: the join phase ends at once, with nobody.
     assert_eq!(h.state(), GroupState::Empty);
@@ -947,7 +947,11 @@ mod migration {
             .await
             .unwrap();
         h.reopen();
-        assert!(h.coordinator.describe("g").is_none_or(|d| d.members.is_empty()));
+        assert!(h.coordinator.describe("g").is_none());
+        // The consumer group, with the classic members it hosts, is in the
+        // log instead.
+        let g = h.coordinator.describe_consumer("g").unwrap();
+        assert_eq!(g.members.values().filter(|m| m.classic.is_some()).count(), 2);
     }
 
     #[tokio::test]
@@ -995,7 +999,148 @@ mod migration {
         let r = c.join("g", other, &topics()).await;
         assert_eq!(r.error, Some(ResponseError::InconsistentGroupProtocol));
         // Leaving by member id.
-        assert_eq!(c.leave("g", &[(m.id.clone(), None)], &topics()), vec![Ok(())]);
+        assert_eq!(
+            c.leave("g", &[(m.id.clone(), None)], &topics()).await,
+            vec![Ok(())]
+        );
         assert_eq!(c.describe_consumer("g").unwrap().members.len(), 2);
+    }
+}
+
+// Consumer groups in the group log: members go on at their epochs after a
+// restart.
+
+mod persistence {
+    use super::*;
+    use crate::groups::consumer::{Assignment, ConsumerGroupState, TopicInfo, LEAVE_EPOCH};
+
+    fn topics() -> Topics {
+        Topics::from([(
+            "t".to_string(),
+            TopicInfo {
+                id: uuid::Uuid::from_u128(3),
+                partitions: 4,
+            },
+        )])
+    }
+
+    async fn beat(h: &Harness, id: &str, epoch: i32, owned: &Assignment) -> HeartbeatAnswer {
+        let hb = Heartbeat {
+            member_id: id.into(),
+            member_epoch: epoch,
+            rebalance_timeout_ms: REBALANCE_MS,
+            subscribed_names: Some(vec!["t".into()]),
+            server_assignor: (epoch == 0).then(|| "range".to_string()),
+            owned: Some(owned.clone()),
+            ..Heartbeat::default()
+        };
+        h.coordinator
+            .consumer_heartbeat("g", hb, &topics())
+            .await
+            .unwrap()
+    }
+
+    /// Two members heartbeat until the group is stable: -> their epochs
+    /// and partitions.
+    async fn stable(h: &Harness) -> Vec<(String, i32, Assignment)> {
+        let mut members: Vec<(String, i32, Assignment)> = vec![
+            ("a".into(), 0, Assignment::new()),
+            ("b".into(), 0, Assignment::new()),
+        ];
+        for _ in 0..4 {
+            for (id, epoch, owned) in &mut members {
+                let a = beat(h, id, *epoch, owned).await;
+                *epoch = a.member_epoch;
+                if let Some(assignment) = a.assignment {
+                    *owned = assignment;
+                }
+            }
+        }
+        let g = h.coordinator.describe_consumer("g").unwrap();
+        assert_eq!(g.state(), ConsumerGroupState::Stable);
+        members
+    }
+
+    #[tokio::test]
+    async fn members_go_on_at_their_epochs_after_a_reopen() {
+        let mut h = Harness::new();
+        let members = stable(&h).await;
+        let before = h.coordinator.describe_consumer("g").unwrap();
+        h.reopen();
+        let after = h.coordinator.describe_consumer("g").unwrap();
+        assert_eq!(
+            (after.epoch, after.assignment_epoch),
+            (before.epoch, before.assignment_epoch)
+        );
+        assert_eq!(after.assignor, before.assignor);
+        for (id, m) in &before.members {
+            let back = &after.members[id];
+            assert_eq!(
+                (back.epoch, &back.assigned, back.state),
+                (m.epoch, &m.assigned, m.state)
+            );
+            assert_eq!(after.target[id], before.target[id]);
+            assert_eq!(
+                (&back.subscribed_names, &back.server_assignor),
+                (&m.subscribed_names, &m.server_assignor)
+            );
+        }
+        // Their next heartbeats are answered at the same epochs: no
+        // rebalance, as the topics have not changed.
+        for (id, epoch, owned) in &members {
+            let a = beat(&h, id, *epoch, owned).await;
+            assert_eq!(a.member_epoch, *epoch);
+        }
+        assert_eq!(h.coordinator.describe_consumer("g").unwrap().epoch, before.epoch);
+    }
+
+    #[tokio::test]
+    async fn a_topic_that_grew_while_down_moves_the_epoch() {
+        let mut h = Harness::new();
+        let members = stable(&h).await;
+        let epoch = h.coordinator.describe_consumer("g").unwrap().epoch;
+        h.reopen();
+        let mut grown = topics();
+        grown.get_mut("t").unwrap().partitions = 6;
+        let (id, member_epoch, owned) = &members[0];
+        let hb = Heartbeat {
+            member_id: id.clone(),
+            member_epoch: *member_epoch,
+            owned: Some(owned.clone()),
+            ..Heartbeat::default()
+        };
+        h.coordinator.consumer_heartbeat("g", hb, &grown).await.unwrap();
+        assert_eq!(h.coordinator.describe_consumer("g").unwrap().epoch, epoch + 1);
+    }
+
+    #[tokio::test]
+    async fn an_empty_group_stays_until_deleted_and_its_records_go_with_it() {
+        let mut h = Harness::new();
+        let members = stable(&h).await;
+        for (id, _, _) in &members {
+            beat(&h, id, LEAVE_EPOCH, &Assignment::new()).await;
+        }
+        h.reopen();
+        let g = h.coordinator.describe_consumer("g").unwrap();
+        assert_eq!(g.state(), ConsumerGroupState::Empty);
+        assert_eq!(
+            h.coordinator.delete_groups(&["g".to_string()]).await,
+            vec![Ok(())]
+        );
+        h.reopen();
+        assert!(h.coordinator.describe_consumer("g").is_err());
+        assert!(h.coordinator.store.with_table(|t| t.consumer.is_empty()));
+    }
+
+    #[tokio::test]
+    async fn a_member_whose_session_ended_is_gone_from_the_log() {
+        let mut h = Harness::new();
+        stable(&h).await;
+        let session_ms = crate::groups::consumer::ConsumerGroupConfig::default().session_timeout_ms;
+        h.advance(i64::from(session_ms) + 1).await;
+        assert!(h.coordinator.describe_consumer("g").unwrap().members.is_empty());
+        h.reopen();
+        let g = h.coordinator.describe_consumer("g").unwrap();
+        assert!(g.members.is_empty() && g.target.is_empty());
     }
 }

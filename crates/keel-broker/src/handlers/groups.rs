@@ -212,13 +212,16 @@ pub fn heartbeat(broker: &Broker, req: HeartbeatRequest) -> HeartbeatResponse {
     HeartbeatResponse::default().with_error_code(code(result))
 }
 
-pub fn leave_group(broker: &Broker, req: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
+pub async fn leave_group(broker: &Broker, req: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
     if version < 3 {
-        let results = broker.groups.leave(
-            req.group_id.as_str(),
-            &[(req.member_id.to_string(), None)],
-            &super::consumer_groups::topics(broker),
-        );
+        let results = broker
+            .groups
+            .leave(
+                req.group_id.as_str(),
+                &[(req.member_id.to_string(), None)],
+                &super::consumer_groups::topics(broker),
+            )
+            .await;
         let result = results.into_iter().next().unwrap_or(Ok(()));
         return LeaveGroupResponse::default().with_error_code(code(result));
     }
@@ -233,7 +236,10 @@ pub fn leave_group(broker: &Broker, req: LeaveGroupRequest, version: i16) -> Lea
         })
         .collect();
     let topics = super::consumer_groups::topics(broker);
-    let results = broker.groups.leave(req.group_id.as_str(), &leaving, &topics);
+    let results = broker
+        .groups
+        .leave(req.group_id.as_str(), &leaving, &topics)
+        .await;
     let members = req
         .members
         .into_iter()
