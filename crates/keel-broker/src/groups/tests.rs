@@ -998,6 +998,16 @@ mod migration {
         };
         let r = c.join("g", other, &topics()).await;
         assert_eq!(r.error, Some(ResponseError::InconsistentGroupProtocol));
+        // So is one whose embedded subscription does not parse: truncated,
+        // or claiming two billion topics in six bytes.
+        for junk in [&b"\x00"[..], &[0, 0, 0x7f, 0xff, 0xff, 0xff]] {
+            let bad = JoinParams {
+                protocols: vec![("range".into(), Bytes::copy_from_slice(junk))],
+                ..classic_params(&m.id, &[])
+            };
+            let r = c.join("g", bad, &topics()).await;
+            assert_eq!(r.error, Some(ResponseError::InconsistentGroupProtocol));
+        }
         // Leaving by member id.
         assert_eq!(
             c.leave("g", &[(m.id.clone(), None)], &topics()).await,
