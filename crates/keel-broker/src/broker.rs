@@ -52,11 +52,14 @@ const BULK_RESPONSE_BYTES: usize = 256 << 10;
 /// How often written segment data is dropped from the page cache.
 const PAGE_CACHE_DROP_EVERY: Duration = Duration::from_secs(1);
 
-/// Who sent a request, as group APIs report it.
+/// Who sent a request, as group APIs report it, and on which listener.
 #[derive(Debug, Clone, Default)]
 pub struct ClientInfo {
     /// Kafka's form: `/` followed by the peer's IP address.
     pub host: String,
+    /// The listener's name: Metadata, FindCoordinator and DescribeCluster
+    /// advertise that listener's address.
+    pub listener: String,
 }
 
 /// Why the broker could not start.
@@ -90,8 +93,8 @@ pub struct Broker {
     /// The memory the broker may use (host or cgroup), for the budgets.
     pub memory: MemoryLimit,
     pub cluster_id: String,
-    pub advertised_host: String,
-    pub advertised_port: i32,
+    /// Each listener's advertised address.
+    pub advertised: Vec<crate::listeners::Endpoint>,
     pub topics: TopicRegistry,
     pub store: TopicStore,
     /// Every file operation of partition logs and topic metadata.
@@ -138,12 +141,21 @@ impl Broker {
         Arc::clone(&self.config.read())
     }
 
+    /// The address advertised to clients of `listener` (the first
+    /// listener's for one Keel does not know).
+    pub fn endpoint(&self, listener: &str) -> (&str, i32) {
+        self.advertised
+            .iter()
+            .find(|e| e.listener == listener)
+            .or(self.advertised.first())
+            .map_or(("", -1), |e| (e.host.as_str(), e.port))
+    }
+
     /// Opens the data directory: cluster identity, topics, partition logs
     /// (with recovery). Blocking.
     pub fn open(
         config: BrokerConfig,
-        advertised_host: String,
-        advertised_port: i32,
+        advertised: Vec<crate::listeners::Endpoint>,
     ) -> Result<Arc<Broker>, StartError> {
         let data_dir = config.data_dir();
         let io = |path: &std::path::Path| {
@@ -227,8 +239,7 @@ impl Broker {
             config: parking_lot::RwLock::new(Arc::new(config)),
             memory,
             cluster_id,
-            advertised_host,
-            advertised_port,
+            advertised,
             topics: TopicRegistry::default(),
             store,
             storage,
@@ -379,7 +390,7 @@ impl Broker {
                 &mut handlers::api_versions(self),
             ),
             Request::Metadata(r) => {
-                let mut resp = handlers::metadata::metadata(self, r, version).await;
+                let mut resp = handlers::metadata::metadata(self, r, version, &client.listener).await;
                 self.answer(client_id, ApiKey::Metadata, version, id, &mut resp)
             }
             Request::Produce(r) => {
@@ -472,7 +483,7 @@ impl Broker {
                 ApiKey::DescribeCluster,
                 version,
                 id,
-                &mut handlers::metadata::describe_cluster(self, r),
+                &mut handlers::metadata::describe_cluster(self, r, &client.listener),
             ),
             Request::InitProducerId(r) => self.answer(
                 client_id,
@@ -599,10 +610,7 @@ impl Broker {
                 id,
                 &mut handlers::scram::describe_user_scram_credentials(r),
             ),
-            body => {
-                self.handle_group(body, version, id, client_id, &client.host)
-                    .await
-            }
+            body => self.handle_group(body, version, id, client_id, client).await,
         }
     }
 
@@ -683,8 +691,9 @@ impl Broker {
         version: i16,
         id: i32,
         client_id: &str,
-        client_host: &str,
+        client: &ClientInfo,
     ) -> Reply {
+        let client_host = client.host.as_str();
         use handlers::groups;
         match body {
             Request::FindCoordinator(r) => self.answer(
@@ -692,7 +701,7 @@ impl Broker {
                 ApiKey::FindCoordinator,
                 version,
                 id,
-                &mut groups::find_coordinator(self, r, version),
+                &mut groups::find_coordinator(self, r, version, &client.listener),
             ),
             Request::JoinGroup(r) => {
                 let mut resp = groups::join_group(self, r, version, client_id, client_host).await;

@@ -211,6 +211,26 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("node.id", "1", ConfigType::Int),
     ("listen", "127.0.0.1:9092", ConfigType::String),
     ("advertised", "", ConfigType::String),
+    // Kafka's listener map and TLS keys (`crate::listeners`); each `ssl.*`
+    // key may be set per listener as `listener.name.<name>.ssl.*`.
+    (
+        "listener.security.protocol.map",
+        "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        ConfigType::String,
+    ),
+    ("ssl.keystore.type", "JKS", ConfigType::String),
+    ("ssl.keystore.location", "", ConfigType::String),
+    ("ssl.keystore.password", "", ConfigType::Password),
+    ("ssl.keystore.key", "", ConfigType::Password),
+    ("ssl.keystore.certificate.chain", "", ConfigType::Password),
+    ("ssl.key.password", "", ConfigType::Password),
+    ("ssl.truststore.type", "JKS", ConfigType::String),
+    ("ssl.truststore.location", "", ConfigType::String),
+    ("ssl.truststore.password", "", ConfigType::Password),
+    ("ssl.truststore.certificates", "", ConfigType::Password),
+    ("ssl.client.auth", "none", ConfigType::String),
+    ("ssl.enabled.protocols", "TLSv1.2,TLSv1.3", ConfigType::List),
+    ("ssl.cipher.suites", "", ConfigType::List),
     ("log.dirs", "./data", ConfigType::String),
     ("auto.create.topics.enable", "true", ConfigType::Boolean),
     ("num.partitions", "1", ConfigType::Int),
@@ -364,6 +384,7 @@ pub fn is_dynamic(key: &str) -> bool {
 
 /// The type of a broker key (topic defaults included), if Keel has it.
 pub fn broker_config_type(key: &str) -> Option<ConfigType> {
+    let key = crate::listeners::scoped_key(key).unwrap_or(key);
     BROKER_CONFIGS
         .iter()
         .find(|(n, _, _)| *n == key)
@@ -791,6 +812,11 @@ impl BrokerConfig {
                 reason: format!("{bad}: Keel's assignors are uniform and range"),
             });
         }
+        for listener in crate::listeners::listeners(self)? {
+            if listener.protocol.tls() {
+                crate::listeners::ssl_settings(self, &listener.name)?;
+            }
+        }
         let policy = self.get("group.consumer.migration.policy");
         if crate::groups::consumer::MigrationPolicy::parse(policy).is_none() {
             return Err(ConfigError {
@@ -937,6 +963,11 @@ impl BrokerConfig {
     /// The value of a key (every known key has one).
     pub fn get(&self, key: &str) -> &str {
         self.values.get(key).map_or("", String::as_str)
+    }
+
+    /// A key that has a value only when set (`listener.name.<l>.ssl.*`).
+    pub fn get_override(&self, key: &str) -> Option<&str> {
+        self.values.get(key).map(String::as_str)
     }
 
     /// A numeric key; validated at construction, so the fallback is unused.

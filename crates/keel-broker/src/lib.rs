@@ -14,6 +14,7 @@ pub mod fuzzing;
 pub mod groups;
 mod handlers;
 pub mod health;
+pub mod listeners;
 pub mod loggers;
 pub mod metalog;
 pub mod metrics;

@@ -118,11 +118,15 @@ async fn random_requests_of_every_api_are_answered_without_panics() {
     map.insert("log.dirs".to_string(), dir.path().display().to_string());
     map.insert("group.initial.rebalance.delay.ms".to_string(), "0".to_string());
     let config = BrokerConfig::from_map(&map).unwrap();
-    let broker: Arc<Broker> =
-        tokio::task::spawn_blocking(move || Broker::open(config, "127.0.0.1".into(), 9092))
-            .await
-            .unwrap()
-            .unwrap();
+    let broker: Arc<Broker> = tokio::task::spawn_blocking(move || {
+        Broker::open(
+            config,
+            vec![keel_broker::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap();
     let client = ClientInfo::default();
     let (mut answered, mut waiting) = (0, 0);
     for api in SUPPORTED {

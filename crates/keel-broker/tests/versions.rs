@@ -498,10 +498,15 @@ async fn every_advertised_version_is_answered() {
     map.insert("log.dirs".to_string(), dir.path().display().to_string());
     map.insert("group.initial.rebalance.delay.ms".to_string(), "0".to_string());
     let config = BrokerConfig::from_map(&map).unwrap();
-    let broker = tokio::task::spawn_blocking(move || Broker::open(config, "127.0.0.1".into(), 9092))
-        .await
-        .unwrap()
-        .unwrap();
+    let broker = tokio::task::spawn_blocking(move || {
+        Broker::open(
+            config,
+            vec![keel_broker::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap();
     let create =
         CreateTopicsRequest::default().with_topics(vec![create_topics_request::CreatableTopic::default()
             .with_name(name("t"))

@@ -15,6 +15,10 @@
 //! A response a client quota throttled (its trace says for how long) is
 //! sent at once, and then the connection reads and starts nothing more for
 //! the throttle time: Kafka's channel muting (KIP-219).
+//!
+//! On an SSL listener the connection is a TLS stream ([`Transport::Tls`]):
+//! responses are encrypted and written by the connection's task, and large
+//! ones do not go through the bulk threads.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -31,9 +35,39 @@ use keel_protocol::frame::{request_size, FrameError, FRAME_PREFIX_BYTES};
 use keel_protocol::messages::ApiKey;
 use keel_protocol::RequestFrame;
 use keel_tier::Bulk;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, WriteHalf};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+/// A connection as its listener serves it.
+pub enum Transport {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// The half of a connection responses are written to.
+enum Writer {
+    Plain(OwnedWriteHalf),
+    Tls(WriteHalf<TlsStream<TcpStream>>),
+}
+
+type ReadHalf = Box<dyn AsyncRead + Unpin + Send>;
+
+impl Transport {
+    fn split(self) -> (ReadHalf, Writer) {
+        match self {
+            Transport::Plain(stream) => {
+                let (read, write) = stream.into_split();
+                (Box::new(read), Writer::Plain(write))
+            }
+            Transport::Tls(stream) => {
+                let (read, write) = tokio::io::split(*stream);
+                (Box::new(read), Writer::Tls(write))
+            }
+        }
+    }
+}
 
 /// Requests in flight on one connection at most: the first, and Produce
 /// requests pipelined behind it.
@@ -65,14 +99,14 @@ pub struct Limits {
 /// Serves one connection until the client closes it, sends something that
 /// cannot be answered, or stays idle past `connections.max.idle.ms`.
 pub async fn serve(
-    stream: TcpStream,
+    stream: Transport,
     peer: SocketAddr,
     broker: &Arc<Broker>,
     client: &ClientInfo,
     limits: Limits,
 ) -> Result<(), String> {
-    let _ = stream.set_nodelay(true);
-    let (mut read, write) = stream.into_split();
+    let tls = matches!(stream, Transport::Tls(_));
+    let (mut read, write) = stream.split();
     let mut write = Some(write);
     let mut inbox = Inbox::default();
     let mut flight: VecDeque<InFlight> = VecDeque::new();
@@ -109,7 +143,9 @@ pub async fn serve(
         // Frames the connection may start now.
         while let Some(len) = match muted_until {
             Some(_) => None,
-            None => inbox.complete_frame(limits.max_request_bytes).map_err(refuse)?,
+            None => inbox
+                .complete_frame(limits.max_request_bytes)
+                .map_err(|e| refuse(e, &inbox.buf, tls))?,
         } {
             if !admits(&flight, inbox.api_key(), len) {
                 break;
@@ -163,7 +199,13 @@ pub async fn serve(
     }
 }
 
-fn refuse(e: FrameError) -> String {
+fn refuse(e: FrameError, buf: &[u8], tls: bool) -> String {
+    // A TLS record starts 0x16 0x03: a client speaking TLS to a plaintext
+    // listener.
+    if !tls && buf.starts_with(&[0x16, 0x03]) {
+        tracing::warn!(error = %e, "refusing a TLS handshake on a PLAINTEXT listener; closing the connection");
+        return format!("{e} (a TLS handshake on a PLAINTEXT listener)");
+    }
     tracing::warn!(error = %e, "refusing request frame");
     e.to_string()
 }
@@ -342,17 +384,24 @@ impl Inbox {
 /// Writes a response frame. A large one goes out in pieces written by the
 /// bulk threads: this task waits for the socket to take more, hands the
 /// write half and a piece to a bulk thread, and gets the half back.
-async fn send(write: &mut Option<OwnedWriteHalf>, frame: Bytes, bulk: &Bulk) -> std::io::Result<()> {
-    let Some(half) = write.as_mut() else {
-        return Err(std::io::Error::other("the connection's write half was lost"));
+async fn send(write: &mut Option<Writer>, frame: Bytes, bulk: &Bulk) -> std::io::Result<()> {
+    let half = match write.as_mut() {
+        None => return Err(std::io::Error::other("the connection's write half was lost")),
+        Some(Writer::Tls(half)) => {
+            half.write_all(&frame).await?;
+            return half.flush().await;
+        }
+        Some(Writer::Plain(half)) => half,
     };
     if frame.len() < BULK_SEND_BYTES {
         return half.write_all(&frame).await;
     }
     let mut sent = 0;
     while sent < frame.len() {
-        write.as_ref().expect("kept between pieces").writable().await?;
-        let half = write.take().expect("kept between pieces");
+        let Some(Writer::Plain(half)) = write.take() else {
+            return Err(std::io::Error::other("the connection's write half was lost"));
+        };
+        half.writable().await?;
         let piece = frame.slice(sent..frame.len().min(sent + BULK_SEND_BYTES));
         // If the job panics the half is dropped with it, which closes the
         // connection: the response cannot be finished.
@@ -362,7 +411,7 @@ async fn send(write: &mut Option<OwnedWriteHalf>, frame: Bytes, bulk: &Bulk) -> 
                 (half, wrote)
             })
             .await?;
-        *write = Some(half);
+        *write = Some(Writer::Plain(half));
         match wrote {
             Ok(n) => sent += n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -452,7 +501,7 @@ mod tests {
         let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();
         let (_read, write) = server.into_split();
-        let mut write = Some(write);
+        let mut write = Some(Writer::Plain(write));
         let bulk = Bulk::new(1).unwrap();
         let large: Bytes = (0..3 * BULK_SEND_BYTES + 123)
             .map(|i| (i * 7 % 251) as u8)

@@ -9,6 +9,7 @@ mod loggers;
 mod segment;
 mod server;
 mod stats;
+mod tls;
 
 use std::process::ExitCode;
 

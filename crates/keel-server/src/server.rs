@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_broker::{Broker, BrokerConfig, ClientInfo};
+use keel_broker::{listeners, Broker, BrokerConfig, ClientInfo};
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::{gather, ServeArgs};
 use crate::{admin, connection};
@@ -26,17 +27,56 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     runtime.block_on(run(config))
 }
 
+/// One bound listener, with its TLS configuration if it is SSL.
+struct Bound {
+    listener: listeners::Listener,
+    socket: TcpListener,
+    tls: Option<TlsAcceptor>,
+}
+
+/// Binds every listener (`listeners`), with its TLS keys read and checked
+/// first, so a bad key or a taken port fails start-up at once.
+async fn bind_listeners(config: &BrokerConfig) -> Result<Vec<Bound>, String> {
+    let mut out = Vec::new();
+    for listener in listeners::listeners(config).map_err(|e| e.to_string())? {
+        let tls = if listener.protocol.tls() {
+            let settings = listeners::ssl_settings(config, &listener.name).map_err(|e| e.to_string())?;
+            Some(TlsAcceptor::from(crate::tls::server_config(
+                &listener.name,
+                &settings,
+            )?))
+        } else {
+            None
+        };
+        let address = listener.bind_address();
+        let socket = TcpListener::bind(&address)
+            .await
+            .map_err(|e| format!("listener {}: cannot listen on {address}: {e}", listener.name))?;
+        out.push(Bound {
+            listener,
+            socket,
+            tls,
+        });
+    }
+    Ok(out)
+}
+
 async fn run(config: BrokerConfig) -> Result<(), String> {
     raise_descriptor_limit();
-    let listen = config.get("listen").to_string();
-    let listener = TcpListener::bind(&listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let bound = bind_listeners(&config).await?;
+    let locals: Vec<(listeners::Listener, SocketAddr)> = bound
+        .iter()
+        .map(|b| {
+            Ok((
+                b.listener.clone(),
+                b.socket.local_addr().map_err(|e| e.to_string())?,
+            ))
+        })
+        .collect::<Result<_, String>>()?;
     let admin_listener = bind_admin(config.get("keel.admin.listen")).await?;
-    let (host, port) = advertised(config.get("advertised"), local)?;
+    let advertised = listeners::advertised(&config, &locals).map_err(|e| e.to_string())?;
     let data_dir = config.data_dir();
-    let broker = tokio::task::spawn_blocking(move || Broker::open(config, host, port))
+    let broker = tokio::task::spawn_blocking(move || Broker::open(config, advertised))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
@@ -44,7 +84,15 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         let _ = broker.loggers.set(levels);
     }
     broker.spawn_maintenance();
-    tracing::info!(data_dir = %data_dir.display(), advertised = %format!("{}:{}", broker.advertised_host, broker.advertised_port), "listening on {local}");
+    for ((listener, local), endpoint) in locals.iter().zip(&broker.advertised) {
+        tracing::info!(
+            data_dir = %data_dir.display(),
+            listener = %listener.name,
+            protocol = listener.protocol.name(),
+            advertised = %format!("{}:{}", endpoint.host, endpoint.port),
+            "listening on {local}"
+        );
+    }
     let admin_task = admin_listener.map(|l| {
         let b = Arc::clone(&broker);
         // Called on the blocking pool (see admin::connection).
@@ -59,10 +107,15 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         tokio::spawn(admin::serve(l, handlers, admin::Limits::default()))
     });
     let limits = ConnectionLimits::from_config(&broker.config());
+    let mut accepting = tokio::task::JoinSet::new();
+    for b in bound {
+        accepting.spawn(accept_loop(b, Arc::clone(&broker), Arc::clone(&limits)));
+    }
     tokio::select! {
-        _ = accept_loop(listener, Arc::clone(&broker), limits) => {}
+        _ = accepting.join_next() => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),
     }
+    accepting.abort_all();
     if let Some(task) = admin_task {
         task.abort();
     }
@@ -86,19 +139,6 @@ async fn bind_admin(addr: &str) -> Result<Option<TcpListener>, String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!("admin endpoint on http://{local} (/stats, /metrics, /healthz)");
     Ok(Some(listener))
-}
-
-fn advertised(value: &str, local: SocketAddr) -> Result<(String, i32), String> {
-    if value.is_empty() {
-        return Ok((local.ip().to_string(), i32::from(local.port())));
-    }
-    let (host, port) = value
-        .rsplit_once(':')
-        .ok_or_else(|| format!("advertised `{value}`: expected HOST:PORT"))?;
-    let port = port
-        .parse::<u16>()
-        .map_err(|_| format!("advertised `{value}`: bad port"))?;
-    Ok((host.to_string(), i32::from(port)))
 }
 
 async fn shutdown_signal() {
@@ -202,7 +242,16 @@ impl ConnectionLimits {
     }
 }
 
-async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<ConnectionLimits>) {
+/// How long a TLS handshake may take before the connection is closed.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLimits>) {
+    let Bound {
+        listener: config,
+        socket: listener,
+        tls,
+    } = bound;
+    let name: Arc<str> = Arc::from(config.name.as_str());
     loop {
         // At `max.connections`, stop accepting until one closes (clients
         // wait in the listen backlog, as with Kafka).
@@ -230,12 +279,20 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
                 }
                 let b = Arc::clone(&broker);
                 let limits = Arc::clone(&limits);
+                let tls = tls.clone();
+                let name = Arc::clone(&name);
                 tokio::spawn(async move {
                     let client = ClientInfo {
                         host: format!("/{}", peer.ip()),
+                        listener: name.to_string(),
                     };
                     b.metrics.connection_opened();
-                    let closed = connection::serve(stream, peer, &b, &client, limits.connection()).await;
+                    let closed = match secure(stream, tls, peer, &name).await {
+                        Ok(transport) => {
+                            connection::serve(transport, peer, &b, &client, limits.connection()).await
+                        }
+                        Err(reason) => Err(reason),
+                    };
                     if let Err(reason) = closed {
                         tracing::debug!(%peer, %reason, "connection closed");
                     }
@@ -250,6 +307,31 @@ async fn accept_loop(listener: TcpListener, broker: Arc<Broker>, limits: Arc<Con
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
+        }
+    }
+}
+
+/// The connection as its listener serves it: after the TLS handshake on
+/// an SSL listener (a failed one is logged and closes it).
+async fn secure(
+    stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    peer: SocketAddr,
+    listener: &str,
+) -> Result<connection::Transport, String> {
+    let _ = stream.set_nodelay(true);
+    let Some(acceptor) = tls else {
+        return Ok(connection::Transport::Plain(stream));
+    };
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => Ok(connection::Transport::Tls(Box::new(tls))),
+        Ok(Err(e)) => {
+            tracing::info!(%peer, listener, error = %e, "TLS handshake failed; closing the connection");
+            Err(format!("TLS handshake: {e}"))
+        }
+        Err(_) => {
+            tracing::info!(%peer, listener, "no TLS handshake within 10 s; closing the connection");
+            Err("TLS handshake timed out".into())
         }
     }
 }

@@ -51,6 +51,7 @@ pub fn find_coordinator(
     broker: &Broker,
     req: FindCoordinatorRequest,
     version: i16,
+    listener: &str,
 ) -> FindCoordinatorResponse {
     // `Ok` names this broker; every group and transactional id is
     // coordinated here.
@@ -69,8 +70,8 @@ pub fn find_coordinator(
         }
     };
     let (host, port, node) = (
-        str_bytes(broker.advertised_host.clone()),
-        broker.advertised_port,
+        str_bytes(broker.endpoint(listener).0),
+        broker.endpoint(listener).1,
         broker.config().node_id(),
     );
     if version < 4 {

@@ -20,7 +20,13 @@ use crate::Broker;
 /// answers for itself only.
 const ENDPOINT_TYPE_BROKER: i8 = 1;
 
-pub async fn metadata(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
+/// Answers Metadata with the address of the listener the client came in on.
+pub async fn metadata(
+    broker: &Arc<Broker>,
+    req: MetadataRequest,
+    version: i16,
+    listener: &str,
+) -> MetadataResponse {
     // v0 sends an empty list to mean "all topics"; later versions send null.
     let all = req.topics.as_ref().is_none_or(|t| version == 0 && t.is_empty());
     let topics = if all {
@@ -39,11 +45,12 @@ pub async fn metadata(broker: &Arc<Broker>, req: MetadataRequest, version: i16) 
         }
         out
     };
+    let (host, port) = broker.endpoint(listener);
     let mut resp = MetadataResponse::default()
         .with_brokers(vec![MetadataResponseBroker::default()
             .with_node_id(BrokerId(broker.config().node_id()))
-            .with_host(str_bytes(&broker.advertised_host))
-            .with_port(broker.advertised_port)])
+            .with_host(str_bytes(host))
+            .with_port(port)])
         .with_cluster_id(Some(str_bytes(&broker.cluster_id)))
         .with_controller_id(BrokerId(broker.config().node_id()))
         .with_topics(topics)
@@ -120,7 +127,11 @@ fn describe_topic(broker: &Broker, topic: &Topic) -> MetadataResponseTopic {
         .with_topic_authorized_operations(operations::OMITTED)
 }
 
-pub fn describe_cluster(broker: &Broker, req: DescribeClusterRequest) -> DescribeClusterResponse {
+pub fn describe_cluster(
+    broker: &Broker,
+    req: DescribeClusterRequest,
+    listener: &str,
+) -> DescribeClusterResponse {
     let node = BrokerId(broker.config().node_id());
     if req.endpoint_type != ENDPOINT_TYPE_BROKER {
         return DescribeClusterResponse::default()
@@ -144,8 +155,8 @@ pub fn describe_cluster(broker: &Broker, req: DescribeClusterRequest) -> Describ
         .with_controller_id(node)
         .with_brokers(vec![DescribeClusterBroker::default()
             .with_broker_id(node)
-            .with_host(str_bytes(&broker.advertised_host))
-            .with_port(broker.advertised_port)])
+            .with_host(str_bytes(broker.endpoint(listener).0))
+            .with_port(broker.endpoint(listener).1)])
         .with_cluster_authorized_operations(operations)
 }
 

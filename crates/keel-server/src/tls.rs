@@ -1,0 +1,242 @@
+//! TLS for the listeners whose security protocol is SSL (rustls, with the
+//! `ring` provider), from Kafka's keys:
+//!
+//! * `ssl.keystore.type=PEM` with `ssl.keystore.location` (a file with the
+//!   private key and the certificate chain) or the inline
+//!   `ssl.keystore.key` and `ssl.keystore.certificate.chain`;
+//! * `ssl.truststore.type=PEM` with `ssl.truststore.location` or the inline
+//!   `ssl.truststore.certificates`, for `ssl.client.auth` `requested` or
+//!   `required`;
+//! * `ssl.enabled.protocols` (TLSv1.2, TLSv1.3) and `ssl.cipher.suites`
+//!   (IANA names), within what rustls supports.
+//!
+//! JKS stores are refused with how to convert them; PKCS12 stores and
+//! encrypted private keys (`ssl.key.password`) are not read yet.
+
+use std::sync::Arc;
+
+use keel_broker::listeners::{ClientAuth, SslSettings};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, SupportedCipherSuite};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// The listener's rustls configuration, or what is wrong with its keys.
+pub fn server_config(listener: &str, s: &SslSettings) -> Result<Arc<ServerConfig>, String> {
+    let fail = |what: String| format!("listener {listener}: {what}");
+    let (certs, key) = keystore(s).map_err(fail)?;
+    let provider = provider(s).map_err(fail)?;
+    let versions = versions(s).map_err(fail)?;
+    let builder = ServerConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&versions)
+        .map_err(|e| fail(format!("ssl.enabled.protocols with ssl.cipher.suites: {e}")))?;
+    let builder = match s.client_auth {
+        ClientAuth::None => builder.with_no_client_auth(),
+        auth => {
+            let roots = truststore(s).map_err(fail)?;
+            let verifier = WebPkiClientVerifier::builder(Arc::new(roots));
+            let verifier = if auth == ClientAuth::Requested {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier
+                .build()
+                .map_err(|e| fail(format!("ssl.truststore: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| fail(format!("ssl.keystore: the key does not fit the certificate: {e}")))?;
+    Ok(Arc::new(config))
+}
+
+fn store_type(key: &str, value: &str) -> Result<(), String> {
+    match value.to_ascii_uppercase().as_str() {
+        "PEM" => Ok(()),
+        "JKS" => Err(format!(
+            "{key} is JKS, which Keel does not read: convert it (keytool -importkeystore -deststoretype PKCS12, \
+             then openssl pkcs12 -nodes) to PEM and set {key}=PEM"
+        )),
+        "PKCS12" => Err(format!(
+            "{key}=PKCS12 is not read yet: convert it with openssl pkcs12 -nodes to PEM and set {key}=PEM"
+        )),
+        other => Err(format!("{key}={other}: must be PEM")),
+    }
+}
+
+/// The certificate chain and private key.
+fn keystore(s: &SslSettings) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    if s.keystore_location.is_empty()
+        && (s.keystore_key.is_empty() || s.keystore_certificate_chain.is_empty())
+    {
+        return Err(
+            "an SSL listener needs ssl.keystore.location (or ssl.keystore.key and \
+                    ssl.keystore.certificate.chain)"
+                .into(),
+        );
+    }
+    store_type("ssl.keystore.type", &s.keystore_type)?;
+    let pem: Vec<u8> = if !s.keystore_location.is_empty() {
+        std::fs::read(&s.keystore_location)
+            .map_err(|e| format!("ssl.keystore.location {}: {e}", s.keystore_location))?
+    } else {
+        format!("{}\n{}", s.keystore_key, s.keystore_certificate_chain).into_bytes()
+    };
+    if !s.key_password.is_empty() || contains(&pem, b"ENCRYPTED PRIVATE KEY") {
+        return Err(
+            "encrypted private keys (ssl.key.password) are not read yet: keep the key \
+                    unencrypted in a file only Keel can read"
+                .into(),
+        );
+    }
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("ssl.keystore: {e}"))?;
+    if certs.is_empty() {
+        return Err("ssl.keystore holds no certificate".into());
+    }
+    let key =
+        PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("ssl.keystore: no private key ({e})"))?;
+    Ok((certs, key))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The CAs client certificates are checked against.
+fn truststore(s: &SslSettings) -> Result<RootCertStore, String> {
+    if s.truststore_location.is_empty() && s.truststore_certificates.is_empty() {
+        return Err(
+            "ssl.client.auth requested or required needs ssl.truststore.location (or \
+                    ssl.truststore.certificates)"
+                .into(),
+        );
+    }
+    store_type("ssl.truststore.type", &s.truststore_type)?;
+    let pem: Vec<u8> = if !s.truststore_location.is_empty() {
+        std::fs::read(&s.truststore_location)
+            .map_err(|e| format!("ssl.truststore.location {}: {e}", s.truststore_location))?
+    } else {
+        s.truststore_certificates.clone().into_bytes()
+    };
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| format!("ssl.truststore: {e}"))?;
+        roots.add(cert).map_err(|e| format!("ssl.truststore: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("ssl.truststore holds no certificate".into());
+    }
+    Ok(roots)
+}
+
+/// Kafka's `ssl.enabled.protocols`.
+fn versions(s: &SslSettings) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, String> {
+    let mut out = Vec::new();
+    for name in &s.enabled_protocols {
+        match name.as_str() {
+            "TLSv1.3" => out.push(&rustls::version::TLS13),
+            "TLSv1.2" => out.push(&rustls::version::TLS12),
+            other => {
+                return Err(format!(
+                    "ssl.enabled.protocols: {other} is not supported (rustls speaks TLSv1.2 and TLSv1.3)"
+                ))
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err("ssl.enabled.protocols is empty".into());
+    }
+    Ok(out)
+}
+
+/// The IANA name of a suite (rustls names TLS 1.3 suites `TLS13_*`).
+fn suite_name(suite: &SupportedCipherSuite) -> String {
+    format!("{:?}", suite.suite()).replace("TLS13_", "TLS_")
+}
+
+/// The `ring` provider with `ssl.cipher.suites` (all of rustls' when empty).
+fn provider(s: &SslSettings) -> Result<rustls::crypto::CryptoProvider, String> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if s.cipher_suites.is_empty() {
+        return Ok(provider);
+    }
+    let mut chosen = Vec::new();
+    for name in &s.cipher_suites {
+        let suite = provider
+            .cipher_suites
+            .iter()
+            .find(|suite| suite_name(suite) == *name)
+            .ok_or_else(|| {
+                let known: Vec<String> = provider.cipher_suites.iter().map(suite_name).collect();
+                format!(
+                    "ssl.cipher.suites: {name} is not one rustls offers ({})",
+                    known.join(", ")
+                )
+            })?;
+        chosen.push(*suite);
+    }
+    provider.cipher_suites = chosen;
+    Ok(provider)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> SslSettings {
+        SslSettings {
+            keystore_type: "PEM".into(),
+            keystore_location: String::new(),
+            keystore_key: String::new(),
+            keystore_certificate_chain: String::new(),
+            key_password: String::new(),
+            truststore_type: "PEM".into(),
+            truststore_location: String::new(),
+            truststore_certificates: String::new(),
+            client_auth: ClientAuth::None,
+            enabled_protocols: vec!["TLSv1.2".into(), "TLSv1.3".into()],
+            cipher_suites: vec![],
+        }
+    }
+
+    #[test]
+    fn unreadable_stores_are_refused_with_what_to_do() {
+        for (change, expected) in [
+            (("JKS", "/etc/keel/broker.jks"), "keytool -importkeystore"),
+            (("PKCS12", "/etc/keel/broker.p12"), "not read yet"),
+            (("JKS", ""), "needs ssl.keystore.location"),
+            (("PEM", "/nonexistent/broker.pem"), "/nonexistent/broker.pem"),
+        ] {
+            let mut s = settings();
+            s.keystore_type = change.0.into();
+            s.keystore_location = change.1.into();
+            let e = server_config("SSL", &s).unwrap_err();
+            assert!(e.starts_with("listener SSL: ") && e.contains(expected), "{e}");
+        }
+        let mut s = settings();
+        s.keystore_key =
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----".into();
+        s.keystore_certificate_chain = "x".into();
+        assert!(server_config("SSL", &s)
+            .unwrap_err()
+            .contains("encrypted private keys"));
+    }
+
+    #[test]
+    fn protocols_and_suites_are_checked_by_name() {
+        let mut s = settings();
+        s.enabled_protocols = vec!["TLSv1.1".into()];
+        assert!(versions(&s).unwrap_err().contains("TLSv1.1"));
+        s.cipher_suites = vec![
+            "TLS_AES_128_GCM_SHA256".into(),
+            "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384".into(),
+        ];
+        assert_eq!(provider(&s).unwrap().cipher_suites.len(), 2);
+        s.cipher_suites = vec!["TLS_RSA_WITH_RC4_128_MD5".into()];
+        assert!(provider(&s).unwrap_err().contains("TLS_AES_128_GCM_SHA256"));
+    }
+}

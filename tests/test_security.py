@@ -1,0 +1,231 @@
+"""Listeners and TLS with Kafka's keys: a PLAINTEXT and an SSL listener side
+by side, each advertised to the clients that came in on it;
+confluent-kafka and kafka-python over SSL with a PEM keystore; client
+certificates (`ssl.client.auth=required`) checked against a PEM
+truststore; a TLS handshake on the plaintext port and a plaintext request
+on the TLS port closed cleanly; keystores Keel cannot read refused at
+start-up with what to do. Certificates are made by the test."""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import socket
+import ssl
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kafka import KafkaConsumer, KafkaProducer
+
+import kafka_wire as w
+from conftest import IMPL, Broker, free_port, wait_until
+from kclient import CLIENT_TIMEOUT_S, create_topic
+
+pytestmark = pytest.mark.skipif(IMPL != "keel", reason="Keel's listener flags")
+
+NOW = datetime.datetime.now(datetime.timezone.utc)
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+class Pki:
+    """A CA, and certificates it signs, written as PEM files in `dir`."""
+
+    def __init__(self, dir: Path):
+        self.dir = dir
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        self.cert = (x509.CertificateBuilder().subject_name(_name("keel-test-ca")).issuer_name(_name("keel-test-ca"))
+                     .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
+                     .not_valid_before(NOW - datetime.timedelta(days=1))
+                     .not_valid_after(NOW + datetime.timedelta(days=1))
+                     .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                     .sign(self.key, hashes.SHA256()))
+        self.ca = self._write("ca.pem", self.cert.public_bytes(serialization.Encoding.PEM))
+
+    def _write(self, name: str, data: bytes) -> str:
+        path = self.dir / name
+        path.write_bytes(data)
+        return str(path)
+
+    def leaf(self, cn: str, server: bool, expired: bool = False) -> tuple[str, str]:
+        """-> (certificate file, key file); the server's also holds its key
+        (Kafka's PEM keystore: key and chain in one file)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        end = NOW - datetime.timedelta(hours=1) if expired else NOW + datetime.timedelta(days=1)
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(self.cert.subject)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(NOW - datetime.timedelta(days=1)).not_valid_after(end)
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+        if server:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+        cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+        cert_file = self._write(f"{cn}.crt", cert_pem)
+        key_file = self._write(f"{cn}.key", key_pem)
+        if server:
+            self._write(f"{cn}.pem", key_pem + cert_pem)
+        return cert_file, key_file
+
+
+class TlsBroker(Broker):
+    """Keel with a PLAINTEXT listener on `port` and an SSL one on `ssl_port`."""
+
+    def __init__(self, data_dir, log_path, sets):
+        super().__init__(data_dir, log_path, sets=sets)
+        self.ssl_port = free_port()
+        while self.ssl_port == self.port:
+            self.ssl_port = free_port()
+        self.sets["listeners"] = f"PLAINTEXT://127.0.0.1:{self.port},SSL://127.0.0.1:{self.ssl_port}"
+        self.sets["advertised.listeners"] = self.sets["listeners"]
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.ssl_port}"
+
+
+@pytest.fixture
+def pki(tmp_path):
+    return Pki(tmp_path)
+
+
+@pytest.fixture
+def tls_broker(tmp_path_factory, pki):
+    made = []
+
+    def make(extra: dict[str, str] | None = None, start: bool = True) -> TlsBroker:
+        pki.leaf("broker", server=True)
+        sets = {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(pki.dir / "broker.pem")}
+        sets.update(extra or {})
+        base = tmp_path_factory.mktemp("keel-tls")
+        b = TlsBroker(base / "data", base / "broker.log", sets)
+        made.append(b)
+        if start:
+            b.start()
+        return b
+    yield make
+    for b in made:
+        b.close()
+
+
+def ssl_config(pki: Pki, client: tuple[str, str] | None = None) -> dict:
+    c = {"security.protocol": "SSL", "ssl.ca.location": pki.ca}
+    if client:
+        c["ssl.certificate.location"], c["ssl.key.location"] = client
+    return c
+
+
+def round_trip(bootstrap: str, topic: str, extra: dict, n: int = 200) -> list[bytes]:
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **extra})
+    for i in range(n):
+        p.produce(topic, value=f"v{i}".encode())
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
+                  **extra})
+    got: list[bytes] = []
+    try:
+        c.subscribe([topic])
+        wait_until(lambda: got.extend(m.value() for m in c.consume(100, timeout=0.5) if not m.error())
+                   or len(got) >= n, 60, f"{n} records over {extra.get('security.protocol', 'PLAINTEXT')}")
+    finally:
+        c.close()
+    return got
+
+
+def advertised(bootstrap: str, extra: dict) -> tuple[str, int]:
+    md = AdminClient({"bootstrap.servers": bootstrap, **extra}).list_topics(timeout=CLIENT_TIMEOUT_S)
+    [b] = md.brokers.values()
+    return b.host, b.port
+
+
+def test_an_ssl_listener_beside_a_plaintext_one_serves_real_clients(tls_broker, pki):
+    b = tls_broker()
+    create_topic(b.bootstrap, "secure", partitions=2)
+    got = round_trip(b.ssl_bootstrap, "secure", ssl_config(pki))
+    assert sorted(got) == sorted(f"v{i}".encode() for i in range(200))
+    # Each listener advertises itself to the clients that came in on it.
+    assert advertised(b.ssl_bootstrap, ssl_config(pki)) == ("127.0.0.1", b.ssl_port)
+    assert advertised(b.bootstrap, {}) == ("127.0.0.1", b.port)
+    # kafka-python over SSL, checking the broker's name.
+    tls = dict(security_protocol="SSL", ssl_cafile=pki.ca, ssl_check_hostname=True)
+    producer = KafkaProducer(bootstrap_servers=b.ssl_bootstrap, **tls)
+    for i in range(50):
+        producer.send("secure", value=f"k{i}".encode())
+    producer.flush(CLIENT_TIMEOUT_S)
+    producer.close()
+    consumer = KafkaConsumer("secure", bootstrap_servers=b.ssl_bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=10_000, **tls)
+    values = {m.value for m in consumer}
+    consumer.close()
+    assert {f"k{i}".encode() for i in range(50)} <= values
+
+
+def test_client_certificates_are_required_and_checked(tls_broker, pki):
+    b = tls_broker({"ssl.client.auth": "required", "ssl.truststore.type": "PEM",
+                    "ssl.truststore.location": pki.ca})
+    create_topic(b.bootstrap, "mtls", partitions=1)
+    good = pki.leaf("alice", server=False)
+    assert len(round_trip(b.ssl_bootstrap, "mtls", ssl_config(pki, good), n=20)) == 20
+    expired = pki.leaf("mallory", server=False, expired=True)
+    for refused in [ssl_config(pki), ssl_config(pki, expired)]:
+        errors, delivered = [], []
+        p = Producer({"bootstrap.servers": b.ssl_bootstrap, "message.timeout.ms": 3000,
+                      "error_cb": lambda e: errors.append(str(e)), **refused})
+        p.produce("mtls", value=b"x", on_delivery=lambda e, m: delivered.append(e))
+        p.flush(10)
+        assert len(delivered) == 1 and delivered[0] is not None, \
+            "a client without a valid certificate must not produce"
+        assert errors, "the handshake failure is reported to the client"
+    assert "TLS handshake failed" in b.log_tail()
+    assert round_trip(b.ssl_bootstrap, "mtls", ssl_config(pki, good), n=5)
+
+
+def test_the_wrong_protocol_on_either_port_is_closed_cleanly(tls_broker, pki):
+    b = tls_broker()
+    # A TLS handshake on the plaintext port.
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", b.port), timeout=10) as raw:
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            ssl.create_default_context(cafile=pki.ca).wrap_socket(raw, server_hostname="127.0.0.1")
+    # A Kafka request on the TLS port.
+    with socket.create_connection(("127.0.0.1", b.ssl_port), timeout=10) as raw:
+        raw.sendall(w.api_versions_request(3, 1))
+        try:
+            answer = raw.recv(1024)
+        except ConnectionError:
+            answer = b""
+        assert not answer.startswith(w.i32(len(answer) - 4)), "no Kafka answer on the TLS port"
+    assert time.monotonic() - started < 10, "closed promptly, not left hanging"
+    assert "TLS handshake on a PLAINTEXT listener" in b.log_tail()
+    assert "TLS handshake failed" in b.log_tail()
+    # Both listeners go on serving.
+    create_topic(b.bootstrap, "after", partitions=1)
+    assert round_trip(b.ssl_bootstrap, "after", ssl_config(pki), n=5)
+
+
+@pytest.mark.parametrize("sets, says", [
+    ({"ssl.keystore.type": "JKS"}, "keytool -importkeystore"),
+    ({"ssl.keystore.type": "PKCS12"}, "is not read yet"),
+    ({"ssl.keystore.location": "/nonexistent/broker.pem"}, "/nonexistent/broker.pem"),
+    ({"ssl.client.auth": "required"}, "needs ssl.truststore.location"),
+    ({"ssl.enabled.protocols": "TLSv1.1"}, "TLSv1.1 is not supported"),
+    ({"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SASL_SSL"}, "does not authenticate with SASL"),
+])
+def test_what_keel_cannot_serve_is_refused_at_start_up(tls_broker, sets, says):
+    b = tls_broker(sets, start=False)
+    b.data_dir.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(b.command(), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and says in done.stderr + done.stdout, done.stderr[-2000:]
