@@ -216,6 +216,32 @@ def test_the_wrong_protocol_on_either_port_is_closed_cleanly(tls_broker, pki):
     assert round_trip(b.ssl_bootstrap, "after", ssl_config(pki), n=5)
 
 
+def peer_name(port: int, ca: str) -> str:
+    """The common name of the certificate the listener on `port` shows."""
+    ctx = ssl.create_default_context(cafile=ca)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            der = tls.getpeercert(binary_form=True)
+    return x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+
+
+def test_replaced_keys_are_picked_up_without_a_restart(tls_broker, pki):
+    b = tls_broker()
+    keystore = pki.dir / "broker.pem"
+    assert peer_name(b.ssl_port, pki.ca) == "broker"
+    # A file that does not load is logged, and the keys in use stay.
+    keystore.write_text("not a key\n")
+    wait_until(lambda: "cannot reload TLS keys" in b.log_tail(), 20, "the failed reload in the log")
+    assert peer_name(b.ssl_port, pki.ca) == "broker"
+    # New keys under the same file name: new connections get them.
+    pki.leaf("broker-renewed", server=True)
+    keystore.write_bytes((pki.dir / "broker-renewed.pem").read_bytes())
+    wait_until(lambda: peer_name(b.ssl_port, pki.ca) == "broker-renewed", 20, "the renewed certificate")
+    assert "TLS keys reloaded" in b.log_tail()
+    create_topic(b.bootstrap, "renewed", partitions=1)
+    assert round_trip(b.ssl_bootstrap, "renewed", ssl_config(pki), n=5)
+
+
 @pytest.mark.parametrize("sets, says", [
     ({"ssl.keystore.type": "JKS"}, "keytool -importkeystore"),
     ({"ssl.keystore.type": "PKCS12"}, "is not read yet"),

@@ -31,7 +31,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
 struct Bound {
     listener: listeners::Listener,
     socket: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<crate::tls::Reloading>>,
 }
 
 /// Binds every listener (`listeners`), with its TLS keys read and checked
@@ -41,10 +41,7 @@ async fn bind_listeners(config: &BrokerConfig) -> Result<Vec<Bound>, String> {
     for listener in listeners::listeners(config).map_err(|e| e.to_string())? {
         let tls = if listener.protocol.tls() {
             let settings = listeners::ssl_settings(config, &listener.name).map_err(|e| e.to_string())?;
-            Some(TlsAcceptor::from(crate::tls::server_config(
-                &listener.name,
-                &settings,
-            )?))
+            Some(crate::tls::Reloading::new(&listener.name, settings)?)
         } else {
             None
         };
@@ -108,6 +105,11 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
     });
     let limits = ConnectionLimits::from_config(&broker.config());
     let mut accepting = tokio::task::JoinSet::new();
+    for b in &bound {
+        if let Some(tls) = &b.tls {
+            tls.spawn_watch();
+        }
+    }
     for b in bound {
         accepting.spawn(accept_loop(b, Arc::clone(&broker), Arc::clone(&limits)));
     }
@@ -279,7 +281,7 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
                 }
                 let b = Arc::clone(&broker);
                 let limits = Arc::clone(&limits);
-                let tls = tls.clone();
+                let tls = tls.as_ref().map(|t| t.acceptor());
                 let name = Arc::clone(&name);
                 tokio::spawn(async move {
                     let client = ClientInfo {

@@ -12,8 +12,16 @@
 //!
 //! JKS stores are refused with how to convert them; PKCS12 stores and
 //! encrypted private keys (`ssl.key.password`) are not read yet.
+//!
+//! Replaced key, certificate or truststore files are picked up without a
+//! restart ([`Reloading`]): new connections get the new configuration,
+//! and a file that does not load is logged and leaves the old one in use.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::{Mutex, RwLock};
+use tokio_rustls::TlsAcceptor;
 
 use keel_broker::listeners::{ClientAuth, SslSettings};
 use rustls::server::WebPkiClientVerifier;
@@ -50,6 +58,87 @@ pub fn server_config(listener: &str, s: &SslSettings) -> Result<Arc<ServerConfig
         .with_single_cert(certs, key)
         .map_err(|e| fail(format!("ssl.keystore: the key does not fit the certificate: {e}")))?;
     Ok(Arc::new(config))
+}
+
+/// How often an SSL listener's files are looked at for changes.
+pub const RELOAD_CHECK: Duration = Duration::from_secs(2);
+
+/// An SSL listener's TLS configuration, built again when its keystore or
+/// truststore file changes (modification time or size).
+pub struct Reloading {
+    listener: String,
+    settings: SslSettings,
+    current: RwLock<TlsAcceptor>,
+    stamps: Mutex<Vec<Option<(SystemTime, u64)>>>,
+}
+
+impl Reloading {
+    /// Builds the configuration once (an error fails start-up).
+    pub fn new(listener: &str, settings: SslSettings) -> Result<Arc<Reloading>, String> {
+        let config = server_config(listener, &settings)?;
+        let r = Reloading {
+            listener: listener.to_string(),
+            current: RwLock::new(TlsAcceptor::from(config)),
+            stamps: Mutex::new(Vec::new()),
+            settings,
+        };
+        *r.stamps.lock() = r.stamps_now();
+        Ok(Arc::new(r))
+    }
+
+    /// The configuration new connections get.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        self.current.read().clone()
+    }
+
+    fn stamps_now(&self) -> Vec<Option<(SystemTime, u64)>> {
+        [
+            &self.settings.keystore_location,
+            &self.settings.truststore_location,
+        ]
+        .into_iter()
+        .filter(|path| !path.is_empty())
+        .map(|path| {
+            let meta = std::fs::metadata(path).ok()?;
+            Some((meta.modified().ok()?, meta.len()))
+        })
+        .collect()
+    }
+
+    /// Builds the configuration again if a file changed. Blocking (reads
+    /// the files). -> whether it was replaced.
+    pub fn check(&self) -> bool {
+        let now = self.stamps_now();
+        if *self.stamps.lock() == now {
+            return false;
+        }
+        *self.stamps.lock() = now;
+        match server_config(&self.listener, &self.settings) {
+            Ok(config) => {
+                *self.current.write() = TlsAcceptor::from(config);
+                tracing::info!(listener = %self.listener, "TLS keys reloaded: new connections use them");
+                true
+            }
+            Err(e) => {
+                tracing::error!(listener = %self.listener, error = %e, "cannot reload TLS keys; the previous ones stay in use");
+                false
+            }
+        }
+    }
+
+    /// Looks at the files every [`RELOAD_CHECK`] until the runtime stops.
+    pub fn spawn_watch(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RELOAD_CHECK).await;
+                let r = Arc::clone(&me);
+                if tokio::task::spawn_blocking(move || r.check()).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
 }
 
 fn store_type(key: &str, value: &str) -> Result<(), String> {
