@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import socket
 import ssl
 import subprocess
@@ -25,6 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kafka import KafkaConsumer, KafkaProducer
 
 import kafka_wire as w
+import quota_wire as q
 from conftest import IMPL, Broker, free_port, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
 
@@ -191,6 +193,48 @@ def test_client_certificates_are_required_and_checked(tls_broker, pki):
         assert errors, "the handshake failure is reported to the client"
     assert "TLS handshake failed" in b.log_tail()
     assert round_trip(b.ssl_bootstrap, "mtls", ssl_config(pki, good), n=5)
+
+
+def producer_throttle_ms(bootstrap: str, topic: str, extra: dict, n_bytes: int) -> int:
+    """Produces `n_bytes` in 1 KiB records: -> the longest throttle time
+    the broker asked of this client (librdkafka's statistics)."""
+    seen = [0]
+
+    def stats(js: str) -> None:
+        for broker in json.loads(js)["brokers"].values():
+            seen[0] = max(seen[0], broker.get("throttle", {}).get("max", 0))
+    p = Producer({"bootstrap.servers": bootstrap, "statistics.interval.ms": 200, "stats_cb": stats,
+                  "linger.ms": 5, **extra})
+    for _ in range(n_bytes // 1024):
+        p.produce(topic, value=b"x" * 1024)
+        p.poll(0)
+    assert p.flush(60) == 0
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        p.poll(0.2)
+    return seen[0]
+
+
+def test_a_client_certificate_names_the_user_its_quotas_apply_to(tls_broker, pki):
+    """`ssl.principal.mapping.rules` maps a certificate's name to a user;
+    that user's quota throttles it, and another user is not; a name no
+    rule maps is refused."""
+    b = tls_broker({"ssl.client.auth": "required", "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca,
+                    "ssl.principal.mapping.rules": "RULE:^CN=([a-zA-Z]+)$/$1/L"})
+    create_topic(b.bootstrap, "quoted", partitions=1)
+    [(code, _, _)] = q.alter(b.bootstrap, [([("user", "alice")], [("producer_byte_rate", 2048.0, False)])])
+    assert code == 0
+    alice, bob = pki.leaf("Alice", server=False), pki.leaf("bob", server=False)
+    assert producer_throttle_ms(b.ssl_bootstrap, "quoted", ssl_config(pki, alice), 96 << 10) > 0
+    assert producer_throttle_ms(b.ssl_bootstrap, "quoted", ssl_config(pki, bob), 96 << 10) == 0
+    # A name no rule maps: the connection is refused.
+    stranger = pki.leaf("no-match-42", server=False)
+    delivered = []
+    p = Producer({"bootstrap.servers": b.ssl_bootstrap, "message.timeout.ms": 3000, **ssl_config(pki, stranger)})
+    p.produce("quoted", value=b"x", on_delivery=lambda e, m: delivered.append(e))
+    p.flush(10)
+    assert delivered and delivered[0] is not None
+    assert "no ssl.principal.mapping.rules rule maps CN=no-match-42" in b.log_tail()
 
 
 def test_the_wrong_protocol_on_either_port_is_closed_cleanly(tls_broker, pki):

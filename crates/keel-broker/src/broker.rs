@@ -52,6 +52,12 @@ const BULK_RESPONSE_BYTES: usize = 256 << 10;
 /// How often written segment data is dropped from the page cache.
 const PAGE_CACHE_DROP_EVERY: Duration = Duration::from_secs(1);
 
+/// The current request's user for quotas: the one its connection
+/// authenticated as, else Kafka's `ANONYMOUS`.
+fn quota_user() -> Arc<str> {
+    trace::user().unwrap_or_else(|| Arc::from(crate::quotas::ANONYMOUS))
+}
+
 /// Who sent a request, as group APIs report it, and on which listener.
 #[derive(Debug, Clone, Default)]
 pub struct ClientInfo {
@@ -60,6 +66,9 @@ pub struct ClientInfo {
     /// The listener's name: Metadata, FindCoordinator and DescribeCluster
     /// advertise that listener's address.
     pub listener: String,
+    /// The user it authenticated as (a TLS client certificate's name,
+    /// through `ssl.principal.mapping.rules`); `None` is `ANONYMOUS`.
+    pub user: Option<Arc<str>>,
 }
 
 /// Why the broker could not start.
@@ -635,7 +644,7 @@ impl Broker {
 
     /// The client's `controller_mutation_rate` for one request.
     fn mutations(&self, client_id: &str, strict: bool) -> crate::quotas::Mutations<'_> {
-        self.quotas.mutations(crate::quotas::ANONYMOUS, client_id, strict)
+        self.quotas.mutations(&quota_user(), client_id, strict)
     }
 
     /// Records the current request's handling time against the client's
@@ -646,18 +655,17 @@ impl Broker {
         };
         let ms = self
             .quotas
-            .record_request_time(crate::quotas::ANONYMOUS, client_id, busy, now_ms());
+            .record_request_time(&quota_user(), client_id, busy, now_ms());
         self.throttled(REQUEST_PERCENTAGE, ms)
     }
 
-    /// Records `bytes` against the client's quota `key` (its user is
-    /// ANONYMOUS until security lands) and returns the throttle time, which
-    /// also mutes the connection after the response (see `crate::quotas`).
+    /// Records `bytes` against the client's quota `key` and returns the
+    /// throttle time, which also mutes the connection after the response
+    /// (see `crate::quotas`).
     fn quota_throttle(&self, key: &'static str, client_id: &str, bytes: usize, take_back: bool) -> i32 {
-        let user = crate::quotas::ANONYMOUS;
         let ms = self
             .quotas
-            .record(key, user, client_id, bytes as f64, take_back, now_ms());
+            .record(key, &quota_user(), client_id, bytes as f64, take_back, now_ms());
         self.throttled(key, ms)
     }
 

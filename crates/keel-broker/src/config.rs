@@ -231,6 +231,7 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("ssl.client.auth", "none", ConfigType::String),
     ("ssl.enabled.protocols", "TLSv1.2,TLSv1.3", ConfigType::List),
     ("ssl.cipher.suites", "", ConfigType::List),
+    ("ssl.principal.mapping.rules", "DEFAULT", ConfigType::String),
     ("log.dirs", "./data", ConfigType::String),
     ("auto.create.topics.enable", "true", ConfigType::Boolean),
     ("num.partitions", "1", ConfigType::Int),

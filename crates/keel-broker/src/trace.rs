@@ -214,6 +214,8 @@ impl Drop for Polling<'_> {
 #[derive(Debug, Default)]
 struct TraceData {
     client_id: String,
+    /// The authenticated user (empty: ANONYMOUS).
+    user: Option<Arc<str>>,
     stages: [Option<Duration>; Stage::ALL.len()],
     partitions: Vec<PartitionTrace>,
     untraced_partitions: usize,
@@ -305,6 +307,12 @@ impl RequestTrace {
 
     pub fn set_client_id(&self, client_id: &str) {
         self.data.lock().client_id = client_id.to_string();
+    }
+
+    /// The user the connection authenticated as (a TLS client
+    /// certificate's mapped name), for its quotas.
+    pub fn set_user(&self, user: Arc<str>) {
+        self.data.lock().user = Some(user);
     }
 
     /// Records a partition, and its stages as the longest of their kind.
@@ -410,6 +418,11 @@ pub fn busy() -> Option<Duration> {
 /// [`RequestTrace::set_client_id`] on the current trace, if there is one.
 pub fn set_client_id(client_id: &str) {
     with(|t| t.set_client_id(client_id));
+}
+
+/// The current request's user, if its connection authenticated.
+pub fn user() -> Option<Arc<str>> {
+    CURRENT.try_with(|t| t.data.lock().user.clone()).ok().flatten()
 }
 
 #[cfg(test)]

@@ -159,6 +159,9 @@ pub async fn serve(
                 peer,
                 arrived.first_byte,
             ));
+            if let Some(user) = &client.user {
+                trace.set_user(Arc::clone(user));
+            }
             trace.add(Stage::Receive, arrived.complete - arrived.first_byte);
             trace.add(Stage::Connection, arrived.complete.elapsed());
             let mut reply: Pin<Box<dyn Future<Output = Reply> + Send + '_>> =

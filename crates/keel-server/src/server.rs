@@ -11,7 +11,6 @@ use keel_broker::{listeners, Broker, BrokerConfig, ClientInfo};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
-use tokio_rustls::TlsAcceptor;
 
 use crate::config::{gather, ServeArgs};
 use crate::{admin, connection};
@@ -281,16 +280,17 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
                 }
                 let b = Arc::clone(&broker);
                 let limits = Arc::clone(&limits);
-                let tls = tls.as_ref().map(|t| t.acceptor());
+                let tls = tls.clone();
                 let name = Arc::clone(&name);
                 tokio::spawn(async move {
-                    let client = ClientInfo {
-                        host: format!("/{}", peer.ip()),
-                        listener: name.to_string(),
-                    };
                     b.metrics.connection_opened();
-                    let closed = match secure(stream, tls, peer, &name).await {
-                        Ok(transport) => {
+                    let closed = match secure(stream, tls.as_deref(), peer, &name).await {
+                        Ok((transport, user)) => {
+                            let client = ClientInfo {
+                                host: format!("/{}", peer.ip()),
+                                listener: name.to_string(),
+                                user: user.map(Arc::from),
+                            };
                             connection::serve(transport, peer, &b, &client, limits.connection()).await
                         }
                         Err(reason) => Err(reason),
@@ -313,20 +313,27 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
     }
 }
 
-/// The connection as its listener serves it: after the TLS handshake on
-/// an SSL listener (a failed one is logged and closes it).
+/// The connection as its listener serves it, and the user it
+/// authenticated as: after the TLS handshake on an SSL listener (a failed
+/// one is logged and closes it).
 async fn secure(
     stream: TcpStream,
-    tls: Option<TlsAcceptor>,
+    tls: Option<&crate::tls::Reloading>,
     peer: SocketAddr,
     listener: &str,
-) -> Result<connection::Transport, String> {
+) -> Result<(connection::Transport, Option<String>), String> {
     let _ = stream.set_nodelay(true);
-    let Some(acceptor) = tls else {
-        return Ok(connection::Transport::Plain(stream));
+    let Some(tls) = tls else {
+        return Ok((connection::Transport::Plain(stream), None));
     };
-    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => Ok(connection::Transport::Tls(Box::new(tls))),
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(stream)).await {
+        Ok(Ok(stream)) => match tls.user(stream.get_ref().1.peer_certificates()) {
+            Ok(user) => Ok((connection::Transport::Tls(Box::new(stream)), user)),
+            Err(e) => {
+                tracing::info!(%peer, listener, error = %e, "client certificate refused; closing the connection");
+                Err(e)
+            }
+        },
         Ok(Err(e)) => {
             tracing::info!(%peer, listener, error = %e, "TLS handshake failed; closing the connection");
             Err(format!("TLS handshake: {e}"))

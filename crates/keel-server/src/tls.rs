@@ -141,6 +141,84 @@ impl Reloading {
     }
 }
 
+/// Short names of attributes in a distinguished name (RFC 2253, as
+/// Java's `X500Principal` writes them); others are written as their OID.
+const ATTRIBUTE_NAMES: &[(&str, &str)] = &[
+    ("2.5.4.3", "CN"),
+    ("2.5.4.6", "C"),
+    ("2.5.4.7", "L"),
+    ("2.5.4.8", "ST"),
+    ("2.5.4.9", "STREET"),
+    ("2.5.4.10", "O"),
+    ("2.5.4.11", "OU"),
+    ("0.9.2342.19200300.100.1.1", "UID"),
+    ("0.9.2342.19200300.100.1.25", "DC"),
+];
+
+fn escape_rfc2253(value: &str) -> String {
+    let mut out = String::new();
+    let last = value.chars().count().saturating_sub(1);
+    for (i, c) in value.chars().enumerate() {
+        let special = matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';')
+            || (i == 0 && (c == '#' || c == ' '))
+            || (i == last && c == ' ');
+        if special {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The subject of a client certificate as an RFC 2253 name (most specific
+/// attribute first, as Kafka's principal builder sees it).
+pub fn subject_name(der: &[u8]) -> Result<String, String> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|e| format!("client certificate: {e}"))?;
+    let rdns: Vec<String> = cert
+        .subject()
+        .iter()
+        .map(|rdn| {
+            let parts: Vec<String> = rdn
+                .iter()
+                .map(|attr| {
+                    let oid = attr.attr_type().to_id_string();
+                    let name = ATTRIBUTE_NAMES
+                        .iter()
+                        .find(|(o, _)| *o == oid)
+                        .map_or(oid.clone(), |(_, n)| (*n).to_string());
+                    let value = match attr.as_str() {
+                        Ok(v) => escape_rfc2253(v),
+                        Err(_) => {
+                            let hex: String = attr.as_slice().iter().map(|b| format!("{b:02x}")).collect();
+                            format!("#{hex}")
+                        }
+                    };
+                    format!("{name}={value}")
+                })
+                .collect();
+            parts.join("+")
+        })
+        .collect();
+    Ok(rdns.into_iter().rev().collect::<Vec<_>>().join(","))
+}
+
+impl Reloading {
+    /// The user a client of this listener authenticated as: its
+    /// certificate's name through `ssl.principal.mapping.rules`; `None`
+    /// without a certificate (ANONYMOUS). `Err` when no rule maps it.
+    pub fn user(&self, certificates: Option<&[CertificateDer<'_>]>) -> Result<Option<String>, String> {
+        let Some(first) = certificates.and_then(|c| c.first()) else {
+            return Ok(None);
+        };
+        let name = subject_name(first)?;
+        match self.settings.principal_mapper.map(&name) {
+            Some(user) => Ok(Some(user)),
+            None => Err(format!("no ssl.principal.mapping.rules rule maps {name}")),
+        }
+    }
+}
+
 fn store_type(key: &str, value: &str) -> Result<(), String> {
     match value.to_ascii_uppercase().as_str() {
         "PEM" => Ok(()),
@@ -289,6 +367,7 @@ mod tests {
             client_auth: ClientAuth::None,
             enabled_protocols: vec!["TLSv1.2".into(), "TLSv1.3".into()],
             cipher_suites: vec![],
+            principal_mapper: keel_broker::listeners::PrincipalMapper::parse("DEFAULT").unwrap(),
         }
     }
 
@@ -313,6 +392,14 @@ mod tests {
         assert!(server_config("SSL", &s)
             .unwrap_err()
             .contains("encrypted private keys"));
+    }
+
+    #[test]
+    fn names_are_escaped_as_rfc_2253_says() {
+        assert_eq!(escape_rfc2253("Sun, Inc."), "Sun\\, Inc.");
+        assert_eq!(escape_rfc2253(" #a+b "), "\\ #a\\+b\\ ");
+        assert_eq!(escape_rfc2253("#x"), "\\#x");
+        assert_eq!(escape_rfc2253("plain"), "plain");
     }
 
     #[test]

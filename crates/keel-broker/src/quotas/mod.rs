@@ -25,8 +25,9 @@
 //! are held to its `connection_creation_rate` (KIP-612): one over it is
 //! held unread for the throttle time (at most a window) and then closed.
 //!
-//! Until a client authenticates (security is not there yet) its user is
-//! Kafka's unauthenticated principal, `ANONYMOUS`.
+//! A client's user is the one its connection authenticated as (a TLS
+//! client certificate's mapped name); until it does, Kafka's
+//! unauthenticated principal, `ANONYMOUS`.
 
 pub mod rate;
 pub mod table;
