@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kafka import KafkaConsumer, KafkaProducer
 
+import kafka_tools
 import kafka_wire as w
 import quota_wire as q
 from conftest import IMPL, Broker, free_port, wait_until
@@ -235,6 +236,33 @@ def test_a_client_certificate_names_the_user_its_quotas_apply_to(tls_broker, pki
     p.flush(10)
     assert delivered and delivered[0] is not None
     assert "no ssl.principal.mapping.rules rule maps CN=no-match-42" in b.log_tail()
+
+
+def test_kafkas_own_console_clients_over_ssl_with_a_client_certificate(tls_broker, pki, tmp_path):
+    """Apache Kafka's console producer and consumer (4.3.1, Java's TLS)
+    with an SSL client config: PEM truststore and PEM keystore."""
+    b = tls_broker({"ssl.client.auth": "required", "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca})
+    create_topic(b.bootstrap, "java-tls", partitions=2)
+    cert, key = pki.leaf("java-client", server=False)
+    keystore = tmp_path / "java-client.pem"
+    keystore.write_bytes(Path(key).read_bytes() + Path(cert).read_bytes())
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SSL\n"
+                      f"ssl.truststore.type=PEM\nssl.truststore.location={pki.ca}\n"
+                      f"ssl.keystore.type=PEM\nssl.keystore.location={keystore}\n")
+    java = ["java", "-Xmx256m", "-cp", kafka_tools.classpath(), f"-Dlog4j2.configurationFile={kafka_tools.LOG4J}"]
+    lines = [f"line-{i}" for i in range(20)]
+    produced = subprocess.run(java + ["org.apache.kafka.tools.ConsoleProducer", "--bootstrap-server", b.ssl_bootstrap,
+                                      "--topic", "java-tls", "--command-config", str(config)],
+                              input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120)
+    assert produced.returncode == 0, produced.stderr[-3000:]
+    consumed = subprocess.run(java + ["org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server",
+                                      b.ssl_bootstrap, "--topic", "java-tls", "--from-beginning",
+                                      "--max-messages", str(len(lines)), "--timeout-ms", "30000",
+                                      "--command-config", str(config)],
+                              capture_output=True, text=True, timeout=120)
+    assert consumed.returncode == 0, consumed.stderr[-3000:]
+    assert sorted(consumed.stdout.split()) == sorted(lines), consumed.stdout
 
 
 def test_the_wrong_protocol_on_either_port_is_closed_cleanly(tls_broker, pki):
