@@ -10,10 +10,13 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import os
 import socket
 import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -312,6 +315,49 @@ def test_replaced_keys_are_picked_up_without_a_restart(tls_broker, pki):
     assert "TLS keys reloaded" in b.log_tail()
     create_topic(b.bootstrap, "renewed", partitions=1)
     assert round_trip(b.ssl_bootstrap, "renewed", ssl_config(pki), n=5)
+
+
+def test_the_admin_endpoint_over_tls_with_a_token(tls_broker, pki):
+    b = tls_broker({"keel.admin.ssl.enabled": "true", "keel.admin.auth.bearer.token": "s3cret",
+                    "listener.name.admin.ssl.keystore.type": "PEM",
+                    "listener.name.admin.ssl.keystore.location": str(pki.dir / "broker.pem")})
+    ctx = ssl.create_default_context(cafile=pki.ca)
+
+    def get(path: str, token: str | None) -> int:
+        request = urllib.request.Request(f"https://{b.admin}{path}")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, context=ctx, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+    assert get("/metrics", None) == 401
+    assert get("/metrics", "wrong") == 401
+    assert get("/metrics", "s3cret") == 200
+    assert get("/healthz", None) == 200
+
+
+def test_an_admin_endpoint_other_hosts_reach_needs_auth_or_an_explicit_yes(tls_broker):
+    b = tls_broker({"keel.admin.listen": f"0.0.0.0:{free_port()}"}, start=False)
+    b.data_dir.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(b.command(), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "keel.admin.allow.remote.without.auth=true" in done.stderr, done.stderr[-2000:]
+    # With a token it starts, and `keel stats` sends KEEL_ADMIN_TOKEN.
+    b.sets["keel.admin.auth.bearer.token"] = "s3cret"
+    b.start()
+
+    def stats(env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([str(b.bin), "stats", "--admin", b.admin.replace("0.0.0.0", "127.0.0.1")],
+                              capture_output=True, text=True, timeout=30, env={**os.environ, **env})
+    assert stats({}).returncode != 0
+    assert stats({"KEEL_ADMIN_TOKEN": "s3cret"}).returncode == 0
+    b.stop()
+    # Or with an explicit yes, and no token.
+    del b.sets["keel.admin.auth.bearer.token"]
+    b.sets["keel.admin.allow.remote.without.auth"] = "true"
+    b.start()
+    assert stats({}).returncode == 0
 
 
 @pytest.mark.parametrize("sets, says", [

@@ -321,6 +321,17 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("keel.request.slow.ms", "1000", ConfigType::Long),
     // HOST:PORT of the admin HTTP endpoint (/stats, /metrics, /healthz); empty: off.
     ("keel.admin.listen", "127.0.0.1:9644", ConfigType::String),
+    // Who may read the admin endpoint, and over TLS (the ADMIN listener's
+    // keys: `listener.name.admin.ssl.*`, else `ssl.*`). A non-loopback
+    // address without a token or credentials is refused unless allowed.
+    ("keel.admin.auth.bearer.token", "", ConfigType::Password),
+    ("keel.admin.auth.basic.credentials", "", ConfigType::Password),
+    ("keel.admin.ssl.enabled", "false", ConfigType::Boolean),
+    (
+        "keel.admin.allow.remote.without.auth",
+        "false",
+        ConfigType::Boolean,
+    ),
     // Tiers (see keel_tier::tiers). `log.dirs` is the fast tier, where all
     // writes land; sealed segments are copied to the capacity dirs, or to
     // the object store for topics with remote.storage.enable=true.

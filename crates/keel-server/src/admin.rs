@@ -20,8 +20,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+#[cfg(test)]
+use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::{timeout_at, Instant};
 
@@ -33,13 +35,73 @@ pub type StatsSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 /// a blocking thread.
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// What the endpoint serves.
+/// What the endpoint serves, and to whom.
 #[derive(Clone)]
 pub struct Handlers {
     pub stats: StatsSource,
     pub metrics: MetricsSource,
     /// The broker's fault injection, when it was started with it.
     pub failpoints: Option<keel_log::faults::FaultyStorage>,
+    /// The `Authorization` values that are let in (every path but
+    /// `/healthz`); none: everyone.
+    pub auth: Auth,
+    /// TLS (`keel.admin.ssl.enabled`), with the ADMIN listener's keys.
+    pub tls: Option<Arc<crate::tls::Reloading>>,
+}
+
+/// Who may read the endpoint: `keel.admin.auth.bearer.token` and
+/// `keel.admin.auth.basic.credentials` (`user:password`).
+#[derive(Clone, Default)]
+pub struct Auth {
+    accepted: Vec<String>,
+}
+
+impl Auth {
+    pub fn new(bearer_token: &str, basic_credentials: &str) -> Auth {
+        let mut accepted = Vec::new();
+        if !bearer_token.is_empty() {
+            accepted.push(format!("Bearer {bearer_token}"));
+        }
+        if !basic_credentials.is_empty() {
+            accepted.push(format!("Basic {}", base64(basic_credentials.as_bytes())));
+        }
+        Auth { accepted }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.accepted.is_empty()
+    }
+
+    /// Whether a request with this `Authorization` value is let in; the
+    /// comparison takes the same time wherever the first difference is.
+    fn admits(&self, authorization: Option<&str>) -> bool {
+        if self.accepted.is_empty() {
+            return true;
+        }
+        let Some(given) = authorization else {
+            return false;
+        };
+        self.accepted.iter().any(|a| {
+            a.len() == given.len() && a.bytes().zip(given.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+        })
+    }
+}
+
+/// Standard base64 with padding.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().fold(0u32, |n, &b| (n << 8) | u32::from(b)) << (8 * (3 - chunk.len()));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// Bounds on what one admin connection may cost.
@@ -84,7 +146,17 @@ pub async fn serve(listener: TcpListener, handlers: Handlers, limits: Limits) {
                 let handlers = handlers.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
-                    if let Err(e) = connection(stream, &handlers, limits).await {
+                    let served = match handlers.tls.as_ref().map(|t| t.acceptor()) {
+                        None => connection(stream, &handlers, limits).await,
+                        Some(acceptor) => {
+                            match timeout_at(Instant::now() + limits.timeout, acceptor.accept(stream)).await {
+                                Ok(Ok(tls)) => connection(tls, &handlers, limits).await,
+                                Ok(Err(e)) => Err(e),
+                                Err(_) => Err(std::io::Error::other("no TLS handshake in time")),
+                            }
+                        }
+                    };
+                    if let Err(e) = served {
                         tracing::debug!(%peer, error = %e, "admin connection failed");
                     }
                 });
@@ -98,10 +170,19 @@ pub async fn serve(listener: TcpListener, handlers: Handlers, limits: Limits) {
     }
 }
 
-async fn connection(mut stream: TcpStream, handlers: &Handlers, limits: Limits) -> std::io::Result<()> {
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    handlers: &Handlers,
+    limits: Limits,
+) -> std::io::Result<()> {
     let deadline = Instant::now() + limits.timeout;
     let response = match read_head(&mut stream, limits.head_bytes, deadline).await {
         Ok(head) => match parse_request(&head) {
+            Ok(route)
+                if route != Route::Healthz && !handlers.auth.admits(authorization(&head).as_deref()) =>
+            {
+                Response::refusal(Refusal::Unauthorized)
+            }
             Ok(route) => {
                 // The stats measure page-cache residency with a syscall per
                 // segment file: off the async threads.
@@ -130,7 +211,7 @@ async fn connection(mut stream: TcpStream, handlers: &Handlers, limits: Limits) 
     Ok(())
 }
 
-async fn drain(stream: &mut TcpStream) {
+async fn drain<S: AsyncRead + Unpin>(stream: &mut S) {
     let mut scratch = [0u8; 4096];
     let mut left = DRAIN_BYTES;
     let _ = tokio::time::timeout(DRAIN_TIME, async {
@@ -153,6 +234,8 @@ enum Refusal {
     NotFound,
     /// With the method the path takes.
     MethodNotAllowed(&'static str),
+    /// No `Authorization` the endpoint accepts.
+    Unauthorized,
 }
 
 #[derive(Debug)]
@@ -165,8 +248,8 @@ enum HeadError {
 
 /// Reads up to and excluding the blank line that ends the request head.
 /// Bytes after it (a body, pipelined requests) are left unread.
-async fn read_head(
-    stream: &mut TcpStream,
+async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
     max_bytes: usize,
     deadline: Instant,
 ) -> Result<Vec<u8>, HeadError> {
@@ -277,6 +360,16 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// The value of the request's `Authorization` header, if it has one.
+fn authorization(head: &[u8]) -> Option<String> {
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+        let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("authorization")
+            .then(|| value.trim().to_string())
+    })
+}
+
 /// `name: value`, the name a non-empty token (RFC 9110 `tchar`s).
 fn is_header_line(line: &[u8]) -> bool {
     let Some(colon) = line.iter().position(|&b| b == b':') else {
@@ -303,6 +396,7 @@ fn answer(route: Route, handlers: &Handlers) -> Response {
             content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
             body: (handlers.metrics)().into_bytes(),
             allow: None,
+            challenge: None,
         },
         Route::Failpoints => match failpoints() {
             Ok(f) => Response::text(200, &(f.describe().join("\n") + "\n")),
@@ -333,6 +427,7 @@ fn answer(route: Route, handlers: &Handlers) -> Response {
                     content_type: "application/json",
                     body,
                     allow: None,
+                    challenge: None,
                 }
             }
             Err(e) => Response::text(500, &format!("cannot encode the stats: {e}\n")),
@@ -347,6 +442,8 @@ struct Response {
     body: Vec<u8>,
     /// Adds `Allow: <method>` (required with 405).
     allow: Option<&'static str>,
+    /// Adds `WWW-Authenticate: <challenge>` (with 401).
+    challenge: Option<&'static str>,
 }
 
 impl Response {
@@ -356,6 +453,7 @@ impl Response {
             content_type: "text/plain; charset=utf-8",
             body: body.as_bytes().to_vec(),
             allow: None,
+            challenge: None,
         }
     }
 
@@ -369,6 +467,13 @@ impl Response {
                 allow: Some(allowed),
                 ..Response::text(405, &format!("method not allowed: use {allowed}\n"))
             },
+            Refusal::Unauthorized => Response {
+                challenge: Some("Bearer realm=\"keel\", Basic realm=\"keel\""),
+                ..Response::text(
+                    401,
+                    "unauthorized: send the bearer token or the basic credentials\n",
+                )
+            },
         }
     }
 
@@ -376,12 +481,16 @@ impl Response {
         let reason = match self.status {
             200 => "OK",
             400 => "Bad Request",
+            401 => "Unauthorized",
             404 => "Not Found",
             405 => "Method Not Allowed",
             408 => "Request Timeout",
             _ => "Internal Server Error",
         };
-        let allow = self.allow.map(|m| format!("Allow: {m}\r\n")).unwrap_or_default();
+        let mut allow = self.allow.map(|m| format!("Allow: {m}\r\n")).unwrap_or_default();
+        if let Some(challenge) = self.challenge {
+            allow.push_str(&format!("WWW-Authenticate: {challenge}\r\n"));
+        }
         let mut out = format!(
             "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
             self.status,
@@ -446,6 +555,10 @@ mod tests {
     }
 
     async fn start(limits: Limits) -> SocketAddr {
+        start_with(limits, Auth::default()).await
+    }
+
+    async fn start_with(limits: Limits, auth: Auth) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stats: StatsSource = Arc::new(|| serde_json::json!({"tail_cache": {"used_bytes": 7}}));
@@ -453,6 +566,8 @@ mod tests {
             stats,
             metrics: Arc::new(|| "# TYPE keel_requests counter\n# EOF\n".to_string()),
             failpoints: None,
+            auth,
+            tls: None,
         };
         tokio::spawn(serve(listener, handlers, limits));
         addr
@@ -507,6 +622,49 @@ mod tests {
         let r = exchange(addr, b"GET /stats HTTP/1.1\r\nHost").await;
         assert_eq!(status(&r), "400", "incomplete head");
         assert_eq!(exchange(addr, b"").await, "", "nothing sent, nothing answered");
+    }
+
+    #[test]
+    fn base64_is_the_standard_one() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("ops:s3cr3t!", "b3BzOnMzY3IzdCE="),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), encoded);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_token_or_credentials_guard_everything_but_healthz() {
+        let addr = start_with(Limits::default(), Auth::new("t0ken", "ops:s3cr3t!")).await;
+        let get = |path: &str, auth: &str| {
+            let header = if auth.is_empty() {
+                String::new()
+            } else {
+                format!("Authorization: {auth}\r\n")
+            };
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n{header}\r\n")
+        };
+        for (path, auth, expected) in [
+            ("/stats", "", "401"),
+            ("/metrics", "Bearer wrong", "401"),
+            ("/metrics", "Bearer t0ken1", "401"),
+            ("/stats", "Bearer t0ken", "200"),
+            ("/metrics", "Basic b3BzOnMzY3IzdCE=", "200"),
+            ("/healthz", "", "200"),
+        ] {
+            let response = exchange(addr, get(path, auth).as_bytes()).await;
+            assert_eq!(status(&response), expected, "{path} {auth}: {response}");
+            if expected == "401" {
+                assert!(
+                    response.contains("WWW-Authenticate: Bearer realm=\"keel\""),
+                    "{response}"
+                );
+            }
+        }
     }
 
     #[tokio::test]

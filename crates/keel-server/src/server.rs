@@ -69,7 +69,7 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
             ))
         })
         .collect::<Result<_, String>>()?;
-    let admin_listener = bind_admin(config.get("keel.admin.listen")).await?;
+    let admin_listener = bind_admin(&config).await?;
     let advertised = listeners::advertised(&config, &locals).map_err(|e| e.to_string())?;
     let data_dir = config.data_dir();
     let broker = tokio::task::spawn_blocking(move || Broker::open(config, advertised))
@@ -89,16 +89,21 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
             "listening on {local}"
         );
     }
-    let admin_task = admin_listener.map(|l| {
+    let admin_task = admin_listener.map(|(l, auth, tls)| {
         let b = Arc::clone(&broker);
         // Called on the blocking pool (see admin::connection).
         let stats: admin::StatsSource = Arc::new(move || b.stats_json());
         let b = Arc::clone(&broker);
         let metrics: admin::MetricsSource = Arc::new(move || b.metrics.encode(&b));
+        if let Some(tls) = &tls {
+            tls.spawn_watch();
+        }
         let handlers = admin::Handlers {
             stats,
             metrics,
             failpoints: broker.failpoints.clone(),
+            auth,
+            tls,
         };
         tokio::spawn(admin::serve(l, handlers, admin::Limits::default()))
     });
@@ -127,19 +132,51 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Binds the admin endpoint, or says it is off (`keel.admin.listen` empty).
-/// Bound before the broker opens, so a taken port fails start-up at once.
-async fn bind_admin(addr: &str) -> Result<Option<TcpListener>, String> {
+type AdminEndpoint = (TcpListener, admin::Auth, Option<Arc<crate::tls::Reloading>>);
+
+/// Binds the admin endpoint, or says it is off (`keel.admin.listen` empty),
+/// with who may read it and its TLS keys. Bound before the broker opens,
+/// so a taken port or a bad key fails start-up at once; so does an
+/// address other hosts can reach without a token or credentials, unless
+/// `keel.admin.allow.remote.without.auth` allows it.
+async fn bind_admin(config: &BrokerConfig) -> Result<Option<AdminEndpoint>, String> {
+    let addr = config.get("keel.admin.listen");
     if addr.is_empty() {
         tracing::info!("admin endpoint disabled (keel.admin.listen is empty)");
         return Ok(None);
     }
+    let auth = admin::Auth::new(
+        config.get("keel.admin.auth.bearer.token"),
+        config.get("keel.admin.auth.basic.credentials"),
+    );
+    let tls = if config.get("keel.admin.ssl.enabled") == "true" {
+        let settings = listeners::ssl_settings(config, "ADMIN").map_err(|e| e.to_string())?;
+        Some(crate::tls::Reloading::new("ADMIN", settings)?)
+    } else {
+        None
+    };
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| format!("config `keel.admin.listen`: cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!("admin endpoint on http://{local} (/stats, /metrics, /healthz)");
-    Ok(Some(listener))
+    if !local.ip().is_loopback()
+        && auth.is_open()
+        && config.get("keel.admin.allow.remote.without.auth") != "true"
+    {
+        return Err(format!(
+            "config `keel.admin.listen`: {addr} can be reached from other hosts, and /stats and /metrics would \
+             answer anyone: set keel.admin.auth.bearer.token or keel.admin.auth.basic.credentials, bind a \
+             loopback address, or set keel.admin.allow.remote.without.auth=true to allow it"
+        ));
+    }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let guarded = if auth.is_open() {
+        ""
+    } else {
+        ", authorization required but for /healthz"
+    };
+    tracing::info!("admin endpoint on {scheme}://{local} (/stats, /metrics, /healthz{guarded})");
+    Ok(Some((listener, auth, tls)))
 }
 
 async fn shutdown_signal() {

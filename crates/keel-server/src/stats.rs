@@ -93,8 +93,13 @@ pub fn fetch(admin: &str, path: &str) -> Result<String, FetchError> {
     };
     stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    // An endpoint that wants `keel.admin.auth.bearer.token` gets it from
+    // KEEL_ADMIN_TOKEN.
+    let authorization = std::env::var("KEEL_ADMIN_TOKEN")
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {admin}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {admin}\r\nAccept: application/json\r\n{authorization}Connection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).map_err(io)?;
     let mut raw = Vec::new();
