@@ -62,9 +62,10 @@ class Pki:
         path.write_bytes(data)
         return str(path)
 
-    def leaf(self, cn: str, server: bool, expired: bool = False) -> tuple[str, str]:
+    def leaf(self, cn: str, server: bool, expired: bool = False, password: bytes | None = None) -> tuple[str, str]:
         """-> (certificate file, key file); the server's also holds its key
-        (Kafka's PEM keystore: key and chain in one file)."""
+        (Kafka's PEM keystore: key and chain in one file), encrypted with
+        `password` if given."""
         key = ec.generate_private_key(ec.SECP256R1())
         end = NOW - datetime.timedelta(hours=1) if expired else NOW + datetime.timedelta(days=1)
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
@@ -77,8 +78,9 @@ class Pki:
             builder = builder.add_extension(x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
-        key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
+        encryption = (serialization.BestAvailableEncryption(password) if password
+                      else serialization.NoEncryption())
+        key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
         cert_pem = cert.public_bytes(serialization.Encoding.PEM)
         cert_file = self._write(f"{cn}.crt", cert_pem)
         key_file = self._write(f"{cn}.key", key_pem)
@@ -358,6 +360,22 @@ def test_an_admin_endpoint_other_hosts_reach_needs_auth_or_an_explicit_yes(tls_b
     b.sets["keel.admin.allow.remote.without.auth"] = "true"
     b.start()
     assert stats({}).returncode == 0
+
+
+def test_an_encrypted_key_is_read_with_ssl_key_password(tls_broker, pki):
+    pki.leaf("sealed", server=True, password=b"k3y-pass")
+    sealed = str(pki.dir / "sealed.pem")
+    assert b"ENCRYPTED PRIVATE KEY" in (pki.dir / "sealed.pem").read_bytes()
+    b = tls_broker({"ssl.keystore.location": sealed, "ssl.key.password": "k3y-pass"})
+    assert peer_name(b.ssl_port, pki.ca) == "sealed"
+    for password, says in [("wrong", "cannot decrypt the key"), (None, "set ssl.key.password")]:
+        extra = {"ssl.keystore.location": sealed}
+        if password:
+            extra["ssl.key.password"] = password
+        other = tls_broker(extra, start=False)
+        other.data_dir.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(other.command(), capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("sets, says", [

@@ -10,8 +10,9 @@
 //! * `ssl.enabled.protocols` (TLSv1.2, TLSv1.3) and `ssl.cipher.suites`
 //!   (IANA names), within what rustls supports.
 //!
-//! JKS stores are refused with how to convert them; PKCS12 stores and
-//! encrypted private keys (`ssl.key.password`) are not read yet.
+//! An encrypted PKCS #8 key (`ENCRYPTED PRIVATE KEY`, PBES2) is decrypted
+//! with `ssl.key.password`. JKS stores are refused with how to convert
+//! them; PKCS12 stores are not read yet.
 //!
 //! Replaced key, certificate or truststore files are picked up without a
 //! restart ([`Reloading`]): new connections get the new configuration,
@@ -251,22 +252,45 @@ fn keystore(s: &SslSettings) -> Result<(Vec<CertificateDer<'static>>, PrivateKey
     } else {
         format!("{}\n{}", s.keystore_key, s.keystore_certificate_chain).into_bytes()
     };
-    if !s.key_password.is_empty() || contains(&pem, b"ENCRYPTED PRIVATE KEY") {
-        return Err(
-            "encrypted private keys (ssl.key.password) are not read yet: keep the key \
-                    unencrypted in a file only Keel can read"
-                .into(),
-        );
-    }
+    let encrypted = contains(&pem, b"ENCRYPTED PRIVATE KEY");
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("ssl.keystore: {e}"))?;
     if certs.is_empty() {
         return Err("ssl.keystore holds no certificate".into());
     }
-    let key =
-        PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("ssl.keystore: no private key ({e})"))?;
+    let key = if encrypted {
+        decrypt_key(&pem, &s.key_password)?
+    } else if !s.key_password.is_empty() {
+        return Err("ssl.key.password is set but the key in ssl.keystore is not encrypted".into());
+    } else {
+        PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("ssl.keystore: no private key ({e})"))?
+    };
     Ok((certs, key))
+}
+
+/// The `ENCRYPTED PRIVATE KEY` section of `pem`, decrypted with `password`.
+fn decrypt_key(pem: &[u8], password: &str) -> Result<PrivateKeyDer<'static>, String> {
+    if password.is_empty() {
+        return Err("the key in ssl.keystore is encrypted: set ssl.key.password".into());
+    }
+    let text = std::str::from_utf8(pem).map_err(|_| "ssl.keystore is not PEM text".to_string())?;
+    let begin = "-----BEGIN ENCRYPTED PRIVATE KEY-----";
+    let end = "-----END ENCRYPTED PRIVATE KEY-----";
+    let start = text.find(begin).ok_or("ssl.keystore: no encrypted key")?;
+    let stop = text[start..]
+        .find(end)
+        .ok_or("ssl.keystore: the encrypted key is cut short")?
+        + start
+        + end.len();
+    let (_, der) = pkcs8::der::pem::decode_vec(text[start..stop].as_bytes())
+        .map_err(|e| format!("ssl.keystore: the encrypted key: {e}"))?;
+    let info = pkcs8::EncryptedPrivateKeyInfo::try_from(der.as_slice())
+        .map_err(|e| format!("ssl.keystore: the encrypted key: {e}"))?;
+    let plain = info
+        .decrypt(password)
+        .map_err(|_| "ssl.keystore: cannot decrypt the key with ssl.key.password".to_string())?;
+    Ok(PrivateKeyDer::Pkcs8(plain.as_bytes().to_vec().into()))
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -388,11 +412,19 @@ mod tests {
         let mut s = settings();
         s.keystore_key =
             "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----".into();
-        s.keystore_certificate_chain = "x".into();
+        s.keystore_certificate_chain = CHAIN.into();
         assert!(server_config("SSL", &s)
             .unwrap_err()
-            .contains("encrypted private keys"));
+            .contains("set ssl.key.password"));
+        s.key_password = "pw".into();
+        assert!(server_config("SSL", &s)
+            .unwrap_err()
+            .contains("the encrypted key"));
     }
+
+    /// A certificate section: the key is looked at after the chain is
+    /// found, before it is used.
+    const CHAIN: &str = "-----BEGIN CERTIFICATE-----\nMIIBAA==\n-----END CERTIFICATE-----\n";
 
     #[test]
     fn names_are_escaped_as_rfc_2253_says() {
