@@ -283,7 +283,7 @@ fn decrypt_key(pem: &[u8], password: &str) -> Result<PrivateKeyDer<'static>, Str
         .ok_or("ssl.keystore: the encrypted key is cut short")?
         + start
         + end.len();
-    let (_, der) = pkcs8::der::pem::decode_vec(text[start..stop].as_bytes())
+    let (_, der) = pkcs8::der::pem::decode_vec(&text.as_bytes()[start..stop])
         .map_err(|e| format!("ssl.keystore: the encrypted key: {e}"))?;
     let info = pkcs8::EncryptedPrivateKeyInfo::try_from(der.as_slice())
         .map_err(|e| format!("ssl.keystore: the encrypted key: {e}"))?;
