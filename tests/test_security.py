@@ -199,6 +199,11 @@ def test_client_certificates_are_required_and_checked(tls_broker, pki):
         assert errors, "the handshake failure is reported to the client"
     assert "TLS handshake failed" in b.log_tail()
     assert round_trip(b.ssl_bootstrap, "mtls", ssl_config(pki, good), n=5)
+    # Counted by listener, as Kafka's failed-authentication-total.
+    with urllib.request.urlopen(f"http://{b.admin}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    [line] = [l for l in metrics.splitlines() if l.startswith('keel_authentication_failures_total{listener="SSL"}')]
+    assert float(line.split()[-1]) >= 2, line
 
 
 def producer_throttle_ms(bootstrap: str, topic: str, extra: dict, n_bytes: int) -> int:

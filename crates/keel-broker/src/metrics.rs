@@ -63,6 +63,11 @@ struct QuotaLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DirLabels {
     dir: String,
 }
@@ -76,6 +81,7 @@ pub struct Metrics {
     bytes_out: Family<SourceLabels, Counter>,
     connections: Gauge,
     connections_accepted: Counter,
+    authentication_failures: Family<ListenerLabels, Counter>,
     slow_requests: Counter,
     quota_throttled: Family<QuotaLabels, Counter>,
     quota_throttle_ms: Family<QuotaLabels, Counter>,
@@ -158,6 +164,12 @@ impl Metrics {
             "Client connections accepted",
             connections_accepted.clone(),
         );
+        let authentication_failures = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "keel_authentication_failures",
+            "Connections refused in authentication (a failed TLS handshake, a client certificate no rule maps), by listener",
+            authentication_failures.clone(),
+        );
         let slow_requests = Counter::default();
         registry.register(
             "keel_slow_requests",
@@ -184,6 +196,7 @@ impl Metrics {
             bytes_out,
             connections,
             connections_accepted,
+            authentication_failures,
             slow_requests,
             quota_throttled,
             quota_throttle_ms,
@@ -202,6 +215,14 @@ impl Metrics {
         let labels = QuotaLabels { quota };
         self.quota_throttled.get_or_create(&labels).inc();
         self.quota_throttle_ms.get_or_create(&labels).inc_by(ms);
+    }
+
+    /// A connection on `listener` refused in authentication.
+    pub fn authentication_failed(&self, listener: &str) {
+        let labels = ListenerLabels {
+            listener: listener.to_string(),
+        };
+        self.authentication_failures.get_or_create(&labels).inc();
     }
 
     pub fn connection_closed(&self) {

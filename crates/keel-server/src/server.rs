@@ -330,7 +330,10 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
                             };
                             connection::serve(transport, peer, &b, &client, limits.connection()).await
                         }
-                        Err(reason) => Err(reason),
+                        Err(reason) => {
+                            b.metrics.authentication_failed(&name);
+                            Err(reason)
+                        }
                     };
                     if let Err(reason) = closed {
                         tracing::debug!(%peer, %reason, "connection closed");
