@@ -9,7 +9,9 @@
 //! * [`records`]: that log's record schemas (Kafka's `__consumer_offsets`).
 //!
 //! Locking: `groups` guards every group's in-memory state and is never held
-//! across I/O or an `.await`; persisting happens after it is released. A
+//! across I/O or an `.await`; writes to the group log are queued
+//! (`MetaLog::submit`) before it is released, so the log has every
+//! group's changes in the order they were made, and awaited after. A
 //! single node coordinates every group, so FindCoordinator always names
 //! this broker.
 
@@ -374,7 +376,8 @@ impl GroupCoordinator {
         answer
     }
 
-    /// The heartbeat, under the locks; -> also its records, queued.
+    /// The heartbeat, under the locks; -> also its records, queued before
+    /// the locks go, so the log has each group's changes in their order.
     fn consumer_heartbeat_now(
         &self,
         group_id: &str,
@@ -384,21 +387,28 @@ impl GroupCoordinator {
         Result<HeartbeatAnswer, consumer::Refusal>,
         impl std::future::Future<Output = Result<(), StoreError>>,
     ) {
+        let mut classic = self.groups.lock();
+        let mut consumer = self.consumer_groups.lock();
         let mut records = Vec::new();
-        let answer = self.consumer_heartbeat_locked(group_id, hb, topics, &mut records);
-        (answer, self.store.submit(Entry::Records(records)))
+        let answer =
+            self.consumer_heartbeat_locked(&mut classic, &mut consumer, group_id, hb, topics, &mut records);
+        let written = self.store.submit(Entry::Records(records));
+        drop(consumer);
+        drop(classic);
+        self.timer.notify_one();
+        (answer, written)
     }
 
     fn consumer_heartbeat_locked(
         &self,
+        classic: &mut HashMap<String, Group>,
+        consumer: &mut HashMap<String, ConsumerGroup>,
         group_id: &str,
         hb: Heartbeat,
         topics: &Topics,
         records: &mut Vec<GroupRecord>,
     ) -> Result<HeartbeatAnswer, consumer::Refusal> {
         let now = self.now_ms();
-        let mut classic = self.groups.lock();
-        let mut consumer = self.consumer_groups.lock();
         if let Some(g) = classic.get_mut(group_id).filter(|g| !g.is_empty()) {
             let not_consumer = || {
                 (
@@ -437,12 +447,7 @@ impl GroupCoordinator {
             )?;
             g.hand_over(now);
             classic.remove(group_id);
-            if self.store.with_table(|t| t.groups.contains_key(group_id)) {
-                records.push(GroupRecord::Group {
-                    group: group_id.to_string(),
-                    value: None,
-                });
-            }
+            records.extend(self.metadata_tombstone(group_id));
             tracing::info!(
                 group = group_id,
                 generation,
@@ -464,12 +469,8 @@ impl GroupCoordinator {
         if !consumer.contains_key(group_id) {
             // An empty classic group (offsets only) gives way, its
             // metadata tombstoned as Kafka does.
-            let had_metadata = self.store.with_table(|t| t.groups.contains_key(group_id));
-            if classic.remove(group_id).is_some() && had_metadata {
-                records.push(GroupRecord::Group {
-                    group: group_id.to_string(),
-                    value: None,
-                });
+            if classic.remove(group_id).is_some() {
+                records.extend(self.metadata_tombstone(group_id));
             }
             let fresh = ConsumerGroup::new(group_id, self.config.consumer.clone());
             consumer.insert(group_id.to_string(), fresh);
@@ -480,11 +481,8 @@ impl GroupCoordinator {
             records.extend(group.changes());
         }
         if leaving {
-            records.extend(self.maybe_downgrade(&mut classic, &mut consumer, group_id, topics, now));
+            records.extend(self.maybe_downgrade(classic, consumer, group_id, topics, now));
         }
-        drop(consumer);
-        drop(classic);
-        self.timer.notify_one();
         answer
     }
 
@@ -896,7 +894,7 @@ impl GroupCoordinator {
     pub async fn delete_groups(&self, ids: &[String]) -> Vec<Result<(), ResponseError>> {
         let mut results = Vec::with_capacity(ids.len());
         let mut records = Vec::new();
-        {
+        let written = {
             let mut groups = self.groups.lock();
             let mut consumer = self.consumer_groups.lock();
             let now = self.now_ms();
@@ -926,8 +924,9 @@ impl GroupCoordinator {
                 };
                 results.push(result);
             }
-        }
-        if let Err(e) = self.store.write(records).await {
+            self.store.submit(Entry::Records(records))
+        };
+        if let Err(e) = written.await {
             tracing::error!(error = %e, "cannot persist group deletion");
             for r in results.iter_mut().filter(|r| r.is_ok()) {
                 *r = Err(ResponseError::CoordinatorNotAvailable);
@@ -938,24 +937,35 @@ impl GroupCoordinator {
 
     /// Tombstones for a group's metadata and every committed offset.
     fn tombstones(&self, group_id: &str) -> Vec<GroupRecord> {
-        self.store.with_table(|table| {
-            let offsets = table
-                .offsets
-                .get(group_id)
-                .into_iter()
-                .flatten()
-                .map(|((t, p), _)| GroupRecord::Offset {
-                    group: group_id.to_string(),
-                    topic: t.clone(),
-                    partition: *p,
-                    value: None,
-                });
-            let meta = table.groups.contains_key(group_id).then(|| GroupRecord::Group {
+        self.store
+            .with_table(|table| {
+                let offsets = table
+                    .offsets
+                    .get(group_id)
+                    .into_iter()
+                    .flatten()
+                    .map(|((t, p), _)| GroupRecord::Offset {
+                        group: group_id.to_string(),
+                        topic: t.clone(),
+                        partition: *p,
+                        value: None,
+                    });
+                offsets.collect::<Vec<_>>()
+            })
+            .into_iter()
+            .chain(self.metadata_tombstone(group_id))
+            .collect()
+    }
+
+    /// The tombstone of a classic group's persisted metadata, if it has
+    /// any.
+    fn metadata_tombstone(&self, group_id: &str) -> Option<GroupRecord> {
+        self.store
+            .with_table(|t| t.groups.contains_key(group_id))
+            .then(|| GroupRecord::Group {
                 group: group_id.to_string(),
                 value: None,
-            });
-            offsets.chain(meta).collect()
-        })
+            })
     }
 
     /// Removes every group's committed offsets of a deleted topic (Kafka's
@@ -1093,8 +1103,9 @@ impl GroupCoordinator {
     /// long after it became empty (after their commit, for groups that
     /// never had members); offsets of topics a live consumer group no
     /// longer subscribes to expire that long after their commit. An empty
-    /// group left without offsets is deleted. Returns the tombstones.
-    fn expire_offsets(&self) -> Vec<GroupRecord> {
+    /// group left without offsets is deleted. -> the write of the
+    /// tombstones, queued under the locks.
+    fn expire_offsets(&self) -> impl std::future::Future<Output = Result<(), StoreError>> {
         let now = self.now_ms();
         let retention_ms = self.config.offsets_retention_ms;
         let mut groups = self.groups.lock();
@@ -1118,7 +1129,7 @@ impl GroupCoordinator {
                     },
                 );
                 if group.is_empty() && remaining == 0 {
-                    emptied.push((group.id.clone(), false));
+                    emptied.push(group.id.clone());
                 }
             }
             for group in groups.values() {
@@ -1142,11 +1153,11 @@ impl GroupCoordinator {
                     },
                 );
                 if group.is_empty() && remaining == 0 && group.state() == GroupState::Empty {
-                    emptied.push((group.id.clone(), table.groups.contains_key(&group.id)));
+                    emptied.push(group.id.clone());
                 }
             }
         });
-        for (id, has_metadata) in emptied {
+        for id in emptied {
             tracing::info!(group = %id, "removing empty group without offsets");
             if let Some(mut g) = consumer.remove(&id) {
                 records.extend(g.tombstones());
@@ -1154,14 +1165,9 @@ impl GroupCoordinator {
             if let Some(mut g) = groups.remove(&id) {
                 g.kill(now);
             }
-            if has_metadata {
-                records.push(GroupRecord::Group {
-                    group: id,
-                    value: None,
-                });
-            }
+            records.extend(self.metadata_tombstone(&id));
         }
-        records
+        self.store.submit(Entry::Records(records))
     }
 
     /// Runs group timeouts and offset expiry until the runtime stops.
@@ -1189,8 +1195,8 @@ impl GroupCoordinator {
             interval.tick().await;
             loop {
                 interval.tick().await;
-                let records = me.expire_offsets();
-                if let Err(e) = me.store.write(records).await {
+                let written = me.expire_offsets();
+                if let Err(e) = written.await {
                     tracing::error!(error = %e, "cannot persist expired offsets");
                 }
             }
