@@ -55,7 +55,9 @@ const PAGE_CACHE_DROP_EVERY: Duration = Duration::from_secs(1);
 /// The current request's user for quotas: the one its connection
 /// authenticated as, else Kafka's `ANONYMOUS`.
 fn quota_user() -> Arc<str> {
-    trace::user().unwrap_or_else(|| Arc::from(crate::quotas::ANONYMOUS))
+    static ANONYMOUS: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from(crate::quotas::ANONYMOUS));
+    trace::user().unwrap_or_else(|| Arc::clone(&ANONYMOUS))
 }
 
 /// Who sent a request, as group APIs report it, and on which listener.

@@ -258,7 +258,7 @@ pub enum ClientAuth {
 
 /// A listener's TLS settings (Kafka's `ssl.*` keys, after its
 /// `listener.name.<name>.` overrides).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SslSettings {
     pub keystore_type: String,
     pub keystore_location: String,
@@ -366,14 +366,6 @@ enum Rule {
 pub struct PrincipalMapper {
     rules: Vec<Rule>,
 }
-
-impl PartialEq for PrincipalMapper {
-    fn eq(&self, other: &PrincipalMapper) -> bool {
-        format!("{:?}", self.rules) == format!("{:?}", other.rules)
-    }
-}
-
-impl Eq for PrincipalMapper {}
 
 /// Reads up to an unescaped `/`: -> (the text with `\/` unescaped, the
 /// rest after the `/`).

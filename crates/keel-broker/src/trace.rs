@@ -191,6 +191,8 @@ pub struct RequestTrace {
     busy_ns: AtomicU64,
     poll_began_ns: AtomicU64,
     data: Mutex<TraceData>,
+    /// The user its connection authenticated as (unset: ANONYMOUS).
+    user: std::sync::OnceLock<Arc<str>>,
 }
 
 const NOT_POLLING: u64 = u64::MAX;
@@ -214,8 +216,6 @@ impl Drop for Polling<'_> {
 #[derive(Debug, Default)]
 struct TraceData {
     client_id: String,
-    /// The authenticated user (empty: ANONYMOUS).
-    user: Option<Arc<str>>,
     stages: [Option<Duration>; Stage::ALL.len()],
     partitions: Vec<PartitionTrace>,
     untraced_partitions: usize,
@@ -252,6 +252,7 @@ impl RequestTrace {
             busy_ns: AtomicU64::new(0),
             poll_began_ns: AtomicU64::new(NOT_POLLING),
             data: Mutex::new(TraceData::default()),
+            user: std::sync::OnceLock::new(),
         }
     }
 
@@ -312,7 +313,7 @@ impl RequestTrace {
     /// The user the connection authenticated as (a TLS client
     /// certificate's mapped name), for its quotas.
     pub fn set_user(&self, user: Arc<str>) {
-        self.data.lock().user = Some(user);
+        let _ = self.user.set(user);
     }
 
     /// Records a partition, and its stages as the longest of their kind.
@@ -422,7 +423,7 @@ pub fn set_client_id(client_id: &str) {
 
 /// The current request's user, if its connection authenticated.
 pub fn user() -> Option<Arc<str>> {
-    CURRENT.try_with(|t| t.data.lock().user.clone()).ok().flatten()
+    CURRENT.try_with(|t| t.user.get().cloned()).ok().flatten()
 }
 
 #[cfg(test)]

@@ -91,7 +91,8 @@ impl Subscription {
     }
 
     /// The subscription as a v3 `ConsumerProtocolSubscription` (no user
-    /// data, generation -1).
+    /// data, generation -1), as clients send it (tests).
+    #[cfg(test)]
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::new();
         b.put_i16(HIGHEST_VERSION);
