@@ -277,11 +277,12 @@ def test_kafkas_own_console_clients_over_ssl_with_a_client_certificate(tls_broke
 
 def test_the_wrong_protocol_on_either_port_is_closed_cleanly(tls_broker, pki):
     b = tls_broker()
-    # A TLS handshake on the plaintext port.
-    started = time.monotonic()
+    # A TLS handshake on the plaintext port: closed, not left waiting (a
+    # socket timeout would be a hang).
     with socket.create_connection(("127.0.0.1", b.port), timeout=10) as raw:
-        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)) as closed:
             ssl.create_default_context(cafile=pki.ca).wrap_socket(raw, server_hostname="127.0.0.1")
+        assert not isinstance(closed.value, TimeoutError), closed.value
     # A Kafka request on the TLS port.
     with socket.create_connection(("127.0.0.1", b.ssl_port), timeout=10) as raw:
         raw.sendall(w.api_versions_request(3, 1))
@@ -290,7 +291,6 @@ def test_the_wrong_protocol_on_either_port_is_closed_cleanly(tls_broker, pki):
         except ConnectionError:
             answer = b""
         assert not answer.startswith(w.i32(len(answer) - 4)), "no Kafka answer on the TLS port"
-    assert time.monotonic() - started < 10, "closed promptly, not left hanging"
     assert "TLS handshake on a PLAINTEXT listener" in b.log_tail()
     assert "TLS handshake failed" in b.log_tail()
     # Both listeners go on serving.
