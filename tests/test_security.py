@@ -197,7 +197,7 @@ def test_client_certificates_are_required_and_checked(tls_broker, pki):
         assert len(delivered) == 1 and delivered[0] is not None, \
             "a client without a valid certificate must not produce"
         assert errors, "the handshake failure is reported to the client"
-    assert "TLS handshake failed" in b.log_tail()
+    wait_until(lambda: "TLS handshake failed" in b.log_tail(), 10, "the refusal in the log")
     assert round_trip(b.ssl_bootstrap, "mtls", ssl_config(pki, good), n=5)
     # Counted by listener, as Kafka's failed-authentication-total.
     with urllib.request.urlopen(f"http://{b.admin}/metrics", timeout=10) as r:
@@ -245,7 +245,8 @@ def test_a_client_certificate_names_the_user_its_quotas_apply_to(tls_broker, pki
     p.produce("quoted", value=b"x", on_delivery=lambda e, m: delivered.append(e))
     p.flush(10)
     assert delivered and delivered[0] is not None
-    assert "no ssl.principal.mapping.rules rule maps CN=no-match-42" in b.log_tail()
+    wait_until(lambda: "no ssl.principal.mapping.rules rule maps CN=no-match-42" in b.log_tail(), 10,
+               "the refusal in the log")
 
 
 def test_kafkas_own_console_clients_over_ssl_with_a_client_certificate(tls_broker, pki, tmp_path):
@@ -291,8 +292,9 @@ def test_the_wrong_protocol_on_either_port_is_closed_cleanly(tls_broker, pki):
         except ConnectionError:
             answer = b""
         assert not answer.startswith(w.i32(len(answer) - 4)), "no Kafka answer on the TLS port"
-    assert "TLS handshake on a PLAINTEXT listener" in b.log_tail()
-    assert "TLS handshake failed" in b.log_tail()
+    # Each refusal is logged (the client may see its close first).
+    for line in ["TLS handshake on a PLAINTEXT listener", "TLS handshake failed"]:
+        wait_until(lambda: line in b.log_tail(), 10, f"`{line}` in the log")
     # Both listeners go on serving.
     create_topic(b.bootstrap, "after", partitions=1)
     assert round_trip(b.ssl_bootstrap, "after", ssl_config(pki), n=5)
@@ -319,7 +321,7 @@ def test_replaced_keys_are_picked_up_without_a_restart(tls_broker, pki):
     pki.leaf("broker-renewed", server=True)
     keystore.write_bytes((pki.dir / "broker-renewed.pem").read_bytes())
     wait_until(lambda: peer_name(b.ssl_port, pki.ca) == "broker-renewed", 20, "the renewed certificate")
-    assert "TLS keys reloaded" in b.log_tail()
+    wait_until(lambda: "TLS keys reloaded" in b.log_tail(), 10, "the reload in the log")
     create_topic(b.bootstrap, "renewed", partitions=1)
     assert round_trip(b.ssl_bootstrap, "renewed", ssl_config(pki), n=5)
 
