@@ -43,6 +43,13 @@ pub enum Reply {
     /// Close the connection: the client sent something that cannot be
     /// answered in its own protocol, as Kafka does.
     Close(String),
+    /// Send a frame (after `delay`, when it is a failed authentication's
+    /// answer), then close the connection.
+    FrameThenClose {
+        frame: Bytes,
+        delay: Duration,
+        reason: String,
+    },
 }
 
 /// Fetch responses with at least this many record bytes are assembled and
@@ -68,9 +75,22 @@ pub struct ClientInfo {
     /// The listener's name: Metadata, FindCoordinator and DescribeCluster
     /// advertise that listener's address.
     pub listener: String,
-    /// The user it authenticated as (a TLS client certificate's name,
-    /// through `ssl.principal.mapping.rules`); `None` is `ANONYMOUS`.
+    /// The user its TLS client certificate names (through
+    /// `ssl.principal.mapping.rules`).
     pub user: Option<Arc<str>>,
+    /// On a SASL listener, the connection's authenticator.
+    pub sasl: Option<crate::sasl::ConnectionAuth>,
+}
+
+impl ClientInfo {
+    /// The user the connection authenticated as: its SASL user on a SASL
+    /// listener, else its certificate's; `None` is `ANONYMOUS`.
+    pub fn principal(&self) -> Option<Arc<str>> {
+        match &self.sasl {
+            Some(auth) => auth.user(),
+            None => self.user.clone(),
+        }
+    }
 }
 
 /// Why the broker could not start.
@@ -81,6 +101,7 @@ pub enum StartError {
     Groups(String),
     Transactions(String),
     Quotas(String),
+    Scram(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -91,6 +112,7 @@ impl std::fmt::Display for StartError {
             StartError::Groups(e) => write!(f, "cannot open the group log: {e}"),
             StartError::Transactions(e) => write!(f, "cannot open the transaction log: {e}"),
             StartError::Quotas(e) => write!(f, "cannot open the quota log: {e}"),
+            StartError::Scram(e) => write!(f, "cannot open the SCRAM credential log: {e}"),
         }
     }
 }
@@ -121,6 +143,8 @@ pub struct Broker {
     pub txns: Arc<crate::txn::TxnCoordinator>,
     /// Client quotas: what is set, and the rates held to them.
     pub quotas: crate::quotas::ClientQuotas,
+    /// The SCRAM credentials SASL listeners authenticate against.
+    pub scram: Arc<crate::sasl::credentials::ScramCredentials>,
     /// The newest batches of every partition, under one byte budget.
     pub tail_cache: Arc<TailCache>,
     /// How segment data is read back (`keel.io.direct`, probed at start-up).
@@ -245,6 +269,11 @@ impl Broker {
             config.quota_windows(),
         )
         .map_err(StartError::Quotas)?;
+        let scram = crate::sasl::credentials::ScramCredentials::open_with(
+            Arc::clone(&storage),
+            &meta_dir.join("scram"),
+        )
+        .map_err(StartError::Scram)?;
         let metrics = Metrics::new(config.slow_request());
         let broker = Broker {
             config: parking_lot::RwLock::new(Arc::new(config)),
@@ -260,6 +289,7 @@ impl Broker {
             groups: Arc::new(groups),
             txns: Arc::new(txns),
             quotas,
+            scram: Arc::new(scram),
             tail_cache,
             read_io,
             cold,
@@ -619,9 +649,80 @@ impl Broker {
                 ApiKey::DescribeUserScramCredentials,
                 version,
                 id,
-                &mut handlers::scram::describe_user_scram_credentials(r),
+                &mut handlers::scram::describe_user_scram_credentials(self, r),
             ),
+            Request::AlterUserScramCredentials(r) => self.answer(
+                client_id,
+                ApiKey::AlterUserScramCredentials,
+                version,
+                id,
+                &mut handlers::scram::alter_user_scram_credentials(self, r).await,
+            ),
+            // Kafka neither throttles nor counts the SASL exchange against
+            // quotas: its answers go out as they are.
+            Request::SaslHandshake(r) => {
+                let (resp, next) = handlers::sasl::handshake(client, &r, version);
+                self.sasl_reply(ApiKey::SaslHandshake, version, id, &resp, next, client)
+            }
+            Request::SaslAuthenticate(r) => {
+                let (resp, next) = handlers::sasl::authenticate(client, &r);
+                self.sasl_reply(ApiKey::SaslAuthenticate, version, id, &resp, next, client)
+            }
             body => self.handle_group(body, version, id, client_id, client).await,
+        }
+    }
+
+    /// A SASL answer, and what the connection does after it: a failed
+    /// authentication is answered after
+    /// `connection.failed.authentication.delay.ms` (Kafka's brake on
+    /// password guessing) and closes the connection.
+    fn sasl_reply<R: Encodable>(
+        &self,
+        key: ApiKey,
+        version: i16,
+        id: i32,
+        body: &R,
+        next: crate::sasl::Next,
+        client: &ClientInfo,
+    ) -> Reply {
+        let reply = respond(key, version, id, body);
+        let Reply::Frame(frame) = reply else {
+            return reply;
+        };
+        self.sasl_outcome(frame, next, client)
+    }
+
+    /// Counts a SASL step's outcome and turns it into a reply carrying
+    /// `frame` (a response, or a bare token's answer after a v0 handshake).
+    pub fn sasl_outcome(&self, frame: Bytes, next: crate::sasl::Next, client: &ClientInfo) -> Reply {
+        use crate::sasl::Next;
+        match next {
+            Next::Continue => Reply::Frame(frame),
+            Next::Authenticated => {
+                if let Some(session) = client.sasl.as_ref().and_then(|a| a.lock().session().cloned()) {
+                    self.metrics.authenticated(&client.listener, session.mechanism);
+                    tracing::debug!(listener = %client.listener, user = %session.user, mechanism = session.mechanism, "SASL authentication succeeded");
+                }
+                Reply::Frame(frame)
+            }
+            Next::Fail(reason) => {
+                self.metrics.authentication_failed(&client.listener);
+                tracing::info!(listener = %client.listener, client = %client.host, %reason, "SASL authentication failed; closing the connection");
+                let delay = Duration::from_millis(
+                    self.config()
+                        .num("connection.failed.authentication.delay.ms")
+                        .max(0) as u64,
+                );
+                Reply::FrameThenClose { frame, delay, reason }
+            }
+            Next::Close(reason) => {
+                tracing::info!(listener = %client.listener, client = %client.host, %reason, "SASL protocol error; closing the connection");
+                Reply::FrameThenClose {
+                    frame,
+                    delay: Duration::ZERO,
+                    reason,
+                }
+            }
         }
     }
 
@@ -1076,6 +1177,7 @@ impl Broker {
         self.groups.close();
         self.txns.close();
         self.quotas.close();
+        self.scram.close();
         for topic in self.topics.all() {
             for p in &topic.partitions {
                 if let Err(e) = p.close() {

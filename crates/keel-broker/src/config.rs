@@ -232,6 +232,21 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("ssl.enabled.protocols", "TLSv1.2,TLSv1.3", ConfigType::List),
     ("ssl.cipher.suites", "", ConfigType::List),
     ("ssl.principal.mapping.rules", "DEFAULT", ConfigType::String),
+    // SASL (`crate::sasl`): the mechanisms a SASL listener offers (Kafka's
+    // default, GSSAPI, is refused with a message: Keel has PLAIN and
+    // SCRAM), PLAIN's users in `listener.name.<l>.plain.sasl.jaas.config`,
+    // the longest a session lasts before the client must re-authenticate
+    // (KIP-368; 0 is for ever), the largest SASL token read, and how long
+    // a failed authentication waits before its answer and the close.
+    ("sasl.enabled.mechanisms", "GSSAPI", ConfigType::List),
+    ("sasl.jaas.config", "", ConfigType::Password),
+    ("connections.max.reauth.ms", "0", ConfigType::Long),
+    ("sasl.server.max.receive.size", "524288", ConfigType::Int),
+    (
+        "connection.failed.authentication.delay.ms",
+        "100",
+        ConfigType::Int,
+    ),
     ("log.dirs", "./data", ConfigType::String),
     ("auto.create.topics.enable", "true", ConfigType::Boolean),
     ("num.partitions", "1", ConfigType::Int),

@@ -22,6 +22,7 @@ pub mod mover;
 pub mod partition;
 pub mod producers;
 pub mod quotas;
+pub mod sasl;
 mod time;
 pub mod topics;
 pub mod trace;

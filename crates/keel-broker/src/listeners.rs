@@ -45,6 +45,10 @@ impl SecurityProtocol {
     pub fn tls(self) -> bool {
         matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
     }
+
+    pub fn sasl(self) -> bool {
+        matches!(self, SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl)
+    }
 }
 
 /// One listener: where it binds, and how its connections are secured.
@@ -181,18 +185,6 @@ pub fn listeners(config: &BrokerConfig) -> Result<Vec<Listener>, ConfigError> {
                 format!("port {port} is used by two listeners"),
             ));
         }
-        if matches!(
-            protocol,
-            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
-        ) {
-            return Err(error(
-                "listeners",
-                format!(
-                    "listener {name} uses {}: Keel does not authenticate with SASL yet; use PLAINTEXT or SSL",
-                    protocol.name()
-                ),
-            ));
-        }
         out.push(Listener {
             name,
             host,
@@ -275,7 +267,9 @@ pub struct SslSettings {
     pub principal_mapper: PrincipalMapper,
 }
 
-/// The `ssl.*` keys a listener may override.
+/// The keys a listener may override (`listener.name.<name>.<key>`); a
+/// JAAS config is also scoped by mechanism
+/// (`listener.name.<name>.<mechanism>.sasl.jaas.config`).
 pub const LISTENER_SCOPED: &[&str] = &[
     "ssl.keystore.type",
     "ssl.keystore.location",
@@ -291,12 +285,18 @@ pub const LISTENER_SCOPED: &[&str] = &[
     "ssl.enabled.protocols",
     "ssl.cipher.suites",
     "ssl.principal.mapping.rules",
+    "sasl.enabled.mechanisms",
+    "connections.max.reauth.ms",
+    "sasl.server.max.receive.size",
 ];
 
 /// The key a `listener.name.<name>.<key>` override names, if it is one.
 pub fn scoped_key(key: &str) -> Option<&'static str> {
     let rest = key.strip_prefix("listener.name.")?;
     let (_, suffix) = rest.split_once('.')?;
+    if let Some(mechanism) = suffix.strip_suffix(".sasl.jaas.config") {
+        return (!mechanism.is_empty() && !mechanism.contains('.')).then_some("sasl.jaas.config");
+    }
     LISTENER_SCOPED.iter().copied().find(|k| *k == suffix)
 }
 
@@ -502,7 +502,6 @@ mod tests {
             ("PLAINTEXT://:9092,PLAINTEXT://:9093", "appears twice"),
             ("PLAINTEXT://:9092,SSL://:9092", "used by two listeners"),
             ("OTHER://:9092", "not in listener.security.protocol.map"),
-            ("SASL_SSL://:9092", "SASL"),
             ("PLAINTEXT://nowhere", "expected HOST:PORT"),
         ] {
             let map = [("listeners".to_string(), value.to_string())].into();

@@ -68,6 +68,12 @@ struct ListenerLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct MechanismLabels {
+    listener: String,
+    mechanism: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DirLabels {
     dir: String,
 }
@@ -82,6 +88,8 @@ pub struct Metrics {
     connections: Gauge,
     connections_accepted: Counter,
     authentication_failures: Family<ListenerLabels, Counter>,
+    authentications: Family<MechanismLabels, Counter>,
+    expired_sessions: Family<ListenerLabels, Counter>,
     slow_requests: Counter,
     quota_throttled: Family<QuotaLabels, Counter>,
     quota_throttle_ms: Family<QuotaLabels, Counter>,
@@ -167,8 +175,20 @@ impl Metrics {
         let authentication_failures = Family::<ListenerLabels, Counter>::default();
         registry.register(
             "keel_authentication_failures",
-            "Connections refused in authentication (a failed TLS handshake, a client certificate no rule maps), by listener",
+            "Connections refused in authentication (a failed TLS handshake, a client certificate no rule maps, a failed SASL exchange), by listener",
             authentication_failures.clone(),
+        );
+        let authentications = Family::<MechanismLabels, Counter>::default();
+        registry.register(
+            "keel_sasl_authentications",
+            "Successful SASL authentications and re-authentications, by listener and mechanism",
+            authentications.clone(),
+        );
+        let expired_sessions = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "keel_sasl_expired_sessions_closed",
+            "Connections closed because their SASL session outlived connections.max.reauth.ms without re-authentication, by listener",
+            expired_sessions.clone(),
         );
         let slow_requests = Counter::default();
         registry.register(
@@ -197,6 +217,8 @@ impl Metrics {
             connections,
             connections_accepted,
             authentication_failures,
+            authentications,
+            expired_sessions,
             slow_requests,
             quota_throttled,
             quota_throttle_ms,
@@ -223,6 +245,23 @@ impl Metrics {
             listener: listener.to_string(),
         };
         self.authentication_failures.get_or_create(&labels).inc();
+    }
+
+    /// A SASL exchange on `listener` that succeeded.
+    pub fn authenticated(&self, listener: &str, mechanism: &'static str) {
+        let labels = MechanismLabels {
+            listener: listener.to_string(),
+            mechanism,
+        };
+        self.authentications.get_or_create(&labels).inc();
+    }
+
+    /// A connection on `listener` closed because its SASL session expired.
+    pub fn session_expired(&self, listener: &str) {
+        let labels = ListenerLabels {
+            listener: listener.to_string(),
+        };
+        self.expired_sessions.get_or_create(&labels).inc();
     }
 
     pub fn connection_closed(&self) {

@@ -24,6 +24,7 @@ use kafka_protocol::protocol::Decodable;
 use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
 use keel_protocol::versions::SUPPORTED;
 use keel_protocol::{Request, RequestFrame};
+use rand::Rng;
 
 fn cases() -> usize {
     std::env::var("KEEL_RANDOM_REQUEST_CASES")
@@ -99,6 +100,11 @@ fn check_response(key: ApiKey, version: i16, mut bytes: bytes::Bytes, what: &str
         ApiKey::DescribeUserScramCredentials => {
             DescribeUserScramCredentialsResponse::decode(&mut bytes, version).map(drop)
         }
+        ApiKey::AlterUserScramCredentials => {
+            AlterUserScramCredentialsResponse::decode(&mut bytes, version).map(drop)
+        }
+        ApiKey::SaslHandshake => SaslHandshakeResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::SaslAuthenticate => SaslAuthenticateResponse::decode(&mut bytes, version).map(drop),
         ApiKey::ConsumerGroupHeartbeat => {
             ConsumerGroupHeartbeatResponse::decode(&mut bytes, version).map(drop)
         }
@@ -128,6 +134,28 @@ async fn random_requests_of_every_api_are_answered_without_panics() {
     .unwrap()
     .unwrap();
     let client = ClientInfo::default();
+    // The SASL APIs also go to a SASL listener's connection, in the middle
+    // of an exchange of a random mechanism, so random tokens reach the
+    // mechanisms.
+    let sasl_settings = keel_broker::sasl::settings(
+        &BrokerConfig::from_map(&BTreeMap::from([
+            (
+                "sasl.enabled.mechanisms".to_string(),
+                "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512".to_string(),
+            ),
+            (
+                "listener.name.sasl.plain.sasl.jaas.config".to_string(),
+                "org.apache.kafka.common.security.plain.PlainLoginModule required user_alice=\"alice-secret\";"
+                    .to_string(),
+            ),
+        ]))
+        .unwrap(),
+        "SASL",
+    )
+    .unwrap();
+    let sasl_listener = Arc::new(
+        keel_broker::sasl::SaslListener::new("SASL", sasl_settings, Arc::clone(&broker.scram)).unwrap(),
+    );
     let (mut answered, mut waiting) = (0, 0);
     for api in SUPPORTED {
         for version in api.min..=api.max {
@@ -139,13 +167,36 @@ async fn random_requests_of_every_api_are_answered_without_panics() {
                 let acks_zero = matches!(&body, Request::Produce(p) if p.acks == 0);
                 let frame = common::encode_frame(&header, &tame(body)).expect("the generators encode");
                 let frame = RequestFrame::parse(frame).unwrap_or_else(|e| panic!("{what}: {e}"));
-                let handled = broker.handle(frame, &client);
+                let sasl_client;
+                let client = if matches!(api.key, ApiKey::SaslHandshake | ApiKey::SaslAuthenticate)
+                    && g.rng().gen_bool(0.5)
+                {
+                    let auth = keel_broker::sasl::ConnectionAuth::new(Arc::clone(&sasl_listener));
+                    if api.key == ApiKey::SaslAuthenticate {
+                        let mechanism = keel_broker::sasl::MECHANISMS[g.rng().gen_range(0..3)];
+                        auth.lock().handshake(mechanism, 1);
+                    }
+                    sasl_client = ClientInfo {
+                        sasl: Some(auth),
+                        ..ClientInfo::default()
+                    };
+                    &sasl_client
+                } else {
+                    &client
+                };
+                let handled = broker.handle(frame, client);
                 match tokio::time::timeout(Duration::from_millis(300), handled).await {
                     Ok(Reply::Frame(bytes)) => {
                         check_response(api.key, version, bytes, &what);
                         answered += 1;
                     }
                     Ok(Reply::Nothing | Reply::Close(_)) if acks_zero => answered += 1,
+                    // A failed SASL exchange: answered, then closed.
+                    Ok(Reply::FrameThenClose { frame, reason, .. }) => {
+                        assert!(!reason.is_empty(), "{what}: closed without a reason");
+                        check_response(api.key, version, frame, &what);
+                        answered += 1;
+                    }
                     // A request the generator made unreadable for this
                     // broker's rules (Kafka closes on these too).
                     Ok(Reply::Close(reason)) => {

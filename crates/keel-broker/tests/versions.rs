@@ -389,6 +389,15 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
             .with_users(Some(vec![
                 describe_user_scram_credentials_request::UserName::default().with_name(str("alice"))
             ]))),
+        ApiKey::AlterUserScramCredentials => encoded!(AlterUserScramCredentialsRequest::default()
+            .with_deletions(vec![
+                alter_user_scram_credentials_request::ScramCredentialDeletion::default()
+                    .with_name(str("alice"))
+                    .with_mechanism(1)
+            ])),
+        ApiKey::SaslHandshake => encoded!(SaslHandshakeRequest::default().with_mechanism(str("PLAIN"))),
+        ApiKey::SaslAuthenticate => encoded!(SaslAuthenticateRequest::default()
+            .with_auth_bytes(bytes::Bytes::from_static(b"\0alice\0alice-secret"))),
         ApiKey::ConsumerGroupHeartbeat => encoded!(ConsumerGroupHeartbeatRequest::default()
             .with_group_id(group_id("kip848"))
             .with_member_id(str("member-1"))
@@ -474,6 +483,11 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
         ApiKey::DescribeUserScramCredentials => {
             DescribeUserScramCredentialsResponse::decode(&mut body, version).map(|_| ())
         }
+        ApiKey::AlterUserScramCredentials => {
+            AlterUserScramCredentialsResponse::decode(&mut body, version).map(|_| ())
+        }
+        ApiKey::SaslHandshake => SaslHandshakeResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::SaslAuthenticate => SaslAuthenticateResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::ConsumerGroupHeartbeat => {
             ConsumerGroupHeartbeatResponse::decode(&mut body, version).map(|_| ())
         }

@@ -53,6 +53,19 @@ pub fn request_size(prefix: [u8; FRAME_PREFIX_BYTES], max_bytes: usize) -> Resul
     Ok(len)
 }
 
+/// Checks a bare SASL token's size prefix (the frames after a v0
+/// SaslHandshake): any size from 0 to `max_bytes`.
+pub fn token_size(prefix: [u8; FRAME_PREFIX_BYTES], max_bytes: usize) -> Result<usize, FrameError> {
+    let size = i32::from_be_bytes(prefix);
+    let Ok(len) = usize::try_from(size) else {
+        return Err(FrameError::TooSmall { size });
+    };
+    if len > max_bytes {
+        return Err(FrameError::TooLarge { size, max_bytes });
+    }
+    Ok(len)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

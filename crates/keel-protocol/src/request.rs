@@ -86,7 +86,10 @@ pub enum Request {
     DescribeTopicPartitions(DescribeTopicPartitionsRequest),
     DescribeClientQuotas(DescribeClientQuotasRequest),
     AlterClientQuotas(AlterClientQuotasRequest),
+    SaslHandshake(SaslHandshakeRequest),
+    SaslAuthenticate(SaslAuthenticateRequest),
     DescribeUserScramCredentials(DescribeUserScramCredentialsRequest),
+    AlterUserScramCredentials(AlterUserScramCredentialsRequest),
     ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest),
     ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
     ListConfigResources(ListConfigResourcesRequest),
@@ -218,6 +221,11 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
             Request::DescribeClientQuotas(DescribeClientQuotasRequest::decode(buf, v)?)
         }
         ApiKey::AlterClientQuotas => Request::AlterClientQuotas(AlterClientQuotasRequest::decode(buf, v)?),
+        ApiKey::SaslHandshake => Request::SaslHandshake(SaslHandshakeRequest::decode(buf, v)?),
+        ApiKey::SaslAuthenticate => Request::SaslAuthenticate(SaslAuthenticateRequest::decode(buf, v)?),
+        ApiKey::AlterUserScramCredentials => {
+            Request::AlterUserScramCredentials(AlterUserScramCredentialsRequest::decode(buf, v)?)
+        }
         ApiKey::DescribeUserScramCredentials => {
             Request::DescribeUserScramCredentials(DescribeUserScramCredentialsRequest::decode(buf, v)?)
         }

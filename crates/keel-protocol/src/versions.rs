@@ -87,9 +87,12 @@ pub const SUPPORTED: &[ApiSupport] = &[
     // Client quotas (KIP-546).
     api(ApiKey::DescribeClientQuotas, 0, 1),
     api(ApiKey::AlterClientQuotas, 0, 1),
-    // What `kafka-configs --describe --entity-type users` asks beside the
-    // quotas; Keel has no SCRAM credentials yet.
+    // SASL (KIP-43, KIP-152; SaslAuthenticate v1 carries the session
+    // lifetime of KIP-368) and SCRAM credentials (KIP-554).
+    api(ApiKey::SaslHandshake, 0, 1),
+    api(ApiKey::SaslAuthenticate, 0, 2),
     api(ApiKey::DescribeUserScramCredentials, 0, 0),
+    api(ApiKey::AlterUserScramCredentials, 0, 0),
     // The consumer group protocol (KIP-848).
     api(ApiKey::ConsumerGroupHeartbeat, 0, 1),
     api(ApiKey::ConsumerGroupDescribe, 0, 1),
@@ -166,7 +169,10 @@ mod tests {
                 ApiKey::DescribeTopicPartitions => check::<DescribeTopicPartitionsRequest>(a),
                 ApiKey::DescribeClientQuotas => check::<DescribeClientQuotasRequest>(a),
                 ApiKey::AlterClientQuotas => check::<AlterClientQuotasRequest>(a),
+                ApiKey::SaslHandshake => check::<SaslHandshakeRequest>(a),
+                ApiKey::SaslAuthenticate => check::<SaslAuthenticateRequest>(a),
                 ApiKey::DescribeUserScramCredentials => check::<DescribeUserScramCredentialsRequest>(a),
+                ApiKey::AlterUserScramCredentials => check::<AlterUserScramCredentialsRequest>(a),
                 ApiKey::ConsumerGroupHeartbeat => check::<ConsumerGroupHeartbeatRequest>(a),
                 ApiKey::ConsumerGroupDescribe => check::<ConsumerGroupDescribeRequest>(a),
                 ApiKey::ListConfigResources => check::<ListConfigResourcesRequest>(a),

@@ -29,9 +29,10 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
+use keel_broker::sasl::Gate;
 use keel_broker::trace::{self, RequestTrace, Stage};
 use keel_broker::{Broker, ClientInfo, Reply};
-use keel_protocol::frame::{request_size, FrameError, FRAME_PREFIX_BYTES};
+use keel_protocol::frame::{request_size, token_size, FrameError, FRAME_PREFIX_BYTES};
 use keel_protocol::messages::ApiKey;
 use keel_protocol::RequestFrame;
 use keel_tier::Bulk;
@@ -129,6 +130,9 @@ pub async fn serve(
                     tracing::warn!(%reason, "closing connection");
                     return Err(reason);
                 }
+                Reply::FrameThenClose { frame, delay, reason } => {
+                    return answer_and_close(&mut write, frame, delay, reason, broker).await;
+                }
             }
             let throttle = done.trace.throttle_ms();
             if throttle > 0 {
@@ -144,13 +148,47 @@ pub async fn serve(
         while let Some(len) = match muted_until {
             Some(_) => None,
             None => inbox
-                .complete_frame(limits.max_request_bytes)
+                .complete_frame(frame_limit(client, limits))
                 .map_err(|e| refuse(e, &inbox.buf, tls))?,
         } {
             if !admits(&flight, inbox.api_key(), len) {
                 break;
             }
             let arrived = inbox.take(len);
+            if let Some(auth) = &client.sasl {
+                match auth.gate(inbox_api_key(&arrived.body), Instant::now()) {
+                    Gate::Pass => {}
+                    Gate::RawToken => {
+                        // Nothing is in flight: a bare token follows a
+                        // handshake that was answered.
+                        let answer = auth.lock().token(&arrived.body, true, Instant::now());
+                        let frame = if answer.error.is_some() {
+                            // A v0 exchange has no way to say why.
+                            Bytes::new()
+                        } else {
+                            raw_token_frame(&answer.bytes)
+                        };
+                        match broker.sasl_outcome(frame, answer.next, client) {
+                            Reply::Frame(bytes) => send(&mut write, bytes, broker.cold.bulk())
+                                .await
+                                .map_err(|e| e.to_string())?,
+                            Reply::FrameThenClose { frame, delay, reason } => {
+                                return answer_and_close(&mut write, frame, delay, reason, broker).await
+                            }
+                            Reply::Nothing => {}
+                            Reply::Close(reason) => return Err(reason),
+                        }
+                        continue;
+                    }
+                    Gate::Close(reason) => {
+                        if auth.lock().session().is_some() {
+                            broker.metrics.session_expired(&client.listener);
+                        }
+                        tracing::info!(listener = %client.listener, %peer, %reason, "closing a SASL connection");
+                        return Err(reason);
+                    }
+                }
+            }
             let frame = RequestFrame::parse(arrived.body).map_err(|e| e.to_string())?;
             let trace = Arc::new(RequestTrace::new(
                 frame.api_key,
@@ -159,8 +197,8 @@ pub async fn serve(
                 peer,
                 arrived.first_byte,
             ));
-            if let Some(user) = &client.user {
-                trace.set_user(Arc::clone(user));
+            if let Some(user) = client.principal() {
+                trace.set_user(user);
             }
             trace.add(Stage::Receive, arrived.complete - arrived.first_byte);
             trace.add(Stage::Connection, arrived.complete.elapsed());
@@ -184,8 +222,9 @@ pub async fn serve(
         }
         // Wait for bytes (unless a whole frame already waits its turn), for
         // a request in flight to finish, or for the idle limit.
-        let read_more =
-            muted_until.is_none() && !inbox.eof && inbox.complete_frame(limits.max_request_bytes) == Ok(None);
+        let read_more = muted_until.is_none()
+            && !inbox.eof
+            && inbox.complete_frame(frame_limit(client, limits)) == Ok(None);
         let working = flight.iter().any(|f| f.done.is_none());
         let idle = if flight.is_empty() && inbox.buf.is_empty() && muted_until.is_none() {
             limits.idle
@@ -200,6 +239,65 @@ pub async fn serve(
             () = sleep_or_never(idle) => return Err("idle past connections.max.idle.ms".into()),
         }
     }
+}
+
+/// What the next frame may be: at most `socket.request.max.bytes`, or
+/// `sasl.server.max.receive.size` before SASL authentication; a bare SASL
+/// token (after a v0 handshake) may be shorter than a request header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FrameLimit {
+    max_bytes: usize,
+    raw_token: bool,
+}
+
+fn frame_limit(client: &ClientInfo, limits: Limits) -> FrameLimit {
+    match &client.sasl {
+        None => FrameLimit {
+            max_bytes: limits.max_request_bytes,
+            raw_token: false,
+        },
+        Some(auth) => FrameLimit {
+            max_bytes: auth.max_frame_bytes(limits.max_request_bytes),
+            raw_token: auth.lock().expects_raw_token(),
+        },
+    }
+}
+
+/// A frame's API key, as far as it has one (a bare token may be shorter).
+fn inbox_api_key(body: &[u8]) -> i16 {
+    match body {
+        [a, b, ..] => i16::from_be_bytes([*a, *b]),
+        _ => -1,
+    }
+}
+
+/// A bare SASL token's answer after a v0 handshake: its size, then it.
+fn raw_token_frame(token: &[u8]) -> Bytes {
+    let mut frame = BytesMut::with_capacity(FRAME_PREFIX_BYTES + token.len());
+    frame.extend_from_slice(&(token.len() as i32).to_be_bytes());
+    frame.extend_from_slice(token);
+    frame.freeze()
+}
+
+/// Sends a last answer after `delay` (a failed authentication's, which
+/// Kafka holds back to slow down password guessing), and ends the
+/// connection for `reason`.
+async fn answer_and_close(
+    write: &mut Option<Writer>,
+    frame: Bytes,
+    delay: Duration,
+    reason: String,
+    broker: &Broker,
+) -> Result<(), String> {
+    tokio::time::sleep(delay).await;
+    if !frame.is_empty() {
+        // The client may be gone already; the close is what matters.
+        let _ = send(write, frame, broker.cold.bulk()).await;
+    }
+    if let Some(Writer::Tls(half)) = write.as_mut() {
+        let _ = half.shutdown().await;
+    }
+    Err(reason)
 }
 
 fn refuse(e: FrameError, buf: &[u8], tls: bool) -> String {
@@ -312,19 +410,24 @@ impl Inbox {
     /// The whole size (prefix included) of the first frame in the buffer,
     /// once all of it has arrived. The size is checked as soon as the
     /// prefix is in.
-    fn complete_frame(&self, max_request_bytes: usize) -> Result<Option<usize>, FrameError> {
+    fn complete_frame(&self, limit: FrameLimit) -> Result<Option<usize>, FrameError> {
         let Some(prefix) = self.buf.get(..FRAME_PREFIX_BYTES) else {
             return Ok(None);
         };
         let prefix = <[u8; FRAME_PREFIX_BYTES]>::try_from(prefix).expect("sliced to the prefix's size");
-        let len = FRAME_PREFIX_BYTES + request_size(prefix, max_request_bytes)?;
+        let size = if limit.raw_token {
+            token_size(prefix, limit.max_bytes)?
+        } else {
+            request_size(prefix, limit.max_bytes)?
+        };
+        let len = FRAME_PREFIX_BYTES + size;
         Ok((self.buf.len() >= len).then_some(len))
     }
 
     /// The API key of the first frame, which [`Inbox::complete_frame`]
-    /// found whole (so at least `MIN_REQUEST_BYTES` long).
+    /// found whole (-1 for a bare SASL token too short to look like one).
     fn api_key(&self) -> i16 {
-        i16::from_be_bytes([self.buf[FRAME_PREFIX_BYTES], self.buf[FRAME_PREFIX_BYTES + 1]])
+        inbox_api_key(&self.buf[FRAME_PREFIX_BYTES..])
     }
 
     /// When the byte at stream position `at` (still in the buffer) was read.
@@ -444,12 +547,21 @@ mod tests {
         stream.extend(frame(3, 4));
         let mut inbox = Inbox::default();
         inbox.fill(&mut &stream[..10]).await.unwrap();
-        assert_eq!(inbox.complete_frame(1 << 20), Ok(None));
+        assert_eq!(
+            inbox.complete_frame(FrameLimit {
+                max_bytes: 1 << 20,
+                raw_token: false
+            }),
+            Ok(None)
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
         inbox.fill(&mut &stream[10..]).await.unwrap();
 
         let len = inbox
-            .complete_frame(1 << 20)
+            .complete_frame(FrameLimit {
+                max_bytes: 1 << 20,
+                raw_token: false,
+            })
             .unwrap()
             .expect("the first frame is whole");
         assert_eq!((len, inbox.api_key()), (32, 0));
@@ -460,7 +572,10 @@ mod tests {
             "its last bytes came in the second read"
         );
         let len = inbox
-            .complete_frame(1 << 20)
+            .complete_frame(FrameLimit {
+                max_bytes: 1 << 20,
+                raw_token: false,
+            })
             .unwrap()
             .expect("the second frame is whole");
         assert_eq!((len, inbox.api_key()), (16, 3));
@@ -479,7 +594,10 @@ mod tests {
         let mut inbox = Inbox::default();
         inbox.fill(&mut &(200i32.to_be_bytes())[..]).await.unwrap();
         assert!(matches!(
-            inbox.complete_frame(100),
+            inbox.complete_frame(FrameLimit {
+                max_bytes: 100,
+                raw_token: false
+            }),
             Err(FrameError::TooLarge { .. })
         ));
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use keel_broker::sasl::{ConnectionAuth, SaslListener};
 use keel_broker::{listeners, Broker, BrokerConfig, ClientInfo};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
@@ -26,21 +27,29 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     runtime.block_on(run(config))
 }
 
-/// One bound listener, with its TLS configuration if it is SSL.
+/// One bound listener, with its TLS configuration if it is SSL or
+/// SASL_SSL, and its SASL settings if it is SASL_PLAINTEXT or SASL_SSL.
 struct Bound {
     listener: listeners::Listener,
     socket: TcpListener,
     tls: Option<Arc<crate::tls::Reloading>>,
+    sasl: Option<keel_broker::sasl::SaslSettings>,
 }
 
-/// Binds every listener (`listeners`), with its TLS keys read and checked
-/// first, so a bad key or a taken port fails start-up at once.
+/// Binds every listener (`listeners`), with its TLS keys read and its SASL
+/// settings checked first, so a bad key, an unknown mechanism or a taken
+/// port fails start-up at once.
 async fn bind_listeners(config: &BrokerConfig) -> Result<Vec<Bound>, String> {
     let mut out = Vec::new();
     for listener in listeners::listeners(config).map_err(|e| e.to_string())? {
         let tls = if listener.protocol.tls() {
             let settings = listeners::ssl_settings(config, &listener.name).map_err(|e| e.to_string())?;
             Some(crate::tls::Reloading::new(&listener.name, settings)?)
+        } else {
+            None
+        };
+        let sasl = if listener.protocol.sasl() {
+            Some(keel_broker::sasl::settings(config, &listener.name).map_err(|e| e.to_string())?)
         } else {
             None
         };
@@ -52,6 +61,7 @@ async fn bind_listeners(config: &BrokerConfig) -> Result<Vec<Bound>, String> {
             listener,
             socket,
             tls,
+            sasl,
         });
     }
     Ok(out)
@@ -288,8 +298,17 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
         listener: config,
         socket: listener,
         tls,
+        sasl,
     } = bound;
     let name: Arc<str> = Arc::from(config.name.as_str());
+    let sasl = match sasl.map(|s| SaslListener::new(&config.name, s, Arc::clone(&broker.scram))) {
+        None => None,
+        Some(Ok(l)) => Some(Arc::new(l)),
+        Some(Err(e)) => {
+            tracing::error!(listener = %name, error = %e, "cannot set up SASL; the listener does not serve");
+            return;
+        }
+    };
     loop {
         // At `max.connections`, stop accepting until one closes (clients
         // wait in the listen backlog, as with Kafka).
@@ -318,6 +337,7 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
                 let b = Arc::clone(&broker);
                 let limits = Arc::clone(&limits);
                 let tls = tls.clone();
+                let sasl = sasl.clone();
                 let name = Arc::clone(&name);
                 tokio::spawn(async move {
                     b.metrics.connection_opened();
@@ -327,6 +347,7 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
                                 host: format!("/{}", peer.ip()),
                                 listener: name.to_string(),
                                 user: user.map(Arc::from),
+                                sasl: sasl.map(ConnectionAuth::new),
                             };
                             connection::serve(transport, peer, &b, &client, limits.connection()).await
                         }

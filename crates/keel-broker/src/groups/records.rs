@@ -282,7 +282,7 @@ pub(crate) fn put_opt_str(b: &mut BytesMut, s: Option<&str>) {
     }
 }
 
-fn put_bytes(b: &mut BytesMut, v: &[u8]) {
+pub(crate) fn put_bytes(b: &mut BytesMut, v: &[u8]) {
     b.put_i32(v.len() as i32);
     b.put_slice(v);
 }

@@ -13,6 +13,7 @@ pub mod metadata;
 pub mod offsets;
 pub mod produce;
 pub mod quotas;
+pub mod sasl;
 pub mod scram;
 pub mod txn;
 pub mod txn_admin;

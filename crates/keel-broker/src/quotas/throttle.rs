@@ -60,6 +60,7 @@ throttle_field!(
     DescribeClientQuotasResponse,
     AlterClientQuotasResponse,
     DescribeUserScramCredentialsResponse,
+    AlterUserScramCredentialsResponse,
     ConsumerGroupHeartbeatResponse,
     ConsumerGroupDescribeResponse,
     ListConfigResourcesResponse,

@@ -248,6 +248,11 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::DescribeUserScramCredentials => {
             Request::DescribeUserScramCredentials(describe_user_scram_credentials(g, v))
         }
+        ApiKey::AlterUserScramCredentials => {
+            Request::AlterUserScramCredentials(alter_user_scram_credentials(g, v))
+        }
+        ApiKey::SaslHandshake => Request::SaslHandshake(sasl_handshake(g, v)),
+        ApiKey::SaslAuthenticate => Request::SaslAuthenticate(sasl_authenticate(g, v)),
         ApiKey::ConsumerGroupHeartbeat => Request::ConsumerGroupHeartbeat(consumer_group_heartbeat(g, v)),
         ApiKey::ConsumerGroupDescribe => Request::ConsumerGroupDescribe(consumer_group_describe(g, v)),
         ApiKey::ListConfigResources => Request::ListConfigResources(list_config_resources(g, v)),
@@ -298,6 +303,9 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::DescribeClientQuotas(r) => r.encode(buf, v),
         Request::AlterClientQuotas(r) => r.encode(buf, v),
         Request::DescribeUserScramCredentials(r) => r.encode(buf, v),
+        Request::AlterUserScramCredentials(r) => r.encode(buf, v),
+        Request::SaslHandshake(r) => r.encode(buf, v),
+        Request::SaslAuthenticate(r) => r.encode(buf, v),
         Request::ConsumerGroupHeartbeat(r) => r.encode(buf, v),
         Request::ConsumerGroupDescribe(r) => r.encode(buf, v),
         Request::ListConfigResources(r) => r.encode(buf, v),
@@ -361,6 +369,9 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::DescribeClientQuotas(a), Request::DescribeClientQuotas(b)) => a == b,
         (Request::AlterClientQuotas(a), Request::AlterClientQuotas(b)) => a == b,
         (Request::DescribeUserScramCredentials(a), Request::DescribeUserScramCredentials(b)) => a == b,
+        (Request::AlterUserScramCredentials(a), Request::AlterUserScramCredentials(b)) => a == b,
+        (Request::SaslHandshake(a), Request::SaslHandshake(b)) => a == b,
+        (Request::SaslAuthenticate(a), Request::SaslAuthenticate(b)) => a == b,
         (Request::ConsumerGroupHeartbeat(a), Request::ConsumerGroupHeartbeat(b)) => a == b,
         (Request::ConsumerGroupDescribe(a), Request::ConsumerGroupDescribe(b)) => a == b,
         (Request::ListConfigResources(a), Request::ListConfigResources(b)) => a == b,
@@ -1197,6 +1208,63 @@ fn describe_user_scram_credentials(g: &mut Gen, _v: i16) -> DescribeUserScramCre
     DescribeUserScramCredentialsRequest::default()
         .with_users(g.bool().then_some(users))
         .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn alter_user_scram_credentials(g: &mut Gen, _v: i16) -> AlterUserScramCredentialsRequest {
+    use alter_user_scram_credentials_request::*;
+    // Mechanism ids around Kafka's (1 and 2), iteration counts around its
+    // bounds, salted passwords of the right length and of others.
+    let mechanism = |g: &mut Gen| g.i8().rem_euclid(4) - 1;
+    let user = |g: &mut Gen| {
+        if g.bool() {
+            StrBytes::from_static_str(["alice", "bob", ""][g.rng().gen_range(0..3)])
+        } else {
+            g.string()
+        }
+    };
+    let deletions = g.vec(3, |g| {
+        ScramCredentialDeletion::default()
+            .with_name(user(g))
+            .with_mechanism(mechanism(g))
+            .with_unknown_tagged_fields(g.tags(true))
+    });
+    let upsertions = g.vec(3, |g| {
+        let len = [0, 31, 32, 64, 65][g.rng().gen_range(0..5)];
+        let iterations = [4095, 4096, 8192, 16384, 16385, -1, g.i32()][g.rng().gen_range(0..7)];
+        ScramCredentialUpsertion::default()
+            .with_name(user(g))
+            .with_mechanism(mechanism(g))
+            .with_iterations(iterations)
+            .with_salt(g.bytes(24))
+            .with_salted_password(Bytes::from(vec![7u8; len]))
+            .with_unknown_tagged_fields(g.tags(true))
+    });
+    AlterUserScramCredentialsRequest::default()
+        .with_deletions(deletions)
+        .with_upsertions(upsertions)
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn sasl_handshake(g: &mut Gen, _v: i16) -> SaslHandshakeRequest {
+    const NAMES: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "plain"];
+    let mechanism = if g.one_in(4) {
+        g.string()
+    } else {
+        StrBytes::from_static_str(NAMES[g.rng().gen_range(0..NAMES.len())])
+    };
+    SaslHandshakeRequest::default().with_mechanism(mechanism)
+}
+
+fn sasl_authenticate(g: &mut Gen, v: i16) -> SaslAuthenticateRequest {
+    // A PLAIN token, a SCRAM client-first message, or noise.
+    let token = match g.rng().gen_range(0..3) {
+        0 => Bytes::from(format!("\0{}\0{}", g.string().as_str(), g.string().as_str())),
+        1 => Bytes::from(format!("n,,n={},r={}", g.string().as_str(), g.string().as_str())),
+        _ => g.bytes(64),
+    };
+    SaslAuthenticateRequest::default()
+        .with_auth_bytes(token)
+        .with_unknown_tagged_fields(g.tags(v >= 2))
 }
 
 fn consumer_group_heartbeat(g: &mut Gen, v: i16) -> ConsumerGroupHeartbeatRequest {

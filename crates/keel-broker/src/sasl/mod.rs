@@ -1,0 +1,598 @@
+//! SASL authentication on SASL_PLAINTEXT and SASL_SSL listeners, as Kafka
+//! does it (KIP-43, KIP-152, KIP-368), with PLAIN and SCRAM-SHA-256/512.
+//!
+//! A connection on a SASL listener starts unauthenticated. Its client may
+//! ask ApiVersions, then sends SaslHandshake naming a mechanism from
+//! `sasl.enabled.mechanisms`, then the mechanism's tokens: in
+//! SaslAuthenticate requests after a v1 handshake, or as bare
+//! length-prefixed frames after a v0 one. Anything else before the
+//! exchange succeeds closes the connection. A failed exchange is answered
+//! with SASL_AUTHENTICATION_FAILED after `connection.failed.authentication.delay.ms`,
+//! and the connection closes.
+//!
+//! With `connections.max.reauth.ms` set, a session lasts that long
+//! (SaslAuthenticate v1+ tells the client): the client re-authenticates on
+//! the same connection with a new handshake and exchange, as the same user
+//! and mechanism; a connection whose session has ended is closed at its
+//! next request other than that handshake.
+//!
+//! [`Authenticator`] is one connection's state machine: it takes the
+//! handshake and the tokens, and answers what to send and whether the
+//! connection goes on. The mechanisms are the `rsasl` crate's; the users
+//! are PLAIN's from the listener's JAAS config ([`jaas`]) and SCRAM's from
+//! the credentials AlterUserScramCredentials keeps ([`credentials`]).
+
+pub mod credentials;
+pub mod jaas;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rsasl::callback::{Context, Request, SessionCallback, SessionData};
+use rsasl::mechanisms::scram::properties::ScramStoredPassword;
+use rsasl::mechname::Mechname;
+use rsasl::prelude::{SASLConfig, SASLServer, Session, SessionError, State as StepState, Validation};
+use rsasl::property::{AuthId, AuthzId, Password};
+use rsasl::validate::{Validate, ValidationError};
+
+use keel_protocol::messages::ApiKey;
+use parking_lot::Mutex;
+
+use crate::config::{BrokerConfig, ConfigError};
+use credentials::{ScramCredentials, ScramMechanism};
+use keel_protocol::ResponseError;
+
+pub const PLAIN: &str = "PLAIN";
+
+/// The mechanisms Keel offers.
+pub const MECHANISMS: [&str; 3] = [PLAIN, "SCRAM-SHA-256", "SCRAM-SHA-512"];
+
+/// A SASL listener's settings, checked.
+#[derive(Debug, Clone)]
+pub struct SaslSettings {
+    /// `sasl.enabled.mechanisms`, in the order given.
+    pub mechanisms: Vec<&'static str>,
+    /// PLAIN's users and passwords (`user_<name>="<password>"`).
+    plain_users: BTreeMap<String, String>,
+    /// `connections.max.reauth.ms`, if above 0.
+    pub reauth: Option<Duration>,
+    /// `sasl.server.max.receive.size`: the largest SASL token read.
+    pub max_receive_bytes: usize,
+}
+
+fn error(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The SASL settings of `listener`, from its `listener.name.<l>.*` keys
+/// over the broker's.
+pub fn settings(config: &BrokerConfig, listener: &str) -> Result<SaslSettings, ConfigError> {
+    let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
+    let get = |key: &str| -> String {
+        config
+            .get_override(&format!("{prefix}{key}"))
+            .unwrap_or_else(|| config.get(key))
+            .trim()
+            .to_string()
+    };
+    let mut mechanisms = Vec::new();
+    for name in get("sasl.enabled.mechanisms")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let Some(known) = MECHANISMS.iter().find(|m| **m == name) else {
+            return Err(error(
+                "sasl.enabled.mechanisms",
+                format!(
+                    "listener {listener}: Keel does not offer {name}; set sasl.enabled.mechanisms (or listener.name.{}.sasl.enabled.mechanisms) to any of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512",
+                    listener.to_ascii_lowercase()
+                ),
+            ));
+        };
+        if !mechanisms.contains(known) {
+            mechanisms.push(*known);
+        }
+    }
+    if mechanisms.is_empty() {
+        return Err(error(
+            "sasl.enabled.mechanisms",
+            format!("listener {listener} uses SASL but enables no mechanism"),
+        ));
+    }
+    let mut plain_users = BTreeMap::new();
+    if mechanisms.contains(&PLAIN) {
+        let key = format!("{prefix}plain.sasl.jaas.config");
+        let text = config.get_override(&key).unwrap_or("").trim();
+        if text.is_empty() {
+            return Err(error(
+                &key,
+                "PLAIN is enabled but has no users: set it to `org.apache.kafka.common.security.plain.PlainLoginModule required user_<name>=\"<password>\";`",
+            ));
+        }
+        let entry = jaas::parse(text).map_err(|e| error(&key, e))?;
+        if entry.module != jaas::PLAIN_LOGIN_MODULE {
+            return Err(error(
+                &key,
+                format!("PLAIN's login module is {}", jaas::PLAIN_LOGIN_MODULE),
+            ));
+        }
+        plain_users = entry.plain_users();
+        if plain_users.is_empty() {
+            return Err(error(
+                &key,
+                "PLAIN is enabled but no user_<name>=\"<password>\" option is set",
+            ));
+        }
+    }
+    let reauth_ms = get("connections.max.reauth.ms").parse::<i64>().unwrap_or(0);
+    let max_receive = get("sasl.server.max.receive.size").parse::<i64>().unwrap_or(0);
+    if max_receive < 1 {
+        return Err(error("sasl.server.max.receive.size", "must be at least 1"));
+    }
+    Ok(SaslSettings {
+        mechanisms,
+        plain_users,
+        reauth: (reauth_ms > 0).then(|| Duration::from_millis(reauth_ms as u64)),
+        max_receive_bytes: max_receive as usize,
+    })
+}
+
+/// What a finished exchange validated: the user, or why it was refused
+/// (Kafka's message, which names no credential).
+struct Validated;
+
+impl Validation for Validated {
+    type Value = Result<Arc<str>, &'static str>;
+}
+
+/// Finds users for the mechanisms: PLAIN's passwords, SCRAM's stored keys.
+struct Users {
+    plain: BTreeMap<String, String>,
+    scram: Arc<ScramCredentials>,
+}
+
+impl SessionCallback for Users {
+    fn callback(
+        &self,
+        session: &SessionData,
+        context: &Context,
+        request: &mut Request,
+    ) -> Result<(), SessionError> {
+        let Some(mechanism) = ScramMechanism::from_name(session.mechanism().mechanism.as_str()) else {
+            return Ok(());
+        };
+        let Some(user) = context.get_ref::<AuthId>() else {
+            return Ok(());
+        };
+        // An unknown user gets no credential: the mechanism answers with a
+        // made-up salt and fails at the proof, so the exchange does not
+        // tell which users exist.
+        if let Some(c) = self.scram.get(user, mechanism) {
+            let iterations = u32::try_from(c.iterations).unwrap_or(0);
+            request.satisfy::<ScramStoredPassword>(&ScramStoredPassword::new(
+                iterations,
+                &c.salt,
+                &c.stored_key,
+                &c.server_key,
+            ))?;
+        }
+        Ok(())
+    }
+
+    fn validate(
+        &self,
+        session: &SessionData,
+        context: &Context,
+        validate: &mut Validate<'_>,
+    ) -> Result<(), ValidationError> {
+        let user = context.get_ref::<AuthId>().unwrap_or("");
+        let authzid = context.get_ref::<AuthzId>().filter(|a| !a.is_empty());
+        let outcome = if authzid.is_some_and(|a| a != user) {
+            Err("Authentication failed: Client requested an authorization id that is different from username")
+        } else if session.mechanism().mechanism.as_str() == PLAIN {
+            let given = context.get_ref::<Password>().unwrap_or(&[]);
+            let matches = self.plain.get(user).is_some_and(|expected| {
+                bool::from(subtle::ConstantTimeEq::ct_eq(expected.as_bytes(), given))
+            });
+            if matches {
+                Ok(Arc::from(user))
+            } else {
+                Err("Authentication failed: Invalid username or password")
+            }
+        } else {
+            // SCRAM validates only after the client's proof matched.
+            Ok(Arc::from(user))
+        };
+        validate.with::<Validated, _>(|| Ok(outcome))?;
+        Ok(())
+    }
+}
+
+/// A SASL listener: its settings and the mechanisms' configuration.
+pub struct SaslListener {
+    pub name: String,
+    pub settings: SaslSettings,
+    config: Arc<SASLConfig>,
+}
+
+impl SaslListener {
+    pub fn new(
+        name: &str,
+        settings: SaslSettings,
+        scram: Arc<ScramCredentials>,
+    ) -> Result<SaslListener, String> {
+        let users = Users {
+            plain: settings.plain_users.clone(),
+            scram,
+        };
+        let config = SASLConfig::builder()
+            .with_defaults()
+            .with_callback(users)
+            .map_err(|e| format!("SASL: {e}"))?;
+        Ok(SaslListener {
+            name: name.to_string(),
+            settings,
+            config,
+        })
+    }
+}
+
+/// What the connection does after an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Goes on.
+    Continue,
+    /// The exchange succeeded (a first authentication or a
+    /// re-authentication): goes on as the session's user.
+    Authenticated,
+    /// Authentication failed: the answer goes out after
+    /// `connection.failed.authentication.delay.ms`, then the connection
+    /// closes. The reason is for the log.
+    Fail(String),
+    /// The client broke the protocol: the answer goes out, then the
+    /// connection closes.
+    Close(String),
+}
+
+/// A SaslHandshake answer.
+#[derive(Debug, Clone)]
+pub struct HandshakeAnswer {
+    pub error: Option<ResponseError>,
+    pub mechanisms: Vec<&'static str>,
+    pub next: Next,
+}
+
+/// A SaslAuthenticate answer (or a v0 token's).
+#[derive(Debug, Clone)]
+pub struct TokenAnswer {
+    pub error: Option<(ResponseError, String)>,
+    pub bytes: Vec<u8>,
+    /// The session's lifetime, for SaslAuthenticate v1+: 0 is for ever.
+    pub session_lifetime_ms: i64,
+    pub next: Next,
+}
+
+impl TokenAnswer {
+    fn refused(error: ResponseError, message: impl Into<String>, next: Next) -> TokenAnswer {
+        TokenAnswer {
+            error: Some((error, message.into())),
+            bytes: Vec::new(),
+            session_lifetime_ms: 0,
+            next,
+        }
+    }
+}
+
+enum Exchange {
+    /// Waiting for a handshake: a new connection's, or a re-authentication's.
+    Handshake,
+    /// A mechanism was chosen; its tokens follow.
+    Tokens {
+        session: Box<Session<Validated>>,
+        mechanism: &'static str,
+        /// After a v0 handshake the tokens are bare frames.
+        raw: bool,
+    },
+    /// Authenticated; a new handshake begins a re-authentication.
+    Done,
+}
+
+/// The session a successful exchange opened.
+#[derive(Debug, Clone)]
+pub struct SaslSession {
+    pub user: Arc<str>,
+    pub mechanism: &'static str,
+    /// When the client must have re-authenticated by.
+    pub expires: Option<Instant>,
+}
+
+/// One connection's SASL state.
+pub struct Authenticator {
+    listener: Arc<SaslListener>,
+    exchange: Exchange,
+    session: Option<SaslSession>,
+}
+
+impl Authenticator {
+    pub fn new(listener: Arc<SaslListener>) -> Authenticator {
+        Authenticator {
+            listener,
+            exchange: Exchange::Handshake,
+            session: None,
+        }
+    }
+
+    /// The listener's settings.
+    pub fn settings(&self) -> &SaslSettings {
+        &self.listener.settings
+    }
+
+    /// The session, once the client authenticated.
+    pub fn session(&self) -> Option<&SaslSession> {
+        self.session.as_ref()
+    }
+
+    /// Whether the next frame is a bare token (after a v0 handshake).
+    pub fn expects_raw_token(&self) -> bool {
+        matches!(self.exchange, Exchange::Tokens { raw: true, .. })
+    }
+
+    /// Whether the session ran past its lifetime without the client
+    /// re-authenticating (a re-authentication in progress counts as in
+    /// time).
+    pub fn expired(&self, now: Instant) -> bool {
+        matches!(self.exchange, Exchange::Done)
+            && self
+                .session
+                .as_ref()
+                .and_then(|s| s.expires)
+                .is_some_and(|e| now >= e)
+    }
+
+    /// SaslHandshake (`version` 0 or 1) for `mechanism`.
+    pub fn handshake(&mut self, mechanism: &str, version: i16) -> HandshakeAnswer {
+        let enabled = self.listener.settings.mechanisms.clone();
+        let answer = |error, next| HandshakeAnswer {
+            error,
+            mechanisms: enabled.clone(),
+            next,
+        };
+        if matches!(self.exchange, Exchange::Tokens { .. }) {
+            return answer(
+                Some(ResponseError::IllegalSaslState),
+                Next::Close("SaslHandshake in the middle of a SASL exchange".into()),
+            );
+        }
+        let Some(chosen) = enabled.iter().copied().find(|m| *m == mechanism) else {
+            return answer(
+                Some(ResponseError::UnsupportedSaslMechanism),
+                Next::Close(format!("unsupported SASL mechanism {mechanism}")),
+            );
+        };
+        if let Some(session) = &self.session {
+            if version < 1 {
+                return answer(
+                    Some(ResponseError::IllegalSaslState),
+                    Next::Close("re-authentication needs SaslHandshake v1".into()),
+                );
+            }
+            if session.mechanism != chosen {
+                return answer(
+                    Some(ResponseError::IllegalSaslState),
+                    Next::Close(format!(
+                        "re-authentication must use the session's mechanism {}, not {chosen}",
+                        session.mechanism
+                    )),
+                );
+            }
+        }
+        let name = Mechname::parse(chosen.as_bytes()).expect("the mechanism names are valid");
+        let started = SASLServer::<Validated>::new(Arc::clone(&self.listener.config)).start_suggested(name);
+        match started {
+            Ok(session) => {
+                self.exchange = Exchange::Tokens {
+                    session: Box::new(session),
+                    mechanism: chosen,
+                    raw: version == 0,
+                };
+                answer(None, Next::Continue)
+            }
+            Err(e) => answer(
+                Some(ResponseError::UnsupportedSaslMechanism),
+                Next::Close(format!("cannot start {chosen}: {e}")),
+            ),
+        }
+    }
+
+    /// One client token (a SaslAuthenticate request's, or a bare frame's
+    /// after a v0 handshake: `raw`), at `now`.
+    pub fn token(&mut self, token: &[u8], raw: bool, now: Instant) -> TokenAnswer {
+        let Exchange::Tokens {
+            session,
+            mechanism,
+            raw: expects_raw,
+        } = &mut self.exchange
+        else {
+            return TokenAnswer::refused(
+                ResponseError::IllegalSaslState,
+                "SaslAuthenticate before a SaslHandshake or after authentication",
+                Next::Close("SaslAuthenticate outside a SASL exchange".into()),
+            );
+        };
+        if *expects_raw != raw {
+            return TokenAnswer::refused(
+                ResponseError::IllegalSaslState,
+                "tokens follow a v0 SaslHandshake as bare frames and a v1 one in SaslAuthenticate",
+                Next::Close("SASL token in the wrong framing".into()),
+            );
+        }
+        let mechanism = *mechanism;
+        let failed = |reason: &str| {
+            let message = if mechanism == PLAIN {
+                "Authentication failed: Invalid username or password".to_string()
+            } else {
+                format!(
+                    "Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+                )
+            };
+            TokenAnswer::refused(
+                ResponseError::SaslAuthenticationFailed,
+                message,
+                Next::Fail(reason.to_string()),
+            )
+        };
+        let mut out = Vec::new();
+        // rsasl 2.3's SCRAM parser indexes attributes without checking
+        // their length: a hostile token must fail its exchange, not the
+        // connection's task. The session is dropped after a panic.
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            session.step(Some(token), &mut out)
+        }));
+        let outcome = match step {
+            Err(_) => {
+                self.exchange = Exchange::Handshake;
+                return failed(&format!("{mechanism}: malformed message"));
+            }
+            Ok(Err(e)) => {
+                self.exchange = Exchange::Handshake;
+                return failed(&format!("{mechanism}: {e}"));
+            }
+            Ok(Ok(StepState::Running)) => {
+                return TokenAnswer {
+                    error: None,
+                    bytes: out,
+                    session_lifetime_ms: 0,
+                    next: Next::Continue,
+                }
+            }
+            Ok(Ok(StepState::Finished(_))) => session.validation(),
+        };
+        self.exchange = Exchange::Handshake;
+        let user = match outcome {
+            Some(Ok(user)) => user,
+            Some(Err(message)) => {
+                return TokenAnswer::refused(
+                    ResponseError::SaslAuthenticationFailed,
+                    message,
+                    Next::Fail(format!("{mechanism}: {message}")),
+                )
+            }
+            None => return failed(&format!("{mechanism}: invalid credentials")),
+        };
+        if let Some(previous) = &self.session {
+            if previous.user != user {
+                return TokenAnswer::refused(
+                    ResponseError::SaslAuthenticationFailed,
+                    format!(
+                        "Cannot change principals during re-authentication from User:{}: User:{user}",
+                        previous.user
+                    ),
+                    Next::Fail("re-authentication as another user".into()),
+                );
+            }
+        }
+        let reauth = self.listener.settings.reauth;
+        self.session = Some(SaslSession {
+            user,
+            mechanism,
+            expires: reauth.map(|d| now + d),
+        });
+        self.exchange = Exchange::Done;
+        TokenAnswer {
+            error: None,
+            bytes: out,
+            session_lifetime_ms: reauth.map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            next: Next::Authenticated,
+        }
+    }
+}
+
+/// What a connection does with a frame before handling it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Handle it as a request.
+    Pass,
+    /// It is a bare SASL token (after a v0 handshake).
+    RawToken,
+    /// Close the connection, for this reason.
+    Close(String),
+}
+
+/// The APIs a client may send before it has authenticated.
+const BEFORE_AUTHENTICATION: [i16; 3] = [
+    ApiKey::ApiVersions as i16,
+    ApiKey::SaslHandshake as i16,
+    ApiKey::SaslAuthenticate as i16,
+];
+
+/// A connection's authenticator, shared by the connection and its
+/// requests' handlers.
+#[derive(Clone)]
+pub struct ConnectionAuth(Arc<Mutex<Authenticator>>);
+
+impl std::fmt::Debug for ConnectionAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let user = self.user();
+        f.debug_struct("ConnectionAuth").field("user", &user).finish()
+    }
+}
+
+impl ConnectionAuth {
+    pub fn new(listener: Arc<SaslListener>) -> ConnectionAuth {
+        ConnectionAuth(Arc::new(Mutex::new(Authenticator::new(listener))))
+    }
+
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, Authenticator> {
+        self.0.lock()
+    }
+
+    /// The user the session authenticated, if it has.
+    pub fn user(&self) -> Option<Arc<str>> {
+        self.0.lock().session().map(|s| Arc::clone(&s.user))
+    }
+
+    /// Whether a frame of `api_key` may be handled now, as Kafka allows:
+    /// before authentication only ApiVersions and the SASL APIs, after a
+    /// v0 handshake only bare tokens, and once the session has expired
+    /// only a handshake that re-authenticates.
+    pub fn gate(&self, api_key: i16, now: Instant) -> Gate {
+        let auth = self.0.lock();
+        if auth.expects_raw_token() {
+            return Gate::RawToken;
+        }
+        // As in Kafka, a handshake begins a re-authentication even after
+        // the session's end: a client may have waited for its requests in
+        // flight before starting one.
+        if auth.expired(now) && api_key != ApiKey::SaslHandshake as i16 {
+            return Gate::Close(
+                "the SASL session expired without re-authentication (connections.max.reauth.ms)".into(),
+            );
+        }
+        if auth.session().is_none() && !BEFORE_AUTHENTICATION.contains(&api_key) {
+            let name = ApiKey::try_from(api_key).map_or_else(|_| format!("{api_key}"), |k| format!("{k:?}"));
+            return Gate::Close(format!(
+                "Unexpected Kafka request of type {name} during SASL handshake"
+            ));
+        }
+        Gate::Pass
+    }
+
+    /// The largest frame read now: `sasl.server.max.receive.size` until
+    /// the client has authenticated.
+    pub fn max_frame_bytes(&self, max_request_bytes: usize) -> usize {
+        let auth = self.0.lock();
+        if auth.session().is_none() || auth.expects_raw_token() {
+            max_request_bytes.min(auth.settings().max_receive_bytes)
+        } else {
+            max_request_bytes
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
