@@ -7,8 +7,14 @@ a confluent-kafka assign() consumer and kcat (when installed) against it,
 and prints a table with the
 Keel/Kafka ratio. A benchmark, not a test: it prints numbers, asserts none.
 
+With `--security ssl` (or `both`) each broker also has an SSL listener
+(a PEM keystore made for the run, Kafka's `ssl.*` keys on both brokers)
+and the clients use it; the table then compares each broker over TLS with
+the other over TLS, and with itself over plaintext.
+
 usage: bench/throughput.py [--records N] [--record-size B] [--acks A]
                            [--partitions P] [--rounds R] [--json FILE]
+                           [--security plaintext|ssl|both]
 The keel binary defaults to target/release/keel (build it with
 `cargo build --release -p keel-server`).
 """
@@ -47,9 +53,33 @@ def wait_port(port: int, timeout_s: float = 60) -> None:
     raise SystemExit(f"port {port} did not open within {timeout_s}s")
 
 
-def run_perf(bootstrap: str, topic: str, args) -> dict:
+class Tls:
+    """A CA and a PEM broker key made for the run (the tests' certificate
+    maker), and the clients' settings that trust it. The key is not
+    encrypted: Java 17 cannot decrypt PBES2 PKCS #8 keys, so Kafka could
+    not read one."""
+
+    def __init__(self, dir: Path):
+        sys.path.insert(0, str(REPO / "tests"))
+        from pki import Pki
+        pki = Pki(dir)
+        pki.leaf("broker", server=True)
+        self.keystore = dir / "broker.pem"
+        self.java_config = dir / "client.properties"
+        self.java_config.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\n"
+                                    f"ssl.truststore.location={pki.ca}\n")
+        self.rdkafka = {"security.protocol": "ssl", "ssl.ca.location": pki.ca}
+
+    def broker_keys(self) -> dict[str, str]:
+        """Kafka's keys, which both brokers read."""
+        return {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(self.keystore)}
+
+
+def run_perf(bootstrap: str, topic: str, args, tls: Tls | None = None) -> dict:
     env = dict(os.environ, RECORDS=str(args.records), RECORD_SIZE=str(args.record_size),
                ACKS=args.acks, PARTITIONS=str(args.partitions), CONSUMER="assign")
+    if tls:
+        env.update(CLIENT_CONFIG=str(tls.java_config), ASSIGN_CONFIG=json.dumps(tls.rdkafka))
     out = subprocess.run([str(HERE / "kafka" / "perf.sh"), bootstrap, topic], env=env,
                          capture_output=True, text=True, timeout=900)
     text = out.stdout + out.stderr
@@ -61,51 +91,93 @@ def run_perf(bootstrap: str, topic: str, args) -> dict:
     if not prod or not cons:
         raise SystemExit(f"could not parse perf output:\n{text[-3000:]}")
     p, c = prod[-1], cons[-1]
-    kcat = kcat_consume(bootstrap, topic, args)
+    kcat = kcat_consume(bootstrap, topic, args, tls)
     return {**kcat, "produce_records_per_s": float(p[1]), "produce_mb_per_s": float(p[2]),
             "produce_latency_ms_avg": float(p[3]), "produce_latency_ms_p99": float(p[7]),
             "consume_mb_per_s": float(c[3]), "consume_records_per_s": float(c[4])}
 
 
-def kcat_consume(bootstrap: str, topic: str, args) -> dict:
+def kcat_consume(bootstrap: str, topic: str, args, tls: Tls | None) -> dict:
     """librdkafka at C speed: kcat reads every partition from the beginning
     to the end offsets (no consumer group) and discards the records."""
     if not shutil.which("kcat"):
         return {}
+    extra = [a for k, v in (tls.rdkafka.items() if tls else []) for a in ("-X", f"{k}={v}")]
     start = time.monotonic()
-    subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q"],
+    subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q", *extra],
                    stdout=subprocess.DEVNULL, check=True, timeout=600)
     secs = time.monotonic() - start
     mb = args.records * args.record_size / 1048576
     return {"kcat_consume_mb_per_s": mb / secs, "kcat_consume_records_per_s": args.records / secs}
 
 
-def with_kafka(args, fn):
+def ssl_port_beside(*taken: int) -> int:
+    port = free_port()
+    while port in taken:
+        port = free_port()
+    return port
+
+
+def with_kafka(args, fn, tls: Tls | None = None):
     port = free_port()
     data = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
+    env = dict(os.environ)
+    bootstrap = f"127.0.0.1:{port}"
+    if tls:
+        # start.sh's controller listens on port + 1; later lines win.
+        ssl_port = ssl_port_beside(port, port + 1)
+        bootstrap = f"127.0.0.1:{ssl_port}"
+        props = {
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},SSL://{bootstrap},CONTROLLER://127.0.0.1:{port + 1}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},SSL://{bootstrap}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,CONTROLLER:PLAINTEXT",
+            **tls.broker_keys(),
+        }
+        env["KAFKA_EXTRA_PROPS"] = "\n".join(f"{k}={v}" for k, v in props.items())
     subprocess.run([str(HERE / "kafka" / "start.sh"), str(port), str(data)], check=True,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, env=env)
     try:
-        return fn(f"127.0.0.1:{port}")
+        return fn(bootstrap)
     finally:
         subprocess.run([str(HERE / "kafka" / "stop.sh"), str(data)], stdout=subprocess.DEVNULL)
         shutil.rmtree(data, ignore_errors=True)
 
 
-def with_keel(args, fn):
+def with_keel(args, fn, tls: Tls | None = None):
     port = free_port()
     data = Path(tempfile.mkdtemp(prefix="keel-bench-"))
+    listen, bootstrap, sets = f"127.0.0.1:{port}", f"127.0.0.1:{port}", []
+    if tls:
+        ssl_port = ssl_port_beside(port)
+        bootstrap = f"127.0.0.1:{ssl_port}"
+        listen = f"PLAINTEXT://127.0.0.1:{port},SSL://{bootstrap}"
+        sets = [a for k, v in tls.broker_keys().items() for a in ("--set", f"{k}={v}")]
     # The admin endpoint is off: a broker already running here may hold its port.
-    proc = subprocess.Popen([args.keel, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
-                             "--set", "keel.admin.listen="],
+    proc = subprocess.Popen([args.keel, "serve", "--listen", listen, "--data-dir", str(data),
+                             "--set", "keel.admin.listen=", *sets],
                             stderr=subprocess.DEVNULL)
     try:
-        wait_port(port)
-        return fn(f"127.0.0.1:{port}")
+        wait_port(int(bootstrap.rsplit(":", 1)[1]))
+        return fn(bootstrap)
     finally:
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def table(best: dict, columns: list[tuple[str, str]], ratios: list[tuple[str, str, str]]) -> str:
+    """Each metric's best value per column, then each ratio (a / b)."""
+    metrics = list(best[columns[0][0]])
+    head = f"{'metric':<28}" + "".join(f"{label:>18}" for _, label in columns) \
+        + "".join(f"{label:>18}" for label, _, _ in ratios)
+    lines = [head]
+    for m in metrics:
+        row = f"{m:<28}" + "".join(f"{best[key].get(m, float('nan')):>18.1f}" for key, _ in columns)
+        for _, a, b in ratios:
+            x, y = best[a].get(m), best[b].get(m)
+            row += f"{(x / y if x is not None and y else float('nan')):>18.2f}"
+        lines.append(row)
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -115,23 +187,30 @@ def main() -> int:
     ap.add_argument("--acks", default="1")
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--security", choices=["plaintext", "ssl", "both"], default="plaintext")
     ap.add_argument("--keel", default=str(REPO / "target" / "release" / "keel"))
     ap.add_argument("--json")
     args = ap.parse_args()
-    results = {"kafka": [], "keel": []}
-    for r in range(args.rounds):
-        for name, runner in (("kafka", with_kafka), ("keel", with_keel)):
-            res = runner(args, lambda bs: run_perf(bs, f"perf-{r}", args))
-            print(f"round {r + 1} {name}: {res}", flush=True)
-            results[name].append(res)
+    modes = ["plaintext", "ssl"] if args.security == "both" else [args.security]
+    tls = Tls(Path(tempfile.mkdtemp(prefix="bench-tls-"))) if "ssl" in modes else None
+    results: dict[str, list] = {}
+    for mode in modes:
+        for r in range(args.rounds):
+            for name, runner in (("kafka", with_kafka), ("keel", with_keel)):
+                key = f"{name}-{mode}"
+                res = runner(args, lambda bs: run_perf(bs, f"perf-{r}", args, tls if mode == "ssl" else None),
+                             tls if mode == "ssl" else None)
+                print(f"round {r + 1} {key}: {res}", flush=True)
+                results.setdefault(key, []).append(res)
     best = {k: {m: max(x[m] for x in v) if "per_s" in m else min(x[m] for x in v) for m in v[0]}
             for k, v in results.items()}
     print(f"\n{args.records} records x {args.record_size} B, acks={args.acks}, "
           f"{args.partitions} partition(s), best of {args.rounds} rounds")
-    print(f"{'metric':<28}{'kafka':>12}{'keel':>12}{'keel/kafka':>12}")
-    for m in best["kafka"]:
-        k, e = best["kafka"][m], best["keel"][m]
-        print(f"{m:<28}{k:>12.1f}{e:>12.1f}{(e / k if k else float('nan')):>12.2f}")
+    columns = [(f"{n}-{m}", f"{n} {m}") for m in modes for n in ("kafka", "keel")]
+    ratios = [(f"keel/kafka {m[:5]}", f"keel-{m}", f"kafka-{m}") for m in modes]
+    if len(modes) == 2:
+        ratios += [(f"{n} ssl/plain", f"{n}-ssl", f"{n}-plaintext") for n in ("kafka", "keel")]
+    print(table(best, columns, ratios))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": results, "best": best}, indent=2))
     return 0

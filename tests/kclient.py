@@ -177,3 +177,24 @@ def consume_range(bootstrap: str, topic: str, partitions, expected: int,
         return out
     finally:
         c.close()
+
+
+def round_trip(bootstrap: str, topic: str, extra: dict, n: int = 200) -> list[bytes]:
+    """Produces `n` records with `extra` client settings (a security
+    protocol and its keys), then reads the topic back with a consumer of a
+    new group: -> the values read."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **extra})
+    for i in range(n):
+        p.produce(topic, value=f"v{i}".encode())
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}-{time.monotonic_ns()}",
+                  "auto.offset.reset": "earliest", **extra})
+    got: list[bytes] = []
+    what = " ".join(str(extra.get(k, "")) for k in ("security.protocol", "sasl.mechanism")).strip() or "PLAINTEXT"
+    try:
+        c.subscribe([topic])
+        wait_until(lambda: got.extend(m.value() for m in c.consume(100, timeout=0.5) if not m.error())
+                   or len(got) >= n, 60, f"{n} records over {what}")
+    finally:
+        c.close()
+    return got

@@ -20,7 +20,7 @@ from kafka import KafkaConsumer, KafkaProducer
 import kafka_tools
 import kafka_wire as w
 from conftest import IMPL, Broker, free_port, wait_until
-from kclient import CLIENT_TIMEOUT_S, create_topic
+from kclient import CLIENT_TIMEOUT_S, create_topic, round_trip
 from pki import Pki
 from test_operator_tools import kafka_configs
 
@@ -104,23 +104,6 @@ def sasl(mechanism: str, user: str, password: str, pki: Pki | None = None) -> di
     return c
 
 
-def round_trip(bootstrap: str, topic: str, extra: dict, n: int = 100) -> list[bytes]:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **extra})
-    for i in range(n):
-        p.produce(topic, value=f"v{i}".encode())
-    assert p.flush(CLIENT_TIMEOUT_S) == 0
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}-{time.monotonic_ns()}",
-                  "auto.offset.reset": "earliest", **extra})
-    got: list[bytes] = []
-    try:
-        c.subscribe([topic])
-        wait_until(lambda: got.extend(m.value() for m in c.consume(100, timeout=0.5) if not m.error())
-                   or len(got) >= n, 60, f"{n} records over {extra['security.protocol']} {extra['sasl.mechanism']}")
-    finally:
-        c.close()
-    return got
-
-
 def add_scram(bootstrap: str, user: str, password: str, mechanism=ScramMechanism.SCRAM_SHA_512,
               iterations: int = 8192) -> None:
     """AlterUserScramCredentials through confluent-kafka's admin client."""
@@ -161,13 +144,13 @@ def test_plain_and_scram_over_sasl_plaintext_and_sasl_ssl_with_real_clients(sasl
         topic = f"guarded-{k}"
         create_topic(b.bootstrap, topic, partitions=2)
         bootstrap = b.sasl_ssl_bootstrap if "ssl.ca.location" in extra else b.sasl_bootstrap
-        assert sorted(round_trip(bootstrap, topic, extra)) == expected, extra["sasl.mechanism"]
-    # kafka-python: PLAIN over SASL_PLAINTEXT, SCRAM-SHA-256 over SASL_SSL.
+        assert sorted(round_trip(bootstrap, topic, extra, n=100)) == expected, extra["sasl.mechanism"]
+    # kafka-python: PLAIN over SASL_PLAINTEXT, SCRAM-SHA-512 over SASL_SSL.
     for bootstrap, kw in [
         (b.sasl_bootstrap, dict(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
                                 sasl_plain_username="alice", sasl_plain_password="alice-secret")),
-        (b.sasl_ssl_bootstrap, dict(security_protocol="SASL_SSL", ssl_cafile=pki.ca, sasl_mechanism="SCRAM-SHA-256",
-                                    sasl_plain_username="carol", sasl_plain_password="carol-256")),
+        (b.sasl_ssl_bootstrap, dict(security_protocol="SASL_SSL", ssl_cafile=pki.ca, sasl_mechanism="SCRAM-SHA-512",
+                                    sasl_plain_username="carol", sasl_plain_password="carol-512")),
     ]:
         producer = KafkaProducer(bootstrap_servers=bootstrap, **kw)
         for i in range(20):

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -28,7 +28,7 @@ import kafka_tools
 import kafka_wire as w
 import quota_wire as q
 from conftest import IMPL, Broker, free_port, wait_until
-from kclient import CLIENT_TIMEOUT_S, create_topic
+from kclient import CLIENT_TIMEOUT_S, create_topic, round_trip
 from pki import Pki
 
 pytestmark = pytest.mark.skipif(IMPL != "keel", reason="Keel's listener flags")
@@ -78,23 +78,6 @@ def ssl_config(pki: Pki, client: tuple[str, str] | None = None) -> dict:
     if client:
         c["ssl.certificate.location"], c["ssl.key.location"] = client
     return c
-
-
-def round_trip(bootstrap: str, topic: str, extra: dict, n: int = 200) -> list[bytes]:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **extra})
-    for i in range(n):
-        p.produce(topic, value=f"v{i}".encode())
-    assert p.flush(CLIENT_TIMEOUT_S) == 0
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
-                  **extra})
-    got: list[bytes] = []
-    try:
-        c.subscribe([topic])
-        wait_until(lambda: got.extend(m.value() for m in c.consume(100, timeout=0.5) if not m.error())
-                   or len(got) >= n, 60, f"{n} records over {extra.get('security.protocol', 'PLAINTEXT')}")
-    finally:
-        c.close()
-    return got
 
 
 def advertised(bootstrap: str, extra: dict) -> tuple[str, int]:

@@ -4,7 +4,11 @@ partition of TOPIC from offset 0, read until COUNT records or a 60 s deadline,
 print MB/s and records/s in a ConsumerPerformance-like line.
 
 usage: assign_consume.py BOOTSTRAP TOPIC COUNT
+env:   ASSIGN_CONFIG  extra librdkafka settings as a JSON object
+       (e.g. {"security.protocol": "ssl", "ssl.ca.location": "ca.pem"})
 """
+import json
+import os
 import sys
 import time
 
@@ -20,6 +24,7 @@ def main() -> int:
         "enable.auto.offset.store": False,
         "fetch.max.bytes": 52428800,
         "max.partition.fetch.bytes": 1048576,
+        **json.loads(os.environ.get("ASSIGN_CONFIG") or "{}"),
     })
     md = c.list_topics(topic, timeout=10)
     parts = sorted(md.topics[topic].partitions)

@@ -716,6 +716,9 @@ impl Broker {
                 Reply::FrameThenClose { frame, delay, reason }
             }
             Next::Close(reason) => {
+                // Counted as Kafka counts a broken handshake: a failed
+                // authentication.
+                self.metrics.authentication_failed(&client.listener);
                 tracing::info!(listener = %client.listener, client = %client.host, %reason, "SASL protocol error; closing the connection");
                 Reply::FrameThenClose {
                     frame,

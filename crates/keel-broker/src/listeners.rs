@@ -300,16 +300,20 @@ pub fn scoped_key(key: &str) -> Option<&'static str> {
     LISTENER_SCOPED.iter().copied().find(|k| *k == suffix)
 }
 
+/// `key` as `listener` sees it: its `listener.name.<listener>.<key>`
+/// override, else the broker's value; trimmed.
+pub fn scoped_value(config: &BrokerConfig, listener: &str, key: &str) -> String {
+    let scoped = format!("listener.name.{}.{key}", listener.to_ascii_lowercase());
+    config
+        .get_override(&scoped)
+        .unwrap_or_else(|| config.get(key))
+        .trim()
+        .to_string()
+}
+
 /// The TLS settings of `listener`.
 pub fn ssl_settings(config: &BrokerConfig, listener: &str) -> Result<SslSettings, ConfigError> {
-    let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
-    let get = |key: &str| -> String {
-        config
-            .get_override(&format!("{prefix}{key}"))
-            .unwrap_or_else(|| config.get(key))
-            .trim()
-            .to_string()
-    };
+    let get = |key: &str| scoped_value(config, listener, key);
     let list = |key: &str| -> Vec<String> {
         get(key)
             .split(',')

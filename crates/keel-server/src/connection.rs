@@ -183,6 +183,8 @@ pub async fn serve(
                     Gate::Close(reason) => {
                         if auth.lock().session().is_some() {
                             broker.metrics.session_expired(&client.listener);
+                        } else {
+                            broker.metrics.authentication_failed(&client.listener);
                         }
                         tracing::info!(listener = %client.listener, %peer, %reason, "closing a SASL connection");
                         return Err(reason);

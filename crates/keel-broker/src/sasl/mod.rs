@@ -72,13 +72,7 @@ fn error(key: &str, reason: impl Into<String>) -> ConfigError {
 /// over the broker's.
 pub fn settings(config: &BrokerConfig, listener: &str) -> Result<SaslSettings, ConfigError> {
     let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
-    let get = |key: &str| -> String {
-        config
-            .get_override(&format!("{prefix}{key}"))
-            .unwrap_or_else(|| config.get(key))
-            .trim()
-            .to_string()
-    };
+    let get = |key: &str| crate::listeners::scoped_value(config, listener, key);
     let mut mechanisms = Vec::new();
     for name in get("sasl.enabled.mechanisms")
         .split(',')
@@ -418,10 +412,19 @@ impl Authenticator {
             raw: expects_raw,
         } = &mut self.exchange
         else {
+            // After authentication Kafka answers it and goes on; before a
+            // handshake it is a broken exchange.
+            if self.session.is_some() {
+                return TokenAnswer::refused(
+                    ResponseError::IllegalSaslState,
+                    "SaslAuthenticate request received after successful authentication",
+                    Next::Continue,
+                );
+            }
             return TokenAnswer::refused(
                 ResponseError::IllegalSaslState,
-                "SaslAuthenticate before a SaslHandshake or after authentication",
-                Next::Close("SaslAuthenticate outside a SASL exchange".into()),
+                "SaslAuthenticate before a SaslHandshake",
+                Next::Close("SaslAuthenticate before a SaslHandshake".into()),
             );
         };
         if *expects_raw != raw {

@@ -138,6 +138,11 @@ fn every_mechanism_authenticates_with_both_framings() {
             assert_eq!(session.mechanism, mechanism);
             assert_eq!(session.expires, None);
             assert!(!auth.expects_raw_token());
+            // A SaslAuthenticate after authentication is answered, as in
+            // Kafka, and the connection goes on.
+            let again = auth.token(b"\0alice\0alice-secret", false, Instant::now());
+            assert_eq!(again.error.map(|e| e.0), Some(ResponseError::IllegalSaslState));
+            assert_eq!(again.next, Next::Continue);
         }
     }
 }
