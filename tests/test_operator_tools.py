@@ -142,6 +142,14 @@ def kafka_configs(bootstrap: str, *args: str, ok: bool = True):
     return done
 
 
+def kafka_acls(bootstrap: str, *args: str, ok: bool = True):
+    """Apache Kafka's `kafka-acls` (AclCommand) against `bootstrap`."""
+    done = kafka_tools.run("org.apache.kafka.tools.AclCommand", "--bootstrap-server", bootstrap, *args)
+    if ok:
+        assert done.returncode == 0, f"kafka-acls {' '.join(args)}: {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    return done
+
+
 def topic_overrides(bootstrap: str, topic: str) -> dict[str, str]:
     """`kafka-configs --describe` of a topic: its dynamic (overridden) configs."""
     done = kafka_configs(bootstrap, "--describe", "--entity-type", "topics", "--entity-name", topic)

@@ -102,6 +102,7 @@ pub enum StartError {
     Transactions(String),
     Quotas(String),
     Scram(String),
+    Acls(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -113,6 +114,7 @@ impl std::fmt::Display for StartError {
             StartError::Transactions(e) => write!(f, "cannot open the transaction log: {e}"),
             StartError::Quotas(e) => write!(f, "cannot open the quota log: {e}"),
             StartError::Scram(e) => write!(f, "cannot open the SCRAM credential log: {e}"),
+            StartError::Acls(e) => write!(f, "cannot open the ACL log: {e}"),
         }
     }
 }
@@ -145,6 +147,9 @@ pub struct Broker {
     pub quotas: crate::quotas::ClientQuotas,
     /// The SCRAM credentials SASL listeners authenticate against.
     pub scram: Arc<crate::sasl::credentials::ScramCredentials>,
+    /// The ACLs, and whether and how they are enforced.
+    pub acls: crate::acl::store::AclStore,
+    pub authorizer: crate::acl::AuthorizerSettings,
     /// The newest batches of every partition, under one byte budget.
     pub tail_cache: Arc<TailCache>,
     /// How segment data is read back (`keel.io.direct`, probed at start-up).
@@ -274,6 +279,9 @@ impl Broker {
             &meta_dir.join("scram"),
         )
         .map_err(StartError::Scram)?;
+        let acls = crate::acl::store::AclStore::open_with(Arc::clone(&storage), &meta_dir.join("acls"))
+            .map_err(StartError::Acls)?;
+        let authorizer = crate::acl::settings(&config).map_err(|e| StartError::Acls(e.to_string()))?;
         let metrics = Metrics::new(config.slow_request());
         let broker = Broker {
             config: parking_lot::RwLock::new(Arc::new(config)),
@@ -290,6 +298,8 @@ impl Broker {
             txns: Arc::new(txns),
             quotas,
             scram: Arc::new(scram),
+            acls,
+            authorizer,
             tail_cache,
             read_io,
             cold,
@@ -422,6 +432,9 @@ impl Broker {
         let id = frame.correlation_id;
         let client_id = decoded.header.client_id.as_ref().map_or("", |c| c.as_str());
         trace::set_client_id(client_id);
+        if let Some(reason) = self.unchecked_api(frame.api_key, client) {
+            return Reply::Close(reason);
+        }
         match decoded.body {
             Request::ApiVersions(_) => self.answer(
                 client_id,
@@ -430,13 +443,30 @@ impl Broker {
                 id,
                 &mut handlers::api_versions(self),
             ),
-            Request::Metadata(r) => {
+            Request::Metadata(mut r) => {
+                let listed_all = r.topics.is_none();
+                let (topic_ops, cluster_ops) = (
+                    r.include_topic_authorized_operations,
+                    r.include_cluster_authorized_operations,
+                );
+                let denied = handlers::authz::metadata_request(self, client, &mut r);
                 let mut resp = handlers::metadata::metadata(self, r, version, &client.listener).await;
+                handlers::authz::metadata_response(
+                    self,
+                    client,
+                    listed_all,
+                    topic_ops,
+                    cluster_ops,
+                    &mut resp,
+                );
+                resp.topics.extend(denied);
                 self.answer(client_id, ApiKey::Metadata, version, id, &mut resp)
             }
-            Request::Produce(r) => {
+            Request::Produce(mut r) => {
                 let acks = r.acks;
+                let denied = handlers::authz::produce(self, client, &mut r);
                 let mut resp = handlers::produce::produce(self, r, version).await;
+                resp.responses.extend(denied);
                 // Kafka counts the whole request against producer_byte_rate.
                 resp.throttle_time_ms =
                     self.quota_throttle(PRODUCER_BYTE_RATE, client_id, frame.bytes.len(), false);
@@ -449,40 +479,48 @@ impl Broker {
                     handlers::produce::acks_zero_failure(&resp).map_or(Reply::Nothing, Reply::Close)
                 }
             }
-            Request::Fetch(r) => {
+            Request::Fetch(mut r) => {
+                let denied = handlers::authz::fetch(self, client, &mut r);
                 let answer = handlers::fetch::fetch(self, r).await;
                 // Over a quota, Kafka answers empty, with the throttle time,
                 // and does not count the records withheld against
                 // consumer_byte_rate.
+                let answer_bytes = answer.bytes();
                 let mut throttle = self.request_throttle(client_id);
                 if throttle == 0 {
-                    throttle = self.quota_throttle(CONSUMER_BYTE_RATE, client_id, answer.bytes(), true);
+                    throttle = self.quota_throttle(CONSUMER_BYTE_RATE, client_id, answer_bytes, true);
                 }
                 if throttle > 0 {
                     let empty =
                         keel_protocol::messages::FetchResponse::default().with_throttle_time_ms(throttle);
                     return respond(ApiKey::Fetch, version, id, &empty);
                 }
-                if answer.bytes() < BULK_RESPONSE_BYTES {
-                    return respond(ApiKey::Fetch, version, id, &answer.into_response());
+                let response = move || {
+                    let mut resp = answer.into_response();
+                    resp.responses.extend(denied);
+                    resp
+                };
+                if answer_bytes < BULK_RESPONSE_BYTES {
+                    return respond(ApiKey::Fetch, version, id, &response());
                 }
                 // Joining and encoding megabytes of records: on a bulk
                 // thread, so no produce or tail fetch waits behind the copy.
-                let encode = move || respond(ApiKey::Fetch, version, id, &answer.into_response());
+                let encode = move || respond(ApiKey::Fetch, version, id, &response());
                 let encoding = Instant::now();
                 let reply = self.cold.bulk().run(encode).await;
                 trace::add(Stage::Encode, encoding.elapsed());
                 reply.unwrap_or_else(|e| Reply::Close(format!("fetch response: {e}")))
             }
-            Request::ListOffsets(r) => self.answer(
-                client_id,
-                ApiKey::ListOffsets,
-                version,
-                id,
-                &mut handlers::offsets::list_offsets(self, r, version).await,
-            ),
-            Request::OffsetForLeaderEpoch(r) => {
+            Request::ListOffsets(mut r) => {
+                let denied = handlers::authz::list_offsets(self, client, &mut r);
+                let mut resp = handlers::offsets::list_offsets(self, r, version).await;
+                resp.topics.extend(denied);
+                self.answer(client_id, ApiKey::ListOffsets, version, id, &mut resp)
+            }
+            Request::OffsetForLeaderEpoch(mut r) => {
+                let denied = handlers::authz::offset_for_leader_epoch(self, client, &mut r);
                 let mut resp = handlers::offsets::offset_for_leader_epoch(self, r);
+                resp.topics.extend(denied);
                 self.answer(client_id, ApiKey::OffsetForLeaderEpoch, version, id, &mut resp)
             }
             Request::DeleteRecords(r) => self.answer(
@@ -494,9 +532,11 @@ impl Broker {
             ),
             // Kafka's controller_mutation_rate is strict (refusing with
             // THROTTLING_QUOTA_EXCEEDED) from these versions on.
-            Request::CreateTopics(r) => {
+            Request::CreateTopics(mut r) => {
+                let denied = handlers::authz::create_topics(self, client, &mut r);
                 let mut quota = self.mutations(client_id, version >= 6);
                 let mut resp = handlers::admin::create_topics(self, r, version, &mut quota).await;
+                resp.topics.extend(denied);
                 resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
                 self.answer(client_id, ApiKey::CreateTopics, version, id, &mut resp)
             }
@@ -519,20 +559,28 @@ impl Broker {
                 id,
                 &mut handlers::configs::describe_configs(self, r),
             ),
-            Request::DescribeCluster(r) => self.answer(
-                client_id,
-                ApiKey::DescribeCluster,
-                version,
-                id,
-                &mut handlers::metadata::describe_cluster(self, r, &client.listener),
-            ),
-            Request::InitProducerId(r) => self.answer(
-                client_id,
-                ApiKey::InitProducerId,
-                version,
-                id,
-                &mut handlers::produce::init_producer_id(self, r).await,
-            ),
+            Request::DescribeCluster(r) => {
+                let cluster_ops = r.include_cluster_authorized_operations;
+                let mut resp = handlers::metadata::describe_cluster(self, r, &client.listener);
+                if cluster_ops && self.authorizer.enabled {
+                    resp.cluster_authorized_operations = self.authorized_operations(
+                        client,
+                        crate::acl::ResourceType::Cluster,
+                        crate::acl::CLUSTER_NAME,
+                    );
+                }
+                self.answer(client_id, ApiKey::DescribeCluster, version, id, &mut resp)
+            }
+            Request::InitProducerId(r) => {
+                let mut resp = match handlers::authz::init_producer_id(self, client, &r) {
+                    Some(error) => keel_protocol::messages::InitProducerIdResponse::default()
+                        .with_error_code(error.code())
+                        .with_producer_id(keel_protocol::messages::ProducerId(-1))
+                        .with_producer_epoch(-1),
+                    None => handlers::produce::init_producer_id(self, r).await,
+                };
+                self.answer(client_id, ApiKey::InitProducerId, version, id, &mut resp)
+            }
             Request::AddPartitionsToTxn(r) => self.answer(
                 client_id,
                 ApiKey::AddPartitionsToTxn,
@@ -658,6 +706,27 @@ impl Broker {
                 id,
                 &mut handlers::scram::alter_user_scram_credentials(self, r).await,
             ),
+            Request::CreateAcls(r) => self.answer(
+                client_id,
+                ApiKey::CreateAcls,
+                version,
+                id,
+                &mut handlers::acls::create_acls(self, client, r).await,
+            ),
+            Request::DescribeAcls(r) => self.answer(
+                client_id,
+                ApiKey::DescribeAcls,
+                version,
+                id,
+                &mut handlers::acls::describe_acls(self, client, r),
+            ),
+            Request::DeleteAcls(r) => self.answer(
+                client_id,
+                ApiKey::DeleteAcls,
+                version,
+                id,
+                &mut handlers::acls::delete_acls(self, client, r).await,
+            ),
             // Kafka neither throttles nor counts the SASL exchange against
             // quotas: its answers go out as they are.
             Request::SaslHandshake(r) => {
@@ -670,6 +739,109 @@ impl Broker {
             }
             body => self.handle_group(body, version, id, client_id, client).await,
         }
+    }
+
+    /// Why a request of an API whose ACL checks Keel does not make yet is
+    /// refused: with an authorizer, only `super.users` may send one.
+    fn unchecked_api(&self, api_key: i16, client: &ClientInfo) -> Option<String> {
+        if !self.authorizer.enabled {
+            return None;
+        }
+        let api = ApiKey::try_from(api_key).ok()?;
+        if handlers::authz::checked(api) || self.is_super_user(client) {
+            return None;
+        }
+        let reason = format!("{api:?} is open to super.users only: Keel does not check its ACLs yet");
+        tracing::info!(target: "keel::authorizer", listener = %client.listener, client = %client.host, "{reason}; closing the connection");
+        Some(reason)
+    }
+
+    /// The answer to a group API whose group the client may not use (READ;
+    /// DESCRIBE for OffsetFetch): Kafka's GROUP_AUTHORIZATION_FAILED.
+    fn group_denied(
+        &self,
+        body: &Request,
+        version: i16,
+        id: i32,
+        client_id: &str,
+        client: &ClientInfo,
+    ) -> Option<Reply> {
+        use crate::acl::Operation::{Describe, Read};
+        use keel_protocol::messages::*;
+        if !self.authorizer.enabled {
+            return None;
+        }
+        let code = keel_protocol::ResponseError::GroupAuthorizationFailed.code();
+        let denied = |group: &str, op| !handlers::authz::group(self, client, group, op);
+        let reply = match body {
+            Request::JoinGroup(r) if denied(&r.group_id, Read) => self.answer(
+                client_id,
+                ApiKey::JoinGroup,
+                version,
+                id,
+                &mut JoinGroupResponse::default()
+                    .with_error_code(code)
+                    .with_generation_id(-1),
+            ),
+            Request::SyncGroup(r) if denied(&r.group_id, Read) => self.answer(
+                client_id,
+                ApiKey::SyncGroup,
+                version,
+                id,
+                &mut SyncGroupResponse::default().with_error_code(code),
+            ),
+            Request::Heartbeat(r) if denied(&r.group_id, Read) => self.answer(
+                client_id,
+                ApiKey::Heartbeat,
+                version,
+                id,
+                &mut HeartbeatResponse::default().with_error_code(code),
+            ),
+            Request::LeaveGroup(r) if denied(&r.group_id, Read) => self.answer(
+                client_id,
+                ApiKey::LeaveGroup,
+                version,
+                id,
+                &mut LeaveGroupResponse::default().with_error_code(code),
+            ),
+            Request::OffsetCommit(r) if denied(&r.group_id, Read) => {
+                let topics = r
+                    .topics
+                    .iter()
+                    .map(|t| {
+                        handlers::authz::offset_commit_refused(
+                            t,
+                            keel_protocol::ResponseError::GroupAuthorizationFailed,
+                        )
+                    })
+                    .collect();
+                self.answer(
+                    client_id,
+                    ApiKey::OffsetCommit,
+                    version,
+                    id,
+                    &mut OffsetCommitResponse::default().with_topics(topics),
+                )
+            }
+            Request::OffsetFetch(r) if version < 8 && denied(&r.group_id, Describe) => self.answer(
+                client_id,
+                ApiKey::OffsetFetch,
+                version,
+                id,
+                &mut OffsetFetchResponse::default().with_error_code(code),
+            ),
+            Request::ConsumerGroupHeartbeat(r) if denied(&r.group_id, Read) => self.answer(
+                client_id,
+                ApiKey::ConsumerGroupHeartbeat,
+                version,
+                id,
+                &mut ConsumerGroupHeartbeatResponse::default()
+                    .with_error_code(code)
+                    .with_error_message(Some(handlers::str_bytes("Group authorization failed."))),
+            ),
+            _ => return None,
+        };
+        Some(reply)
     }
 
     /// A SASL answer, and what the connection does after it: a failed
@@ -809,14 +981,22 @@ impl Broker {
     ) -> Reply {
         let client_host = client.host.as_str();
         use handlers::groups;
+        if let Some(reply) = self.group_denied(&body, version, id, client_id, client) {
+            return reply;
+        }
         match body {
-            Request::FindCoordinator(r) => self.answer(
-                client_id,
-                ApiKey::FindCoordinator,
-                version,
-                id,
-                &mut groups::find_coordinator(self, r, version, &client.listener),
-            ),
+            Request::FindCoordinator(mut r) => {
+                let denied = handlers::authz::find_coordinator(self, client, &mut r, version);
+                let mut resp = match denied {
+                    handlers::authz::Coordinators::Refused(resp) => resp,
+                    handlers::authz::Coordinators::Keys(denied) => {
+                        let mut resp = groups::find_coordinator(self, r, version, &client.listener);
+                        resp.coordinators.extend(denied);
+                        resp
+                    }
+                };
+                self.answer(client_id, ApiKey::FindCoordinator, version, id, &mut resp)
+            }
             Request::JoinGroup(r) => {
                 let mut resp = groups::join_group(self, r, version, client_id, client_host).await;
                 self.answer(client_id, ApiKey::JoinGroup, version, id, &mut resp)
@@ -842,20 +1022,18 @@ impl Broker {
                 id,
                 &mut groups::leave_group(self, r, version).await,
             ),
-            Request::OffsetCommit(r) => self.answer(
-                client_id,
-                ApiKey::OffsetCommit,
-                version,
-                id,
-                &mut groups::offset_commit(self, r, version).await,
-            ),
-            Request::OffsetFetch(r) => self.answer(
-                client_id,
-                ApiKey::OffsetFetch,
-                version,
-                id,
-                &mut groups::offset_fetch(self, r, version),
-            ),
+            Request::OffsetCommit(mut r) => {
+                let denied = handlers::authz::offset_commit_topics(self, client, &mut r);
+                let mut resp = groups::offset_commit(self, r, version).await;
+                resp.topics.extend(denied);
+                self.answer(client_id, ApiKey::OffsetCommit, version, id, &mut resp)
+            }
+            Request::OffsetFetch(mut r) => {
+                let denied = handlers::authz::offset_fetch_groups(self, client, &mut r, version);
+                let mut resp = groups::offset_fetch(self, r, version);
+                resp.groups.extend(denied);
+                self.answer(client_id, ApiKey::OffsetFetch, version, id, &mut resp)
+            }
             Request::ListGroups(r) => self.answer(
                 client_id,
                 ApiKey::ListGroups,
@@ -1181,6 +1359,7 @@ impl Broker {
         self.txns.close();
         self.quotas.close();
         self.scram.close();
+        self.acls.close();
         for topic in self.topics.all() {
             for p in &topic.partitions {
                 if let Err(e) = p.close() {

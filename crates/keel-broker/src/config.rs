@@ -247,6 +247,12 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         "100",
         ConfigType::Int,
     ),
+    // ACLs (`crate::acl`): on with Kafka's StandardAuthorizer class name,
+    // `super.users` (`User:a;User:b`) bypass them, and a resource no ACL
+    // names is open only with `allow.everyone.if.no.acl.found`.
+    ("authorizer.class.name", "", ConfigType::String),
+    ("super.users", "", ConfigType::String),
+    ("allow.everyone.if.no.acl.found", "false", ConfigType::Boolean),
     ("log.dirs", "./data", ConfigType::String),
     ("auto.create.topics.enable", "true", ConfigType::Boolean),
     ("num.partitions", "1", ConfigType::Int),
@@ -754,6 +760,7 @@ impl BrokerConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.check_tier_dirs()?;
+        crate::acl::settings(self)?;
         if self.num("num.partitions") < 1 {
             return Err(ConfigError {
                 key: "num.partitions".into(),

@@ -5,6 +5,7 @@
 //! frame. This crate knows nothing about sockets (the server crate owns
 //! them) and nothing about segment files (the log crate owns them).
 
+pub mod acl;
 pub mod broker;
 pub mod cleaner;
 pub mod config;

@@ -396,6 +396,28 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
                     .with_mechanism(1)
             ])),
         ApiKey::SaslHandshake => encoded!(SaslHandshakeRequest::default().with_mechanism(str("PLAIN"))),
+        ApiKey::CreateAcls => encoded!(CreateAclsRequest::default().with_creations(vec![
+            create_acls_request::AclCreation::default()
+                .with_resource_type(2)
+                .with_resource_name(str("t"))
+                .with_resource_pattern_type(3)
+                .with_principal(str("User:alice"))
+                .with_host(str("*"))
+                .with_operation(4)
+                .with_permission_type(3)
+        ])),
+        ApiKey::DescribeAcls => encoded!(DescribeAclsRequest::default()
+            .with_resource_type_filter(1)
+            .with_pattern_type_filter(1)
+            .with_operation(1)
+            .with_permission_type(1)),
+        ApiKey::DeleteAcls => encoded!(DeleteAclsRequest::default().with_filters(vec![
+            delete_acls_request::DeleteAclsFilter::default()
+                .with_resource_type_filter(1)
+                .with_pattern_type_filter(1)
+                .with_operation(1)
+                .with_permission_type(1)
+        ])),
         ApiKey::SaslAuthenticate => encoded!(SaslAuthenticateRequest::default()
             .with_auth_bytes(bytes::Bytes::from_static(b"\0alice\0alice-secret"))),
         ApiKey::ConsumerGroupHeartbeat => encoded!(ConsumerGroupHeartbeatRequest::default()
@@ -487,6 +509,9 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
             AlterUserScramCredentialsResponse::decode(&mut body, version).map(|_| ())
         }
         ApiKey::SaslHandshake => SaslHandshakeResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::CreateAcls => CreateAclsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeAcls => DescribeAclsResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DeleteAcls => DeleteAclsResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::SaslAuthenticate => SaslAuthenticateResponse::decode(&mut body, version).map(|_| ()),
         ApiKey::ConsumerGroupHeartbeat => {
             ConsumerGroupHeartbeatResponse::decode(&mut body, version).map(|_| ())

@@ -90,6 +90,9 @@ pub enum Request {
     SaslAuthenticate(SaslAuthenticateRequest),
     DescribeUserScramCredentials(DescribeUserScramCredentialsRequest),
     AlterUserScramCredentials(AlterUserScramCredentialsRequest),
+    CreateAcls(CreateAclsRequest),
+    DescribeAcls(DescribeAclsRequest),
+    DeleteAcls(DeleteAclsRequest),
     ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest),
     ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
     ListConfigResources(ListConfigResourcesRequest),
@@ -222,6 +225,9 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         }
         ApiKey::AlterClientQuotas => Request::AlterClientQuotas(AlterClientQuotasRequest::decode(buf, v)?),
         ApiKey::SaslHandshake => Request::SaslHandshake(SaslHandshakeRequest::decode(buf, v)?),
+        ApiKey::CreateAcls => Request::CreateAcls(CreateAclsRequest::decode(buf, v)?),
+        ApiKey::DescribeAcls => Request::DescribeAcls(DescribeAclsRequest::decode(buf, v)?),
+        ApiKey::DeleteAcls => Request::DeleteAcls(DeleteAclsRequest::decode(buf, v)?),
         ApiKey::SaslAuthenticate => Request::SaslAuthenticate(SaslAuthenticateRequest::decode(buf, v)?),
         ApiKey::AlterUserScramCredentials => {
             Request::AlterUserScramCredentials(AlterUserScramCredentialsRequest::decode(buf, v)?)

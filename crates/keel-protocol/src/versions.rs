@@ -93,6 +93,10 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::SaslAuthenticate, 0, 2),
     api(ApiKey::DescribeUserScramCredentials, 0, 0),
     api(ApiKey::AlterUserScramCredentials, 0, 0),
+    // ACLs (KIP-140; v0 and v1 were removed in Kafka 4.0).
+    api(ApiKey::CreateAcls, 2, 3),
+    api(ApiKey::DescribeAcls, 2, 3),
+    api(ApiKey::DeleteAcls, 2, 3),
     // The consumer group protocol (KIP-848).
     api(ApiKey::ConsumerGroupHeartbeat, 0, 1),
     api(ApiKey::ConsumerGroupDescribe, 0, 1),
@@ -173,6 +177,9 @@ mod tests {
                 ApiKey::SaslAuthenticate => check::<SaslAuthenticateRequest>(a),
                 ApiKey::DescribeUserScramCredentials => check::<DescribeUserScramCredentialsRequest>(a),
                 ApiKey::AlterUserScramCredentials => check::<AlterUserScramCredentialsRequest>(a),
+                ApiKey::CreateAcls => check::<CreateAclsRequest>(a),
+                ApiKey::DescribeAcls => check::<DescribeAclsRequest>(a),
+                ApiKey::DeleteAcls => check::<DeleteAclsRequest>(a),
                 ApiKey::ConsumerGroupHeartbeat => check::<ConsumerGroupHeartbeatRequest>(a),
                 ApiKey::ConsumerGroupDescribe => check::<ConsumerGroupDescribeRequest>(a),
                 ApiKey::ListConfigResources => check::<ListConfigResourcesRequest>(a),

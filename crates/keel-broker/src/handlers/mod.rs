@@ -1,8 +1,10 @@
 //! One module per group of Kafka APIs. Handlers take a decoded request and
 //! return the response body; framing happens in [`crate::broker`].
 
+pub mod acls;
 pub mod admin;
 pub mod alter_configs;
+pub mod authz;
 pub mod configs;
 pub mod consumer_groups;
 pub mod elect;

@@ -252,6 +252,9 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
             Request::AlterUserScramCredentials(alter_user_scram_credentials(g, v))
         }
         ApiKey::SaslHandshake => Request::SaslHandshake(sasl_handshake(g, v)),
+        ApiKey::CreateAcls => Request::CreateAcls(create_acls(g, v)),
+        ApiKey::DescribeAcls => Request::DescribeAcls(describe_acls(g, v)),
+        ApiKey::DeleteAcls => Request::DeleteAcls(delete_acls(g, v)),
         ApiKey::SaslAuthenticate => Request::SaslAuthenticate(sasl_authenticate(g, v)),
         ApiKey::ConsumerGroupHeartbeat => Request::ConsumerGroupHeartbeat(consumer_group_heartbeat(g, v)),
         ApiKey::ConsumerGroupDescribe => Request::ConsumerGroupDescribe(consumer_group_describe(g, v)),
@@ -305,6 +308,9 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::DescribeUserScramCredentials(r) => r.encode(buf, v),
         Request::AlterUserScramCredentials(r) => r.encode(buf, v),
         Request::SaslHandshake(r) => r.encode(buf, v),
+        Request::CreateAcls(r) => r.encode(buf, v),
+        Request::DescribeAcls(r) => r.encode(buf, v),
+        Request::DeleteAcls(r) => r.encode(buf, v),
         Request::SaslAuthenticate(r) => r.encode(buf, v),
         Request::ConsumerGroupHeartbeat(r) => r.encode(buf, v),
         Request::ConsumerGroupDescribe(r) => r.encode(buf, v),
@@ -371,6 +377,9 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::DescribeUserScramCredentials(a), Request::DescribeUserScramCredentials(b)) => a == b,
         (Request::AlterUserScramCredentials(a), Request::AlterUserScramCredentials(b)) => a == b,
         (Request::SaslHandshake(a), Request::SaslHandshake(b)) => a == b,
+        (Request::CreateAcls(a), Request::CreateAcls(b)) => a == b,
+        (Request::DescribeAcls(a), Request::DescribeAcls(b)) => a == b,
+        (Request::DeleteAcls(a), Request::DeleteAcls(b)) => a == b,
         (Request::SaslAuthenticate(a), Request::SaslAuthenticate(b)) => a == b,
         (Request::ConsumerGroupHeartbeat(a), Request::ConsumerGroupHeartbeat(b)) => a == b,
         (Request::ConsumerGroupDescribe(a), Request::ConsumerGroupDescribe(b)) => a == b,
@@ -1243,6 +1252,81 @@ fn alter_user_scram_credentials(g: &mut Gen, _v: i16) -> AlterUserScramCredentia
         .with_deletions(deletions)
         .with_upsertions(upsertions)
         .with_unknown_tagged_fields(g.tags(true))
+}
+
+/// An ACL field's id: around Kafka's (0 UNKNOWN, 1 ANY, 2 MATCH or the
+/// first concrete one, ...), sometimes anything.
+fn acl_id(g: &mut Gen, max: i8) -> i8 {
+    if g.one_in(6) {
+        g.i8()
+    } else {
+        g.rng().gen_range(0..=max)
+    }
+}
+
+fn acl_name(g: &mut Gen) -> StrBytes {
+    const NAMES: &[&str] = &[
+        "t",
+        "*",
+        "orders-",
+        "kafka-cluster",
+        "User:alice",
+        "User:*",
+        "127.0.0.1",
+    ];
+    if g.bool() {
+        StrBytes::from_static_str(NAMES[g.rng().gen_range(0..NAMES.len())])
+    } else {
+        g.string()
+    }
+}
+
+fn create_acls(g: &mut Gen, v: i16) -> CreateAclsRequest {
+    use create_acls_request::*;
+    let creations = g.vec(3, |g| {
+        AclCreation::default()
+            .with_resource_type(acl_id(g, 7))
+            .with_resource_name(acl_name(g))
+            .with_resource_pattern_type(acl_id(g, 4))
+            .with_principal(acl_name(g))
+            .with_host(acl_name(g))
+            .with_operation(acl_id(g, 15))
+            .with_permission_type(acl_id(g, 3))
+            .with_unknown_tagged_fields(g.tags(v >= 2))
+    });
+    CreateAclsRequest::default()
+        .with_creations(creations)
+        .with_unknown_tagged_fields(g.tags(v >= 2))
+}
+
+fn describe_acls(g: &mut Gen, v: i16) -> DescribeAclsRequest {
+    DescribeAclsRequest::default()
+        .with_resource_type_filter(acl_id(g, 7))
+        .with_resource_name_filter(g.bool().then(|| acl_name(g)))
+        .with_pattern_type_filter(acl_id(g, 4))
+        .with_principal_filter(g.bool().then(|| acl_name(g)))
+        .with_host_filter(g.bool().then(|| acl_name(g)))
+        .with_operation(acl_id(g, 15))
+        .with_permission_type(acl_id(g, 3))
+        .with_unknown_tagged_fields(g.tags(v >= 2))
+}
+
+fn delete_acls(g: &mut Gen, v: i16) -> DeleteAclsRequest {
+    use delete_acls_request::*;
+    let filters = g.vec(3, |g| {
+        DeleteAclsFilter::default()
+            .with_resource_type_filter(acl_id(g, 7))
+            .with_resource_name_filter(g.bool().then(|| acl_name(g)))
+            .with_pattern_type_filter(acl_id(g, 4))
+            .with_principal_filter(g.bool().then(|| acl_name(g)))
+            .with_host_filter(g.bool().then(|| acl_name(g)))
+            .with_operation(acl_id(g, 15))
+            .with_permission_type(acl_id(g, 3))
+            .with_unknown_tagged_fields(g.tags(v >= 2))
+    });
+    DeleteAclsRequest::default()
+        .with_filters(filters)
+        .with_unknown_tagged_fields(g.tags(v >= 2))
 }
 
 fn sasl_handshake(g: &mut Gen, _v: i16) -> SaslHandshakeRequest {

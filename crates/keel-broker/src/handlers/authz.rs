@@ -1,0 +1,469 @@
+//! Kafka's ACL checks, API by API (`crate::acl` decides). Each checked
+//! API's resources are looked at before its handler runs: what the client
+//! may not touch is taken out of the request and answered with Kafka's
+//! authorization error beside the handler's answer, so handlers never see
+//! it. Without an authorizer every function here leaves the request alone.
+//!
+//! APIs Keel does not check yet are open to `super.users` only
+//! ([`checked`]): a request from anyone else closes its connection, with
+//! the reason logged. That refuses more than Kafka would, never less.
+
+use keel_protocol::messages::*;
+use keel_protocol::ResponseError;
+use uuid::Uuid;
+
+use super::str_bytes;
+use crate::acl::{Operation, ResourceType};
+use crate::{Broker, ClientInfo};
+
+const TOPIC_DENIED: ResponseError = ResponseError::TopicAuthorizationFailed;
+
+/// The APIs whose requests are checked resource by resource (or need no
+/// check: ApiVersions, DescribeCluster and the SASL exchange).
+pub fn checked(api: ApiKey) -> bool {
+    use ApiKey::*;
+    matches!(
+        api,
+        ApiVersions
+            | SaslHandshake
+            | SaslAuthenticate
+            | DescribeCluster
+            | Metadata
+            | Produce
+            | Fetch
+            | ListOffsets
+            | OffsetForLeaderEpoch
+            | CreateTopics
+            | InitProducerId
+            | FindCoordinator
+            | JoinGroup
+            | SyncGroup
+            | Heartbeat
+            | LeaveGroup
+            | OffsetCommit
+            | OffsetFetch
+            | ConsumerGroupHeartbeat
+            | CreateAcls
+            | DescribeAcls
+            | DeleteAcls
+    )
+}
+
+/// A topic's name from a request that may name it by id.
+fn topic_name(broker: &Broker, name: &str, id: Uuid) -> String {
+    if id.is_nil() {
+        return name.to_string();
+    }
+    broker
+        .topics
+        .get_by_id(id)
+        .map_or_else(|| name.to_string(), |t| t.meta.name.clone())
+}
+
+/// Produce: WRITE on each topic, and on the transactional id if any.
+pub fn produce(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut ProduceRequest,
+) -> Vec<produce_response::TopicProduceResponse> {
+    use produce_response::{PartitionProduceResponse, TopicProduceResponse};
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let txn_denied = req
+        .transactional_id
+        .as_ref()
+        .is_some_and(|id| !broker.authorized(client, Operation::Write, ResourceType::TransactionalId, id));
+    let mut denied = Vec::new();
+    req.topic_data.retain(|t| {
+        let name = topic_name(broker, &t.name, t.topic_id);
+        let error = if txn_denied {
+            ResponseError::TransactionalIdAuthorizationFailed
+        } else if !broker.authorized(client, Operation::Write, ResourceType::Topic, &name) {
+            TOPIC_DENIED
+        } else {
+            return true;
+        };
+        denied.push(
+            TopicProduceResponse::default()
+                .with_name(t.name.clone())
+                .with_topic_id(t.topic_id)
+                .with_partition_responses(
+                    t.partition_data
+                        .iter()
+                        .map(|p| {
+                            PartitionProduceResponse::default()
+                                .with_index(p.index)
+                                .with_error_code(error.code())
+                                .with_base_offset(-1)
+                                .with_log_append_time_ms(-1)
+                                .with_log_start_offset(-1)
+                        })
+                        .collect(),
+                ),
+        );
+        false
+    });
+    denied
+}
+
+/// Fetch: READ on each topic.
+pub fn fetch(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut FetchRequest,
+) -> Vec<fetch_response::FetchableTopicResponse> {
+    use fetch_response::{FetchableTopicResponse, PartitionData};
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.topics.retain(|t| {
+        let name = topic_name(broker, &t.topic, t.topic_id);
+        if broker.authorized(client, Operation::Read, ResourceType::Topic, &name) {
+            return true;
+        }
+        denied.push(
+            FetchableTopicResponse::default()
+                .with_topic(t.topic.clone())
+                .with_topic_id(t.topic_id)
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            PartitionData::default()
+                                .with_partition_index(p.partition)
+                                .with_error_code(TOPIC_DENIED.code())
+                                .with_high_watermark(-1)
+                                .with_last_stable_offset(-1)
+                                .with_log_start_offset(-1)
+                        })
+                        .collect(),
+                ),
+        );
+        false
+    });
+    denied
+}
+
+/// Metadata, before the handler: a named topic needs DESCRIBE, and one
+/// that does not exist yet CREATE (on the cluster or the topic) to be
+/// created.
+pub fn metadata_request(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut MetadataRequest,
+) -> Vec<metadata_response::MetadataResponseTopic> {
+    use metadata_response::MetadataResponseTopic;
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let Some(topics) = req.topics.as_mut() else {
+        return Vec::new();
+    };
+    let auto_create = req.allow_auto_topic_creation;
+    let mut create_on_cluster = None;
+    let mut denied = Vec::new();
+    topics.retain(|t| {
+        let name = topic_name(broker, t.name.as_deref().map_or("", |n| n.as_str()), t.topic_id);
+        let allowed = broker.authorized(client, Operation::Describe, ResourceType::Topic, &name)
+            && (!auto_create
+                || broker.topics.get(&name).is_some()
+                || *create_on_cluster
+                    .get_or_insert_with(|| broker.authorized_cluster(client, Operation::Create))
+                || broker.authorized(client, Operation::Create, ResourceType::Topic, &name));
+        if !allowed {
+            denied.push(
+                MetadataResponseTopic::default()
+                    .with_name(t.name.clone())
+                    .with_topic_id(t.topic_id)
+                    .with_error_code(TOPIC_DENIED.code())
+                    .with_topic_authorized_operations(i32::MIN),
+            );
+        }
+        allowed
+    });
+    denied
+}
+
+/// Metadata, after the handler: a listing of every topic shows only those
+/// the client may DESCRIBE, and the authorized-operation masks asked for
+/// are computed from the ACLs.
+pub fn metadata_response(
+    broker: &Broker,
+    client: &ClientInfo,
+    listed_all: bool,
+    include_topic_ops: bool,
+    include_cluster_ops: bool,
+    resp: &mut MetadataResponse,
+) {
+    if !broker.authorizer.enabled {
+        return;
+    }
+    if listed_all {
+        resp.topics.retain(|t| {
+            let name = t.name.as_deref().map_or("", |n| n.as_str());
+            broker.authorized(client, Operation::Describe, ResourceType::Topic, name)
+        });
+    }
+    if include_topic_ops {
+        for t in resp.topics.iter_mut().filter(|t| t.error_code == 0) {
+            let name = t.name.as_deref().map_or("", |n| n.as_str());
+            t.topic_authorized_operations = broker.authorized_operations(client, ResourceType::Topic, name);
+        }
+    }
+    if include_cluster_ops {
+        resp.cluster_authorized_operations =
+            broker.authorized_operations(client, ResourceType::Cluster, crate::acl::CLUSTER_NAME);
+    }
+}
+
+/// CreateTopics: CREATE on the cluster, or on each topic.
+pub fn create_topics(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut CreateTopicsRequest,
+) -> Vec<create_topics_response::CreatableTopicResult> {
+    use create_topics_response::CreatableTopicResult;
+    if !broker.authorizer.enabled || broker.authorized_cluster(client, Operation::Create) {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.topics.retain(|t| {
+        if broker.authorized(client, Operation::Create, ResourceType::Topic, &t.name) {
+            return true;
+        }
+        denied.push(
+            CreatableTopicResult::default()
+                .with_name(t.name.clone())
+                .with_error_code(TOPIC_DENIED.code())
+                .with_error_message(Some(str_bytes("Authorization failed.")))
+                .with_num_partitions(-1)
+                .with_replication_factor(-1),
+        );
+        false
+    });
+    denied
+}
+
+/// ListOffsets: DESCRIBE on each topic.
+pub fn list_offsets(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut ListOffsetsRequest,
+) -> Vec<list_offsets_response::ListOffsetsTopicResponse> {
+    use list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.topics.retain(|t| {
+        if broker.authorized(client, Operation::Describe, ResourceType::Topic, &t.name) {
+            return true;
+        }
+        denied.push(
+            ListOffsetsTopicResponse::default()
+                .with_name(t.name.clone())
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            ListOffsetsPartitionResponse::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(TOPIC_DENIED.code())
+                                .with_timestamp(-1)
+                                .with_offset(-1)
+                        })
+                        .collect(),
+                ),
+        );
+        false
+    });
+    denied
+}
+
+/// OffsetForLeaderEpoch: DESCRIBE on each topic.
+pub fn offset_for_leader_epoch(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut OffsetForLeaderEpochRequest,
+) -> Vec<offset_for_leader_epoch_response::OffsetForLeaderTopicResult> {
+    use offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.topics.retain(|t| {
+        if broker.authorized(client, Operation::Describe, ResourceType::Topic, &t.topic) {
+            return true;
+        }
+        denied.push(
+            OffsetForLeaderTopicResult::default()
+                .with_topic(t.topic.clone())
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            EpochEndOffset::default()
+                                .with_partition(p.partition)
+                                .with_error_code(TOPIC_DENIED.code())
+                                .with_leader_epoch(-1)
+                                .with_end_offset(-1)
+                        })
+                        .collect(),
+                ),
+        );
+        false
+    });
+    denied
+}
+
+/// InitProducerId: WRITE on the transactional id; without one,
+/// IDEMPOTENT_WRITE on the cluster or WRITE on some topic. The error, if
+/// denied.
+pub fn init_producer_id(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &InitProducerIdRequest,
+) -> Option<ResponseError> {
+    if !broker.authorizer.enabled {
+        return None;
+    }
+    match &req.transactional_id {
+        Some(id) => (!broker.authorized(client, Operation::Write, ResourceType::TransactionalId, id))
+            .then_some(ResponseError::TransactionalIdAuthorizationFailed),
+        None => (!broker.authorized_cluster(client, Operation::IdempotentWrite)
+            && !broker.may_write_some_topic(client))
+        .then_some(ResponseError::ClusterAuthorizationFailed),
+    }
+}
+
+/// The group a group API names: READ on it (DESCRIBE for OffsetFetch and
+/// FindCoordinator).
+pub fn group(broker: &Broker, client: &ClientInfo, group: &str, operation: Operation) -> bool {
+    broker.authorized(client, operation, ResourceType::Group, group)
+}
+
+/// OffsetCommit: READ on each topic (the group is checked by the caller).
+pub fn offset_commit_topics(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut OffsetCommitRequest,
+) -> Vec<offset_commit_response::OffsetCommitResponseTopic> {
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.topics.retain(|t| {
+        let name = topic_name(broker, &t.name, t.topic_id);
+        if broker.authorized(client, Operation::Read, ResourceType::Topic, &name) {
+            return true;
+        }
+        denied.push(offset_commit_refused(t, TOPIC_DENIED));
+        false
+    });
+    denied
+}
+
+/// An OffsetCommit topic's answer when all of it is refused with `error`.
+pub fn offset_commit_refused(
+    t: &offset_commit_request::OffsetCommitRequestTopic,
+    error: ResponseError,
+) -> offset_commit_response::OffsetCommitResponseTopic {
+    use offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
+    OffsetCommitResponseTopic::default()
+        .with_name(t.name.clone())
+        .with_topic_id(t.topic_id)
+        .with_partitions(
+            t.partitions
+                .iter()
+                .map(|p| {
+                    OffsetCommitResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(error.code())
+                })
+                .collect(),
+        )
+}
+
+/// FindCoordinator's answer for keys the client may not DESCRIBE.
+pub enum Coordinators {
+    /// A v0-v3 request for one key that is refused.
+    Refused(FindCoordinatorResponse),
+    /// Answers for the refused keys of a v4+ request (taken out of it).
+    Keys(Vec<find_coordinator_response::Coordinator>),
+}
+
+/// FindCoordinator: DESCRIBE on the group or transactional id.
+pub fn find_coordinator(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut FindCoordinatorRequest,
+    version: i16,
+) -> Coordinators {
+    if !broker.authorizer.enabled {
+        return Coordinators::Keys(Vec::new());
+    }
+    let (resource_type, error) = match req.key_type {
+        1 => (
+            ResourceType::TransactionalId,
+            ResponseError::TransactionalIdAuthorizationFailed,
+        ),
+        _ => (ResourceType::Group, ResponseError::GroupAuthorizationFailed),
+    };
+    let allowed = |key: &str| broker.authorized(client, Operation::Describe, resource_type, key);
+    if version < 4 {
+        if allowed(&req.key) {
+            return Coordinators::Keys(Vec::new());
+        }
+        return Coordinators::Refused(
+            FindCoordinatorResponse::default()
+                .with_error_code(error.code())
+                .with_error_message(Some(str_bytes("Authorization failed.")))
+                .with_node_id(BrokerId(-1))
+                .with_port(-1),
+        );
+    }
+    let mut denied = Vec::new();
+    req.coordinator_keys.retain(|key| {
+        if allowed(key) {
+            return true;
+        }
+        denied.push(
+            find_coordinator_response::Coordinator::default()
+                .with_key(key.clone())
+                .with_node_id(BrokerId(-1))
+                .with_port(-1)
+                .with_error_code(error.code())
+                .with_error_message(Some(str_bytes("Authorization failed."))),
+        );
+        false
+    });
+    Coordinators::Keys(denied)
+}
+
+/// OffsetFetch v8+: DESCRIBE on each group named (older versions name one
+/// group, checked with the other group APIs).
+pub fn offset_fetch_groups(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut OffsetFetchRequest,
+    version: i16,
+) -> Vec<offset_fetch_response::OffsetFetchResponseGroup> {
+    if !broker.authorizer.enabled || version < 8 {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.groups.retain(|g| {
+        if group(broker, client, &g.group_id, Operation::Describe) {
+            return true;
+        }
+        denied.push(
+            offset_fetch_response::OffsetFetchResponseGroup::default()
+                .with_group_id(g.group_id.clone())
+                .with_error_code(ResponseError::GroupAuthorizationFailed.code()),
+        );
+        false
+    });
+    denied
+}

@@ -1,0 +1,178 @@
+"""ACLs with Kafka's StandardAuthorizer keys: a SASL user without ACLs is
+denied a produce, a fetch, a group and a topic creation with Kafka's
+error codes, and its topics are hidden from Metadata; `kafka-acls --add`
+lets it in, `--list` shows the ACLs, they survive kill -9, and `--remove`
+shuts it out again. Every decision is in the authorizer's log lines."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType, AdminClient, ConfigResource,
+                                   NewTopic, ResourcePatternType, ResourceType)
+
+from conftest import IMPL, wait_until
+from kclient import CLIENT_TIMEOUT_S, create_topic
+from test_operator_tools import kafka_acls
+from test_sasl import SaslBroker, jaas, sasl
+
+pytestmark = pytest.mark.skipif(IMPL != "keel", reason="Keel's listener flags")
+
+USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+@pytest.fixture
+def acl_broker(tmp_path_factory):
+    made = []
+
+    def make(extra: dict[str, str] | None = None) -> SaslBroker:
+        sets = {
+            "sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas(USERS),
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": jaas(USERS),
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_PLAINTEXT",
+            "authorizer.class.name": AUTHORIZER,
+            # The test's own PLAINTEXT calls come in as User:ANONYMOUS.
+            "super.users": "User:admin;User:ANONYMOUS",
+        }
+        sets.update(extra or {})
+        base = tmp_path_factory.mktemp("keel-acls")
+        b = SaslBroker(base / "data", base / "broker.log", sets)
+        made.append(b)
+        b.start()
+        return b
+    yield make
+    for b in made:
+        b.close()
+
+
+def as_user(user: str) -> dict:
+    return sasl("PLAIN", user, USERS[user])
+
+
+def produce_error(bootstrap: str, topic: str, user: str) -> KafkaError | None:
+    """Produces one record as `user`: -> its delivery error, if any."""
+    delivered = []
+    p = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 5000, **as_user(user)})
+    p.produce(topic, value=b"x", on_delivery=lambda e, m: delivered.append(e))
+    p.flush(15)
+    assert len(delivered) == 1
+    return delivered[0]
+
+
+def consume_error(bootstrap: str, topic: str, group: str, user: str) -> tuple[KafkaError | None, list[bytes]]:
+    """Subscribes as `user`: -> the first error the consumer reports, or
+    the records it read (until one arrives or 10 s pass)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  **as_user(user)})
+    c.subscribe([topic])
+    got: list[bytes] = []
+    error = None
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline and not got and error is None:
+            for m in c.consume(10, timeout=0.5):
+                if m.error():
+                    error = m.error()
+                    break
+                got.append(m.value())
+    finally:
+        c.close()
+    return error, got
+
+
+def create_error(bootstrap: str, topic: str, user: str) -> KafkaError | None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **as_user(user)})
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=CLIENT_TIMEOUT_S)
+    except KafkaException as e:
+        return e.args[0]
+    return None
+
+
+def visible_topics(bootstrap: str, user: str) -> set[str]:
+    md = AdminClient({"bootstrap.servers": bootstrap, **as_user(user)}).list_topics(timeout=CLIENT_TIMEOUT_S)
+    return set(md.topics)
+
+
+def test_a_user_without_acls_is_denied_until_kafka_acls_adds_them(acl_broker):
+    b = acl_broker()
+    create_topic(b.bootstrap, "orders", partitions=2)
+    sasl_bs = b.sasl_bootstrap
+    # No ACLs: alice may not produce, consume, join a group or create a
+    # topic, and does not see the topic.
+    assert produce_error(sasl_bs, "orders", "alice").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    error, got = consume_error(sasl_bs, "orders", "g-orders", "alice")
+    assert not got and error is not None and error.code() in (
+        KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED), error
+    assert create_error(sasl_bs, "alice-new", "alice").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "orders" not in visible_topics(sasl_bs, "alice")
+    wait_until(lambda: "Principal = User:alice is Denied operation = DESCRIBE from host = 127.0.0.1 on "
+               "resource = Topic:LITERAL:orders" in b.log_tail(), 10, "the denial in the authorizer's log")
+    # kafka-acls adds her rights: write and read the topic, use the group,
+    # create topics under a prefix.
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Write",
+               "--operation", "Read", "--topic", "orders")
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Read", "--group", "g-orders")
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Create",
+               "--topic", "alice-", "--resource-pattern-type", "prefixed")
+    assert produce_error(sasl_bs, "orders", "alice") is None
+    error, got = consume_error(sasl_bs, "orders", "g-orders", "alice")
+    assert error is None and got == [b"x"], (error, got)
+    assert create_error(sasl_bs, "alice-new", "alice") is None
+    assert "orders" in visible_topics(sasl_bs, "alice")
+    # bob has none of it.
+    assert produce_error(sasl_bs, "orders", "bob").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # --list shows the ACLs, and they survive kill -9.
+    listed = kafka_acls(b.bootstrap, "--list", "--principal", "User:alice").stdout
+    assert "ResourcePattern(resourceType=TOPIC, name=orders, patternType=LITERAL)" in listed, listed
+    assert "ResourcePattern(resourceType=TOPIC, name=alice-, patternType=PREFIXED)" in listed, listed
+    assert "(principal=User:alice, host=*, operation=READ, permissionType=ALLOW)" in listed, listed
+    before = sorted(kafka_acls(b.bootstrap, "--list").stdout.splitlines())
+    b.kill9()
+    b.start()
+    assert sorted(kafka_acls(b.bootstrap, "--list").stdout.splitlines()) == before
+    assert produce_error(sasl_bs, "orders", "alice") is None
+    # --remove shuts her out again.
+    kafka_acls(b.bootstrap, "--remove", "--force", "--allow-principal", "User:alice", "--operation", "Write",
+               "--topic", "orders")
+    assert produce_error(sasl_bs, "orders", "alice").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    wait_until(lambda: "Principal = User:alice is Denied operation = WRITE" in b.log_tail(), 10,
+               "the denied write in the log")
+    # Reading is still hers.
+    assert "orders" in visible_topics(sasl_bs, "alice")
+
+
+def test_deny_acls_and_super_users(acl_broker):
+    b = acl_broker()
+    create_topic(b.bootstrap, "shared", partitions=1)
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:*", "--operation", "All", "--topic", "shared")
+    kafka_acls(b.bootstrap, "--add", "--deny-principal", "User:bob", "--operation", "Write", "--topic", "shared")
+    assert produce_error(b.sasl_bootstrap, "shared", "alice") is None
+    assert produce_error(b.sasl_bootstrap, "shared", "bob").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # A super user needs no ACL.
+    assert produce_error(b.sasl_bootstrap, "shared", "admin") is None
+    # The admin API sees the same ACLs.
+    bindings = admin.describe_acls(AclBindingFilter(ResourceType.TOPIC, "shared", ResourcePatternType.LITERAL,
+                                                    None, None, AclOperation.ANY, AclPermissionType.ANY)
+                                   ).result(timeout=CLIENT_TIMEOUT_S)
+    assert sorted((x.principal, x.operation, x.permission_type) for x in bindings) == sorted([
+        ("User:*", AclOperation.ALL, AclPermissionType.ALLOW),
+        ("User:bob", AclOperation.WRITE, AclPermissionType.DENY)])
+    # An API whose ACL checks Keel does not make yet is open to super
+    # users only.
+    user_admin = AdminClient({"bootstrap.servers": b.sasl_bootstrap, **as_user("alice")})
+    [described] = user_admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "shared")],
+                                              request_timeout=10).values()
+    with pytest.raises(KafkaException):
+        described.result()
+    wait_until(lambda: "DescribeConfigs is open to super.users only" in b.log_tail(), 10, "the refusal in the log")
+
+
+def test_acl_apis_say_security_disabled_without_an_authorizer(broker_factory):
+    b = broker_factory({})
+    done = kafka_acls(b.bootstrap, "--list", ok=False)
+    assert done.returncode != 0 and "SecurityDisabledException" in done.stdout + done.stderr, done.stdout[-2000:]
