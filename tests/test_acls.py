@@ -14,7 +14,7 @@ from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermission
 
 from conftest import IMPL, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
-from test_operator_tools import kafka_acls
+from test_operator_tools import kafka_acls, kafka_configs
 from test_sasl import SaslBroker, jaas, sasl
 
 pytestmark = pytest.mark.skipif(IMPL != "keel", reason="Keel's listener flags")
@@ -97,7 +97,12 @@ def visible_topics(bootstrap: str, user: str) -> set[str]:
     return set(md.topics)
 
 
-def test_a_user_without_acls_is_denied_until_kafka_acls_adds_them(acl_broker):
+def listed_groups(bootstrap: str, user: str) -> set[str]:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **as_user(user)})
+    return {g.group_id for g in admin.list_consumer_groups().result(timeout=CLIENT_TIMEOUT_S).valid}
+
+
+def test_a_user_without_acls_is_denied_until_kafka_acls_adds_them(acl_broker, tmp_path):
     b = acl_broker()
     create_topic(b.bootstrap, "orders", partitions=2)
     sasl_bs = b.sasl_bootstrap
@@ -123,8 +128,19 @@ def test_a_user_without_acls_is_denied_until_kafka_acls_adds_them(acl_broker):
     assert error is None and got == [b"x"], (error, got)
     assert create_error(sasl_bs, "alice-new", "alice") is None
     assert "orders" in visible_topics(sasl_bs, "alice")
-    # bob has none of it.
+    # bob has none of it, and does not see alice's group.
     assert produce_error(sasl_bs, "orders", "bob").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "g-orders" in listed_groups(sasl_bs, "alice")
+    assert "g-orders" not in listed_groups(sasl_bs, "bob")
+    # Users and their credentials are the cluster's: alice may not list them.
+    alice_config = tmp_path / "alice.properties"
+    alice_config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                            "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+                            'username="alice" password="alice-secret";\n')
+    done = kafka_configs(sasl_bs, "--command-config", str(alice_config), "--describe", "--entity-type", "users",
+                         ok=False)
+    assert done.returncode != 0 and "ClusterAuthorizationException" in done.stdout + done.stderr, \
+        done.stdout[-2000:] + done.stderr[-2000:]
     # --list shows the ACLs, and they survive kill -9.
     listed = kafka_acls(b.bootstrap, "--list", "--principal", "User:alice").stdout
     assert "ResourcePattern(resourceType=TOPIC, name=orders, patternType=LITERAL)" in listed, listed

@@ -10,6 +10,7 @@ use keel_protocol::{DecodeError, Encodable, Request, RequestFrame};
 use parking_lot::Mutex;
 use uuid::Uuid;
 
+use crate::acl::Operation;
 use crate::config::BrokerConfig;
 use crate::groups::{GroupCoordinator, SystemClock};
 use crate::handlers;
@@ -540,9 +541,11 @@ impl Broker {
                 resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
                 self.answer(client_id, ApiKey::CreateTopics, version, id, &mut resp)
             }
-            Request::DeleteTopics(r) => {
+            Request::DeleteTopics(mut r) => {
+                let denied = handlers::authz::delete_topics(self, client, &mut r);
                 let mut quota = self.mutations(client_id, version >= 5);
                 let mut resp = handlers::admin::delete_topics(self, r, &mut quota).await;
+                resp.responses.extend(denied);
                 resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
                 self.answer(client_id, ApiKey::DeleteTopics, version, id, &mut resp)
             }
@@ -671,20 +674,22 @@ impl Broker {
                 id,
                 &mut handlers::metadata::describe_topic_partitions(self, r),
             ),
-            Request::DescribeClientQuotas(r) => self.answer(
-                client_id,
-                ApiKey::DescribeClientQuotas,
-                version,
-                id,
-                &mut handlers::quotas::describe_client_quotas(self, r),
-            ),
-            Request::AlterClientQuotas(r) => self.answer(
-                client_id,
-                ApiKey::AlterClientQuotas,
-                version,
-                id,
-                &mut handlers::quotas::alter_client_quotas(self, r).await,
-            ),
+            Request::DescribeClientQuotas(r) => {
+                let mut resp = if handlers::authz::cluster_refused(self, client, Operation::DescribeConfigs) {
+                    handlers::authz::describe_client_quotas_refused()
+                } else {
+                    handlers::quotas::describe_client_quotas(self, r)
+                };
+                self.answer(client_id, ApiKey::DescribeClientQuotas, version, id, &mut resp)
+            }
+            Request::AlterClientQuotas(r) => {
+                let mut resp = if handlers::authz::cluster_refused(self, client, Operation::AlterConfigs) {
+                    handlers::authz::alter_client_quotas_refused(&r)
+                } else {
+                    handlers::quotas::alter_client_quotas(self, r).await
+                };
+                self.answer(client_id, ApiKey::AlterClientQuotas, version, id, &mut resp)
+            }
             Request::ListConfigResources(r) => self.answer(
                 client_id,
                 ApiKey::ListConfigResources,
@@ -692,20 +697,34 @@ impl Broker {
                 id,
                 &mut handlers::configs::list_config_resources(self, r, version),
             ),
-            Request::DescribeUserScramCredentials(r) => self.answer(
-                client_id,
-                ApiKey::DescribeUserScramCredentials,
-                version,
-                id,
-                &mut handlers::scram::describe_user_scram_credentials(self, r),
-            ),
-            Request::AlterUserScramCredentials(r) => self.answer(
-                client_id,
-                ApiKey::AlterUserScramCredentials,
-                version,
-                id,
-                &mut handlers::scram::alter_user_scram_credentials(self, r).await,
-            ),
+            Request::DescribeUserScramCredentials(r) => {
+                let mut resp = if handlers::authz::cluster_refused(self, client, Operation::Describe) {
+                    handlers::authz::describe_user_scram_refused()
+                } else {
+                    handlers::scram::describe_user_scram_credentials(self, r)
+                };
+                self.answer(
+                    client_id,
+                    ApiKey::DescribeUserScramCredentials,
+                    version,
+                    id,
+                    &mut resp,
+                )
+            }
+            Request::AlterUserScramCredentials(r) => {
+                let mut resp = if handlers::authz::cluster_refused(self, client, Operation::Alter) {
+                    handlers::authz::alter_user_scram_refused(&r)
+                } else {
+                    handlers::scram::alter_user_scram_credentials(self, r).await
+                };
+                self.answer(
+                    client_id,
+                    ApiKey::AlterUserScramCredentials,
+                    version,
+                    id,
+                    &mut resp,
+                )
+            }
             Request::CreateAcls(r) => self.answer(
                 client_id,
                 ApiKey::CreateAcls,
@@ -1034,27 +1053,25 @@ impl Broker {
                 resp.groups.extend(denied);
                 self.answer(client_id, ApiKey::OffsetFetch, version, id, &mut resp)
             }
-            Request::ListGroups(r) => self.answer(
-                client_id,
-                ApiKey::ListGroups,
-                version,
-                id,
-                &mut groups::list_groups(self, r, version),
-            ),
-            Request::DescribeGroups(r) => self.answer(
-                client_id,
-                ApiKey::DescribeGroups,
-                version,
-                id,
-                &mut groups::describe_groups(self, r, version),
-            ),
-            Request::DeleteGroups(r) => self.answer(
-                client_id,
-                ApiKey::DeleteGroups,
-                version,
-                id,
-                &mut groups::delete_groups(self, r).await,
-            ),
+            Request::ListGroups(r) => {
+                let mut resp = groups::list_groups(self, r, version);
+                handlers::authz::list_groups(self, client, &mut resp);
+                self.answer(client_id, ApiKey::ListGroups, version, id, &mut resp)
+            }
+            Request::DescribeGroups(mut r) => {
+                let include = r.include_authorized_operations;
+                let denied = handlers::authz::describe_groups(self, client, &mut r);
+                let mut resp = groups::describe_groups(self, r, version);
+                handlers::authz::describe_groups_masks(self, client, include, &mut resp);
+                resp.groups.extend(denied);
+                self.answer(client_id, ApiKey::DescribeGroups, version, id, &mut resp)
+            }
+            Request::DeleteGroups(mut r) => {
+                let denied = handlers::authz::delete_groups(self, client, &mut r);
+                let mut resp = groups::delete_groups(self, r).await;
+                resp.results.extend(denied);
+                self.answer(client_id, ApiKey::DeleteGroups, version, id, &mut resp)
+            }
             Request::OffsetDelete(r) => self.answer(
                 client_id,
                 ApiKey::OffsetDelete,

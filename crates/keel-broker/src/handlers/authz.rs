@@ -9,7 +9,7 @@
 //! the reason logged. That refuses more than Kafka would, never less.
 
 use keel_protocol::messages::*;
-use keel_protocol::ResponseError;
+use keel_protocol::{ResponseError, StrBytes};
 use uuid::Uuid;
 
 use super::str_bytes;
@@ -46,6 +46,14 @@ pub fn checked(api: ApiKey) -> bool {
             | CreateAcls
             | DescribeAcls
             | DeleteAcls
+            | DeleteTopics
+            | DescribeGroups
+            | ListGroups
+            | DeleteGroups
+            | DescribeUserScramCredentials
+            | AlterUserScramCredentials
+            | DescribeClientQuotas
+            | AlterClientQuotas
     )
 }
 
@@ -466,4 +474,189 @@ pub fn offset_fetch_groups(
         false
     });
     denied
+}
+
+/// DeleteTopics: DELETE on each topic.
+pub fn delete_topics(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut DeleteTopicsRequest,
+) -> Vec<delete_topics_response::DeletableTopicResult> {
+    use delete_topics_response::DeletableTopicResult;
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let refused = |name: Option<TopicName>, id: Uuid| {
+        DeletableTopicResult::default()
+            .with_name(name)
+            .with_topic_id(id)
+            .with_error_code(TOPIC_DENIED.code())
+            .with_error_message(Some(str_bytes("Authorization failed.")))
+    };
+    let allowed = |name: &str| broker.authorized(client, Operation::Delete, ResourceType::Topic, name);
+    let mut denied = Vec::new();
+    req.topic_names.retain(|name| {
+        let ok = allowed(name);
+        if !ok {
+            denied.push(refused(Some(name.clone()), Uuid::nil()));
+        }
+        ok
+    });
+    req.topics.retain(|t| {
+        let ok = allowed(&topic_name(
+            broker,
+            t.name.as_deref().map_or("", |n| n.as_str()),
+            t.topic_id,
+        ));
+        if !ok {
+            denied.push(refused(t.name.clone(), t.topic_id));
+        }
+        ok
+    });
+    denied
+}
+
+/// DescribeGroups: DESCRIBE on each group.
+pub fn describe_groups(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut DescribeGroupsRequest,
+) -> Vec<describe_groups_response::DescribedGroup> {
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.groups.retain(|g| {
+        let ok = group(broker, client, g, Operation::Describe);
+        if !ok {
+            denied.push(
+                describe_groups_response::DescribedGroup::default()
+                    .with_group_id(g.clone())
+                    .with_error_code(ResponseError::GroupAuthorizationFailed.code())
+                    .with_authorized_operations(i32::MIN),
+            );
+        }
+        ok
+    });
+    denied
+}
+
+/// DescribeGroups' authorized-operation masks, from the ACLs.
+pub fn describe_groups_masks(
+    broker: &Broker,
+    client: &ClientInfo,
+    include: bool,
+    resp: &mut DescribeGroupsResponse,
+) {
+    if !broker.authorizer.enabled || !include {
+        return;
+    }
+    for g in resp.groups.iter_mut().filter(|g| g.error_code == 0) {
+        g.authorized_operations = broker.authorized_operations(client, ResourceType::Group, &g.group_id);
+    }
+}
+
+/// ListGroups: every group with DESCRIBE on the cluster, else the groups
+/// the client may DESCRIBE.
+pub fn list_groups(broker: &Broker, client: &ClientInfo, resp: &mut ListGroupsResponse) {
+    if !broker.authorizer.enabled || broker.authorized_cluster(client, Operation::Describe) {
+        return;
+    }
+    resp.groups
+        .retain(|g| group(broker, client, &g.group_id, Operation::Describe));
+}
+
+/// DeleteGroups: DELETE on each group.
+pub fn delete_groups(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut DeleteGroupsRequest,
+) -> Vec<delete_groups_response::DeletableGroupResult> {
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.groups_names.retain(|g| {
+        let ok = group(broker, client, g, Operation::Delete);
+        if !ok {
+            denied.push(
+                delete_groups_response::DeletableGroupResult::default()
+                    .with_group_id(g.clone())
+                    .with_error_code(ResponseError::GroupAuthorizationFailed.code()),
+            );
+        }
+        ok
+    });
+    denied
+}
+
+/// The APIs refused as a whole without an operation on the cluster:
+/// SCRAM credentials (DESCRIBE, ALTER) and client quotas
+/// (DESCRIBE_CONFIGS, ALTER_CONFIGS). Whether `client` is refused.
+pub fn cluster_refused(broker: &Broker, client: &ClientInfo, operation: Operation) -> bool {
+    broker.authorizer.enabled && !broker.authorized_cluster(client, operation)
+}
+
+const CLUSTER_DENIED: ResponseError = ResponseError::ClusterAuthorizationFailed;
+
+pub fn describe_user_scram_refused() -> DescribeUserScramCredentialsResponse {
+    DescribeUserScramCredentialsResponse::default()
+        .with_error_code(CLUSTER_DENIED.code())
+        .with_error_message(Some(str_bytes("Cluster authorization failed.")))
+}
+
+pub fn alter_user_scram_refused(req: &AlterUserScramCredentialsRequest) -> AlterUserScramCredentialsResponse {
+    use alter_user_scram_credentials_response::AlterUserScramCredentialsResult;
+    let mut users: Vec<StrBytes> = Vec::new();
+    for name in req
+        .deletions
+        .iter()
+        .map(|d| &d.name)
+        .chain(req.upsertions.iter().map(|u| &u.name))
+    {
+        if !users.contains(name) {
+            users.push(name.clone());
+        }
+    }
+    AlterUserScramCredentialsResponse::default().with_results(
+        users
+            .into_iter()
+            .map(|user| {
+                AlterUserScramCredentialsResult::default()
+                    .with_user(user)
+                    .with_error_code(CLUSTER_DENIED.code())
+                    .with_error_message(Some(str_bytes("Cluster authorization failed.")))
+            })
+            .collect(),
+    )
+}
+
+pub fn describe_client_quotas_refused() -> DescribeClientQuotasResponse {
+    DescribeClientQuotasResponse::default()
+        .with_error_code(CLUSTER_DENIED.code())
+        .with_error_message(Some(str_bytes("Cluster authorization failed.")))
+}
+
+pub fn alter_client_quotas_refused(req: &AlterClientQuotasRequest) -> AlterClientQuotasResponse {
+    use alter_client_quotas_response::{EntityData, EntryData};
+    AlterClientQuotasResponse::default().with_entries(
+        req.entries
+            .iter()
+            .map(|e| {
+                EntryData::default()
+                    .with_error_code(CLUSTER_DENIED.code())
+                    .with_error_message(Some(str_bytes("Cluster authorization failed.")))
+                    .with_entity(
+                        e.entity
+                            .iter()
+                            .map(|d| {
+                                EntityData::default()
+                                    .with_entity_type(d.entity_type.clone())
+                                    .with_entity_name(d.entity_name.clone())
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
 }
