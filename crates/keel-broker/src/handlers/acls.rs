@@ -22,6 +22,30 @@ impl Broker {
         resource_type: ResourceType,
         name: &str,
     ) -> bool {
+        self.decide(client, operation, resource_type, name, true)
+    }
+
+    /// The same decision for filtering a listing (Metadata of every topic,
+    /// ListGroups): as in Kafka, what is left out is logged at debug only,
+    /// so a listing does not log a line per hidden resource at info.
+    pub fn authorized_to_list(
+        &self,
+        client: &ClientInfo,
+        operation: Operation,
+        resource_type: ResourceType,
+        name: &str,
+    ) -> bool {
+        self.decide(client, operation, resource_type, name, false)
+    }
+
+    fn decide(
+        &self,
+        client: &ClientInfo,
+        operation: Operation,
+        resource_type: ResourceType,
+        name: &str,
+        log_denied: bool,
+    ) -> bool {
         if !self.authorizer.enabled {
             return true;
         }
@@ -40,7 +64,11 @@ impl Broker {
                 name,
             )
         });
-        acl::audit(who, operation, resource_type, name, allowed);
+        if allowed || log_denied {
+            acl::audit(who, operation, resource_type, name, allowed);
+        } else {
+            tracing::debug!(target: "keel::authorizer", principal = who.principal, operation = operation.name(), resource = %format!("{}:LITERAL:{name}", resource_type.name()), "left out of a listing");
+        }
         allowed
     }
 

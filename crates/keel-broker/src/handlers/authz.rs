@@ -211,7 +211,7 @@ pub fn metadata_response(
     if listed_all {
         resp.topics.retain(|t| {
             let name = t.name.as_deref().map_or("", |n| n.as_str());
-            broker.authorized(client, Operation::Describe, ResourceType::Topic, name)
+            broker.authorized_to_list(client, Operation::Describe, ResourceType::Topic, name)
         });
     }
     if include_topic_ops {
@@ -563,7 +563,7 @@ pub fn list_groups(broker: &Broker, client: &ClientInfo, resp: &mut ListGroupsRe
         return;
     }
     resp.groups
-        .retain(|g| group(broker, client, &g.group_id, Operation::Describe));
+        .retain(|g| broker.authorized_to_list(client, Operation::Describe, ResourceType::Group, &g.group_id));
 }
 
 /// DeleteGroups: DELETE on each group.
