@@ -10,7 +10,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType, AdminClient, ConfigResource,
-                                   NewTopic, ResourcePatternType, ResourceType)
+                                   NewPartitions, NewTopic, ResourcePatternType, ResourceType)
 
 from conftest import IMPL, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
@@ -178,14 +178,22 @@ def test_deny_acls_and_super_users(acl_broker):
     assert sorted((x.principal, x.operation, x.permission_type) for x in bindings) == sorted([
         ("User:*", AclOperation.ALL, AclPermissionType.ALLOW),
         ("User:bob", AclOperation.WRITE, AclPermissionType.DENY)])
+    # Configs: DESCRIBE_CONFIGS on the topic; a topic no ACL names is
+    # refused with TOPIC_AUTHORIZATION_FAILED.
+    create_topic(b.bootstrap, "private", partitions=1)
+    user_admin = AdminClient({"bootstrap.servers": b.sasl_bootstrap, **as_user("alice")})
+    [shared] = user_admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "shared")]).values()
+    assert "retention.ms" in shared.result(timeout=CLIENT_TIMEOUT_S)
+    [private] = user_admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "private")]).values()
+    with pytest.raises(KafkaException) as e:
+        private.result(timeout=CLIENT_TIMEOUT_S)
+    assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, e.value
     # An API whose ACL checks Keel does not make yet is open to super
     # users only.
-    user_admin = AdminClient({"bootstrap.servers": b.sasl_bootstrap, **as_user("alice")})
-    [described] = user_admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "shared")],
-                                              request_timeout=10).values()
+    [grown] = user_admin.create_partitions([NewPartitions("shared", 2)], request_timeout=10).values()
     with pytest.raises(KafkaException):
-        described.result()
-    wait_until(lambda: "DescribeConfigs is open to super.users only" in b.log_tail(), 10, "the refusal in the log")
+        grown.result()
+    wait_until(lambda: "CreatePartitions is open to super.users only" in b.log_tail(), 10, "the refusal in the log")
 
 
 def test_acl_apis_say_security_disabled_without_an_authorizer(broker_factory):

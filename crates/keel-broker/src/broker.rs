@@ -555,13 +555,12 @@ impl Broker {
                 resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
                 self.answer(client_id, ApiKey::CreatePartitions, version, id, &mut resp)
             }
-            Request::DescribeConfigs(r) => self.answer(
-                client_id,
-                ApiKey::DescribeConfigs,
-                version,
-                id,
-                &mut handlers::configs::describe_configs(self, r),
-            ),
+            Request::DescribeConfigs(mut r) => {
+                let denied = handlers::authz::describe_configs(self, client, &mut r);
+                let mut resp = handlers::configs::describe_configs(self, r);
+                resp.results.extend(denied);
+                self.answer(client_id, ApiKey::DescribeConfigs, version, id, &mut resp)
+            }
             Request::DescribeCluster(r) => {
                 let cluster_ops = r.include_cluster_authorized_operations;
                 let mut resp = handlers::metadata::describe_cluster(self, r, &client.listener);
@@ -646,20 +645,54 @@ impl Broker {
                 id,
                 &mut handlers::log_dirs::describe_log_dirs(self, r).await,
             ),
-            Request::IncrementalAlterConfigs(r) => self.answer(
-                client_id,
-                ApiKey::IncrementalAlterConfigs,
-                version,
-                id,
-                &mut handlers::alter_configs::incremental_alter_configs(self, r).await,
-            ),
-            Request::AlterConfigs(r) => self.answer(
-                client_id,
-                ApiKey::AlterConfigs,
-                version,
-                id,
-                &mut handlers::alter_configs::alter_configs(self, r).await,
-            ),
+            Request::IncrementalAlterConfigs(mut r) => {
+                use keel_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
+                let refused = handlers::authz::alter_configs_refused(
+                    self,
+                    client,
+                    r.resources
+                        .iter()
+                        .map(|x| (x.resource_type, x.resource_name.clone())),
+                );
+                r.resources.retain(|x| {
+                    !refused
+                        .iter()
+                        .any(|(t, n, _)| *t == x.resource_type && *n == x.resource_name)
+                });
+                let mut resp = handlers::alter_configs::incremental_alter_configs(self, r).await;
+                resp.responses.extend(refused.into_iter().map(|(t, name, error)| {
+                    AlterConfigsResourceResponse::default()
+                        .with_error_code(error.code())
+                        .with_error_message(Some(handlers::str_bytes("Authorization failed.")))
+                        .with_resource_type(t)
+                        .with_resource_name(name)
+                }));
+                self.answer(client_id, ApiKey::IncrementalAlterConfigs, version, id, &mut resp)
+            }
+            Request::AlterConfigs(mut r) => {
+                use keel_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
+                let refused = handlers::authz::alter_configs_refused(
+                    self,
+                    client,
+                    r.resources
+                        .iter()
+                        .map(|x| (x.resource_type, x.resource_name.clone())),
+                );
+                r.resources.retain(|x| {
+                    !refused
+                        .iter()
+                        .any(|(t, n, _)| *t == x.resource_type && *n == x.resource_name)
+                });
+                let mut resp = handlers::alter_configs::alter_configs(self, r).await;
+                resp.responses.extend(refused.into_iter().map(|(t, name, error)| {
+                    AlterConfigsResourceResponse::default()
+                        .with_error_code(error.code())
+                        .with_error_message(Some(handlers::str_bytes("Authorization failed.")))
+                        .with_resource_type(t)
+                        .with_resource_name(name)
+                }));
+                self.answer(client_id, ApiKey::AlterConfigs, version, id, &mut resp)
+            }
             Request::ElectLeaders(r) => self.answer(
                 client_id,
                 ApiKey::ElectLeaders,

@@ -54,6 +54,9 @@ pub fn checked(api: ApiKey) -> bool {
             | AlterUserScramCredentials
             | DescribeClientQuotas
             | AlterClientQuotas
+            | DescribeConfigs
+            | AlterConfigs
+            | IncrementalAlterConfigs
     )
 }
 
@@ -659,4 +662,84 @@ pub fn alter_client_quotas_refused(req: &AlterClientQuotasRequest) -> AlterClien
             })
             .collect(),
     )
+}
+
+/// A config resource's check (`operation` is DESCRIBE_CONFIGS or
+/// ALTER_CONFIGS): a topic's on the topic, a group's on the group, the
+/// broker's, its loggers' and client metrics' on the cluster. The error
+/// when denied.
+fn config_resource(
+    broker: &Broker,
+    client: &ClientInfo,
+    resource_type: i8,
+    name: &str,
+    operation: Operation,
+) -> Option<ResponseError> {
+    const TOPIC: i8 = 2;
+    const GROUP: i8 = 32;
+    let (allowed, error) = match resource_type {
+        TOPIC => (
+            broker.authorized(client, operation, ResourceType::Topic, name),
+            TOPIC_DENIED,
+        ),
+        GROUP => (
+            broker.authorized(client, operation, ResourceType::Group, name),
+            ResponseError::GroupAuthorizationFailed,
+        ),
+        _ => (broker.authorized_cluster(client, operation), CLUSTER_DENIED),
+    };
+    (!allowed).then_some(error)
+}
+
+/// DescribeConfigs: DESCRIBE_CONFIGS on each resource.
+pub fn describe_configs(
+    broker: &Broker,
+    client: &ClientInfo,
+    req: &mut DescribeConfigsRequest,
+) -> Vec<describe_configs_response::DescribeConfigsResult> {
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    let mut denied = Vec::new();
+    req.resources.retain(|r| {
+        match config_resource(
+            broker,
+            client,
+            r.resource_type,
+            &r.resource_name,
+            Operation::DescribeConfigs,
+        ) {
+            None => true,
+            Some(error) => {
+                denied.push(
+                    describe_configs_response::DescribeConfigsResult::default()
+                        .with_error_code(error.code())
+                        .with_error_message(Some(str_bytes("Authorization failed.")))
+                        .with_resource_type(r.resource_type)
+                        .with_resource_name(r.resource_name.clone()),
+                );
+                false
+            }
+        }
+    });
+    denied
+}
+
+/// AlterConfigs and IncrementalAlterConfigs: ALTER_CONFIGS on each
+/// resource (`resources` are the request's `(type, name)` pairs). Returns
+/// the refused ones with their errors, for the caller to take out of the
+/// request and answer.
+pub fn alter_configs_refused(
+    broker: &Broker,
+    client: &ClientInfo,
+    resources: impl Iterator<Item = (i8, StrBytes)>,
+) -> Vec<(i8, StrBytes, ResponseError)> {
+    if !broker.authorizer.enabled {
+        return Vec::new();
+    }
+    resources
+        .filter_map(|(t, name)| {
+            config_resource(broker, client, t, &name, Operation::AlterConfigs).map(|e| (t, name, e))
+        })
+        .collect()
 }
