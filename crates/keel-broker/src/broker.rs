@@ -646,51 +646,39 @@ impl Broker {
                 &mut handlers::log_dirs::describe_log_dirs(self, r).await,
             ),
             Request::IncrementalAlterConfigs(mut r) => {
-                use keel_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
-                let refused = handlers::authz::alter_configs_refused(
+                let denied = handlers::authz::alter_configs(
                     self,
                     client,
-                    r.resources
-                        .iter()
-                        .map(|x| (x.resource_type, x.resource_name.clone())),
+                    &mut r.resources,
+                    |x| (x.resource_type, &x.resource_name),
+                    |t, name, error| {
+                        keel_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse::default()
+                            .with_error_code(error.code())
+                            .with_error_message(Some(handlers::str_bytes("Authorization failed.")))
+                            .with_resource_type(t)
+                            .with_resource_name(name)
+                    },
                 );
-                r.resources.retain(|x| {
-                    !refused
-                        .iter()
-                        .any(|(t, n, _)| *t == x.resource_type && *n == x.resource_name)
-                });
                 let mut resp = handlers::alter_configs::incremental_alter_configs(self, r).await;
-                resp.responses.extend(refused.into_iter().map(|(t, name, error)| {
-                    AlterConfigsResourceResponse::default()
-                        .with_error_code(error.code())
-                        .with_error_message(Some(handlers::str_bytes("Authorization failed.")))
-                        .with_resource_type(t)
-                        .with_resource_name(name)
-                }));
+                resp.responses.extend(denied);
                 self.answer(client_id, ApiKey::IncrementalAlterConfigs, version, id, &mut resp)
             }
             Request::AlterConfigs(mut r) => {
-                use keel_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
-                let refused = handlers::authz::alter_configs_refused(
+                let denied = handlers::authz::alter_configs(
                     self,
                     client,
-                    r.resources
-                        .iter()
-                        .map(|x| (x.resource_type, x.resource_name.clone())),
+                    &mut r.resources,
+                    |x| (x.resource_type, &x.resource_name),
+                    |t, name, error| {
+                        keel_protocol::messages::alter_configs_response::AlterConfigsResourceResponse::default()
+                            .with_error_code(error.code())
+                            .with_error_message(Some(handlers::str_bytes("Authorization failed.")))
+                            .with_resource_type(t)
+                            .with_resource_name(name)
+                    },
                 );
-                r.resources.retain(|x| {
-                    !refused
-                        .iter()
-                        .any(|(t, n, _)| *t == x.resource_type && *n == x.resource_name)
-                });
                 let mut resp = handlers::alter_configs::alter_configs(self, r).await;
-                resp.responses.extend(refused.into_iter().map(|(t, name, error)| {
-                    AlterConfigsResourceResponse::default()
-                        .with_error_code(error.code())
-                        .with_error_message(Some(handlers::str_bytes("Authorization failed.")))
-                        .with_resource_type(t)
-                        .with_resource_name(name)
-                }));
+                resp.responses.extend(denied);
                 self.answer(client_id, ApiKey::AlterConfigs, version, id, &mut resp)
             }
             Request::ElectLeaders(r) => self.answer(

@@ -182,9 +182,8 @@ async fn random_requests(extra: &[(&str, &str)]) {
         "SASL",
     )
     .unwrap();
-    let sasl_listener = Arc::new(
-        keel_broker::sasl::SaslListener::new("SASL", sasl_settings, Arc::clone(&broker.scram)).unwrap(),
-    );
+    let sasl_listener =
+        Arc::new(keel_broker::sasl::SaslListener::new(sasl_settings, Arc::clone(&broker.scram)).unwrap());
     let (mut answered, mut waiting) = (0, 0);
     for api in SUPPORTED {
         for version in api.min..=api.max {

@@ -301,7 +301,7 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
         sasl,
     } = bound;
     let name: Arc<str> = Arc::from(config.name.as_str());
-    let sasl = match sasl.map(|s| SaslListener::new(&config.name, s, Arc::clone(&broker.scram))) {
+    let sasl = match sasl.map(|s| SaslListener::new(s, Arc::clone(&broker.scram))) {
         None => None,
         Some(Ok(l)) => Some(Arc::new(l)),
         Some(Err(e)) => {

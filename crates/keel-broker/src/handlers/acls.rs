@@ -49,27 +49,24 @@ impl Broker {
         if !self.authorizer.enabled {
             return true;
         }
-        let principal = principal(client);
-        let who = Requester {
-            principal: &principal,
-            host: host(client),
-        };
-        let allowed = self.acls.with_table(|t| {
-            acl::authorize(
-                &self.authorizer,
-                t.acls.iter(),
-                who,
-                operation,
-                resource_type,
-                name,
-            )
-        });
-        if allowed || log_denied {
-            acl::audit(who, operation, resource_type, name, allowed);
-        } else {
-            tracing::debug!(target: "keel::authorizer", principal = who.principal, operation = operation.name(), resource = %format!("{}:LITERAL:{name}", resource_type.name()), "left out of a listing");
-        }
-        allowed
+        as_requester(client, |who| {
+            let allowed = self.acls.with_table(|t| {
+                acl::authorize(
+                    &self.authorizer,
+                    t.acls.iter(),
+                    who,
+                    operation,
+                    resource_type,
+                    name,
+                )
+            });
+            if allowed || log_denied {
+                acl::audit(who, operation, resource_type, name, allowed);
+            } else {
+                tracing::debug!(target: "keel::authorizer", principal = who.principal, operation = operation.name(), resource = %format!("{}:LITERAL:{name}", resource_type.name()), "left out of a listing");
+            }
+            allowed
+        })
     }
 
     /// Whether `client` is one of `super.users`.
@@ -79,16 +76,12 @@ impl Broker {
 
     /// Whether an ACL lets `client` WRITE to some topic (Kafka's check for
     /// an idempotent producer without IDEMPOTENT_WRITE on the cluster).
+    /// (Super users are allowed before this is asked.)
     pub fn may_write_some_topic(&self, client: &ClientInfo) -> bool {
-        let principal = principal(client);
-        let who = Requester {
-            principal: &principal,
-            host: host(client),
-        };
-        self.is_super_user(client)
-            || self
-                .acls
+        as_requester(client, |who| {
+            self.acls
                 .with_table(|t| acl::allows_some(t.acls.iter(), who, Operation::Write, ResourceType::Topic))
+        })
     }
 
     /// Whether `client` may perform `operation` on the cluster.
@@ -99,20 +92,27 @@ impl Broker {
     /// Kafka's authorized-operations mask of a resource for `client`:
     /// every operation of its type without an authorizer.
     pub fn authorized_operations(&self, client: &ClientInfo, resource_type: ResourceType, name: &str) -> i32 {
-        let principal = principal(client);
-        let who = Requester {
-            principal: &principal,
-            host: host(client),
-        };
-        self.acls.with_table(|t| {
-            let on_type: Vec<&Acl> = t
-                .acls
-                .iter()
-                .filter(|a| a.resource_type == resource_type)
-                .collect();
-            acl::operations_mask(&self.authorizer, &on_type, who, resource_type, name)
+        as_requester(client, |who| {
+            self.acls.with_table(|t| {
+                let on_type: Vec<&Acl> = t
+                    .acls
+                    .iter()
+                    .filter(|a| a.resource_type == resource_type)
+                    .collect();
+                acl::operations_mask(&self.authorizer, &on_type, who, resource_type, name)
+            })
         })
     }
+}
+
+/// Runs `f` with the client as the authorizer sees it: `User:<name>` of
+/// its authenticated user (`ANONYMOUS` without) from its address.
+fn as_requester<R>(client: &ClientInfo, f: impl FnOnce(Requester) -> R) -> R {
+    let principal = principal(client);
+    f(Requester {
+        principal: &principal,
+        host: host(client),
+    })
 }
 
 /// `User:<name>` of the client's authenticated user (`ANONYMOUS` without).

@@ -726,20 +726,28 @@ pub fn describe_configs(
 }
 
 /// AlterConfigs and IncrementalAlterConfigs: ALTER_CONFIGS on each
-/// resource (`resources` are the request's `(type, name)` pairs). Returns
-/// the refused ones with their errors, for the caller to take out of the
-/// request and answer.
-pub fn alter_configs_refused(
+/// resource. The refused resources are taken out of `resources` (`key`
+/// gives a resource's type and name) and answered with `answer`.
+pub fn alter_configs<R, A>(
     broker: &Broker,
     client: &ClientInfo,
-    resources: impl Iterator<Item = (i8, StrBytes)>,
-) -> Vec<(i8, StrBytes, ResponseError)> {
+    resources: &mut Vec<R>,
+    key: impl Fn(&R) -> (i8, &StrBytes),
+    answer: impl Fn(i8, StrBytes, ResponseError) -> A,
+) -> Vec<A> {
     if !broker.authorizer.enabled {
         return Vec::new();
     }
-    resources
-        .filter_map(|(t, name)| {
-            config_resource(broker, client, t, &name, Operation::AlterConfigs).map(|e| (t, name, e))
-        })
-        .collect()
+    let mut denied = Vec::new();
+    resources.retain(|r| {
+        let (t, name) = key(r);
+        match config_resource(broker, client, t, name, Operation::AlterConfigs) {
+            None => true,
+            Some(error) => {
+                denied.push(answer(t, name.clone(), error));
+                false
+            }
+        }
+    });
+    denied
 }

@@ -209,17 +209,12 @@ impl SessionCallback for Users {
 
 /// A SASL listener: its settings and the mechanisms' configuration.
 pub struct SaslListener {
-    pub name: String,
     pub settings: SaslSettings,
     config: Arc<SASLConfig>,
 }
 
 impl SaslListener {
-    pub fn new(
-        name: &str,
-        settings: SaslSettings,
-        scram: Arc<ScramCredentials>,
-    ) -> Result<SaslListener, String> {
+    pub fn new(settings: SaslSettings, scram: Arc<ScramCredentials>) -> Result<SaslListener, String> {
         let users = Users {
             plain: settings.plain_users.clone(),
             scram,
@@ -228,11 +223,7 @@ impl SaslListener {
             .with_defaults()
             .with_callback(users)
             .map_err(|e| format!("SASL: {e}"))?;
-        Ok(SaslListener {
-            name: name.to_string(),
-            settings,
-            config,
-        })
+        Ok(SaslListener { settings, config })
     }
 }
 

@@ -73,7 +73,7 @@ impl Fixture {
     fn listener(&self, pairs: &[(&str, &str)]) -> Arc<SaslListener> {
         let config = broker_config(pairs);
         let settings = settings(&config, "SASL_PLAINTEXT").unwrap();
-        Arc::new(SaslListener::new("SASL_PLAINTEXT", settings, Arc::clone(&self.scram)).unwrap())
+        Arc::new(SaslListener::new(settings, Arc::clone(&self.scram)).unwrap())
     }
 
     fn all_mechanisms(&self) -> Arc<SaslListener> {
