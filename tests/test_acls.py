@@ -8,13 +8,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer,
+                             TopicPartition)
 from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType, AdminClient, ConfigResource,
                                    NewPartitions, NewTopic, ResourcePatternType, ResourceType)
 
+import kafka_tools
 from conftest import IMPL, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
 from test_operator_tools import kafka_acls, kafka_configs
+from test_transaction_tools import transactions
 from test_sasl import SaslBroker, jaas, sasl
 
 pytestmark = pytest.mark.skipif(IMPL != "keel", reason="Keel's listener flags")
@@ -188,12 +191,97 @@ def test_deny_acls_and_super_users(acl_broker):
     with pytest.raises(KafkaException) as e:
         private.result(timeout=CLIENT_TIMEOUT_S)
     assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, e.value
-    # An API whose ACL checks Keel does not make yet is open to super
-    # users only.
+    # CreatePartitions: ALTER on the topic (ALL implies it).
     [grown] = user_admin.create_partitions([NewPartitions("shared", 2)], request_timeout=10).values()
-    with pytest.raises(KafkaException):
-        grown.result()
-    wait_until(lambda: "CreatePartitions is open to super.users only" in b.log_tail(), 10, "the refusal in the log")
+    grown.result()
+    [refused] = user_admin.create_partitions([NewPartitions("private", 2)], request_timeout=10).values()
+    with pytest.raises(KafkaException) as e:
+        refused.result()
+    assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, e.value
+
+
+def txn_producer(bootstrap: str, txn_id: str, user: str | None) -> Producer:
+    creds = as_user(user) if user else {}
+    return Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "linger.ms": 0, **creds})
+
+
+def command_config(tmp_path, user: str) -> str:
+    """A Kafka tool's --command-config logging in as `user` with PLAIN."""
+    path = tmp_path / f"{user}.properties"
+    path.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                    "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    f'username="{user}" password="{USERS[user]}";\n')
+    return str(path)
+
+
+def test_transactions_and_admin_apis_check_acls(acl_broker, tmp_path):
+    """The transaction APIs want WRITE on the transactional id (and READ on
+    the group whose offsets a transaction commits); listing and describing
+    transactions want DESCRIBE on the id; DeleteRecords wants DELETE on the
+    topic, DescribeLogDirs DESCRIBE on the cluster."""
+    b = acl_broker()
+    create_topic(b.bootstrap, "ledger", partitions=1)
+    bs = b.sasl_bootstrap
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Write",
+               "--operation", "Read", "--topic", "ledger")
+    # Without WRITE on her transactional id, InitProducerId is refused.
+    p = txn_producer(bs, "tx-alice", "alice")
+    with pytest.raises(KafkaException) as e:
+        p.init_transactions(CLIENT_TIMEOUT_S)
+    assert e.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, e.value
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Write",
+               "--transactional-id", "tx-alice")
+    p = txn_producer(bs, "tx-alice", "alice")
+    p.init_transactions(CLIENT_TIMEOUT_S)
+    group = Consumer({"bootstrap.servers": bs, "group.id": "g-ledger", **as_user("alice")})
+    # AddOffsetsToTxn without READ on the group: refused, and the
+    # transaction aborts.
+    p.begin_transaction()
+    p.produce("ledger", value=b"aborted", partition=0)
+    with pytest.raises(KafkaException) as e:
+        p.send_offsets_to_transaction([TopicPartition("ledger", 0, 1)], group.consumer_group_metadata(),
+                                      CLIENT_TIMEOUT_S)
+    assert e.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED, e.value
+    p.abort_transaction(CLIENT_TIMEOUT_S)
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Read", "--group", "g-ledger")
+    p.begin_transaction()
+    p.produce("ledger", value=b"committed", partition=0)
+    p.send_offsets_to_transaction([TopicPartition("ledger", 0, 1)], group.consumer_group_metadata(),
+                                  CLIENT_TIMEOUT_S)
+    p.commit_transaction(CLIENT_TIMEOUT_S)
+    group.close()
+    super_admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    committed = super_admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions("g-ledger")])["g-ledger"].result(timeout=CLIENT_TIMEOUT_S)
+    assert [(t.topic, t.offset) for t in committed.topic_partitions] == [("ledger", 1)]
+    # A super user's transaction is hidden from alice's listing, and she
+    # may not describe it.
+    admin_txn = txn_producer(b.bootstrap, "tx-admin", None)
+    admin_txn.init_transactions(CLIENT_TIMEOUT_S)
+    admin_txn.begin_transaction()
+    admin_txn.produce("ledger", value=b"admin", partition=0)
+    admin_txn.commit_transaction(CLIENT_TIMEOUT_S)
+    alice = command_config(tmp_path, "alice")
+    _, listed, _ = transactions(b.bootstrap, "list")
+    assert {r["TransactionalId"] for r in listed} == {"tx-alice", "tx-admin"}, listed
+    _, listed, _ = transactions(bs, "--command-config", alice, "list")
+    assert {r["TransactionalId"] for r in listed} == {"tx-alice"}, listed
+    code, _, out = transactions(bs, "--command-config", alice, "describe", "--transactional-id", "tx-admin",
+                                ok=False)
+    # (Refused at FindCoordinator already, which wants DESCRIBE on the id too.)
+    assert code != 0 and "failed due to authorization failure" in out, out[-2000:]
+    # DeleteRecords needs DELETE on the topic.
+    user_admin = AdminClient({"bootstrap.servers": bs, **as_user("alice")})
+    [deleted] = user_admin.delete_records([TopicPartition("ledger", 0, 1)]).values()
+    with pytest.raises(KafkaException) as e:
+        deleted.result(timeout=CLIENT_TIMEOUT_S)
+    assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, e.value
+    # DescribeLogDirs needs DESCRIBE on the cluster.
+    done = kafka_tools.run("org.apache.kafka.tools.LogDirsCommand", "--bootstrap-server", bs,
+                           "--command-config", alice, "--describe")
+    assert done.returncode != 0 and "ClusterAuthorizationException" in done.stdout + done.stderr, \
+        done.stdout[-2000:] + done.stderr[-2000:]
+    assert "super.users only" not in b.log_tail(10**8)
 
 
 def test_acl_apis_say_security_disabled_without_an_authorizer(broker_factory):

@@ -445,7 +445,8 @@ impl Broker {
                 &mut handlers::api_versions(self),
             ),
             Request::Metadata(mut r) => {
-                let listed_all = r.topics.is_none();
+                // Metadata v0 asks for every topic with an empty list.
+                let listed_all = r.topics.as_ref().is_none_or(|t| version == 0 && t.is_empty());
                 let (topic_ops, cluster_ops) = (
                     r.include_topic_authorized_operations,
                     r.include_cluster_authorized_operations,
@@ -524,13 +525,12 @@ impl Broker {
                 resp.topics.extend(denied);
                 self.answer(client_id, ApiKey::OffsetForLeaderEpoch, version, id, &mut resp)
             }
-            Request::DeleteRecords(r) => self.answer(
-                client_id,
-                ApiKey::DeleteRecords,
-                version,
-                id,
-                &mut handlers::offsets::delete_records(self, r).await,
-            ),
+            Request::DeleteRecords(mut r) => {
+                let denied = handlers::authz::delete_records(self, client, &mut r);
+                let mut resp = handlers::offsets::delete_records(self, r).await;
+                resp.topics.extend(denied);
+                self.answer(client_id, ApiKey::DeleteRecords, version, id, &mut resp)
+            }
             // Kafka's controller_mutation_rate is strict (refusing with
             // THROTTLING_QUOTA_EXCEEDED) from these versions on.
             Request::CreateTopics(mut r) => {
@@ -549,9 +549,11 @@ impl Broker {
                 resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
                 self.answer(client_id, ApiKey::DeleteTopics, version, id, &mut resp)
             }
-            Request::CreatePartitions(r) => {
+            Request::CreatePartitions(mut r) => {
+                let denied = handlers::authz::create_partitions(self, client, &mut r);
                 let mut quota = self.mutations(client_id, version >= 3);
                 let mut resp = handlers::admin::create_partitions(self, r, &mut quota).await;
+                resp.results.extend(denied);
                 resp.throttle_time_ms = self.throttled(CONTROLLER_MUTATION_RATE, quota.throttle_ms());
                 self.answer(client_id, ApiKey::CreatePartitions, version, id, &mut resp)
             }
@@ -583,68 +585,71 @@ impl Broker {
                 };
                 self.answer(client_id, ApiKey::InitProducerId, version, id, &mut resp)
             }
-            Request::AddPartitionsToTxn(r) => self.answer(
-                client_id,
-                ApiKey::AddPartitionsToTxn,
-                version,
-                id,
-                &mut handlers::txn::add_partitions_to_txn(self, r, version).await,
-            ),
-            Request::EndTxn(r) => self.answer(
-                client_id,
-                ApiKey::EndTxn,
-                version,
-                id,
-                &mut handlers::txn::end_txn(self, r, version).await,
-            ),
-            Request::AddOffsetsToTxn(r) => self.answer(
-                client_id,
-                ApiKey::AddOffsetsToTxn,
-                version,
-                id,
-                &mut handlers::txn::add_offsets_to_txn(self, r, version).await,
-            ),
-            Request::TxnOffsetCommit(r) => self.answer(
-                client_id,
-                ApiKey::TxnOffsetCommit,
-                version,
-                id,
-                &mut handlers::groups::txn_offset_commit(self, r, version).await,
-            ),
-            Request::WriteTxnMarkers(r) => respond(
-                ApiKey::WriteTxnMarkers,
-                version,
-                id,
-                &handlers::txn_admin::write_txn_markers(self, r).await,
-            ),
-            Request::DescribeTransactions(r) => self.answer(
-                client_id,
-                ApiKey::DescribeTransactions,
-                version,
-                id,
-                &mut handlers::txn_admin::describe_transactions(self, r),
-            ),
-            Request::ListTransactions(r) => self.answer(
-                client_id,
-                ApiKey::ListTransactions,
-                version,
-                id,
-                &mut handlers::txn_admin::list_transactions(self, r),
-            ),
-            Request::DescribeProducers(r) => self.answer(
-                client_id,
-                ApiKey::DescribeProducers,
-                version,
-                id,
-                &mut handlers::txn_admin::describe_producers(self, r),
-            ),
-            Request::DescribeLogDirs(r) => self.answer(
-                client_id,
-                ApiKey::DescribeLogDirs,
-                version,
-                id,
-                &mut handlers::log_dirs::describe_log_dirs(self, r).await,
-            ),
+            Request::AddPartitionsToTxn(r) => {
+                let mut resp = match handlers::authz::add_partitions_to_txn(self, client, &r, version) {
+                    Some(refused) => refused,
+                    None => handlers::txn::add_partitions_to_txn(self, r, version).await,
+                };
+                self.answer(client_id, ApiKey::AddPartitionsToTxn, version, id, &mut resp)
+            }
+            Request::EndTxn(r) => {
+                let mut resp = match handlers::authz::end_txn(self, client, &r) {
+                    Some(refused) => refused,
+                    None => handlers::txn::end_txn(self, r, version).await,
+                };
+                self.answer(client_id, ApiKey::EndTxn, version, id, &mut resp)
+            }
+            Request::AddOffsetsToTxn(r) => {
+                let mut resp = match handlers::authz::add_offsets_to_txn(self, client, &r) {
+                    Some(error) => keel_protocol::messages::AddOffsetsToTxnResponse::default()
+                        .with_error_code(error.code()),
+                    None => handlers::txn::add_offsets_to_txn(self, r, version).await,
+                };
+                self.answer(client_id, ApiKey::AddOffsetsToTxn, version, id, &mut resp)
+            }
+            Request::TxnOffsetCommit(mut r) => {
+                let mut resp = match handlers::authz::txn_offset_commit(self, client, &mut r) {
+                    Err(refused) => refused,
+                    Ok(denied) => {
+                        let mut resp = handlers::groups::txn_offset_commit(self, r, version).await;
+                        resp.topics.extend(denied);
+                        resp
+                    }
+                };
+                self.answer(client_id, ApiKey::TxnOffsetCommit, version, id, &mut resp)
+            }
+            Request::WriteTxnMarkers(r) => {
+                let resp = match handlers::authz::write_txn_markers(self, client, &r) {
+                    Some(refused) => refused,
+                    None => handlers::txn_admin::write_txn_markers(self, r).await,
+                };
+                respond(ApiKey::WriteTxnMarkers, version, id, &resp)
+            }
+            Request::DescribeTransactions(mut r) => {
+                let denied = handlers::authz::describe_transactions(self, client, &mut r);
+                let mut resp = handlers::txn_admin::describe_transactions(self, r);
+                handlers::authz::describe_transactions_topics(self, client, &mut resp);
+                resp.transaction_states.extend(denied);
+                self.answer(client_id, ApiKey::DescribeTransactions, version, id, &mut resp)
+            }
+            Request::ListTransactions(r) => {
+                let mut resp = handlers::txn_admin::list_transactions(self, r);
+                handlers::authz::list_transactions(self, client, &mut resp);
+                self.answer(client_id, ApiKey::ListTransactions, version, id, &mut resp)
+            }
+            Request::DescribeProducers(mut r) => {
+                let denied = handlers::authz::describe_producers(self, client, &mut r);
+                let mut resp = handlers::txn_admin::describe_producers(self, r);
+                resp.topics.extend(denied);
+                self.answer(client_id, ApiKey::DescribeProducers, version, id, &mut resp)
+            }
+            Request::DescribeLogDirs(r) => {
+                let mut resp = match handlers::authz::describe_log_dirs(self, client) {
+                    Some(refused) => refused,
+                    None => handlers::log_dirs::describe_log_dirs(self, r).await,
+                };
+                self.answer(client_id, ApiKey::DescribeLogDirs, version, id, &mut resp)
+            }
             Request::IncrementalAlterConfigs(mut r) => {
                 let denied = handlers::authz::alter_configs(
                     self,
@@ -681,20 +686,20 @@ impl Broker {
                 resp.responses.extend(denied);
                 self.answer(client_id, ApiKey::AlterConfigs, version, id, &mut resp)
             }
-            Request::ElectLeaders(r) => self.answer(
-                client_id,
-                ApiKey::ElectLeaders,
-                version,
-                id,
-                &mut handlers::elect::elect_leaders(self, r),
-            ),
-            Request::DescribeTopicPartitions(r) => self.answer(
-                client_id,
-                ApiKey::DescribeTopicPartitions,
-                version,
-                id,
-                &mut handlers::metadata::describe_topic_partitions(self, r),
-            ),
+            Request::ElectLeaders(r) => {
+                let mut resp = match handlers::authz::elect_leaders(self, client, &r) {
+                    Some(refused) => refused,
+                    None => handlers::elect::elect_leaders(self, r),
+                };
+                self.answer(client_id, ApiKey::ElectLeaders, version, id, &mut resp)
+            }
+            Request::DescribeTopicPartitions(r) => {
+                let may_describe =
+                    |topic: &str, listing| handlers::authz::may_describe_topic(self, client, topic, listing);
+                let mut resp = handlers::metadata::describe_topic_partitions(self, r, &may_describe);
+                handlers::authz::describe_topic_partitions_masks(self, client, &mut resp);
+                self.answer(client_id, ApiKey::DescribeTopicPartitions, version, id, &mut resp)
+            }
             Request::DescribeClientQuotas(r) => {
                 let mut resp = if handlers::authz::cluster_refused(self, client, Operation::DescribeConfigs) {
                     handlers::authz::describe_client_quotas_refused()
@@ -711,13 +716,13 @@ impl Broker {
                 };
                 self.answer(client_id, ApiKey::AlterClientQuotas, version, id, &mut resp)
             }
-            Request::ListConfigResources(r) => self.answer(
-                client_id,
-                ApiKey::ListConfigResources,
-                version,
-                id,
-                &mut handlers::configs::list_config_resources(self, r, version),
-            ),
+            Request::ListConfigResources(r) => {
+                let mut resp = match handlers::authz::list_config_resources(self, client) {
+                    Some(refused) => refused,
+                    None => handlers::configs::list_config_resources(self, r, version),
+                };
+                self.answer(client_id, ApiKey::ListConfigResources, version, id, &mut resp)
+            }
             Request::DescribeUserScramCredentials(r) => {
                 let mut resp = if handlers::authz::cluster_refused(self, client, Operation::Describe) {
                     handlers::authz::describe_user_scram_refused()
@@ -1069,8 +1074,10 @@ impl Broker {
                 self.answer(client_id, ApiKey::OffsetCommit, version, id, &mut resp)
             }
             Request::OffsetFetch(mut r) => {
+                let listing = handlers::authz::offset_fetch_listing(&r, version);
                 let denied = handlers::authz::offset_fetch_groups(self, client, &mut r, version);
                 let mut resp = groups::offset_fetch(self, r, version);
+                handlers::authz::offset_fetch_topics(self, client, &listing, version, &mut resp);
                 resp.groups.extend(denied);
                 self.answer(client_id, ApiKey::OffsetFetch, version, id, &mut resp)
             }
@@ -1093,13 +1100,17 @@ impl Broker {
                 resp.results.extend(denied);
                 self.answer(client_id, ApiKey::DeleteGroups, version, id, &mut resp)
             }
-            Request::OffsetDelete(r) => self.answer(
-                client_id,
-                ApiKey::OffsetDelete,
-                version,
-                id,
-                &mut groups::offset_delete(self, r).await,
-            ),
+            Request::OffsetDelete(mut r) => {
+                let mut resp = match handlers::authz::offset_delete(self, client, &mut r) {
+                    Err(refused) => refused,
+                    Ok(denied) => {
+                        let mut resp = groups::offset_delete(self, r).await;
+                        resp.topics.extend(denied);
+                        resp
+                    }
+                };
+                self.answer(client_id, ApiKey::OffsetDelete, version, id, &mut resp)
+            }
             Request::ConsumerGroupHeartbeat(r) => self.answer(
                 client_id,
                 ApiKey::ConsumerGroupHeartbeat,
@@ -1114,13 +1125,14 @@ impl Broker {
                 )
                 .await,
             ),
-            Request::ConsumerGroupDescribe(r) => self.answer(
-                client_id,
-                ApiKey::ConsumerGroupDescribe,
-                version,
-                id,
-                &mut handlers::consumer_groups::consumer_group_describe(self, r, version),
-            ),
+            Request::ConsumerGroupDescribe(mut r) => {
+                let include = r.include_authorized_operations;
+                let denied = handlers::authz::consumer_group_describe(self, client, &mut r);
+                let mut resp = handlers::consumer_groups::consumer_group_describe(self, r, version);
+                handlers::authz::consumer_group_describe_topics(self, client, include, &mut resp);
+                resp.groups.extend(denied);
+                self.answer(client_id, ApiKey::ConsumerGroupDescribe, version, id, &mut resp)
+            }
             other => Reply::Close(format!("no handler for {other:?}")),
         }
     }

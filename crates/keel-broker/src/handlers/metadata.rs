@@ -166,13 +166,17 @@ pub fn describe_cluster(
 /// `response_partition_limit` (at most `max.request.partition.size.limit`)
 /// with a cursor to continue from. A cursor outside the named topics is
 /// INVALID_REQUEST on every topic (the response has no error of its own).
+/// `may_describe(topic, listing)` says whether the client may see a topic:
+/// a listing of every topic leaves out those it may not, a named one is
+/// answered TOPIC_AUTHORIZATION_FAILED.
 pub fn describe_topic_partitions(
     broker: &Broker,
     req: DescribeTopicPartitionsRequest,
+    may_describe: &dyn Fn(&str, bool) -> bool,
 ) -> DescribeTopicPartitionsResponse {
     use describe_topic_partitions_response::DescribeTopicPartitionsResponseTopic;
     let named: Vec<_> = req.topics.iter().map(|t| t.name.clone()).collect();
-    paged_topic_partitions(broker, req).unwrap_or_else(|(error, message)| {
+    paged_topic_partitions(broker, req, may_describe).unwrap_or_else(|(error, message)| {
         tracing::debug!(%message, "DescribeTopicPartitions refused");
         DescribeTopicPartitionsResponse::default().with_topics(
             named
@@ -191,6 +195,7 @@ pub fn describe_topic_partitions(
 fn paged_topic_partitions(
     broker: &Broker,
     req: DescribeTopicPartitionsRequest,
+    may_describe: &dyn Fn(&str, bool) -> bool,
 ) -> Result<DescribeTopicPartitionsResponse, (ResponseError, String)> {
     use describe_topic_partitions_response::{
         Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
@@ -202,7 +207,7 @@ fn paged_topic_partitions(
             .topics
             .all()
             .iter()
-            .filter(|t| !t.meta.deleting)
+            .filter(|t| !t.meta.deleting && may_describe(&t.meta.name, true))
             .map(|t| t.meta.name.clone())
             .collect()
     } else {
@@ -239,6 +244,15 @@ fn paged_topic_partitions(
         if budget == 0 {
             next_cursor = Some(Cursor::default().with_topic_name(topic_name(&name)));
             break;
+        }
+        if !req.topics.is_empty() && !may_describe(&name, false) {
+            topics.push(
+                DescribeTopicPartitionsResponseTopic::default()
+                    .with_error_code(ResponseError::TopicAuthorizationFailed.code())
+                    .with_name(Some(topic_name(&name)))
+                    .with_topic_authorized_operations(operations::OMITTED),
+            );
+            continue;
         }
         let Some(topic) = broker.topics.get(&name).filter(|t| !t.meta.deleting) else {
             topics.push(
