@@ -218,6 +218,16 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
         ConfigType::String,
     ),
+    // The inter-broker listener, as a copied Kafka config names it. Keel is
+    // one broker and sends no inter-broker traffic; the keys are checked
+    // as Kafka checks them (`crate::listeners::inter_broker`).
+    ("inter.broker.listener.name", "", ConfigType::String),
+    ("security.inter.broker.protocol", "PLAINTEXT", ConfigType::String),
+    (
+        "sasl.mechanism.inter.broker.protocol",
+        "GSSAPI",
+        ConfigType::String,
+    ),
     ("ssl.keystore.type", "JKS", ConfigType::String),
     ("ssl.keystore.location", "", ConfigType::String),
     ("ssl.keystore.password", "", ConfigType::Password),
@@ -846,11 +856,13 @@ impl BrokerConfig {
                 reason: format!("{bad}: Keel's assignors are uniform and range"),
             });
         }
-        for listener in crate::listeners::listeners(self)? {
+        let listeners = crate::listeners::listeners(self)?;
+        for listener in &listeners {
             if listener.protocol.tls() {
                 crate::listeners::ssl_settings(self, &listener.name)?;
             }
         }
+        crate::listeners::inter_broker(self, &listeners)?;
         let policy = self.get("group.consumer.migration.policy");
         if crate::groups::consumer::MigrationPolicy::parse(policy).is_none() {
             return Err(ConfigError {

@@ -195,6 +195,66 @@ pub fn listeners(config: &BrokerConfig) -> Result<Vec<Listener>, ConfigError> {
     Ok(out)
 }
 
+/// The inter-broker listener a copied Kafka config names, checked as Kafka
+/// checks it: `inter.broker.listener.name` or `security.inter.broker.protocol`
+/// (not both) names one of the listeners, and a SASL one enables
+/// `sasl.mechanism.inter.broker.protocol`. Keel sends no inter-broker
+/// traffic, so a config that names none needs no PLAINTEXT listener.
+pub fn inter_broker(config: &BrokerConfig, listeners: &[Listener]) -> Result<(), ConfigError> {
+    const NAME: &str = "inter.broker.listener.name";
+    const PROTOCOL: &str = "security.inter.broker.protocol";
+    const MECHANISM: &str = "sasl.mechanism.inter.broker.protocol";
+    let (key, name) = match (config.is_explicit(NAME), config.is_explicit(PROTOCOL)) {
+        (true, true) => {
+            return Err(error(
+                NAME,
+                format!("only one of {NAME} and {PROTOCOL} should be set"),
+            ))
+        }
+        (true, false) => (NAME, config.get(NAME).to_string()),
+        (false, true) => {
+            let protocol = config.get(PROTOCOL);
+            SecurityProtocol::parse(protocol).ok_or_else(|| {
+                error(
+                    PROTOCOL,
+                    format!("{protocol}: one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+                )
+            })?;
+            (PROTOCOL, protocol.to_string())
+        }
+        (false, false) if config.is_explicit(MECHANISM) => {
+            return Err(error(
+                MECHANISM,
+                format!("is set, but no inter-broker listener is: set {NAME} too"),
+            ))
+        }
+        (false, false) => return Ok(()),
+    };
+    let Some(listener) = listeners.iter().find(|l| l.name == name) else {
+        let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+        return Err(error(
+            key,
+            format!(
+                "{name} must be a listener name defined in listeners; the listeners are {}",
+                names.join(", ")
+            ),
+        ));
+    };
+    if listener.protocol.sasl() {
+        let mechanism = config.get(MECHANISM);
+        let enabled = scoped_value(config, &name, "sasl.enabled.mechanisms");
+        if !enabled.split(',').any(|m| m.trim() == mechanism) {
+            return Err(error(
+                MECHANISM,
+                format!(
+                    "{mechanism} must be included in sasl.enabled.mechanisms ({enabled}) of the inter-broker listener {name}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `advertised.listeners` for the listeners bound at `bound` (their real
 /// ports): each listener not named there is advertised at its bound
 /// address, as Kafka defaults them to `listeners`. Keel's single
@@ -511,6 +571,92 @@ mod tests {
             let map = [("listeners".to_string(), value.to_string())].into();
             let e = BrokerConfig::from_map(&map).unwrap_err();
             assert!(e.reason.contains(reason), "{value}: {e}");
+        }
+    }
+
+    #[test]
+    fn inter_broker_keys_name_a_listener() {
+        let listeners = (
+            "listeners",
+            "PLAINTEXT://127.0.0.1:0,BROKER://127.0.0.1:0,SASL_SSL://127.0.0.1:0",
+        );
+        let map = (
+            "listener.security.protocol.map",
+            "PLAINTEXT:PLAINTEXT,BROKER:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        );
+        let tls = [
+            ("listener.name.sasl_ssl.ssl.keystore.type", "PEM"),
+            ("listener.name.sasl_ssl.ssl.keystore.key", "k"),
+            ("listener.name.sasl_ssl.ssl.keystore.certificate.chain", "c"),
+        ];
+        let jaas = (
+            "listener.name.broker.plain.sasl.jaas.config",
+            "org.apache.kafka.common.security.plain.PlainLoginModule required user_a=\"b\";",
+        );
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut pairs = vec![
+                listeners,
+                map,
+                jaas,
+                ("sasl.enabled.mechanisms", "PLAIN,SCRAM-SHA-512"),
+            ];
+            pairs.extend(tls);
+            pairs.extend_from_slice(extra);
+            let map: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            BrokerConfig::from_map(&map)
+        };
+        for ok in [
+            vec![],
+            vec![
+                ("inter.broker.listener.name", "BROKER"),
+                ("sasl.mechanism.inter.broker.protocol", "PLAIN"),
+            ],
+            vec![("security.inter.broker.protocol", "PLAINTEXT")],
+        ] {
+            with(&ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        for (extra, key, reason) in [
+            (
+                vec![
+                    ("inter.broker.listener.name", "BROKER"),
+                    ("security.inter.broker.protocol", "PLAINTEXT"),
+                ],
+                "inter.broker.listener.name",
+                "only one of",
+            ),
+            (
+                vec![("inter.broker.listener.name", "INTERNAL")],
+                "inter.broker.listener.name",
+                "must be a listener name defined in listeners",
+            ),
+            (
+                vec![("security.inter.broker.protocol", "SSL")],
+                "security.inter.broker.protocol",
+                "must be a listener name",
+            ),
+            (
+                vec![("security.inter.broker.protocol", "TLS")],
+                "security.inter.broker.protocol",
+                "one of PLAINTEXT",
+            ),
+            // Kafka's default mechanism, GSSAPI, is not enabled.
+            (
+                vec![("inter.broker.listener.name", "BROKER")],
+                "sasl.mechanism.inter.broker.protocol",
+                "must be included in sasl.enabled.mechanisms",
+            ),
+            (
+                vec![("sasl.mechanism.inter.broker.protocol", "PLAIN")],
+                "sasl.mechanism.inter.broker.protocol",
+                "no inter-broker listener",
+            ),
+        ] {
+            let e = with(&extra).unwrap_err();
+            assert_eq!(e.key, key, "{extra:?}: {e}");
+            assert!(e.reason.contains(reason), "{extra:?}: {e}");
         }
     }
 
