@@ -1,13 +1,19 @@
 """Certificates for the security tests: a CA and the leaves it signs,
-written as PEM files (Kafka's PEM keystore and truststore layouts)."""
+written as PEM files (Kafka's PEM keystore and truststore layouts), and
+as PKCS12 stores written by Java's own keytool."""
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -62,3 +68,25 @@ class Pki:
         if server:
             self._write(f"{cn}.pem", key_pem + cert_pem)
         return cert_file, key_file
+
+    def pkcs12(self, cn: str, password: str) -> tuple[str, str]:
+        """-> (keystore, truststore): `cn`'s server key and chain, and the
+        CA, as PKCS12 stores Java's keytool wrote (its algorithms, as a
+        Kafka operator's stores have them), both with `password`."""
+        keytool = shutil.which("keytool")
+        if keytool is None:
+            pytest.skip("`keytool` (a JDK) is not on PATH")
+        self.leaf(cn, server=True)
+        key = serialization.load_pem_private_key((self.dir / f"{cn}.key").read_bytes(), None)
+        cert = x509.load_pem_x509_certificate((self.dir / f"{cn}.crt").read_bytes())
+        made = pkcs12.serialize_key_and_certificates(cn.encode(), key, cert, [self.cert],
+                                                     serialization.BestAvailableEncryption(password.encode()))
+        self._write(f"{cn}-made.p12", made)
+        keystore, truststore = self.dir / f"{cn}.p12", self.dir / f"{cn}-trust.p12"
+        for args in (["-importkeystore", "-srckeystore", str(self.dir / f"{cn}-made.p12"), "-srcstoretype", "PKCS12",
+                      "-srcstorepass", password, "-destkeystore", str(keystore), "-deststoretype", "PKCS12",
+                      "-deststorepass", password],
+                     ["-importcert", "-alias", "ca", "-file", self.ca, "-keystore", str(truststore),
+                      "-storetype", "PKCS12", "-storepass", password]):
+            subprocess.run([keytool, *args, "-noprompt"], check=True, capture_output=True, timeout=60)
+        return str(keystore), str(truststore)

@@ -3,8 +3,8 @@ by side, each advertised to the clients that came in on it;
 confluent-kafka and kafka-python over SSL with a PEM keystore; client
 certificates (`ssl.client.auth=required`) checked against a PEM
 truststore; a TLS handshake on the plaintext port and a plaintext request
-on the TLS port closed cleanly; keystores Keel cannot read refused at
-start-up with what to do. Certificates are made by the test."""
+on the TLS port closed cleanly; PKCS12 stores as keytool writes them;
+keystores Keel cannot read refused at start-up with what to do. Certificates are made by the test."""
 from __future__ import annotations
 
 import json
@@ -312,9 +312,41 @@ def test_an_encrypted_key_is_read_with_ssl_key_password(tls_broker, pki):
         assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
 
 
+def test_pkcs12_stores_written_by_keytool_serve_with_client_certificates(tls_broker, pki):
+    keystore, truststore = pki.pkcs12("broker12", "st0re-pass")
+    stores = {"ssl.keystore.type": "PKCS12", "ssl.keystore.location": keystore,
+              "ssl.keystore.password": "st0re-pass", "ssl.client.auth": "required",
+              "ssl.truststore.type": "PKCS12", "ssl.truststore.location": truststore,
+              "ssl.truststore.password": "st0re-pass"}
+    b = tls_broker(stores)
+    assert peer_name_with_client(b.ssl_port, pki, pki.leaf("carol", server=False)) == "broker12"
+    create_topic(b.bootstrap, "p12", partitions=1)
+    assert len(round_trip(b.ssl_bootstrap, "p12", ssl_config(pki, pki.leaf("alice", server=False)), n=10)) == 10
+    # A wrong password fails the store's integrity check at start-up.
+    for key, says in [("ssl.keystore.password", "ssl.keystore: the integrity check fails"),
+                      ("ssl.truststore.password", "ssl.truststore: the integrity check fails")]:
+        other = tls_broker({**stores, key: "wrong"}, start=False)
+        other.data_dir.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(other.command(), capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
+        assert "st0re-pass" not in done.stderr + done.stdout
+
+
+def peer_name_with_client(port: int, pki: Pki, client: tuple[str, str]) -> str:
+    """The common name of the listener's certificate, over a handshake
+    that presents the client certificate `client`."""
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    ctx.load_cert_chain(*client)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            der = tls.getpeercert(binary_form=True)
+    return x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+
+
 @pytest.mark.parametrize("sets, says", [
     ({"ssl.keystore.type": "JKS"}, "keytool -importkeystore"),
-    ({"ssl.keystore.type": "PKCS12"}, "is not read yet"),
+    ({"ssl.keystore.type": "PKCS12"}, "a PKCS12 keystore needs ssl.keystore.password"),
+    ({"ssl.keystore.type": "PKCS12", "ssl.keystore.password": "x"}, "ssl.keystore: not a PKCS12 store"),
     ({"ssl.keystore.location": "/nonexistent/broker.pem"}, "/nonexistent/broker.pem"),
     ({"ssl.client.auth": "required"}, "needs ssl.truststore.location"),
     ({"ssl.enabled.protocols": "TLSv1.1"}, "TLSv1.1 is not supported"),

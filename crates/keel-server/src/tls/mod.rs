@@ -10,9 +10,12 @@
 //! * `ssl.enabled.protocols` (TLSv1.2, TLSv1.3) and `ssl.cipher.suites`
 //!   (IANA names), within what rustls supports.
 //!
+//! * `ssl.keystore.type=PKCS12` / `ssl.truststore.type=PKCS12` with
+//!   `ssl.keystore.password` / `ssl.truststore.password` ([`pkcs12`]).
+//!
 //! An encrypted PKCS #8 key (`ENCRYPTED PRIVATE KEY`, PBES2) is decrypted
 //! with `ssl.key.password`. JKS stores are refused with how to convert
-//! them; PKCS12 stores are not read yet.
+//! them.
 //!
 //! Replaced key, certificate or truststore files are picked up without a
 //! restart ([`Reloading`]): new connections get the new configuration,
@@ -20,6 +23,8 @@
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+mod pkcs12;
 
 use parking_lot::{Mutex, RwLock};
 use tokio_rustls::TlsAcceptor;
@@ -220,17 +225,22 @@ impl Reloading {
     }
 }
 
-fn store_type(key: &str, value: &str) -> Result<(), String> {
+/// The store formats Keel reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreType {
+    Pem,
+    Pkcs12,
+}
+
+fn store_type(key: &str, value: &str) -> Result<StoreType, String> {
     match value.to_ascii_uppercase().as_str() {
-        "PEM" => Ok(()),
+        "PEM" => Ok(StoreType::Pem),
+        "PKCS12" => Ok(StoreType::Pkcs12),
         "JKS" => Err(format!(
-            "{key} is JKS, which Keel does not read: convert it (keytool -importkeystore -deststoretype PKCS12, \
-             then openssl pkcs12 -nodes) to PEM and set {key}=PEM"
+            "{key} is JKS, which Keel does not read: convert it (keytool -importkeystore -deststoretype PKCS12) \
+             and set {key}=PKCS12"
         )),
-        "PKCS12" => Err(format!(
-            "{key}=PKCS12 is not read yet: convert it with openssl pkcs12 -nodes to PEM and set {key}=PEM"
-        )),
-        other => Err(format!("{key}={other}: must be PEM")),
+        other => Err(format!("{key}={other}: must be PEM or PKCS12")),
     }
 }
 
@@ -245,7 +255,9 @@ fn keystore(s: &SslSettings) -> Result<(Vec<CertificateDer<'static>>, PrivateKey
                 .into(),
         );
     }
-    store_type("ssl.keystore.type", &s.keystore_type)?;
+    if store_type("ssl.keystore.type", &s.keystore_type)? == StoreType::Pkcs12 {
+        return pkcs12_keystore(s);
+    }
     let pem: Vec<u8> = if !s.keystore_location.is_empty() {
         std::fs::read(&s.keystore_location)
             .map_err(|e| format!("ssl.keystore.location {}: {e}", s.keystore_location))?
@@ -267,6 +279,33 @@ fn keystore(s: &SslSettings) -> Result<(Vec<CertificateDer<'static>>, PrivateKey
         PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("ssl.keystore: no private key ({e})"))?
     };
     Ok((certs, key))
+}
+
+/// A PKCS12 keystore's one private key and its certificate chain.
+fn pkcs12_keystore(
+    s: &SslSettings,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    if s.keystore_location.is_empty() {
+        return Err(
+            "ssl.keystore.type=PKCS12 needs ssl.keystore.location (ssl.keystore.key is for PEM)".into(),
+        );
+    }
+    if s.keystore_password.is_empty() {
+        return Err("a PKCS12 keystore needs ssl.keystore.password".into());
+    }
+    let der = std::fs::read(&s.keystore_location)
+        .map_err(|e| format!("ssl.keystore.location {}: {e}", s.keystore_location))?;
+    let mut store = pkcs12::read(&der, "ssl.keystore", &s.keystore_password, &s.key_password)?;
+    if store.certs.is_empty() {
+        return Err("ssl.keystore holds no certificate".into());
+    }
+    match store.keys.len() {
+        1 => Ok((store.certs, store.keys.remove(0))),
+        0 => Err("ssl.keystore holds no private key".into()),
+        n => Err(format!(
+            "ssl.keystore holds {n} private keys; a listener serves one"
+        )),
+    }
 }
 
 /// The `ENCRYPTED PRIVATE KEY` section of `pem`, decrypted with `password`.
@@ -306,14 +345,27 @@ fn truststore(s: &SslSettings) -> Result<RootCertStore, String> {
                 .into(),
         );
     }
-    store_type("ssl.truststore.type", &s.truststore_type)?;
+    let mut roots = RootCertStore::empty();
+    if store_type("ssl.truststore.type", &s.truststore_type)? == StoreType::Pkcs12 {
+        if s.truststore_location.is_empty() {
+            return Err("ssl.truststore.type=PKCS12 needs ssl.truststore.location".into());
+        }
+        let der = std::fs::read(&s.truststore_location)
+            .map_err(|e| format!("ssl.truststore.location {}: {e}", s.truststore_location))?;
+        for cert in pkcs12::read(&der, "ssl.truststore", &s.truststore_password, "")?.certs {
+            roots.add(cert).map_err(|e| format!("ssl.truststore: {e}"))?;
+        }
+        if roots.is_empty() {
+            return Err("ssl.truststore holds no certificate".into());
+        }
+        return Ok(roots);
+    }
     let pem: Vec<u8> = if !s.truststore_location.is_empty() {
         std::fs::read(&s.truststore_location)
             .map_err(|e| format!("ssl.truststore.location {}: {e}", s.truststore_location))?
     } else {
         s.truststore_certificates.clone().into_bytes()
     };
-    let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| format!("ssl.truststore: {e}"))?;
         roots.add(cert).map_err(|e| format!("ssl.truststore: {e}"))?;
@@ -385,9 +437,11 @@ mod tests {
             keystore_key: String::new(),
             keystore_certificate_chain: String::new(),
             key_password: String::new(),
+            keystore_password: String::new(),
             truststore_type: "PEM".into(),
             truststore_location: String::new(),
             truststore_certificates: String::new(),
+            truststore_password: String::new(),
             client_auth: ClientAuth::None,
             enabled_protocols: vec!["TLSv1.2".into(), "TLSv1.3".into()],
             cipher_suites: vec![],
@@ -399,7 +453,8 @@ mod tests {
     fn unreadable_stores_are_refused_with_what_to_do() {
         for (change, expected) in [
             (("JKS", "/etc/keel/broker.jks"), "keytool -importkeystore"),
-            (("PKCS12", "/etc/keel/broker.p12"), "not read yet"),
+            (("PKCS12", "/etc/keel/broker.p12"), "needs ssl.keystore.password"),
+            (("PKCS12", ""), "needs ssl.keystore.location"),
             (("JKS", ""), "needs ssl.keystore.location"),
             (("PEM", "/nonexistent/broker.pem"), "/nonexistent/broker.pem"),
         ] {
@@ -420,6 +475,76 @@ mod tests {
         assert!(server_config("SSL", &s)
             .unwrap_err()
             .contains("the encrypted key"));
+    }
+
+    fn fixture(name: &str) -> String {
+        format!("{}/src/tls/testdata/{name}", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn pkcs12_settings(name: &str, password: &str) -> SslSettings {
+        let mut s = settings();
+        s.keystore_type = "PKCS12".into();
+        s.keystore_location = fixture(name);
+        s.keystore_password = password.into();
+        s
+    }
+
+    #[test]
+    fn pkcs12_keystores_from_openssl_3_and_keytool_serve() {
+        for name in ["openssl3.p12", "keytool.p12"] {
+            let s = pkcs12_settings(name, "keel-pass");
+            let (certs, _) = keystore(&s).unwrap_or_else(|e| panic!("{name}: {e}"));
+            // The leaf first, then its CA.
+            let names: Vec<String> = certs.iter().map(|c| subject_name(c).unwrap()).collect();
+            assert_eq!(names, ["CN=localhost", "CN=keel-fixture-ca"], "{name}");
+            server_config("SSL", &s).unwrap_or_else(|e| panic!("{name}: {e}"));
+            // A separate ssl.key.password is used for the key: a wrong one
+            // fails.
+            let mut s = s;
+            s.key_password = "other".into();
+            let e = keystore(&s).err().unwrap();
+            assert!(e.contains("cannot decrypt the private key"), "{name}: {e}");
+        }
+    }
+
+    #[test]
+    fn pkcs12_stores_refuse_wrong_passwords_and_legacy_algorithms() {
+        let e = keystore(&pkcs12_settings("openssl3.p12", "wrong")).err().unwrap();
+        assert!(e.contains("integrity check fails: wrong password"), "{e}");
+        let e = keystore(&pkcs12_settings("legacy.p12", "keel-pass"))
+            .err()
+            .unwrap();
+        assert!(e.contains("openssl pkcs12 -in old.p12 -nodes"), "{e}");
+        // A truststore is not a keystore.
+        let e = keystore(&pkcs12_settings("truststore.p12", "keel-pass"))
+            .err()
+            .unwrap();
+        assert!(e.contains("no private key"), "{e}");
+        // Damage anywhere fails the integrity check or the parse, never
+        // panics.
+        let good = std::fs::read(fixture("openssl3.p12")).unwrap();
+        for at in (0..good.len()).step_by(7) {
+            let mut bad = good.clone();
+            bad[at] ^= 0x5a;
+            assert!(
+                pkcs12::read(&bad, "ssl.keystore", "keel-pass", "").is_err(),
+                "byte {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn pkcs12_truststores_from_keytool_are_read() {
+        let mut s = settings();
+        s.truststore_type = "PKCS12".into();
+        s.truststore_location = fixture("truststore.p12");
+        s.truststore_password = "keel-pass".into();
+        assert_eq!(truststore(&s).unwrap().len(), 1);
+        s.truststore_password = String::new();
+        let e = truststore(&s).err().unwrap();
+        assert!(e.contains("encrypted: set the password"), "{e}");
+        s.truststore_password = "wrong".into();
+        assert!(truststore(&s).err().unwrap().contains("integrity check fails"));
     }
 
     /// A certificate section: the key is looked at after the chain is
