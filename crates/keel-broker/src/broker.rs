@@ -445,8 +445,13 @@ impl Broker {
                 &mut handlers::api_versions(self),
             ),
             Request::Metadata(mut r) => {
-                // Metadata v0 asks for every topic with an empty list.
-                let listed_all = r.topics.as_ref().is_none_or(|t| version == 0 && t.is_empty());
+                // Metadata v0 asks for every topic with an empty list: made
+                // a listing here, before denied topics are taken out of a
+                // named list (which may leave it empty).
+                if version == 0 && r.topics.as_ref().is_some_and(|t| t.is_empty()) {
+                    r.topics = None;
+                }
+                let listed_all = r.topics.is_none();
                 let (topic_ops, cluster_ops) = (
                     r.include_topic_authorized_operations,
                     r.include_cluster_authorized_operations,
@@ -687,7 +692,7 @@ impl Broker {
                 self.answer(client_id, ApiKey::AlterConfigs, version, id, &mut resp)
             }
             Request::ElectLeaders(r) => {
-                let mut resp = match handlers::authz::elect_leaders(self, client, &r) {
+                let mut resp = match handlers::authz::elect_leaders(self, client, &r, version) {
                     Some(refused) => refused,
                     None => handlers::elect::elect_leaders(self, r),
                 };
@@ -1105,7 +1110,10 @@ impl Broker {
                     Err(refused) => refused,
                     Ok(denied) => {
                         let mut resp = groups::offset_delete(self, r).await;
-                        resp.topics.extend(denied);
+                        // A group-level error answers for every topic.
+                        if resp.error_code == 0 {
+                            resp.topics.extend(denied);
+                        }
                         resp
                     }
                 };

@@ -214,7 +214,7 @@ pub fn inter_broker(config: &BrokerConfig, listeners: &[Listener]) -> Result<(),
         (true, false) => (NAME, config.get(NAME).to_string()),
         (false, true) => {
             let protocol = config.get(PROTOCOL);
-            SecurityProtocol::parse(protocol).ok_or_else(|| {
+            SecurityProtocol::parse(&protocol.to_ascii_uppercase()).ok_or_else(|| {
                 error(
                     PROTOCOL,
                     format!("{protocol}: one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
@@ -222,15 +222,12 @@ pub fn inter_broker(config: &BrokerConfig, listeners: &[Listener]) -> Result<(),
             })?;
             (PROTOCOL, protocol.to_string())
         }
-        (false, false) if config.is_explicit(MECHANISM) => {
-            return Err(error(
-                MECHANISM,
-                format!("is set, but no inter-broker listener is: set {NAME} too"),
-            ))
-        }
+        // Kafka's default, PLAINTEXT, needs no listener here: Keel sends
+        // no inter-broker traffic.
         (false, false) => return Ok(()),
     };
-    let Some(listener) = listeners.iter().find(|l| l.name == name) else {
+    // Listener names compare as Kafka normalises them (upper case).
+    let Some(listener) = listeners.iter().find(|l| l.name.eq_ignore_ascii_case(&name)) else {
         let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
         return Err(error(
             key,
@@ -242,7 +239,7 @@ pub fn inter_broker(config: &BrokerConfig, listeners: &[Listener]) -> Result<(),
     };
     if listener.protocol.sasl() {
         let mechanism = config.get(MECHANISM);
-        let enabled = scoped_value(config, &name, "sasl.enabled.mechanisms");
+        let enabled = scoped_value(config, &listener.name, "sasl.enabled.mechanisms");
         if !enabled.split(',').any(|m| m.trim() == mechanism) {
             return Err(error(
                 MECHANISM,
@@ -620,7 +617,13 @@ mod tests {
                 ("inter.broker.listener.name", "BROKER"),
                 ("sasl.mechanism.inter.broker.protocol", "PLAIN"),
             ],
-            vec![("security.inter.broker.protocol", "PLAINTEXT")],
+            vec![("security.inter.broker.protocol", "plaintext")],
+            vec![
+                ("inter.broker.listener.name", "broker"),
+                ("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512"),
+            ],
+            // Kafka ignores the mechanism without a SASL inter-broker listener.
+            vec![("sasl.mechanism.inter.broker.protocol", "PLAIN")],
         ] {
             with(&ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
         }
@@ -653,11 +656,6 @@ mod tests {
                 vec![("inter.broker.listener.name", "BROKER")],
                 "sasl.mechanism.inter.broker.protocol",
                 "must be included in sasl.enabled.mechanisms",
-            ),
-            (
-                vec![("sasl.mechanism.inter.broker.protocol", "PLAIN")],
-                "sasl.mechanism.inter.broker.protocol",
-                "no inter-broker listener",
             ),
         ] {
             let e = with(&extra).unwrap_err();

@@ -28,7 +28,8 @@ pub async fn metadata(
     listener: &str,
 ) -> MetadataResponse {
     // v0 sends an empty list to mean "all topics"; later versions send null.
-    let all = req.topics.as_ref().is_none_or(|t| version == 0 && t.is_empty());
+    // (The dispatcher turns v0's empty list, every topic, into `None`.)
+    let all = req.topics.is_none();
     let topics = if all {
         broker
             .topics

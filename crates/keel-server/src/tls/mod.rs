@@ -326,6 +326,7 @@ fn decrypt_key(pem: &[u8], password: &str) -> Result<PrivateKeyDer<'static>, Str
         .map_err(|e| format!("ssl.keystore: the encrypted key: {e}"))?;
     let info = pkcs8::EncryptedPrivateKeyInfo::try_from(der.as_slice())
         .map_err(|e| format!("ssl.keystore: the encrypted key: {e}"))?;
+    pkcs12::check_scheme(&info.encryption_algorithm).map_err(|e| format!("ssl.keystore: the key is {e}"))?;
     let plain = info
         .decrypt(password)
         .map_err(|_| "ssl.keystore: cannot decrypt the key with ssl.key.password".to_string())?;
@@ -352,7 +353,7 @@ fn truststore(s: &SslSettings) -> Result<RootCertStore, String> {
         }
         let der = std::fs::read(&s.truststore_location)
             .map_err(|e| format!("ssl.truststore.location {}: {e}", s.truststore_location))?;
-        for cert in pkcs12::read(&der, "ssl.truststore", &s.truststore_password, "")?.certs {
+        for cert in pkcs12::read(&der, "ssl.truststore", &s.truststore_password, "")?.trusted {
             roots.add(cert).map_err(|e| format!("ssl.truststore: {e}"))?;
         }
         if roots.is_empty() {
@@ -531,6 +532,39 @@ mod tests {
                 "byte {at}"
             );
         }
+    }
+
+    #[test]
+    fn pkcs12_stores_trust_marked_entries_or_certificates_without_a_key() {
+        let read = |name: &str| {
+            let der = std::fs::read(fixture(name)).unwrap();
+            pkcs12::read(&der, "ssl.truststore", "keel-pass", "").unwrap()
+        };
+        let names = |certs: &[CertificateDer<'_>]| -> Vec<String> {
+            certs.iter().map(|c| subject_name(c).unwrap()).collect()
+        };
+        // keytool marks its trusted entries; OpenSSL marks none, and its
+        // key's own certificate is not trusted.
+        assert_eq!(names(&read("truststore.p12").trusted), ["CN=keel-fixture-ca"]);
+        assert_eq!(names(&read("openssl3.p12").trusted), ["CN=keel-fixture-ca"]);
+    }
+
+    #[test]
+    fn key_derivations_a_store_asks_for_are_bounded() {
+        use pkcs8::pkcs5::{pbes2, scrypt, EncryptionScheme};
+        let (salt, iv) = ([7u8; 16], [9u8; 16]);
+        let pbkdf2 =
+            |n| EncryptionScheme::from(pbes2::Parameters::pbkdf2_sha256_aes256cbc(n, &salt, &iv).unwrap());
+        assert!(pkcs12::check_scheme(&pbkdf2(10_000)).is_ok());
+        assert!(pkcs12::check_scheme(&pbkdf2(100_000_000))
+            .unwrap_err()
+            .contains("100000000 PBKDF2 iterations"));
+        assert!(pkcs12::check_scheme(&pbkdf2(0)).is_err());
+        let params = scrypt::Params::new(20, 8, 1, 32).unwrap();
+        let costly = EncryptionScheme::from(pbes2::Parameters::scrypt_aes256cbc(params, &salt, &iv).unwrap());
+        assert!(pkcs12::check_scheme(&costly)
+            .unwrap_err()
+            .contains("other than PBKDF2"));
     }
 
     #[test]

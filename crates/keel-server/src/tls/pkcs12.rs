@@ -28,16 +28,25 @@ const ID_SHA384: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.101
 const ID_SHA512: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.3");
 /// The attribute tying a certificate to its private key.
 const LOCAL_KEY_ID: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.9.21");
+/// Java's mark of a trusted-certificate entry (keytool -importcert).
+const JAVA_TRUSTED: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.113894.746875.1.1");
+/// The most key-derivation iterations read (Java and OpenSSL write
+/// 2,048-10,000): the counts come from the file, and each costs time.
+const MAX_ITERATIONS: u32 = 1_000_000;
 
 /// How to write a store Keel cannot read again, in algorithms it reads.
 const REWRITE: &str = "write it again with OpenSSL 3 (openssl pkcs12 -in old.p12 -nodes | openssl pkcs12 \
                        -export -out new.p12, whose defaults are AES-256 and SHA-256) or a JDK 12+ keytool \
                        -importkeystore";
 
-/// What a store holds: its certificates (a keystore's own first) and its
-/// private keys.
+/// What a store holds: its certificates (a keystore's own first), those
+/// a truststore trusts, and its private keys.
 pub struct Store {
     pub certs: Vec<CertificateDer<'static>>,
+    /// Java's trusted-certificate entries if the store marks any (as
+    /// keytool does); else (OpenSSL has no such mark) every certificate
+    /// not tied to a private key.
+    pub trusted: Vec<CertificateDer<'static>>,
     pub keys: Vec<PrivateKeyDer<'static>>,
 }
 
@@ -82,10 +91,12 @@ pub fn read(der: &[u8], what: &str, password: &str, key_password: &str) -> Resul
     }
     let mut store = Store {
         certs: Vec::new(),
+        trusted: Vec::new(),
         keys: Vec::new(),
     };
     let mut key_ids = Vec::new();
     let mut cert_ids = Vec::new();
+    let mut java_trusted = Vec::new();
     for bag in &bags {
         match bag.bag_id {
             pkcs12::PKCS_12_CERT_BAG_OID => {
@@ -96,6 +107,7 @@ pub fn read(der: &[u8], what: &str, password: &str, key_password: &str) -> Resul
                         .certs
                         .push(CertificateDer::from(cert.value.cert_value.as_bytes().to_vec()));
                     cert_ids.push(local_key_id(bag));
+                    java_trusted.push(attribute(bag, JAVA_TRUSTED).is_some());
                 }
             }
             pkcs12::PKCS_12_PKCS8_KEY_BAG_OID => {
@@ -105,6 +117,7 @@ pub fn read(der: &[u8], what: &str, password: &str, key_password: &str) -> Resul
                             "its private key is encrypted in a way Keel does not read: {REWRITE}"
                         ))
                     })?;
+                check_scheme(&shrouded.value.encryption_algorithm).map_err(fail)?;
                 if key_password.is_empty() {
                     return Err(fail("its private key is encrypted: set the password".into()));
                 }
@@ -128,6 +141,20 @@ pub fn read(der: &[u8], what: &str, password: &str, key_password: &str) -> Resul
             _ => {}
         }
     }
+    let marked = java_trusted.contains(&true);
+    store.trusted = store
+        .certs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| {
+            if marked {
+                java_trusted[*i]
+            } else {
+                cert_ids[*i].is_none()
+            }
+        })
+        .map(|(_, c)| c.clone())
+        .collect();
     // The certificate of the (one) key goes first: rustls serves the chain
     // in the order given.
     if let [Some(id)] = key_ids.as_slice() {
@@ -165,6 +192,13 @@ fn check_mac(mac: &pkcs12::mac_data::MacData, password: &str, content: &[u8]) ->
         hmac.update(content);
         Ok(hmac.verify_slice(mac.mac.digest.as_bytes()).is_ok())
     }
+    let iterations = u32::try_from(mac.iterations).unwrap_or(0);
+    if !(1..=MAX_ITERATIONS).contains(&iterations) {
+        return Err(format!(
+            "its integrity check asks for {} iterations (Keel reads 1 to {MAX_ITERATIONS})",
+            mac.iterations
+        ));
+    }
     let ok = match mac.mac.algorithm.oid {
         ID_SHA256 => verify::<sha2::Sha256>(mac, password, content)?,
         ID_SHA384 => verify::<sha2::Sha384>(mac, password, content)?,
@@ -189,9 +223,7 @@ fn decrypt_safe(der: &[u8], password: &str) -> Result<Vec<u8>, String> {
     let legacy = || format!("its certificates are encrypted in a way Keel does not read: {REWRITE}");
     let algorithm = info.content_enc_alg.to_der().map_err(|e| e.to_string())?;
     let scheme = EncryptionScheme::from_der(&algorithm).map_err(|_| legacy())?;
-    if scheme.pbes2().is_none() {
-        return Err(legacy());
-    }
+    check_scheme(&scheme)?;
     if password.is_empty() {
         return Err("its certificates are encrypted: set the password".into());
     }
@@ -205,12 +237,38 @@ fn decrypt_safe(der: &[u8], password: &str) -> Result<Vec<u8>, String> {
     Ok(plain.to_vec())
 }
 
+/// Whether Keel reads data encrypted with `scheme`: PBES2 with PBKDF2 and
+/// at most [`MAX_ITERATIONS`] (scrypt's cost parameters, also from the
+/// file, could ask for any amount of memory).
+pub fn check_scheme(scheme: &EncryptionScheme<'_>) -> Result<(), String> {
+    let Some(pbes2) = scheme.pbes2() else {
+        return Err(format!(
+            "encrypted with PBES1, which Keel does not read: {REWRITE}"
+        ));
+    };
+    let Some(pbkdf2) = pbes2.kdf.pbkdf2() else {
+        return Err("encrypted with a key derivation other than PBKDF2, which Keel does not read".into());
+    };
+    if !(1..=MAX_ITERATIONS).contains(&pbkdf2.iteration_count) {
+        return Err(format!(
+            "encrypted with {} PBKDF2 iterations (Keel reads 1 to {MAX_ITERATIONS})",
+            pbkdf2.iteration_count
+        ));
+    }
+    Ok(())
+}
+
 /// A bag's localKeyId attribute, which ties a key to its certificate.
 fn local_key_id(bag: &SafeBag) -> Option<Vec<u8>> {
+    attribute(bag, LOCAL_KEY_ID)
+}
+
+/// The first value of a bag's attribute `oid`.
+fn attribute(bag: &SafeBag, oid: ObjectIdentifier) -> Option<Vec<u8>> {
     bag.bag_attributes
         .as_ref()?
         .iter()
-        .find(|a| a.oid == LOCAL_KEY_ID)?
+        .find(|a| a.oid == oid)?
         .values
         .iter()
         .next()

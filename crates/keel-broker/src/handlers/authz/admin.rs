@@ -129,8 +129,9 @@ pub fn may_describe_topic(broker: &Broker, client: &ClientInfo, topic: &str, lis
     }
 }
 
-/// DescribeTopicPartitions, after the handler: each described topic's
-/// authorized-operation mask, from the ACLs.
+/// DescribeTopicPartitions, after the handler: each topic's
+/// authorized-operation mask, from the ACLs (unknown topics' too, as
+/// Kafka).
 pub fn describe_topic_partitions_masks(
     broker: &Broker,
     client: &ClientInfo,
@@ -139,7 +140,11 @@ pub fn describe_topic_partitions_masks(
     if !broker.authorizer.enabled {
         return;
     }
-    for t in resp.topics.iter_mut().filter(|t| t.error_code == 0) {
+    for t in resp
+        .topics
+        .iter_mut()
+        .filter(|t| t.error_code != TOPIC_DENIED.code())
+    {
         let name = t.name.as_deref().map_or("", |n| n.as_str());
         t.topic_authorized_operations = broker.authorized_operations(client, ResourceType::Topic, name);
     }
@@ -164,12 +169,14 @@ pub fn list_config_resources(broker: &Broker, client: &ClientInfo) -> Option<Lis
         .then(|| ListConfigResourcesResponse::default().with_error_code(CLUSTER_DENIED.code()))
 }
 
-/// ElectLeaders: ALTER on the cluster, or the request and each partition
-/// it names are refused. The answer when refused.
+/// ElectLeaders: ALTER on the cluster, or the request (v1+ has a code of
+/// its own) and each partition it names are refused. The answer when
+/// refused.
 pub fn elect_leaders(
     broker: &Broker,
     client: &ClientInfo,
     req: &ElectLeadersRequest,
+    version: i16,
 ) -> Option<ElectLeadersResponse> {
     use elect_leaders_response::{PartitionResult, ReplicaElectionResult};
     if !cluster_refused(broker, client, Operation::Alter) {
@@ -196,9 +203,10 @@ pub fn elect_leaders(
                 )
         })
         .collect();
+    let top = if version >= 1 { CLUSTER_DENIED.code() } else { 0 };
     Some(
         ElectLeadersResponse::default()
-            .with_error_code(CLUSTER_DENIED.code())
+            .with_error_code(top)
             .with_replica_election_results(results),
     )
 }

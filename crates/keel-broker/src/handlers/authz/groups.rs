@@ -380,6 +380,8 @@ pub fn consumer_group_describe_topics(
                     .iter()
                     .chain(&m.target_assignment.topic_partitions)
             })
+            // A deleted topic's id resolves to no name: nothing to hide.
+            .filter(|t| !t.topic_name.is_empty())
             .any(|t| {
                 !broker.authorized_to_list(client, Operation::Describe, ResourceType::Topic, &t.topic_name)
             });

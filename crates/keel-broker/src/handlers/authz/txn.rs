@@ -1,8 +1,8 @@
 //! The transaction APIs' checks. A producer's requests need WRITE on its
 //! transactional id (and READ on the group and topics whose offsets it
 //! commits); seeing a transaction needs DESCRIBE on its id; the APIs
-//! brokers send each other (WriteTxnMarkers, AddPartitionsToTxn v4+) need
-//! CLUSTER_ACTION on the cluster.
+//! brokers send each other need CLUSTER_ACTION on the cluster
+//! (AddPartitionsToTxn v4+; WriteTxnMarkers, also ALTER).
 
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
@@ -156,7 +156,8 @@ pub fn txn_offset_commit(
     Ok(denied)
 }
 
-/// WriteTxnMarkers: CLUSTER_ACTION on the cluster, or every partition is
+/// WriteTxnMarkers: ALTER on the cluster (KIP-1037: `kafka-transactions
+/// abort` by an operator) or CLUSTER_ACTION, or every partition is
 /// refused. The whole answer when refused.
 pub fn write_txn_markers(
     broker: &Broker,
@@ -166,7 +167,10 @@ pub fn write_txn_markers(
     use write_txn_markers_response::{
         WritableTxnMarkerPartitionResult, WritableTxnMarkerResult, WritableTxnMarkerTopicResult,
     };
-    if !broker.authorizer.enabled || broker.authorized_cluster(client, Operation::ClusterAction) {
+    if !broker.authorizer.enabled
+        || broker.authorized_cluster(client, Operation::Alter)
+        || broker.authorized_cluster(client, Operation::ClusterAction)
+    {
         return None;
     }
     let markers = req
