@@ -1,8 +1,9 @@
 //! ACL checks on requests a broker answers, where a check's answer
 //! depends on the request's version or on what filtering leaves: a
 //! Metadata v0 naming only topics the client may not see must not turn
-//! into a listing of every topic, and a refused ElectLeaders must encode at
-//! v0, which has no error code of its own.
+//! into a listing of every topic, a refused ElectLeaders must encode at
+//! v0, which has no error code of its own, and OffsetFetch shows a group's
+//! offsets only for topics the client may see.
 
 #[path = "../../keel-protocol/tests/common/mod.rs"]
 mod common;
@@ -71,6 +72,37 @@ async fn broker(dir: &tempfile::TempDir) -> Arc<Broker> {
     .unwrap()
 }
 
+async fn create_topics(broker: &Arc<Broker>, admin: &ClientInfo, names: &[&str]) {
+    let topics = names
+        .iter()
+        .map(|t| {
+            create_topics_request::CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                .with_num_partitions(1)
+                .with_replication_factor(1)
+        })
+        .collect();
+    let request = Request::CreateTopics(CreateTopicsRequest::default().with_topics(topics));
+    let created: CreateTopicsResponse = call(broker, admin, ApiKey::CreateTopics, 5, request).await;
+    assert!(created.topics.iter().all(|t| t.error_code == 0), "{created:?}");
+}
+
+/// An ALLOW ACL for User:alice: `operation` on the literal resource
+/// `name` of `resource_type` (Kafka's codes).
+async fn allow(broker: &Arc<Broker>, admin: &ClientInfo, resource_type: i8, name: &str, operation: i8) {
+    let acl = create_acls_request::AclCreation::default()
+        .with_resource_type(resource_type)
+        .with_resource_name(StrBytes::from_string(name.to_string()))
+        .with_resource_pattern_type(3) // literal
+        .with_principal(StrBytes::from_static_str("User:alice"))
+        .with_host(StrBytes::from_static_str("*"))
+        .with_operation(operation)
+        .with_permission_type(3); // allow
+    let request = Request::CreateAcls(CreateAclsRequest::default().with_creations(vec![acl]));
+    let acls: CreateAclsResponse = call(broker, admin, ApiKey::CreateAcls, 3, request).await;
+    assert!(acls.results.iter().all(|r| r.error_code == 0), "{acls:?}");
+}
+
 fn names(resp: &MetadataResponse) -> Vec<(String, i16)> {
     let mut out: Vec<(String, i16)> = resp
         .topics
@@ -105,44 +137,8 @@ async fn a_metadata_v0_of_denied_topics_lists_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let broker = broker(&dir).await;
     let admin = user("admin");
-    let created: CreateTopicsResponse = call(
-        &broker,
-        &admin,
-        ApiKey::CreateTopics,
-        5,
-        Request::CreateTopics(
-            CreateTopicsRequest::default().with_topics(
-                ["open", "secret"]
-                    .iter()
-                    .map(|t| {
-                        create_topics_request::CreatableTopic::default()
-                            .with_name(TopicName(StrBytes::from_string(t.to_string())))
-                            .with_num_partitions(1)
-                            .with_replication_factor(1)
-                    })
-                    .collect(),
-            ),
-        ),
-    )
-    .await;
-    assert!(created.topics.iter().all(|t| t.error_code == 0), "{created:?}");
-    let acl = create_acls_request::AclCreation::default()
-        .with_resource_type(2) // topic
-        .with_resource_name(StrBytes::from_static_str("open"))
-        .with_resource_pattern_type(3) // literal
-        .with_principal(StrBytes::from_static_str("User:alice"))
-        .with_host(StrBytes::from_static_str("*"))
-        .with_operation(8) // describe
-        .with_permission_type(3); // allow
-    let acls: CreateAclsResponse = call(
-        &broker,
-        &admin,
-        ApiKey::CreateAcls,
-        3,
-        Request::CreateAcls(CreateAclsRequest::default().with_creations(vec![acl])),
-    )
-    .await;
-    assert!(acls.results.iter().all(|r| r.error_code == 0), "{acls:?}");
+    create_topics(&broker, &admin, &["open", "secret"]).await;
+    allow(&broker, &admin, 2, "open", 8).await; // DESCRIBE the topic
 
     let alice = user("alice");
     // Named and denied: only the denial, at v0 and later.
@@ -201,4 +197,117 @@ async fn a_refused_elect_leaders_encodes_at_every_version() {
             .collect();
         assert_eq!(partitions, [CLUSTER_AUTHORIZATION_FAILED; 2], "v{version}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offset_fetch_shows_only_topics_the_client_may_describe() {
+    use offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = broker(&dir).await;
+    let admin = user("admin");
+    create_topics(&broker, &admin, &["open", "secret"]).await;
+    let commit = OffsetCommitRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("g")))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(
+            ["open", "secret"]
+                .iter()
+                .map(|t| {
+                    OffsetCommitRequestTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_partitions(vec![OffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(5)])
+                })
+                .collect(),
+        );
+    let committed: OffsetCommitResponse = call(
+        &broker,
+        &admin,
+        ApiKey::OffsetCommit,
+        8,
+        Request::OffsetCommit(commit),
+    )
+    .await;
+    assert!(
+        committed
+            .topics
+            .iter()
+            .flat_map(|t| &t.partitions)
+            .all(|p| p.error_code == 0),
+        "{committed:?}"
+    );
+    allow(&broker, &admin, 2, "open", 8).await; // DESCRIBE the topic
+    allow(&broker, &admin, 3, "g", 8).await; // DESCRIBE the group
+    let alice = user("alice");
+    let offsets = |topics: &OffsetFetchResponse| -> Vec<(String, i64, i16)> {
+        let mut out: Vec<_> = topics
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(|p| (t.name.to_string(), p.committed_offset, p.error_code))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    // Named: the secret topic is answered TOPIC_AUTHORIZATION_FAILED.
+    let named = OffsetFetchRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("g")))
+        .with_topics(Some(
+            ["open", "secret"]
+                .iter()
+                .map(|t| {
+                    offset_fetch_request::OffsetFetchRequestTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_partition_indexes(vec![0])
+                })
+                .collect(),
+        ));
+    let resp: OffsetFetchResponse = call(
+        &broker,
+        &alice,
+        ApiKey::OffsetFetch,
+        7,
+        Request::OffsetFetch(named),
+    )
+    .await;
+    assert_eq!(
+        offsets(&resp),
+        [
+            ("open".into(), 5, 0),
+            ("secret".into(), -1, TOPIC_AUTHORIZATION_FAILED)
+        ]
+    );
+    // Every committed topic: the secret one is left out.
+    let all = OffsetFetchRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("g")))
+        .with_topics(None);
+    let resp: OffsetFetchResponse =
+        call(&broker, &alice, ApiKey::OffsetFetch, 7, Request::OffsetFetch(all)).await;
+    assert_eq!(offsets(&resp), [("open".into(), 5, 0)]);
+    let all = OffsetFetchRequest::default().with_groups(vec![
+        offset_fetch_request::OffsetFetchRequestGroup::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+            .with_topics(None),
+    ]);
+    let resp: OffsetFetchResponse =
+        call(&broker, &alice, ApiKey::OffsetFetch, 9, Request::OffsetFetch(all)).await;
+    let topics: Vec<String> = resp.groups[0].topics.iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(topics, ["open"]);
+    let resp: OffsetFetchResponse = call(
+        &broker,
+        &admin,
+        ApiKey::OffsetFetch,
+        7,
+        Request::OffsetFetch(
+            OffsetFetchRequest::default()
+                .with_group_id(GroupId(StrBytes::from_static_str("g")))
+                .with_topics(None),
+        ),
+    )
+    .await;
+    assert_eq!(offsets(&resp), [("open".into(), 5, 0), ("secret".into(), 5, 0)]);
 }

@@ -255,40 +255,41 @@ pub fn offset_fetch_topics(
             broker.authorized(client, Operation::Describe, ResourceType::Topic, topic)
         }
     };
+    // The v0-7 and v8+ answers have the same fields in types of their own.
+    macro_rules! hide {
+        ($topics:expr, $listed:expr, $partition:ty) => {
+            $topics.retain_mut(|t| {
+                if may(&t.name, $listed) {
+                    return true;
+                }
+                for p in &mut t.partitions {
+                    *p = <$partition>::default()
+                        .with_partition_index(p.partition_index)
+                        .with_committed_offset(-1)
+                        .with_committed_leader_epoch(-1)
+                        .with_metadata(Some(str_bytes("")))
+                        .with_error_code(TOPIC_DENIED.code());
+                }
+                !$listed
+            })
+        };
+    }
     if version < 8 {
         let listed = !listing.is_empty();
-        resp.topics.retain_mut(|t| {
-            if may(&t.name, listed) {
-                return true;
-            }
-            for p in &mut t.partitions {
-                *p = offset_fetch_response::OffsetFetchResponsePartition::default()
-                    .with_partition_index(p.partition_index)
-                    .with_committed_offset(-1)
-                    .with_committed_leader_epoch(-1)
-                    .with_metadata(Some(str_bytes("")))
-                    .with_error_code(TOPIC_DENIED.code());
-            }
-            !listed
-        });
+        hide!(
+            resp.topics,
+            listed,
+            offset_fetch_response::OffsetFetchResponsePartition
+        );
         return;
     }
     for g in &mut resp.groups {
         let listed = listing.contains(&g.group_id);
-        g.topics.retain_mut(|t| {
-            if may(&t.name, listed) {
-                return true;
-            }
-            for p in &mut t.partitions {
-                *p = offset_fetch_response::OffsetFetchResponsePartitions::default()
-                    .with_partition_index(p.partition_index)
-                    .with_committed_offset(-1)
-                    .with_committed_leader_epoch(-1)
-                    .with_metadata(Some(str_bytes("")))
-                    .with_error_code(TOPIC_DENIED.code());
-            }
-            !listed
-        });
+        hide!(
+            g.topics,
+            listed,
+            offset_fetch_response::OffsetFetchResponsePartitions
+        );
     }
 }
 
