@@ -17,7 +17,10 @@
 //! info, allows at debug, naming principal, operation, host and resource.
 //! Sans-I/O but for the store.
 
+pub mod index;
 pub mod store;
+
+pub use index::AclIndex;
 
 use std::collections::BTreeSet;
 
@@ -403,8 +406,8 @@ fn applies_to(acl: &Acl, who: Requester) -> bool {
         && (acl.host == WILDCARD || acl.host == who.host)
 }
 
-/// The decision on one operation, from `acls` (every ACL on the resource
-/// type).
+/// The decision on one operation, from `acls`: at least every ACL that
+/// can match the resource (all of them, or [`AclIndex::matching`]'s).
 pub fn authorize<'a>(
     settings: &AuthorizerSettings,
     acls: impl Iterator<Item = &'a Acl>,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use keel_log::Storage;
 
-use super::{Acl, Operation, PatternType, Permission, ResourceType};
+use super::{Acl, AclIndex, Operation, PatternType, Permission, ResourceType};
 use crate::groups::records::{put_str, Reader, RecordError};
 use crate::metalog::{MetaLog, StoreError, Table};
 
@@ -67,10 +67,18 @@ fn decode(key: &[u8], value: Option<&[u8]>) -> Result<AclRecord, RecordError> {
     })
 }
 
-/// Every ACL.
+/// Every ACL, and the same indexed by the resources they can match.
 #[derive(Debug, Default)]
 pub struct AclTable {
     pub acls: BTreeSet<Acl>,
+    index: AclIndex,
+}
+
+impl AclTable {
+    /// Every ACL that can match the resource `name` of type `t`.
+    pub fn matching<'a>(&'a self, t: ResourceType, name: &'a str) -> impl Iterator<Item = &'a Acl> + 'a {
+        self.index.matching(t, name)
+    }
 }
 
 impl Table for AclTable {
@@ -79,9 +87,11 @@ impl Table for AclTable {
 
     fn apply(&mut self, record: AclRecord) {
         if record.present {
-            self.acls.insert(record.acl);
-        } else {
-            self.acls.remove(&record.acl);
+            if self.acls.insert(record.acl.clone()) {
+                self.index.insert(record.acl);
+            }
+        } else if self.acls.remove(&record.acl) {
+            self.index.remove(&record.acl);
         }
     }
 

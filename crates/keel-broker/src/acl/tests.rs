@@ -220,3 +220,94 @@ fn creations_and_filters_follow_kafkas_rules() {
     assert!(filter(None, 1).matches(&prefixed));
     assert!(filter(None, 0).check().is_err());
 }
+
+/// The index gives every check the answer a scan of every ACL gives:
+/// random inserts and removals of literal, `*` and prefixed ACLs over
+/// short overlapping names (multi-byte ones too), checked for every
+/// operation, two principals, two hosts and both no-ACL settings.
+#[test]
+fn the_index_decides_as_a_scan_of_every_acl() {
+    use rand::{Rng, SeedableRng};
+    let seed = std::env::var("KEEL_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64)
+        });
+    eprintln!("seed={seed} (replay with KEEL_TEST_SEED={seed})");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    const NAMES: [&str; 9] = ["a", "ab", "abc", "b", "ba", "*", "é", "éa", "a*"];
+    const QUERIES: [&str; 12] = [
+        "a", "ab", "abc", "abcd", "b", "bab", "*", "é", "éa", "éab", "c", "a*x",
+    ];
+    let principals = ["User:alice", "User:*", "User:bob"];
+    let hosts = ["*", "127.0.0.1"];
+    let bob = Requester {
+        principal: "User:bob",
+        host: "10.0.0.9",
+    };
+    let mut all: BTreeSet<Acl> = BTreeSet::new();
+    let mut index = AclIndex::default();
+    for step in 0..1500 {
+        let a = acl(
+            [Topic, Group][rng.gen_range(0..2)],
+            NAMES[rng.gen_range(0..NAMES.len())],
+            [Literal, Prefixed][rng.gen_range(0..2)],
+            principals[rng.gen_range(0..principals.len())],
+            hosts[rng.gen_range(0..hosts.len())],
+            Operation::ALL_OPS[rng.gen_range(0..Operation::ALL_OPS.len())],
+            [Allow, Deny][rng.gen_range(0..2)],
+        );
+        if rng.gen_bool(0.6) {
+            if all.insert(a.clone()) {
+                index.insert(a);
+            }
+        } else {
+            // Remove an ACL that is there more often than not.
+            let victim = match rng.gen_bool(0.8) {
+                true => all
+                    .iter()
+                    .nth(rng.gen_range(0..all.len().max(1)))
+                    .cloned()
+                    .unwrap_or(a),
+                false => a,
+            };
+            if all.remove(&victim) {
+                index.remove(&victim);
+            }
+        }
+        if step % 25 != 0 {
+            continue;
+        }
+        for settings in [
+            on(),
+            AuthorizerSettings {
+                allow_if_no_acl: true,
+                ..on()
+            },
+        ] {
+            for (rt, name, who, op) in [Topic, Group].into_iter().flat_map(|rt| {
+                QUERIES.into_iter().flat_map(move |name| {
+                    [ALICE, bob].into_iter().flat_map(move |who| {
+                        Operation::ALL_OPS.into_iter().map(move |op| (rt, name, who, op))
+                    })
+                })
+            }) {
+                assert_eq!(
+                    authorize(&settings, index.matching(rt, name), who, op, rt, name),
+                    authorize(&settings, all.iter(), who, op, rt, name),
+                    "seed {seed} step {step}: {op:?} on {rt:?} {name:?} by {} with {} ACLs",
+                    who.principal,
+                    all.len()
+                );
+            }
+        }
+    }
+    // Removing everything leaves nothing behind.
+    for a in std::mem::take(&mut all) {
+        index.remove(&a);
+    }
+    assert_eq!(index.matching(Topic, "abc").count(), 0);
+}

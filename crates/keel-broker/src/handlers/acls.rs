@@ -53,7 +53,7 @@ impl Broker {
             let allowed = self.acls.with_table(|t| {
                 acl::authorize(
                     &self.authorizer,
-                    t.acls.iter(),
+                    t.matching(resource_type, name),
                     who,
                     operation,
                     resource_type,
@@ -94,12 +94,8 @@ impl Broker {
     pub fn authorized_operations(&self, client: &ClientInfo, resource_type: ResourceType, name: &str) -> i32 {
         as_requester(client, |who| {
             self.acls.with_table(|t| {
-                let on_type: Vec<&Acl> = t
-                    .acls
-                    .iter()
-                    .filter(|a| a.resource_type == resource_type)
-                    .collect();
-                acl::operations_mask(&self.authorizer, &on_type, who, resource_type, name)
+                let on_resource: Vec<&Acl> = t.matching(resource_type, name).collect();
+                acl::operations_mask(&self.authorizer, &on_resource, who, resource_type, name)
             })
         })
     }
