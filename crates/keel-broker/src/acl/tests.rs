@@ -228,15 +228,7 @@ fn creations_and_filters_follow_kafkas_rules() {
 #[test]
 fn the_index_decides_as_a_scan_of_every_acl() {
     use rand::{Rng, SeedableRng};
-    let seed = std::env::var("KEEL_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(7, |d| d.as_nanos() as u64)
-        });
-    eprintln!("seed={seed} (replay with KEEL_TEST_SEED={seed})");
+    let seed = keel_log::testing::test_seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     const NAMES: [&str; 9] = ["a", "ab", "abc", "b", "ba", "*", "é", "éa", "a*"];
     const QUERIES: [&str; 12] = [
