@@ -297,6 +297,46 @@ async fn offset_fetch_shows_only_topics_the_client_may_describe() {
         call(&broker, &alice, ApiKey::OffsetFetch, 9, Request::OffsetFetch(all)).await;
     let topics: Vec<String> = resp.groups[0].topics.iter().map(|t| t.name.to_string()).collect();
     assert_eq!(topics, ["open"]);
+    // v8+ naming topics: per partition, as v0-7.
+    let named = OffsetFetchRequest::default().with_groups(vec![
+        offset_fetch_request::OffsetFetchRequestGroup::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+            .with_topics(Some(
+                ["open", "secret"]
+                    .iter()
+                    .map(|t| {
+                        offset_fetch_request::OffsetFetchRequestTopics::default()
+                            .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                            .with_partition_indexes(vec![0])
+                    })
+                    .collect(),
+            )),
+    ]);
+    let resp: OffsetFetchResponse = call(
+        &broker,
+        &alice,
+        ApiKey::OffsetFetch,
+        9,
+        Request::OffsetFetch(named),
+    )
+    .await;
+    let mut partitions: Vec<(String, i64, i16)> = resp.groups[0]
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (t.name.to_string(), p.committed_offset, p.error_code))
+        })
+        .collect();
+    partitions.sort();
+    assert_eq!(
+        partitions,
+        [
+            ("open".into(), 5, 0),
+            ("secret".into(), -1, TOPIC_AUTHORIZATION_FAILED)
+        ]
+    );
     let resp: OffsetFetchResponse = call(
         &broker,
         &admin,

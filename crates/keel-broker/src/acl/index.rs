@@ -66,6 +66,14 @@ impl AclIndex {
         }
     }
 
+    /// Whether no ACL is indexed (nor any prefix length left behind).
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.literal.values().all(HashMap::is_empty)
+            && self.prefixed.values().all(HashMap::is_empty)
+            && self.prefix_lengths.values().all(BTreeMap::is_empty)
+    }
+
     fn by_name(&mut self, pattern: PatternType) -> &mut HashMap<ResourceType, ByName> {
         match pattern {
             PatternType::Literal => &mut self.literal,

@@ -231,8 +231,8 @@ fn the_index_decides_as_a_scan_of_every_acl() {
     let seed = keel_log::testing::test_seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     const NAMES: [&str; 9] = ["a", "ab", "abc", "b", "ba", "*", "é", "éa", "a*"];
-    const QUERIES: [&str; 12] = [
-        "a", "ab", "abc", "abcd", "b", "bab", "*", "é", "éa", "éab", "c", "a*x",
+    const QUERIES: [&str; 13] = [
+        "a", "ab", "abc", "abcd", "b", "bab", "*", "é", "éa", "éab", "c", "a*x", "",
     ];
     let principals = ["User:alice", "User:*", "User:bob"];
     let hosts = ["*", "127.0.0.1"];
@@ -253,9 +253,10 @@ fn the_index_decides_as_a_scan_of_every_acl() {
             [Allow, Deny][rng.gen_range(0..2)],
         );
         if rng.gen_bool(0.6) {
-            if all.insert(a.clone()) {
-                index.insert(a);
-            }
+            // The index ignores an ACL it has (the table never sends one
+            // twice, but the index must not count it twice either).
+            all.insert(a.clone());
+            index.insert(a);
         } else {
             // Remove an ACL that is there more often than not.
             let victim = match rng.gen_bool(0.8) {
@@ -266,9 +267,8 @@ fn the_index_decides_as_a_scan_of_every_acl() {
                     .unwrap_or(a),
                 false => a,
             };
-            if all.remove(&victim) {
-                index.remove(&victim);
-            }
+            all.remove(&victim);
+            index.remove(&victim);
         }
         if step % 25 != 0 {
             continue;
@@ -301,5 +301,5 @@ fn the_index_decides_as_a_scan_of_every_acl() {
     for a in std::mem::take(&mut all) {
         index.remove(&a);
     }
-    assert_eq!(index.matching(Topic, "abc").count(), 0);
+    assert!(index.is_empty(), "seed {seed}: {index:?}");
 }
