@@ -1,0 +1,785 @@
+//! The broker: topics, producer ids and request dispatch.
+
+mod dispatch;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use keel_protocol::messages::ApiKey;
+use keel_protocol::{DecodeError, Encodable, Request, RequestFrame};
+use parking_lot::Mutex;
+use uuid::Uuid;
+
+use crate::acl::Operation;
+use crate::config::BrokerConfig;
+use crate::groups::{GroupCoordinator, SystemClock};
+use crate::handlers;
+use crate::health::DirHealth;
+use crate::metrics::Metrics;
+use crate::partition::{Partition, PartitionParts};
+use crate::producers::{write_atomically, ProducerIdAllocator};
+use crate::quotas::table::{
+    CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
+};
+use crate::quotas::Throttle;
+use crate::time::now_ms;
+use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
+use crate::trace::{self, Stage};
+use keel_log::faults::FaultyStorage;
+use keel_log::{DiskStorage, ReadIo, Storage};
+use keel_tier::memory::MemoryLimit;
+use keel_tier::{ColdReads, TailCache, Tiers};
+
+use crate::cleaner::Cleaner;
+use crate::mover::Mover;
+
+/// What to send back for one request.
+#[derive(Debug)]
+pub enum Reply {
+    /// A complete response frame, size prefix included.
+    Frame(Bytes),
+    /// Nothing (Produce with acks=0).
+    Nothing,
+    /// Close the connection: the client sent something that cannot be
+    /// answered in its own protocol, as Kafka does.
+    Close(String),
+    /// Send a frame (after `delay`, when it is a failed authentication's
+    /// answer), then close the connection.
+    FrameThenClose {
+        frame: Bytes,
+        delay: Duration,
+        reason: String,
+    },
+}
+
+/// Fetch responses with at least this many record bytes are assembled and
+/// encoded on a bulk thread (see `keel_tier::bulk`).
+const BULK_RESPONSE_BYTES: usize = 256 << 10;
+
+/// How often written segment data is dropped from the page cache.
+const PAGE_CACHE_DROP_EVERY: Duration = Duration::from_secs(1);
+
+/// The current request's user for quotas: the one its connection
+/// authenticated as, else Kafka's `ANONYMOUS`.
+fn quota_user() -> Arc<str> {
+    static ANONYMOUS: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from(crate::quotas::ANONYMOUS));
+    trace::user().unwrap_or_else(|| Arc::clone(&ANONYMOUS))
+}
+
+/// Who sent a request, as group APIs report it, and on which listener.
+#[derive(Debug, Clone, Default)]
+pub struct ClientInfo {
+    /// Kafka's form: `/` followed by the peer's IP address.
+    pub host: String,
+    /// The listener's name: Metadata, FindCoordinator and DescribeCluster
+    /// advertise that listener's address.
+    pub listener: String,
+    /// The user its TLS client certificate names (through
+    /// `ssl.principal.mapping.rules`).
+    pub user: Option<Arc<str>>,
+    /// On a SASL listener, the connection's authenticator.
+    pub sasl: Option<crate::sasl::ConnectionAuth>,
+}
+
+impl ClientInfo {
+    /// The user the connection authenticated as: its SASL user on a SASL
+    /// listener, else its certificate's; `None` is `ANONYMOUS`.
+    pub fn principal(&self) -> Option<Arc<str>> {
+        match &self.sasl {
+            Some(auth) => auth.user(),
+            None => self.user.clone(),
+        }
+    }
+}
+
+/// Why the broker could not start.
+#[derive(Debug)]
+pub enum StartError {
+    Io { path: PathBuf, error: std::io::Error },
+    Partition(String),
+    Groups(String),
+    Transactions(String),
+    Quotas(String),
+    Scram(String),
+    Acls(String),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Io { path, error } => write!(f, "{}: {error}", path.display()),
+            StartError::Partition(e) => write!(f, "cannot open partition: {e}"),
+            StartError::Groups(e) => write!(f, "cannot open the group log: {e}"),
+            StartError::Transactions(e) => write!(f, "cannot open the transaction log: {e}"),
+            StartError::Quotas(e) => write!(f, "cannot open the quota log: {e}"),
+            StartError::Scram(e) => write!(f, "cannot open the SCRAM credential log: {e}"),
+            StartError::Acls(e) => write!(f, "cannot open the ACL log: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+pub struct Broker {
+    /// The configuration in force: the config file under the dynamic broker
+    /// configs (see `crate::dynamic_config`); read it with [`Broker::config`].
+    pub config: parking_lot::RwLock<Arc<BrokerConfig>>,
+    /// The memory the broker may use (host or cgroup), for the budgets.
+    pub memory: MemoryLimit,
+    pub cluster_id: String,
+    /// Each listener's advertised address.
+    pub advertised: Vec<crate::listeners::Endpoint>,
+    pub topics: TopicRegistry,
+    pub store: TopicStore,
+    /// Every file operation of partition logs and topic metadata.
+    pub storage: Arc<dyn Storage>,
+    /// The fault-injecting layer under `storage`, when the broker was started
+    /// with `KEEL_FAILPOINTS=1` (tests only).
+    pub failpoints: Option<FaultyStorage>,
+    /// The health of the data dir (`log.dirs`).
+    pub dir_health: Arc<DirHealth>,
+    pub producer_ids: Mutex<ProducerIdAllocator>,
+    pub groups: Arc<GroupCoordinator>,
+    /// The transaction coordinator.
+    pub txns: Arc<crate::txn::TxnCoordinator>,
+    /// Client quotas: what is set, and the rates held to them.
+    pub quotas: crate::quotas::ClientQuotas,
+    /// The SCRAM credentials SASL listeners authenticate against.
+    pub scram: Arc<crate::sasl::credentials::ScramCredentials>,
+    /// The ACLs, and whether and how they are enforced.
+    pub acls: crate::acl::store::AclStore,
+    pub authorizer: crate::acl::AuthorizerSettings,
+    /// The newest batches of every partition, under one byte budget.
+    pub tail_cache: Arc<TailCache>,
+    /// How segment data is read back (`keel.io.direct`, probed at start-up).
+    pub read_io: ReadIo,
+    /// Reads below the tail cache: bounded, budgeted, read ahead.
+    pub cold: Arc<ColdReads>,
+    /// The capacity dirs and the object store, where sealed segments go.
+    pub tiers: Arc<Tiers>,
+    pub mover: Arc<Mover>,
+    /// Compacts the partitions of compacted topics.
+    pub cleaner: Cleaner,
+    /// Serializes topic creation, deletion and growth. Held across their
+    /// file I/O, which is fine: only other admin requests wait on it.
+    pub admin: tokio::sync::Mutex<()>,
+    /// The epoch of the features ApiVersions finalizes: the broker's start
+    /// time, so a restart under a changed `keel.transaction.version` is
+    /// newer to the clients than what they saw before.
+    pub features_epoch: i64,
+    /// Request metrics and the slow-request log (`/metrics`).
+    pub metrics: Metrics,
+    /// The process's loggers (Kafka's BROKER_LOGGER), set by the binary
+    /// that owns the log subscriber; unset, there are none to describe.
+    pub loggers: std::sync::OnceLock<Arc<dyn crate::loggers::Loggers>>,
+}
+
+impl Broker {
+    /// The configuration in force (dynamic changes replace it whole).
+    pub fn config(&self) -> Arc<BrokerConfig> {
+        Arc::clone(&self.config.read())
+    }
+
+    /// The address advertised to clients of `listener` (the first
+    /// listener's for one Keel does not know).
+    pub fn endpoint(&self, listener: &str) -> (&str, i32) {
+        self.advertised
+            .iter()
+            .find(|e| e.listener == listener)
+            .or(self.advertised.first())
+            .map_or(("", -1), |e| (e.host.as_str(), e.port))
+    }
+
+    /// Opens the data directory: cluster identity, topics, partition logs
+    /// (with recovery). Blocking.
+    pub fn open(
+        config: BrokerConfig,
+        advertised: Vec<crate::listeners::Endpoint>,
+    ) -> Result<Arc<Broker>, StartError> {
+        let data_dir = config.data_dir();
+        let io = |path: &std::path::Path| {
+            let path = path.to_path_buf();
+            move |error| StartError::Io { path, error }
+        };
+        let meta_dir = data_dir.join(META_DIR);
+        std::fs::create_dir_all(&meta_dir).map_err(io(&meta_dir))?;
+        let cluster_id = load_cluster_id(&data_dir, config.node_id()).map_err(io(&data_dir))?;
+        let ids_path = meta_dir.join("producer-ids");
+        let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
+        let failpoints = (std::env::var("KEEL_FAILPOINTS").as_deref() == Ok("1")).then(|| {
+            tracing::warn!("KEEL_FAILPOINTS=1: storage faults can be injected through the admin endpoint");
+            FaultyStorage::new(DiskStorage::shared())
+        });
+        let storage: Arc<dyn Storage> = match &failpoints {
+            Some(f) => Arc::new(f.clone()),
+            None => DiskStorage::shared(),
+        };
+        let store = TopicStore::new(&data_dir, Arc::clone(&storage));
+        let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
+            .map_err(io(&meta_dir))?;
+        let config = crate::dynamic_config::start(config, stored);
+        let memory = MemoryLimit::detect();
+        let tail_cache = TailCache::new(tail_cache_budget(&config, &memory));
+        let cold = ColdReads::new(
+            u64::try_from(config.num("keel.cold.read.bytes.per.sec")).unwrap_or(0),
+            usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
+        )
+        .with_read_ahead_limit(memory.read_ahead_pool_bytes());
+        let cold = Arc::new(cold);
+        let read_io = choose_read_io(&config, &data_dir).map_err(|error| StartError::Io {
+            path: data_dir.clone(),
+            error,
+        })?;
+        let tiers =
+            Tiers::new(&config.capacity_dirs(), config.remote_settings().as_ref()).map_err(|error| {
+                StartError::Io {
+                    path: PathBuf::from(config.get("keel.tier.remote")),
+                    error,
+                }
+            })?;
+        for tier in [keel_log::Tier::Capacity, keel_log::Tier::Remote] {
+            if tiers.has(tier) {
+                tracing::info!(tier = tier.name(), at = %tiers.describe(tier), "colder tier");
+            }
+        }
+        let mover = Mover::new(
+            u64::try_from(config.num("keel.tier.move.bytes.per.sec")).unwrap_or(0),
+            Duration::from_millis(
+                u64::try_from(config.num("keel.tier.check.interval.ms"))
+                    .unwrap_or(1000)
+                    .max(10),
+            ),
+            config.num("keel.tier.fast.max.bytes"),
+            Duration::from_millis(u64::try_from(config.num("keel.tier.orphan.grace.ms")).unwrap_or(600_000)),
+        );
+        let cleaner_settings = config.cleaner_settings();
+        let groups = GroupCoordinator::open_with(
+            Arc::clone(&storage),
+            &meta_dir.join("groups"),
+            config.coordinator_config(),
+            Arc::new(SystemClock),
+        )
+        .map_err(StartError::Groups)?;
+        let txns = crate::txn::TxnCoordinator::open_with(
+            Arc::clone(&storage),
+            &meta_dir.join("transactions"),
+            config.txn_config(),
+            Arc::new(SystemClock),
+        )
+        .map_err(StartError::Transactions)?;
+        let quotas = crate::quotas::ClientQuotas::open_with(
+            Arc::clone(&storage),
+            &meta_dir.join("quotas"),
+            config.quota_windows(),
+        )
+        .map_err(StartError::Quotas)?;
+        let scram = crate::sasl::credentials::ScramCredentials::open_with(
+            Arc::clone(&storage),
+            &meta_dir.join("scram"),
+        )
+        .map_err(StartError::Scram)?;
+        let acls = crate::acl::store::AclStore::open_with(Arc::clone(&storage), &meta_dir.join("acls"))
+            .map_err(StartError::Acls)?;
+        let authorizer = crate::acl::settings(&config).map_err(|e| StartError::Acls(e.to_string()))?;
+        let metrics = Metrics::new(config.slow_request());
+        let broker = Broker {
+            config: parking_lot::RwLock::new(Arc::new(config)),
+            memory,
+            cluster_id,
+            advertised,
+            topics: TopicRegistry::default(),
+            store,
+            storage,
+            failpoints,
+            dir_health: DirHealth::new(&data_dir),
+            producer_ids: Mutex::new(producer_ids),
+            groups: Arc::new(groups),
+            txns: Arc::new(txns),
+            quotas,
+            scram: Arc::new(scram),
+            acls,
+            authorizer,
+            tail_cache,
+            read_io,
+            cold,
+            tiers: Arc::new(tiers),
+            mover: Arc::new(mover),
+            cleaner: Cleaner::new(cleaner_settings),
+            admin: tokio::sync::Mutex::new(()),
+            features_epoch: crate::time::now_ms(),
+            loggers: std::sync::OnceLock::new(),
+            metrics,
+        };
+        broker.load_topics()?;
+        Ok(Arc::new(broker))
+    }
+
+    fn load_topics(&self) -> Result<(), StartError> {
+        let data_dir = self.config().data_dir();
+        let io = |error| StartError::Io {
+            path: data_dir.clone(),
+            error,
+        };
+        let metas = self.store.load_all().map_err(io)?;
+        let (metas, sweep) = self.store.sweep(metas).map_err(io)?;
+        self.remove_in_background(sweep.deleted);
+        for meta in metas {
+            let partitions = self
+                .open_partitions(&meta, 0, true)
+                .map_err(StartError::Partition)?;
+            tracing::info!(topic = %meta.name, partitions = meta.partitions, "loaded topic");
+            self.topics.insert(Arc::new(Topic { meta, partitions }));
+        }
+        Ok(())
+    }
+
+    /// Removes directories of deleted partitions on a thread of their own.
+    pub fn remove_in_background(&self, dirs: Vec<PathBuf>) {
+        if dirs.is_empty() {
+            return;
+        }
+        let storage = Arc::clone(&self.storage);
+        let spawned = std::thread::Builder::new()
+            .name("keel-delete".into())
+            .spawn(move || {
+                for dir in dirs {
+                    match keel_log::remove_retired(storage.as_ref(), &dir) {
+                        Ok(()) => tracing::info!(dir = %dir.display(), "removed a deleted partition's directory"),
+                        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted partition's directory"),
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the thread that removes deleted partitions");
+        }
+    }
+
+    /// Opens partitions `from..meta.partitions` of a topic. Blocking. At
+    /// start-up (`tolerate_failures`) a partition whose log cannot be opened
+    /// is kept offline and the others serve; when creating partitions, a
+    /// failure is the caller's error.
+    pub fn open_partitions(
+        &self,
+        meta: &TopicMeta,
+        from: i32,
+        tolerate_failures: bool,
+    ) -> Result<Vec<Arc<Partition>>, String> {
+        let mut log_config = self
+            .config()
+            .topic_log_config(&meta.configs)
+            .map_err(|e| e.to_string())?;
+        log_config.read_io = self.read_io;
+        let name: Arc<str> = Arc::from(meta.name.as_str());
+        let parts = |p: i32| PartitionParts {
+            topic: Arc::clone(&name),
+            index: p,
+            dir: self.store.partition_dir(&meta.name, p),
+            config: log_config.clone(),
+            storage: Arc::clone(&self.storage),
+            health: Arc::clone(&self.dir_health),
+            tail: self.tail_cache.partition(),
+            cold: Arc::clone(&self.cold),
+            tiers: Arc::clone(&self.tiers),
+        };
+        let mut out = Vec::new();
+        for p in from..meta.partitions {
+            let dir = self.store.partition_dir(&meta.name, p);
+            if !tolerate_failures {
+                // Creating: the directory must be this topic's own.
+                self.store
+                    .clear_for_new_partition(&dir, meta.topic_id)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
+            }
+            let opened = Partition::open(parts(p)).and_then(|partition| {
+                self.store
+                    .ensure_partition_metadata(&dir, meta.topic_id)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
+                Ok(partition)
+            });
+            let partition = match opened {
+                Ok(partition) => partition,
+                Err(e) if tolerate_failures => {
+                    tracing::error!(
+                        topic = %meta.name, partition = p, error = %e,
+                        "partition offline: its log cannot be opened; the other partitions serve"
+                    );
+                    Partition::offline(parts(p), e)
+                }
+                Err(e) => return Err(e),
+            };
+            out.push(Arc::new(partition));
+        }
+        Ok(out)
+    }
+
+    /// Background maintenance: retention, producer expiration, the page
+    /// cache pass, time-based flushes (and seal retries) and the mover. Runs
+    /// until the runtime shuts down.
+    pub fn spawn_maintenance(self: &Arc<Self>) {
+        self.groups.spawn_timers();
+        handlers::txn::spawn_timers(self);
+        let retention_every = Duration::from_millis(self.config().retention_check_interval_ms());
+        self.spawn_every(retention_every, true, Broker::apply_retention);
+        let expire_every = Duration::from_millis(
+            u64::try_from(self.config().num("producer.id.expiration.check.interval.ms"))
+                .unwrap_or(600_000)
+                .max(1),
+        );
+        self.spawn_every(expire_every, true, Broker::expire_producers);
+        tokio::spawn(crate::mover::run(Arc::clone(self)));
+        crate::cleaner::spawn(self);
+        self.spawn_every(PAGE_CACHE_DROP_EVERY, false, Broker::drop_written_pages);
+        // flush.ms is checked at this resolution; Kafka's scheduler checks it
+        // on a similar fixed interval.
+        self.spawn_every(Duration::from_millis(100), false, Broker::flush_due);
+    }
+
+    /// Runs `work` on a blocking thread every `period` (after waiting one
+    /// period first if `wait_first`), one run at a time.
+    fn spawn_every(self: &Arc<Self>, period: Duration, wait_first: bool, work: fn(&Broker)) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            if wait_first {
+                tick.tick().await;
+            }
+            loop {
+                tick.tick().await;
+                let b = Arc::clone(&me);
+                let _ = tokio::task::spawn_blocking(move || work(&b)).await;
+            }
+        });
+    }
+
+    /// Keeps written segment data out of the page cache (see
+    /// `Partition::drop_written_pages`).
+    fn drop_written_pages(&self) {
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                p.drop_written_pages();
+            }
+        }
+    }
+
+    fn apply_retention(&self) {
+        let now = now_ms();
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                if p.unavailable().is_some() {
+                    continue;
+                }
+                match p.with_log(|log| log.apply_retention(now)) {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) | Err(e) => {
+                        tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "retention failed")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets producers idle for `producer.id.expiration.ms`.
+    fn expire_producers(&self) {
+        let (now, expiration_ms) = (now_ms(), self.config().num("producer.id.expiration.ms"));
+        let mut expired = 0;
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                expired += p.expire_producers(now, expiration_ms);
+            }
+        }
+        if expired > 0 {
+            tracing::info!(expired, "expired idle producer ids");
+        }
+    }
+
+    fn flush_due(&self) {
+        let now = now_ms();
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                if p.unavailable().is_some() {
+                    continue;
+                }
+                p.spawn_seals();
+                let result = p.with_log(|log| {
+                    if log.needs_time_flush(now) {
+                        log.flush()
+                    } else {
+                        Ok(())
+                    }
+                });
+                if let Ok(Err(e)) = result {
+                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "flush failed");
+                }
+            }
+        }
+    }
+
+    /// Counters for operators, as JSON: the tail cache and cold reads
+    /// broker-wide, page-cache residency of the segment files (mincore), and
+    /// per partition the bytes served from each source. Blocking (the
+    /// residency check maps each segment file briefly).
+    pub fn stats_json(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = self.tail_cache.stats();
+        let c = self.cold.stats();
+        let mut partitions = Vec::new();
+        let (mut resident_total, mut size_total) = (0u64, 0u64);
+        for topic in self.topics.all() {
+            let compacted = self
+                .config()
+                .cleanup_policy(&topic.meta.configs)
+                .is_ok_and(|c| c.compact);
+            for p in &topic.partitions {
+                let (resident, size) = p.page_cache_residency();
+                resident_total += resident;
+                size_total += size;
+                let reader = p.reader();
+                let (local_segments, local_bytes, tiered, damaged) = match &reader {
+                    Some(r) => (
+                        r.segment_count(),
+                        r.size_bytes(),
+                        r.tiered_segments(),
+                        r.damaged_segments(),
+                    ),
+                    None => (0, 0, Vec::new(), Vec::new()),
+                };
+                let damaged: Vec<_> = damaged
+                    .into_iter()
+                    .map(|(base, valid, reason)| {
+                        serde_json::json!({"base_offset": base, "valid_bytes": valid, "reason": reason})
+                    })
+                    .collect();
+                let count = |state| tiered.iter().filter(|t| t.state == state).count();
+                let cold_bytes: u64 = tiered.iter().filter(|t| t.is_cold()).map(|t| t.size_bytes).sum();
+                // Bytes with a whole copy in each colder tier (local or not).
+                let in_tier = |tier| -> u64 {
+                    tiered
+                        .iter()
+                        .filter(|t| {
+                            t.tier == tier
+                                && matches!(t.state, keel_log::TierState::Both | keel_log::TierState::Cold)
+                        })
+                        .map(|t| t.size_bytes)
+                        .sum()
+                };
+                partitions.push(serde_json::json!({
+                    "topic": topic.meta.name,
+                    "partition": p.index,
+                    "log_start_offset": p.log_start_offset(),
+                    "high_watermark": p.high_watermark(),
+                    "cache_read_bytes": p.cache_read_bytes.load(Relaxed),
+                    "cold_read_bytes": p.cold_read_bytes.load(Relaxed),
+                    "segment_bytes": size,
+                    "page_cache_resident_bytes": resident,
+                    "offline": p.unavailable(),
+                    "damaged_segments": damaged,
+                    "producers": p.producer_count(),
+                    "cleaner": compacted.then(|| p.cleaning.lock().to_json()),
+                    "tiers": {
+                        "local_segments": local_segments,
+                        "local_bytes": local_bytes,
+                        "copying": count(keel_log::TierState::Copying),
+                        "both": count(keel_log::TierState::Both),
+                        "cold": count(keel_log::TierState::Cold),
+                        "deleting": count(keel_log::TierState::Deleting),
+                        "cold_bytes": cold_bytes,
+                        "capacity_bytes": in_tier(keel_log::Tier::Capacity),
+                        "object_store_bytes": in_tier(keel_log::Tier::Remote),
+                    },
+                }));
+            }
+        }
+        partitions.sort_by(|a, b| {
+            (a["topic"].as_str(), a["partition"].as_i64())
+                .cmp(&(b["topic"].as_str(), b["partition"].as_i64()))
+        });
+        serde_json::json!({
+            "tail_cache": {
+                "budget_bytes": t.budget_bytes,
+                "used_bytes": t.used_bytes,
+                "cached_batches": t.cached_batches,
+                "inserted_bytes": t.inserted_bytes,
+                "evicted_bytes": t.evicted_bytes,
+                "evicted_batches": t.evicted_batches,
+                "hit_reads": t.hit_reads,
+                "hit_bytes": t.hit_bytes,
+                "miss_reads": t.miss_reads,
+            },
+            "cold_reads": {
+                "reads": c.reads,
+                "bytes": c.bytes,
+                "disk_bytes": c.disk_bytes,
+                "budget_bytes_per_sec": c.budget_bytes_per_sec,
+                "max_concurrent": c.max_concurrent,
+                "queue_depth": c.queue_depth,
+                "wait_us_total": c.wait_us_total,
+                "throttled_us_total": c.throttled_us_total,
+                "read_ahead_hits": c.read_ahead_hits,
+                "read_ahead_held_bytes": c.read_ahead_held_bytes,
+                "read_ahead_limit_bytes": c.read_ahead_limit_bytes,
+            },
+            "tiers": self.tiers_json(),
+            "cleaner": self.cleaner.to_json(),
+            "log_dirs": [{
+                "path": self.dir_health.path().display().to_string(),
+                "offline": self.dir_health.is_offline(),
+                "error": self.dir_health.offline_reason(),
+            }],
+            "page_cache": {
+                "segment_bytes": size_total,
+                "resident_bytes": resident_total,
+                "read_io": format!("{:?}", self.read_io),
+            },
+            "partitions": partitions,
+        })
+    }
+
+    fn tiers_json(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = self.tiers.stats();
+        let m = &self.mover;
+        let describe = |tier| self.tiers.has(tier).then(|| self.tiers.describe(tier));
+        serde_json::json!({
+            "capacity": describe(keel_log::Tier::Capacity),
+            "remote": describe(keel_log::Tier::Remote),
+            "move_bytes_per_sec": m.bytes_per_sec(),
+            "fast_max_bytes": m.fast_max_bytes(),
+            "fast_bytes": m.fast_bytes.load(Relaxed),
+            "fast_copied_bytes": m.fast_copied_bytes.load(Relaxed),
+            "fast_over_budget": m.over_budget.load(Relaxed),
+            "released_segments": m.released_segments.load(Relaxed),
+            "released_bytes": m.released_bytes.load(Relaxed),
+            "passes": m.passes.load(Relaxed),
+            "failed_passes": m.failed_passes.load(Relaxed),
+            "orphans_deleted": m.orphans_deleted.load(Relaxed),
+            "fast_fs_free_bytes": m.fast_fs_free_bytes.load(Relaxed),
+            "fast_fs_total_bytes": m.fast_fs_total_bytes.load(Relaxed),
+            "backoff_ms": m.backoff_ms(),
+            "copies": s.copies,
+            "copied_bytes": s.copied_bytes,
+            "copy_failures": s.copy_failures,
+            "reads": s.reads,
+            "read_bytes": s.read_bytes,
+            "read_failures": s.read_failures,
+            "deletes": s.deletes,
+            "delete_failures": s.delete_failures,
+            "index_cache_bytes": s.index_cache_bytes,
+            "last_error": s.last_error,
+        })
+    }
+
+    /// Flushes every log and marks it cleanly closed. Blocking.
+    pub fn shutdown(&self) {
+        self.cleaner.stop();
+        let t = self.tail_cache.stats();
+        tracing::info!(
+            budget_bytes = t.budget_bytes,
+            used_bytes = t.used_bytes,
+            hit_bytes = t.hit_bytes,
+            cold_read_bytes = self.cold.stats().bytes,
+            evicted_bytes = t.evicted_bytes,
+            "tail cache at shutdown"
+        );
+        self.groups.close();
+        self.txns.close();
+        self.quotas.close();
+        self.scram.close();
+        self.acls.close();
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                if let Err(e) = p.close() {
+                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "close failed");
+                }
+            }
+        }
+    }
+}
+
+/// `keel.io.direct`: `on` requires O_DIRECT in the data directory, `off`
+/// reads through the page cache and drops what it read, `auto` uses O_DIRECT
+/// where the filesystem takes it and says so either way.
+fn choose_read_io(config: &BrokerConfig, data_dir: &std::path::Path) -> std::io::Result<ReadIo> {
+    let setting = config.get("keel.io.direct");
+    if setting == "off" {
+        tracing::info!("segment reads: pread + fadvise(DONTNEED) (keel.io.direct=off)");
+        return Ok(ReadIo::BufferedDontNeed);
+    }
+    std::fs::create_dir_all(data_dir)?;
+    match keel_log::probe_direct_io(data_dir) {
+        Ok(()) => {
+            tracing::info!(dir = %data_dir.display(), "segment reads: O_DIRECT");
+            Ok(ReadIo::Direct)
+        }
+        Err(e) if setting == "on" => Err(std::io::Error::new(
+            e.kind(),
+            format!("keel.io.direct=on but O_DIRECT does not work here: {e}"),
+        )),
+        Err(e) => {
+            tracing::warn!(
+                dir = %data_dir.display(),
+                error = %e,
+                "O_DIRECT is not supported here; segment reads use pread + fadvise(DONTNEED)"
+            );
+            Ok(ReadIo::BufferedDontNeed)
+        }
+    }
+}
+
+/// `keel.tail.cache.bytes`, or by default a share of the memory the broker
+/// may use (host memory or its cgroup's limit, whichever is tighter).
+fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
+    let configured = config.num("keel.tail.cache.bytes");
+    if configured >= 0 {
+        tracing::info!(
+            budget_bytes = configured,
+            "tail cache budget from keel.tail.cache.bytes"
+        );
+        return configured as u64;
+    }
+    let budget = limit.default_tail_cache_bytes();
+    tracing::info!(
+        budget_bytes = budget,
+        memory_limit_bytes = limit.limit_bytes,
+        source = %limit.source,
+        read_ahead_pool_bytes = limit.read_ahead_pool_bytes(),
+        "tail cache budget: {}% of the memory limit",
+        keel_tier::memory::TAIL_CACHE_SHARE_PERCENT
+    );
+    budget
+}
+
+/// The tail cache's budget under `config` (see `tail_cache_budget`).
+pub(crate) fn tail_cache_bytes(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
+    u64::try_from(config.num("keel.tail.cache.bytes")).unwrap_or_else(|_| limit.default_tail_cache_bytes())
+}
+
+fn respond<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {
+    let encoding = Instant::now();
+    let encoded = keel_protocol::response::encode(key, version, correlation_id, body);
+    trace::add(Stage::Encode, encoding.elapsed());
+    match encoded {
+        Ok(bytes) => Reply::Frame(bytes),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode response");
+            Reply::Close(e.to_string())
+        }
+    }
+}
+
+/// Reads or creates `meta.properties` (Kafka's format) with the cluster id.
+fn load_cluster_id(data_dir: &std::path::Path, node_id: i32) -> std::io::Result<String> {
+    let path = data_dir.join("meta.properties");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Some(id) = text.lines().find_map(|l| l.strip_prefix("cluster.id=")) {
+            return Ok(id.trim().to_string());
+        }
+    }
+    let id = base64_url(Uuid::new_v4().as_bytes());
+    let text = format!("#Written by Keel\nversion=1\ncluster.id={id}\nnode.id={node_id}\n");
+    write_atomically(&path, text.as_bytes())?;
+    Ok(id)
+}
