@@ -326,11 +326,12 @@ fn decrypt_key(pem: &[u8], password: &str) -> Result<PrivateKeyDer<'static>, Str
         .map_err(|e| format!("ssl.keystore: the encrypted key: {e}"))?;
     let info = pkcs8::EncryptedPrivateKeyInfo::try_from(der.as_slice())
         .map_err(|e| format!("ssl.keystore: the encrypted key: {e}"))?;
-    pkcs12::check_scheme(&info.encryption_algorithm).map_err(|e| format!("ssl.keystore: the key is {e}"))?;
-    let plain = info
-        .decrypt(password)
-        .map_err(|_| "ssl.keystore: cannot decrypt the key with ssl.key.password".to_string())?;
-    Ok(PrivateKeyDer::Pkcs8(plain.as_bytes().to_vec().into()))
+    pkcs12::decrypt_pkcs8(&info, password).map_err(|e| match e {
+        pkcs12::KeyError::Scheme(e) => format!("ssl.keystore: the key is {e}"),
+        pkcs12::KeyError::Password => {
+            "ssl.keystore: cannot decrypt the key with ssl.key.password".to_string()
+        }
+    })
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -57,113 +57,142 @@ pub struct Store {
 /// is empty.
 pub fn read(der: &[u8], what: &str, password: &str, key_password: &str) -> Result<Store, String> {
     let fail = |e: String| format!("{what}: {e}");
-    let pfx = Pfx::from_der(der).map_err(|e| fail(format!("not a PKCS12 store ({e})")))?;
-    if pfx.auth_safe.content_type != ID_DATA {
-        return Err(fail(
-            "a public-key-protected PKCS12 store is not supported".into(),
-        ));
-    }
-    let content = octets(&pfx.auth_safe.content.to_der().map_err(|e| fail(e.to_string()))?).map_err(fail)?;
-    if !password.is_empty() {
-        if let Some(mac) = &pfx.mac_data {
-            check_mac(mac, password, &content).map_err(fail)?;
-        }
-    }
-    let safes = AuthenticatedSafe::from_der(&content).map_err(|e| fail(format!("malformed ({e})")))?;
     let key_password = if key_password.is_empty() {
         password
     } else {
         key_password
     };
-    let mut bags = Vec::new();
-    for safe in &safes {
-        let der = safe.content.to_der().map_err(|e| fail(e.to_string()))?;
-        let contents = match safe.content_type {
-            ID_DATA => octets(&der).map_err(fail)?,
-            ID_ENCRYPTED_DATA => decrypt_safe(&der, password).map_err(fail)?,
-            other => {
-                return Err(fail(format!(
-                    "holds content of type {other}, which Keel does not read"
-                )))
-            }
-        };
-        bags.extend(SafeContents::from_der(&contents).map_err(|e| fail(format!("malformed bags ({e})")))?);
-    }
-    let mut store = Store {
-        certs: Vec::new(),
-        trusted: Vec::new(),
-        keys: Vec::new(),
-    };
-    let mut key_ids = Vec::new();
-    let mut cert_ids = Vec::new();
-    let mut java_trusted = Vec::new();
-    for bag in &bags {
+    let mut certs = Vec::new();
+    let mut keys = Vec::new();
+    for bag in &bags(der, password).map_err(fail)? {
         match bag.bag_id {
-            pkcs12::PKCS_12_CERT_BAG_OID => {
-                let cert = ContextSpecific::<CertBag>::from_der(&bag.bag_value)
-                    .map_err(|e| fail(format!("a malformed certificate ({e})")))?;
-                if cert.value.cert_id == pkcs12::PKCS_12_X509_CERT_OID {
-                    store
-                        .certs
-                        .push(CertificateDer::from(cert.value.cert_value.as_bytes().to_vec()));
-                    cert_ids.push(local_key_id(bag));
-                    java_trusted.push(attribute(bag, JAVA_TRUSTED).is_some());
-                }
-            }
-            pkcs12::PKCS_12_PKCS8_KEY_BAG_OID => {
-                let shrouded = ContextSpecific::<EncryptedPrivateKeyInfo<'_>>::from_der(&bag.bag_value)
-                    .map_err(|_| {
-                        fail(format!(
-                            "its private key is encrypted in a way Keel does not read: {REWRITE}"
-                        ))
-                    })?;
-                check_scheme(&shrouded.value.encryption_algorithm).map_err(fail)?;
-                if key_password.is_empty() {
-                    return Err(fail("its private key is encrypted: set the password".into()));
-                }
-                let plain = shrouded.value.decrypt(key_password).map_err(|_| {
-                    fail(format!(
-                        "cannot decrypt the private key with the password ({REWRITE} if it is right)"
-                    ))
-                })?;
-                store
-                    .keys
-                    .push(PrivateKeyDer::Pkcs8(plain.as_bytes().to_vec().into()));
-                key_ids.push(local_key_id(bag));
-            }
+            pkcs12::PKCS_12_CERT_BAG_OID => certs.extend(cert_entry(bag).map_err(fail)?),
+            pkcs12::PKCS_12_PKCS8_KEY_BAG_OID => keys.push(Entry {
+                der: shrouded_key(bag, key_password).map_err(fail)?,
+                key_id: local_key_id(bag),
+            }),
             pkcs12::PKCS_12_KEY_BAG_OID => {
                 let plain = ContextSpecific::<AnyRef<'_>>::from_der(&bag.bag_value)
                     .and_then(|k| k.value.to_der())
                     .map_err(|e| fail(format!("a malformed private key ({e})")))?;
-                store.keys.push(PrivateKeyDer::Pkcs8(plain.into()));
-                key_ids.push(local_key_id(bag));
+                keys.push(Entry {
+                    der: PrivateKeyDer::Pkcs8(plain.into()),
+                    key_id: local_key_id(bag),
+                });
             }
             _ => {}
         }
     }
-    let marked = java_trusted.contains(&true);
-    store.trusted = store
-        .certs
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| {
-            if marked {
-                java_trusted[*i]
-            } else {
-                cert_ids[*i].is_none()
+    Ok(Store::new(certs, keys))
+}
+
+/// A certificate or key of the store, with the localKeyId tying them.
+struct Entry<T> {
+    der: T,
+    key_id: Option<Vec<u8>>,
+}
+
+/// A certificate, and whether Java marked it a trusted entry.
+type CertEntry = (Entry<CertificateDer<'static>>, bool);
+
+impl Store {
+    fn new(mut certs: Vec<CertEntry>, keys: Vec<Entry<PrivateKeyDer<'static>>>) -> Store {
+        // The certificate of the (one) key goes first: rustls serves the
+        // chain in the order given.
+        if let [Entry { key_id: Some(id), .. }] = keys.as_slice() {
+            if let Some(at) = certs.iter().position(|(c, _)| c.key_id.as_ref() == Some(id)) {
+                let own = certs.remove(at);
+                certs.insert(0, own);
             }
-        })
-        .map(|(_, c)| c.clone())
-        .collect();
-    // The certificate of the (one) key goes first: rustls serves the chain
-    // in the order given.
-    if let [Some(id)] = key_ids.as_slice() {
-        if let Some(at) = cert_ids.iter().position(|c| c.as_ref() == Some(id)) {
-            let own = store.certs.remove(at);
-            store.certs.insert(0, own);
+        }
+        let marked = certs.iter().any(|(_, java_trusted)| *java_trusted);
+        let trusted = certs
+            .iter()
+            .filter(|(c, java_trusted)| if marked { *java_trusted } else { c.key_id.is_none() })
+            .map(|(c, _)| c.der.clone())
+            .collect();
+        Store {
+            certs: certs.into_iter().map(|(c, _)| c.der).collect(),
+            trusted,
+            keys: keys.into_iter().map(|k| k.der).collect(),
         }
     }
-    Ok(store)
+}
+
+/// The store's bags: its integrity checked with `password` (if given),
+/// encrypted bags of bags decrypted with it.
+fn bags(der: &[u8], password: &str) -> Result<Vec<SafeBag>, String> {
+    let pfx = Pfx::from_der(der).map_err(|e| format!("not a PKCS12 store ({e})"))?;
+    if pfx.auth_safe.content_type != ID_DATA {
+        return Err("a public-key-protected PKCS12 store is not supported".into());
+    }
+    let content = octets(&pfx.auth_safe.content.to_der().map_err(|e| e.to_string())?)?;
+    if !password.is_empty() {
+        if let Some(mac) = &pfx.mac_data {
+            check_mac(mac, password, &content)?;
+        }
+    }
+    let safes = AuthenticatedSafe::from_der(&content).map_err(|e| format!("malformed ({e})"))?;
+    let mut bags = Vec::new();
+    for safe in &safes {
+        let der = safe.content.to_der().map_err(|e| e.to_string())?;
+        let contents = match safe.content_type {
+            ID_DATA => octets(&der)?,
+            ID_ENCRYPTED_DATA => decrypt_safe(&der, password)?,
+            other => return Err(format!("holds content of type {other}, which Keel does not read")),
+        };
+        bags.extend(SafeContents::from_der(&contents).map_err(|e| format!("malformed bags ({e})"))?);
+    }
+    Ok(bags)
+}
+
+/// A certificate bag's X.509 certificate (others are skipped).
+fn cert_entry(bag: &SafeBag) -> Result<Option<CertEntry>, String> {
+    let cert = ContextSpecific::<CertBag>::from_der(&bag.bag_value)
+        .map_err(|e| format!("a malformed certificate ({e})"))?;
+    if cert.value.cert_id != pkcs12::PKCS_12_X509_CERT_OID {
+        return Ok(None);
+    }
+    let entry = Entry {
+        der: CertificateDer::from(cert.value.cert_value.as_bytes().to_vec()),
+        key_id: local_key_id(bag),
+    };
+    Ok(Some((entry, attribute(bag, JAVA_TRUSTED).is_some())))
+}
+
+/// A shrouded key bag's key, decrypted with `password`.
+fn shrouded_key(bag: &SafeBag, password: &str) -> Result<PrivateKeyDer<'static>, String> {
+    let shrouded = ContextSpecific::<EncryptedPrivateKeyInfo<'_>>::from_der(&bag.bag_value)
+        .map_err(|_| format!("its private key is encrypted in a way Keel does not read: {REWRITE}"))?;
+    if password.is_empty() {
+        check_scheme(&shrouded.value.encryption_algorithm)?;
+        return Err("its private key is encrypted: set the password".into());
+    }
+    decrypt_pkcs8(&shrouded.value, password).map_err(|e| match e {
+        KeyError::Scheme(e) => e,
+        KeyError::Password => {
+            format!("cannot decrypt the private key with the password ({REWRITE} if it is right)")
+        }
+    })
+}
+
+/// Why an encrypted PKCS #8 key was not decrypted.
+pub enum KeyError {
+    /// Its encryption is one Keel does not read ([`check_scheme`]).
+    Scheme(String),
+    /// The password does not open it.
+    Password,
+}
+
+/// An encrypted PKCS #8 key (a PKCS12 shrouded key, or PEM's `ENCRYPTED
+/// PRIVATE KEY`), decrypted once its scheme is checked.
+pub fn decrypt_pkcs8(
+    info: &EncryptedPrivateKeyInfo<'_>,
+    password: &str,
+) -> Result<PrivateKeyDer<'static>, KeyError> {
+    check_scheme(&info.encryption_algorithm).map_err(KeyError::Scheme)?;
+    let plain = info.decrypt(password).map_err(|_| KeyError::Password)?;
+    Ok(PrivateKeyDer::Pkcs8(plain.as_bytes().to_vec().into()))
 }
 
 /// The contents of a DER OCTET STRING.
