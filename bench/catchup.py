@@ -102,6 +102,12 @@ latency on a shared VM and comes and goes by the minute, so the table also
 gives each phase's quiet seconds (steal under 0.05 cores in that second)
 and the produce and tail p99 over those seconds alone; the JSON timeline
 has the steal of every second.
+--sched-trace SECONDS records the scheduler (`perf sched record -a`) that
+long, --sched-trace-delay seconds (default 10) into the baseline and into
+the backfill, and bench/schedwait.py charges each wait of a live thread (the
+broker's request threads, keel-bench's producer and tail) for a CPU to the
+threads that held that CPU meanwhile: the broker's request or bulk threads,
+the live clients, the backfill process, kernel threads. Needs perf and root.
 bench/catchup_plot.py plots runs from several --json files one above the
 other.
 
@@ -119,6 +125,7 @@ usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--backfill-sched-idle] [--backfill-cpus LIST]
                         [--backfill-fetch-bytes 16MiB] [--backfill-receive-buffer N]
                         [--broker-cpus LIST] [--bench-cpus LIST]
+                        [--sched-trace SECONDS] [--sched-trace-delay 10]
                         [--keel-tier none|capacity|s3] [--keel-fast-max-bytes 512MiB]
                         [--keel-move-bytes-per-sec 0] [--segment-bytes N]
                         [--keel-set KEY=VALUE] [--s3-memory 512MiB] [--settle-max-s 120]
@@ -147,6 +154,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LAB = Path(os.environ.get("LAB_DIR", HERE / "lab"))
 sys.path.insert(0, str(HERE))
+import schedwait  # noqa: E402
 from throughput import free_port, wait_port  # noqa: E402
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -592,34 +600,41 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
     return cmd
 
 
-def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=None) -> dict:
+def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=None,
+              trace: "SchedTrace | None" = None) -> dict:
     """Runs keel-bench; with `settle` (a function returning a dict), keel-bench
     pauses after the preload (--pause-after-preload), `settle()` runs, and
-    its result is stored under "settle" in the returned dict."""
+    its result is stored under "settle" in the returned dict. With `trace`,
+    the scheduler is recorded in the baseline and the backfill (the phase
+    lines keel-bench prints on stderr) and the result is under "sched_waits"."""
     print(f"\n== {name}: {' '.join(cmd)}" + (f" (pinned to CPUs {cpus})" if cpus else ""), flush=True)
-    if settle is None:
+    if settle is None and trace is None:
         subprocess.run(cmd, check=True, preexec_fn=lambda: pin(cpus))
         return json.loads(out.read_text())
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: pin(cpus))
     preloaded, marker = threading.Event(), []
 
-    def relay() -> None:  # keel-bench's progress lines, and the pause marker
+    def relay() -> None:  # keel-bench's progress lines, the pause marker and the phases
         for line in proc.stderr:
             sys.stderr.write(line)
             if line.startswith("keel-bench: preload done"):
                 marker.append(line)
                 preloaded.set()
+            if trace is not None and line.startswith("keel-bench: phase "):
+                trace.phase(line.split()[-1])
         preloaded.set()  # stderr closed: do not wait for a marker that cannot come
 
     threading.Thread(target=relay, daemon=True).start()
+    settled = None
     try:
-        preloaded.wait()
-        if not marker:
-            raise SystemExit(f"{name}: keel-bench exited with {proc.wait()} before the preload ended")
-        settled = settle()
-        proc.stdin.write("go\n")
-        proc.stdin.close()
+        if settle is not None:
+            preloaded.wait()
+            if not marker:
+                raise SystemExit(f"{name}: keel-bench exited with {proc.wait()} before the preload ended")
+            settled = settle()
+            proc.stdin.write("go\n")
+            proc.stdin.close()
         if proc.wait() != 0:
             raise SystemExit(f"{name}: keel-bench exited with {proc.returncode}")
     finally:
@@ -627,8 +642,62 @@ def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=Non
             proc.terminate()
             proc.wait()
     res = json.loads(out.read_text())
-    res["settle"] = settled
+    if settle is not None:
+        res["settle"] = settled
+    if trace is not None:
+        res["sched_waits"] = trace.report(proc.pid)
     return res
+
+
+class SchedTrace:
+    """--sched-trace: records the scheduler (bench/schedwait.py) for a few
+    seconds in the baseline and in the backfill, starting `delay_s` into
+    each phase, and charges the CPU time that kept live threads waiting to
+    its owners."""
+
+    PHASES = ("baseline", "backfill")
+
+    def __init__(self, work: Path, name: str, seconds: float, delay_s: float, broker_pid: int):
+        self.work, self.name, self.seconds, self.delay_s = work, name, seconds, delay_s
+        self.broker_pid = broker_pid
+        self.recordings: dict[str, tuple[Path, threading.Thread]] = {}
+
+    def phase(self, phase: str) -> None:
+        if phase not in self.PHASES or phase in self.recordings:
+            return
+        out = self.work / f"sched-{self.name}-{phase}.data"
+
+        def run() -> None:
+            time.sleep(self.delay_s)
+            p = schedwait.record(out, self.seconds)
+            if p.wait() != 0:
+                print(f"{self.name}: perf sched record failed: {p.stderr.read().strip()}", file=sys.stderr)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self.recordings[phase] = (out, t)
+
+    def report(self, bench_pid: int) -> dict:
+        res = {}
+        for phase, (out, t) in self.recordings.items():
+            t.join()
+            if out.exists():
+                res[phase] = schedwait.analyze(out, self.broker_pid, bench_pid)
+        return res
+
+
+def sched_trace(args, work: Path, name: str, broker_pid: int) -> SchedTrace | None:
+    return SchedTrace(work, name, args.sched_trace, args.sched_trace_delay, broker_pid) if args.sched_trace else None
+
+
+def sched_tables(results: dict) -> str:
+    """--sched-trace: each broker's baseline and backfill recordings."""
+    out = []
+    for name, res in results.items():
+        if res.get("sched_waits"):
+            out.append(f"{name}: who held the CPU while a live thread waited (bench/schedwait.py)\n\n"
+                       + schedwait.table(res["sched_waits"]))
+    return "\n\n".join(out)
 
 
 def tail_cache_line(log_path: Path) -> str:
@@ -679,7 +748,8 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
         cmd = bench_cmd(args, bench_bin, f"127.0.0.1:{port}", proc.pid, cg, dev, work / "keel.json", tier,
                         pause=settle is not None)
         cmd += ["--metrics-url", f"http://{admin}/metrics"]
-        res = run_bench("keel", cmd, work / "keel.json", args.bench_cpus, settle)
+        res = run_bench("keel", cmd, work / "keel.json", args.bench_cpus, settle,
+                        sched_trace(args, work, "keel", proc.pid))
         res["tail_cache_log"] = tail_cache_line(log_path)
         res["memory_cgroup"] = cg.describe()
         res["disk"] = disk
@@ -764,7 +834,7 @@ def run_kafka(args, bench_bin: Path, work: Path) -> dict:
         settle = settle_for(args, "kafka", cg)
         res = run_bench("kafka", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", pid, cg, dev,
                                            work / "kafka.json", pause=settle is not None),
-                        work / "kafka.json", args.bench_cpus, settle)
+                        work / "kafka.json", args.bench_cpus, settle, sched_trace(args, work, "kafka", pid))
         res["memory_cgroup"] = cg.describe()
         res["disk"] = disk
         res["kafka_heap"] = args.kafka_heap
@@ -1016,6 +1086,11 @@ def main() -> None:
     ap.add_argument("--settle-max-s", type=float, default=120,
                     help="after the preload, wait (at most this long) until the broker's dirty and "
                          "under-writeback pages stay under 16 MiB for 3 s before the baseline; 0: do not wait")
+    ap.add_argument("--sched-trace", type=float, default=0, metavar="SECONDS",
+                    help="record the scheduler (perf sched) this long in the baseline and in the backfill, "
+                         "and charge live threads' waits for a CPU to who held it (bench/schedwait.py)")
+    ap.add_argument("--sched-trace-delay", type=float, default=10, metavar="SECONDS",
+                    help="--sched-trace: start recording this long into each phase")
     ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--keel-bin", type=Path, default=REPO / "target" / "release" / "keel")
     ap.add_argument("--bench-bin", type=Path, help="a keel-bench binary already built (default: go build)")
@@ -1035,6 +1110,8 @@ def main() -> None:
     if any("=" not in kv for kv in args.keel_set):
         raise SystemExit("--keel-set: want KEY=VALUE")
     preflight_disk(args)
+    if args.sched_trace and (why := schedwait.available()):
+        raise SystemExit(f"--sched-trace: {why}")
     # SIGTERM unwinds like Ctrl-C, so every broker, mount and cgroup is undone.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -1074,6 +1151,10 @@ def main() -> None:
     if stages:
         print()
         print(stages)
+    waits = sched_tables(results)
+    if waits:
+        print()
+        print(waits)
     print(plot(results, args.plot))
     if args.json:
         args.json.write_text(json.dumps({"machine": {"host": platform.node(), "cores": os.cpu_count(),

@@ -133,3 +133,56 @@ def test_catchup_py_with_keel_tier(tier, keel_bench, tmp_path):
     # The backfill's fetches of the moved history were served by the tier.
     tier_stage = {"capacity": "read_capacity", "s3": "read_remote"}[tier]
     assert backfill["stages"]["Fetch"][tier_stage]["count"] > 0, backfill["stages"]
+
+
+def test_schedwait_charges_a_live_threads_wait_to_who_held_its_cpu():
+    """bench/schedwait.py's replay of `perf script` lines (no perf needed):
+    a broker request thread woken while the backfill process holds its CPU
+    waits 3 ms, all charged to the backfill process; a live client
+    preempted by a kworker waits 1.5 ms, charged to kernel threads; a live
+    client's short wait is counted but charged to nobody; a bulk thread's wait is not a
+    live wait; a wake-up of a thread still on its CPU starts no wait."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import schedwait
+
+    def line(comm, tgid, tid, cpu, t, ev, rest):
+        return f"{comm:>16} {tgid}/{tid} [{cpu:03d}] {t:.6f}: {'sched:' + ev + ':':>24} {rest}\n"
+
+    def switch(comm, tgid, tid, cpu, t, state, nxt_comm, nxt):
+        return line(comm, tgid, tid, cpu, t, "sched_switch",
+                    f"prev_comm={comm} prev_pid={tid} prev_prio=120 prev_state={state} ==> "
+                    f"next_comm={nxt_comm} next_pid={nxt} next_prio=120")
+
+    def waking(comm, tgid, tid, cpu, t, woken_comm, woken):
+        return line(comm, tgid, tid, cpu, t, "sched_waking",
+                    f"comm={woken_comm} pid={woken} prio=120 target_cpu={cpu:03d}")
+
+    broker, bench, backfill = 100, 200, 300
+    lines = [
+        switch("swapper/0", 0, 0, 0, 0.999, "R", "keel-bench", 301),
+        waking("keel-bench", backfill, 301, 0, 1.000, "keel", 101),          # broker thread woken
+        switch("keel-bench", backfill, 301, 0, 1.003, "R", "keel", 101),      # ... runs 3 ms later
+        waking("keel", broker, 101, 0, 1.0035, "keel", 101),                 # still on its CPU: no wait
+        waking("keel", broker, 101, 0, 1.004, "keel-bulk", 105),
+        switch("swapper/1", 0, 0, 1, 1.0045, "R", "keel-bulk", 105),        # a bulk thread's wait
+        waking("keel", broker, 101, 0, 1.005, "keel-bench", 201),
+        switch("keel-bulk", broker, 105, 1, 1.0052, "S", "keel-bench", 201),  # live client, 0.2 ms
+        switch("keel-bench", bench, 201, 1, 1.0070, "R", "kworker/1:1", 50),  # preempted ...
+        switch("kworker/1:1", 50, 50, 1, 1.0085, "S", "keel-bench", 201),     # ... for 1.5 ms
+        switch("keel", broker, 101, 0, 1.010, "S", "swapper/0", 0),
+        waking("swapper/0", 0, 0, 0, 1.0105, "keel", 101),
+        switch("swapper/0", 0, 0, 0, 1.0106, "R", "keel", 101),              # 0.1 ms, not 7
+        switch("keel-bench", bench, 201, 1, 1.011, "S", "swapper/1", 0),
+        line("perf", 999, 999, 0, 1.012, "sched_stat_runtime", "comm=perf pid=999 runtime=1 [ns]"),
+    ]
+    res = schedwait.replay(schedwait.parse(lines), broker, bench)
+    assert res["live_waits"] == 4, res
+    assert res["live_waits_over_min"] == 2 and res["live_waits_over_1ms"] == 2, res
+    per_s = res["charged_ms_per_s"]
+    seconds = 1.012 - 0.999
+    assert per_s["backfill process"] == pytest.approx(3.0 / seconds, rel=0.01), res
+    assert per_s["kernel threads"] == pytest.approx(1.5 / seconds, rel=0.01), res
+    assert sum(per_s.values()) == pytest.approx(4.5 / seconds, rel=0.01), res
+    assert list(res["others_ms_per_s"]) == ["kworker/1:1"], res
+    table = schedwait.table({"backfill": res})
+    assert "| backfill process | " in table

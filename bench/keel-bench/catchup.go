@@ -91,7 +91,7 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	live, cancelLive := context.WithCancel(ctx)
 	defer cancelLive()
 	r.t0 = time.Now()
-	r.phase.Store("baseline")
+	r.enter("baseline")
 	var wg sync.WaitGroup
 	tailCtx, stopTail := context.WithCancel(ctx)
 	defer stopTail()
@@ -108,7 +108,7 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	bfStart := r.since()
 	marks = append(marks, timedBroker{bfStart, probe.sample()})
 	keelMarks = append(keelMarks, readKeel(cfg))
-	r.phase.Store("backfill")
+	r.enter("backfill")
 	bfTarget, err := endOffsets(ctx, admin, cfg.Topic)
 	if err != nil {
 		return nil, err
@@ -121,7 +121,7 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 	bfEnd := r.since()
 	marks = append(marks, timedBroker{bfEnd, probe.sample()})
 	keelMarks = append(keelMarks, readKeel(cfg))
-	r.phase.Store("after")
+	r.enter("after")
 	sleepCtx(ctx, secs(cfg.AfterS))
 	cancelLive()
 	if err := <-prodDone; err != nil {
@@ -137,6 +137,13 @@ func runCatchup(ctx context.Context, cfg config) (*result, error) {
 		return nil, errors.New("interrupted")
 	}
 	return r.result(pre, bf, marks, keelMarks, probe), nil
+}
+
+// enter starts a phase and says so on stderr ("keel-bench: phase NAME"),
+// the line a caller that traces the machine per phase waits for.
+func (r *run) enter(phase string) {
+	r.phase.Store(phase)
+	fmt.Fprintln(os.Stderr, "keel-bench: phase", phase)
 }
 
 // waitForGo: --pause-after-preload. The line on stderr is what the caller
