@@ -89,6 +89,13 @@ const READ_BYTES: usize = 64 << 10;
 /// finish its time slice of sending.
 const BULK_SEND_BYTES: usize = 256 << 10;
 
+/// How long one bulk job keeps writing a large response, waits for the
+/// socket included, before it hands the write half back to the connection
+/// (which waits for the socket without a thread and hands it out again): a
+/// slow reader holds a bulk thread, which cold reads also need, for at most
+/// this long at a time.
+const BULK_SEND_HOLD: Duration = Duration::from_millis(20);
+
 /// What a connection may hold: `socket.request.max.bytes` per frame and
 /// `connections.max.idle.ms` without a request.
 #[derive(Debug, Clone, Copy)]
@@ -489,9 +496,11 @@ impl Inbox {
     }
 }
 
-/// Writes a response frame. A large one goes out in pieces written by the
-/// bulk threads: this task waits for the socket to take more, hands the
-/// write half and a piece to a bulk thread, and gets the half back.
+/// Writes a response frame. A large one is written by the bulk threads:
+/// this task waits for the socket to take more, then hands the write half
+/// and the rest of the frame to a bulk thread, which writes it in pieces
+/// and waits for the socket itself, for at most [`BULK_SEND_HOLD`], before
+/// giving the half back.
 async fn send(write: &mut Option<Writer>, frame: Bytes, bulk: &Bulk) -> std::io::Result<()> {
     let half = match write.as_mut() {
         None => return Err(std::io::Error::other("the connection's write half was lost")),
@@ -510,23 +519,55 @@ async fn send(write: &mut Option<Writer>, frame: Bytes, bulk: &Bulk) -> std::io:
             return Err(std::io::Error::other("the connection's write half was lost"));
         };
         half.writable().await?;
-        let piece = frame.slice(sent..frame.len().min(sent + BULK_SEND_BYTES));
+        let rest = frame.slice(sent..);
         // If the job panics the half is dropped with it, which closes the
         // connection: the response cannot be finished.
         let (half, wrote) = bulk
             .run(move || {
-                let wrote = half.try_write(&piece);
+                let wrote = write_for_a_while(&half, &rest, BULK_SEND_HOLD);
                 (half, wrote)
             })
             .await?;
         *write = Some(Writer::Plain(half));
-        match wrote {
-            Ok(n) => sent += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
+        sent += wrote?;
     }
     Ok(())
+}
+
+/// On a bulk thread: writes `data` in pieces of [`BULK_SEND_BYTES`] (one
+/// kernel copy each, so a live thread that wakes on this CPU waits for at
+/// most one piece), waiting with poll(2) while the socket is full, until
+/// all is written or `hold` has passed. Returns the bytes written.
+fn write_for_a_while(half: &OwnedWriteHalf, data: &[u8], hold: Duration) -> std::io::Result<usize> {
+    let started = Instant::now();
+    let mut sent = 0;
+    while sent < data.len() {
+        let piece = &data[sent..data.len().min(sent + BULK_SEND_BYTES)];
+        match half.try_write(piece) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let Some(left) = hold.checked_sub(started.elapsed()).filter(|d| !d.is_zero()) else {
+                    break;
+                };
+                let timeout = rustix::event::Timespec {
+                    tv_sec: left.as_secs() as _,
+                    tv_nsec: left.subsec_nanos() as _,
+                };
+                let stream: &TcpStream = half.as_ref();
+                let mut fds = [rustix::event::PollFd::new(stream, rustix::event::PollFlags::OUT)];
+                match rustix::event::poll(&mut fds, Some(&timeout)) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        if started.elapsed() >= hold {
+            break;
+        }
+    }
+    Ok(sent)
 }
 
 #[cfg(test)]
@@ -650,6 +691,60 @@ mod tests {
         assert_eq!(&got[..large.len()], &large[..]);
         assert_eq!(&got[large.len()..], b"end");
         assert!(write.is_some(), "the write half came back");
+    }
+
+    #[tokio::test]
+    async fn a_bulk_send_to_a_reader_that_stops_gives_the_thread_back_after_its_hold() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (_read, write) = server.into_split();
+        // More than the two sockets' buffers hold: the reader reads nothing yet.
+        let large: Bytes = (0..64 * BULK_SEND_BYTES).map(|i| (i * 13 % 251) as u8).collect();
+        let hold = Duration::from_millis(50);
+        let data = large.clone();
+        let (write, wrote, took) = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let wrote = write_for_a_while(&write, &data, hold).unwrap();
+            (write, wrote, started.elapsed())
+        })
+        .await
+        .unwrap();
+        assert!(
+            wrote > 0 && wrote < large.len(),
+            "wrote {wrote} of {}",
+            large.len()
+        );
+        assert!(took >= hold && took < hold * 10, "held the thread {took:?}");
+
+        // The rest goes out through `send` (bulk jobs again) once the reader
+        // reads, with a pause longer than a hold on the way, and arrives whole.
+        let mut write = Some(Writer::Plain(write));
+        let bulk = Bulk::new(1).unwrap();
+        let rest = large.slice(wrote..);
+        let reader = tokio::spawn(async move {
+            let mut client = client;
+            let mut got = Vec::new();
+            while got.len() < large.len() + 3 {
+                let mut chunk = [0u8; 256 << 10];
+                let n = client.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "the connection closed early");
+                got.extend_from_slice(&chunk[..n]);
+                if got.len() == n {
+                    tokio::time::sleep(BULK_SEND_HOLD * 2).await;
+                }
+            }
+            (got, large)
+        });
+        send(&mut write, rest, &bulk).await.unwrap();
+        send(&mut write, Bytes::from_static(b"end"), &bulk).await.unwrap();
+        let (got, large) = reader.await.unwrap();
+        assert_eq!(got.len(), large.len() + 3);
+        assert!(
+            got[..large.len()] == large[..],
+            "the frame arrived out of order or changed"
+        );
+        assert_eq!(&got[large.len()..], b"end");
     }
 
     fn in_flight(api_key: ApiKey, bytes: usize, queued: bool, done: Option<Reply>) -> InFlight<'static> {
