@@ -1112,6 +1112,9 @@ def main() -> None:
     preflight_disk(args)
     if args.sched_trace and (why := schedwait.available()):
         raise SystemExit(f"--sched-trace: {why}")
+    if args.sched_trace and args.sched_trace_delay + args.sched_trace > args.baseline_s:
+        raise SystemExit("--sched-trace: --sched-trace-delay plus --sched-trace must fit in --baseline-s "
+                         f"({args.sched_trace_delay:g} + {args.sched_trace:g} > {args.baseline_s:g})")
     # SIGTERM unwinds like Ctrl-C, so every broker, mount and cgroup is undone.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 

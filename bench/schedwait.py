@@ -11,8 +11,8 @@ again is its wait. For every wait over --min-wait-ms, the table charges the
 threads that ran on the CPU the waiter then ran on, for the part of the
 wait they ran, to their role:
 
-    broker request threads   the broker's live threads
-    broker bulk threads      keel-bulk (cold reads, large responses), cleaner, logs
+    broker request threads   the broker's live threads (tokio's workers and blocking pool)
+    broker bulk threads      keel-bulk (cold reads, large responses), cleaner, deleter, logs
     live clients             keel-bench's own process
     backfill process         another keel-bench process (catchup --backfill-process)
     kernel threads           kworkers, ksoftirqd, jbd2, loop workers, ...
@@ -20,8 +20,10 @@ wait they ran, to their role:
                              guest agents)
 
 Time the CPU was idle during a wait (the wake-up's IPI had not landed yet,
-or the hypervisor had not run the vCPU) is charged to "idle (wake-up
-latency)".
+the hypervisor had not run the vCPU, or the thread had queued on a busy
+CPU and was then moved to this idle one) is charged to "idle (wake-up
+latency)". With the backfill consumer inside keel-bench's process, its
+threads count as live clients, their waits included.
 
 usage: bench/schedwait.py record OUT.data SECONDS
        bench/schedwait.py report OUT.data --broker-pid PID --bench-pid PID
@@ -35,7 +37,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
-import itertools
 import json
 import re
 import shutil
@@ -68,8 +69,10 @@ def record(out: Path, seconds: float) -> subprocess.Popen:
 def events(data: Path):
     """(time, cpu, event, fields, tgid, tid, comm) per sched event, in order."""
     cmd = ["perf", "script", "-i", str(data), "-F", "comm,pid,tid,cpu,time,event,trace"]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as p:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
         yield from parse(p.stdout)
+        if p.wait() != 0:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed: {p.stderr.read().strip()}")
 
 
 def parse(lines):
@@ -104,7 +107,7 @@ class Roles:
             return "idle (wake-up latency)"
         tgid, comm = self.tgid.get(tid), self.comm.get(tid, "")
         if tgid == self.broker:
-            bulk = comm.startswith(("keel-bulk", "keel-cleaner")) or comm.endswith("-log")
+            bulk = comm.startswith(("keel-bulk", "keel-cleaner", "keel-delete")) or comm.endswith("-log")
             return "broker bulk threads" if bulk else "broker request threads"
         if tgid == self.bench:
             return "live clients"
@@ -166,7 +169,8 @@ def replay(evs, broker_pid: int, bench_pid: int, min_wait_ms: float = 0.5) -> di
     ends = {cpu: [e for _, e, _ in runs] for cpu, runs in stretches.items()}
     for start, end, cpu, _ in over:
         runs = stretches[cpu]
-        for s, e, who in itertools.islice(runs, bisect.bisect_right(ends.get(cpu, []), start), None):
+        for i in range(bisect.bisect_right(ends.get(cpu, []), start), len(runs)):
+            s, e, who = runs[i]
             if s >= end:
                 break
             role, held = roles.of(who), min(e, end) - max(s, start)

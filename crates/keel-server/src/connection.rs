@@ -538,30 +538,45 @@ async fn send(write: &mut Option<Writer>, frame: Bytes, bulk: &Bulk) -> std::io:
 /// kernel copy each, so a live thread that wakes on this CPU waits for at
 /// most one piece), waiting with poll(2) while the socket is full, until
 /// all is written or `hold` has passed. Returns the bytes written.
+///
+/// The pieces go out with send(2) on the socket itself, not through
+/// tokio's `try_write`: that one answers "would block" from tokio's own
+/// readiness until the runtime's event loop has seen the socket drain, so
+/// after a poll it would spin. When the job ends on a full socket, one
+/// `try_write` makes tokio see the full socket too, so the connection's
+/// `writable().await` waits for it to drain instead of handing the half
+/// straight back.
 fn write_for_a_while(half: &OwnedWriteHalf, data: &[u8], hold: Duration) -> std::io::Result<usize> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use rustix::io::Errno;
+    use rustix::net::{send, SendFlags};
     let started = Instant::now();
+    let stream: &TcpStream = half.as_ref();
     let mut sent = 0;
     while sent < data.len() {
         let piece = &data[sent..data.len().min(sent + BULK_SEND_BYTES)];
-        match half.try_write(piece) {
+        match send(stream, piece, SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
             Ok(n) => sent += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let Some(left) = hold.checked_sub(started.elapsed()).filter(|d| !d.is_zero()) else {
-                    break;
-                };
-                let timeout = rustix::event::Timespec {
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => {
+                let left = hold.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return match half.try_write(piece) {
+                        Ok(n) => Ok(sent + n),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(sent),
+                        Err(e) => Err(e),
+                    };
+                }
+                let timeout = Timespec {
                     tv_sec: left.as_secs() as _,
                     tv_nsec: left.subsec_nanos() as _,
                 };
-                let stream: &TcpStream = half.as_ref();
-                let mut fds = [rustix::event::PollFd::new(stream, rustix::event::PollFlags::OUT)];
-                match rustix::event::poll(&mut fds, Some(&timeout)) {
-                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                match poll(&mut [PollFd::new(stream, PollFlags::OUT)], Some(&timeout)) {
+                    Ok(_) | Err(Errno::INTR) => {}
                     Err(e) => return Err(e.into()),
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
         if started.elapsed() >= hold {
             break;
@@ -659,12 +674,48 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_large_response_is_written_whole_by_the_bulk_threads_and_a_small_one_after_it() {
+    /// A client socket and the server side's halves, over loopback.
+    async fn connected() -> (TcpStream, tokio::net::tcp::OwnedReadHalf, OwnedWriteHalf) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        let (_read, write) = server.into_split();
+        let (read, write) = server.into_split();
+        (client, read, write)
+    }
+
+    #[tokio::test]
+    async fn a_bulk_send_writes_on_while_the_runtime_is_busy_instead_of_spinning() {
+        // The bulk thread's writes must not depend on the runtime's event
+        // loop noticing the socket drain: here the runtime (this test's one
+        // thread) is blocked in the write while a plain thread reads.
+        let (client, _read, write) = connected().await;
+        let client = client.into_std().unwrap();
+        client.set_nonblocking(false).unwrap();
+        let large: Vec<u8> = (0..64 * BULK_SEND_BYTES).map(|i| (i * 17 % 251) as u8).collect();
+        let want = large.len();
+        let reader = std::thread::spawn(move || {
+            let mut client = client;
+            let mut got = Vec::with_capacity(want);
+            let mut chunk = vec![0u8; 64 << 10];
+            while got.len() < want {
+                let n = std::io::Read::read(&mut client, &mut chunk).unwrap();
+                assert!(n > 0, "the connection closed early");
+                got.extend_from_slice(&chunk[..n]);
+            }
+            got
+        });
+        let hold = Duration::from_secs(20);
+        let started = Instant::now();
+        let wrote = write_for_a_while(&write, &large, hold).unwrap();
+        let took = started.elapsed();
+        assert_eq!(wrote, large.len(), "stopped early after {took:?}");
+        assert!(took < hold, "took the whole hold: {took:?}");
+        assert!(reader.join().unwrap() == large, "the bytes arrived changed");
+    }
+
+    #[tokio::test]
+    async fn a_large_response_is_written_whole_by_the_bulk_threads_and_a_small_one_after_it() {
+        let (client, _read, write) = connected().await;
         let mut write = Some(Writer::Plain(write));
         let bulk = Bulk::new(1).unwrap();
         let large: Bytes = (0..3 * BULK_SEND_BYTES + 123)
@@ -695,10 +746,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_bulk_send_to_a_reader_that_stops_gives_the_thread_back_after_its_hold() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        let (_read, write) = server.into_split();
+        let (client, _read, write) = connected().await;
         // More than the two sockets' buffers hold: the reader reads nothing yet.
         let large: Bytes = (0..64 * BULK_SEND_BYTES).map(|i| (i * 13 % 251) as u8).collect();
         let hold = Duration::from_millis(50);
