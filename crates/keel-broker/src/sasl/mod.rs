@@ -282,6 +282,8 @@ enum Exchange {
         mechanism: &'static str,
         /// After a v0 handshake the tokens are bare frames.
         raw: bool,
+        /// Tokens the mechanism has taken so far.
+        taken: u32,
     },
     /// Authenticated; a new handshake begins a re-authentication.
     Done,
@@ -384,6 +386,7 @@ impl Authenticator {
                     session: Box::new(session),
                     mechanism: chosen,
                     raw: version == 0,
+                    taken: 0,
                 };
                 answer(None, Next::Continue)
             }
@@ -401,6 +404,7 @@ impl Authenticator {
             session,
             mechanism,
             raw: expects_raw,
+            taken,
         } = &mut self.exchange
         else {
             // After authentication Kafka answers it and goes on; before a
@@ -440,17 +444,27 @@ impl Authenticator {
                 Next::Fail(reason.to_string()),
             )
         };
-        let mut out = Vec::new();
         // rsasl 2.3's SCRAM parser indexes attributes without checking
-        // their length: a hostile token must fail its exchange, not the
-        // connection's task. The session is dropped after a panic.
+        // their length, so a SCRAM message is checked against RFC 5802's
+        // shape first: a hostile token fails its exchange before the
+        // parser sees it.
+        if mechanism.starts_with("SCRAM-") {
+            if let Err(why) = scram_shape(token, *taken == 0) {
+                self.exchange = Exchange::Handshake;
+                return failed(&format!("{mechanism}: malformed message: {why}"));
+            }
+        }
+        *taken += 1;
+        let mut out = Vec::new();
+        // Should the parser still panic on a message of the right shape,
+        // the exchange fails and the connection's task goes on.
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             session.step(Some(token), &mut out)
         }));
         let outcome = match step {
             Err(_) => {
                 self.exchange = Exchange::Handshake;
-                return failed(&format!("{mechanism}: malformed message"));
+                return failed(&format!("{mechanism}: the SASL library failed on the message"));
             }
             Ok(Err(e)) => {
                 self.exchange = Exchange::Handshake;
@@ -585,6 +599,46 @@ impl ConnectionAuth {
         } else {
             max_request_bytes
         }
+    }
+}
+
+/// Checks a SCRAM client message against RFC 5802's shape: attributes
+/// separated by commas, each a name, `=` and a value. The first message
+/// starts with the GS2 header: a channel-binding flag (`n`, `y` or
+/// `p=NAME`) and an authorization id (empty or `a=NAME`). Values are left
+/// to the mechanism; this only guarantees every attribute its name and `=`.
+fn scram_shape(message: &[u8], first: bool) -> Result<(), &'static str> {
+    let mut parts = message.split(|b| *b == b',');
+    // RFC 5802's attributes have one-letter names; Kafka's extensions
+    // (`tokenauth=true`) have longer ones.
+    let attribute = |part: &[u8]| {
+        part.iter()
+            .position(|b| *b == b'=')
+            .is_some_and(|eq| eq > 0 && part[..eq].iter().all(u8::is_ascii_alphanumeric))
+    };
+    if first {
+        match parts.next() {
+            Some(b"n" | b"y") => {}
+            Some(flag) if flag.starts_with(b"p=") && flag.len() > 2 => {}
+            _ => return Err("no channel-binding flag"),
+        }
+        match parts.next() {
+            Some(b"") => {}
+            Some(id) if id.starts_with(b"a=") => {}
+            _ => return Err("no authorization id field"),
+        }
+    }
+    let mut any = false;
+    for part in parts {
+        if !attribute(part) {
+            return Err("an attribute is not NAME=VALUE");
+        }
+        any = true;
+    }
+    if any {
+        Ok(())
+    } else {
+        Err("no attributes")
     }
 }
 
