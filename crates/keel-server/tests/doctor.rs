@@ -187,6 +187,12 @@ fn v2_kernel_settings_and_reclaim_history() {
     assert!(thp["fix"].as_str().unwrap().contains("madvise"));
     assert_eq!(severity(one(&report, "kernel", "thp_defrag", None)), "ok");
     assert_eq!(severity(one(&report, "kernel", "swappiness", None)), "ok");
+    let preemption = one(&report, "kernel", "preemption", None);
+    assert_eq!(severity(preemption), "ok");
+    assert_eq!(
+        preemption["found"],
+        "kernel preemption model voluntary (/sys/kernel/debug/sched/preempt)"
+    );
     // Sampling off: totals only, the cgroup's memory.high history noted.
     assert_eq!(severity(one(&report, "reclaim", "sample", None)), "info");
     assert!(one(&report, "reclaim", "cgroup_history", None)["found"]
@@ -251,6 +257,20 @@ fn v1_host() {
     assert_eq!(severity(one(&report, "kernel", "swappiness", None)), "warn");
     assert_eq!(severity(one(&report, "kernel", "thp_enabled", None)), "ok");
     assert_eq!(severity(one(&report, "kernel", "thp_defrag", None)), "warn");
+    // A kernel built with no preemption, read from /boot/config-RELEASE.
+    let preemption = one(&report, "kernel", "preemption", None);
+    assert_eq!(severity(preemption), "info");
+    assert!(
+        preemption["found"]
+            .as_str()
+            .unwrap()
+            .starts_with("kernel preemption model none (/boot/config-4.19.0-fixture)"),
+        "{preemption}"
+    );
+    assert!(preemption["fix"]
+        .as_str()
+        .unwrap()
+        .contains("off the broker's CPUs"));
     // data=writeback: no journal warning.
     let journal = one(&report, "disk", "ext4_journal", Some("/data/wb/keel"));
     assert_eq!(severity(journal), "ok", "{journal}");
@@ -329,4 +349,45 @@ fn bad_configuration_is_the_only_failure() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no.such.key"));
+}
+
+/// A PREEMPT_DYNAMIC kernel whose scheduler debugfs file is not readable
+/// (not root, or debugfs not mounted): `preempt=` on the command line, else
+/// the default its build configuration names (`/proc/config.gz`).
+#[test]
+fn the_preemption_model_of_a_dynamic_kernel_without_debugfs() {
+    use std::io::Write;
+    let root = host("v2", &[]);
+    std::fs::remove_file(root.path().join("sys/kernel/debug/sched/preempt")).unwrap();
+    let cmdline = root.path().join("proc/cmdline");
+    std::fs::write(&cmdline, "BOOT_IMAGE=/boot/vmlinuz ro preempt=full quiet\n").unwrap();
+    let report = doctor(root.path(), &[]);
+    assert_eq!(
+        one(&report, "kernel", "preemption", None)["found"],
+        "kernel preemption model full (preempt= on the kernel command line)"
+    );
+    // No preempt=, no build configuration: unknown, said so.
+    std::fs::write(&cmdline, "BOOT_IMAGE=/boot/vmlinuz ro quiet\n").unwrap();
+    let report = doctor(root.path(), &[]);
+    let unknown = one(&report, "kernel", "preemption", None);
+    assert_eq!(severity(unknown), "info");
+    assert!(
+        unknown["found"].as_str().unwrap().contains("unknown"),
+        "{unknown}"
+    );
+    // The build's default, from /proc/config.gz.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(b"CONFIG_PREEMPT_BUILD=y\nCONFIG_PREEMPT_NONE=y\n# CONFIG_PREEMPT is not set\nCONFIG_PREEMPT_DYNAMIC=y\n")
+        .unwrap();
+    std::fs::write(root.path().join("proc/config.gz"), gz.finish().unwrap()).unwrap();
+    let report = doctor(root.path(), &[]);
+    let none = one(&report, "kernel", "preemption", None);
+    assert_eq!(severity(none), "info");
+    assert!(
+        none["found"]
+            .as_str()
+            .unwrap()
+            .starts_with("kernel preemption model none (/proc/config.gz: the build's default, unless changed at run time on this PREEMPT_DYNAMIC kernel)"),
+        "{none}"
+    );
 }

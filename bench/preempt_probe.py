@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""How long a thread that wakes up waits for its CPU, beside what else runs there.
+
+A probe process sleeps 1 ms at a time and records how late each wake-up
+is, on one CPU shared with, in turn:
+
+* nothing;
+* a busy loop (user space: preempted at once by the waking probe);
+* a socket copier: two processes passing 16 MiB writes and reads through a
+  Unix socket pair with 8 MiB buffers, so each call copies megabytes inside
+  the kernel, as a consumer reading large fetch responses does.
+
+On a kernel whose preemption model is `none` (see `keel doctor`, area
+`kernel`, check `preemption`), a system call is not preempted: the probe
+waits for the copier's call to return. The difference between the busy
+loop and the copier is what the model costs a live thread whose CPU is
+shared with such a process. A benchmark: it prints a table and asserts
+nothing.
+
+usage: bench/preempt_probe.py [--cpu 1] [--wakeups 2000] [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+CHUNK = 16 << 20
+
+
+def busy() -> None:
+    while True:
+        pass
+
+
+def copier() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    if os.fork() == 0:
+        a.close()
+        buf = bytearray(CHUNK)
+        while b.recv_into(buf):
+            pass
+        os._exit(0)
+    b.close()
+    data = bytes(CHUNK)
+    while True:
+        a.sendall(data)
+
+
+def probe(wakeups: int) -> list[float]:
+    late = []
+    for _ in range(wakeups):
+        t0 = time.perf_counter_ns()
+        time.sleep(0.001)
+        late.append((time.perf_counter_ns() - t0 - 1_000_000) / 1e6)
+    return sorted(late)
+
+
+def percentile(sorted_ms: list[float], p: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * p))]
+
+
+def preemption_model() -> str:
+    try:
+        text = open("/sys/kernel/debug/sched/preempt").read()
+        return text[text.index("(") + 1:text.index(")")]
+    except (OSError, ValueError):
+        version = open("/proc/sys/kernel/version").read().strip()
+        return f"not readable here (kernel version {version!r}; `keel doctor` reads the build's)"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", type=int, default=1)
+    ap.add_argument("--wakeups", type=int, default=2000)
+    ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--role", choices=["busy", "copier", "probe"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role == "busy":
+        busy()
+    if args.role == "copier":
+        copier()
+    if args.role == "probe":
+        print(json.dumps(probe(args.wakeups)))
+        return 0
+    os.sched_setaffinity(0, {args.cpu})
+    me = [sys.executable, os.path.abspath(__file__)]
+    rows = []
+    for beside in ["nothing", "busy", "copier"]:
+        other = None
+        if beside != "nothing":
+            other = subprocess.Popen(me + ["--role", beside], start_new_session=True)
+            time.sleep(0.5)
+        try:
+            out = subprocess.run(me + ["--role", "probe", "--wakeups", str(args.wakeups)],
+                                 check=True, capture_output=True, text=True).stdout
+        finally:
+            if other is not None:
+                os.killpg(other.pid, 9)
+                other.wait()
+        late = json.loads(out)
+        rows.append({"beside": beside, "p50_ms": percentile(late, 0.5), "p90_ms": percentile(late, 0.9),
+                     "p99_ms": percentile(late, 0.99), "max_ms": late[-1]})
+    print(f"wake-up delay of a 1 ms sleeper on CPU {args.cpu}, {args.wakeups} wake-ups each; "
+          f"kernel {os.uname().release}, preemption model {preemption_model()}")
+    print(f"{'beside':<10}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}{'max ms':>10}")
+    for r in rows:
+        print(f"{r['beside']:<10}{r['p50_ms']:>10.3f}{r['p90_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['max_ms']:>10.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": args.cpu, "kernel": os.uname().release, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
