@@ -940,7 +940,7 @@ def side_by_side(results: dict) -> str:
     return "\n".join(lines)
 
 
-STAGES = ("receive", "connection", "decode", "validate", "queue", "lock", "roll", "write", "flush", "publish", "reply", "wait", "read_cache",
+STAGES = ("socket", "receive", "connection", "decode", "validate", "queue", "lock", "roll", "write", "flush", "publish", "reply", "wait", "read_cache",
           "read_ahead", "read_local", "read_capacity", "read_remote", "encode", "send", "total")
 
 

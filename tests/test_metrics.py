@@ -104,6 +104,10 @@ def test_requests_explain_their_stages_and_a_slow_write_is_logged_with_its_file_
                              le="0.8192") >= 1
     for stage in ("receive", "connection", "decode", "validate", "queue", "lock", "encode", "send", "total"):
         assert sample(m, "keel_request_stage_seconds_count", api="Produce", stage=stage) == produces, stage
+    # The wait in the socket's receive queue, from the kernel's receive
+    # timestamps: plaintext reads are stamped once the kernel has turned
+    # stamping on, right after the first connection asked.
+    assert 1 <= sample(m, "keel_request_stage_seconds_count", api="Produce", stage="socket") <= produces
     assert sample(m, "keel_request_stage_seconds_count", api="Fetch", stage="read_cache") >= 1
     assert sample(m, "keel_bytes_in_total") == segment.stat().st_size
     assert sample(m, "keel_bytes_out_total", source="read_cache") >= size_before

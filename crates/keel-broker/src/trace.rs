@@ -26,6 +26,11 @@ use parking_lot::Mutex;
 /// A step of a request's life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stage {
+    /// From the kernel's receipt of the bytes that completed the frame to
+    /// Keel reading them: waiting in the socket's receive queue for a
+    /// request thread (plaintext connections; the kernel's receive
+    /// timestamp).
+    Socket,
     /// From the frame's first bytes to its last: the client's upload.
     Receive,
     /// From the frame's last byte to its handling: waiting behind the
@@ -74,7 +79,8 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 21] = [
+    pub const ALL: [Stage; 22] = [
+        Stage::Socket,
         Stage::Receive,
         Stage::Connection,
         Stage::Decode,
@@ -101,6 +107,7 @@ impl Stage {
     /// The stage's label in metrics and in the slow-request log.
     pub fn name(self) -> &'static str {
         match self {
+            Stage::Socket => "socket",
             Stage::Receive => "receive",
             Stage::Connection => "connection",
             Stage::Decode => "decode",

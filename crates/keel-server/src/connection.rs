@@ -41,6 +41,8 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
+use crate::receive_time::StampedRead;
+
 /// A connection as its listener serves it.
 pub enum Transport {
     Plain(TcpStream),
@@ -53,18 +55,44 @@ enum Writer {
     Tls(WriteHalf<TlsStream<TcpStream>>),
 }
 
-type ReadHalf = Box<dyn AsyncRead + Unpin + Send>;
+/// The half of a connection requests are read from.
+enum Reader {
+    /// Plaintext: read with the kernel's receive timestamps, so each read
+    /// says how long its bytes waited in the socket.
+    Stamped(StampedRead),
+    /// TLS (decrypted by rustls), or bytes in a test: no timestamps.
+    Other(Box<dyn AsyncRead + Unpin + Send>),
+}
+
+impl Reader {
+    /// Reads what the socket has, at least one byte (0 at the end of the
+    /// stream), into `buf`: for a frame that still `missing` bytes, and how
+    /// long the newest of them waited in the socket, where known.
+    async fn read_some(
+        &mut self,
+        buf: &mut BytesMut,
+        missing: usize,
+    ) -> std::io::Result<(usize, Option<Duration>)> {
+        match self {
+            Reader::Stamped(read) => read.read(buf, missing.max(STAMPED_READ_BYTES)).await,
+            Reader::Other(read) => {
+                buf.reserve(missing.max(READ_BYTES));
+                Ok((read.read_buf(buf).await?, None))
+            }
+        }
+    }
+}
 
 impl Transport {
-    fn split(self) -> (ReadHalf, Writer) {
+    fn split(self) -> (Reader, Writer) {
         match self {
             Transport::Plain(stream) => {
                 let (read, write) = stream.into_split();
-                (Box::new(read), Writer::Plain(write))
+                (Reader::Stamped(StampedRead::new(read)), Writer::Plain(write))
             }
             Transport::Tls(stream) => {
                 let (read, write) = tokio::io::split(*stream);
-                (Box::new(read), Writer::Tls(write))
+                (Reader::Other(Box::new(read)), Writer::Tls(write))
             }
         }
     }
@@ -81,6 +109,11 @@ pub const PIPELINE_BYTES: usize = 1 << 20;
 
 /// Bytes asked of the socket per read, unless a frame needs more.
 const READ_BYTES: usize = 64 << 10;
+
+/// The same for a plaintext connection's reads, whose buffer is zeroed
+/// before each `recvmsg` (see [`StampedRead::read`]): smaller, so a read
+/// between small requests zeroes little.
+const STAMPED_READ_BYTES: usize = 16 << 10;
 
 /// Responses at least this large (a backfill's fetches) are written by
 /// the bulk threads, in pieces of this size: the kernel's copy of them runs
@@ -199,15 +232,24 @@ pub async fn serve(
                 }
             }
             let frame = RequestFrame::parse(arrived.body).map_err(|e| e.to_string())?;
+            // A frame read whole started waiting before Keel read it: the
+            // trace starts when the kernel had it.
+            let received = arrived
+                .socket_wait
+                .and_then(|w| arrived.complete.checked_sub(w))
+                .map_or(arrived.first_byte, |r| r.min(arrived.first_byte));
             let trace = Arc::new(RequestTrace::new(
                 frame.api_key,
                 frame.api_version,
                 frame.correlation_id,
                 peer,
-                arrived.first_byte,
+                received,
             ));
             if let Some(user) = client.principal() {
                 trace.set_user(user);
+            }
+            if let Some(waited) = arrived.socket_wait {
+                trace.add(Stage::Socket, waited);
             }
             trace.add(Stage::Receive, arrived.complete - arrived.first_byte);
             trace.add(Stage::Connection, arrived.complete.elapsed());
@@ -399,10 +441,20 @@ struct Inbox {
     buf: BytesMut,
     /// Position in the connection's byte stream of `buf[0]`.
     pos: u64,
-    /// (stream position a read ended at, when it returned), for the reads
-    /// whose bytes are still in `buf`, oldest first.
-    reads: VecDeque<(u64, Instant)>,
+    /// The reads whose bytes are still in `buf`, oldest first.
+    reads: VecDeque<ReadEnd>,
     eof: bool,
+}
+
+/// One read of the socket.
+#[derive(Debug, Clone, Copy)]
+struct ReadEnd {
+    /// The stream position the read ended at.
+    end: u64,
+    /// When it returned.
+    at: Instant,
+    /// How long its newest bytes had waited in the socket's receive queue.
+    waited: Option<Duration>,
 }
 
 /// A frame taken from the inbox.
@@ -413,6 +465,9 @@ struct Arrived {
     first_byte: Instant,
     /// When its last byte was read.
     complete: Instant,
+    /// How long the bytes of the read that completed it waited in the
+    /// socket's receive queue (plaintext connections).
+    socket_wait: Option<Duration>,
 }
 
 impl Inbox {
@@ -439,34 +494,41 @@ impl Inbox {
         inbox_api_key(&self.buf[FRAME_PREFIX_BYTES..])
     }
 
-    /// When the byte at stream position `at` (still in the buffer) was read.
-    fn arrival(&self, at: u64) -> Instant {
+    /// The read that took the byte at stream position `at` (still in the
+    /// buffer).
+    fn read_of(&self, at: u64) -> ReadEnd {
         self.reads
             .iter()
-            .find(|&&(end, _)| end > at)
-            .map_or_else(Instant::now, |&(_, when)| when)
+            .find(|r| r.end > at)
+            .copied()
+            .unwrap_or(ReadEnd {
+                end: at + 1,
+                at: Instant::now(),
+                waited: None,
+            })
     }
 
     /// Takes the first `len` bytes: a whole frame.
     fn take(&mut self, len: usize) -> Arrived {
-        let first_byte = self.arrival(self.pos);
-        let complete = self.arrival(self.pos + len as u64 - 1);
+        let first_byte = self.read_of(self.pos).at;
+        let last = self.read_of(self.pos + len as u64 - 1);
         let mut frame = self.buf.split_to(len);
         frame.advance(FRAME_PREFIX_BYTES);
         self.pos += len as u64;
-        while self.reads.front().is_some_and(|&(end, _)| end <= self.pos) {
+        while self.reads.front().is_some_and(|r| r.end <= self.pos) {
             self.reads.pop_front();
         }
         Arrived {
             body: frame.freeze(),
             first_byte,
-            complete,
+            complete: last.at,
+            socket_wait: last.waited,
         }
     }
 
     /// Reads what the socket has, at least one byte, or notes its end.
     /// Cancel-safe: nothing is read unless it returns.
-    async fn fill(&mut self, read: &mut (impl AsyncRead + Unpin)) -> std::io::Result<()> {
+    async fn fill(&mut self, read: &mut Reader) -> std::io::Result<()> {
         let missing = match self.buf.get(..FRAME_PREFIX_BYTES) {
             // The size was checked (complete_frame) before more is read.
             Some(prefix) => {
@@ -475,13 +537,15 @@ impl Inbox {
             }
             None => FRAME_PREFIX_BYTES - self.buf.len(),
         };
-        self.buf.reserve(missing.max(READ_BYTES));
-        let n = read.read_buf(&mut self.buf).await?;
+        let (n, waited) = read.read_some(&mut self.buf, missing).await?;
         if n == 0 {
             self.eof = true;
         } else {
-            let end = self.pos + self.buf.len() as u64;
-            self.reads.push_back((end, Instant::now()));
+            self.reads.push_back(ReadEnd {
+                end: self.pos + self.buf.len() as u64,
+                at: Instant::now(),
+                waited,
+            });
         }
         Ok(())
     }
@@ -599,12 +663,50 @@ mod tests {
         f
     }
 
+    /// Bytes read as a connection without receive timestamps.
+    fn bytes(b: &[u8]) -> Reader {
+        Reader::Other(Box::new(std::io::Cursor::new(b.to_vec())))
+    }
+
+    #[tokio::test]
+    async fn a_frame_that_waited_in_the_socket_says_how_long() {
+        let (mut client, read, _write) = connected().await;
+        let mut read = Reader::Stamped(StampedRead::new(read));
+        let mut inbox = Inbox::default();
+        let limit = FrameLimit {
+            max_bytes: 1 << 20,
+            raw_token: false,
+        };
+        // The kernel turns stamping on shortly after the first socket asks
+        // (a deferred static key): the first frames may come unstamped.
+        let mut stamped = None;
+        for _ in 0..50 {
+            client.write_all(&frame(0, 20)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            inbox.fill(&mut read).await.unwrap();
+            let len = inbox
+                .complete_frame(limit)
+                .unwrap()
+                .expect("one read took it whole");
+            stamped = inbox.take(len).socket_wait;
+            if stamped.is_some() {
+                break;
+            }
+        }
+        let waited = stamped.expect("a plaintext socket's reads are stamped");
+        assert!(waited >= Duration::from_millis(30), "{waited:?}");
+        // Bytes without timestamps (TLS) say nothing.
+        let mut inbox = Inbox::default();
+        inbox.fill(&mut bytes(&frame(0, 20))).await.unwrap();
+        assert_eq!(inbox.take(32).socket_wait, None);
+    }
+
     #[tokio::test]
     async fn frames_split_across_reads_keep_their_arrival_times() {
         let mut stream = frame(0, 20);
         stream.extend(frame(3, 4));
         let mut inbox = Inbox::default();
-        inbox.fill(&mut &stream[..10]).await.unwrap();
+        inbox.fill(&mut bytes(&stream[..10])).await.unwrap();
         assert_eq!(
             inbox.complete_frame(FrameLimit {
                 max_bytes: 1 << 20,
@@ -613,7 +715,7 @@ mod tests {
             Ok(None)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-        inbox.fill(&mut &stream[10..]).await.unwrap();
+        inbox.fill(&mut bytes(&stream[10..])).await.unwrap();
 
         let len = inbox
             .complete_frame(FrameLimit {
@@ -650,7 +752,7 @@ mod tests {
     #[tokio::test]
     async fn a_bad_size_is_refused_before_the_body_and_a_cut_frame_is_truncated() {
         let mut inbox = Inbox::default();
-        inbox.fill(&mut &(200i32.to_be_bytes())[..]).await.unwrap();
+        inbox.fill(&mut bytes(&(200i32.to_be_bytes())[..])).await.unwrap();
         assert!(matches!(
             inbox.complete_frame(FrameLimit {
                 max_bytes: 100,
@@ -660,13 +762,13 @@ mod tests {
         ));
 
         let mut inbox = Inbox::default();
-        inbox.fill(&mut &frame(0, 10)[..12]).await.unwrap();
-        inbox.fill(&mut &[][..]).await.unwrap();
+        inbox.fill(&mut bytes(&frame(0, 10)[..12])).await.unwrap();
+        inbox.fill(&mut bytes(&[][..])).await.unwrap();
         assert!(inbox.eof);
         assert!(inbox.closed().is_err(), "a frame cut short is a truncated frame");
 
         let mut inbox = Inbox::default();
-        inbox.fill(&mut &[0u8, 0][..]).await.unwrap();
+        inbox.fill(&mut bytes(&[0u8, 0][..])).await.unwrap();
         assert_eq!(
             inbox.closed(),
             Ok(()),
