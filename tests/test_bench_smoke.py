@@ -188,9 +188,9 @@ def test_schedwait_charges_a_live_threads_wait_to_who_held_its_cpu():
     assert "| backfill process | " in table
 
 
-def test_preempt_probe_measures_three_neighbours_and_leaves_none_running(tmp_path):
+def test_preempt_probe_measures_each_neighbour_and_leaves_none_running(tmp_path):
     """bench/preempt_probe.py: a row per neighbour of the probe (nothing, a
-    busy loop, a socket copier), and the neighbours it started are gone
+    busy loop, two, a socket copier), and the neighbours it started are gone
     when it returns (a busy loop left behind would take a CPU from every
     test after it)."""
     out = tmp_path / "probe.json"
@@ -200,7 +200,7 @@ def test_preempt_probe_measures_three_neighbours_and_leaves_none_running(tmp_pat
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert [r["beside"] for r in rows] == ["nothing", "busy", "copier"], rows
+    assert [r["beside"] for r in rows] == ["nothing", "busy", "2 busy", "copier"], rows
     assert all(0 <= r["p50_ms"] <= r["p99_ms"] <= r["max_ms"] for r in rows), rows
     left = subprocess.run(["pgrep", "-f", "preempt_probe.py --role"], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"neighbours left running: {left.stdout}"

@@ -26,12 +26,13 @@ use parking_lot::Mutex;
 /// A step of a request's life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stage {
-    /// From the kernel's receipt of the bytes that completed the frame to
-    /// Keel reading them: waiting in the socket's receive queue for a
-    /// request thread (plaintext connections; the kernel's receive
-    /// timestamp).
+    /// From the kernel's receipt of the newest bytes of the read that
+    /// completed the frame to that read: waiting in the socket's receive
+    /// queue for a request thread (plaintext connections; the kernel's
+    /// receive timestamp), counted from when the connection wanted to read.
     Socket,
-    /// From the frame's first bytes to its last: the client's upload.
+    /// From the frame's first bytes read to the arrival of its last: the
+    /// client's upload.
     Receive,
     /// From the frame's last byte to its handling: waiting behind the
     /// earlier requests of its connection, answered in order.
@@ -183,7 +184,9 @@ pub struct RequestTrace {
     pub correlation_id: i32,
     /// The client's address.
     pub peer: SocketAddr,
-    /// When the frame's first bytes had arrived.
+    /// When the request arrived: its frame's first bytes read, or earlier,
+    /// when the kernel had the whole frame before Keel read any of it (the
+    /// `socket` stage).
     pub started: Instant,
     /// Partition appends a Produce makes ([`expect_appends`]; `u32::MAX`
     /// before it says), and how many are in their partitions' queues.

@@ -65,16 +65,18 @@ enum Reader {
 }
 
 impl Reader {
-    /// Reads what the socket has, at least one byte (0 at the end of the
-    /// stream), into `buf`: for a frame that still `missing` bytes, and how
-    /// long the newest of them waited in the socket, where known.
+    /// Appends what the socket has to `buf`, at least one byte (none at
+    /// the end of the stream), when the frame being read lacks `missing`
+    /// bytes; and how long the newest of them waited in the socket since
+    /// `wanted_since` at the earliest, where known.
     async fn read_some(
         &mut self,
         buf: &mut BytesMut,
         missing: usize,
+        wanted_since: Instant,
     ) -> std::io::Result<(usize, Option<Duration>)> {
         match self {
-            Reader::Stamped(read) => read.read(buf, missing.max(STAMPED_READ_BYTES)).await,
+            Reader::Stamped(read) => read.read(buf, missing.max(READ_BYTES), wanted_since).await,
             Reader::Other(read) => {
                 buf.reserve(missing.max(READ_BYTES));
                 Ok((read.read_buf(buf).await?, None))
@@ -109,11 +111,6 @@ pub const PIPELINE_BYTES: usize = 1 << 20;
 
 /// Bytes asked of the socket per read, unless a frame needs more.
 const READ_BYTES: usize = 64 << 10;
-
-/// The same for a plaintext connection's reads, whose buffer is zeroed
-/// before each `recvmsg` (see [`StampedRead::read`]): smaller, so a read
-/// between small requests zeroes little.
-const STAMPED_READ_BYTES: usize = 16 << 10;
 
 /// Responses at least this large (a backfill's fetches) are written by
 /// the bulk threads, in pieces of this size: the kernel's copy of them runs
@@ -153,6 +150,8 @@ pub async fn serve(
     let mut flight: VecDeque<InFlight> = VecDeque::new();
     // Until when a quota's throttle time mutes the connection.
     let mut muted_until: Option<Instant> = None;
+    // Since when the connection has wanted more bytes, without a pause.
+    let mut wanted_since: Option<Instant> = None;
     loop {
         // Responses that are ready, in request order.
         while let Some(reply) = flight.front_mut().and_then(|f| f.done.take()) {
@@ -232,12 +231,14 @@ pub async fn serve(
                 }
             }
             let frame = RequestFrame::parse(arrived.body).map_err(|e| e.to_string())?;
-            // A frame read whole started waiting before Keel read it: the
-            // trace starts when the kernel had it.
-            let received = arrived
+            // When the kernel had the bytes that completed the frame: a
+            // frame read whole was at the broker before Keel read it, and
+            // its trace starts then; the upload ends then.
+            let last_received = arrived
                 .socket_wait
                 .and_then(|w| arrived.complete.checked_sub(w))
-                .map_or(arrived.first_byte, |r| r.min(arrived.first_byte));
+                .unwrap_or(arrived.complete);
+            let received = last_received.min(arrived.first_byte);
             let trace = Arc::new(RequestTrace::new(
                 frame.api_key,
                 frame.api_version,
@@ -251,7 +252,10 @@ pub async fn serve(
             if let Some(waited) = arrived.socket_wait {
                 trace.add(Stage::Socket, waited);
             }
-            trace.add(Stage::Receive, arrived.complete - arrived.first_byte);
+            trace.add(
+                Stage::Receive,
+                last_received.saturating_duration_since(arrived.first_byte),
+            );
             trace.add(Stage::Connection, arrived.complete.elapsed());
             let mut reply: Pin<Box<dyn Future<Output = Reply> + Send + '_>> =
                 Box::pin(trace::scope(Arc::clone(&trace), broker.handle(frame, client)));
@@ -276,6 +280,12 @@ pub async fn serve(
         let read_more = muted_until.is_none()
             && !inbox.eof
             && inbox.complete_frame(frame_limit(client, limits)) == Ok(None);
+        // Bytes that wait in the socket while a quota mutes the connection
+        // or a whole frame waits its turn are not a request thread's delay:
+        // the socket stage counts from when reading resumed.
+        if !read_more {
+            wanted_since = None;
+        }
         let working = flight.iter().any(|f| f.done.is_none());
         let idle = if flight.is_empty() && inbox.buf.is_empty() && muted_until.is_none() {
             limits.idle
@@ -286,7 +296,7 @@ pub async fn serve(
             biased;
             () = progress(&mut flight), if working => {}
             () = sleep_or_never(muted_until.map(|m| m.saturating_duration_since(Instant::now()))), if muted_until.is_some() => {}
-            got = inbox.fill(&mut read), if read_more => got.map_err(|e| e.to_string())?,
+            got = inbox.fill(&mut read, *wanted_since.get_or_insert_with(Instant::now)), if read_more => got.map_err(|e| e.to_string())?,
             () = sleep_or_never(idle) => return Err("idle past connections.max.idle.ms".into()),
         }
     }
@@ -528,7 +538,9 @@ impl Inbox {
 
     /// Reads what the socket has, at least one byte, or notes its end.
     /// Cancel-safe: nothing is read unless it returns.
-    async fn fill(&mut self, read: &mut Reader) -> std::io::Result<()> {
+    /// The socket stage counts from `wanted_since` at the earliest: when
+    /// the connection last began wanting to read.
+    async fn fill(&mut self, read: &mut Reader, wanted_since: Instant) -> std::io::Result<()> {
         let missing = match self.buf.get(..FRAME_PREFIX_BYTES) {
             // The size was checked (complete_frame) before more is read.
             Some(prefix) => {
@@ -537,7 +549,7 @@ impl Inbox {
             }
             None => FRAME_PREFIX_BYTES - self.buf.len(),
         };
-        let (n, waited) = read.read_some(&mut self.buf, missing).await?;
+        let (n, waited) = read.read_some(&mut self.buf, missing, wanted_since).await?;
         if n == 0 {
             self.eof = true;
         } else {
@@ -670,34 +682,29 @@ mod tests {
 
     #[tokio::test]
     async fn a_frame_that_waited_in_the_socket_says_how_long() {
-        let (mut client, read, _write) = connected().await;
-        let mut read = Reader::Stamped(StampedRead::new(read));
-        let mut inbox = Inbox::default();
+        let (mut client, read) = crate::receive_time::tests::connected().await;
+        let mut read = Reader::Stamped(read);
         let limit = FrameLimit {
             max_bytes: 1 << 20,
             raw_token: false,
         };
-        // The kernel turns stamping on shortly after the first socket asks
-        // (a deferred static key): the first frames may come unstamped.
-        let mut stamped = None;
-        for _ in 0..50 {
-            client.write_all(&frame(0, 20)).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            inbox.fill(&mut read).await.unwrap();
-            let len = inbox
-                .complete_frame(limit)
-                .unwrap()
-                .expect("one read took it whole");
-            stamped = inbox.take(len).socket_wait;
-            if stamped.is_some() {
-                break;
-            }
-        }
-        let waited = stamped.expect("a plaintext socket's reads are stamped");
+        let long_ago = Instant::now() - Duration::from_secs(1);
+        client.write_all(&frame(0, 20)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let mut inbox = Inbox::default();
+        inbox.fill(&mut read, long_ago).await.unwrap();
+        let len = inbox
+            .complete_frame(limit)
+            .unwrap()
+            .expect("one read took it whole");
+        let arrived = inbox.take(len);
+        let waited = arrived
+            .socket_wait
+            .expect("a plaintext socket's reads are stamped");
         assert!(waited >= Duration::from_millis(30), "{waited:?}");
         // Bytes without timestamps (TLS) say nothing.
         let mut inbox = Inbox::default();
-        inbox.fill(&mut bytes(&frame(0, 20))).await.unwrap();
+        inbox.fill(&mut bytes(&frame(0, 20)), long_ago).await.unwrap();
         assert_eq!(inbox.take(32).socket_wait, None);
     }
 
@@ -706,7 +713,10 @@ mod tests {
         let mut stream = frame(0, 20);
         stream.extend(frame(3, 4));
         let mut inbox = Inbox::default();
-        inbox.fill(&mut bytes(&stream[..10])).await.unwrap();
+        inbox
+            .fill(&mut bytes(&stream[..10]), Instant::now())
+            .await
+            .unwrap();
         assert_eq!(
             inbox.complete_frame(FrameLimit {
                 max_bytes: 1 << 20,
@@ -715,7 +725,10 @@ mod tests {
             Ok(None)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-        inbox.fill(&mut bytes(&stream[10..])).await.unwrap();
+        inbox
+            .fill(&mut bytes(&stream[10..]), Instant::now())
+            .await
+            .unwrap();
 
         let len = inbox
             .complete_frame(FrameLimit {
@@ -752,7 +765,10 @@ mod tests {
     #[tokio::test]
     async fn a_bad_size_is_refused_before_the_body_and_a_cut_frame_is_truncated() {
         let mut inbox = Inbox::default();
-        inbox.fill(&mut bytes(&(200i32.to_be_bytes())[..])).await.unwrap();
+        inbox
+            .fill(&mut bytes(&(200i32.to_be_bytes())[..]), Instant::now())
+            .await
+            .unwrap();
         assert!(matches!(
             inbox.complete_frame(FrameLimit {
                 max_bytes: 100,
@@ -762,13 +778,19 @@ mod tests {
         ));
 
         let mut inbox = Inbox::default();
-        inbox.fill(&mut bytes(&frame(0, 10)[..12])).await.unwrap();
-        inbox.fill(&mut bytes(&[][..])).await.unwrap();
+        inbox
+            .fill(&mut bytes(&frame(0, 10)[..12]), Instant::now())
+            .await
+            .unwrap();
+        inbox.fill(&mut bytes(&[][..]), Instant::now()).await.unwrap();
         assert!(inbox.eof);
         assert!(inbox.closed().is_err(), "a frame cut short is a truncated frame");
 
         let mut inbox = Inbox::default();
-        inbox.fill(&mut bytes(&[0u8, 0][..])).await.unwrap();
+        inbox
+            .fill(&mut bytes(&[0u8, 0][..]), Instant::now())
+            .await
+            .unwrap();
         assert_eq!(
             inbox.closed(),
             Ok(()),

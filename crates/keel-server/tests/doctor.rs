@@ -360,7 +360,12 @@ fn the_preemption_model_of_a_dynamic_kernel_without_debugfs() {
     let root = host("v2", &[]);
     std::fs::remove_file(root.path().join("sys/kernel/debug/sched/preempt")).unwrap();
     let cmdline = root.path().join("proc/cmdline");
-    std::fs::write(&cmdline, "BOOT_IMAGE=/boot/vmlinuz ro preempt=full quiet\n").unwrap();
+    // The kernel applies the last preempt=.
+    std::fs::write(
+        &cmdline,
+        "BOOT_IMAGE=/boot/vmlinuz ro preempt=none preempt=full quiet\n",
+    )
+    .unwrap();
     let report = doctor(root.path(), &[]);
     assert_eq!(
         one(&report, "kernel", "preemption", None)["found"],

@@ -282,8 +282,8 @@ enum Exchange {
         mechanism: &'static str,
         /// After a v0 handshake the tokens are bare frames.
         raw: bool,
-        /// Tokens the mechanism has taken so far.
-        taken: u32,
+        /// Whether the next token is the exchange's first.
+        first: bool,
     },
     /// Authenticated; a new handshake begins a re-authentication.
     Done,
@@ -386,7 +386,7 @@ impl Authenticator {
                     session: Box::new(session),
                     mechanism: chosen,
                     raw: version == 0,
-                    taken: 0,
+                    first: true,
                 };
                 answer(None, Next::Continue)
             }
@@ -404,7 +404,7 @@ impl Authenticator {
             session,
             mechanism,
             raw: expects_raw,
-            taken,
+            first,
         } = &mut self.exchange
         else {
             // After authentication Kafka answers it and goes on; before a
@@ -449,12 +449,12 @@ impl Authenticator {
         // shape first: a hostile token fails its exchange before the
         // parser sees it.
         if mechanism.starts_with("SCRAM-") {
-            if let Err(why) = scram_shape(token, *taken == 0) {
+            if let Err(why) = scram_shape(token, *first) {
                 self.exchange = Exchange::Handshake;
                 return failed(&format!("{mechanism}: malformed message: {why}"));
             }
         }
-        *taken += 1;
+        *first = false;
         let mut out = Vec::new();
         // Should the parser still panic on a message of the right shape,
         // the exchange fails and the connection's task goes on.

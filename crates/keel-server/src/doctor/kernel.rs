@@ -256,8 +256,10 @@ fn preemption_model(host: &Host) -> Option<(String, String)> {
     }
     if built("PREEMPT_DYNAMIC") {
         let cmdline = host.read("/proc/cmdline").unwrap_or_default();
+        // The kernel applies the last one.
         if let Some(model) = cmdline
             .split_whitespace()
+            .rev()
             .find_map(|w| w.strip_prefix("preempt="))
         {
             return Some((model.into(), "preempt= on the kernel command line".into()));
@@ -341,10 +343,8 @@ fn preemption_finding(host: &Host) -> Finding {
             "kernel preemption model none ({source}): a thread inside a system call keeps its CPU \
              until the call returns, whatever waits. Keel's own bulk threads write at most 256 KiB \
              a call, but a consumer or other process on the broker's CPUs that copies megabytes \
-             per read delays the request threads that wake beside it: measured with \
-             bench/preempt_probe.py on a 2-vCPU host, a thread waking every 1 ms waited 0.7 ms at \
-             the median and 1.8 ms at p99 beside a process copying 16 MiB through a socket, \
-             against 0.1 ms at p99 beside a busy loop"
+             per read delays the request threads that wake beside it by milliseconds \
+             (docs/doctor.md, check `preemption`, has the measurement)"
         ),
     )
     .fix(
