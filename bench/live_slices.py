@@ -16,7 +16,9 @@ usage: bench/live_slices.py [--slice-us 100]
 import argparse
 import ctypes
 import os
+import platform
 import struct
+import sys
 import time
 
 NOT_LIVE = ("keel-bulk", "keel-cleaner", "keel-delete")
@@ -31,8 +33,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slice-us", type=int, default=100)
     args = ap.parse_args()
+    if platform.machine() != "x86_64":
+        sys.exit("live_slices.py calls sched_setattr by its x86_64 number (314)")
     libc = ctypes.CDLL(None, use_errno=True)
     done: set[str] = set()
+    failed: set[str] = set()
     while True:
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -48,8 +53,14 @@ def main() -> None:
                     comm = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
                 except OSError:
                     continue
-                if comm.startswith("keel") and comm not in NOT_LIVE and set_slice(libc, int(tid), args.slice_us * 1000):
+                if not comm.startswith("keel") or comm in NOT_LIVE:
+                    continue
+                if set_slice(libc, int(tid), args.slice_us * 1000):
                     done.add(tid)
+                    print(f"live_slices: {comm} {tid}: {args.slice_us} us", flush=True)
+                elif tid not in failed:
+                    failed.add(tid)
+                    print(f"live_slices: {comm} {tid}: sched_setattr failed, errno {ctypes.get_errno()}", flush=True)
         time.sleep(0.3)
 
 

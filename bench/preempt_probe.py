@@ -8,8 +8,8 @@ is, on one CPU shared with, in turn:
 * a busy loop (user space: preempted at once by the waking probe);
 * two busy loops (as many competitors as the copier has);
 * a socket copier: two processes passing 16 MiB writes and reads through a
-  Unix socket pair with 8 MiB buffers asked for (the kernel caps them at
-  net.core.wmem_max / rmem_max; the table says what it gave), so each call
+  Unix socket pair with an 8 MiB send buffer asked for (the kernel caps it
+  at net.core.wmem_max; the header line says what it gave), so each call
   copies up to that much inside the kernel, as a consumer reading large
   fetch responses does.
 
@@ -136,8 +136,9 @@ def main() -> int:
         rows.append({"beside": beside, "p50_ms": percentile(late, 0.5), "p90_ms": percentile(late, 0.9),
                      "p99_ms": percentile(late, 0.99), "max_ms": late[-1]})
     a, b = copier_pair()
-    buffers = (f"copier buffers: send {a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >> 10} KiB, "
-               f"receive {b.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >> 10} KiB")
+    # A Unix stream socket's send buffer bounds what is in flight; its
+    # receive buffer size is not used.
+    buffers = f"copier send buffer {a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >> 10} KiB"
     a.close()
     b.close()
     print(f"wake-up delay of a 1 ms sleeper on CPU {args.cpu}, {args.wakeups} wake-ups each; "

@@ -150,8 +150,7 @@ pub async fn serve(
     let mut flight: VecDeque<InFlight> = VecDeque::new();
     // Until when a quota's throttle time mutes the connection.
     let mut muted_until: Option<Instant> = None;
-    // Since when the connection has wanted more bytes, without a pause.
-    let mut wanted_since: Option<Instant> = None;
+    let mut wanting = Wanting::default();
     loop {
         // Responses that are ready, in request order.
         while let Some(reply) = flight.front_mut().and_then(|f| f.done.take()) {
@@ -163,6 +162,7 @@ pub async fn serve(
                         .await
                         .map_err(|e| e.to_string())?;
                     done.trace.add(Stage::Send, sending.elapsed());
+                    wanting.pause();
                 }
                 Reply::Nothing => {}
                 Reply::Close(reason) => {
@@ -280,12 +280,8 @@ pub async fn serve(
         let read_more = muted_until.is_none()
             && !inbox.eof
             && inbox.complete_frame(frame_limit(client, limits)) == Ok(None);
-        // Bytes that wait in the socket while a quota mutes the connection
-        // or a whole frame waits its turn are not a request thread's delay:
-        // the socket stage counts from when reading resumed.
-        if !read_more {
-            wanted_since = None;
-        }
+        // Worked out here: select! evaluates a disabled branch's future too.
+        let wanted_since = wanting.update(read_more, Instant::now());
         let working = flight.iter().any(|f| f.done.is_none());
         let idle = if flight.is_empty() && inbox.buf.is_empty() && muted_until.is_none() {
             limits.idle
@@ -296,9 +292,35 @@ pub async fn serve(
             biased;
             () = progress(&mut flight), if working => {}
             () = sleep_or_never(muted_until.map(|m| m.saturating_duration_since(Instant::now()))), if muted_until.is_some() => {}
-            got = inbox.fill(&mut read, *wanted_since.get_or_insert_with(Instant::now)), if read_more => got.map_err(|e| e.to_string())?,
+            got = inbox.fill(&mut read, wanted_since), if read_more => got.map_err(|e| e.to_string())?,
             () = sleep_or_never(idle) => return Err("idle past connections.max.idle.ms".into()),
         }
+    }
+}
+
+/// Since when a connection has wanted more bytes without a pause: the
+/// earliest its reads' socket waits count from. Bytes that wait in the
+/// socket while a quota mutes the connection, a whole frame waits its turn
+/// or the connection writes a response are not a request thread's delay.
+#[derive(Debug, Default)]
+struct Wanting(Option<Instant>);
+
+impl Wanting {
+    /// The floor for a read at `now` when the connection `reads`; a pass
+    /// that does not read closes the window.
+    fn update(&mut self, reads: bool, now: Instant) -> Instant {
+        if reads {
+            *self.0.get_or_insert(now)
+        } else {
+            self.0 = None;
+            now
+        }
+    }
+
+    /// The connection did something else (wrote a response): a read after
+    /// it counts from then.
+    fn pause(&mut self) {
+        self.0 = None;
     }
 }
 
@@ -796,6 +818,26 @@ mod tests {
             Ok(()),
             "a connection may close inside a size prefix"
         );
+    }
+
+    #[test]
+    fn the_socket_wait_counts_from_when_reading_resumed() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut wanting = Wanting::default();
+        assert_eq!(wanting.update(true, at(0)), at(0));
+        assert_eq!(wanting.update(true, at(5)), at(0), "still reading since 0");
+        // Muted, or a whole frame waiting its turn: the window closes.
+        assert_eq!(wanting.update(false, at(10)), at(10));
+        assert_eq!(wanting.update(false, at(500)), at(500));
+        assert_eq!(
+            wanting.update(true, at(510)),
+            at(510),
+            "not from before the pause"
+        );
+        assert_eq!(wanting.update(true, at(520)), at(510));
+        wanting.pause();
+        assert_eq!(wanting.update(true, at(530)), at(530), "not from before the send");
     }
 
     /// A client socket and the server side's halves, over loopback.

@@ -9,10 +9,11 @@
 //! request thread not yet scheduled, or busy with other connections). TLS
 //! connections read through rustls and are not timed this way.
 //!
-//! The timestamps are wall-clock time, which can step; a wait is therefore
-//! bounded with the monotonic clock: the data cannot have waited since
-//! before the queue was last found empty, nor since before the caller
-//! began wanting to read.
+//! The timestamps are wall-clock time, which can step. A wait is bounded
+//! with the monotonic clock (the data cannot have waited since before the
+//! queue was last found empty, nor since before the caller began wanting
+//! to read), and a read after the wall clock moved differently from the
+//! monotonic one since the queue was last empty reports no wait.
 
 use std::cell::RefCell;
 use std::io;
@@ -45,8 +46,10 @@ pub struct StampedRead {
     /// Room for one `SCM_TIMESTAMPNS` control message.
     control: Vec<u8>,
     /// When a read last left the receive queue empty (it returned less
-    /// than it asked for), or when the connection was taken.
+    /// than it asked for), or when the connection was taken; on both
+    /// clocks.
     drained_at: Instant,
+    drained_wall: SystemTime,
 }
 
 impl StampedRead {
@@ -59,6 +62,7 @@ impl StampedRead {
             stamped,
             control: nix::cmsg_space!(TimeSpec),
             drained_at: Instant::now(),
+            drained_wall: SystemTime::now(),
         }
     }
 
@@ -88,14 +92,14 @@ impl StampedRead {
             });
             match got {
                 Ok((n, received)) => {
-                    let now = Instant::now();
+                    let (now, wall) = (Instant::now(), SystemTime::now());
                     let floor = self.drained_at.max(wanted_since);
                     let waited = received
-                        .filter(|_| self.stamped && n > 0)
-                        .and_then(|ts| SystemTime::now().duration_since(ts).ok())
+                        .filter(|_| self.stamped && n > 0 && self.clocks_agree(now, wall))
+                        .and_then(|ts| wall.duration_since(ts).ok())
                         .map(|w| w.min(now.saturating_duration_since(floor)));
                     if n < want {
-                        self.drained_at = now;
+                        (self.drained_at, self.drained_wall) = (now, wall);
                     }
                     return Ok((n, waited));
                 }
@@ -103,6 +107,19 @@ impl StampedRead {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+impl StampedRead {
+    /// Whether the wall clock moved as the monotonic one did since the
+    /// queue was last empty (within 1 ms and 0.1 %): the bytes read now
+    /// arrived since then, so their stamps are comparable with `wall`.
+    fn clocks_agree(&self, now: Instant, wall: SystemTime) -> bool {
+        let mono = now.saturating_duration_since(self.drained_at);
+        let Ok(walled) = wall.duration_since(self.drained_wall) else {
+            return false;
+        };
+        mono.abs_diff(walled) <= Duration::from_millis(1) + mono / 1000
     }
 }
 
@@ -139,7 +156,8 @@ pub(crate) mod tests {
     /// receive stamping on (a static key) shortly after the first socket
     /// asks, so a fresh process's first reads may not be.
     pub(crate) async fn until_stamped(client: &mut TcpStream, read: &mut StampedRead) {
-        for _ in 0..100 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
             client.write_all(b"w").await.unwrap();
             tokio::time::sleep(Duration::from_millis(2)).await;
             let mut buf = BytesMut::new();
@@ -199,7 +217,10 @@ pub(crate) mod tests {
 
         // A frame announced as 100 MB takes at most MAX_READ_BYTES a read,
         // and the buffer grows by what was read, not by what was announced.
-        client.write_all(&vec![7; MAX_READ_BYTES + 1000]).await.unwrap();
+        let writing = tokio::spawn(async move {
+            client.write_all(&vec![7; MAX_READ_BYTES + 1000]).await.unwrap();
+            client
+        });
         tokio::time::sleep(Duration::from_millis(10)).await;
         let mut buf = BytesMut::new();
         let (n, _) = read.read(&mut buf, 100 << 20, long_ago).await.unwrap();
@@ -209,11 +230,29 @@ pub(crate) mod tests {
             read.read(&mut buf, 100 << 20, long_ago).await.unwrap();
         }
         assert!(buf.iter().all(|b| *b == 7));
+        drop(writing.await.unwrap());
 
         // The end of the stream: 0 bytes, no wait.
-        drop(client);
         let mut buf = BytesMut::new();
         assert_eq!(read.read(&mut buf, 64, long_ago).await.unwrap(), (0, None));
         assert!(buf.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_wall_clock_step_since_the_queue_was_empty_reports_no_wait() {
+        let (_client, read) = connected().await;
+        let (now, wall) = (read.drained_at, read.drained_wall);
+        assert!(read.clocks_agree(now, wall));
+        let later = now + Duration::from_secs(10);
+        assert!(read.clocks_agree(later, wall + Duration::from_secs(10)));
+        assert!(
+            read.clocks_agree(later, wall + Duration::from_millis(10_010)),
+            "0.1 % drift"
+        );
+        assert!(
+            !read.clocks_agree(later, wall + Duration::from_secs(70)),
+            "stepped forward"
+        );
+        assert!(!read.clocks_agree(later, wall), "stepped back");
     }
 }

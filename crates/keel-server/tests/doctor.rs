@@ -363,7 +363,7 @@ fn the_preemption_model_of_a_dynamic_kernel_without_debugfs() {
     // The kernel applies the last preempt=.
     std::fs::write(
         &cmdline,
-        "BOOT_IMAGE=/boot/vmlinuz ro preempt=none preempt=full quiet\n",
+        "BOOT_IMAGE=/boot/vmlinuz ro preempt=none preempt=full quiet -- preempt=lazy\n",
     )
     .unwrap();
     let report = doctor(root.path(), &[]);

@@ -256,9 +256,12 @@ fn preemption_model(host: &Host) -> Option<(String, String)> {
     }
     if built("PREEMPT_DYNAMIC") {
         let cmdline = host.read("/proc/cmdline").unwrap_or_default();
-        // The kernel applies the last one.
+        // The kernel applies the last one; what follows `--` is init's.
         if let Some(model) = cmdline
             .split_whitespace()
+            .take_while(|w| *w != "--")
+            .collect::<Vec<_>>()
+            .into_iter()
             .rev()
             .find_map(|w| w.strip_prefix("preempt="))
         {
