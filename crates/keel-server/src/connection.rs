@@ -684,7 +684,7 @@ fn write_for_a_while(half: &OwnedWriteHalf, data: &[u8], hold: Duration) -> std:
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn frame(api_key: i16, body_len: usize) -> Vec<u8> {
@@ -841,7 +841,7 @@ mod tests {
     }
 
     /// A client socket and the server side's halves, over loopback.
-    async fn connected() -> (TcpStream, tokio::net::tcp::OwnedReadHalf, OwnedWriteHalf) {
+    pub(crate) async fn connected() -> (TcpStream, tokio::net::tcp::OwnedReadHalf, OwnedWriteHalf) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();

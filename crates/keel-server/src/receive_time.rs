@@ -108,9 +108,7 @@ impl StampedRead {
             }
         }
     }
-}
 
-impl StampedRead {
     /// Whether the wall clock moved as the monotonic one did since the
     /// queue was last empty (within 1 ms and 0.1 %): the bytes read now
     /// arrived since then, so their stamps are comparable with `wall`.
@@ -150,7 +148,7 @@ fn system_time(ts: TimeSpec) -> Option<SystemTime> {
 pub(crate) mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
-    use tokio::net::{TcpListener, TcpStream};
+    use tokio::net::TcpStream;
 
     /// Writes and reads a byte until a read is stamped: the kernel turns
     /// receive stamping on (a static key) shortly after the first socket
@@ -171,11 +169,8 @@ pub(crate) mod tests {
     }
 
     pub(crate) async fn connected() -> (TcpStream, StampedRead) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
         // Dropping the write half shuts down only the server's sending side.
-        let (read, _) = server.into_split();
+        let (mut client, read, _) = crate::connection::tests::connected().await;
         let mut read = StampedRead::new(read);
         assert!(read.stamped, "Linux takes SO_TIMESTAMPNS on a TCP socket");
         until_stamped(&mut client, &mut read).await;

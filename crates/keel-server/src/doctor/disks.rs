@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use keel_broker::BrokerConfig;
 
-use super::host::{human, Host};
+use super::host::{human, selected, Host};
 use super::mounts::{lexical_absolute, mount_of, Mount};
 use super::{Finding, Severity};
 
@@ -316,13 +316,6 @@ fn superblock_compat(host: &Host, dev: &str) -> std::io::Result<u32> {
     Ok(u32::from_le_bytes([sb[0x5C], sb[0x5D], sb[0x5E], sb[0x5F]]))
 }
 
-/// The bracketed choice of a `[a] b c` sysfs file.
-fn selected(text: &str) -> Option<&str> {
-    let start = text.find('[')? + 1;
-    let end = start + text[start..].find(']')?;
-    Some(&text[start..end])
-}
-
 fn scheduler_finding(host: &Host, mount: &Mount) -> Finding {
     let f = |sev, text: String| Finding::new(sev, AREA, "scheduler", text);
     if mount.major == 0 {
@@ -362,7 +355,7 @@ fn scheduler_finding(host: &Host, mount: &Mount) -> Finding {
             format!("{name} has no queue/scheduler (stacked or virtual device)"),
         );
     };
-    let scheduler = selected(&text).unwrap_or(text.trim()).to_string();
+    let scheduler = selected(&text, '[', ']').unwrap_or(text.trim()).to_string();
     let rotational = std::fs::read_to_string(disk.join("queue/rotational"))
         .map(|r| r.trim() == "1")
         .unwrap_or(false);

@@ -80,6 +80,15 @@ pub fn parse_counters(text: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// The marked choice of a sysfs or debugfs file that lists the choices and
+/// marks the one in effect: `[mq-deadline] none` (`open` `[`), or
+/// `none voluntary (full) lazy` (`open` `(`).
+pub fn selected(text: &str, open: char, close: char) -> Option<&str> {
+    let start = text.find(open)? + open.len_utf8();
+    let end = start + text[start..].find(close)?;
+    Some(&text[start..end])
+}
+
 /// Bytes as `1.5 GiB`.
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];

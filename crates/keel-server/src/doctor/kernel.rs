@@ -5,7 +5,7 @@
 
 use std::io::Read;
 
-use super::host::{human, Host};
+use super::host::{human, selected, Host};
 use super::memory::Cgroup;
 use super::{Finding, Severity};
 
@@ -169,13 +169,6 @@ fn swappiness_finding(host: &Host) -> Option<Finding> {
     })
 }
 
-/// The bracketed choice of a `[a] b c` sysfs file.
-fn selected(text: &str) -> Option<&str> {
-    let start = text.find('[')? + 1;
-    let end = start + text[start..].find(']')?;
-    Some(&text[start..end])
-}
-
 fn thp_findings(host: &Host) -> Vec<Finding> {
     let dir = "/sys/kernel/mm/transparent_hugepage";
     let read = |f: &str| host.read(format!("{dir}/{f}")).ok();
@@ -188,7 +181,7 @@ fn thp_findings(host: &Host) -> Vec<Finding> {
         )];
     };
     let mut out = Vec::new();
-    match selected(&enabled) {
+    match selected(&enabled, '[', ']') {
         Some("always") => out.push(
             Finding::new(
                 Severity::Warn,
@@ -211,7 +204,7 @@ fn thp_findings(host: &Host) -> Vec<Finding> {
         )),
         None => {}
     }
-    match selected(&defrag) {
+    match selected(&defrag, '[', ']') {
         Some("always") => out.push(
             Finding::new(
                 Severity::Warn,
@@ -245,7 +238,7 @@ fn preemption_model(host: &Host) -> Option<(String, String)> {
     if let Some(model) = host
         .read(debugfs)
         .ok()
-        .and_then(|t| parenthesized(&t).map(String::from))
+        .and_then(|t| selected(&t, '(', ')').map(String::from))
     {
         return Some((model, debugfs.into()));
     }
@@ -260,10 +253,8 @@ fn preemption_model(host: &Host) -> Option<(String, String)> {
         if let Some(model) = cmdline
             .split_whitespace()
             .take_while(|w| *w != "--")
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .find_map(|w| w.strip_prefix("preempt="))
+            .filter_map(|w| w.strip_prefix("preempt="))
+            .last()
         {
             return Some((model.into(), "preempt= on the kernel command line".into()));
         }
@@ -310,13 +301,6 @@ fn build_config_model(host: &Host) -> Option<(&'static str, String)> {
     .find(|(key, _)| set(key))?
     .1;
     Some((model, file))
-}
-
-/// The parenthesised choice of a `none voluntary (full) lazy` file.
-fn parenthesized(text: &str) -> Option<&str> {
-    let start = text.find('(')? + 1;
-    let end = start + text[start..].find(')')?;
-    Some(&text[start..end])
 }
 
 fn preemption_finding(host: &Host) -> Finding {
