@@ -151,6 +151,20 @@ pub fn log_config(segment_bytes: u64) -> LogConfig {
     }
 }
 
+/// When a write to a coordinator log is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Once it is in the segment file: it survives a crash of the process
+    /// but not a power cut that comes before the log's next fsync (a roll,
+    /// a snapshot, a clean close), as Kafka's `__consumer_offsets` and
+    /// `__transaction_state` with Kafka's flush defaults.
+    Written,
+    /// Once it is fsynced: it survives a power cut, as a change to Kafka's
+    /// metadata log (ACLs, SCRAM credentials, quotas) does. Writes queued
+    /// together share one fsync.
+    Synced,
+}
+
 /// A coordinator's log: records of `T`, applied to a `T` in memory.
 pub struct MetaLog<T: Table> {
     commands: Mutex<Option<mpsc::Sender<Command<T::Record>>>>,
@@ -166,8 +180,19 @@ const FLUSH_CHECK: Duration = Duration::from_millis(100);
 
 impl<T: Table> MetaLog<T> {
     /// [`MetaLog::open_with`] on the real filesystem.
-    pub fn open(dir: &Path, log_config: LogConfig, snapshot_bytes: u64) -> Result<MetaLog<T>, String> {
-        MetaLog::open_with(keel_log::DiskStorage::shared(), dir, log_config, snapshot_bytes)
+    pub fn open(
+        dir: &Path,
+        log_config: LogConfig,
+        snapshot_bytes: u64,
+        durability: Durability,
+    ) -> Result<MetaLog<T>, String> {
+        MetaLog::open_with(
+            keel_log::DiskStorage::shared(),
+            dir,
+            log_config,
+            snapshot_bytes,
+            durability,
+        )
     }
 
     /// Loads the newest snapshot, replays the log after it and starts the
@@ -177,6 +202,7 @@ impl<T: Table> MetaLog<T> {
         dir: &Path,
         log_config: LogConfig,
         snapshot_bytes: u64,
+        durability: Durability,
     ) -> Result<MetaLog<T>, String> {
         let snapshots = dir.join("snapshots");
         let created = storage
@@ -211,6 +237,7 @@ impl<T: Table> MetaLog<T> {
             table: Arc::clone(&table),
             bytes_since_snapshot: 0,
             snapshot_bytes,
+            durability,
         };
         let handle = std::thread::Builder::new()
             .name(format!("keel-{}", T::NAME))
@@ -298,6 +325,7 @@ struct Writer<T: Table> {
     table: Arc<Mutex<T>>,
     bytes_since_snapshot: u64,
     snapshot_bytes: u64,
+    durability: Durability,
 }
 
 impl<T: Table> Writer<T> {
@@ -363,6 +391,9 @@ impl<T: Table> Writer<T> {
             // append they followed.
             self.log.complete_seals().map_err(|e| StoreError(e.to_string()))?;
         }
+        if self.durability == Durability::Synced {
+            self.log.flush().map_err(|e| StoreError(e.to_string()))?;
+        }
         Ok(())
     }
 
@@ -376,7 +407,14 @@ impl<T: Table> Writer<T> {
 
     /// Writes the whole table as of the log end offset to a snapshot file,
     /// then drops the log below that offset.
+    ///
+    /// The log is fsynced first: a power cut must never leave a snapshot
+    /// at offset S with the log ending below S, or the records written
+    /// after the restart would get offsets the snapshot already covers,
+    /// and the next start (loading the snapshot, replaying from S) would
+    /// skip them.
     fn snapshot(&mut self) -> io::Result<()> {
+        self.log.flush()?;
         let offset = self.log.log_end_offset();
         // This thread is the only writer: the table cannot change while
         // the snapshot is written. Open transactions stay transactional,
@@ -591,7 +629,11 @@ pub(crate) fn encode_batch<'a, T: Table>(
                 producer_epoch,
                 timestamp_type: TimestampType::Creation,
                 offset: i as i64,
-                sequence: -1,
+                // The encoder starts a new batch wherever offset minus
+                // sequence changes: counting up from the batch's base
+                // sequence, -1 (none), keeps the records in one batch, so
+                // a write is all there after a crash or not at all.
+                sequence: i as i32 - 1,
                 timestamp: now_ms,
                 key: Some(key),
                 value,

@@ -479,7 +479,18 @@ impl Partition {
                     self.tail
                         .insert(cached_batches(Bytes::from(buf), &headers, first_offset));
                     if info.rolled {
-                        log.queue_producer_snapshot(log.log_end_offset(), producers.encode_snapshot());
+                        // The state at the new segment's base offset (the
+                        // group rolled before its first batch), as Kafka
+                        // snapshots at each roll: start-up replays the whole
+                        // active segment, so the aborted-transaction entries
+                        // of its markers (held in memory until its seal) are
+                        // rebuilt after a crash.
+                        assert_eq!(
+                            info.segment_base_offset, first_offset,
+                            "a roll precedes the group"
+                        );
+                        let before = producers.before(&undo);
+                        log.queue_producer_snapshot(first_offset, before.encode_snapshot());
                     }
                     let indexed = aborted.iter().try_for_each(|txn| log.add_aborted_txn(*txn));
                     if let Err(e) = indexed {
@@ -981,8 +992,8 @@ impl Partition {
         Ok(self.available_reader()?.timestamp_plan(timestamp_ms))
     }
 
-    /// Writes a producer snapshot, flushes the log, writes its
-    /// clean-shutdown marker and refuses every later append. Blocking.
+    /// Flushes the log, writes a producer snapshot and its clean-shutdown
+    /// marker, and refuses every later append. Blocking.
     pub fn close(&self) -> std::io::Result<()> {
         let mut st = self.writer.lock();
         st.closed.get_or_insert(Closed::Shutdown);
@@ -991,8 +1002,7 @@ impl Partition {
         if log.failure().is_some() {
             return Ok(()); // An untrusted log is recovered at the next start.
         }
-        log.write_producer_snapshot(log.log_end_offset(), &producers.encode_snapshot())?;
-        log.close()
+        log.close_with_producer_snapshot(&producers.encode_snapshot())
     }
 
     /// Fences the partition for deletion: refuses every later append and

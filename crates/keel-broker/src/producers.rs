@@ -189,6 +189,16 @@ impl ProducerStates {
         }
     }
 
+    /// The states as they were before the changes `undo` recorded (in the
+    /// order they were made), leaving these as they are.
+    pub fn before(&self, undo: &[ProducerSnapshot]) -> ProducerStates {
+        let mut before = self.clone();
+        for snapshot in undo.iter().rev() {
+            before.restore(snapshot.clone());
+        }
+        before
+    }
+
     pub fn restore(&mut self, snapshot: ProducerSnapshot) {
         let id = snapshot.producer_id;
         let old = match snapshot.entry {

@@ -528,3 +528,136 @@ async fn a_sealed_segment_leaves_the_page_cache() {
         );
     }
 }
+
+/// An ABORT marker whose append rolled the segment keeps its
+/// aborted-transaction entry across a crash of the process: the producer
+/// snapshot written at the roll describes the state at the new segment's
+/// base offset, so start-up replays the marker and indexes it again (as
+/// Kafka's snapshot at each roll does). Before, the snapshot was taken at
+/// the log end after the marker, start-up never saw the marker, and a
+/// `read_committed` consumer was served the aborted records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_marker_that_rolled_the_segment_is_indexed_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        segment_bytes: 1024,
+        ..LogConfig::default()
+    };
+    let (p, faults, _) = faulty(dir.path(), config.clone());
+    let mut b = BatchBuilder::new(1_000).producer(7, 0, 0).transactional(true);
+    for i in 0..10 {
+        b = b.record(Some(format!("k{i}").as_bytes()), Some(&[b'v'; 200]));
+    }
+    let bytes = b.build();
+    let headers = validate_batches(&bytes).unwrap();
+    p.append(Bytes::from(bytes), headers).await.unwrap();
+    let abort = keel_log::marker::Marker {
+        commit: false,
+        coordinator_epoch: 0,
+    };
+    let marker = p.write_marker(7, 0, abort).await.unwrap();
+    assert_eq!(marker.base_offset, 10);
+    let expected = p.aborted_txns(0, p.high_watermark());
+    assert_eq!(expected.len(), 1, "the abort is indexed before the crash");
+    // The roll queued a producer snapshot; the crash comes after it is
+    // written, as it would after any later append.
+    let snapshot_written = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .any(|e| e.unwrap().path().extension().is_some_and(|x| x == "snapshot"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !snapshot_written() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the roll's producer snapshot was never written"
+        );
+        p.spawn_seals();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // kill -9: no further write reaches the disk.
+    faults.add_text("any crash").unwrap();
+    drop(p);
+    let p = open_with_config(dir.path(), config);
+    assert_eq!(p.high_watermark(), 11);
+    assert_eq!(p.aborted_txns(0, p.high_watermark()), expected);
+    assert_eq!(p.last_stable_offset(), 11, "no transaction is left open");
+}
+
+fn open_with_config(dir: &std::path::Path, config: LogConfig) -> Arc<Partition> {
+    let tail = keel_tier::TailCache::new(1 << 20).partition();
+    Arc::new(Partition::open(parts(dir, config, tail, cold())).unwrap())
+}
+
+/// A transaction's batches, its ABORT marker rolling the segment, a
+/// committed transaction and a second abort, with the process killed at
+/// every storage step in turn: after each restart the aborted-transaction
+/// index names exactly the aborts whose markers survived, and the last
+/// stable offset stops at a transaction left open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_transactions_survive_a_crash_at_every_step() {
+    let config = LogConfig {
+        segment_bytes: 1024,
+        ..LogConfig::default()
+    };
+    let txn_batch = |seq: i32| {
+        let mut b = BatchBuilder::new(1_000).producer(7, 0, seq).transactional(true);
+        for i in 0..10 {
+            b = b.record(Some(format!("k{i}").as_bytes()), Some(&[b'v'; 120]));
+        }
+        let bytes = b.build();
+        let headers = validate_batches(&bytes).unwrap();
+        (Bytes::from(bytes), headers)
+    };
+    let marker = |commit| keel_log::marker::Marker {
+        commit,
+        coordinator_epoch: 0,
+    };
+    // Offsets: A 0..=9, ABORT 10, B 11..=20, COMMIT 21, C 22..=31, ABORT 32.
+    let mut crashes = 0;
+    for step in 0.. {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, faults, _) = faulty(dir.path(), config.clone());
+        faults
+            .add_text(&format!("any crash skip={step} times=1"))
+            .unwrap();
+        let run = async {
+            for (seq, commit) in [(0, false), (10, true), (20, false)] {
+                let (b, h) = txn_batch(seq);
+                p.append(b, h).await.map_err(drop)?;
+                p.write_marker(7, 0, marker(commit)).await.map_err(drop)?;
+            }
+            p.close().map_err(drop)
+        };
+        let finished = run.await.is_ok() && !faults.crashed();
+        drop(p);
+        let p = open_with_config(dir.path(), config.clone());
+        let hw = p.high_watermark();
+        let aborted: Vec<(i64, i64)> = p
+            .aborted_txns(0, hw)
+            .iter()
+            .map(|t| (t.first_offset, t.last_offset))
+            .collect();
+        let expected: Vec<(i64, i64)> = [(0, 10), (22, 32)]
+            .into_iter()
+            .filter(|(_, marker)| *marker < hw)
+            .collect();
+        assert_eq!(aborted, expected, "crash at step {step}: log end {hw}");
+        let open_txn = [0, 11, 22]
+            .into_iter()
+            .find(|first| *first < hw && first + 10 >= hw);
+        assert_eq!(
+            p.last_stable_offset(),
+            open_txn.unwrap_or(hw),
+            "crash at step {step}: log end {hw}"
+        );
+        if finished {
+            break;
+        }
+        crashes += 1;
+    }
+    assert!(
+        crashes >= 10,
+        "the scenario should crash at many steps ({crashes})"
+    );
+}

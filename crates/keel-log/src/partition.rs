@@ -185,16 +185,12 @@ impl PartitionLog {
         let log_start_offset = stored_start
             .unwrap_or(first_base)
             .clamp(first_base, log_end_offset);
-        if stored_start.is_some_and(|stored| stored > log_end_offset) {
-            // Recovery cut below the stored start; persist the lower value so
-            // it does not jump back up once appends pass it again.
-            write_offset_file(
-                storage.as_ref(),
-                &dir.join(LOG_START_OFFSET_FILE),
-                log_start_offset,
-            )
-            .map_err(io_err)?;
-        }
+        // Recovery cut the log below its durable start (the records below
+        // it were deleted before they were fsynced). Offsets below the
+        // start may have been read, or covered by a snapshot of the state
+        // they held, so they are never handed out again: the log restarts
+        // empty at its start, as Kafka's log loader does.
+        let restart_at = stored_start.filter(|stored| *stored > log_end_offset);
         // A new log needs none (without a recovery point, recovery starts at
         // the first segment), unless a stale one from an earlier log is there.
         let stale_point = loaded.created && recovery_point.is_some();
@@ -235,7 +231,7 @@ impl PartitionLog {
             view.clone(),
             durable_through,
         ));
-        Ok(PartitionLog {
+        let mut log = PartitionLog {
             dir: dir.to_path_buf(),
             config,
             storage,
@@ -249,7 +245,17 @@ impl PartitionLog {
             failed: None,
             producer_snapshot,
             graveyard: Vec::new(),
-        })
+        };
+        if let Some(start) = restart_at {
+            tracing::warn!(
+                dir = %dir.display(),
+                log_end_offset,
+                log_start_offset = start,
+                "recovery left the log ending below its start offset; restarting it empty at the start offset"
+            );
+            log.truncate_fully_and_start_at(start).map_err(io_err)?;
+        }
+        Ok(log)
     }
 
     pub fn dir(&self) -> &Path {
@@ -332,12 +338,6 @@ impl PartitionLog {
     /// batch below it) for the sealer to write.
     pub fn queue_producer_snapshot(&self, offset: i64, bytes: Vec<u8>) {
         self.sealer.push(SealWork::Snapshot { offset, bytes });
-    }
-
-    /// Writes a producer-state snapshot now. Blocking.
-    pub fn write_producer_snapshot(&mut self, offset: i64, bytes: &[u8]) -> io::Result<()> {
-        self.check_writable()?;
-        write_snapshot(self.storage.as_ref(), &self.dir, offset, bytes)
     }
 
     fn check_writable(&self) -> io::Result<()> {
@@ -1218,6 +1218,20 @@ impl PartitionLog {
     /// writes the clean-shutdown marker, so the next open skips recovery.
     /// An append after `close` removes the marker again.
     pub fn close(&mut self) -> io::Result<()> {
+        self.close_with(None)
+    }
+
+    /// [`PartitionLog::close`], writing a producer-state snapshot at the
+    /// log end before the clean-shutdown marker, once what it covers is
+    /// durable: the seals and the active segment's `.txnindex` come first,
+    /// because start-up replays only the batches after the newest
+    /// snapshot, and an abort below it whose entry was still in memory
+    /// would be lost after a crash.
+    pub fn close_with_producer_snapshot(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.close_with(Some(bytes))
+    }
+
+    fn close_with(&mut self, producer_snapshot: Option<&[u8]>) -> io::Result<()> {
         self.flush()?;
         let (base, index, time_index, aborted, log_end) = {
             let st = self.view.state.read();
@@ -1233,6 +1247,10 @@ impl PartitionLog {
                 write_atomically(storage, &path, &time_index)
             })
             .and_then(|()| crate::txnindex::write(storage, &self.dir, base, &aborted))
+            .and_then(|()| match producer_snapshot {
+                Some(bytes) => write_snapshot(storage, &self.dir, log_end, bytes),
+                None => Ok(()),
+            })
             .and_then(|()| write_offset_file(storage, &self.dir.join(RECOVERY_POINT_FILE), log_end))
             .and_then(|()| write_atomically(storage, &self.dir.join(CLEAN_SHUTDOWN_FILE), b""));
         self.durably(written)?;

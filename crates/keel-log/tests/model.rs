@@ -59,6 +59,19 @@ impl Model {
         self.batches.truncate(keep);
         self.log_start = self.log_start.min(self.log_end);
     }
+
+    /// Drops batches `keep..` lost in a crash. A log that lost batches
+    /// at or above its durable start restarts empty there: offsets below
+    /// it are never handed out again.
+    fn lose_tail(&mut self, keep: usize) {
+        let start = self.log_start;
+        self.lose_from(keep);
+        if self.log_end < start {
+            self.batches.clear();
+            self.log_start = start;
+            self.log_end = start;
+        }
+    }
 }
 
 fn config(rng: &mut SmallRng) -> LogConfig {
@@ -203,7 +216,7 @@ impl Harness {
                 break;
             }
         }
-        self.model.lose_from(keep);
+        self.model.lose_tail(keep);
     }
 
     fn truncate(&mut self) {

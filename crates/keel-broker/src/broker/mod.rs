@@ -206,7 +206,9 @@ impl Broker {
             move |error| StartError::Io { path, error }
         };
         let meta_dir = data_dir.join(META_DIR);
-        std::fs::create_dir_all(&meta_dir).map_err(io(&meta_dir))?;
+        std::fs::create_dir_all(&meta_dir)
+            .and_then(|()| keel_log::storage::sync_parent(DiskStorage::shared().as_ref(), &meta_dir))
+            .map_err(io(&meta_dir))?;
         let cluster_id = load_cluster_id(&data_dir, config.node_id()).map_err(io(&data_dir))?;
         let ids_path = meta_dir.join("producer-ids");
         let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;

@@ -33,7 +33,7 @@ use keel_protocol::ResponseError;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::metalog::Entry;
+use crate::metalog::{Durability, Entry};
 use consumer::{ConsumerGroup, ConsumerGroupConfig, ConsumerGroupState, Heartbeat, HeartbeatAnswer, Topics};
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
 use keel_log::marker::Marker;
@@ -165,7 +165,13 @@ impl GroupCoordinator {
         clock: Arc<dyn Clock>,
     ) -> Result<GroupCoordinator, String> {
         let log_config = crate::metalog::log_config(config.log_segment_bytes);
-        let store = GroupStore::open_with(storage, dir, log_config, config.log_segment_bytes)?;
+        let store = GroupStore::open_with(
+            storage,
+            dir,
+            log_config,
+            config.log_segment_bytes,
+            Durability::Written,
+        )?;
         let now = clock.now_ms();
         let mut groups = HashMap::new();
         let mut consumer_groups = HashMap::new();

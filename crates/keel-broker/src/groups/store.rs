@@ -193,7 +193,7 @@ impl Table for GroupTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metalog::{encode_batch, list_snapshots, Entry};
+    use crate::metalog::{encode_batch, list_snapshots, Durability, Entry};
     use keel_log::LogConfig;
 
     fn offset_record(group: &str, partition: i32, offset: i64) -> GroupRecord {
@@ -235,7 +235,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rt = runtime();
         {
-            let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
+            let store = GroupStore::open(dir.path(), small_log(), 8192, Durability::Written).unwrap();
             for i in 0..2000 {
                 rt.block_on(store.write(vec![offset_record("g", i % 4, i64::from(i))]))
                     .unwrap();
@@ -263,7 +263,7 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
-        let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
+        let store = GroupStore::open(dir.path(), small_log(), 8192, Durability::Written).unwrap();
         store.with_table(|t| {
             let g = &t.offsets["g"];
             for p in 0..4 {
@@ -314,7 +314,7 @@ mod tests {
     fn transactional_offsets_wait_for_their_marker_across_snapshots_and_restarts() {
         let dir = tempfile::tempdir().unwrap();
         let rt = runtime();
-        let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
+        let store = GroupStore::open(dir.path(), small_log(), 8192, Durability::Written).unwrap();
         rt.block_on(store.write(vec![offset_record("g", 0, 5)])).unwrap();
         rt.block_on(store.write_entry(txn(7, vec![offset_record("g", 0, 10), offset_record("g", 1, 3)])))
             .unwrap();
@@ -340,12 +340,12 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
-        let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
+        let store = GroupStore::open(dir.path(), small_log(), 8192, Durability::Written).unwrap();
         assert_eq!(committed(&store, 2), None);
         assert!(store.with_table(|t| t.has_pending("g", "t", 2) && t.pending.len() == 1));
         rt.block_on(store.write_entry(marker(9, true))).unwrap();
         store.close();
-        let store = GroupStore::open(dir.path(), small_log(), 8192).unwrap();
+        let store = GroupStore::open(dir.path(), small_log(), 8192, Durability::Written).unwrap();
         assert_eq!(committed(&store, 2), Some(30));
         assert!(store.with_table(|t| t.pending.is_empty()));
         store.close();
@@ -374,7 +374,8 @@ mod tests {
     fn a_torn_tail_loses_only_unacknowledged_records() {
         let dir = tempfile::tempdir().unwrap();
         let rt = runtime();
-        let store = GroupStore::open(dir.path(), LogConfig::default(), u64::MAX).unwrap();
+        let store =
+            GroupStore::open(dir.path(), LogConfig::default(), u64::MAX, Durability::Written).unwrap();
         rt.block_on(store.write(vec![offset_record("g", 0, 10)])).unwrap();
         // Reopened as after a crash (no clean-shutdown marker), with
         // garbage appended as a torn write would leave it.
@@ -388,7 +389,8 @@ mod tests {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new().append(true).open(&segment).unwrap();
         f.write_all(&[0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 1]).unwrap();
-        let store = GroupStore::open(dir.path(), LogConfig::default(), u64::MAX).unwrap();
+        let store =
+            GroupStore::open(dir.path(), LogConfig::default(), u64::MAX, Durability::Written).unwrap();
         store.with_table(|t| assert_eq!(t.offsets["g"][&("t".to_string(), 0)].offset, 10));
         rt.block_on(store.write(vec![offset_record("g", 0, 11)])).unwrap();
         store.close();

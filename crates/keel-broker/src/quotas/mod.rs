@@ -44,7 +44,7 @@ use std::time::Duration;
 use keel_log::Storage;
 use parking_lot::Mutex;
 
-use crate::metalog::{MetaLog, StoreError};
+use crate::metalog::{Durability, MetaLog, StoreError};
 use rate::{Rate, TokenBucket, Windows};
 use table::{
     Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE, CONTROLLER_MUTATION_RATE,
@@ -127,7 +127,13 @@ impl ClientQuotas {
         dir: &Path,
         windows: Windows,
     ) -> Result<ClientQuotas, String> {
-        let store = MetaLog::open_with(storage, dir, crate::metalog::log_config(LOG_BYTES), LOG_BYTES)?;
+        let store = MetaLog::open_with(
+            storage,
+            dir,
+            crate::metalog::log_config(LOG_BYTES),
+            LOG_BYTES,
+            Durability::Synced,
+        )?;
         Ok(ClientQuotas {
             store,
             windows,

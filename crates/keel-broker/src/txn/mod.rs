@@ -28,7 +28,7 @@ use keel_protocol::ResponseError;
 use parking_lot::Mutex;
 
 use crate::groups::Clock;
-use crate::metalog::{MetaLog, Table};
+use crate::metalog::{Durability, MetaLog, Table};
 use records::TxnRecord;
 use state::{EndDecision, InitDecision, TxnEntry, TxnState, TxnStatus};
 
@@ -142,8 +142,13 @@ impl TxnCoordinator {
         clock: Arc<dyn Clock>,
     ) -> Result<TxnCoordinator, String> {
         let log_config = crate::metalog::log_config(config.log_segment_bytes);
-        let store: MetaLog<TxnTable> =
-            MetaLog::open_with(storage, dir, log_config, config.log_segment_bytes)?;
+        let store: MetaLog<TxnTable> = MetaLog::open_with(
+            storage,
+            dir,
+            log_config,
+            config.log_segment_bytes,
+            Durability::Written,
+        )?;
         let txns = store.with_table(|t| {
             t.txns
                 .iter()
