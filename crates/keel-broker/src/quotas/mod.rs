@@ -36,6 +36,7 @@ mod throttle;
 pub use throttle::Throttle;
 
 use std::collections::{BTreeMap, HashMap};
+
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -57,20 +58,61 @@ pub const ANONYMOUS: &str = "ANONYMOUS";
 /// The quota log's segment size and snapshot interval: quotas are few.
 const LOG_BYTES: u64 = 1 << 20;
 
-/// Rates not used for this long are forgotten (Kafka expires its quota
-/// sensors after an hour of inactivity).
+/// Rates and buckets not used for this long are forgotten (Kafka expires
+/// its quota sensors after an hour of inactivity).
 const RATE_IDLE_MS: i64 = 3_600_000;
 
-/// Rates kept before idle ones are looked for.
-const RATES_BEFORE_SWEEP: usize = 10_000;
+/// Idle entries are looked for at least this often.
+const SWEEP_EVERY_MS: i64 = 60_000;
+
+/// Entries kept before a sweep is due by count.
+const ENTRIES_BEFORE_SWEEP: usize = 10_000;
+
+/// Per-client quota state (a rate, a token bucket) by key, each entry
+/// forgotten once unused for [`RATE_IDLE_MS`]. A sweep for idle entries
+/// walks the whole map, so it runs once a minute or when the map has
+/// doubled since the last one: however many client ids come and go, a
+/// request pays a constant share of the sweeps on average, and the map
+/// holds at most the clients of the last hour.
+struct ClientStates<K, V> {
+    entries: HashMap<K, (V, i64)>,
+    sweep_at_len: usize,
+    sweep_at_ms: i64,
+    sweeps: u64,
+}
+
+impl<K: std::hash::Hash + Eq, V> ClientStates<K, V> {
+    fn new() -> ClientStates<K, V> {
+        ClientStates {
+            entries: HashMap::new(),
+            sweep_at_len: ENTRIES_BEFORE_SWEEP,
+            sweep_at_ms: i64::MIN,
+            sweeps: 0,
+        }
+    }
+
+    /// The entry for `key`, made by `new` if there is none, marked used.
+    fn get(&mut self, key: K, now_ms: i64, new: impl FnOnce() -> V) -> &mut V {
+        if self.entries.len() >= self.sweep_at_len || now_ms >= self.sweep_at_ms {
+            self.entries
+                .retain(|_, (_, used_ms)| now_ms - *used_ms < RATE_IDLE_MS);
+            self.sweep_at_len = (2 * self.entries.len()).max(ENTRIES_BEFORE_SWEEP);
+            self.sweep_at_ms = now_ms.saturating_add(SWEEP_EVERY_MS);
+            self.sweeps += 1;
+        }
+        let (value, used_ms) = self.entries.entry(key).or_insert_with(|| (new(), now_ms));
+        *used_ms = now_ms;
+        value
+    }
+}
 
 pub struct ClientQuotas {
     store: MetaLog<QuotaTable>,
     windows: Windows,
     /// By quota key and the `(user, client-id)` its rate is kept for.
-    rates: Mutex<HashMap<(&'static str, RateKey), Rate>>,
+    rates: Mutex<ClientStates<(&'static str, RateKey), Rate>>,
     /// `controller_mutation_rate`'s buckets, by `(user, client-id)`.
-    buckets: Mutex<HashMap<RateKey, TokenBucket>>,
+    buckets: Mutex<ClientStates<RateKey, TokenBucket>>,
 }
 
 /// One request's `controller_mutation_rate` (KIP-599), asked before each
@@ -96,9 +138,8 @@ impl Mutations<'_> {
             return true;
         };
         let mut buckets = self.quotas.buckets.lock();
-        let bucket = buckets
-            .entry(key.clone())
-            .or_insert_with(|| TokenBucket::new(self.quotas.windows, now_ms));
+        let windows = self.quotas.windows;
+        let bucket = buckets.get(key.clone(), now_ms, || TokenBucket::new(windows, now_ms));
         if self.strict {
             let owed_ms = bucket.throttle_ms(*quota, now_ms);
             if owed_ms > 0 {
@@ -137,8 +178,8 @@ impl ClientQuotas {
         Ok(ClientQuotas {
             store,
             windows,
-            rates: Mutex::new(HashMap::new()),
-            buckets: Mutex::new(HashMap::new()),
+            rates: Mutex::new(ClientStates::new()),
+            buckets: Mutex::new(ClientStates::new()),
         })
     }
 
@@ -226,12 +267,8 @@ impl ClientQuotas {
         now_ms: i64,
     ) -> i64 {
         let mut rates = self.rates.lock();
-        if rates.len() >= RATES_BEFORE_SWEEP {
-            rates.retain(|_, r| now_ms - r.last_used_ms() < RATE_IDLE_MS);
-        }
-        let rate = rates
-            .entry((key, rate_key))
-            .or_insert_with(|| Rate::new(self.windows, now_ms));
+        let windows = self.windows;
+        let rate = rates.get((key, rate_key), now_ms, || Rate::new(windows, now_ms));
         rate.record(amount, now_ms);
         let throttle = rate.throttle_ms(bound, now_ms);
         if throttle > 0 && take_back {
@@ -243,5 +280,57 @@ impl ClientQuotas {
     /// Flushes and closes the quota log. Blocking.
     pub fn close(&self) {
         self.store.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use table::{CLIENT_ID, PRODUCER_BYTE_RATE};
+
+    fn quotas_with_defaults(dir: &Path) -> ClientQuotas {
+        let quotas =
+            ClientQuotas::open_with(keel_log::DiskStorage::shared(), dir, Windows::default()).unwrap();
+        let default_client: Entity = [(CLIENT_ID.to_string(), None)].into();
+        let records = [PRODUCER_BYTE_RATE, CONTROLLER_MUTATION_RATE].map(|key| QuotaRecord {
+            entity: default_client.clone(),
+            key: key.into(),
+            value: Some(1e9),
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(quotas.write(records.to_vec())).unwrap();
+        quotas
+    }
+
+    /// A flood of client ids (each with its own rate under a client-id
+    /// default quota) costs a sweep each time the rates double, not one
+    /// per request past a threshold; rates and mutation buckets unused
+    /// for an hour are forgotten at the next sweep.
+    #[test]
+    fn rotating_client_ids_are_swept_rarely_and_forgotten_when_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let quotas = quotas_with_defaults(dir.path());
+        let clients = 50_000;
+        for i in 0..clients {
+            let client = format!("client-{i}");
+            quotas.record(PRODUCER_BYTE_RATE, ANONYMOUS, &client, 1.0, false, 1_000);
+            assert!(quotas.mutations(ANONYMOUS, &client, true).admit(1, 1_000));
+        }
+        let rates = quotas.rates.lock();
+        assert_eq!(rates.entries.len(), clients);
+        // 10,000, 20,000 and 40,000 entries, and the first call.
+        assert!(rates.sweeps <= 4, "{} sweeps for {clients} clients", rates.sweeps);
+        drop(rates);
+        assert_eq!(quotas.buckets.lock().entries.len(), clients);
+        let later = 1_000 + RATE_IDLE_MS + 1;
+        quotas.record(PRODUCER_BYTE_RATE, ANONYMOUS, "new", 1.0, false, later);
+        assert!(quotas.mutations(ANONYMOUS, "new", true).admit(1, later));
+        assert_eq!(quotas.rates.lock().entries.len(), 1, "idle rates are forgotten");
+        assert_eq!(
+            quotas.buckets.lock().entries.len(),
+            1,
+            "idle buckets are forgotten"
+        );
+        quotas.close();
     }
 }

@@ -31,7 +31,6 @@ pub struct Rate {
     windows: Windows,
     /// Oldest first; at most `windows.samples`.
     samples: Vec<Sample>,
-    last_used_ms: i64,
 }
 
 impl Rate {
@@ -39,13 +38,7 @@ impl Rate {
         Rate {
             windows,
             samples: Vec::new(),
-            last_used_ms: now_ms,
         }
-    }
-
-    /// When it last recorded.
-    pub fn last_used_ms(&self) -> i64 {
-        self.last_used_ms
     }
 
     /// Drops samples older than all the windows together.
@@ -57,7 +50,6 @@ impl Rate {
     /// Adds `value` (bytes, or a negative amount to take back).
     pub fn record(&mut self, value: f64, now_ms: i64) {
         self.purge(now_ms);
-        self.last_used_ms = now_ms;
         match self.samples.last_mut() {
             Some(s) if now_ms - s.start_ms < self.windows.window_ms => s.value += value,
             _ => {
