@@ -78,7 +78,10 @@ impl Reader {
         match self {
             Reader::Stamped(read) => read.read(buf, missing.max(READ_BYTES), wanted_since).await,
             Reader::Other(read) => {
-                buf.reserve(missing.max(READ_BYTES));
+                // Room for one read, not for the whole frame announced: a
+                // frame's memory grows with the bytes that arrive, so a
+                // client cannot make the broker hold memory it never sends.
+                buf.reserve(missing.clamp(READ_BYTES, crate::receive_time::MAX_READ_BYTES));
                 Ok((read.read_buf(buf).await?, None))
             }
         }
@@ -700,6 +703,33 @@ pub(crate) mod tests {
     /// Bytes read as a connection without receive timestamps.
     fn bytes(b: &[u8]) -> Reader {
         Reader::Other(Box::new(std::io::Cursor::new(b.to_vec())))
+    }
+
+    /// A TLS connection (bytes without timestamps) that announces a frame
+    /// of the largest size and sends a few bytes of it holds memory for
+    /// what it sent, not for what it announced.
+    #[tokio::test]
+    async fn an_announced_frame_size_is_not_reserved_before_it_is_read() {
+        let announced = 100 << 20;
+        let (mut client, server) = tokio::io::duplex(1 << 10);
+        let mut read = Reader::Other(Box::new(server));
+        let mut inbox = Inbox::default();
+        let limit = FrameLimit {
+            max_bytes: announced,
+            raw_token: false,
+        };
+        client.write_all(&(announced as i32).to_be_bytes()).await.unwrap();
+        inbox.fill(&mut read, Instant::now()).await.unwrap();
+        assert!(inbox.complete_frame(limit).unwrap().is_none());
+        client.write_all(&[0u8; 10]).await.unwrap();
+        inbox.fill(&mut read, Instant::now()).await.unwrap();
+        assert!(inbox.complete_frame(limit).unwrap().is_none());
+        assert_eq!(inbox.buf.len(), 14);
+        let held = inbox.buf.capacity();
+        assert!(
+            held <= 2 * crate::receive_time::MAX_READ_BYTES,
+            "{held} bytes held for 14 bytes read"
+        );
     }
 
     #[tokio::test]
