@@ -7,6 +7,10 @@ delay; sessions that re-authenticate (KIP-368) and ones that expire;
 hostile handshakes closed cleanly. Certificates are made by the test."""
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import os
 import socket
 import subprocess
 import time
@@ -14,7 +18,8 @@ import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, ScramMechanism, UserScramCredentialUpsertion, ScramCredentialInfo
+from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion,
+                                  UserScramCredentialUpsertion)
 from kafka import KafkaConsumer, KafkaProducer
 
 import kafka_tools
@@ -110,6 +115,12 @@ def add_scram(bootstrap: str, user: str, password: str, mechanism=ScramMechanism
     admin = AdminClient({"bootstrap.servers": bootstrap})
     upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, iterations), password.encode())
     for f in admin.alter_user_scram_credentials([upsert]).values():
+        f.result(timeout=CLIENT_TIMEOUT_S)
+
+
+def delete_scram(bootstrap: str, user: str, mechanism=ScramMechanism.SCRAM_SHA_512) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.alter_user_scram_credentials([UserScramCredentialDeletion(user, mechanism)]).values():
         f.result(timeout=CLIENT_TIMEOUT_S)
 
 
@@ -302,6 +313,67 @@ def authenticate(conn: w.Conn, token: bytes) -> tuple[int, str | None, bytes, in
     _, body = conn.recv_response()
     r = w.Reader(body)
     return r.i16(), r.string(), r.bytes_(), r.i64()
+
+
+def scram_sha512(conn: w.Conn, user: str, password: str) -> tuple[int, int]:
+    """A SCRAM-SHA-512 exchange (RFC 5802) in SaslAuthenticate v1 frames
+    after a handshake: -> (error, session lifetime)."""
+    nonce = base64.b64encode(os.urandom(18)).decode()
+    first_bare = f"n={user},r={nonce}"
+    error, _, server_first, _ = authenticate(conn, f"n,,{first_bare}".encode())
+    if error:
+        return error, 0
+    fields = dict(kv.split("=", 1) for kv in server_first.decode().split(","))
+    salted = hashlib.pbkdf2_hmac("sha512", password.encode(), base64.b64decode(fields["s"]), int(fields["i"]))
+    client_key = hmac.digest(salted, b"Client Key", "sha512")
+    final_bare = f"c=biws,r={fields['r']}"
+    auth_message = f"{first_bare},{server_first.decode()},{final_bare}".encode()
+    signature = hmac.digest(hashlib.sha512(client_key).digest(), auth_message, "sha512")
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature))).decode()
+    error, _, _, lifetime = authenticate(conn, f"{final_bare},p={proof}".encode())
+    return error, lifetime
+
+
+def metadata_served(conn: w.Conn, correlation_ids: list[int]) -> list[int]:
+    """Sends Metadata requests one after another: -> the ids answered
+    before the broker closed the connection."""
+    answered = []
+    for cid in correlation_ids:
+        try:
+            conn.send(w.metadata_request_v1(cid, []))
+            answered.append(conn.recv_response()[0])
+        except ConnectionError:
+            break
+    return answered
+
+
+def test_an_unfinished_re_authentication_does_not_keep_an_expired_session(sasl_broker):
+    """Issue 36: a SaslHandshake after the session's end, never followed
+    by its tokens, kept the old session serving every request, even after
+    its user's credential was deleted. As in Kafka (KIP-368), only the
+    re-authentication's own frames are served after the session's end,
+    and a re-authentication that fails closes the connection."""
+    b = sasl_broker({"connections.max.reauth.ms": "2000", "connection.failed.authentication.delay.ms": "0"})
+    add_scram(b.bootstrap, "erin", "erin-secret")
+    stalled, failing = w.Conn(b.sasl_bootstrap), w.Conn(b.sasl_bootstrap)
+    for conn in (stalled, failing):
+        assert handshake(conn, "SCRAM-SHA-512")[0] == 0
+        assert scram_sha512(conn, "erin", "erin-secret") == (0, 2000)
+        assert metadata_served(conn, [7]) == [7]
+    delete_scram(b.bootstrap, "erin")
+    # The deleted credential cannot re-authenticate: the answer says so
+    # and the connection closes.
+    assert handshake(failing, "SCRAM-SHA-512")[0] == 0
+    assert scram_sha512(failing, "erin", "erin-secret")[0] == SASL_AUTHENTICATION_FAILED
+    assert failing.closed_by_peer()
+    # A re-authentication begun after the session's end and never
+    # finished does not extend it.
+    time.sleep(2.2)
+    assert handshake(stalled, "SCRAM-SHA-512")[0] == 0
+    assert metadata_served(stalled, [8, 9, 10]) == []
+    assert stalled.closed_by_peer()
+    wait_until(lambda: "SASL session expired" in b.log_tail(), 10, "the expiry in the log")
+    assert metric(b, "keel_sasl_expired_sessions_closed_total") == 1
 
 
 def test_hostile_handshakes_are_closed_cleanly_and_the_broker_keeps_serving(sasl_broker):

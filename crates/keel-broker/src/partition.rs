@@ -7,9 +7,12 @@
 //!   so) and by maintenance (retention, the mover's manifest steps). Only
 //!   blocking threads wait on it.
 //! * Reads (fetch planning, ListOffsets, stats) go through the log's
-//!   [`LogReader`], whose lock is only ever held for in-memory work. So a
-//!   write or fsync stalled on a slow disk delays that partition's appends
-//!   and nothing else: no request thread waits on it.
+//!   [`LogReader`], whose lock is only ever held for in-memory work; the
+//!   producers' state as DescribeProducers reports it is published by the
+//!   writer after each write ([`PublishedProducers`]), under a lock held
+//!   for in-memory work too. So a write or fsync stalled on a slow disk
+//!   delays that partition's appends and nothing else: no request thread
+//!   waits on it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -28,7 +31,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::{oneshot, Notify};
 
 use crate::health::DirHealth;
-use crate::producers::{ProducerStates, SequenceCheck};
+use crate::producers::{ProducerInfo, ProducerStates, SequenceCheck};
 use crate::time::now_ms;
 
 /// The leader epoch of every Keel partition: one node, never re-elected.
@@ -127,6 +130,39 @@ struct Writer {
     closed: Option<Closed>,
 }
 
+/// Each producer's state as of the last write, for DescribeProducers and
+/// `/stats`, which request threads answer. The writer publishes the
+/// producers a group named once its write is done (or undone), as it
+/// publishes the high watermark, and every producer when the state is
+/// loaded or expired; the lock is held for that in-memory work only, so a
+/// reader never waits for a write or an fsync.
+#[derive(Default)]
+struct PublishedProducers(Mutex<std::collections::BTreeMap<i64, ProducerInfo>>);
+
+impl PublishedProducers {
+    /// Publishes the state of `ids`: a producer `producers` no longer has
+    /// (an undone first write) is removed.
+    fn update(&self, producers: &ProducerStates, ids: &[i64]) {
+        let mut published = self.0.lock();
+        for &id in ids {
+            match producers.info(id) {
+                Some(info) => published.insert(id, info),
+                None => published.remove(&id),
+            };
+        }
+    }
+
+    /// Publishes every producer, replacing what was published.
+    fn replace(&self, producers: &ProducerStates) {
+        let all = producers
+            .describe()
+            .into_iter()
+            .map(|i| (i.producer_id, i))
+            .collect();
+        *self.0.lock() = all;
+    }
+}
+
 pub struct Partition {
     pub topic: Arc<str>,
     pub index: i32,
@@ -135,6 +171,8 @@ pub struct Partition {
     config: Mutex<LogConfig>,
     storage: Arc<dyn Storage>,
     writer: Mutex<Writer>,
+    /// The producers as of the last write; only the writer updates it.
+    published_producers: PublishedProducers,
     /// The log's read side; replaced when the log is reloaded.
     reader: RwLock<Option<LogReader>>,
     /// The health of the log dir this partition lives in.
@@ -247,12 +285,15 @@ impl Partition {
         producers: ProducerStates,
         offline: Option<String>,
     ) -> Partition {
+        let published = PublishedProducers::default();
+        published.replace(&producers);
         Partition {
             topic: parts.topic,
             index: parts.index,
             dir: parts.dir,
             config: Mutex::new(parts.config),
             storage: parts.storage,
+            published_producers: published,
             writer: Mutex::new(Writer {
                 log,
                 producers,
@@ -426,7 +467,9 @@ impl Partition {
         let mut headers = Vec::new();
         let mut undo = Vec::new();
         let mut aborted = Vec::new();
+        let mut named = Vec::new();
         for item in group {
+            named.extend(item.headers.iter().map(|h| h.producer_id).filter(|id| *id >= 0));
             let planned = match item.marker {
                 Some(marker) => {
                     plan_marker(producers, &item.headers, marker, next_offset, &mut undo).map(|txn| {
@@ -514,6 +557,7 @@ impl Partition {
         };
         let (hw, start) = (log.log_end_offset(), log.log_start_offset());
         let lso = stable_offset(producers, hw);
+        self.published_producers.update(producers, &named);
         drop(st);
         self.publish(hw, lso, start);
         let answered = Instant::now();
@@ -586,6 +630,7 @@ impl Partition {
                 let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
                 let lso = stable_offset(&producers, hw);
                 st.log = Some(log);
+                self.published_producers.replace(&producers);
                 st.producers = producers;
                 *self.reader.write() = Some(reader);
                 drop(st);
@@ -1054,8 +1099,14 @@ impl Partition {
     }
 
     /// Forgets producers idle for `expiration_ms`. Returns how many.
+    /// Waits for an append in progress. Blocking.
     pub fn expire_producers(&self, now_ms: i64, expiration_ms: i64) -> usize {
-        self.writer.lock().producers.expire(now_ms, expiration_ms)
+        let mut st = self.writer.lock();
+        let expired = st.producers.expire(now_ms, expiration_ms);
+        if expired > 0 {
+            self.published_producers.replace(&st.producers);
+        }
+        expired
     }
 
     /// Producer id -> last offset of its newest batch here.
@@ -1063,14 +1114,16 @@ impl Partition {
         self.writer.lock().producers.last_offsets()
     }
 
-    /// Every producer this partition has state for (DescribeProducers).
-    pub fn describe_producers(&self) -> Vec<crate::producers::ProducerInfo> {
-        self.writer.lock().producers.describe()
+    /// Every producer this partition has state for as of its last write
+    /// (DescribeProducers), by producer id. Never waits for a write.
+    pub fn describe_producers(&self) -> Vec<ProducerInfo> {
+        self.published_producers.0.lock().values().copied().collect()
     }
 
-    /// How many producers this partition has state for.
+    /// How many producers this partition had state for at its last write.
+    /// Never waits for a write.
     pub fn producer_count(&self) -> usize {
-        self.writer.lock().producers.len()
+        self.published_producers.0.lock().len()
     }
 }
 

@@ -272,20 +272,23 @@ impl ProducerStates {
 
     /// Every producer's state, for DescribeProducers.
     pub fn describe(&self) -> Vec<ProducerInfo> {
-        let mut out: Vec<ProducerInfo> = self
-            .producers
-            .iter()
-            .map(|(id, e)| ProducerInfo {
-                producer_id: *id,
-                epoch: e.epoch,
-                last_sequence: e.batches.back().map_or(-1, |b| b.last_seq),
-                last_timestamp_ms: e.last_write_ms,
-                coordinator_epoch: e.coordinator_epoch,
-                txn_start_offset: e.txn_first_offset.unwrap_or(-1),
-            })
-            .collect();
+        let mut out: Vec<ProducerInfo> = self.producers.keys().filter_map(|id| self.info(*id)).collect();
         out.sort_by_key(|p| p.producer_id);
         out
+    }
+
+    /// One producer's state, for DescribeProducers, if this partition has
+    /// any.
+    pub fn info(&self, producer_id: i64) -> Option<ProducerInfo> {
+        let e = self.producers.get(&producer_id)?;
+        Some(ProducerInfo {
+            producer_id,
+            epoch: e.epoch,
+            last_sequence: e.batches.back().map_or(-1, |b| b.last_seq),
+            last_timestamp_ms: e.last_write_ms,
+            coordinator_epoch: e.coordinator_epoch,
+            txn_start_offset: e.txn_first_offset.unwrap_or(-1),
+        })
     }
 
     /// Forgets producers that have not written for `expiration_ms`

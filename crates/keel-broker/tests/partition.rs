@@ -7,6 +7,7 @@ use keel_broker::health::DirHealth;
 use keel_broker::partition::{Partition, PartitionParts};
 use keel_log::batch::{validate_batches, BatchHeader};
 use keel_log::faults::FaultyStorage;
+use keel_log::marker::Marker;
 use keel_log::testing::BatchBuilder;
 use keel_log::LogConfig;
 use keel_protocol::ResponseError;
@@ -438,6 +439,119 @@ async fn reads_never_wait_for_a_stalled_fsync() {
     assert!(!writer.is_finished(), "the reads waited for the stalled writer");
     assert_eq!(writer.await.unwrap().base_offset, 10);
     assert!(started.elapsed() >= std::time::Duration::from_millis(1500));
+}
+
+/// Each producer as DescribeProducers reports it: id, last sequence,
+/// open transaction's first offset, coordinator epoch.
+fn described(p: &Partition) -> Vec<(i64, i32, i64, i32)> {
+    p.describe_producers()
+        .iter()
+        .map(|d| {
+            (
+                d.producer_id,
+                d.last_sequence,
+                d.txn_start_offset,
+                d.coordinator_epoch,
+            )
+        })
+        .collect()
+}
+
+/// Waits until the storage has injected `n` faults: a delayed operation
+/// is then in its delay.
+async fn injected(faults: &FaultyStorage, n: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while faults.injected() < n {
+        assert!(std::time::Instant::now() < deadline, "the fault never fired");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// A stalled fsync holds the partition's writer, not the producers'
+/// state: DescribeProducers (and the producer count in /stats), which
+/// request threads answer, read what the writer published after its last
+/// write, so a disk that stops answering cannot hold them (issue 36).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_state_is_read_without_waiting_for_a_stalled_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        flush_messages: 1,
+        ..LogConfig::default()
+    };
+    let (p, faults, _) = faulty(dir.path(), config);
+    let (b, h) = batch(Some((7, 0)), 2);
+    p.append(b, h).await.unwrap();
+    // Far longer than the guard below: a lookup that waits for the
+    // writer cannot pass it.
+    faults.add_text("sync delay=15000 path=.log times=1").unwrap();
+    let writer = {
+        let p = Arc::clone(&p);
+        tokio::spawn(async move {
+            let (b, h) = batch(Some((7, 2)), 2);
+            p.append(b, h).await.unwrap()
+        })
+    };
+    injected(&faults, 1).await;
+    let lookup = {
+        let p = Arc::clone(&p);
+        tokio::task::spawn_blocking(move || (described(&p), p.producer_count()))
+    };
+    let (during, count) = tokio::time::timeout(std::time::Duration::from_secs(3), lookup)
+        .await
+        .expect("the producers' state waited for the stalled fsync")
+        .unwrap();
+    assert!(!writer.is_finished(), "the append is still in its fsync");
+    // Published after the write, as the high watermark is: the stalled
+    // batch is not in it yet.
+    assert_eq!(during, vec![(7, 1, -1, -1)]);
+    assert_eq!(count, 1);
+    assert_eq!(writer.await.unwrap().base_offset, 2);
+    assert_eq!(described(&p), vec![(7, 3, -1, -1)]);
+}
+
+/// What DescribeProducers reports follows the writes: appends, a
+/// transaction and its marker, a write that failed (and was undone), a
+/// reload after a panic, and expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn described_producers_follow_the_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, faults, _) = faulty(dir.path(), LogConfig::default());
+    let (b, h) = batch(Some((7, 0)), 2);
+    p.append(b, h).await.unwrap();
+    let txn = BatchBuilder::new(1_000)
+        .producer(9, 0, 0)
+        .transactional(true)
+        .record(None, Some(b"in a transaction"))
+        .build();
+    let headers = validate_batches(&txn).unwrap();
+    assert_eq!(p.append(Bytes::from(txn), headers).await.unwrap().base_offset, 2);
+    assert_eq!(described(&p), vec![(7, 1, -1, -1), (9, 0, 2, -1)]);
+    let commit = Marker {
+        commit: true,
+        coordinator_epoch: 3,
+    };
+    p.write_marker(9, 0, commit).await.unwrap();
+    assert_eq!(described(&p), vec![(7, 1, -1, -1), (9, 0, -1, 3)]);
+    // A write that fails is undone, and so is what it told the producers.
+    faults.add_text("write eio path=.log times=1").unwrap();
+    let (b, h) = batch(Some((8, 0)), 1);
+    assert_eq!(
+        p.append(b, h).await.unwrap_err().error,
+        ResponseError::KafkaStorageError
+    );
+    let (b, h) = batch(Some((7, 2)), 1);
+    p.append(b, h).await.unwrap();
+    let expected = vec![(7, 2, -1, -1), (9, 0, -1, 3)];
+    assert_eq!(described(&p), expected);
+    // A panic reloads the state from the log.
+    faults.add_text("write panic path=.log times=1").unwrap();
+    let (b, h) = batch(Some((8, 0)), 1);
+    p.append(b, h).await.unwrap_err();
+    assert_eq!(described(&p), expected);
+    assert_eq!(p.producer_count(), 2);
+    assert_eq!(p.expire_producers(i64::MAX, 1), 2);
+    assert_eq!(described(&p), vec![]);
+    assert_eq!(p.producer_count(), 0);
 }
 
 /// A roll's fsync runs off the append path: while the seal of the rolled

@@ -222,12 +222,15 @@ pub async fn serve(
                         }
                         continue;
                     }
+                    Gate::Expired => {
+                        broker.metrics.session_expired(&client.listener);
+                        let reason =
+                            "the SASL session expired without re-authentication (connections.max.reauth.ms)";
+                        tracing::info!(listener = %client.listener, %peer, %reason, "closing a SASL connection");
+                        return Err(reason.into());
+                    }
                     Gate::Close(reason) => {
-                        if auth.lock().session().is_some() {
-                            broker.metrics.session_expired(&client.listener);
-                        } else {
-                            broker.metrics.authentication_failed(&client.listener);
-                        }
+                        broker.metrics.authentication_failed(&client.listener);
                         tracing::info!(listener = %client.listener, %peer, %reason, "closing a SASL connection");
                         return Err(reason);
                     }

@@ -13,8 +13,11 @@
 //! With `connections.max.reauth.ms` set, a session lasts that long
 //! (SaslAuthenticate v1+ tells the client): the client re-authenticates on
 //! the same connection with a new handshake and exchange, as the same user
-//! and mechanism; a connection whose session has ended is closed at its
-//! next request other than that handshake.
+//! and mechanism. As in Kafka, an exchange in progress admits only its own
+//! frames, and a re-authentication does not extend the session it renews
+//! until it succeeds: after the session's end, any request but the
+//! re-authentication's handshake and tokens closes the connection, and so
+//! does a re-authentication that fails.
 //!
 //! [`Authenticator`] is one connection's state machine: it takes the
 //! handshake and the tokens, and answers what to send and whether the
@@ -287,6 +290,10 @@ enum Exchange {
     },
     /// Authenticated; a new handshake begins a re-authentication.
     Done,
+    /// An answer closed the connection (a failed exchange, a broken
+    /// protocol): nothing the old session allowed is served while the
+    /// answer goes out.
+    Failed,
 }
 
 /// The session a successful exchange opened.
@@ -329,27 +336,72 @@ impl Authenticator {
         matches!(self.exchange, Exchange::Tokens { raw: true, .. })
     }
 
-    /// Whether the session ran past its lifetime without the client
-    /// re-authenticating (a re-authentication in progress counts as in
-    /// time).
+    /// Whether the session ran past its lifetime. Only a
+    /// re-authentication that succeeds renews it; one in progress does
+    /// not, or a client could keep an expired session (and a deleted
+    /// credential's) alive by starting exchanges it never finishes.
     pub fn expired(&self, now: Instant) -> bool {
-        matches!(self.exchange, Exchange::Done)
-            && self
-                .session
-                .as_ref()
-                .and_then(|s| s.expires)
-                .is_some_and(|e| now >= e)
+        self.session
+            .as_ref()
+            .and_then(|s| s.expires)
+            .is_some_and(|e| now >= e)
+    }
+
+    /// Whether a frame of `api_key` may be handled at `now`, as Kafka
+    /// decides it: before authentication only ApiVersions and the SASL
+    /// APIs; during an exchange (the first or a re-authentication) only
+    /// its tokens, bare ones after a v0 handshake (Kafka's channel hands
+    /// every frame to its authenticator until the exchange ends); once the
+    /// session has expired only the frames of a re-authentication; after
+    /// an answer that closes the connection nothing.
+    pub fn gate(&self, api_key: i16, now: Instant) -> Gate {
+        let is = |key: ApiKey| api_key == key as i16;
+        let name = || ApiKey::try_from(api_key).map_or_else(|_| format!("{api_key}"), |k| format!("{k:?}"));
+        match &self.exchange {
+            Exchange::Failed => Gate::Close("a request after a failed SASL exchange".into()),
+            Exchange::Tokens { raw: true, .. } => Gate::RawToken,
+            // A handshake here is answered ILLEGAL_SASL_STATE, as in Kafka.
+            Exchange::Tokens { .. } if is(ApiKey::SaslAuthenticate) || is(ApiKey::SaslHandshake) => {
+                Gate::Pass
+            }
+            // A handshake still begins a re-authentication after the
+            // session's end, as in Kafka: a client may have waited for its
+            // requests in flight before starting one.
+            _ if self.expired(now) && !is(ApiKey::SaslHandshake) => Gate::Expired,
+            Exchange::Tokens { .. } => Gate::Close(format!(
+                "Unexpected Kafka request of type {} during SASL authentication",
+                name()
+            )),
+            _ if self.session.is_none() && !BEFORE_AUTHENTICATION.contains(&api_key) => Gate::Close(format!(
+                "Unexpected Kafka request of type {} during SASL handshake",
+                name()
+            )),
+            Exchange::Handshake | Exchange::Done => Gate::Pass,
+        }
     }
 
     /// SaslHandshake (`version` 0 or 1) for `mechanism`.
     pub fn handshake(&mut self, mechanism: &str, version: i16) -> HandshakeAnswer {
+        let answer = self.start_exchange(mechanism, version);
+        self.fail_on_close(&answer.next);
+        answer
+    }
+
+    /// An answer that closes the connection ends the exchange for good.
+    fn fail_on_close(&mut self, next: &Next) {
+        if matches!(next, Next::Fail(_) | Next::Close(_)) {
+            self.exchange = Exchange::Failed;
+        }
+    }
+
+    fn start_exchange(&mut self, mechanism: &str, version: i16) -> HandshakeAnswer {
         let enabled = self.listener.settings.mechanisms.clone();
         let answer = |error, next| HandshakeAnswer {
             error,
             mechanisms: enabled.clone(),
             next,
         };
-        if matches!(self.exchange, Exchange::Tokens { .. }) {
+        if !matches!(self.exchange, Exchange::Handshake | Exchange::Done) {
             return answer(
                 Some(ResponseError::IllegalSaslState),
                 Next::Close("SaslHandshake in the middle of a SASL exchange".into()),
@@ -400,6 +452,12 @@ impl Authenticator {
     /// One client token (a SaslAuthenticate request's, or a bare frame's
     /// after a v0 handshake: `raw`), at `now`.
     pub fn token(&mut self, token: &[u8], raw: bool, now: Instant) -> TokenAnswer {
+        let answer = self.take_token(token, raw, now);
+        self.fail_on_close(&answer.next);
+        answer
+    }
+
+    fn take_token(&mut self, token: &[u8], raw: bool, now: Instant) -> TokenAnswer {
         let Exchange::Tokens {
             session,
             mechanism,
@@ -409,7 +467,7 @@ impl Authenticator {
         else {
             // After authentication Kafka answers it and goes on; before a
             // handshake it is a broken exchange.
-            if self.session.is_some() {
+            if matches!(self.exchange, Exchange::Done) {
                 return TokenAnswer::refused(
                     ResponseError::IllegalSaslState,
                     "SaslAuthenticate request received after successful authentication",
@@ -450,7 +508,6 @@ impl Authenticator {
         // parser sees it.
         if mechanism.starts_with("SCRAM-") {
             if let Err(why) = scram_shape(token, *first) {
-                self.exchange = Exchange::Handshake;
                 return failed(&format!("{mechanism}: malformed message: {why}"));
             }
         }
@@ -463,11 +520,9 @@ impl Authenticator {
         }));
         let outcome = match step {
             Err(_) => {
-                self.exchange = Exchange::Handshake;
                 return failed(&format!("{mechanism}: the SASL library failed on the message"));
             }
             Ok(Err(e)) => {
-                self.exchange = Exchange::Handshake;
                 return failed(&format!("{mechanism}: {e}"));
             }
             Ok(Ok(StepState::Running)) => {
@@ -480,7 +535,6 @@ impl Authenticator {
             }
             Ok(Ok(StepState::Finished(_))) => session.validation(),
         };
-        self.exchange = Exchange::Handshake;
         let user = match outcome {
             Some(Ok(user)) => user,
             Some(Err(message)) => {
@@ -527,8 +581,12 @@ pub enum Gate {
     Pass,
     /// It is a bare SASL token (after a v0 handshake).
     RawToken,
-    /// Close the connection, for this reason.
+    /// Close the connection, for this reason: the client broke the SASL
+    /// protocol.
     Close(String),
+    /// Close the connection: its session ended (`connections.max.reauth.ms`)
+    /// and the frame does not re-authenticate.
+    Expired,
 }
 
 /// The APIs a client may send before it has authenticated.
@@ -564,37 +622,17 @@ impl ConnectionAuth {
         self.0.lock().session().map(|s| Arc::clone(&s.user))
     }
 
-    /// Whether a frame of `api_key` may be handled now, as Kafka allows:
-    /// before authentication only ApiVersions and the SASL APIs, after a
-    /// v0 handshake only bare tokens, and once the session has expired
-    /// only a handshake that re-authenticates.
+    /// Whether a frame of `api_key` may be handled at `now`
+    /// ([`Authenticator::gate`]).
     pub fn gate(&self, api_key: i16, now: Instant) -> Gate {
-        let auth = self.0.lock();
-        if auth.expects_raw_token() {
-            return Gate::RawToken;
-        }
-        // As in Kafka, a handshake begins a re-authentication even after
-        // the session's end: a client may have waited for its requests in
-        // flight before starting one.
-        if auth.expired(now) && api_key != ApiKey::SaslHandshake as i16 {
-            return Gate::Close(
-                "the SASL session expired without re-authentication (connections.max.reauth.ms)".into(),
-            );
-        }
-        if auth.session().is_none() && !BEFORE_AUTHENTICATION.contains(&api_key) {
-            let name = ApiKey::try_from(api_key).map_or_else(|_| format!("{api_key}"), |k| format!("{k:?}"));
-            return Gate::Close(format!(
-                "Unexpected Kafka request of type {name} during SASL handshake"
-            ));
-        }
-        Gate::Pass
+        self.0.lock().gate(api_key, now)
     }
 
     /// The largest frame read now: `sasl.server.max.receive.size` until
-    /// the client has authenticated.
+    /// the client has authenticated and while it re-authenticates.
     pub fn max_frame_bytes(&self, max_request_bytes: usize) -> usize {
         let auth = self.0.lock();
-        if auth.session().is_none() || auth.expects_raw_token() {
+        if !matches!(auth.exchange, Exchange::Done) {
             max_request_bytes.min(auth.settings().max_receive_bytes)
         } else {
             max_request_bytes

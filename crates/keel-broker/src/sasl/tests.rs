@@ -96,6 +96,19 @@ fn login(
 ) -> TokenAnswer {
     let hs = auth.handshake(mechanism, version);
     assert_eq!(hs.error, None, "{mechanism}");
+    exchange(auth, mechanism, authzid, user, password, version == 0)
+}
+
+/// Runs a client exchange against `auth` after its handshake, and returns
+/// the last answer.
+fn exchange(
+    auth: &mut Authenticator,
+    mechanism: &str,
+    authzid: Option<&str>,
+    user: &str,
+    password: &str,
+    raw: bool,
+) -> TokenAnswer {
     let config =
         SASLConfig::with_credentials(authzid.map(String::from), user.into(), password.into()).unwrap();
     let name = Mechname::parse(mechanism.as_bytes()).unwrap();
@@ -103,7 +116,7 @@ fn login(
     let mut out = Vec::new();
     client.step(None, &mut out).unwrap();
     loop {
-        let answer = auth.token(&out, version == 0, Instant::now());
+        let answer = auth.token(&out, raw, Instant::now());
         if answer.error.is_some() || matches!(auth.exchange, Exchange::Done) {
             if answer.error.is_none() && !answer.bytes.is_empty() {
                 // The client checks the server's signature (SCRAM).
@@ -359,6 +372,112 @@ fn sessions_expire_and_re_authenticate_as_the_same_user() {
     let (error, message) = answer.error.unwrap();
     assert_eq!(error, ResponseError::SaslAuthenticationFailed);
     assert!(message.contains("Cannot change principals"), "{message}");
+}
+
+const METADATA: i16 = ApiKey::Metadata as i16;
+const SASL_HANDSHAKE: i16 = ApiKey::SaslHandshake as i16;
+const SASL_AUTHENTICATE: i16 = ApiKey::SaslAuthenticate as i16;
+
+/// A connection logged in as carol (SCRAM-SHA-512) on a listener whose
+/// sessions last a minute, and when its session ends.
+fn minute_session(f: &Fixture) -> (ConnectionAuth, Instant) {
+    f.add_scram("carol", "carol-secret", ScramMechanism::Sha512);
+    let listener = f.listener(&[
+        ("sasl.enabled.mechanisms", "SCRAM-SHA-512"),
+        ("listener.name.sasl_plaintext.connections.max.reauth.ms", "60000"),
+    ]);
+    let auth = ConnectionAuth::new(listener);
+    let answer = login(
+        &mut auth.lock(),
+        "SCRAM-SHA-512",
+        None,
+        "carol",
+        "carol-secret",
+        1,
+    );
+    assert_eq!(answer.next, Next::Authenticated);
+    let expires = auth.lock().session().unwrap().expires.unwrap();
+    (auth, expires)
+}
+
+#[test]
+fn an_unfinished_re_authentication_does_not_extend_an_expired_session() {
+    let f = Fixture::new();
+    let (auth, expires) = minute_session(&f);
+    assert_eq!(
+        auth.gate(METADATA, expires - Duration::from_millis(1)),
+        Gate::Pass
+    );
+    assert_eq!(auth.gate(METADATA, expires), Gate::Expired);
+    // After the session's end a handshake still begins a
+    // re-authentication (Kafka's clients wait for their requests in
+    // flight before they start one)...
+    assert_eq!(auth.gate(SASL_HANDSHAKE, expires), Gate::Pass);
+    assert_eq!(auth.lock().handshake("SCRAM-SHA-512", 1).error, None);
+    // ...but only its tokens are served until it succeeds, however long
+    // the client takes.
+    for later in [expires, expires + Duration::from_secs(3600)] {
+        assert_eq!(
+            auth.gate(METADATA, later),
+            Gate::Expired,
+            "a request after the session's end"
+        );
+        assert_eq!(auth.gate(SASL_AUTHENTICATE, later), Gate::Pass);
+    }
+    let answer = exchange(
+        &mut auth.lock(),
+        "SCRAM-SHA-512",
+        None,
+        "carol",
+        "carol-secret",
+        false,
+    );
+    assert_eq!(answer.next, Next::Authenticated);
+    let renewed = auth.lock().session().unwrap().expires.unwrap();
+    assert_eq!(
+        auth.gate(METADATA, renewed - Duration::from_millis(1)),
+        Gate::Pass
+    );
+    assert_eq!(auth.gate(METADATA, renewed), Gate::Expired);
+}
+
+#[test]
+fn a_re_authentication_in_progress_admits_only_its_tokens() {
+    let f = Fixture::new();
+    let (auth, expires) = minute_session(&f);
+    let now = expires - Duration::from_secs(30);
+    let max_receive_bytes = auth.lock().settings().max_receive_bytes;
+    assert_eq!(auth.max_frame_bytes(usize::MAX), usize::MAX);
+    assert_eq!(auth.lock().handshake("SCRAM-SHA-512", 1).error, None);
+    // As in Kafka, whose channel hands every frame to the authenticator
+    // until the exchange ends.
+    for api in [METADATA, ApiKey::Produce as i16, ApiKey::ApiVersions as i16] {
+        let gate = auth.gate(api, now);
+        assert!(
+            matches!(gate, Gate::Close(_)),
+            "API {api} during a re-authentication: {gate:?}"
+        );
+    }
+    assert_eq!(auth.gate(SASL_AUTHENTICATE, now), Gate::Pass);
+    assert_eq!(auth.max_frame_bytes(usize::MAX), max_receive_bytes);
+}
+
+#[test]
+fn a_failed_re_authentication_serves_nothing_more() {
+    let f = Fixture::new();
+    let (auth, expires) = minute_session(&f);
+    let now = expires - Duration::from_secs(30);
+    let answer = login(&mut auth.lock(), "SCRAM-SHA-512", None, "carol", "wrong", 1);
+    assert!(matches!(answer.next, Next::Fail(_)), "{:?}", answer.next);
+    // The connection closes after the failure's delay; should another
+    // frame be read meanwhile, the old session does not serve it.
+    for api in [METADATA, SASL_HANDSHAKE, SASL_AUTHENTICATE] {
+        let gate = auth.gate(api, now);
+        assert!(
+            matches!(gate, Gate::Close(_)),
+            "API {api} after a failed re-authentication: {gate:?}"
+        );
+    }
 }
 
 #[test]
