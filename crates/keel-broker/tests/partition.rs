@@ -543,11 +543,16 @@ async fn described_producers_follow_the_writes() {
     p.append(b, h).await.unwrap();
     let expected = vec![(7, 2, -1, -1), (9, 0, -1, 3)];
     assert_eq!(described(&p), expected);
-    // A panic reloads the state from the log.
+    // A panic reloads the state from the log. The failed request is
+    // answered as the panic unwinds, before the reload: the next append,
+    // queued behind the reload, is the point after it.
     faults.add_text("write panic path=.log times=1").unwrap();
     let (b, h) = batch(Some((8, 0)), 1);
     p.append(b, h).await.unwrap_err();
     assert_eq!(described(&p), expected);
+    let (b, h) = batch(Some((7, 3)), 1);
+    p.append(b, h).await.unwrap();
+    assert_eq!(described(&p), vec![(7, 3, -1, -1), (9, 0, -1, 3)]);
     assert_eq!(p.producer_count(), 2);
     assert_eq!(p.expire_producers(i64::MAX, 1), 2);
     assert_eq!(described(&p), vec![]);

@@ -268,7 +268,7 @@ impl ClientQuotas {
     ) -> i64 {
         let mut rates = self.rates.lock();
         let windows = self.windows;
-        let rate = rates.get((key, rate_key), now_ms, || Rate::new(windows, now_ms));
+        let rate = rates.get((key, rate_key), now_ms, || Rate::new(windows));
         rate.record(amount, now_ms);
         let throttle = rate.throttle_ms(bound, now_ms);
         if throttle > 0 && take_back {

@@ -34,7 +34,7 @@ pub struct Rate {
 }
 
 impl Rate {
-    pub fn new(windows: Windows, now_ms: i64) -> Rate {
+    pub fn new(windows: Windows) -> Rate {
         Rate {
             windows,
             samples: Vec::new(),
@@ -181,7 +181,7 @@ mod tests {
 
     #[test]
     fn a_first_burst_is_measured_over_ten_windows() {
-        let mut r = Rate::new(Windows::default(), 0);
+        let mut r = Rate::new(Windows::default());
         r.record(10_000.0, 0);
         // 10,000 bytes over at least 10 s: 1,000 B/s.
         assert_eq!(r.window_size_ms(0), 10_000);
@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn old_samples_leave_the_window() {
         let w = Windows::default();
-        let mut r = Rate::new(w, 0);
+        let mut r = Rate::new(w);
         for s in 0..30 {
             r.record(1000.0, s * 1000);
         }
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn a_rate_under_the_bound_is_never_throttled_and_taking_back_undoes() {
-        let mut r = Rate::new(Windows::default(), 0);
+        let mut r = Rate::new(Windows::default());
         // 900 B every 100 ms: 9,000 B/s against a bound of 10,000.
         for i in 0..300 {
             r.record(900.0, i * 100);
