@@ -427,7 +427,12 @@ fn pass(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: 
     };
     let mut commit = |group: keel_log::clean::CleanedGroup| {
         let end = group.next_offset();
-        let swapped = p.with_log(|log| log.commit_cleaned(group))??;
+        // Deleted (or offline) meanwhile: there is no log to swap into, and
+        // the pass ends as one whose log changed.
+        let Ok(swapped) = p.with_log(|log| log.commit_cleaned(group)) else {
+            return Ok(false);
+        };
+        let swapped = swapped?;
         if swapped {
             p.forget_cached_below(end);
         }
