@@ -18,7 +18,9 @@
 //! than that grace: copies of deleted topics, and writes an object store
 //! finished after the broker crashed and rolled their copy back. The
 //! copies of a partition whose manifest cannot be read (its log is
-//! unavailable) are kept.
+//! unavailable) are kept, and so are those a cleaning pass has stored but
+//! not yet swapped in (`Tiers::hold_uncommitted`), however long storing
+//! them took.
 //!
 //! A partition whose log is unavailable (offline, closed by a shutdown, or
 //! deleted during the pass) is left alone for the rest of the pass and the
@@ -243,7 +245,7 @@ async fn try_on_log<T: Send + 'static>(
     Ok(on_log(p, f).await??)
 }
 
-async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
+pub(crate) async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
     let targets = targets(broker);
     let result = pass_over(broker, &targets).await;
     note_set_aside(broker, &targets);
