@@ -332,12 +332,7 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
                 .with_read_window(cleaner.settings().io_buffer_bytes)
                 .with_stable_end(stable);
             if broker.tiers.has(Tier::Capacity) {
-                source = source.with_cold(Arc::new(ColdAccess {
-                    broker: Arc::clone(broker),
-                    runtime: runtime.clone(),
-                    topic: Arc::clone(&topic),
-                    partition: p.index,
-                }));
+                source = source.with_cold(ColdAccess::new(broker, runtime, &topic, p.index));
             }
             match source.assess(&options) {
                 Ok(Ok(a)) => {
@@ -386,6 +381,28 @@ struct ColdAccess {
     runtime: tokio::runtime::Handle,
     topic: Arc<Topic>,
     partition: i32,
+    /// The copies this pass stored, kept from the orphan sweep: no
+    /// manifest names one until its swap. The pass owns this (through its
+    /// `CleanSource`) and drops it when it ends, after the swap or the
+    /// discard of each.
+    stored: Mutex<Vec<keel_tier::UncommittedCopy>>,
+}
+
+impl ColdAccess {
+    fn new(
+        broker: &Arc<Broker>,
+        runtime: &tokio::runtime::Handle,
+        topic: &Arc<Topic>,
+        partition: i32,
+    ) -> Arc<ColdAccess> {
+        Arc::new(ColdAccess {
+            broker: Arc::clone(broker),
+            runtime: runtime.clone(),
+            topic: Arc::clone(topic),
+            partition,
+            stored: Mutex::new(Vec::new()),
+        })
+    }
 }
 
 impl ColdSegments for ColdAccess {
@@ -401,6 +418,7 @@ impl ColdSegments for ColdAccess {
         let b = &self.broker;
         let object =
             crate::mover::object_name(&b.cluster_id, &self.topic, self.partition, segment.base_offset);
+        self.stored.lock().push(b.tiers.hold_uncommitted(&object));
         self.runtime
             .block_on(b.tiers.copy(tier, segment, &object, &b.cleaner.pacer))?;
         Ok(segment.tiered(tier, TierState::Cold, object))
@@ -427,7 +445,12 @@ fn pass(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: 
     };
     let mut commit = |group: keel_log::clean::CleanedGroup| {
         let end = group.next_offset();
-        let swapped = p.with_log(|log| log.commit_cleaned(group))??;
+        // Deleted (or offline) meanwhile: there is no log to swap into, and
+        // the pass ends as one whose log changed.
+        let Ok(swapped) = p.with_log(|log| log.commit_cleaned(group)) else {
+            return Ok(false);
+        };
+        let swapped = swapped?;
         if swapped {
             p.forget_cached_below(end);
         }
@@ -488,3 +511,6 @@ fn record(cleaner: &Cleaner, cleaning: &mut Cleaning, stats: &PassStats, map_cap
     cleaning.clean_end = Some(stats.checkpoint.clean_end);
     cleaning.not_cleanable = None;
 }
+
+#[cfg(test)]
+mod tests;

@@ -24,6 +24,8 @@ pub mod partition;
 pub mod producers;
 pub mod quotas;
 pub mod sasl;
+#[cfg(test)]
+mod testing;
 mod time;
 pub mod topics;
 pub mod trace;

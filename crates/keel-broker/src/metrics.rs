@@ -459,7 +459,7 @@ fn state_registry(broker: &Broker) -> Registry {
         g.set(value);
         r.register(name, help, g);
     }
-    let counters: [(&str, &str, u64); 25] = [
+    let counters: [(&str, &str, u64); 26] = [
         (
             "keel_tail_cache_inserted_bytes",
             "Bytes put in the tail cache",
@@ -543,6 +543,11 @@ fn state_registry(broker: &Broker) -> Registry {
             "keel_mover_failed_passes",
             "Mover passes that failed",
             m.failed_passes.load(Relaxed),
+        ),
+        (
+            "keel_mover_partitions_set_aside",
+            "Partitions mover passes left alone because their log was unavailable (once per pass)",
+            m.partitions_set_aside.load(Relaxed),
         ),
         (
             "keel_cleaner_passes",

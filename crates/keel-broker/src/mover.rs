@@ -16,12 +16,20 @@
 //! Every `keel.tier.orphan.grace.ms` it also sweeps each tier for copies
 //! under this cluster's prefix that no manifest names and that are older
 //! than that grace: copies of deleted topics, and writes an object store
-//! finished after the broker crashed and rolled their copy back.
+//! finished after the broker crashed and rolled their copy back. The
+//! copies of a partition whose manifest cannot be read (its log is
+//! unavailable) are kept, and so are those a cleaning pass has stored but
+//! not yet swapped in (`Tiers::hold_uncommitted`), however long storing
+//! them took.
 //!
-//! A failing tier (an object store that does not answer) makes passes
-//! back off exponentially, up to a minute; produce and fetch never wait for
-//! the mover. A fast tier over its budget with nothing left to release is
-//! logged, with the mover's last error, at most once a minute.
+//! A partition whose log is unavailable (offline, closed by a shutdown, or
+//! deleted during the pass) is left alone for the rest of the pass and the
+//! others are moved; passes count such partitions and name them in the log
+//! at most once a minute. A failing tier (an object store that does not
+//! answer) makes passes back off exponentially, up to a minute; produce and
+//! fetch never wait for the mover. A fast tier over its budget with nothing
+//! left to release is logged, with the mover's last error, at most once a
+//! minute.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,12 +41,12 @@ use parking_lot::Mutex;
 
 use crate::broker::Broker;
 use crate::config::TierPolicy;
-use crate::partition::Partition;
+use crate::partition::{Partition, Unavailable};
 use crate::time::now_ms;
 use crate::topics::Topic;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
-const OVER_BUDGET_LOG_EVERY: Duration = Duration::from_secs(60);
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// The mover's state, shared with stats.
 #[derive(Debug)]
@@ -58,6 +66,9 @@ pub struct Mover {
     pub passes: AtomicU64,
     pub over_budget: AtomicBool,
     pub orphans_deleted: AtomicU64,
+    /// Partitions passes left alone because their log was unavailable
+    /// (offline, closed or deleted), counted once per pass.
+    pub partitions_set_aside: AtomicU64,
     /// Free and total bytes of the fast tier's filesystem at the last pass.
     pub fast_fs_free_bytes: AtomicU64,
     pub fast_fs_total_bytes: AtomicU64,
@@ -66,6 +77,7 @@ pub struct Mover {
     last_sweep: Mutex<Option<Instant>>,
     last_over_budget_log: Mutex<Option<Instant>>,
     last_fs_full_log: Mutex<Option<Instant>>,
+    last_set_aside_log: Mutex<Option<Instant>>,
 }
 
 /// Below this share of free space the fast tier's filesystem is reported as
@@ -81,6 +93,8 @@ impl Mover {
     ) -> Mover {
         Mover {
             orphans_deleted: AtomicU64::new(0),
+            partitions_set_aside: AtomicU64::new(0),
+            last_set_aside_log: Mutex::new(None),
             fast_fs_free_bytes: AtomicU64::new(0),
             fast_fs_total_bytes: AtomicU64::new(0),
             orphan_grace,
@@ -148,6 +162,15 @@ struct Target {
     topic: Arc<Topic>,
     partition: Arc<Partition>,
     policy: TierPolicy,
+    /// Why the partition's log was unavailable during this pass, once it
+    /// was: the pass leaves it alone from then on.
+    set_aside: Mutex<Option<Unavailable>>,
+}
+
+impl Target {
+    fn is_set_aside(&self) -> bool {
+        self.set_aside.lock().is_some()
+    }
 }
 
 fn targets(broker: &Broker) -> Vec<Target> {
@@ -159,10 +182,46 @@ fn targets(broker: &Broker) -> Vec<Target> {
                 topic: Arc::clone(&topic),
                 partition: Arc::clone(p),
                 policy,
+                set_aside: Mutex::new(None),
             });
         }
     }
     out
+}
+
+/// The targets a pass still works on.
+fn available(targets: &[Target]) -> impl Iterator<Item = &Target> {
+    targets.iter().filter(|t| !t.is_set_aside())
+}
+
+/// Why a pass's step on one partition did not happen.
+#[derive(Debug)]
+enum StepError {
+    /// The partition's log is offline, closed or deleted: the pass sets it
+    /// aside and goes on with the others.
+    Unavailable(Unavailable),
+    /// A tier, or the log's own I/O, failed: the pass stops and backs off.
+    Failed(std::io::Error),
+}
+
+impl From<std::io::Error> for StepError {
+    fn from(e: std::io::Error) -> StepError {
+        StepError::Failed(e)
+    }
+}
+
+type StepResult<T> = Result<T, StepError>;
+
+/// A step's outcome for the pass: `None` when the partition was set aside.
+fn settle<T>(t: &Target, step: StepResult<T>) -> std::io::Result<Option<T>> {
+    match step {
+        Ok(v) => Ok(Some(v)),
+        Err(StepError::Unavailable(why)) => {
+            t.set_aside.lock().get_or_insert(why);
+            Ok(None)
+        }
+        Err(StepError::Failed(e)) => Err(e),
+    }
 }
 
 /// Runs `f` on a partition's log on a blocking thread (the partition lock
@@ -170,56 +229,44 @@ fn targets(broker: &Broker) -> Vec<Target> {
 async fn on_log<T: Send + 'static>(
     p: &Arc<Partition>,
     f: impl FnOnce(&mut PartitionLog) -> T + Send + 'static,
-) -> std::io::Result<T> {
+) -> StepResult<T> {
     let p = Arc::clone(p);
     tokio::task::spawn_blocking(move || p.with_log(f))
         .await
         .map_err(|e| std::io::Error::other(format!("mover task failed: {e}")))?
+        .map_err(StepError::Unavailable)
 }
 
-async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
+/// [`on_log`] for a step that can fail.
+async fn try_on_log<T: Send + 'static>(
+    p: &Arc<Partition>,
+    f: impl FnOnce(&mut PartitionLog) -> std::io::Result<T> + Send + 'static,
+) -> StepResult<T> {
+    Ok(on_log(p, f).await??)
+}
+
+pub(crate) async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
     let targets = targets(broker);
+    let result = pass_over(broker, &targets).await;
+    note_set_aside(broker, &targets);
+    result
+}
+
+async fn pass_over(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()> {
     let mut first_error = None;
     // 1. Deletions.
-    for t in &targets {
-        let pending = on_log(&t.partition, |log| log.pending_deletes()).await?;
-        for segment in pending {
-            if !broker.tiers.has(segment.tier) {
-                continue; // A tier no longer configured: keep the record.
-            }
-            match broker.tiers.delete(&segment).await {
-                Ok(()) => {
-                    let object = segment.object.clone();
-                    on_log(&t.partition, move |log| log.forget_deleted(&object)).await??;
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
+    for t in available(targets) {
+        settle(t, delete_marked(broker, t, &mut first_error).await)?;
     }
     // 2. Copies, each followed by releases.
-    release(broker, &targets).await?;
-    for t in &targets {
+    release(broker, targets).await?;
+    for t in available(targets) {
         let Some(tier) = t.policy.tier.filter(|_| t.policy.copy) else {
             continue;
         };
-        let candidates = on_log(&t.partition, |log| log.copy_candidates()).await?;
-        for segment in candidates {
-            if !copies_now(broker, t) {
-                break;
-            }
-            if let Err(e) = copy_one(broker, t, tier, &segment).await {
-                tracing::warn!(
-                    topic = %t.topic.meta.name, partition = t.partition.index, base_offset = segment.base_offset,
-                    tier = tier.name(), error = %e, "tier mover: copy failed"
-                );
-                return Err(e);
-            }
-            release(broker, &targets).await?;
-        }
+        settle(t, copy_partition(broker, targets, t, tier).await)?;
     }
-    release(broker, &targets).await?;
+    release(broker, targets).await?;
     check_fast_space(broker);
     let sweep_due = broker
         .mover
@@ -238,6 +285,83 @@ async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
     }
 }
 
+/// Deletes a partition's copies its manifest marks `Deleting`. A tier
+/// that fails to delete one is noted in `first_error`, and the others go
+/// on.
+async fn delete_marked(
+    broker: &Arc<Broker>,
+    t: &Target,
+    first_error: &mut Option<std::io::Error>,
+) -> StepResult<()> {
+    let pending = on_log(&t.partition, |log| log.pending_deletes()).await?;
+    for segment in pending {
+        if !broker.tiers.has(segment.tier) {
+            continue; // A tier no longer configured: keep the record.
+        }
+        match broker.tiers.delete(&segment).await {
+            Ok(()) => {
+                let object = segment.object.clone();
+                try_on_log(&t.partition, move |log| log.forget_deleted(&object)).await?;
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies a partition's sealed segments, oldest first, releasing local
+/// copies after each.
+async fn copy_partition(broker: &Arc<Broker>, targets: &[Target], t: &Target, tier: Tier) -> StepResult<()> {
+    let candidates = on_log(&t.partition, |log| log.copy_candidates()).await?;
+    for segment in candidates {
+        if !copies_now(broker, t) {
+            break;
+        }
+        if let Err(e) = copy_one(broker, t, tier, &segment).await {
+            if let StepError::Failed(e) = &e {
+                tracing::warn!(
+                    topic = %t.topic.meta.name, partition = t.partition.index, base_offset = segment.base_offset,
+                    tier = tier.name(), error = %e, "tier mover: copy failed"
+                );
+            }
+            return Err(e);
+        }
+        release(broker, targets).await?;
+    }
+    Ok(())
+}
+
+/// Counts the partitions this pass set aside, and names them in the log at
+/// most once a minute: an offline partition stays offline until a restart,
+/// and every pass meets it again.
+fn note_set_aside(broker: &Broker, targets: &[Target]) {
+    let aside: Vec<(&Target, Unavailable)> = targets
+        .iter()
+        .filter_map(|t| t.set_aside.lock().clone().map(|why| (t, why)))
+        .collect();
+    let Some((first, why)) = aside.first() else {
+        return;
+    };
+    let mover = &broker.mover;
+    mover
+        .partitions_set_aside
+        .fetch_add(aside.len() as u64, Ordering::Relaxed);
+    let mut last = mover.last_set_aside_log.lock();
+    if last.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+        *last = Some(Instant::now());
+        tracing::warn!(
+            partitions = aside.len(),
+            topic = %first.topic.meta.name,
+            partition = first.partition.index,
+            reason = %why.0,
+            "tier mover: partitions whose log is unavailable (offline, closed or deleted) are left \
+             alone; the others are moved"
+        );
+    }
+}
+
 /// Whether the topic's configs, as they are now, still have segments
 /// copied: a pass lists its candidates once, and an operator may set
 /// `remote.log.copy.disable` or turn the tier off while it copies them.
@@ -252,12 +376,7 @@ fn copies_now(broker: &Broker, t: &Target) -> bool {
         })
 }
 
-async fn copy_one(
-    broker: &Arc<Broker>,
-    t: &Target,
-    tier: Tier,
-    segment: &SealedSegment,
-) -> std::io::Result<()> {
+async fn copy_one(broker: &Arc<Broker>, t: &Target, tier: Tier, segment: &SealedSegment) -> StepResult<()> {
     let object = object_name(
         &broker.cluster_id,
         &t.topic,
@@ -269,7 +388,7 @@ async fn copy_one(
         Ok(_) => {}
         // Retention or DeleteRecords removed it since the candidates were listed.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     }
     let copied = broker
         .tiers
@@ -278,13 +397,19 @@ async fn copy_one(
     let o = object.clone();
     match copied {
         Ok(()) => {
-            let kept = on_log(&t.partition, move |log| log.finish_copy(&o)).await??;
+            let kept = try_on_log(&t.partition, move |log| log.finish_copy(&o)).await?;
             tracing::debug!(object = %object, kept, "tier mover: copied");
             Ok(())
         }
         Err(e) => {
-            on_log(&t.partition, move |log| log.abort_copy(&o)).await??;
-            Err(e)
+            // A partition gone meanwhile rolls its `copying` entry back at
+            // start-up, or has no manifest left: the copy is an orphan.
+            match on_log(&t.partition, move |log| log.abort_copy(&o)).await {
+                Ok(aborted) => aborted?,
+                Err(StepError::Unavailable(_)) => {}
+                Err(StepError::Failed(e)) => return Err(e.into()),
+            }
+            Err(e.into())
         }
     }
 }
@@ -295,10 +420,18 @@ async fn copy_one(
 /// never touch each other's copies.
 pub(crate) fn object_name(cluster_id: &str, topic: &Topic, partition: i32, base_offset: i64) -> String {
     format!(
-        "{cluster_id}/{}-{}/{partition}/{base_offset:020}-{}",
-        topic.meta.name,
-        topic.meta.topic_id.simple(),
+        "{}{base_offset:020}-{}",
+        partition_prefix(cluster_id, topic, partition),
         uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// The prefix of every copy of one partition's segments.
+fn partition_prefix(cluster_id: &str, topic: &Topic, partition: i32) -> String {
+    format!(
+        "{cluster_id}/{}-{}/{partition}/",
+        topic.meta.name,
+        topic.meta.topic_id.simple()
     )
 }
 
@@ -306,9 +439,9 @@ pub(crate) fn object_name(cluster_id: &str, topic: &Topic, partition: i32, base_
 async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()> {
     let now = now_ms();
     // Local retention, per partition.
-    for t in targets {
+    for t in available(targets) {
         let policy = t.policy;
-        let released = on_log(&t.partition, move |log| -> std::io::Result<(u64, u64)> {
+        let released = try_on_log(&t.partition, move |log| {
             let (mut count, mut bytes) = (0, 0);
             while let Some((base, size, max_ts)) = log.oldest_releasable() {
                 let over_bytes = policy.local_retention_bytes >= 0
@@ -323,27 +456,37 @@ async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()
             }
             Ok((count, bytes))
         })
-        .await??;
-        note_released(broker, released);
+        .await;
+        if let Some(released) = settle(t, released)? {
+            note_released(broker, released);
+        }
     }
     // The fast tier's budget, oldest first across partitions.
     let budget = broker.mover.fast_max_bytes();
-    let mut fast = fast_bytes(targets).await?;
+    let mut fast = sum_over(targets, |log| log.size_bytes()).await?;
     while budget >= 0 && fast > budget as u64 {
         let mut oldest: Option<(&Target, i64, i64)> = None;
-        for t in targets {
-            if let Some((base, _, max_ts)) = on_log(&t.partition, |log| log.oldest_releasable()).await? {
+        for t in available(targets) {
+            let releasable = settle(t, on_log(&t.partition, |log| log.oldest_releasable()).await)?;
+            if let Some(Some((base, _, max_ts))) = releasable {
                 if oldest.is_none_or(|(_, _, ts)| max_ts < ts) {
                     oldest = Some((t, base, max_ts));
                 }
             }
         }
         let Some((t, base, _)) = oldest else { break };
-        let freed = on_log(&t.partition, move |log| log.release_local(base)).await??;
+        // Set aside meanwhile: look again without it.
+        let Some(freed) = settle(
+            t,
+            try_on_log(&t.partition, move |log| log.release_local(base)).await,
+        )?
+        else {
+            continue;
+        };
         note_released(broker, (1, freed));
         fast = fast.saturating_sub(freed);
     }
-    let copied = copied_local_bytes(targets).await?;
+    let copied = sum_over(targets, |log| log.local_copied_bytes()).await?;
     let mover = &broker.mover;
     mover.fast_bytes.store(fast, Ordering::Relaxed);
     mover.fast_copied_bytes.store(copied, Ordering::Relaxed);
@@ -351,7 +494,7 @@ async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()
     mover.over_budget.store(over, Ordering::Relaxed);
     if over {
         let mut last = mover.last_over_budget_log.lock();
-        if last.is_none_or(|at| at.elapsed() >= OVER_BUDGET_LOG_EVERY) {
+        if last.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
             *last = Some(Instant::now());
             tracing::warn!(
                 fast_bytes = fast,
@@ -372,24 +515,20 @@ fn note_released(broker: &Broker, (count, bytes): (u64, u64)) {
     }
 }
 
-async fn fast_bytes(targets: &[Target]) -> std::io::Result<u64> {
+/// The sum of `f` over the partitions still available (an unavailable log's
+/// bytes are not known).
+async fn sum_over(targets: &[Target], f: fn(&PartitionLog) -> u64) -> std::io::Result<u64> {
     let mut total = 0;
-    for t in targets {
-        total += on_log(&t.partition, |log| log.size_bytes()).await?;
-    }
-    Ok(total)
-}
-
-async fn copied_local_bytes(targets: &[Target]) -> std::io::Result<u64> {
-    let mut total = 0;
-    for t in targets {
-        total += on_log(&t.partition, |log| log.local_copied_bytes()).await?;
+    for t in available(targets) {
+        total += settle(t, on_log(&t.partition, move |log| f(log)).await)?.unwrap_or(0);
     }
     Ok(total)
 }
 
 /// Deletes copies under this cluster's prefix that no manifest names and
-/// that are older than the grace (see the module docs).
+/// that are older than the grace (see the module docs). A partition whose
+/// manifest cannot be read now (its log is unavailable) keeps all its
+/// copies.
 async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
     for tier in [Tier::Capacity, Tier::Remote] {
         if !broker.tiers.has(tier) {
@@ -402,6 +541,7 @@ async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
         // Read after listing: a copy begun meanwhile is in its manifest, or
         // younger than the grace.
         let mut known = std::collections::HashSet::new();
+        let mut unread = Vec::new();
         for t in targets(broker) {
             let names = on_log(&t.partition, move |log| {
                 log.tiered_segments()
@@ -410,12 +550,21 @@ async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
                     .map(|s| s.object.clone())
                     .collect::<Vec<_>>()
             })
-            .await?;
-            known.extend(names);
+            .await;
+            match names {
+                Ok(names) => known.extend(names),
+                Err(StepError::Unavailable(_)) => {
+                    unread.push(partition_prefix(&broker.cluster_id, &t.topic, t.partition.index));
+                }
+                Err(StepError::Failed(e)) => return Err(e),
+            }
         }
         let grace_ms = broker.mover.orphan_grace.as_millis() as u64;
         for (object, age_ms) in listed {
-            if known.contains(&object) || age_ms < grace_ms {
+            if known.contains(&object)
+                || age_ms < grace_ms
+                || unread.iter().any(|prefix| object.starts_with(prefix.as_str()))
+            {
                 continue;
             }
             tracing::info!(tier = tier.name(), object = %object, age_ms, "deleting a copy no manifest names");
@@ -439,7 +588,7 @@ fn check_fast_space(broker: &Broker) {
         return;
     }
     let mut last = mover.last_fs_full_log.lock();
-    if last.is_none_or(|at| at.elapsed() >= OVER_BUDGET_LOG_EVERY) {
+    if last.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
         *last = Some(Instant::now());
         tracing::warn!(
             dir = %broker.config().data_dir().display(),
@@ -454,3 +603,6 @@ fn check_fast_space(broker: &Broker) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -113,6 +113,28 @@ struct AppendQueue {
     writer_active: bool,
 }
 
+/// Why [`Partition::with_log`] did not run: the partition's log is
+/// offline (its log dir failed, or it could not be opened), closed by a
+/// shutdown, or the topic was deleted. Not a failure of the step that
+/// asked, which the caller can skip; the failures of the step itself are
+/// what `f` returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the partition's log is unavailable: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+impl From<Unavailable> for std::io::Error {
+    fn from(e: Unavailable) -> std::io::Error {
+        std::io::Error::other(e)
+    }
+}
+
 /// Why appends are refused for good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Closed {
@@ -1061,12 +1083,12 @@ impl Partition {
 
     /// Runs `f` on the log's writer under the partition's writer lock, then
     /// publishes the offsets. For maintenance that only this partition's
-    /// appends wait on: call it from a blocking thread. Fails if the
-    /// partition is offline, closed or deleted.
-    pub fn with_log<T>(&self, f: impl FnOnce(&mut PartitionLog) -> T) -> std::io::Result<T> {
+    /// appends wait on: call it from a blocking thread. Refused, without
+    /// running `f`, if the partition is offline, closed or deleted.
+    pub fn with_log<T>(&self, f: impl FnOnce(&mut PartitionLog) -> T) -> Result<T, Unavailable> {
         let mut st = self.writer.lock();
         if let Some(why) = self.refusal(&st) {
-            return Err(std::io::Error::other(why.message));
+            return Err(Unavailable(why.message));
         }
         let log = st.log.as_mut().expect("refusal() checked the log is open");
         let out = f(log);

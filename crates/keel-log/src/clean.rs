@@ -23,7 +23,11 @@
 //!
 //! A pass reads sealed segments through their files and writes new ones
 //! beside them without the partition's writer lock; only the swap of each
-//! cleaned group takes it ([`crate::PartitionLog::commit_cleaned`]).
+//! cleaned group takes it ([`crate::PartitionLog::commit_cleaned`]). Every
+//! file it opens, creates or removes by the directory's path goes through
+//! the log's fence, so a pass under way when the log is retired (its topic
+//! deleted) touches nothing at that path again, where a new log may live,
+//! and ends with [`Skip::Retired`].
 
 // Reads bytes from disk: bad bytes are errors, never panics.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -37,6 +41,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::batch::{check_crc, BatchHeader};
+use crate::fence::DirFence;
 use crate::index::{Indexer, OffsetEntry, TimeEntry};
 use crate::partition::SealedSegment;
 use crate::records::{delete_horizon, rebuild_batch, records_in, records_section, Record};
@@ -415,6 +420,9 @@ pub enum Skip {
     /// Retention, a deletion or a failure changed the segments under the
     /// pass; the next pass starts again.
     Changed,
+    /// The log was retired (its topic deleted) during the pass: what the
+    /// pass did is discarded with it.
+    Retired,
 }
 
 impl std::fmt::Display for Skip {
@@ -424,6 +432,7 @@ impl std::fmt::Display for Skip {
             Skip::BelowDirtyRatio(r) => write!(f, "dirty ratio {r:.2} is below min.cleanable.dirty.ratio"),
             Skip::Unsupported(why) => write!(f, "{why}"),
             Skip::Changed => write!(f, "the log changed during the pass"),
+            Skip::Retired => write!(f, "the log was deleted during the pass"),
         }
     }
 }
@@ -449,6 +458,9 @@ pub struct PassStats {
 pub struct CleanSource {
     pub(crate) storage: Arc<dyn Storage>,
     pub(crate) dir: PathBuf,
+    /// Closed when the log is retired: every use of `dir`'s path goes
+    /// through it.
+    pub(crate) fence: Arc<DirFence>,
     pub(crate) view: LogReader,
     pub(crate) segment_bytes: u64,
     pub(crate) index_interval_bytes: u64,
@@ -583,7 +595,9 @@ impl CleanSource {
         };
         let dirty_end = last.next_offset;
         let first_base = cleanable[0].base_offset.max(log_start);
-        let checkpoint = Checkpoint::read(self.storage.as_ref(), &self.dir)?
+        let checkpoint = self
+            .fence
+            .run(|| Checkpoint::read(self.storage.as_ref(), &self.dir))?
             .filter(|c| c.suffix_end <= dirty_end)
             .map_or_else(|| Checkpoint::at(first_base), |c| c.settled(first_base));
         let total: u64 = cleanable.iter().map(|s| s.size_bytes).sum();
@@ -636,7 +650,25 @@ impl CleanSource {
     /// to `commit` (which swaps it in under the writer lock, or refuses if
     /// the log changed meanwhile) and saves the new checkpoint. `budget`
     /// is told every byte read, so the caller can pace the pass.
+    ///
+    /// A pass whose log is retired meanwhile ends with [`Skip::Retired`],
+    /// whatever it was doing: the fence kept it out of the directory's
+    /// path from then on, and its results go with the log.
     pub fn clean(
+        &self,
+        map: &mut KeyMap,
+        options: &PassOptions,
+        budget: &mut dyn FnMut(u64),
+        commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
+    ) -> io::Result<Result<PassStats, Skip>> {
+        let outcome = self.clean_unretired(map, options, budget, commit);
+        if self.fence.is_retired() {
+            return Ok(Err(Skip::Retired));
+        }
+        outcome
+    }
+
+    fn clean_unretired(
         &self,
         map: &mut KeyMap,
         options: &PassOptions,
@@ -754,7 +786,7 @@ impl CleanSource {
             if let Some(Source::Cold(first)) = group.first().map(|s| &s.source) {
                 let stored = self.store_cold(first.tier, &cleaned);
                 if stored.is_err() {
-                    remove_if_exists(self.storage.as_ref(), &path)?;
+                    self.remove(&path)?;
                 }
                 cleaned.stored = Some(stored?);
             }
@@ -765,14 +797,14 @@ impl CleanSource {
             } else {
                 // The log changed under the pass (retention, deletion):
                 // stop; the checkpoint stays where it was.
-                remove_if_exists(self.storage.as_ref(), &path)?;
                 if let Some(stored) = stored {
                     self.cold_access()?.discard(&stored)?;
                 }
+                self.remove(&path)?;
                 return Ok(Err(Skip::Changed));
             }
         }
-        next.write(self.storage.as_ref(), &self.dir)?;
+        self.fence.run(|| next.write(self.storage.as_ref(), &self.dir))?;
         stats.checkpoint = next;
         Ok(Ok(stats))
     }
@@ -792,7 +824,7 @@ impl CleanSource {
         };
         let base = first.base_offset;
         let path = cleaned_path(&self.dir, base);
-        let out = self.storage.open(&path, OpenMode::Create)?;
+        let out = self.fence.run(|| self.storage.open(&path, OpenMode::Create))?;
         let mut pos = 0u64;
         // Written bytes not yet handed to the file, from `flushed` on.
         let mut pending: Vec<u8> = Vec::new();
@@ -862,11 +894,11 @@ impl CleanSource {
         });
         drop(out);
         if let Err(e) = done {
-            let _ = remove_if_exists(self.storage.as_ref(), &path);
+            let _ = self.remove(&path);
             return Err(e);
         }
         if !changed && group.len() == 1 {
-            remove_if_exists(self.storage.as_ref(), &path)?;
+            self.remove(&path)?;
             return Ok(None);
         }
         stats.bytes_written += pos;
@@ -923,9 +955,12 @@ impl CleanSource {
     /// Copies a cleaned group of cold segments into their tier (outside
     /// the writer lock: the commit is then a manifest change).
     fn store_cold(&self, tier: Tier, cleaned: &CleanedGroup) -> io::Result<TieredSegment> {
-        let file = Arc::new(SegmentFile::new(
+        let path = &cleaned.cleaned_path;
+        let handle = self.fence.run(|| self.storage.open(path, OpenMode::Read))?;
+        let file = Arc::new(SegmentFile::pinned(
             Arc::clone(&self.storage),
-            cleaned.cleaned_path.clone(),
+            path.clone(),
+            handle,
         ));
         let mut meta = cleaned.meta(file);
         meta.aborted = self.aborted_in(cleaned.base_offset(), cleaned.next_offset);
@@ -946,9 +981,15 @@ impl CleanSource {
         entries
     }
 
+    /// Removes a file of the pass (a cleaned group not swapped in).
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.fence.run(|| remove_if_exists(self.storage.as_ref(), path))
+    }
+
     fn reader(&self, seg: &SegmentRef) -> io::Result<Reader> {
         Ok(match &seg.source {
-            Source::Local(file) => Reader::Local(file.open()?),
+            // Opened by path unless a reader holds it open already.
+            Source::Local(file) => Reader::Local(self.fence.run(|| file.open())?),
             Source::Cold(t) => Reader::Cold(self.cold_access()?, t.clone()),
         })
     }

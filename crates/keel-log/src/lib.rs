@@ -26,6 +26,7 @@ pub mod codec;
 mod config;
 mod error;
 pub mod faults;
+mod fence;
 mod index;
 pub mod inspect;
 pub mod marker;

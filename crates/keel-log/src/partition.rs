@@ -96,6 +96,9 @@ pub struct PartitionLog {
     /// Write handle of the active segment's `.log` (pinned in its file).
     active: Arc<dyn StoredFile>,
     sealer: Arc<Sealer>,
+    /// Shared with cleaning passes, which use the directory by its path
+    /// without the writer's lock; retiring the log closes it.
+    dir_fence: Arc<crate::fence::DirFence>,
     /// Every offset below this has been fsynced by a flush of this writer.
     flushed_offset: i64,
     unflushed_messages: u64,
@@ -238,6 +241,7 @@ impl PartitionLog {
             view,
             active,
             sealer,
+            dir_fence: Arc::default(),
             flushed_offset: log_end_offset,
             unflushed_messages: 0,
             first_unflushed_append_ms: None,
@@ -694,11 +698,13 @@ impl PartitionLog {
     // ------------------------------------------------------------ compaction
 
     /// What a cleaning pass reads (see [`crate::clean`]); the pass runs
-    /// without this log's lock.
+    /// without this log's lock, and stops touching the directory's path
+    /// once the log is retired.
     pub fn clean_source(&self) -> crate::clean::CleanSource {
         crate::clean::CleanSource {
             storage: Arc::clone(&self.storage),
             dir: self.dir.clone(),
+            fence: Arc::clone(&self.dir_fence),
             view: self.view.clone(),
             segment_bytes: self.config.segment_bytes,
             index_interval_bytes: self.config.index_interval_bytes,
@@ -1261,11 +1267,14 @@ impl PartitionLog {
     /// Fences the log and renames its directory to
     /// `<name>.<unique>-delete` beside it (Kafka's name for a log being
     /// deleted), made durable in the parent. Nothing of this log touches
-    /// the old path afterwards, so a new log may be created there at once.
+    /// the old path afterwards (its queued seals are dropped, and a
+    /// cleaning pass in progress is refused from then on), so a new log may
+    /// be created there at once.
     /// Returns the new path, to remove with [`remove_retired`], and the
     /// colder copies, which the caller deletes from their tiers.
     pub fn retire(self, unique: &str) -> io::Result<(PathBuf, Vec<TieredSegment>)> {
         self.sealer.fence();
+        self.dir_fence.retire();
         let tiered = self.view.tiered_segments();
         let name = self
             .dir

@@ -694,3 +694,99 @@ fn aborted_transactions_are_cleaned_away_and_open_ones_wait() {
     pass(&mut log, i64::MAX);
     assert_eq!(of_key(&log, "a"), ["a1"]);
 }
+
+/// A log whose only sealed segment holds two values of each of 20 keys
+/// (one group for a pass), on simulated storage.
+fn one_dirty_segment(storage: &Arc<dyn Storage>) -> PartitionLog {
+    let mut log = PartitionLog::open_with(Arc::clone(storage), Path::new(DIR), compact_config(4096)).unwrap();
+    let mut round = 0;
+    while log.segment_count() < 2 {
+        for k in 0..20 {
+            append_batch(
+                &mut log,
+                BatchBuilder::new(1_000)
+                    .record(
+                        Some(format!("key-{k:02}").as_bytes()),
+                        Some(format!("round-{round}").as_bytes()),
+                    )
+                    .build(),
+            );
+        }
+        round += 1;
+    }
+    log.complete_seals().unwrap();
+    assert_eq!(log.segment_count(), 2, "one sealed segment, one active");
+    log
+}
+
+/// What DeleteTopics and then CreateTopics under the same name do to a
+/// partition directory: the log is retired (its directory renamed away)
+/// and a new, empty log opened at its path.
+fn delete_and_create(storage: &Arc<dyn Storage>, log: PartitionLog) -> PartitionLog {
+    log.retire("deleted").unwrap();
+    PartitionLog::open_with(Arc::clone(storage), Path::new(DIR), compact_config(4096)).unwrap()
+}
+
+/// A pass runs without the log's lock. If the log is retired while the
+/// pass reads (its topic deleted and created again), the pass must not
+/// create, empty or remove files at the path it started from: the new
+/// log's own pass may be writing its cleaned group there, under the same
+/// name (every log starts at offset 0).
+#[test]
+fn a_pass_whose_log_is_retired_leaves_a_new_log_at_its_path_alone() {
+    let storage: Arc<dyn Storage> = Arc::new(SimStorage::new());
+    let log = one_dirty_segment(&storage);
+    let source = log.clean_source();
+    let cleaned = Path::new(DIR).join("00000000000000000000.log.cleaned");
+    let (mut old, mut new) = (Some(log), None);
+    let mut budget = |_: u64| {
+        if let Some(log) = old.take() {
+            new = Some(delete_and_create(&storage, log));
+            // The new log's pass, writing its cleaned group.
+            let file = storage
+                .open(&cleaned, keel_log::storage::OpenMode::Create)
+                .unwrap();
+            file.write_at(b"the new log's", 0).unwrap();
+        }
+    };
+    let mut map = KeyMap::with_budget(1 << 16);
+    // The broker refuses to swap into a deleted partition.
+    let outcome = source.clean(&mut map, &eager_options(0.0), &mut budget, &mut |_| Ok(false));
+    assert!(matches!(outcome, Ok(Err(Skip::Retired))), "{outcome:?}");
+    assert_eq!(
+        keel_log::storage::read_file(storage.as_ref(), &cleaned)
+            .unwrap()
+            .as_deref(),
+        Some(&b"the new log's"[..]),
+        "the new log's cleaned group is untouched"
+    );
+    drop(new);
+}
+
+/// Retired right after its swap (DeleteTopics between the swap and the end
+/// of the pass): the pass's checkpoint must not land in the new log's
+/// directory, where it would call the new log's records clean.
+#[test]
+fn a_pass_whose_log_is_retired_after_its_swap_writes_no_checkpoint_at_its_path() {
+    let storage: Arc<dyn Storage> = Arc::new(SimStorage::new());
+    let log = one_dirty_segment(&storage);
+    let source = log.clean_source();
+    let (mut old, mut new) = (Some(log), None);
+    let mut commit = |group| {
+        let Some(mut log) = old.take() else {
+            return Ok(false); // Deleted: the broker refuses the swap.
+        };
+        let swapped = log.commit_cleaned(group)?;
+        new = Some(delete_and_create(&storage, log));
+        Ok(swapped)
+    };
+    let mut map = KeyMap::with_budget(1 << 16);
+    let outcome = source.clean(&mut map, &eager_options(0.0), &mut |_: u64| {}, &mut commit);
+    assert!(matches!(outcome, Ok(Err(Skip::Retired))), "{outcome:?}");
+    assert_eq!(
+        Checkpoint::read(storage.as_ref(), Path::new(DIR)).unwrap(),
+        None,
+        "no checkpoint in the new log's directory"
+    );
+    drop(new);
+}

@@ -22,4 +22,4 @@ pub use bulk::{Bulk, BULK_NICE};
 pub use cold::{ColdRead, ColdReads, ColdStats};
 pub use pace::Pacer;
 pub use tail::{Chunks, PartitionTail, TailCache, TailStats};
-pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers};
+pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers, UncommittedCopy};

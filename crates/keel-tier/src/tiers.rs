@@ -101,6 +101,30 @@ pub struct Tiers {
     deletes: AtomicU64,
     delete_failures: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// Copies written before any manifest names them, by object name, with
+    /// how many holds each has (see [`Tiers::hold_uncommitted`]).
+    uncommitted: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Keeps a copy out of [`Tiers::list_copies`] until dropped: a copy that
+/// is written before its manifest entry, and whose write may outlast
+/// the orphan grace.
+#[derive(Debug)]
+pub struct UncommittedCopy {
+    object: String,
+    uncommitted: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for UncommittedCopy {
+    fn drop(&mut self) {
+        let mut held = self.uncommitted.lock();
+        if let Some(n) = held.get_mut(&self.object) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.object);
+            }
+        }
+    }
 }
 
 impl Tiers {
@@ -136,6 +160,7 @@ impl Tiers {
             deletes: AtomicU64::new(0),
             delete_failures: AtomicU64::new(0),
             last_error: Mutex::new(None),
+            uncommitted: Arc::default(),
         })
     }
 
@@ -309,11 +334,27 @@ impl Tiers {
         result
     }
 
+    /// Holds `object` out of [`Tiers::list_copies`] until the returned
+    /// guard is dropped. For a copy written before any manifest names it
+    /// (a cleaned group of cold segments): take the hold before its first
+    /// file is written and drop it only once the manifest naming it is
+    /// written, or the copy deleted. The orphan sweep reads the manifests
+    /// after listing, so it meets such a copy either held or named,
+    /// however long the write and its read-back take.
+    pub fn hold_uncommitted(&self, object: &str) -> UncommittedCopy {
+        *self.uncommitted.lock().entry(object.to_string()).or_insert(0) += 1;
+        UncommittedCopy {
+            object: object.to_string(),
+            uncommitted: Arc::clone(&self.uncommitted),
+        }
+    }
+
     /// Every copy in `tier`, by object name, with the age of its newest
     /// file in milliseconds (for finding copies no manifest names: leftovers
     /// of deleted topics and of writes that finished after a crash).
     /// Only copies under `prefix` (`<prefix>/<topic>-<id>/<partition>/...`),
-    /// by their full names.
+    /// by their full names, and not those held by
+    /// [`Tiers::hold_uncommitted`] when the listing ends.
     pub async fn list_copies(&self, tier: Tier, prefix: &str) -> io::Result<HashMap<String, u64>> {
         let store = self.store(tier)?;
         let mut files = Vec::new();
@@ -360,6 +401,10 @@ impl Tiers {
                 *youngest = (*youngest).min(age);
             }
         }
+        // After the listing: a hold dropped before this point was dropped
+        // after its manifest was written, which the caller reads next.
+        let held = self.uncommitted.lock();
+        copies.retain(|object, _| !held.contains_key(object));
         Ok(copies)
     }
 

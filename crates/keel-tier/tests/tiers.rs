@@ -175,3 +175,42 @@ async fn a_corrupt_copy_fails_verification_and_a_missing_tier_is_an_error() {
     log.abort_copy("x/0/b").unwrap();
     assert_eq!(log.pending_deletes()[0].state, TierState::Deleting);
 }
+
+/// A copy held as uncommitted (written before any manifest names it) is
+/// left out of the listing the orphan sweep works from, until every hold
+/// on it is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_held_as_uncommitted_is_not_listed() {
+    let data = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tiers = tiers("capacity", root.path());
+    let log = filled_log(data.path());
+    let pacer = Pacer::new(0);
+    let objects = ["c/t-0011/0/a", "c/t-0011/0/b"];
+    let segment = log.copy_candidates().remove(0);
+    let (first, second) = (
+        tiers.hold_uncommitted(objects[0]),
+        tiers.hold_uncommitted(objects[0]),
+    );
+    for object in objects {
+        tiers
+            .copy(Tier::Capacity, &segment, object, &pacer)
+            .await
+            .unwrap();
+    }
+    let listed = || async {
+        let mut names: Vec<String> = tiers
+            .list_copies(Tier::Capacity, "c")
+            .await
+            .unwrap()
+            .into_keys()
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listed().await, [objects[1]]);
+    drop(first);
+    assert_eq!(listed().await, [objects[1]], "held twice");
+    drop(second);
+    assert_eq!(listed().await, objects);
+}

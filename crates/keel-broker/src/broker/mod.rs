@@ -474,11 +474,12 @@ impl Broker {
                 if p.unavailable().is_some() {
                     continue;
                 }
-                match p.with_log(|log| log.apply_retention(now)) {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) | Err(e) => {
-                        tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "retention failed")
-                    }
+                let applied = p
+                    .with_log(|log| log.apply_retention(now))
+                    .map_err(std::io::Error::from)
+                    .and_then(|r| r);
+                if let Err(e) = applied {
+                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "retention failed")
                 }
             }
         }
@@ -658,6 +659,7 @@ impl Broker {
             "passes": m.passes.load(Relaxed),
             "failed_passes": m.failed_passes.load(Relaxed),
             "orphans_deleted": m.orphans_deleted.load(Relaxed),
+            "partitions_set_aside": m.partitions_set_aside.load(Relaxed),
             "fast_fs_free_bytes": m.fast_fs_free_bytes.load(Relaxed),
             "fast_fs_total_bytes": m.fast_fs_total_bytes.load(Relaxed),
             "backoff_ms": m.backoff_ms(),

@@ -483,12 +483,16 @@ async fn alter_topic(
             if disabling_remote {
                 // The mover deletes what this marks; offsets held only in
                 // the object store are gone from the log now.
-                match p.with_log(|log| log.discard_tier(keel_log::Tier::Remote)) {
-                    Ok(Ok(start)) => tracing::info!(
+                let discarded = p
+                    .with_log(|log| log.discard_tier(keel_log::Tier::Remote))
+                    .map_err(std::io::Error::from)
+                    .and_then(|r| r);
+                match discarded {
+                    Ok(start) => tracing::info!(
                         topic = %topic_name, partition = p.index, log_start_offset = start,
                         "remote storage disabled: the object store's copies are deleted"
                     ),
-                    Ok(Err(e)) | Err(e) => tracing::warn!(
+                    Err(e) => tracing::warn!(
                         topic = %topic_name, partition = p.index, error = %e,
                         "remote storage disabled, but its copies could not be marked for deletion"
                     ),
