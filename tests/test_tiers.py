@@ -414,6 +414,9 @@ def test_remote_storage_read_only_and_turned_off_with_its_data(broker_factory, r
     # Off with deletion: the copies go, and the offsets only they held.
     alter(remote_storage_enable="false", remote_log_delete_on_disable="true")
     wait_until(lambda: tier_files() == [], 30, "the object store's copies deleted")
+    # The mover forgets a deleted copy's manifest entry just after deleting
+    # the object.
+    wait_until(lambda: tier_counts(b, topic)[0]["deleting"] == 0, 30, "the deleted copies forgotten")
     counts = tier_counts(b, topic)[0]
     assert counts["both"] == counts["cold"] == counts["deleting"] == 0, counts
     start = next(q["log_start_offset"] for q in stats(b)["partitions"] if q["topic"] == topic)
