@@ -101,7 +101,7 @@ impl<R> Entry<R> {
     }
 
     /// Applies this entry to `table`, in log order.
-    pub(crate) fn apply_to<T: Table<Record = R>>(self, table: &mut T) {
+    pub fn apply_to<T: Table<Record = R>>(self, table: &mut T) {
         match self {
             Entry::Records(records) => records.into_iter().for_each(|r| table.apply(r)),
             Entry::Transactional {

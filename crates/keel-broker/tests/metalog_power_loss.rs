@@ -1,6 +1,8 @@
 //! Coordinator logs (`MetaLog`) across crashes and power loss, against a
-//! model: random writes (plain records and tombstones) with snapshots every
-//! few KiB, clean reopens, and a crash at a random storage step followed by
+//! model: random writes (plain records and tombstones, records in a
+//! producer's transaction and the markers that commit or abort them, as the
+//! group log takes) with snapshots every few KiB (which keep open
+//! transactions open), clean reopens, and a crash at a random storage step followed by
 //! a power loss that drops everything not fsynced, on the simulated
 //! storage. After each recovery:
 //! * opening always succeeds;
@@ -19,8 +21,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use keel_broker::metalog::{log_config, Durability, MetaLog, Table};
+use keel_broker::metalog::{log_config, Durability, Entry, MetaLog, Table};
 use keel_log::faults::{FaultEffect, FaultOp, FaultRule, FaultyStorage};
+use keel_log::marker::Marker;
 use keel_log::sim::SimStorage;
 use keel_log::testing::test_seed;
 use keel_log::Storage;
@@ -29,9 +32,14 @@ use rand::{Rng, SeedableRng};
 
 const DIR: &str = "/data/__keel_meta/model";
 
-/// A key-value table: a record sets a key, or deletes it (`None`).
+/// A key-value table: a record sets a key, or deletes it (`None`); a
+/// producer's transactional records wait for its commit marker.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct Kv(BTreeMap<u32, u64>);
+struct Kv {
+    map: BTreeMap<u32, u64>,
+    /// Open transactions: producer id -> (epoch, records).
+    pending: BTreeMap<i64, (i16, Vec<KvRecord>)>,
+}
 
 type KvRecord = (u32, Option<u64>);
 
@@ -41,13 +49,37 @@ impl Table for Kv {
 
     fn apply(&mut self, (key, value): KvRecord) {
         match value {
-            Some(v) => self.0.insert(key, v),
-            None => self.0.remove(&key),
+            Some(v) => self.map.insert(key, v),
+            None => self.map.remove(&key),
         };
     }
 
     fn records(&self) -> Vec<KvRecord> {
-        self.0.iter().map(|(k, v)| (*k, Some(*v))).collect()
+        self.map.iter().map(|(k, v)| (*k, Some(*v))).collect()
+    }
+
+    fn apply_transactional(&mut self, producer_id: i64, producer_epoch: i16, record: KvRecord) {
+        let open = self
+            .pending
+            .entry(producer_id)
+            .or_insert((producer_epoch, Vec::new()));
+        open.0 = producer_epoch;
+        open.1.push(record);
+    }
+
+    fn end_transaction(&mut self, producer_id: i64, _producer_epoch: i16, commit: bool) {
+        if let Some((_, records)) = self.pending.remove(&producer_id) {
+            if commit {
+                records.into_iter().for_each(|r| self.apply(r));
+            }
+        }
+    }
+
+    fn transactional_records(&self) -> Vec<(i64, i16, Vec<KvRecord>)> {
+        self.pending
+            .iter()
+            .map(|(id, (epoch, records))| (*id, *epoch, records.clone()))
+            .collect()
     }
 
     fn encode((key, value): &KvRecord) -> (Bytes, Option<Bytes>) {
@@ -77,7 +109,7 @@ struct Harness {
     base: Kv,
     /// Every write handed to the log since, in order (a failed one too:
     /// its bytes may survive).
-    writes: Vec<Vec<KvRecord>>,
+    writes: Vec<Entry<KvRecord>>,
     /// Writes before this index must survive any crash.
     must_survive: usize,
     crashes: u64,
@@ -126,22 +158,39 @@ impl Harness {
         )
     }
 
-    fn random_write(&mut self) -> Vec<KvRecord> {
-        (0..self.rng.gen_range(1..6))
+    fn random_write(&mut self) -> Entry<KvRecord> {
+        let records = (0..self.rng.gen_range(1..6))
             .map(|_| {
                 let key = self.rng.gen_range(0..40);
                 let value = self.rng.gen_bool(0.85).then(|| self.rng.gen());
                 (key, value)
             })
-            .collect()
+            .collect();
+        let producer_id = self.rng.gen_range(1..4);
+        match self.rng.gen_range(0..10) {
+            0..=5 => Entry::Records(records),
+            6..=7 => Entry::Transactional {
+                producer_id,
+                producer_epoch: 0,
+                records,
+            },
+            _ => Entry::Marker {
+                producer_id,
+                producer_epoch: 0,
+                marker: Marker {
+                    commit: self.rng.gen_bool(0.5),
+                    coordinator_epoch: 0,
+                },
+            },
+        }
     }
 
     /// One write, awaited. `Err` when the storage crashed under it.
     fn write(&mut self) -> Result<(), ()> {
-        let records = self.random_write();
-        self.writes.push(records.clone());
+        let entry = self.random_write();
+        self.writes.push(entry.clone());
         let log = self.log.as_ref().expect("open");
-        match self.runtime.block_on(log.write(records)) {
+        match self.runtime.block_on(log.write_entry(entry)) {
             Ok(()) => {
                 if self.durability == Durability::Synced {
                     self.must_survive = self.writes.len();
@@ -178,10 +227,8 @@ impl Harness {
 
     fn state_after(&self, writes: usize) -> Kv {
         let mut table = self.base.clone();
-        for records in &self.writes[..writes] {
-            for r in records {
-                table.apply(*r);
-            }
+        for entry in &self.writes[..writes] {
+            entry.clone().apply_to(&mut table);
         }
         table
     }
@@ -231,18 +278,24 @@ impl Harness {
 
 /// The keys whose values differ, for a failure's message.
 fn difference(found: &Kv, expected: &Kv) -> String {
-    let keys: std::collections::BTreeSet<_> = found.0.keys().chain(expected.0.keys()).collect();
-    let differ: Vec<String> = keys
+    let keys: std::collections::BTreeSet<_> = found.map.keys().chain(expected.map.keys()).collect();
+    let mut differ: Vec<String> = keys
         .into_iter()
-        .filter(|k| found.0.get(k) != expected.0.get(k))
+        .filter(|k| found.map.get(k) != expected.map.get(k))
         .map(|k| {
             format!(
                 "key {k}: found {:?}, expected {:?}",
-                found.0.get(k),
-                expected.0.get(k)
+                found.map.get(k),
+                expected.map.get(k)
             )
         })
         .collect();
+    if found.pending != expected.pending {
+        differ.push(format!(
+            "open transactions: found {:?}, expected {:?}",
+            found.pending, expected.pending
+        ));
+    }
     differ.join("; ")
 }
 
