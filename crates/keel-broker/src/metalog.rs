@@ -12,9 +12,12 @@
 //!
 //! One writer thread owns the log. Writes queue up and are appended
 //! together (group commit); each is acknowledged after its batch is in the
-//! segment file and applied to the in-memory table, so a write that was
-//! acknowledged is visible to the next read of the table and survives a
-//! crash of the process.
+//! segment file (fsynced too, for a [`Durability::Synced`] log) and applied
+//! to the in-memory table, so a write that was acknowledged is visible to
+//! the next read of the table and survives a crash of the process. A write
+//! answered with an error has an unknown outcome, as a timed-out write to
+//! Kafka has: if its batch reached the file before the error (a failed
+//! fsync after it), the next start replays it.
 //!
 //! The log does not grow without bound: after `snapshot_bytes` of appends,
 //! the writer writes the whole live table to a snapshot file
@@ -648,4 +651,64 @@ pub(crate) fn encode_batch<'a, T: Table>(
     };
     RecordBatchEncoder::encode(&mut buf, &records, &options).map_err(|e| e.to_string())?;
     Ok(buf.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records of strings, keyed by themselves.
+    #[derive(Default)]
+    struct Names;
+
+    impl Table for Names {
+        type Record = String;
+        const NAME: &'static str = "names";
+        fn apply(&mut self, _: String) {}
+        fn records(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn encode(record: &String) -> (Bytes, Option<Bytes>) {
+            (Bytes::from(record.clone()), None)
+        }
+        fn decode(key: &[u8], _: Option<&[u8]>) -> Result<String, String> {
+            String::from_utf8(key.to_vec()).map_err(|e| e.to_string())
+        }
+    }
+
+    /// A crash keeps a write whole or not at all only if it is one batch:
+    /// consecutive plain writes share one, each transactional write and
+    /// marker has its own, however many records each holds.
+    #[test]
+    fn each_write_is_one_batch() {
+        let records = |n: usize| (0..n).map(|i| format!("r{i}")).collect::<Vec<_>>();
+        let marker = Marker {
+            commit: true,
+            coordinator_epoch: 0,
+        };
+        let entries = vec![
+            Entry::Records(records(5)),
+            Entry::Records(records(3)),
+            Entry::Transactional {
+                producer_id: 7,
+                producer_epoch: 1,
+                records: records(4),
+            },
+            Entry::Marker {
+                producer_id: 7,
+                producer_epoch: 1,
+                marker,
+            },
+            Entry::Records(records(SNAPSHOT_BATCH_RECORDS + 1)),
+        ];
+        let bytes = encode_entries::<Names>(&entries, 1_000).unwrap();
+        let counts: Vec<i32> = validate_batches(&bytes)
+            .unwrap()
+            .iter()
+            .map(|h| h.last_offset_delta + 1)
+            .collect();
+        assert_eq!(counts, vec![8, 4, 1, SNAPSHOT_BATCH_RECORDS as i32 + 1]);
+        let decoded = decode_records::<Names>(Bytes::from(bytes)).unwrap();
+        assert_eq!(decoded.len(), 8 + 4 + 1 + SNAPSHOT_BATCH_RECORDS + 1);
+    }
 }

@@ -339,7 +339,7 @@ fn a_synced_coordinator_log_keeps_every_acknowledged_write() {
 }
 
 #[test]
-fn a_written_coordinator_log_recovers_a_prefix_and_never_reuses_offsets() {
+fn a_written_coordinator_log_recovers_a_prefix_of_its_writes() {
     let (_, lost) = run_seeds(Durability::Written);
     // Power losses that drop unsynced writes are what this test is about.
     assert!(lost > 0, "no power loss dropped an unsynced write");

@@ -1207,6 +1207,12 @@ impl PartitionLog {
             self.bury(s);
             segment::delete_files(self.storage.as_ref(), &self.dir, s.base_offset)?;
         }
+        // Producer state describes batches that are gone: an empty log has
+        // none (Kafka's producer state truncates fully too).
+        for snapshot in list_snapshots(self.storage.as_ref(), &self.dir)? {
+            remove_if_exists(self.storage.as_ref(), &snapshot_path(&self.dir, snapshot))?;
+        }
+        self.producer_snapshot = None;
         self.storage.sync_dir(&self.dir)?;
         let storage = Arc::clone(&self.storage);
         let written = write_offset_file(storage.as_ref(), &self.dir.join(LOG_START_OFFSET_FILE), offset)

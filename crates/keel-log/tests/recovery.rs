@@ -242,3 +242,55 @@ fn reopen_empty_and_first_open() {
     log.delete().unwrap();
     assert!(!part.exists());
 }
+
+/// DeleteRecords named offsets that were never fsynced, and the power
+/// went: the log restarts empty at its durable start, so no offset below
+/// it is handed out again, and the producer snapshots (state of batches
+/// that are gone: an open transaction among them would pin the last
+/// stable offset below the log start for good) go with the batches.
+#[test]
+fn a_log_cut_below_its_durable_start_restarts_there_without_producer_state() {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use keel_log::sim::SimStorage;
+    use keel_log::Storage;
+
+    let dir = Path::new("/data/t-0");
+    let config = small_config();
+    let mut restarts = 0;
+    for seed in 0..40u64 {
+        let sim = SimStorage::new();
+        sim.create_dir_all(Path::new("/data")).unwrap();
+        sim.sync_dir(Path::new("/")).unwrap();
+        let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+        let mut log = PartitionLog::open_with(Arc::clone(&storage), dir, config.clone()).unwrap();
+        for _ in 0..3 {
+            append(&mut log, &[simple_batch(5, 100, 1_000)], 1_000);
+        }
+        log.flush().unwrap();
+        log.queue_producer_snapshot(15, b"an open transaction from offset 0".to_vec());
+        log.complete_seals().unwrap();
+        for _ in 0..3 {
+            append(&mut log, &[simple_batch(5, 100, 1_000)], 1_000);
+        }
+        log.delete_records_before(25).unwrap();
+        drop(log);
+        sim.power_loss(seed);
+        let mut log = PartitionLog::open_with(storage, dir, config.clone()).unwrap();
+        assert_eq!(log.log_start_offset(), 25, "seed {seed}");
+        assert!(
+            log.log_end_offset() >= 25,
+            "seed {seed}: offsets below the log start handed out again"
+        );
+        if log.segment_base_offsets() == [25] {
+            restarts += 1;
+            assert_eq!(
+                log.take_producer_snapshot(),
+                None,
+                "seed {seed}: producer state of lost batches"
+            );
+        }
+    }
+    assert!(restarts > 0, "no power loss cut the log below its start");
+}

@@ -36,7 +36,6 @@ mod throttle;
 pub use throttle::Throttle;
 
 use std::collections::{BTreeMap, HashMap};
-
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
