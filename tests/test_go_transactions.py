@@ -40,8 +40,6 @@ def txnsession(tmp_path_factory):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="Keel adds a produce's partitions to the transaction one by one "
-                   "and they collide; fixed in the next commit")
 def test_group_transact_session_across_rebalances(txnsession, broker_factory):
     # Members join at once instead of after Kafka's 3 s initial delay, so
     # the group rebalances while transactions run.

@@ -22,10 +22,12 @@ pub mod state;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use keel_protocol::ResponseError;
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use crate::groups::Clock;
 use crate::metalog::{MetaLog, Table};
@@ -128,6 +130,9 @@ pub struct TxnDescription {
 
 pub struct TxnCoordinator {
     txns: Mutex<HashMap<String, TxnEntry>>,
+    /// Woken whenever an id's state is written (or its write failed), for
+    /// the implicit adds waiting for their id to be free.
+    changed: Notify,
     store: MetaLog<TxnTable>,
     config: TxnConfig,
     clock: Arc<dyn Clock>,
@@ -158,6 +163,7 @@ impl TxnCoordinator {
         });
         Ok(TxnCoordinator {
             txns: Mutex::new(txns),
+            changed: Notify::new(),
             store,
             config,
             clock,
@@ -182,27 +188,31 @@ impl TxnCoordinator {
             value: Some(next.clone()),
         };
         let written = self.store.write(vec![record]).await;
-        let mut txns = self.txns.lock();
-        match written {
-            Ok(()) => {
-                txns.insert(
-                    id.to_string(),
-                    TxnEntry {
-                        state: next,
-                        pending: false,
-                    },
-                );
-                Ok(())
-            }
-            Err(e) => {
-                tracing::error!(transactional_id = id, error = %e, "cannot persist a transaction state");
-                match txns.get_mut(id) {
-                    Some(entry) if !is_placeholder(entry) => entry.pending = false,
-                    _ => drop(txns.remove(id)),
+        let applied = {
+            let mut txns = self.txns.lock();
+            match written {
+                Ok(()) => {
+                    txns.insert(
+                        id.to_string(),
+                        TxnEntry {
+                            state: next,
+                            pending: false,
+                        },
+                    );
+                    Ok(())
                 }
-                Err(ResponseError::CoordinatorNotAvailable)
+                Err(e) => {
+                    tracing::error!(transactional_id = id, error = %e, "cannot persist a transaction state");
+                    match txns.get_mut(id) {
+                        Some(entry) if !is_placeholder(entry) => entry.pending = false,
+                        _ => drop(txns.remove(id)),
+                    }
+                    Err(ResponseError::CoordinatorNotAvailable)
+                }
             }
-        }
+        };
+        self.changed.notify_waiters();
+        applied
     }
 
     /// Marks an id pending under the lock; inserts a placeholder for a
@@ -275,6 +285,48 @@ impl TxnCoordinator {
             next
         };
         self.persist(id, next).await
+    }
+
+    /// The implicit add of a produce (transactions v2, Produce v12+) of
+    /// every partition it writes, which waits up to `max_wait` while the id
+    /// is busy (CONCURRENT_TRANSACTIONS): another state being written, or
+    /// the last transaction's markers. Kafka's broker retries the add for
+    /// `add.partitions.to.txn.retry.backoff.max.ms` for the same reason (a
+    /// client starts its next transaction as soon as the last one's end is
+    /// answered); this wakes on each state change instead of polling.
+    pub async fn add_for_produce(
+        &self,
+        id: &str,
+        (producer_id, epoch): (i64, i16),
+        partitions: &[(String, i32)],
+        max_wait: Duration,
+    ) -> Result<(), ResponseError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            // Registered before the state is looked at, so that a change
+            // between the look and the wait is not missed.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let added = self
+                .add_partitions(
+                    id,
+                    producer_id,
+                    epoch,
+                    partitions,
+                    state::TRANSACTION_VERSION_2,
+                    ResponseError::ProducerFenced,
+                )
+                .await;
+            match added {
+                Err(ResponseError::ConcurrentTransactions) => {
+                    if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                        return Err(ResponseError::ConcurrentTransactions);
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Whether `partition` is in the open transaction of `id` with this

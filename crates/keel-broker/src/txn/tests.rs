@@ -24,7 +24,10 @@ fn open(dir: &Path, clock: &Arc<ManualClock>) -> TxnCoordinator {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -183,5 +186,57 @@ fn a_hand_over_to_a_new_producer_id_survives_a_restart() {
     );
     rt.block_on(c.add_partitions("tx", 21, 0, &p, state::TRANSACTION_VERSION_2, fenced))
         .unwrap();
+    c.close();
+}
+
+/// The implicit add of a produce waits while its transaction is busy
+/// instead of answering CONCURRENT_TRANSACTIONS at once: two adds at the
+/// same time (each a state to write) both go through, and the next
+/// transaction's add waits for the last one's markers, up to its bound.
+#[test]
+fn a_produce_add_waits_for_its_transaction_to_be_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock(AtomicI64::new(1_000)));
+    let rt = runtime();
+    let c = open(dir.path(), &clock);
+    rt.block_on(c.init_producer_id("tx", 60_000, None, Some(7)))
+        .unwrap();
+    let wait = Duration::from_secs(5);
+    let (p0, p1) = ([("t".to_string(), 0)], [("t".to_string(), 1)]);
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            c.add_for_produce("tx", (7, 0), &p0, wait),
+            c.add_for_produce("tx", (7, 0), &p1, wait),
+        )
+    });
+    assert_eq!((a, b), (Ok(()), Ok(())));
+    assert_eq!(c.describe("tx").unwrap().partitions.len(), 2);
+    let Ok(EndOutcome::Prepared(prepared)) =
+        rt.block_on(c.end_txn("tx", (7, 0), true, true, None, ResponseError::ProducerFenced))
+    else {
+        panic!("an open transaction prepares");
+    };
+    // The markers are not written yet: the next transaction's add waits
+    // for no longer than it may.
+    let next = [("t".to_string(), 2)];
+    assert_eq!(
+        rt.block_on(c.add_for_produce("tx", (7, 1), &next, Duration::from_millis(20))),
+        Err(ResponseError::ConcurrentTransactions)
+    );
+    // They are written while it waits.
+    let (added, completed) = rt.block_on(async {
+        tokio::join!(c.add_for_produce("tx", (7, 1), &next, wait), async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            c.complete("tx", &prepared).await
+        })
+    });
+    assert_eq!((added, completed), (Ok(()), Ok(())));
+    let s = c.describe("tx").unwrap();
+    assert_eq!((s.status, s.producer_epoch), (TxnStatus::Ongoing, 1));
+    assert_eq!(
+        rt.block_on(c.add_for_produce("tx", (7, 0), &next, wait)),
+        Err(ResponseError::ProducerFenced),
+        "the ended transaction's epoch"
+    );
     c.close();
 }
