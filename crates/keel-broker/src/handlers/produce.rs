@@ -654,9 +654,10 @@ async fn transactional_init(
     let expected = (req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
     let mut fresh = None;
     loop {
+        let server_version = broker.config().transaction_version();
         let outcome = broker
             .txns
-            .init_producer_id(id, req.transaction_timeout_ms, expected, fresh)
+            .init_producer_id(id, req.transaction_timeout_ms, expected, fresh, server_version)
             .await?;
         match outcome {
             crate::txn::InitOutcome::Ready(pid, epoch) => return Ok((pid, epoch)),

@@ -229,13 +229,15 @@ impl TxnCoordinator {
             .pending = true;
     }
 
-    /// InitProducerId with a transactional id.
+    /// InitProducerId with a transactional id; `server_version` is the
+    /// `transaction.version` the broker finalized.
     pub async fn init_producer_id(
         &self,
         id: &str,
         timeout_ms: i32,
         expected: Option<(i64, i16)>,
         fresh_producer_id: Option<i64>,
+        server_version: i16,
     ) -> Result<InitOutcome, ResponseError> {
         if timeout_ms <= 0 || timeout_ms > self.config.max_timeout_ms {
             return Err(ResponseError::InvalidTransactionTimeout);
@@ -243,7 +245,14 @@ impl TxnCoordinator {
         let now = self.now_ms();
         let decision = {
             let mut txns = self.txns.lock();
-            let decision = state::init(txns.get(id), timeout_ms, expected, fresh_producer_id, now)?;
+            let decision = state::init(
+                txns.get(id),
+                timeout_ms,
+                expected,
+                fresh_producer_id,
+                server_version,
+                now,
+            )?;
             if let InitDecision::Persist(next) | InitDecision::AbortOngoing(next) = &decision {
                 Self::begin(&mut txns, id, next);
             }
@@ -408,13 +417,14 @@ impl TxnCoordinator {
 
     /// Aborts (persists PrepareAbort, under a bumped epoch) every open
     /// transaction past its timeout; returns them for their markers.
-    pub async fn abort_timed_out(&self) -> Vec<(String, TxnState)> {
+    /// `server_version` is the `transaction.version` the broker finalized.
+    pub async fn abort_timed_out(&self, server_version: i16) -> Vec<(String, TxnState)> {
         let now = self.now_ms();
         let due: Vec<(String, TxnState)> = {
             let mut txns = self.txns.lock();
             let due: Vec<_> = txns
                 .iter()
-                .filter_map(|(id, e)| Some((id.clone(), state::timed_out(e, now)?)))
+                .filter_map(|(id, e)| Some((id.clone(), state::timed_out(e, server_version, now)?)))
                 .collect();
             for (id, next) in &due {
                 Self::begin(&mut txns, id, next);
