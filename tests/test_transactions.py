@@ -314,7 +314,7 @@ def test_transactions_v2_bump_the_epoch_and_fence_the_ended_transactions_zombie(
     import hardening_wire as hw
     import kafka_wire as w
 
-    producer_fenced, invalid_epoch, not_enough_replicas = 90, 47, 19
+    producer_fenced, invalid_epoch, concurrent_transactions = 90, 47, 51
     topic, txn = unique("tv2"), unique("tv2-tx")
     create_topic(broker.bootstrap, topic)
     with w.Conn(broker.bootstrap) as conn:
@@ -332,10 +332,13 @@ def test_transactions_v2_bump_the_epoch_and_fence_the_ended_transactions_zombie(
         # Until the markers are written that is CONCURRENT_TRANSACTIONS.
         wait_until(lambda: hw.end_txn_v5(conn, txn, pid, 0, True) == (0, pid, 1), 10,
                    "the retried commit's answer")
-        assert produce(b"zombie", 0, 1) in (producer_fenced, invalid_epoch)
+        # Refused as Kafka refuses a produce its coordinator fences.
+        assert produce(b"zombie", 0, 1) == invalid_epoch
         assert hw.end_txn_v5(conn, txn, pid, 0, False)[0] != 0, "an abort is no retry of a commit"
+        # It waits for the markers of the last (add.partitions.to.txn.
+        # retry.backoff.max.ms), then answers CONCURRENT_TRANSACTIONS.
         answers = []
-        wait_until(lambda: answers.append(produce(b"second", 1, 0)) or answers[-1] != not_enough_replicas,
+        wait_until(lambda: answers.append(produce(b"second", 1, 0)) or answers[-1] != concurrent_transactions,
                    10, "the next transaction's first write")
         assert answers[-1] == 0, answers
         for forged in (5, 32767, -1):

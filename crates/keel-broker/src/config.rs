@@ -331,6 +331,16 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         ConfigType::Int,
     ),
     ("transactional.id.expiration.ms", "604800000", ConfigType::Int),
+    // How long a transactional produce (v12+) waits for its transaction
+    // to be free to take its partitions (the last one's markers being
+    // written) before it answers CONCURRENT_TRANSACTIONS. Kafka retries
+    // for this long, every `add.partitions.to.txn.retry.backoff.ms`; Keel
+    // wakes when the transaction's state changes instead.
+    (
+        "add.partitions.to.txn.retry.backoff.max.ms",
+        "100",
+        ConfigType::Int,
+    ),
     (
         "transaction.state.log.segment.bytes",
         "104857600",

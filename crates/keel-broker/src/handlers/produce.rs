@@ -40,13 +40,25 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
         return all_failed(req, ResponseError::InvalidRequiredAcks);
     }
     trace::expect_appends(req.topic_data.iter().map(|t| t.partition_data.len()).sum());
-    let txn_id: Option<Arc<str>> = req.transactional_id.as_ref().map(|t| Arc::from(t.as_str()));
+    let txn = match req
+        .transactional_id
+        .as_ref()
+        .map(|t| Arc::<str>::from(t.as_str()))
+    {
+        None => None,
+        Some(id) if version >= IMPLICIT_ADD_VERSION => {
+            let checking = Instant::now();
+            let added = add_to_transaction(broker, &id, &req).await;
+            trace::longest(Stage::Coordinator, checking.elapsed());
+            Some(TxnCheck::Added(added))
+        }
+        Some(id) => Some(TxnCheck::Verify(id)),
+    };
     if let [t] = &req.topic_data[..] {
         if let [p] = &t.partition_data[..] {
             // One partition, the common case: appended in this task, with
             // no task of its own to schedule and join.
             let topic = broker.topics.resolve(t.name.0.as_str(), t.topic_id);
-            let txn = txn_id.map(|id| (id, version >= IMPLICIT_ADD_VERSION));
             let result = produce_partition(broker, topic, p.index, p.records.clone(), txn, version).await;
             let response = TopicProduceResponse::default()
                 .with_name(t.name.clone())
@@ -63,7 +75,7 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
         for p in t.partition_data {
             let topic = topic.clone();
             let b = Arc::clone(broker);
-            let txn = txn_id.clone().map(|id| (id, version >= IMPLICIT_ADD_VERSION));
+            let txn = txn.clone();
             let work = async move { produce_partition(&b, topic, p.index, p.records, txn, version).await };
             let task = tokio::spawn(trace::within(trace::current(), work));
             pending.push((t.name.clone(), t.topic_id, p.index, task));
@@ -115,7 +127,7 @@ async fn produce_partition(
     topic: Result<Arc<Topic>, ResponseError>,
     index: i32,
     records: Option<Bytes>,
-    txn: Option<(Arc<str>, bool)>,
+    txn: Option<TxnCheck>,
     version: i16,
 ) -> PartitionProduceResponse {
     let topic = match topic {
@@ -142,12 +154,7 @@ async fn produce_partition(
             format!("Produce requests with version {version} are not allowed to use ZStandard compression"),
         );
     }
-    let checking = Instant::now();
-    let checked = check_transaction(broker, &headers[0], txn, &topic, index).await;
-    if headers[0].is_transactional() {
-        trace::longest(Stage::Coordinator, checking.elapsed());
-    }
-    if let Err((error, message)) = checked {
+    if let Err((error, message)) = check_transaction(broker, &headers[0], txn, &topic, index) {
         return failed(error, message);
     }
     if config
@@ -287,51 +294,102 @@ pub(crate) fn check_records(
     Ok(headers)
 }
 
+/// How a produce's transactional batches are checked against their
+/// transaction.
+#[derive(Debug, Clone)]
+enum TxnCheck {
+    /// Before Produce v12: each partition must be in the open transaction
+    /// already (AddPartitionsToTxn).
+    Verify(Arc<str>),
+    /// Produce v12+ (transactions v2): the request's partitions were added
+    /// to the transaction, together, with this outcome.
+    Added(Result<(), (ResponseError, String)>),
+}
+
+/// Transactions v2: adds every partition a request's transactional
+/// batches go to to the transaction, in one step before any is appended,
+/// as Kafka's broker sends one AddPartitionsToTxn for a produce request.
+/// (Added one by one, at once, all but one would find the transaction busy
+/// with the others.) Partitions that do not exist or whose batch does not
+/// parse are left out: their own checks refuse them.
+async fn add_to_transaction(
+    broker: &Broker,
+    id: &str,
+    req: &ProduceRequest,
+) -> Result<(), (ResponseError, String)> {
+    let mut producer: Option<(i64, i16)> = None;
+    let mut partitions = Vec::new();
+    for t in &req.topic_data {
+        let Ok(topic) = broker.topics.resolve(t.name.0.as_str(), t.topic_id) else {
+            continue;
+        };
+        for p in &t.partition_data {
+            let header = p.records.as_deref().and_then(|r| BatchHeader::parse(r).ok());
+            let Some(h) = header.filter(|h| h.is_transactional() && h.producer_id >= 0) else {
+                continue;
+            };
+            if topic.partition(p.index).is_none() {
+                continue;
+            }
+            let this = (h.producer_id, h.producer_epoch);
+            if *producer.get_or_insert(this) != this {
+                // Kafka refuses such a request whole.
+                let message = format!("transactional batches of more than one producer ({id})");
+                return Err((ResponseError::InvalidProducerIdMapping, message));
+            }
+            partitions.push((topic.meta.name.clone(), p.index));
+        }
+    }
+    let Some(producer) = producer else {
+        return Ok(());
+    };
+    let max_wait_ms = broker.config().num("add.partitions.to.txn.retry.backoff.max.ms");
+    let max_wait = std::time::Duration::from_millis(u64::try_from(max_wait_ms).unwrap_or(0));
+    broker
+        .txns
+        .add_for_produce(id, producer, &partitions, max_wait)
+        .await
+        .map_err(|e| {
+            let message = format!(
+                "cannot add {} partition(s) to the transaction of producer {} epoch {} ({id}): {e:?}",
+                partitions.len(),
+                producer.0,
+                producer.1
+            );
+            (produce_error(e), message)
+        })
+}
+
 /// A transactional batch must come with its transactional id, from the
 /// producer id and epoch that own it, into a partition its open
 /// transaction added (Kafka's partition verification): a batch written
 /// outside its transaction would never get a marker and would hold the
 /// last stable offset back for good.
-async fn check_transaction(
+fn check_transaction(
     broker: &Broker,
     h: &BatchHeader,
-    txn: Option<(Arc<str>, bool)>,
+    txn: Option<TxnCheck>,
     topic: &Topic,
     index: i32,
 ) -> Result<(), (ResponseError, String)> {
     if !h.is_transactional() {
         return Ok(());
     }
-    let Some((id, implicit_add)) = txn else {
-        return Err((
-            ResponseError::InvalidRecord,
-            format!(
-                "a transactional batch of producer {} without a transactional id",
-                h.producer_id
-            ),
-        ));
+    let id = match txn {
+        None => {
+            return Err((
+                ResponseError::InvalidRecord,
+                format!(
+                    "a transactional batch of producer {} without a transactional id",
+                    h.producer_id
+                ),
+            ))
+        }
+        // Its partition was in the add (see add_to_transaction).
+        Some(TxnCheck::Added(added)) => return added,
+        Some(TxnCheck::Verify(id)) => id,
     };
     let partition = (topic.meta.name.clone(), index);
-    if implicit_add {
-        return broker
-            .txns
-            .add_partitions(
-                &id,
-                h.producer_id,
-                h.producer_epoch,
-                std::slice::from_ref(&partition),
-                crate::txn::state::TRANSACTION_VERSION_2,
-                ResponseError::ProducerFenced,
-            )
-            .await
-            .map_err(|e| {
-                let message = format!(
-                    "cannot add {}-{index} to the transaction of producer {} epoch {} ({id}): {e:?}",
-                    topic.meta.name, h.producer_id, h.producer_epoch
-                );
-                (retriable_for_produce(e), message)
-            });
-    }
     broker
         .txns
         .verify(&id, h.producer_id, h.producer_epoch, &partition)
@@ -344,16 +402,19 @@ async fn check_transaction(
         })
 }
 
-/// What a produce answers for a coordinator error that only asks the
-/// client to wait (the last transaction's markers are still being
-/// written): NOT_ENOUGH_REPLICAS, which every client retries without a
-/// metadata refresh, as Kafka translates them.
-fn retriable_for_produce(e: ResponseError) -> ResponseError {
+/// What a produce answers for the coordinator's refusal of its implicit
+/// add, as Kafka's broker translates it for Produce v12+:
+/// CONCURRENT_TRANSACTIONS as it is (the last transaction's markers are
+/// still being written; clients retry it), the coordinator errors every
+/// client retries without a metadata refresh as NOT_ENOUGH_REPLICAS, and
+/// PRODUCER_FENCED as INVALID_PRODUCER_EPOCH, which producers expect from
+/// a produce.
+fn produce_error(e: ResponseError) -> ResponseError {
     match e {
-        ResponseError::ConcurrentTransactions
-        | ResponseError::CoordinatorNotAvailable
+        ResponseError::CoordinatorNotAvailable
         | ResponseError::CoordinatorLoadInProgress
         | ResponseError::NotCoordinator => ResponseError::NotEnoughReplicas,
+        ResponseError::ProducerFenced => ResponseError::InvalidProducerEpoch,
         other => other,
     }
 }
@@ -593,9 +654,10 @@ async fn transactional_init(
     let expected = (req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
     let mut fresh = None;
     loop {
+        let server_version = broker.config().transaction_version();
         let outcome = broker
             .txns
-            .init_producer_id(id, req.transaction_timeout_ms, expected, fresh)
+            .init_producer_id(id, req.transaction_timeout_ms, expected, fresh, server_version)
             .await?;
         match outcome {
             crate::txn::InitOutcome::Ready(pid, epoch) => return Ok((pid, epoch)),

@@ -302,7 +302,8 @@ pub fn spawn_timers(broker: &Arc<Broker>) {
         tick.tick().await;
         loop {
             tick.tick().await;
-            for (id, prepared) in broker.txns.abort_timed_out().await {
+            let server_version = broker.config().transaction_version();
+            for (id, prepared) in broker.txns.abort_timed_out(server_version).await {
                 spawn_markers(&broker, id, prepared);
             }
             broker.txns.expire_ids().await;

@@ -22,10 +22,12 @@ pub mod state;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use keel_protocol::ResponseError;
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use crate::groups::Clock;
 use crate::metalog::{Durability, MetaLog, Table};
@@ -128,6 +130,9 @@ pub struct TxnDescription {
 
 pub struct TxnCoordinator {
     txns: Mutex<HashMap<String, TxnEntry>>,
+    /// Woken whenever an id's state is written (or its write failed), for
+    /// the implicit adds waiting for their id to be free.
+    changed: Notify,
     store: MetaLog<TxnTable>,
     config: TxnConfig,
     clock: Arc<dyn Clock>,
@@ -163,6 +168,7 @@ impl TxnCoordinator {
         });
         Ok(TxnCoordinator {
             txns: Mutex::new(txns),
+            changed: Notify::new(),
             store,
             config,
             clock,
@@ -187,27 +193,31 @@ impl TxnCoordinator {
             value: Some(next.clone()),
         };
         let written = self.store.write(vec![record]).await;
-        let mut txns = self.txns.lock();
-        match written {
-            Ok(()) => {
-                txns.insert(
-                    id.to_string(),
-                    TxnEntry {
-                        state: next,
-                        pending: false,
-                    },
-                );
-                Ok(())
-            }
-            Err(e) => {
-                tracing::error!(transactional_id = id, error = %e, "cannot persist a transaction state");
-                match txns.get_mut(id) {
-                    Some(entry) if !is_placeholder(entry) => entry.pending = false,
-                    _ => drop(txns.remove(id)),
+        let applied = {
+            let mut txns = self.txns.lock();
+            match written {
+                Ok(()) => {
+                    txns.insert(
+                        id.to_string(),
+                        TxnEntry {
+                            state: next,
+                            pending: false,
+                        },
+                    );
+                    Ok(())
                 }
-                Err(ResponseError::CoordinatorNotAvailable)
+                Err(e) => {
+                    tracing::error!(transactional_id = id, error = %e, "cannot persist a transaction state");
+                    match txns.get_mut(id) {
+                        Some(entry) if !is_placeholder(entry) => entry.pending = false,
+                        _ => drop(txns.remove(id)),
+                    }
+                    Err(ResponseError::CoordinatorNotAvailable)
+                }
             }
-        }
+        };
+        self.changed.notify_waiters();
+        applied
     }
 
     /// Marks an id pending under the lock; inserts a placeholder for a
@@ -224,13 +234,15 @@ impl TxnCoordinator {
             .pending = true;
     }
 
-    /// InitProducerId with a transactional id.
+    /// InitProducerId with a transactional id; `server_version` is the
+    /// `transaction.version` the broker finalized.
     pub async fn init_producer_id(
         &self,
         id: &str,
         timeout_ms: i32,
         expected: Option<(i64, i16)>,
         fresh_producer_id: Option<i64>,
+        server_version: i16,
     ) -> Result<InitOutcome, ResponseError> {
         if timeout_ms <= 0 || timeout_ms > self.config.max_timeout_ms {
             return Err(ResponseError::InvalidTransactionTimeout);
@@ -238,7 +250,14 @@ impl TxnCoordinator {
         let now = self.now_ms();
         let decision = {
             let mut txns = self.txns.lock();
-            let decision = state::init(txns.get(id), timeout_ms, expected, fresh_producer_id, now)?;
+            let decision = state::init(
+                txns.get(id),
+                timeout_ms,
+                expected,
+                fresh_producer_id,
+                server_version,
+                now,
+            )?;
             if let InitDecision::Persist(next) | InitDecision::AbortOngoing(next) = &decision {
                 Self::begin(&mut txns, id, next);
             }
@@ -280,6 +299,48 @@ impl TxnCoordinator {
             next
         };
         self.persist(id, next).await
+    }
+
+    /// The implicit add of a produce (transactions v2, Produce v12+) of
+    /// every partition it writes, which waits up to `max_wait` while the id
+    /// is busy (CONCURRENT_TRANSACTIONS): another state being written, or
+    /// the last transaction's markers. Kafka's broker retries the add for
+    /// `add.partitions.to.txn.retry.backoff.max.ms` for the same reason (a
+    /// client starts its next transaction as soon as the last one's end is
+    /// answered); this wakes on each state change instead of polling.
+    pub async fn add_for_produce(
+        &self,
+        id: &str,
+        (producer_id, epoch): (i64, i16),
+        partitions: &[(String, i32)],
+        max_wait: Duration,
+    ) -> Result<(), ResponseError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            // Registered before the state is looked at, so that a change
+            // between the look and the wait is not missed.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let added = self
+                .add_partitions(
+                    id,
+                    producer_id,
+                    epoch,
+                    partitions,
+                    state::TRANSACTION_VERSION_2,
+                    ResponseError::ProducerFenced,
+                )
+                .await;
+            match added {
+                Err(ResponseError::ConcurrentTransactions) => {
+                    if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                        return Err(ResponseError::ConcurrentTransactions);
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Whether `partition` is in the open transaction of `id` with this
@@ -361,13 +422,14 @@ impl TxnCoordinator {
 
     /// Aborts (persists PrepareAbort, under a bumped epoch) every open
     /// transaction past its timeout; returns them for their markers.
-    pub async fn abort_timed_out(&self) -> Vec<(String, TxnState)> {
+    /// `server_version` is the `transaction.version` the broker finalized.
+    pub async fn abort_timed_out(&self, server_version: i16) -> Vec<(String, TxnState)> {
         let now = self.now_ms();
         let due: Vec<(String, TxnState)> = {
             let mut txns = self.txns.lock();
             let due: Vec<_> = txns
                 .iter()
-                .filter_map(|(id, e)| Some((id.clone(), state::timed_out(e, now)?)))
+                .filter_map(|(id, e)| Some((id.clone(), state::timed_out(e, server_version, now)?)))
                 .collect();
             for (id, next) in &due {
                 Self::begin(&mut txns, id, next);

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::state::{TxnState, TxnStatus};
+use super::state::{TxnState, TxnStatus, NO_EPOCH};
 use crate::groups::records::{put_compact_str, put_str, put_uvarint, Reader, RecordError};
 
 const KEY_VERSION: i16 = 0;
@@ -140,6 +140,8 @@ fn decode_value(value: &[u8]) -> Result<TxnState, RecordError> {
         previous_producer_id: -1,
         next_producer_id: -1,
         client_version: 0,
+        // Not in the log, as in Kafka (see the field).
+        last_producer_epoch: NO_EPOCH,
     };
     if flexible {
         read_tags(&mut r, |tag, data| {
@@ -191,6 +193,7 @@ mod tests {
             previous_producer_id: 3,
             next_producer_id: -1,
             client_version: 2,
+            last_producer_epoch: -1,
         };
         let r = TxnRecord {
             transactional_id: "tx".into(),

@@ -18,6 +18,11 @@
 //! of the ended transaction is fenced in every partition. The client gets
 //! the new epoch in the EndTxn answer; when the epoch is exhausted the
 //! transaction hands over to a new producer id (`next_producer_id`).
+//!
+//! KIP-360: the epoch before the last bump the client asked for or saw
+//! (`last_producer_epoch`) is remembered, so that an InitProducerId naming
+//! it is taken for a retry whose answer was lost and answered with the
+//! current epoch, not fenced.
 
 use std::collections::BTreeSet;
 
@@ -102,6 +107,11 @@ pub struct TxnState {
     /// The transaction version of the client's last request (Kafka's
     /// `ClientTransactionVersion`): 2 for transactions v2.
     pub client_version: i16,
+    /// The epoch before the last bump a client may still hold (Kafka's
+    /// `lastProducerEpoch`, -1: none): an InitProducerId expecting it is
+    /// a retry. Kept in memory only, as in Kafka: the transaction log
+    /// does not carry it, so a reloaded state has none.
+    pub last_producer_epoch: i16,
 }
 
 impl TxnState {
@@ -118,6 +128,7 @@ impl TxnState {
             previous_producer_id: -1,
             next_producer_id: -1,
             client_version: 0,
+            last_producer_epoch: NO_EPOCH,
         }
     }
 
@@ -145,6 +156,9 @@ impl TxnState {
 /// Transactions v2: the epoch is bumped at every end (KIP-890).
 pub const TRANSACTION_VERSION_2: i16 = 2;
 
+/// Kafka's `RecordBatch.NO_PRODUCER_EPOCH`.
+pub const NO_EPOCH: i16 = -1;
+
 /// A transactional id in the coordinator's memory.
 #[derive(Debug, Clone)]
 pub struct TxnEntry {
@@ -170,13 +184,18 @@ pub enum InitDecision {
     AbortOngoing(TxnState),
 }
 
-/// InitProducerId for `entry` (None: the id is new). `expected` is the
-/// producer id and epoch the client has (KIP-360), if it sent them.
+/// InitProducerId for `entry` (None: the id is new), as Kafka 4.3's
+/// coordinator decides it. `expected` is the producer id and epoch the
+/// client has (KIP-360), if it sent them: its current epoch is bumped, the
+/// epoch before the last bump is a retry answered with the current one,
+/// any other is fenced. `server_version` is the `transaction.version` the
+/// broker finalized, which says how an open transaction is fenced.
 pub fn init(
     entry: Option<&TxnEntry>,
     timeout_ms: i32,
     expected: Option<(i64, i16)>,
     fresh_producer_id: Option<i64>,
+    server_version: i16,
     now_ms: i64,
 ) -> Result<InitDecision, ResponseError> {
     let Some(entry) = entry else {
@@ -194,8 +213,11 @@ pub fn init(
     }
     let s = &entry.state;
     if let Some((id, epoch)) = expected {
-        // Only the producer that holds the current epoch may bump it.
-        if id != s.producer_id || epoch != s.producer_epoch {
+        // The id the client holds, or the one an exhausted epoch handed
+        // over from (a retry of the call that handed over); its epoch is
+        // checked below, when there is one to bump.
+        let own_id = id == s.producer_id || (id == s.previous_producer_id && epoch >= MAX_EPOCH);
+        if !own_id {
             return Err(ResponseError::ProducerFenced);
         }
     }
@@ -203,39 +225,61 @@ pub fn init(
         TxnStatus::PrepareCommit | TxnStatus::PrepareAbort | TxnStatus::PrepareEpochFence => {
             Err(ResponseError::ConcurrentTransactions)
         }
-        TxnStatus::Ongoing => Ok(InitDecision::AbortOngoing(fenced_abort(s, now_ms))),
+        TxnStatus::Ongoing => Ok(InitDecision::AbortOngoing(fenced_abort(
+            s,
+            server_version,
+            now_ms,
+        ))),
         TxnStatus::Empty | TxnStatus::CompleteCommit | TxnStatus::CompleteAbort | TxnStatus::Dead => {
-            let (producer_id, producer_epoch) = if s.producer_epoch >= MAX_EPOCH {
-                match fresh_producer_id {
-                    Some(id) => (id, 0),
-                    None => return Ok(InitDecision::NeedProducerId),
-                }
-            } else {
-                (s.producer_id, s.producer_epoch + 1)
+            let expected_epoch = expected.map(|(_, epoch)| epoch);
+            if s.producer_epoch >= MAX_EPOCH && expected_epoch.is_none_or(|e| e == s.producer_epoch) {
+                let Some(id) = fresh_producer_id else {
+                    return Ok(InitDecision::NeedProducerId);
+                };
+                return Ok(InitDecision::Persist(TxnState {
+                    previous_producer_id: s.producer_id,
+                    client_version: s.client_version,
+                    last_producer_epoch: expected_epoch.map_or(NO_EPOCH, |_| s.producer_epoch),
+                    ..TxnState::new(id, timeout_ms, now_ms)
+                }));
+            }
+            // Below MAX_EPOCH here, unless the client names another epoch.
+            let (producer_epoch, last_producer_epoch) = match expected_epoch {
+                // A new instance of the producer: the epoch fences the old.
+                None => (s.producer_epoch + 1, NO_EPOCH),
+                Some(e) if e == s.producer_epoch => (e + 1, e),
+                // Its last call bumped the epoch, and it did not hear.
+                Some(e) if e == s.last_producer_epoch => (s.producer_epoch, e),
+                Some(_) => return Err(ResponseError::ProducerFenced),
             };
             Ok(InitDecision::Persist(TxnState {
                 producer_epoch,
-                previous_producer_id: s.previous_id_after(producer_id),
+                previous_producer_id: s.previous_producer_id,
                 client_version: s.client_version,
-                ..TxnState::new(producer_id, timeout_ms, now_ms)
+                last_producer_epoch,
+                ..TxnState::new(s.producer_id, timeout_ms, now_ms)
             }))
         }
     }
 }
 
 /// The abort of `s`'s open transaction by the coordinator (a timeout, or
-/// a new instance of the producer), under an epoch that fences its
-/// producer: one higher, or two for a transactions v2 client, whose own
-/// retried abort at the epoch below must not pass for this one (as in
-/// Kafka). Never past `i16::MAX`, the highest epoch a marker may carry.
-fn fenced_abort(s: &TxnState, now_ms: i64) -> TxnState {
-    let bump = if s.client_version >= TRANSACTION_VERSION_2 {
-        2
-    } else {
-        1
-    };
+/// a new instance of the producer), under an epoch one higher, which
+/// fences its producer, as Kafka 4.3 does. Under transactions v2
+/// (`server_version`, the level the broker finalized, whatever the
+/// client's) the abort is an end like the client's own, and the epoch
+/// below is its last: the client's own abort at it then passes for a
+/// retry of this one, and its InitProducerId naming it gets the fenced
+/// epoch back (KIP-360). Never past `i16::MAX`, the highest epoch a
+/// marker may carry.
+fn fenced_abort(s: &TxnState, server_version: i16, now_ms: i64) -> TxnState {
     TxnState {
-        producer_epoch: s.producer_epoch.saturating_add(bump),
+        producer_epoch: s.producer_epoch.saturating_add(1),
+        last_producer_epoch: if server_version >= TRANSACTION_VERSION_2 {
+            s.producer_epoch
+        } else {
+            NO_EPOCH
+        },
         status: TxnStatus::PrepareAbort,
         last_update_ms: now_ms,
         ..s.clone()
@@ -387,6 +431,7 @@ pub fn end_v2(
         };
         Ok(EndDecision::Prepare(TxnState {
             producer_epoch,
+            last_producer_epoch: s.producer_epoch,
             status: if commit { PrepareCommit } else { PrepareAbort },
             last_update_ms: now_ms,
             start_ms: if nothing_added { now_ms } else { s.start_ms },
@@ -427,12 +472,12 @@ pub fn complete(prepared: &TxnState, now_ms: i64) -> TxnState {
 
 /// The abort of an open transaction past its timeout, under a bumped
 /// epoch (Kafka fences the producer that let it time out), if it is.
-pub fn timed_out(entry: &TxnEntry, now_ms: i64) -> Option<TxnState> {
+pub fn timed_out(entry: &TxnEntry, server_version: i16, now_ms: i64) -> Option<TxnState> {
     let s = &entry.state;
     let expired = s.status == TxnStatus::Ongoing
         && !entry.pending
         && now_ms > s.start_ms.saturating_add(i64::from(s.timeout_ms));
-    expired.then(|| fenced_abort(s, now_ms))
+    expired.then(|| fenced_abort(s, server_version, now_ms))
 }
 
 /// Whether an idle id has outlived `transactional.id.expiration.ms`.
@@ -491,8 +536,11 @@ mod tests {
 
     #[test]
     fn a_transaction_runs_its_course() {
-        assert_eq!(init(None, 1000, None, None, 0), Ok(InitDecision::NeedProducerId));
-        let s = persisted(init(None, 1000, None, Some(7), 0));
+        assert_eq!(
+            init(None, 1000, None, None, 2, 0),
+            Ok(InitDecision::NeedProducerId)
+        );
+        let s = persisted(init(None, 1000, None, Some(7), 2, 0));
         assert_eq!(
             (s.producer_id, s.producer_epoch, s.status),
             (7, 0, TxnStatus::Empty)
@@ -521,22 +569,22 @@ mod tests {
         let e = entry(done);
         assert_eq!(end(&e, true, 15), Ok(EndDecision::Done), "a retried commit");
         assert_eq!(end(&e, false, 15), Err(ResponseError::InvalidTxnState));
-        let next = persisted(init(Some(&e), 1000, None, None, 16));
+        let next = persisted(init(Some(&e), 1000, None, None, 2, 16));
         assert_eq!((next.producer_id, next.producer_epoch), (7, 1));
     }
 
     #[test]
     fn zombies_are_fenced_and_open_transactions_aborted() {
-        let e = entry(persisted(init(None, 1000, None, Some(3), 0)));
+        let e = entry(persisted(init(None, 1000, None, Some(3), 2, 0)));
         let e = entry(add_partitions(&e, &[("t".into(), 0)], 0, 1).unwrap().unwrap());
         // A new producer instance with the same id: the open transaction
         // is aborted under a bumped epoch first.
-        let InitDecision::AbortOngoing(fence) = init(Some(&e), 1000, None, None, 2).unwrap() else {
+        let InitDecision::AbortOngoing(fence) = init(Some(&e), 1000, None, None, 2, 2).unwrap() else {
             panic!("an open transaction is aborted first");
         };
         assert_eq!((fence.status, fence.producer_epoch), (TxnStatus::PrepareAbort, 1));
         let e = entry(complete(&fence, 3));
-        let next = persisted(init(Some(&e), 1000, None, None, 4));
+        let next = persisted(init(Some(&e), 1000, None, None, 2, 4));
         assert_eq!(next.producer_epoch, 2);
         let e = entry(next);
         // The old instance is fenced everywhere.
@@ -550,28 +598,28 @@ mod tests {
         );
         // KIP-360: only the current epoch may ask for a bump.
         assert_eq!(
-            init(Some(&e), 1000, Some((3, 1)), None, 5),
+            init(Some(&e), 1000, Some((3, 1)), None, 2, 5),
             Err(ResponseError::ProducerFenced)
         );
-        assert!(init(Some(&e), 1000, Some((3, 2)), None, 5).is_ok());
+        assert!(init(Some(&e), 1000, Some((3, 2)), None, 2, 5).is_ok());
     }
 
     #[test]
     fn timeouts_and_epoch_exhaustion() {
-        let e = entry(persisted(init(None, 100, None, Some(1), 0)));
+        let e = entry(persisted(init(None, 100, None, Some(1), 2, 0)));
         let e = entry(add_partitions(&e, &[("t".into(), 0)], 0, 1_000).unwrap().unwrap());
-        assert_eq!(timed_out(&e, 1_100), None);
-        let abort = timed_out(&e, 1_101).unwrap();
+        assert_eq!(timed_out(&e, 2, 1_100), None);
+        let abort = timed_out(&e, 2, 1_101).unwrap();
         assert_eq!((abort.status, abort.producer_epoch), (TxnStatus::PrepareAbort, 1));
         let mut old = e.state.clone();
         old.status = TxnStatus::CompleteAbort;
         old.producer_epoch = MAX_EPOCH;
         let e = entry(old);
         assert_eq!(
-            init(Some(&e), 100, None, None, 0),
+            init(Some(&e), 100, None, None, 2, 0),
             Ok(InitDecision::NeedProducerId)
         );
-        let fresh = persisted(init(Some(&e), 100, None, Some(2), 0));
+        let fresh = persisted(init(Some(&e), 100, None, Some(2), 2, 0));
         assert_eq!((fresh.producer_id, fresh.producer_epoch), (2, 0));
         assert!(expired(&e, 10_000, 100));
         assert!(!expired(&e, 10_000, 100_000));
@@ -588,7 +636,7 @@ mod tests {
     /// end bumps the epoch; the epoch below is a retry.
     #[test]
     fn transactions_v2_bump_the_epoch_at_every_end() {
-        let e = entry(persisted(init(None, 1000, None, Some(7), 0)));
+        let e = entry(persisted(init(None, 1000, None, Some(7), 2, 0)));
         let p = [("t".to_string(), 0)];
         let open = add_partitions(&e, &p, TRANSACTION_VERSION_2, 1).unwrap().unwrap();
         assert_eq!(open.client_version, TRANSACTION_VERSION_2);
@@ -650,7 +698,7 @@ mod tests {
             "two epochs below is a zombie"
         );
         // A fresh id: an abort bumps, a commit has nothing to commit.
-        let fresh = entry(persisted(init(None, 1000, None, Some(9), 0)));
+        let fresh = entry(persisted(init(None, 1000, None, Some(9), 2, 0)));
         assert_eq!(
             end_v2(Some(&fresh), 9, 0, true, None, 1),
             Err(ResponseError::InvalidTxnState)
@@ -663,7 +711,7 @@ mod tests {
 
     #[test]
     fn an_exhausted_epoch_hands_over_to_a_new_producer_id() {
-        let mut s = persisted(init(None, 1000, None, Some(7), 0));
+        let mut s = persisted(init(None, 1000, None, Some(7), 2, 0));
         s.producer_epoch = MAX_EPOCH;
         let e = entry(s);
         let e = entry(
@@ -712,21 +760,121 @@ mod tests {
         );
     }
 
+    /// A transaction past its timeout is aborted one epoch up, as Kafka
+    /// 4.3 does; under transactions v2 the epoch below stays the last, so
+    /// the producer's own abort passes for a retry of this one, its commit
+    /// does not, and an InitProducerId naming it gets the new epoch
+    /// (KIP-360). Under the classic protocol there is no last epoch.
     #[test]
-    fn a_v2_producer_past_its_timeout_is_fenced_two_epochs_up() {
-        let e = entry(persisted(init(None, 100, None, Some(1), 0)));
+    fn a_producer_past_its_timeout_is_fenced_one_epoch_up() {
+        let e = entry(persisted(init(None, 100, None, Some(1), 2, 0)));
         let e = entry(
             add_partitions(&e, &[("t".into(), 0)], TRANSACTION_VERSION_2, 1_000)
                 .unwrap()
                 .unwrap(),
         );
-        let abort = timed_out(&e, 1_101).unwrap();
-        assert_eq!(abort.producer_epoch, 2);
-        let e = entry(complete(&abort, 1_102));
-        // Its own abort is not mistaken for a retry of this one.
+        let abort = timed_out(&e, TRANSACTION_VERSION_2, 1_101).unwrap();
+        assert_eq!((abort.producer_epoch, abort.last_producer_epoch), (1, 0));
+        let done = entry(complete(&abort, 1_102));
         assert_eq!(
-            end_v2(Some(&e), 1, 0, false, None, 1_103),
+            end_v2(Some(&done), 1, 0, true, None, 1_103),
+            Err(ResponseError::InvalidTxnState),
+            "its commit"
+        );
+        assert_eq!(
+            end_v2(Some(&done), 1, 0, false, None, 1_103),
+            Ok(EndDecision::Done),
+            "its abort"
+        );
+        let again = persisted(init(Some(&done), 100, Some((1, 0)), None, 2, 1_104));
+        assert_eq!((again.producer_epoch, again.last_producer_epoch), (1, 0));
+        let classic = timed_out(&e, 1, 1_101).unwrap();
+        assert_eq!(
+            (classic.producer_epoch, classic.last_producer_epoch),
+            (1, NO_EPOCH)
+        );
+        assert_eq!(
+            init(
+                Some(&entry(complete(&classic, 1_102))),
+                100,
+                Some((1, 0)),
+                None,
+                1,
+                1_104
+            ),
             Err(ResponseError::ProducerFenced)
+        );
+    }
+
+    /// KIP-360: an InitProducerId naming the epoch the client has bumps
+    /// it; the same call again (its answer was lost) gets the bumped epoch
+    /// back instead of a second bump or a fence; older epochs are fenced,
+    /// and a new instance (no epoch named) forgets the last one.
+    #[test]
+    fn a_retried_init_producer_id_gets_the_epoch_it_bumped_to() {
+        let e = entry(persisted(init(None, 1000, None, Some(7), 2, 0)));
+        let e = entry(
+            add_partitions(&e, &[("t".into(), 0)], TRANSACTION_VERSION_2, 1)
+                .unwrap()
+                .unwrap(),
+        );
+        let commit = prepared(end_v2(Some(&e), 7, 0, true, None, 2));
+        assert_eq!(commit.last_producer_epoch, 0, "the epoch before the end's bump");
+        let e = entry(complete(&commit, 3));
+        assert_eq!(
+            persisted(init(Some(&e), 1000, Some((7, 0)), None, 2, 4)).producer_epoch,
+            1,
+            "the client asks again for the epoch the end gave it"
+        );
+        let bumped = persisted(init(Some(&e), 1000, Some((7, 1)), None, 2, 4));
+        assert_eq!((bumped.producer_epoch, bumped.last_producer_epoch), (2, 1));
+        let e = entry(bumped);
+        let retried = persisted(init(Some(&e), 1000, Some((7, 1)), None, 2, 5));
+        assert_eq!((retried.producer_epoch, retried.last_producer_epoch), (2, 1));
+        assert_eq!(
+            init(Some(&e), 1000, Some((7, 0)), None, 2, 5),
+            Err(ResponseError::ProducerFenced)
+        );
+        assert_eq!(
+            init(Some(&e), 1000, Some((8, 2)), None, 2, 5),
+            Err(ResponseError::ProducerFenced),
+            "another producer id"
+        );
+        let fresh = persisted(init(Some(&e), 1000, None, None, 2, 6));
+        assert_eq!((fresh.producer_epoch, fresh.last_producer_epoch), (3, NO_EPOCH));
+        assert_eq!(
+            init(Some(&entry(fresh)), 1000, Some((7, 2)), None, 2, 7),
+            Err(ResponseError::ProducerFenced),
+            "the instance a new one fenced"
+        );
+    }
+
+    /// A client that re-initializes its producer id while its transaction
+    /// is open (franz-go does after a produce error) gets the transaction
+    /// aborted and CONCURRENT_TRANSACTIONS; the same call again, once the
+    /// abort is done, is answered with the epoch the abort fenced with.
+    #[test]
+    fn a_reinit_during_a_transaction_aborts_it_and_the_retry_goes_on() {
+        let e = entry(persisted(init(None, 1000, None, Some(7), 2, 0)));
+        let e = entry(
+            add_partitions(&e, &[("t".into(), 0)], TRANSACTION_VERSION_2, 1)
+                .unwrap()
+                .unwrap(),
+        );
+        let Ok(InitDecision::AbortOngoing(fence)) = init(Some(&e), 1000, Some((7, 0)), None, 2, 2) else {
+            panic!("the open transaction is aborted first");
+        };
+        assert_eq!((fence.status, fence.producer_epoch), (TxnStatus::PrepareAbort, 1));
+        assert_eq!(
+            init(Some(&entry(fence.clone())), 1000, Some((7, 0)), None, 2, 3),
+            Err(ResponseError::ConcurrentTransactions),
+            "while the markers are written"
+        );
+        let done = entry(complete(&fence, 4));
+        let next = persisted(init(Some(&done), 1000, Some((7, 0)), None, 2, 5));
+        assert_eq!(
+            (next.producer_id, next.producer_epoch, next.status),
+            (7, 1, TxnStatus::Empty)
         );
     }
 
@@ -737,7 +885,7 @@ mod tests {
             assert_eq!(TxnStatus::from_name(s.name()), Some(s));
         }
         let open = add_partitions(
-            &entry(persisted(init(None, 100, None, Some(4), 0))),
+            &entry(persisted(init(None, 100, None, Some(4), 2, 0))),
             &[("t".into(), 0)],
             0,
             1_000,
@@ -762,7 +910,7 @@ mod tests {
         assert!(!f(None, vec![3], -1).matches(&open, 1_000));
         assert!(!f(None, vec![], 500).matches(&open, 1_500), "open exactly 500 ms");
         assert!(f(None, vec![], 500).matches(&open, 1_501));
-        let idle = persisted(init(None, 100, None, Some(5), 0));
+        let idle = persisted(init(None, 100, None, Some(5), 2, 0));
         assert!(
             !f(None, vec![], 0).matches(&idle, 1_000_000),
             "no transaction is open"

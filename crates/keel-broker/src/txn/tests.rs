@@ -24,7 +24,10 @@ fn open(dir: &Path, clock: &Arc<ManualClock>) -> TxnCoordinator {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -37,15 +40,15 @@ fn states_are_persisted_and_reloaded() {
     let prepared = {
         let c = open(dir.path(), &clock);
         assert_eq!(
-            rt.block_on(c.init_producer_id("tx", 0, None, None)),
+            rt.block_on(c.init_producer_id("tx", 0, None, None, 2)),
             Err(ResponseError::InvalidTransactionTimeout)
         );
         assert_eq!(
-            rt.block_on(c.init_producer_id("tx", 60_000, None, None)),
+            rt.block_on(c.init_producer_id("tx", 60_000, None, None, 2)),
             Ok(InitOutcome::NeedProducerId)
         );
         assert_eq!(
-            rt.block_on(c.init_producer_id("tx", 60_000, None, Some(11))),
+            rt.block_on(c.init_producer_id("tx", 60_000, None, Some(11), 2)),
             Ok(InitOutcome::Ready(11, 0))
         );
         rt.block_on(c.add_partitions("tx", 11, 0, &p, 0, fenced)).unwrap();
@@ -74,7 +77,7 @@ fn states_are_persisted_and_reloaded() {
         "a retried commit"
     );
     assert_eq!(
-        rt.block_on(c.init_producer_id("tx", 60_000, None, None)),
+        rt.block_on(c.init_producer_id("tx", 60_000, None, None, 2)),
         Ok(InitOutcome::Ready(11, 1))
     );
     c.close();
@@ -94,14 +97,14 @@ fn open_transactions_past_their_timeout_are_aborted_and_idle_ids_expire() {
     let clock = Arc::new(ManualClock(AtomicI64::new(0)));
     let rt = runtime();
     let c = open(dir.path(), &clock);
-    rt.block_on(c.init_producer_id("tx", 1_000, None, Some(5)))
+    rt.block_on(c.init_producer_id("tx", 1_000, None, Some(5), 2))
         .unwrap();
     rt.block_on(c.add_partitions("tx", 5, 0, &[("t".into(), 0)], 0, ResponseError::ProducerFenced))
         .unwrap();
     clock.0.store(1_000, Ordering::SeqCst);
-    assert!(rt.block_on(c.abort_timed_out()).is_empty());
+    assert!(rt.block_on(c.abort_timed_out(2)).is_empty());
     clock.0.store(1_001, Ordering::SeqCst);
-    let aborted = rt.block_on(c.abort_timed_out());
+    let aborted = rt.block_on(c.abort_timed_out(2));
     assert_eq!(aborted.len(), 1);
     assert_eq!(aborted[0].1.producer_epoch, 1, "the producer is fenced");
     // The fenced producer's EndTxn is refused.
@@ -127,7 +130,7 @@ fn a_hand_over_to_a_new_producer_id_survives_a_restart() {
     let fenced = ResponseError::ProducerFenced;
     let p = vec![("t".to_string(), 0)];
     let c = open(dir.path(), &clock);
-    rt.block_on(c.init_producer_id("tx", 60_000, None, Some(20)))
+    rt.block_on(c.init_producer_id("tx", 60_000, None, Some(20), 2))
         .unwrap();
     for epoch in 0..3 {
         rt.block_on(c.add_partitions("tx", 20, epoch, &p, state::TRANSACTION_VERSION_2, fenced))
@@ -167,8 +170,13 @@ fn a_hand_over_to_a_new_producer_id_survives_a_restart() {
     );
     c.close();
     let c = open(dir.path(), &clock);
-    assert_eq!(c.unfinished(), vec![("tx".to_string(), prepared.clone())]);
-    rt.block_on(c.complete("tx", &prepared)).unwrap();
+    // The log does not keep the last epoch (Kafka's does not either).
+    let reloaded = TxnState {
+        last_producer_epoch: state::NO_EPOCH,
+        ..prepared
+    };
+    assert_eq!(c.unfinished(), vec![("tx".to_string(), reloaded.clone())]);
+    rt.block_on(c.complete("tx", &reloaded)).unwrap();
     assert_eq!(
         rt.block_on(c.end_txn("tx", (20, i16::MAX - 1), true, true, None, fenced)),
         Ok(EndOutcome::Done(21, 0)),
@@ -183,5 +191,57 @@ fn a_hand_over_to_a_new_producer_id_survives_a_restart() {
     );
     rt.block_on(c.add_partitions("tx", 21, 0, &p, state::TRANSACTION_VERSION_2, fenced))
         .unwrap();
+    c.close();
+}
+
+/// The implicit add of a produce waits while its transaction is busy
+/// instead of answering CONCURRENT_TRANSACTIONS at once: two adds at the
+/// same time (each a state to write) both go through, and the next
+/// transaction's add waits for the last one's markers, up to its bound.
+#[test]
+fn a_produce_add_waits_for_its_transaction_to_be_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock(AtomicI64::new(1_000)));
+    let rt = runtime();
+    let c = open(dir.path(), &clock);
+    rt.block_on(c.init_producer_id("tx", 60_000, None, Some(7), 2))
+        .unwrap();
+    let wait = Duration::from_secs(5);
+    let (p0, p1) = ([("t".to_string(), 0)], [("t".to_string(), 1)]);
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            c.add_for_produce("tx", (7, 0), &p0, wait),
+            c.add_for_produce("tx", (7, 0), &p1, wait),
+        )
+    });
+    assert_eq!((a, b), (Ok(()), Ok(())));
+    assert_eq!(c.describe("tx").unwrap().partitions.len(), 2);
+    let Ok(EndOutcome::Prepared(prepared)) =
+        rt.block_on(c.end_txn("tx", (7, 0), true, true, None, ResponseError::ProducerFenced))
+    else {
+        panic!("an open transaction prepares");
+    };
+    // The markers are not written yet: the next transaction's add waits
+    // for no longer than it may.
+    let next = [("t".to_string(), 2)];
+    assert_eq!(
+        rt.block_on(c.add_for_produce("tx", (7, 1), &next, Duration::from_millis(20))),
+        Err(ResponseError::ConcurrentTransactions)
+    );
+    // They are written while it waits.
+    let (added, completed) = rt.block_on(async {
+        tokio::join!(c.add_for_produce("tx", (7, 1), &next, wait), async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            c.complete("tx", &prepared).await
+        })
+    });
+    assert_eq!((added, completed), (Ok(()), Ok(())));
+    let s = c.describe("tx").unwrap();
+    assert_eq!((s.status, s.producer_epoch), (TxnStatus::Ongoing, 1));
+    assert_eq!(
+        rt.block_on(c.add_for_produce("tx", (7, 0), &next, wait)),
+        Err(ResponseError::ProducerFenced),
+        "the ended transaction's epoch"
+    );
     c.close();
 }
