@@ -31,7 +31,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::{oneshot, Notify};
 
 use crate::health::DirHealth;
-use crate::producers::{ProducerInfo, ProducerStates, SequenceCheck};
+use crate::producers::{ProducerInfo, ProducerSnapshot, ProducerStates, SequenceCheck};
 use crate::time::now_ms;
 
 /// The leader epoch of every Keel partition: one node, never re-elected.
@@ -543,27 +543,7 @@ impl Partition {
                     // by this append finds the batches in memory.
                     self.tail
                         .insert(cached_batches(Bytes::from(buf), &headers, first_offset));
-                    if info.rolled {
-                        // The state at the new segment's base offset (the
-                        // group rolled before its first batch), as Kafka
-                        // snapshots at each roll: start-up replays the whole
-                        // active segment, so the aborted-transaction entries
-                        // of its markers (held in memory until its seal) are
-                        // rebuilt after a crash.
-                        assert_eq!(
-                            info.segment_base_offset, first_offset,
-                            "a roll precedes the group"
-                        );
-                        let before = producers.before(&undo);
-                        log.queue_producer_snapshot(first_offset, before.encode_snapshot());
-                    }
-                    let indexed = aborted.iter().try_for_each(|txn| log.add_aborted_txn(*txn));
-                    if let Err(e) = indexed {
-                        // The segment's own entries stay in memory and are
-                        // written at its seal; only a restored entry of a
-                        // sealed segment could fail here.
-                        tracing::error!(topic = %self.topic, partition = self.index, error = %e, "cannot write an aborted-transaction index");
-                    }
+                    self.index_appended(log, producers, &info, &undo, &aborted);
                     None
                 }
                 Err(e) => {
@@ -628,6 +608,38 @@ impl Partition {
             },
         };
         Some(AppendFailure { error, message })
+    }
+
+    /// After a group's append: the producer snapshot a roll asks for, and
+    /// the aborted-transaction entries of its ABORT markers.
+    fn index_appended(
+        &self,
+        log: &mut PartitionLog,
+        producers: &ProducerStates,
+        info: &keel_log::AppendInfo,
+        undo: &[ProducerSnapshot],
+        aborted: &[AbortedTxn],
+    ) {
+        if info.rolled {
+            // The state at the new segment's base offset (the group rolled
+            // before its first batch), as Kafka snapshots at each roll:
+            // start-up replays the whole active segment, so the
+            // aborted-transaction entries of its markers (held in memory
+            // until its seal) are rebuilt after a crash.
+            assert_eq!(
+                info.segment_base_offset, info.base_offset,
+                "a roll precedes the group"
+            );
+            let before = producers.before(undo);
+            log.queue_producer_snapshot(info.base_offset, before.encode_snapshot());
+        }
+        let indexed = aborted.iter().try_for_each(|txn| log.add_aborted_txn(*txn));
+        if let Err(e) = indexed {
+            // The segment's own entries stay in memory and are written at
+            // its seal; only a restored entry of a sealed segment could
+            // fail here.
+            tracing::error!(topic = %self.topic, partition = self.index, error = %e, "cannot write an aborted-transaction index");
+        }
     }
 
     /// Drops the in-memory log and producer state and opens the log again
