@@ -15,6 +15,7 @@ pub mod fuzzing;
 pub mod groups;
 mod handlers;
 pub mod health;
+pub mod kafka_configs;
 pub mod listeners;
 pub mod loggers;
 pub mod metalog;

@@ -24,6 +24,7 @@ use super::admin::AdminError;
 use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
 use super::str_bytes;
 use crate::config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
+use crate::kafka_configs::{foreign, kafka_broker_config, UpdateMode};
 use crate::topics::{Topic, TopicMeta};
 use crate::Broker;
 
@@ -203,6 +204,10 @@ fn effective(
 ) -> Result<(ConfigType, String), AdminError> {
     let config = broker.config();
     if kind == RESOURCE_BROKER {
+        if let Some(kafka) = foreign(key) {
+            let value = current.get(key).map(String::as_str).or(kafka.default);
+            return Ok((kafka.kind, value.unwrap_or_default().to_string()));
+        }
         let ty = broker_config_type(key).ok_or_else(|| unknown_broker_key(key))?;
         let value = current
             .get(key)
@@ -327,12 +332,45 @@ fn unknown_key(name: &str) -> AdminError {
 }
 
 /// Kafka stores broker keys it does not know; Keel refuses them, so that a
-/// typo cannot look applied.
+/// typo cannot look applied (Kafka's own keys are stored, see
+/// `crate::kafka_configs`).
 fn unknown_broker_key(name: &str) -> AdminError {
     (
         ResponseError::InvalidRequest,
-        format!("Unknown broker config name: {name} (Keel has no such broker config)"),
+        format!(
+            "Unknown broker config name: {name} (neither Keel nor Apache Kafka has such a broker config)"
+        ),
     )
+}
+
+/// Kafka's checks, in its order, on the values of its keys Keel does not
+/// use (`DynamicBrokerConfig.validateConfigs`): each value's type, then no
+/// per-broker key at the cluster default.
+fn check_foreign(
+    next: &BTreeMap<String, String>,
+    touched: &BTreeSet<&String>,
+    per_broker: bool,
+) -> Result<(), AdminError> {
+    let invalid = |message: String| (ResponseError::InvalidRequest, message);
+    for (key, kafka) in touched.iter().filter_map(|k| foreign(k).map(|c| (k, c))) {
+        if let Some(value) = next.get(*key) {
+            kafka.check(value).map_err(|reason| {
+                invalid(format!("Invalid value {value} for configuration {key}: {reason}"))
+            })?;
+        }
+    }
+    let broker_only: Vec<&str> = touched
+        .iter()
+        .filter(|k| kafka_broker_config(k).is_some_and(|c| c.mode == UpdateMode::PerBroker))
+        .map(|k| k.as_str())
+        .collect();
+    if !per_broker && !broker_only.is_empty() {
+        return Err(invalid(format!(
+            "Cannot update these configs at default cluster level, broker id must be specified: [{}]",
+            broker_only.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// Alters a broker's dynamic configs: `name` is this broker's node id (its
@@ -376,7 +414,10 @@ async fn alter_broker(
         .chain(layer.keys())
         .filter(|k| next.get(*k) != layer.get(*k))
         .collect();
-    if let Some(key) = touched.iter().find(|k| broker_config_type(k).is_none()) {
+    if let Some(key) = touched
+        .iter()
+        .find(|k| broker_config_type(k).is_none() && kafka_broker_config(k).is_none())
+    {
         return Err(unknown_broker_key(key));
     }
     // Kafka's answer to a key that cannot change at run time, for the
@@ -392,6 +433,7 @@ async fn alter_broker(
             format!("Cannot update these configs dynamically: [{}]", fixed.join(", ")),
         ));
     }
+    check_foreign(&next, &touched, per_broker)?;
     *layer = next;
     crate::dynamic_config::alter(broker, layers, validate_only).await
 }
