@@ -460,6 +460,8 @@ pub enum ConfigSource {
     StaticBroker = 4,
     Default = 5,
     DynamicBrokerLogger = 6,
+    /// A group's own config (`kafka-configs --entity-type groups`).
+    GroupConfig = 8,
 }
 
 /// The broker configs set at run time: the cluster-wide default (Kafka's

@@ -12,6 +12,7 @@ pub mod config;
 pub mod dynamic_config;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod group_configs;
 pub mod groups;
 mod handlers;
 pub mod health;

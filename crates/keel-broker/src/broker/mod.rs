@@ -176,6 +176,8 @@ pub struct Broker {
     /// The process's loggers (Kafka's BROKER_LOGGER), set by the binary
     /// that owns the log subscriber; unset, there are none to describe.
     pub loggers: std::sync::OnceLock<Arc<dyn crate::loggers::Loggers>>,
+    /// Consumer groups' own configs (`kafka-configs --entity-type groups`).
+    pub group_configs: crate::group_configs::GroupConfigs,
 }
 
 impl Broker {
@@ -224,6 +226,8 @@ impl Broker {
         let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
             .map_err(io(&meta_dir))?;
         let config = crate::dynamic_config::start(config, stored);
+        let group_configs =
+            crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir).map_err(io(&meta_dir))?;
         let memory = MemoryLimit::detect();
         let tail_cache = TailCache::new(tail_cache_budget(&config, &memory));
         let cold = ColdReads::new(
@@ -314,6 +318,7 @@ impl Broker {
             admin: tokio::sync::Mutex::new(()),
             features_epoch: crate::time::now_ms(),
             loggers: std::sync::OnceLock::new(),
+            group_configs,
             metrics,
         };
         broker.load_topics()?;

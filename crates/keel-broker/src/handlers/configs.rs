@@ -1,4 +1,5 @@
-//! DescribeConfigs for topics and the broker, and ListConfigResources.
+//! DescribeConfigs for topics, the broker, loggers and consumer groups, and
+//! ListConfigResources.
 
 use std::collections::BTreeSet;
 
@@ -8,9 +9,10 @@ use keel_protocol::messages::describe_configs_response::{
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
-use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
+use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_GROUP, RESOURCE_TOPIC};
 use super::str_bytes;
 use crate::config::{broker_config_type, is_dynamic, ConfigSource, ConfigType, TOPIC_CONFIGS};
+use crate::group_configs::GROUP_CONFIGS;
 use crate::kafka_configs::{foreign, NOT_ACTED_ON};
 use crate::Broker;
 
@@ -37,6 +39,7 @@ pub fn describe_configs(broker: &Broker, req: DescribeConfigsRequest) -> Describ
                 RESOURCE_TOPIC => topic_entries(broker, r.resource_name.as_str()),
                 RESOURCE_BROKER => broker_entries(broker, r.resource_name.as_str()),
                 RESOURCE_BROKER_LOGGER => logger_entries(broker, r.resource_name.as_str()),
+                RESOURCE_GROUP => Ok(group_entries(broker, r.resource_name.as_str())),
                 other => Err((
                     ResponseError::InvalidRequest,
                     format!("resource type {other} is not supported"),
@@ -161,6 +164,38 @@ fn broker_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseEr
     Ok(entries)
 }
 
+/// A consumer group's configs, as Kafka describes them whether the group
+/// exists or not: its own value (GROUP_CONFIG) or the broker's default,
+/// which Kafka reports as DEFAULT_CONFIG whatever set it, and which is
+/// the synonym either way.
+fn group_entries(broker: &Broker, name: &str) -> Vec<Entry> {
+    let config = broker.config();
+    let set = broker.group_configs.get(name);
+    GROUP_CONFIGS
+        .iter()
+        .map(|(key, broker_key)| {
+            let default = config.get(broker_key).to_string();
+            let mut synonyms = vec![(broker_key.to_string(), default.clone(), ConfigSource::Default)];
+            let (value, source) = match set.get(*key) {
+                Some(v) => {
+                    synonyms.insert(0, (key.to_string(), v.clone(), ConfigSource::GroupConfig));
+                    (v.clone(), ConfigSource::GroupConfig)
+                }
+                None => (default, ConfigSource::Default),
+            };
+            Entry {
+                name: key.to_string(),
+                value,
+                source,
+                kind: ConfigType::Int,
+                read_only: false,
+                synonyms,
+                documentation: None,
+            }
+        })
+        .collect()
+}
+
 /// The loggers with a level of their own, and the root logger.
 fn logger_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseError, String)> {
     let node = broker.config().node_id().to_string();
@@ -222,15 +257,15 @@ fn to_result(e: Entry, include_synonyms: bool, include_documentation: bool) -> D
 
 /// ListConfigResources (KIP-1142; v0 was ListClientMetricsResources): the
 /// resources that have configs, of the types asked (all if none), in
-/// Kafka 4.3.1's order. Keel has no client metrics subscriptions and no
-/// group configs, so those types list nothing; a type Kafka does not list
-/// is UNSUPPORTED_VERSION.
+/// Kafka 4.3.1's order. Keel has no client metrics subscriptions, so that
+/// type lists nothing; groups are listed when they set a config; a type
+/// Kafka does not list is UNSUPPORTED_VERSION.
 pub fn list_config_resources(
     broker: &Broker,
     req: ListConfigResourcesRequest,
     version: i16,
 ) -> ListConfigResourcesResponse {
-    use super::config_resource::{RESOURCE_CLIENT_METRICS, RESOURCE_GROUP};
+    use super::config_resource::RESOURCE_CLIENT_METRICS;
     use keel_protocol::messages::list_config_resources_response::ConfigResource;
     const LISTED: [i8; 5] = [
         RESOURCE_BROKER_LOGGER,
@@ -265,6 +300,13 @@ pub fn list_config_resources(
                 names.sort();
                 out.extend(names.into_iter().map(|n| resource(n, kind)));
             }
+            RESOURCE_GROUP => out.extend(
+                broker
+                    .group_configs
+                    .groups()
+                    .into_iter()
+                    .map(|g| resource(g, kind)),
+            ),
             _ => {}
         }
     }
