@@ -1,6 +1,7 @@
 //! The broker: topics, producer ids and request dispatch.
 
 mod dispatch;
+mod refused;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,6 +47,10 @@ pub enum Reply {
     /// Close the connection: the client sent something that cannot be
     /// answered in its own protocol, as Kafka does.
     Close(String),
+    /// Close the connection after a request for an API or version Keel does
+    /// not serve. The broker logged it, once per client id and API, so the
+    /// connection does not log it again.
+    Refused(String),
     /// Send a frame (after `delay`, when it is a failed authentication's
     /// answer), then close the connection.
     FrameThenClose {
@@ -178,6 +183,9 @@ pub struct Broker {
     pub loggers: std::sync::OnceLock<Arc<dyn crate::loggers::Loggers>>,
     /// Consumer groups' own configs (`kafka-configs --entity-type groups`).
     pub group_configs: crate::group_configs::GroupConfigs,
+    /// The clients already told, in the log, that an API they asked for is
+    /// not served.
+    refused_apis: refused::RefusedApis,
 }
 
 impl Broker {
@@ -319,6 +327,7 @@ impl Broker {
             features_epoch: crate::time::now_ms(),
             loggers: std::sync::OnceLock::new(),
             group_configs,
+            refused_apis: refused::RefusedApis::default(),
             metrics,
         };
         broker.load_topics()?;
