@@ -80,6 +80,32 @@ def test_unknown_api_key(b):
     assert_healthy(b)
 
 
+def test_a_refused_api_is_logged_once_per_client_and_api(broker):
+    """A request for an API Keel does not have (DescribeQuorum, key 55), or
+    for a version it does not serve, closes the connection, as Kafka does;
+    the broker says so at info with the client id, once per client id and
+    API, however often the client tries."""
+    if not broker.has_admin:
+        pytest.skip("reads Keel's log")
+    client = unique("probe")
+
+    def refused(api_key: int, version: int, client_id: str):
+        with w.Conn(broker.bootstrap, timeout_s=5) as c:
+            c.send(w.frame(w.header_v1(api_key, version, 9, client_id) + b"\x00" * 16))
+            assert c.closed_by_peer()
+
+    for _ in range(3):
+        refused(55, 0, client)
+    refused(w.METADATA, 99, client)
+    refused(55, 0, client + "-other")
+    assert_healthy(broker)
+    lines = [line for line in broker.log_tail(200_000).splitlines() if "does not serve" in line]
+    mine = [line for line in lines if f"client_id={client} " in line or f'client_id="{client}"' in line]
+    assert len(mine) == 2 and " INFO " in mine[0], lines
+    assert any("api=DescribeQuorum" in line for line in mine) and any("Metadata" in line for line in mine), mine
+    assert sum(client + "-other" in line for line in lines) == 1, lines
+
+
 def test_garbage_after_valid_header(b):
     # Metadata v1 header, then a topic array claiming 1,000,000 entries of noise.
     with w.Conn(b.bootstrap, timeout_s=5) as c:

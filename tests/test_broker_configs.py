@@ -16,7 +16,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource,
                                    ResourceType)
 
-from conftest import unique, wait_until
+import config_wire
+from conftest import IMPL, unique, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
 from test_hardening import failpoint
 from test_operator_tools import clear_failpoints, delivery_errors, kafka_configs
@@ -197,3 +198,43 @@ def test_a_broker_config_change_that_cannot_be_saved_changes_nothing(broker_fact
     admin.incremental_alter_configs([res])[res].result(CLIENT_TIMEOUT_S)
     assert stats(b)["tail_cache"]["budget_bytes"] == 60_000
     assert described(b.bootstrap, *BROKER)["keel.tail.cache.bytes"][0] == "60000"
+
+
+def test_kafkas_broker_configs_keel_does_not_use_are_stored_and_described(broker):
+    """Kafka accepts every broker config it defines (librdkafka's admin tests
+    set sasl.kerberos.min.time.before.relogin, a per-broker one); so does
+    Keel for the ones it does not use: stored, described as Kafka describes
+    them (with Kafka's default as a synonym), kept across a restart, and
+    documented (DescribeConfigs v3+) as not acted on. Read-only keys,
+    per-broker keys at the cluster default and bad values are refused as
+    Kafka 4.3.1 refuses them (checked against it)."""
+    bs = broker.bootstrap
+    key = "sasl.kerberos.min.time.before.relogin"
+    admin = AdminClient({"bootstrap.servers": bs})
+    change = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[
+        ConfigEntry(key, "60001", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([change])[change].result(CLIENT_TIMEOUT_S)
+    kafka_configs(bs, "--alter", *DEFAULT, "--add-config", "num.io.threads=7")
+
+    def check():
+        assert described(bs, *BROKER)[key] == (
+            "60001", f"DYNAMIC_BROKER_CONFIG:{key}=60001, DEFAULT_CONFIG:{key}=60000")
+        assert described(bs, *DEFAULT)["num.io.threads"] == (
+            "7", "DYNAMIC_DEFAULT_BROKER_CONFIG:num.io.threads=7")
+    check()
+    if broker.restartable:
+        broker.restart()
+        check()
+
+    for entity, config, message in [
+            (DEFAULT, f"{key}=60002", "Cannot update these configs at default cluster level, broker id must "
+                                      f"be specified: [{key}]"),
+            (BROKER, f"{key}=abc", f"Invalid value abc for configuration {key}: Not a number of type LONG"),
+            (BROKER, "queued.max.requests=9", "Cannot update these configs dynamically: [queued.max.requests]")]:
+        out = refused(kafka_configs(bs, "--alter", *entity, "--add-config", config, ok=False))
+        assert "InvalidRequestException" in out and message in out, out[-3000:]
+
+    entry = config_wire.describe_configs(bs, config_wire.RESOURCE_BROKER, "1", [key])["configs"][key]
+    assert (entry["value"], entry["read_only"], entry["source"]) == ("60001", False, 2), entry
+    if IMPL == "keel":
+        assert "Keel does not act on it" in (entry["documentation"] or ""), entry

@@ -77,6 +77,30 @@ def test_records_without_a_key_are_refused_on_compacted_topics(shared_broker):
     assert errors == [None]
 
 
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_a_batch_with_keyless_records_names_each_of_them(shared_broker, codec):
+    """KIP-467: the Produce response names the refused records of a batch
+    (`record_errors`), so librdkafka fails those with INVALID_RECORD and the
+    rest of the batch with _INVALID_DIFFERENT_RECORD, as against Kafka."""
+    bs = shared_broker.bootstrap
+    topic = unique(f"nokey-{codec}")
+    create_topic(bs, topic, 1, {"cleanup.policy": "compact"})
+    p = Producer({"bootstrap.servers": bs, "retries": 0, "message.timeout.ms": 10000,
+                  "compression.type": codec, "linger.ms": 5000, "batch.num.messages": 100})
+    errors: dict[int, KafkaError | None] = {}
+    for i in range(100):
+        key = None if i % 10 == 9 else b"k%d" % i
+        p.produce(topic, value=b"v%d" % i, key=key, partition=0,
+                  on_delivery=lambda err, msg, i=i: errors.__setitem__(i, err))
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+    assert len(errors) == 100
+    codes = {i: (e.code() if e is not None else None) for i, e in errors.items()}
+    keyless = [i for i in range(100) if i % 10 == 9]
+    assert [i for i, c in codes.items() if c == KafkaError.INVALID_RECORD] == keyless, codes
+    assert all(codes[i] == KafkaError._INVALID_DIFFERENT_RECORD
+               for i in range(100) if i not in keyless), codes
+
+
 def test_remote_storage_and_delete_records_are_refused_on_compacted_topics(shared_broker):
     bs = shared_broker.bootstrap
     a = admin(bs)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from confluent_kafka import (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError,
                              Producer, TopicPartition)
 
@@ -137,7 +139,9 @@ def test_create_time_window_names_the_records(shared_broker):
         [refused] = kw.parse_produce_v8(body)
         assert refused["error_code"] == INVALID_TIMESTAMP, refused
         assert [i for i, _msg in refused["record_errors"]] == [1, 3], refused
-        assert "out of range" in (refused["error_message"] or ""), refused
+        assert refused["error_message"] == \
+            "One or more records have been rejected due to invalid timestamp", refused
+        assert "of message with offset 1 is out of range" in refused["record_errors"][0][1], refused
 
         # Within the window: appended, no log append time (-1).
         ok = kw.record_batch([(None, b"y")] * 2, base_timestamp=now, timestamp_deltas=[0, -1000])
@@ -158,3 +162,28 @@ def test_producer_cannot_set_log_append_time(shared_broker):
         _cid, body = c.recv_response()
     [refused] = kw.parse_produce_v8(body)
     assert refused["error_code"] == INVALID_TIMESTAMP, refused
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_every_record_of_a_compressed_batch_is_checked(shared_broker, codec):
+    """Kafka opens compressed batches and checks every record's timestamp,
+    naming the refused ones (KIP-467): out-of-range records in the middle of
+    a batch are found in every codec, so librdkafka fails those with
+    INVALID_RECORD (its code for any named record of a batch naming several)
+    and the others with _INVALID_DIFFERENT_RECORD."""
+    bs = shared_broker.bootstrap
+    topic = unique(f"ctw-{codec}")
+    create_topic(bs, topic, partitions=1, config={"message.timestamp.before.max.ms": str(HOUR_MS)})
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 5000, "retries": 0,
+                  "compression.type": codec, "message.timeout.ms": 10000})
+    now = now_ms()
+    old = {3, 7}
+    errors = {}
+    for i in range(10):
+        ts = now - 2 * HOUR_MS if i in old else now + i
+        p.produce(topic, value=b"v" * 100, partition=0, timestamp=ts,
+                  on_delivery=lambda err, msg, i=i: errors.__setitem__(i, err))
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+    codes = {i: (e.code() if e is not None else None) for i, e in sorted(errors.items())}
+    assert {i for i, c in codes.items() if c == KafkaError.INVALID_RECORD} == old, codes
+    assert all(codes[i] == KafkaError._INVALID_DIFFERENT_RECORD for i in range(10) if i not in old), codes

@@ -20,11 +20,13 @@ pub enum ConfigType {
     Boolean = 1,
     String = 2,
     Int = 3,
+    Short = 4,
     Long = 5,
     Double = 6,
     List = 7,
+    Class = 8,
     /// Kafka's PASSWORD: described as sensitive, its value never shown.
-    Password = 8,
+    Password = 9,
 }
 
 /// A topic-level config Keel knows: its topic name, the broker default it
@@ -427,12 +429,15 @@ pub const DYNAMIC_BROKER_CONFIGS: &[&str] = &[
     "keel.request.slow.ms",
 ];
 
-/// Whether a broker key can change at run time: the listed keys, and every
+/// Whether a broker key can change at run time: the listed keys, every
 /// topic default but `remote.log.storage.enable` (a topic's remote storage
-/// cannot be turned off under it).
+/// cannot be turned off under it), and Kafka's keys Keel does not use that
+/// Kafka lets change (`crate::kafka_configs`).
 pub fn is_dynamic(key: &str) -> bool {
     DYNAMIC_BROKER_CONFIGS.contains(&key)
         || topic_def_by_broker_name(key).is_some_and(|d| d.broker_name != "remote.log.storage.enable")
+        || crate::kafka_configs::foreign(key)
+            .is_some_and(|k| k.mode != crate::kafka_configs::UpdateMode::ReadOnly)
 }
 
 /// The type of a broker key (topic defaults included), if Keel has it.
@@ -445,13 +450,15 @@ pub fn broker_config_type(key: &str) -> Option<ConfigType> {
         .or_else(|| topic_def_by_broker_name(key).map(|d| d.kind))
 }
 
-/// The built-in default of a broker key.
+/// The built-in default of a broker key; Kafka's for a key Keel does not
+/// use (`crate::kafka_configs`).
 fn builtin_default(key: &str) -> Option<&'static str> {
     BROKER_CONFIGS
         .iter()
         .find(|(n, _, _)| *n == key)
         .map(|(_, d, _)| *d)
         .or_else(|| topic_def_by_broker_name(key).map(|d| d.default))
+        .or_else(|| crate::kafka_configs::foreign(key).and_then(|c| c.default))
 }
 
 /// Where a broker config's value comes from: Kafka's `ConfigSource` ids.
@@ -463,6 +470,8 @@ pub enum ConfigSource {
     StaticBroker = 4,
     Default = 5,
     DynamicBrokerLogger = 6,
+    /// A group's own config (`kafka-configs --entity-type groups`).
+    GroupConfig = 8,
 }
 
 /// The broker configs set at run time: the cluster-wide default (Kafka's
@@ -573,14 +582,28 @@ pub fn topic_def(name: &str) -> Option<&'static TopicConfigDef> {
     TOPIC_CONFIGS.iter().find(|d| d.name == name)
 }
 
+/// A value for one of Kafka's keys Keel does not use: one Kafka would take
+/// at run time.
+fn check_foreign(kafka: &crate::kafka_configs::KafkaBrokerConfig, value: &str) -> Result<(), ConfigError> {
+    let refused = |reason: String| ConfigError {
+        key: kafka.name.to_string(),
+        reason,
+    };
+    if kafka.mode == crate::kafka_configs::UpdateMode::ReadOnly {
+        return Err(refused("cannot be changed at run time".into()));
+    }
+    kafka.check(value).map_err(refused)
+}
+
 /// Checks that `value` parses as the config's type.
 pub fn check_value(key: &str, kind: ConfigType, value: &str) -> Result<(), ConfigError> {
     let ok = match kind {
         ConfigType::Boolean => matches!(value, "true" | "false"),
         ConfigType::Int => value.parse::<i32>().is_ok(),
+        ConfigType::Short => value.parse::<i16>().is_ok(),
         ConfigType::Long => value.parse::<i64>().is_ok(),
         ConfigType::Double => value.parse::<f64>().is_ok(),
-        ConfigType::String | ConfigType::List | ConfigType::Password => match key {
+        ConfigType::String | ConfigType::List | ConfigType::Class | ConfigType::Password => match key {
             "message.timestamp.type" | "log.message.timestamp.type" => {
                 matches!(value, "CreateTime" | "LogAppendTime")
             }
@@ -716,10 +739,16 @@ impl BrokerConfig {
 
     /// This configuration with `dynamic` as its run-time layers in place of
     /// the current ones. Every key must be dynamic ([`is_dynamic`]) and
-    /// every value valid, alone and with the rest.
+    /// every value valid, alone and with the rest. Kafka's keys that Keel
+    /// does not use are kept in the layers, not in force
+    /// (`crate::kafka_configs`).
     pub fn with_dynamic(&self, dynamic: DynamicLayers) -> Result<BrokerConfig, ConfigError> {
         let mut values = self.statics.clone();
         for (key, value) in dynamic.default.iter().chain(&dynamic.broker) {
+            if let Some(kafka) = crate::kafka_configs::foreign(key) {
+                check_foreign(kafka, value)?;
+                continue;
+            }
             let kind = broker_config_type(key).ok_or_else(|| ConfigError {
                 key: key.clone(),
                 reason: "unknown broker config".into(),

@@ -12,9 +12,11 @@ pub mod config;
 pub mod dynamic_config;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod group_configs;
 pub mod groups;
 mod handlers;
 pub mod health;
+pub mod kafka_configs;
 pub mod listeners;
 pub mod loggers;
 pub mod metalog;

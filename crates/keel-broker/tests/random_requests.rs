@@ -242,6 +242,7 @@ async fn random_requests(extra: &[(&str, &str)]) {
                         answered += 1;
                     }
                     Ok(Reply::Nothing) => panic!("{what}: no response"),
+                    Ok(Reply::Refused(reason)) => panic!("{what}: an advertised API refused: {reason}"),
                     Err(_) => waiting += 1,
                 }
             }

@@ -170,19 +170,6 @@ fn bytes_field<'a>(buf: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
     Some(Some(field))
 }
 
-/// The index of the first record without a key (Kafka refuses those on
-/// compacted topics), decompressing a compressed batch. `Ok(None)` when
-/// every record has a key; an error when the records cannot be read.
-pub fn first_keyless_record(batch: &[u8], header: &BatchHeader) -> Result<Option<usize>, String> {
-    let section = records_section(batch, header)?;
-    for (i, r) in records_in(&section).enumerate() {
-        if r?.key.is_none() {
-            return Ok(Some(i));
-        }
-    }
-    Ok(None)
-}
-
 /// Appends `value` as a zigzag varlong.
 pub(crate) fn put_varlong(out: &mut Vec<u8>, value: i64) {
     let mut v = ((value << 1) ^ (value >> 63)) as u64;
@@ -340,7 +327,6 @@ mod tests {
         assert_eq!(all[1].key, None);
         assert!(all[2].is_tombstone());
         assert_eq!(all[2].offset_delta, 2);
-        assert_eq!(first_keyless_record(&batch, &h), Ok(Some(1)));
     }
 
     #[test]
@@ -356,7 +342,7 @@ mod tests {
             let section = records_section(&batch, &h).unwrap();
             let all: Vec<Record> = records_in(&section).map(Result::unwrap).collect();
             assert_eq!(all[0].value, Some(&b"1"[..]), "{}", codec.name());
-            assert_eq!(first_keyless_record(&batch, &h), Ok(Some(1)));
+            assert_eq!(all[1].key, None, "{}", codec.name());
         }
         // Damage inside the compressed bytes (CRC made right again) is an
         // error, as is a codec id Kafka does not define.
@@ -368,13 +354,13 @@ mod tests {
         let crc = crc32c::crc32c(&batch[ATTRIBUTES_AT..]);
         batch[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
         let h = validate_batches(&batch).unwrap()[0];
-        assert!(first_keyless_record(&batch, &h).unwrap_err().contains("zstd"));
+        assert!(records_section(&batch, &h).unwrap_err().contains("zstd"));
         batch[ATTRIBUTES_AT + 1] |= 0x07;
         let crc = crc32c::crc32c(&batch[ATTRIBUTES_AT..]);
         batch[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
         let h = validate_batches(&batch).unwrap()[0];
         assert_eq!(
-            first_keyless_record(&batch, &h).unwrap_err(),
+            records_section(&batch, &h).unwrap_err(),
             "unknown compression codec 7"
         );
     }

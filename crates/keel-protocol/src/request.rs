@@ -42,6 +42,17 @@ impl RequestFrame {
     pub fn known_api_key(&self) -> Option<ApiKey> {
         ApiKey::try_from(self.api_key).ok()
     }
+
+    /// The client id of a request whose body is not decoded (an API or
+    /// version Keel does not serve), read where request headers v1 and v2
+    /// keep it: a nullable int16-length string after the correlation id.
+    /// `None` when absent, null or cut short; invalid UTF-8 is replaced.
+    pub fn client_id(&self) -> Option<String> {
+        let rest = self.bytes.get(crate::frame::MIN_REQUEST_BYTES..)?;
+        let len = usize::try_from(i16::from_be_bytes([*rest.first()?, *rest.get(1)?])).ok()?;
+        rest.get(2..2 + len)
+            .map(|id| String::from_utf8_lossy(id).into_owned())
+    }
 }
 
 /// A decoded request Keel implements.
@@ -282,6 +293,17 @@ mod tests {
             Request::ApiVersions(r) => assert_eq!(r.client_software_name.as_str(), "n"),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_client_id_is_read_without_decoding_the_body() {
+        let frame = |bytes: &[u8]| RequestFrame::parse(Bytes::copy_from_slice(bytes)).unwrap();
+        let fixed = [0u8, 7, 0, 3, 0, 0, 0, 9];
+        let with = |tail: &[u8]| frame(&[&fixed[..], tail].concat());
+        assert_eq!(with(b"\x00\x05probe\x00").client_id().as_deref(), Some("probe"));
+        assert_eq!(with(b"\xff\xff").client_id(), None, "null");
+        assert_eq!(with(b"\x00\x09cut").client_id(), None, "cut short");
+        assert_eq!(with(b"").client_id(), None);
     }
 
     #[test]

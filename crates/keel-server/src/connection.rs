@@ -172,6 +172,7 @@ pub async fn serve(
                     tracing::warn!(%reason, "closing connection");
                     return Err(reason);
                 }
+                Reply::Refused(reason) => return Err(reason),
                 Reply::FrameThenClose { frame, delay, reason } => {
                     return answer_and_close(&mut write, frame, delay, reason, broker).await;
                 }
@@ -218,7 +219,7 @@ pub async fn serve(
                                 return answer_and_close(&mut write, frame, delay, reason, broker).await
                             }
                             Reply::Nothing => {}
-                            Reply::Close(reason) => return Err(reason),
+                            Reply::Close(reason) | Reply::Refused(reason) => return Err(reason),
                         }
                         continue;
                     }
@@ -417,7 +418,7 @@ impl InFlight<'_> {
     fn lets_produce_pass(&self) -> bool {
         self.trace.api_key == ApiKey::Produce as i16
             && match &self.done {
-                Some(Reply::Close(_)) => false,
+                Some(Reply::Close(_) | Reply::Refused(_)) => false,
                 Some(_) => true,
                 None => self.trace.appends_queued(),
             }

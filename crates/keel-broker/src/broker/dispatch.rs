@@ -77,6 +77,10 @@ impl Broker {
                     Err(e) => Reply::Close(e.to_string()),
                 };
             }
+            Err(e @ (DecodeError::UnsupportedApi { .. } | DecodeError::UnsupportedVersion { .. })) => {
+                self.refused_apis.log(&frame, &client.host);
+                return Reply::Refused(e.to_string());
+            }
             Err(e) => return Reply::Close(e.to_string()),
         };
         let version = frame.api_version;

@@ -1,6 +1,7 @@
 //! The broker: topics, producer ids and request dispatch.
 
 mod dispatch;
+mod refused;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,6 +47,10 @@ pub enum Reply {
     /// Close the connection: the client sent something that cannot be
     /// answered in its own protocol, as Kafka does.
     Close(String),
+    /// Close the connection after a request for an API or version Keel does
+    /// not serve. The broker logged it, once per client id and API, so the
+    /// connection does not log it again.
+    Refused(String),
     /// Send a frame (after `delay`, when it is a failed authentication's
     /// answer), then close the connection.
     FrameThenClose {
@@ -176,6 +181,11 @@ pub struct Broker {
     /// The process's loggers (Kafka's BROKER_LOGGER), set by the binary
     /// that owns the log subscriber; unset, there are none to describe.
     pub loggers: std::sync::OnceLock<Arc<dyn crate::loggers::Loggers>>,
+    /// Consumer groups' own configs (`kafka-configs --entity-type groups`).
+    pub group_configs: crate::group_configs::GroupConfigs,
+    /// The clients already told, in the log, that an API they asked for is
+    /// not served.
+    refused_apis: refused::RefusedApis,
 }
 
 impl Broker {
@@ -224,6 +234,8 @@ impl Broker {
         let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
             .map_err(io(&meta_dir))?;
         let config = crate::dynamic_config::start(config, stored);
+        let group_configs =
+            crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir).map_err(io(&meta_dir))?;
         let memory = MemoryLimit::detect();
         let tail_cache = TailCache::new(tail_cache_budget(&config, &memory));
         let cold = ColdReads::new(
@@ -314,6 +326,8 @@ impl Broker {
             admin: tokio::sync::Mutex::new(()),
             features_epoch: crate::time::now_ms(),
             loggers: std::sync::OnceLock::new(),
+            group_configs,
+            refused_apis: refused::RefusedApis::default(),
             metrics,
         };
         broker.load_topics()?;

@@ -145,6 +145,9 @@ pub struct Heartbeat {
     pub owned: Option<Assignment>,
     pub client_id: String,
     pub client_host: String,
+    /// The group's own session timeout and heartbeat interval (its group
+    /// configs), over the coordinator's.
+    pub overrides: crate::group_configs::GroupOverrides,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -236,6 +239,13 @@ fn refuse(error: ResponseError, message: impl Into<String>) -> Refusal {
 }
 
 impl ConsumerGroup {
+    /// The session timeout and heartbeat interval members follow from
+    /// their next heartbeat on (the group's configs, or the coordinator's).
+    pub fn set_timeouts(&mut self, session_timeout_ms: i32, heartbeat_interval_ms: i32) {
+        self.config.session_timeout_ms = session_timeout_ms;
+        self.config.heartbeat_interval_ms = heartbeat_interval_ms;
+    }
+
     pub fn new(id: &str, config: ConsumerGroupConfig) -> ConsumerGroup {
         let assignor = config.assignors.first().copied().unwrap_or(Assignor::Uniform);
         ConsumerGroup {

@@ -482,6 +482,15 @@ impl GroupCoordinator {
             consumer.insert(group_id.to_string(), fresh);
         }
         let group = consumer.get_mut(group_id).expect("inserted above");
+        let defaults = &self.config.consumer;
+        group.set_timeouts(
+            hb.overrides
+                .session_timeout_ms
+                .unwrap_or(defaults.session_timeout_ms),
+            hb.overrides
+                .heartbeat_interval_ms
+                .unwrap_or(defaults.heartbeat_interval_ms),
+        );
         let answer = group.heartbeat(hb, topics, now);
         if answer.is_ok() {
             records.extend(group.changes());

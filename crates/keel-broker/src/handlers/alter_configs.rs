@@ -1,7 +1,8 @@
 //! IncrementalAlterConfigs and AlterConfigs: `kafka-configs --alter`,
 //! `Admin.incrementalAlterConfigs`, for topics, brokers (the dynamic
 //! broker configs of `crate::dynamic_config`: this broker's own and the
-//! cluster default `""`) and loggers (`crate::loggers`).
+//! cluster default `""`), consumer groups (`crate::group_configs`) and
+//! loggers (`crate::loggers`).
 //!
 //! For a topic:
 //! A change is checked as a whole against the topic's new overrides (Kafka's
@@ -21,9 +22,11 @@ use keel_protocol::messages::*;
 use keel_protocol::{ResponseError, StrBytes};
 
 use super::admin::AdminError;
-use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
+use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_GROUP, RESOURCE_TOPIC};
 use super::str_bytes;
 use crate::config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
+use crate::group_configs::GROUP_CONFIGS;
+use crate::kafka_configs::{foreign, kafka_broker_config, UpdateMode};
 use crate::topics::{Topic, TopicMeta};
 use crate::Broker;
 
@@ -203,11 +206,30 @@ fn effective(
 ) -> Result<(ConfigType, String), AdminError> {
     let config = broker.config();
     if kind == RESOURCE_BROKER {
+        if let Some(kafka) = foreign(key) {
+            let value = current.get(key).map(String::as_str).or(kafka.default);
+            return Ok((kafka.kind, value.unwrap_or_default().to_string()));
+        }
         let ty = broker_config_type(key).ok_or_else(|| unknown_broker_key(key))?;
         let value = current
             .get(key)
             .map_or_else(|| config.get(key).to_string(), String::clone);
         return Ok((ty, value));
+    }
+    if kind == RESOURCE_GROUP {
+        let (_, broker_key) = GROUP_CONFIGS
+            .iter()
+            .find(|(name, _)| *name == key)
+            .ok_or_else(|| {
+                (
+                    ResponseError::InvalidConfig,
+                    format!("Unknown group config name: {key}"),
+                )
+            })?;
+        let value = current
+            .get(key)
+            .map_or_else(|| config.get(broker_key).to_string(), String::clone);
+        return Ok((ConfigType::Int, value));
     }
     let def = topic_def(key).ok_or_else(|| unknown_key(key))?;
     Ok((def.kind, config.topic_value(current, def).to_string()))
@@ -224,6 +246,7 @@ async fn alter(
     match kind {
         RESOURCE_TOPIC => alter_topic(broker, name, validate_only, change).await,
         RESOURCE_BROKER => alter_broker(broker, name, validate_only, change).await,
+        RESOURCE_GROUP => alter_group(broker, name, validate_only, change).await,
         // Loggers are IncrementalAlterConfigs' alone, as in Kafka.
         RESOURCE_BROKER_LOGGER => Err((
             ResponseError::InvalidRequest,
@@ -327,12 +350,45 @@ fn unknown_key(name: &str) -> AdminError {
 }
 
 /// Kafka stores broker keys it does not know; Keel refuses them, so that a
-/// typo cannot look applied.
+/// typo cannot look applied (Kafka's own keys are stored, see
+/// `crate::kafka_configs`).
 fn unknown_broker_key(name: &str) -> AdminError {
     (
         ResponseError::InvalidRequest,
-        format!("Unknown broker config name: {name} (Keel has no such broker config)"),
+        format!(
+            "Unknown broker config name: {name} (neither Keel nor Apache Kafka has such a broker config)"
+        ),
     )
+}
+
+/// Kafka's checks, in its order, on the values of its keys Keel does not
+/// use (`DynamicBrokerConfig.validateConfigs`): each value's type, then no
+/// per-broker key at the cluster default.
+fn check_foreign(
+    next: &BTreeMap<String, String>,
+    touched: &BTreeSet<&String>,
+    per_broker: bool,
+) -> Result<(), AdminError> {
+    let invalid = |message: String| (ResponseError::InvalidRequest, message);
+    for (key, kafka) in touched.iter().filter_map(|k| foreign(k).map(|c| (k, c))) {
+        if let Some(value) = next.get(*key) {
+            kafka.check(value).map_err(|reason| {
+                invalid(format!("Invalid value {value} for configuration {key}: {reason}"))
+            })?;
+        }
+    }
+    let broker_only: Vec<&str> = touched
+        .iter()
+        .filter(|k| kafka_broker_config(k).is_some_and(|c| c.mode == UpdateMode::PerBroker))
+        .map(|k| k.as_str())
+        .collect();
+    if !per_broker && !broker_only.is_empty() {
+        return Err(invalid(format!(
+            "Cannot update these configs at default cluster level, broker id must be specified: [{}]",
+            broker_only.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// Alters a broker's dynamic configs: `name` is this broker's node id (its
@@ -376,7 +432,10 @@ async fn alter_broker(
         .chain(layer.keys())
         .filter(|k| next.get(*k) != layer.get(*k))
         .collect();
-    if let Some(key) = touched.iter().find(|k| broker_config_type(k).is_none()) {
+    if let Some(key) = touched
+        .iter()
+        .find(|k| broker_config_type(k).is_none() && kafka_broker_config(k).is_none())
+    {
         return Err(unknown_broker_key(key));
     }
     // Kafka's answer to a key that cannot change at run time, for the
@@ -392,8 +451,40 @@ async fn alter_broker(
             format!("Cannot update these configs dynamically: [{}]", fixed.join(", ")),
         ));
     }
+    check_foreign(&next, &touched, per_broker)?;
     *layer = next;
     crate::dynamic_config::alter(broker, layers, validate_only).await
+}
+
+/// Alters a consumer group's configs (`crate::group_configs`). The group
+/// need not exist, as in Kafka: its members follow them once it does.
+async fn alter_group(
+    broker: &Arc<Broker>,
+    name: &str,
+    validate_only: bool,
+    change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
+) -> Result<(), AdminError> {
+    // One admin change at a time: the file is written in the order the
+    // configs change.
+    let _admin = broker.admin.lock().await;
+    let current = broker.group_configs.get(name);
+    let next = change(&current)?;
+    crate::group_configs::check(&broker.config(), &next).map_err(|m| (ResponseError::InvalidConfig, m))?;
+    if validate_only || next == current {
+        return Ok(());
+    }
+    let (b, group, configs) = (Arc::clone(broker), name.to_string(), next.clone());
+    tokio::task::spawn_blocking(move || {
+        let meta_dir = b.config().data_dir().join(crate::topics::META_DIR);
+        b.group_configs
+            .set(b.storage.as_ref(), &meta_dir, &group, configs)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    tracing::info!(group = name, configs = ?next, "altered group configs");
+    Ok(())
 }
 
 async fn alter_topic(

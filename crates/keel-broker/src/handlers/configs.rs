@@ -1,4 +1,7 @@
-//! DescribeConfigs for topics and the broker, and ListConfigResources.
+//! DescribeConfigs for topics, the broker, loggers and consumer groups, and
+//! ListConfigResources.
+
+use std::collections::BTreeSet;
 
 use keel_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
@@ -6,9 +9,11 @@ use keel_protocol::messages::describe_configs_response::{
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
-use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC};
+use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_GROUP, RESOURCE_TOPIC};
 use super::str_bytes;
 use crate::config::{broker_config_type, is_dynamic, ConfigSource, ConfigType, TOPIC_CONFIGS};
+use crate::group_configs::GROUP_CONFIGS;
+use crate::kafka_configs::{foreign, NOT_ACTED_ON};
 use crate::Broker;
 
 struct Entry {
@@ -18,6 +23,8 @@ struct Entry {
     kind: ConfigType,
     read_only: bool,
     synonyms: Vec<(String, String, ConfigSource)>,
+    /// Said when the request asks for documentation (v3+).
+    documentation: Option<&'static str>,
 }
 
 pub fn describe_configs(broker: &Broker, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
@@ -32,6 +39,7 @@ pub fn describe_configs(broker: &Broker, req: DescribeConfigsRequest) -> Describ
                 RESOURCE_TOPIC => topic_entries(broker, r.resource_name.as_str()),
                 RESOURCE_BROKER => broker_entries(broker, r.resource_name.as_str()),
                 RESOURCE_BROKER_LOGGER => logger_entries(broker, r.resource_name.as_str()),
+                RESOURCE_GROUP => Ok(group_entries(broker, r.resource_name.as_str())),
                 other => Err((
                     ResponseError::InvalidRequest,
                     format!("resource type {other} is not supported"),
@@ -43,7 +51,7 @@ pub fn describe_configs(broker: &Broker, req: DescribeConfigsRequest) -> Describ
                     let configs = entries
                         .into_iter()
                         .filter(|e| keys.is_none_or(|k| k.iter().any(|k| k.as_str() == e.name)))
-                        .map(|e| to_result(e, req.include_synonyms))
+                        .map(|e| to_result(e, req.include_synonyms, req.include_documentation))
                         .collect();
                     base.with_configs(configs)
                 }
@@ -90,6 +98,7 @@ fn topic_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseErr
                 kind: d.kind,
                 read_only: false,
                 synonyms,
+                documentation: None,
             }
         })
         .collect())
@@ -100,7 +109,12 @@ fn topic_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseErr
 fn broker_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseError, String)> {
     let config = broker.config();
     let node = config.node_id().to_string();
-    let kind_of = |key: &str| broker_config_type(key).unwrap_or(ConfigType::String);
+    let kind_of = |key: &str| {
+        broker_config_type(key)
+            .or_else(|| foreign(key).map(|k| k.kind))
+            .unwrap_or(ConfigType::String)
+    };
+    let documentation = |key: &str| foreign(key).map(|_| NOT_ACTED_ON);
     if name.is_empty() {
         return Ok(config
             .dynamic()
@@ -114,6 +128,7 @@ fn broker_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseEr
                 read_only: false,
                 // Kafka names only the default itself here.
                 synonyms: vec![(k.clone(), v.clone(), ConfigSource::DynamicDefaultBroker)],
+                documentation: documentation(k),
             })
             .collect());
     }
@@ -123,17 +138,62 @@ fn broker_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseEr
             format!("broker `{name}` is not this broker ({node})"),
         ));
     }
-    Ok(config
-        .entries()
-        .map(|(k, v)| Entry {
-            name: k.to_string(),
-            value: v.to_string(),
-            source: config.source(k),
-            kind: kind_of(k),
-            read_only: !is_dynamic(k),
-            synonyms: broker_synonyms(&config, k),
+    let entry = |k: &str, v: &str| Entry {
+        name: k.to_string(),
+        value: v.to_string(),
+        source: config.source(k),
+        kind: kind_of(k),
+        read_only: !is_dynamic(k),
+        synonyms: broker_synonyms(&config, k),
+        documentation: documentation(k),
+    };
+    let mut entries: Vec<Entry> = config.entries().map(|(k, v)| entry(k, v)).collect();
+    // Kafka's keys Keel does not use, where they are set: not in force, so
+    // not among the entries.
+    let layers = config.dynamic();
+    let foreign_keys: BTreeSet<&String> = layers
+        .broker
+        .keys()
+        .chain(layers.default.keys())
+        .filter(|k| foreign(k).is_some())
+        .collect();
+    for k in foreign_keys {
+        let value = layers.broker.get(k).or_else(|| layers.default.get(k));
+        entries.push(entry(k, value.map_or("", String::as_str)));
+    }
+    Ok(entries)
+}
+
+/// A consumer group's configs, as Kafka describes them whether the group
+/// exists or not: its own value (GROUP_CONFIG) or the broker's default,
+/// which Kafka reports as DEFAULT_CONFIG whatever set it, and which is
+/// the synonym either way.
+fn group_entries(broker: &Broker, name: &str) -> Vec<Entry> {
+    let config = broker.config();
+    let set = broker.group_configs.get(name);
+    GROUP_CONFIGS
+        .iter()
+        .map(|(key, broker_key)| {
+            let default = config.get(broker_key).to_string();
+            let mut synonyms = vec![(broker_key.to_string(), default.clone(), ConfigSource::Default)];
+            let (value, source) = match set.get(*key) {
+                Some(v) => {
+                    synonyms.insert(0, (key.to_string(), v.clone(), ConfigSource::GroupConfig));
+                    (v.clone(), ConfigSource::GroupConfig)
+                }
+                None => (default, ConfigSource::Default),
+            };
+            Entry {
+                name: key.to_string(),
+                value,
+                source,
+                kind: ConfigType::Int,
+                read_only: false,
+                synonyms,
+                documentation: None,
+            }
         })
-        .collect())
+        .collect()
 }
 
 /// The loggers with a level of their own, and the root logger.
@@ -158,11 +218,12 @@ fn logger_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseEr
             kind: ConfigType::String,
             read_only: false,
             synonyms: Vec::new(),
+            documentation: None,
         })
         .collect())
 }
 
-fn to_result(e: Entry, include_synonyms: bool) -> DescribeConfigsResourceResult {
+fn to_result(e: Entry, include_synonyms: bool, include_documentation: bool) -> DescribeConfigsResourceResult {
     let synonyms = if include_synonyms {
         e.synonyms
             .into_iter()
@@ -191,19 +252,20 @@ fn to_result(e: Entry, include_synonyms: bool) -> DescribeConfigsResourceResult 
         .with_config_source(e.source as i8)
         .with_config_type(e.kind as i8)
         .with_synonyms(synonyms)
+        .with_documentation(e.documentation.filter(|_| include_documentation).map(str_bytes))
 }
 
 /// ListConfigResources (KIP-1142; v0 was ListClientMetricsResources): the
 /// resources that have configs, of the types asked (all if none), in
-/// Kafka 4.3.1's order. Keel has no client metrics subscriptions and no
-/// group configs, so those types list nothing; a type Kafka does not list
-/// is UNSUPPORTED_VERSION.
+/// Kafka 4.3.1's order. Keel has no client metrics subscriptions, so that
+/// type lists nothing; groups are listed when they set a config; a type
+/// Kafka does not list is UNSUPPORTED_VERSION.
 pub fn list_config_resources(
     broker: &Broker,
     req: ListConfigResourcesRequest,
     version: i16,
 ) -> ListConfigResourcesResponse {
-    use super::config_resource::{RESOURCE_CLIENT_METRICS, RESOURCE_GROUP};
+    use super::config_resource::RESOURCE_CLIENT_METRICS;
     use keel_protocol::messages::list_config_resources_response::ConfigResource;
     const LISTED: [i8; 5] = [
         RESOURCE_BROKER_LOGGER,
@@ -238,6 +300,13 @@ pub fn list_config_resources(
                 names.sort();
                 out.extend(names.into_iter().map(|n| resource(n, kind)));
             }
+            RESOURCE_GROUP => out.extend(
+                broker
+                    .group_configs
+                    .groups()
+                    .into_iter()
+                    .map(|g| resource(g, kind)),
+            ),
             _ => {}
         }
     }

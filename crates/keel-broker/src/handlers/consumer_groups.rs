@@ -127,6 +127,7 @@ pub async fn consumer_group_heartbeat(
         }),
         client_id: client_id.to_string(),
         client_host: client_host.to_string(),
+        overrides: broker.group_configs.overrides(req.group_id.as_str()),
     };
     match broker
         .groups

@@ -15,6 +15,7 @@ pub mod metadata;
 pub mod offsets;
 pub mod produce;
 pub mod quotas;
+pub(crate) mod record_checks;
 pub mod sasl;
 pub mod scram;
 pub mod txn;

@@ -1,23 +1,18 @@
 //! Produce and InitProducerId.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use keel_log::batch::{
-    set_log_append_time, validate_batches, validate_records, BatchError, BatchHeader, RecordTimestamps,
-    NO_TIMESTAMP,
-};
+use keel_log::batch::{validate_batches, validate_records, BatchError, BatchHeader};
 use keel_log::codec::Codec;
-use keel_protocol::messages::produce_response::{
-    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
-};
+use keel_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
+use super::record_checks::{RecordRules, Refusal, Stamped};
 use super::str_bytes;
-use crate::config::{topic_def, BrokerConfig};
+use crate::config::BrokerConfig;
 use crate::metrics::APPEND;
 use crate::partition::{AppendFailure, AppendTrace, Partition};
 use crate::time::now_ms;
@@ -157,38 +152,51 @@ async fn produce_partition(
     if let Err((error, message)) = check_transaction(broker, &headers[0], txn, &topic, index) {
         return failed(error, message);
     }
-    if config
-        .cleanup_policy(&topic.meta.configs)
-        .is_ok_and(|p| p.compact)
+    let rules = RecordRules::of(&config, &topic.meta.configs);
+    let now_ms = now_ms();
+    if let Err(refused) = check_each_record(rules, &topic.meta.name, index, &records, &headers, now_ms).await
     {
-        // Kafka opens compressed batches of compacted topics for this too.
-        let keyless = match keel_log::records::first_keyless_record(&records, &headers[0]) {
-            Ok(k) => k,
-            Err(why) => return failed(ResponseError::CorruptMessage, why),
-        };
-        if let Some(record) = keyless {
-            let message = format!(
-                "Compacted topic cannot accept message without key in topic partition {}-{index}",
-                topic.meta.name
-            );
-            return failed(ResponseError::InvalidRecord, message.clone()).with_record_errors(vec![
-                BatchIndexAndErrorMessage::default()
-                    .with_batch_index(i32::try_from(record).unwrap_or(i32::MAX))
-                    .with_batch_index_error_message(Some(str_bytes(message))),
-            ]);
-        }
+        return failed(refused.error, refused.message).with_record_errors(refused.record_errors);
     }
     let (records, headers) = match in_topic_codec(&config, &topic, records, headers, max_batch_bytes).await {
         Ok(converted) => converted,
         Err((error, message)) => return failed(error, message),
     };
-    let policy = TimestampPolicy::of(&config, &topic.meta.configs);
-    match policy.apply(records, headers, now_ms()) {
-        Ok(stamped) => append(&partition, stamped).await,
-        Err(refused) => {
-            failed(ResponseError::InvalidTimestamp, refused.message).with_record_errors(refused.record_errors)
-        }
-    }
+    append(&partition, rules.timestamps.stamp(records, headers, now_ms)).await
+}
+
+/// [`RecordRules::check`], on the blocking pool when it must decompress a
+/// large batch.
+async fn check_each_record(
+    rules: RecordRules,
+    topic: &str,
+    index: i32,
+    records: &Bytes,
+    headers: &[BatchHeader],
+    now_ms: i64,
+) -> Result<(), Refusal> {
+    let started = Instant::now();
+    let large_compressed = headers.iter().any(|h| {
+        h.compression_codec() != 0
+            && h.total_len() > RECOMPRESS_INLINE_MAX_BYTES
+            && rules.must_open(h, now_ms)
+    });
+    let checked = if large_compressed {
+        let (topic, records, headers) = (topic.to_string(), records.clone(), headers.to_vec());
+        tokio::task::spawn_blocking(move || rules.check(&topic, index, &records, &headers, now_ms))
+            .await
+            .unwrap_or_else(|e| {
+                Err(Refusal {
+                    error: ResponseError::UnknownServerError,
+                    message: format!("record checks failed: {e}"),
+                    record_errors: Vec::new(),
+                })
+            })
+    } else {
+        rules.check(topic, index, records, headers, now_ms)
+    };
+    trace::longest(Stage::Validate, started.elapsed());
+    checked
 }
 
 /// Batches this large are recompressed on the blocking pool, not on the
@@ -419,144 +427,6 @@ fn produce_error(e: ResponseError) -> ResponseError {
     }
 }
 
-/// How a topic's records are timestamped (`message.timestamp.type`) and
-/// which CreateTime timestamps it accepts (`message.timestamp.before.max.ms`
-/// and `message.timestamp.after.max.ms`, relative to the broker's clock).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct TimestampPolicy {
-    log_append_time: bool,
-    before_max_ms: i64,
-    after_max_ms: i64,
-}
-
-/// Batches ready to append: with LogAppendTime, rewritten to carry the
-/// broker's time, which the response reports.
-struct Stamped {
-    records: Bytes,
-    headers: Vec<BatchHeader>,
-    /// -1 for CreateTime topics, as Kafka answers.
-    log_append_time_ms: i64,
-}
-
-/// Why a partition's records were refused (always INVALID_TIMESTAMP).
-struct TimestampRefusal {
-    message: String,
-    record_errors: Vec<BatchIndexAndErrorMessage>,
-}
-
-impl TimestampPolicy {
-    fn of(config: &BrokerConfig, overrides: &BTreeMap<String, String>) -> TimestampPolicy {
-        let value = |name: &str| topic_def(name).map(|d| config.topic_value(overrides, d));
-        let ms = |name: &str, default: i64| value(name).and_then(|v| v.parse().ok()).unwrap_or(default);
-        TimestampPolicy {
-            log_append_time: value("message.timestamp.type") == Some("LogAppendTime"),
-            before_max_ms: ms("message.timestamp.before.max.ms", i64::MAX),
-            after_max_ms: ms("message.timestamp.after.max.ms", 3_600_000),
-        }
-    }
-
-    /// Kafka's `LogValidator` timestamp rules for validated batches at
-    /// broker time `now_ms`. A producer may not set the LogAppendTime bit
-    /// itself (Kafka refuses that on LogAppendTime topics and rewrites it on
-    /// CreateTime ones; Keel refuses it on both).
-    fn apply(
-        &self,
-        records: Bytes,
-        mut headers: Vec<BatchHeader>,
-        now_ms: i64,
-    ) -> Result<Stamped, TimestampRefusal> {
-        if headers.iter().any(BatchHeader::timestamp_type_is_log_append) {
-            return Err(TimestampRefusal {
-                message: "producers may not set the LogAppendTime timestamp type".into(),
-                record_errors: Vec::new(),
-            });
-        }
-        if !self.log_append_time {
-            self.check_create_times(&records, &headers, now_ms)?;
-            return Ok(Stamped {
-                records,
-                headers,
-                log_append_time_ms: -1,
-            });
-        }
-        // One copy of the request's records: they are shared and immutable.
-        let mut buf = records.to_vec();
-        let mut at = 0;
-        for h in &mut headers {
-            let len = h.total_len();
-            set_log_append_time(&mut buf[at..at + len], h, now_ms);
-            at += len;
-        }
-        Ok(Stamped {
-            records: Bytes::from(buf),
-            headers,
-            log_append_time_ms: now_ms,
-        })
-    }
-
-    /// Every record's CreateTime must lie in `[now - before, now + after]`
-    /// (records without a timestamp pass). Uncompressed batches are checked
-    /// record by record; compressed ones by their first record (the base
-    /// timestamp) and their max timestamp, as Keel does not decompress.
-    fn check_create_times(
-        &self,
-        records: &[u8],
-        headers: &[BatchHeader],
-        now_ms: i64,
-    ) -> Result<(), TimestampRefusal> {
-        let out_of_range = |ts: i64| {
-            ts != NO_TIMESTAMP
-                && (now_ms.saturating_sub(ts) > self.before_max_ms
-                    || ts.saturating_sub(now_ms) > self.after_max_ms)
-        };
-        let mut bad: Vec<(Option<i32>, i64)> = Vec::new();
-        let mut at = 0;
-        for h in headers {
-            let batch = &records[at..at + h.total_len()];
-            at += h.total_len();
-            match RecordTimestamps::new(batch, h) {
-                Some(each) => bad.extend(
-                    each.filter(|r| out_of_range(r.timestamp_ms))
-                        .map(|r| (Some(r.index), r.timestamp_ms)),
-                ),
-                None => {
-                    if out_of_range(h.base_timestamp) {
-                        bad.push((Some(0), h.base_timestamp));
-                    } else if out_of_range(h.max_timestamp) {
-                        bad.push((None, h.max_timestamp));
-                    }
-                }
-            }
-        }
-        let Some(&(_, first_ts)) = bad.first() else {
-            return Ok(());
-        };
-        let range = format!(
-            "[{}, {}]",
-            now_ms.saturating_sub(self.before_max_ms),
-            now_ms.saturating_add(self.after_max_ms)
-        );
-        let record_errors = bad
-            .iter()
-            .filter_map(|&(index, ts)| {
-                let message = format!("timestamp {ts} is out of range {range}");
-                index.map(|i| {
-                    BatchIndexAndErrorMessage::default()
-                        .with_batch_index(i)
-                        .with_batch_index_error_message(Some(str_bytes(message)))
-                })
-            })
-            .collect();
-        Err(TimestampRefusal {
-            message: format!(
-                "{} timestamp(s) out of range {range}, the first {first_ts}",
-                bad.len()
-            ),
-            record_errors,
-        })
-    }
-}
-
 async fn append(partition: &Arc<Partition>, stamped: Stamped) -> PartitionProduceResponse {
     let bytes = stamped.records.len() as u64;
     let appended = partition.append(stamped.records, stamped.headers).await;
@@ -684,166 +554,5 @@ pub(super) async fn allocate_producer_id(broker: &Arc<Broker>) -> Result<i64, Re
             Err(ResponseError::KafkaStorageError)
         }
         Err(_) => Err(ResponseError::UnknownServerError),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use keel_log::testing::{BatchBuilder, TestRecord};
-
-    const NOW_MS: i64 = 1_800_000_000_000;
-    const HOUR_MS: i64 = 3_600_000;
-
-    fn policy(log_append_time: bool) -> TimestampPolicy {
-        TimestampPolicy {
-            log_append_time,
-            before_max_ms: HOUR_MS,
-            after_max_ms: HOUR_MS,
-        }
-    }
-
-    /// One uncompressed batch whose records have these timestamps.
-    fn batch(timestamps: &[i64]) -> Vec<u8> {
-        let mut b = BatchBuilder::new(timestamps[0]);
-        for &ts in timestamps {
-            b = b.push(TestRecord {
-                key: None,
-                value: Some(b"v".to_vec()),
-                timestamp_delta_ms: ts - timestamps[0],
-                headers: Vec::new(),
-            });
-        }
-        b.build()
-    }
-
-    fn validated(bufs: &[Vec<u8>]) -> (Bytes, Vec<BatchHeader>) {
-        let all = bufs.concat();
-        let headers = validate_batches(&all).unwrap();
-        (Bytes::from(all), headers)
-    }
-
-    #[test]
-    fn log_append_time_stamps_every_batch_with_broker_time() {
-        let (records, headers) = validated(&[batch(&[5, 6]), batch(&[7])]);
-        let stamped = policy(true).apply(records, headers, NOW_MS).ok().unwrap();
-        assert_eq!(stamped.log_append_time_ms, NOW_MS);
-        let reparsed = validate_batches(&stamped.records).expect("CRCs valid after the rewrite");
-        assert_eq!(reparsed, stamped.headers);
-        for h in &reparsed {
-            assert!(h.timestamp_type_is_log_append());
-            assert_eq!(h.max_timestamp, NOW_MS);
-        }
-    }
-
-    #[test]
-    fn create_time_keeps_batches_and_reports_no_append_time() {
-        let (records, headers) = validated(&[batch(&[NOW_MS - HOUR_MS, NOW_MS + HOUR_MS])]);
-        let stamped = policy(false)
-            .apply(records.clone(), headers, NOW_MS)
-            .ok()
-            .unwrap();
-        assert_eq!(stamped.log_append_time_ms, -1);
-        assert_eq!(stamped.records, records);
-    }
-
-    #[test]
-    fn create_times_outside_the_window_are_refused_per_record() {
-        let (records, headers) = validated(&[batch(&[
-            NOW_MS,
-            NOW_MS - HOUR_MS - 1,
-            NO_TIMESTAMP,
-            NOW_MS + HOUR_MS + 1,
-        ])]);
-        let refused = policy(false).apply(records, headers, NOW_MS).err().unwrap();
-        let indexes: Vec<i32> = refused.record_errors.iter().map(|e| e.batch_index).collect();
-        assert_eq!(indexes, vec![1, 3]);
-        assert!(
-            refused.message.contains("2 timestamp(s) out of range"),
-            "{}",
-            refused.message
-        );
-        // A LogAppendTime topic ignores CreateTime bounds.
-        let (records, headers) = validated(&[batch(&[NOW_MS - 10 * HOUR_MS])]);
-        assert!(policy(true).apply(records, headers, NOW_MS).is_ok());
-    }
-
-    #[test]
-    fn extreme_timestamps_do_not_overflow() {
-        let (records, headers) = validated(&[batch(&[i64::MIN + 1]), batch(&[i64::MAX])]);
-        let unbounded = TimestampPolicy {
-            log_append_time: false,
-            before_max_ms: i64::MAX,
-            after_max_ms: i64::MAX,
-        };
-        assert!(unbounded.apply(records.clone(), headers.clone(), NOW_MS).is_ok());
-        let refused = policy(false).apply(records, headers, NOW_MS).err().unwrap();
-        assert_eq!(refused.record_errors.len(), 2);
-    }
-
-    #[test]
-    fn compressed_batches_are_checked_by_their_bounds() {
-        // Mark the batch compressed (the records stay opaque to the check)
-        // and re-sign it.
-        let mut b = batch(&[NOW_MS, NOW_MS + 2 * HOUR_MS]);
-        b[22] |= 1;
-        let crc = crc32c(&b[21..]);
-        b[17..21].copy_from_slice(&crc.to_be_bytes());
-        let (records, headers) = validated(&[b]);
-        assert_eq!(headers[0].compression_codec(), 1);
-        let refused = policy(false).apply(records, headers, NOW_MS).err().unwrap();
-        assert!(refused.record_errors.is_empty(), "the index is unknown");
-        assert!(refused.message.contains(&(NOW_MS + 2 * HOUR_MS).to_string()));
-    }
-
-    #[test]
-    fn producers_cannot_claim_log_append_time() {
-        let mut b = batch(&[NOW_MS]);
-        let mut h = BatchHeader::parse(&b).unwrap();
-        set_log_append_time(&mut b, &mut h, NOW_MS);
-        for log_append_time in [false, true] {
-            let (records, headers) = validated(std::slice::from_ref(&b));
-            assert!(policy(log_append_time).apply(records, headers, NOW_MS).is_err());
-        }
-    }
-
-    #[test]
-    fn policy_reads_topic_overrides_over_broker_defaults() {
-        let config = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
-        let defaults = TimestampPolicy::of(&config, &BTreeMap::new());
-        assert_eq!(
-            defaults,
-            TimestampPolicy {
-                log_append_time: false,
-                before_max_ms: i64::MAX,
-                after_max_ms: HOUR_MS,
-            }
-        );
-        let overrides: BTreeMap<String, String> = [
-            ("message.timestamp.type", "LogAppendTime"),
-            ("message.timestamp.before.max.ms", "1000"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let topic = TimestampPolicy::of(&config, &overrides);
-        assert!(topic.log_append_time);
-        assert_eq!(topic.before_max_ms, 1000);
-    }
-
-    /// CRC-32C (Castagnoli), bit by bit: enough to re-sign a test batch.
-    fn crc32c(bytes: &[u8]) -> u32 {
-        let mut crc = !0u32;
-        for &b in bytes {
-            crc ^= u32::from(b);
-            for _ in 0..8 {
-                crc = if crc & 1 == 1 {
-                    (crc >> 1) ^ 0x82F6_3B78
-                } else {
-                    crc >> 1
-                };
-            }
-        }
-        !crc
     }
 }

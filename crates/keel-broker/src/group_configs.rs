@@ -1,0 +1,242 @@
+//! Group configs (KIP-848): `kafka-configs --entity-type groups`, a
+//! consumer group's own `consumer.session.timeout.ms` and
+//! `consumer.heartbeat.interval.ms` over the broker's
+//! `group.consumer.session.timeout.ms` and
+//! `group.consumer.heartbeat.interval.ms`.
+//!
+//! A change is checked as Kafka's `GroupConfig.validate` checks it (the
+//! group's values over the broker's, within the broker's
+//! `group.consumer.min.*`/`max.*` bounds, the session longer than the
+//! heartbeat interval), written to `__keel_meta/group-configs.json` (a
+//! temporary file, fsynced, renamed: the commit point), and then in force:
+//! a member's next heartbeat takes them. Kafka's share and streams group
+//! configs are refused: Keel has neither kind of group.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use keel_log::storage::{read_file, write_atomically, Storage};
+
+use crate::config::BrokerConfig;
+
+pub const SESSION_TIMEOUT_MS: &str = "consumer.session.timeout.ms";
+pub const HEARTBEAT_INTERVAL_MS: &str = "consumer.heartbeat.interval.ms";
+
+/// The group configs Keel has, each with the broker config that is its
+/// default (and its synonym in DescribeConfigs), in Kafka's order.
+pub const GROUP_CONFIGS: &[(&str, &str)] = &[
+    (SESSION_TIMEOUT_MS, "group.consumer.session.timeout.ms"),
+    (HEARTBEAT_INTERVAL_MS, "group.consumer.heartbeat.interval.ms"),
+];
+
+/// Kafka's other group configs, which Keel refuses by name.
+const NOT_IN_KEEL: &[&str] = &["consumer.assignment.interval.ms", "share.", "streams."];
+
+/// The file under the metadata dir.
+const FILE: &str = "group-configs.json";
+
+/// A group's own values of the configs the coordinator applies, where set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupOverrides {
+    pub session_timeout_ms: Option<i32>,
+    pub heartbeat_interval_ms: Option<i32>,
+}
+
+/// Every group's configs, as set (a group without any has no entry).
+#[derive(Debug, Default)]
+pub struct GroupConfigs {
+    by_group: parking_lot::RwLock<BTreeMap<String, BTreeMap<String, String>>>,
+}
+
+fn path(meta_dir: &Path) -> PathBuf {
+    meta_dir.join(FILE)
+}
+
+impl GroupConfigs {
+    /// The stored configs (none if the file is not there).
+    pub fn load(storage: &dyn Storage, meta_dir: &Path) -> io::Result<GroupConfigs> {
+        let path = path(meta_dir);
+        let by_group = match read_file(storage, &path)? {
+            None => BTreeMap::new(),
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))
+            })?,
+        };
+        Ok(GroupConfigs {
+            by_group: parking_lot::RwLock::new(by_group),
+        })
+    }
+
+    /// What `group` sets.
+    pub fn get(&self, group: &str) -> BTreeMap<String, String> {
+        self.by_group.read().get(group).cloned().unwrap_or_default()
+    }
+
+    /// The groups that set any config, by name.
+    pub fn groups(&self) -> Vec<String> {
+        self.by_group.read().keys().cloned().collect()
+    }
+
+    /// `group`'s values of the configs its members follow.
+    pub fn overrides(&self, group: &str) -> GroupOverrides {
+        let all = self.by_group.read();
+        let Some(set) = all.get(group) else {
+            return GroupOverrides::default();
+        };
+        let value = |key: &str| set.get(key).and_then(|v| v.trim().parse().ok());
+        GroupOverrides {
+            session_timeout_ms: value(SESSION_TIMEOUT_MS),
+            heartbeat_interval_ms: value(HEARTBEAT_INTERVAL_MS),
+        }
+    }
+
+    /// Makes `next` (checked by [`check`]) `group`'s configs: persisted,
+    /// then in force. The caller serializes changes (the broker's admin
+    /// lock), so the file is written in the order the map changes.
+    pub fn set(
+        &self,
+        storage: &dyn Storage,
+        meta_dir: &Path,
+        group: &str,
+        next: BTreeMap<String, String>,
+    ) -> io::Result<()> {
+        let mut all = self.by_group.read().clone();
+        if next.is_empty() {
+            all.remove(group);
+        } else {
+            all.insert(group.to_string(), next);
+        }
+        let json = serde_json::to_vec_pretty(&all).map_err(io::Error::other)?;
+        write_atomically(storage, &path(meta_dir), &json)?;
+        *self.by_group.write() = all;
+        Ok(())
+    }
+}
+
+/// Kafka's checks of a group's configs `next` (`GroupConfig.validate`)
+/// under the broker's `config`, with Kafka's messages (INVALID_CONFIG).
+pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(), String> {
+    for key in next.keys() {
+        if GROUP_CONFIGS.iter().any(|(name, _)| name == key) {
+            continue;
+        }
+        if NOT_IN_KEEL.iter().any(|p| key.starts_with(p)) {
+            return Err(format!(
+                "Group config {key} is Apache Kafka's, for what Keel does not have (share and streams \
+                 groups, assignment intervals); Keel refuses it"
+            ));
+        }
+        return Err(format!("Unknown group config name: {key}"));
+    }
+    let mut values = BTreeMap::new();
+    for (name, broker_key) in GROUP_CONFIGS {
+        let value = match next.get(*name) {
+            Some(v) => v
+                .trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|n| i32::try_from(*n).is_ok())
+                .ok_or_else(|| {
+                    format!("Invalid value {v} for configuration {name}: Not a number of type INT")
+                })?,
+            None => config.num(broker_key),
+        };
+        values.insert(*name, value);
+    }
+    let bounds = [
+        (
+            HEARTBEAT_INTERVAL_MS,
+            "group.consumer.min.heartbeat.interval.ms",
+            "group.consumer.max.heartbeat.interval.ms",
+        ),
+        (
+            SESSION_TIMEOUT_MS,
+            "group.consumer.min.session.timeout.ms",
+            "group.consumer.max.session.timeout.ms",
+        ),
+    ];
+    for (name, min, max) in bounds {
+        if values[name] < config.num(min) {
+            return Err(format!("{name} must be greater than or equal to {min}"));
+        }
+        if values[name] > config.num(max) {
+            return Err(format!("{name} must be less than or equal to {max}"));
+        }
+    }
+    if values[SESSION_TIMEOUT_MS] <= values[HEARTBEAT_INTERVAL_MS] {
+        return Err(format!(
+            "{SESSION_TIMEOUT_MS} must be greater than {HEARTBEAT_INTERVAL_MS}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn checks_follow_kafkas_order_and_messages() {
+        let config = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        assert_eq!(check(&config, &set(&[(SESSION_TIMEOUT_MS, "50000")])), Ok(()));
+        assert_eq!(check(&config, &BTreeMap::new()), Ok(()));
+        let refused = |pairs: &[(&str, &str)]| check(&config, &set(pairs)).unwrap_err();
+        assert_eq!(refused(&[("no.such", "1")]), "Unknown group config name: no.such");
+        assert!(refused(&[("share.session.timeout.ms", "1")]).contains("Keel refuses it"));
+        assert_eq!(
+            refused(&[(SESSION_TIMEOUT_MS, "soon")]),
+            "Invalid value soon for configuration consumer.session.timeout.ms: Not a number of type INT"
+        );
+        assert_eq!(
+            refused(&[(SESSION_TIMEOUT_MS, "1000")]),
+            "consumer.session.timeout.ms must be greater than or equal to group.consumer.min.session.timeout.ms"
+        );
+        assert_eq!(
+            refused(&[(HEARTBEAT_INTERVAL_MS, "50000"), (SESSION_TIMEOUT_MS, "1000")]),
+            "consumer.heartbeat.interval.ms must be less than or equal to group.consumer.max.heartbeat.interval.ms"
+        );
+        let wide = BrokerConfig::from_map(&set(&[
+            ("group.consumer.max.heartbeat.interval.ms", "60000"),
+            ("group.consumer.session.timeout.ms", "50000"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            check(&wide, &set(&[(HEARTBEAT_INTERVAL_MS, "50000")])).unwrap_err(),
+            "consumer.session.timeout.ms must be greater than consumer.heartbeat.interval.ms"
+        );
+    }
+
+    #[test]
+    fn configs_are_stored_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = keel_log::storage::DiskStorage::shared();
+        let configs = GroupConfigs::load(storage.as_ref(), dir.path()).unwrap();
+        assert_eq!(configs.overrides("g"), GroupOverrides::default());
+        configs
+            .set(
+                storage.as_ref(),
+                dir.path(),
+                "g",
+                set(&[(HEARTBEAT_INTERVAL_MS, "7000")]),
+            )
+            .unwrap();
+        let again = GroupConfigs::load(storage.as_ref(), dir.path()).unwrap();
+        assert_eq!(again.overrides("g").heartbeat_interval_ms, Some(7000));
+        assert_eq!(again.groups(), vec!["g".to_string()]);
+        again
+            .set(storage.as_ref(), dir.path(), "g", BTreeMap::new())
+            .unwrap();
+        assert!(GroupConfigs::load(storage.as_ref(), dir.path())
+            .unwrap()
+            .groups()
+            .is_empty());
+    }
+}
