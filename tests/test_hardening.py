@@ -556,6 +556,9 @@ def test_directories_no_topic_owns_are_renamed_never_deleted(broker_factory):
     beyond = b.data_dir / f"{topic}-7"
     beyond.mkdir()
     b.start()
+    # The listeners are bound before the data dir is opened, so a port that
+    # accepts says nothing yet about the directories.
+    wait_until(lambda: len(list(b.data_dir.glob("*-stray"))) == 2, 30, "the strays renamed")
     assert not ghost.exists() and not beyond.exists()
     strays = sorted(p.name for p in b.data_dir.glob("*-stray"))
     assert len(strays) == 2 and strays[0].startswith("ghost-0."), strays
