@@ -87,11 +87,23 @@ pub enum ReadFailure {
     Storage(String),
 }
 
+/// A check a transactional batch must pass in the partition writer, in
+/// queue order, just before its offsets are planned: whether its
+/// transaction is still open with this partition in it. Checked earlier,
+/// the transaction could end (its marker queued and written here) before
+/// the batch was queued, and the batch would open a transaction here that
+/// no coordinator ever ends, pinning the last stable offset (Kafka's
+/// verification guard, KIP-890). It must not block: it reads the
+/// coordinator's state in memory.
+pub type Verify = Box<dyn FnOnce() -> Result<(), AppendFailure> + Send>;
+
 struct PendingAppend {
     records: Bytes,
     headers: Vec<BatchHeader>,
     /// Set when the batch is a transaction marker the coordinator writes.
     marker: Option<Marker>,
+    /// Set for a transactional batch: checked before it is planned.
+    verify: Option<Verify>,
     reply: oneshot::Sender<Result<Appended, AppendFailure>>,
     enqueued: Instant,
 }
@@ -388,7 +400,18 @@ impl Partition {
         records: Bytes,
         headers: Vec<BatchHeader>,
     ) -> Result<Appended, AppendFailure> {
-        self.enqueue(records, headers, None).await
+        self.enqueue(records, headers, None, None).await
+    }
+
+    /// [`Partition::append`] of a transactional batch, refused unless
+    /// `verify` passes when the writer takes it (see [`Verify`]).
+    pub async fn append_verified(
+        self: &Arc<Self>,
+        records: Bytes,
+        headers: Vec<BatchHeader>,
+        verify: Verify,
+    ) -> Result<Appended, AppendFailure> {
+        self.enqueue(records, headers, None, Some(verify)).await
     }
 
     /// Appends the marker that ends `producer_id`'s transaction here
@@ -404,7 +427,8 @@ impl Partition {
             error: ResponseError::UnknownServerError,
             message: format!("a marker batch does not validate: {e}"),
         })?;
-        self.enqueue(Bytes::from(batch), headers, Some(marker)).await
+        self.enqueue(Bytes::from(batch), headers, Some(marker), None)
+            .await
     }
 
     async fn enqueue(
@@ -412,6 +436,7 @@ impl Partition {
         records: Bytes,
         headers: Vec<BatchHeader>,
         marker: Option<Marker>,
+        verify: Option<Verify>,
     ) -> Result<Appended, AppendFailure> {
         if let Some(why) = self.unavailable() {
             return Err(AppendFailure {
@@ -426,6 +451,7 @@ impl Partition {
                 records,
                 headers,
                 marker,
+                verify,
                 reply,
                 enqueued: Instant::now(),
             });
@@ -490,16 +516,18 @@ impl Partition {
         let mut undo = Vec::new();
         let mut aborted = Vec::new();
         let mut named = Vec::new();
-        for item in group {
+        for mut item in group {
             named.extend(item.headers.iter().map(|h| h.producer_id).filter(|id| *id >= 0));
-            let planned = match item.marker {
-                Some(marker) => {
+            let verified = item.verify.take().map_or(Ok(()), |verify| verify());
+            let planned = match (verified, item.marker) {
+                (Err(refused), _) => Err(refused),
+                (Ok(()), Some(marker)) => {
                     plan_marker(producers, &item.headers, marker, next_offset, &mut undo).map(|txn| {
                         aborted.extend(txn);
                         Planned::Append(1)
                     })
                 }
-                None => plan_item(producers, &item.headers, next_offset, &mut undo),
+                (Ok(()), None) => plan_item(producers, &item.headers, next_offset, &mut undo),
             };
             let waited = AppendTrace {
                 queue: picked.saturating_duration_since(item.enqueued),

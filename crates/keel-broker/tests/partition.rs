@@ -780,3 +780,64 @@ async fn aborted_transactions_survive_a_crash_at_every_step() {
         "the scenario should crash at many steps ({crashes})"
     );
 }
+
+/// A transactional batch is verified by the partition writer when it takes
+/// the batch, in queue order, not when the request checked it: a
+/// transaction that ended while the batch waited (its marker queued behind
+/// it, or already written) refuses the batch, so it cannot open a
+/// transaction here that no coordinator ends.
+#[tokio::test(flavor = "current_thread")]
+async fn a_transactional_batch_is_verified_when_the_writer_takes_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (p, faults, _) = faulty(dir.path(), LogConfig::default());
+    // The writer is busy with a slow write while the batch waits.
+    faults.add_text("write delay=1500 path=.log times=1").unwrap();
+    let busy = tokio::spawn({
+        let p = Arc::clone(&p);
+        let (b, h) = batch(None, 1);
+        async move { p.append(b, h).await }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while faults.injected() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow write never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let open = Arc::new(AtomicBool::new(true));
+    let txn = BatchBuilder::new(1_000)
+        .producer(9, 0, 0)
+        .transactional(true)
+        .record(None, Some(b"late"))
+        .build();
+    let headers = validate_batches(&txn).unwrap();
+    let verify: keel_broker::partition::Verify = Box::new({
+        let open = Arc::clone(&open);
+        move || {
+            if open.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err(keel_broker::partition::AppendFailure {
+                    error: ResponseError::InvalidTxnState,
+                    message: "the transaction ended".into(),
+                })
+            }
+        }
+    });
+    let late = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { p.append_verified(Bytes::from(txn), headers, verify).await }
+    });
+    // The batch is queued (this runtime runs the task when this one yields),
+    // and its transaction ends before the writer gets to it.
+    tokio::task::yield_now().await;
+    open.store(false, Ordering::SeqCst);
+    assert_eq!(busy.await.unwrap().unwrap().base_offset, 0);
+    let refused = late.await.unwrap().unwrap_err();
+    assert_eq!(refused.error, ResponseError::InvalidTxnState, "{refused:?}");
+    assert_eq!(p.high_watermark(), 1);
+    assert_eq!(p.last_stable_offset(), 1, "no transaction was opened");
+}

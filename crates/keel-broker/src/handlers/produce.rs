@@ -14,7 +14,7 @@ use super::record_checks::{RecordRules, Refusal, Stamped};
 use super::str_bytes;
 use crate::config::BrokerConfig;
 use crate::metrics::APPEND;
-use crate::partition::{AppendFailure, AppendTrace, Partition};
+use crate::partition::{AppendFailure, AppendTrace, Partition, Verify};
 use crate::time::now_ms;
 use crate::topics::Topic;
 use crate::trace::{self, PartitionTrace, Place, Stage};
@@ -45,7 +45,7 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
             let checking = Instant::now();
             let added = add_to_transaction(broker, &id, &req).await;
             trace::longest(Stage::Coordinator, checking.elapsed());
-            Some(TxnCheck::Added(added))
+            Some(TxnCheck::Added(id, added))
         }
         Some(id) => Some(TxnCheck::Verify(id)),
     };
@@ -149,6 +149,9 @@ async fn produce_partition(
             format!("Produce requests with version {version} are not allowed to use ZStandard compression"),
         );
     }
+    // Checked here to refuse early, and again by the partition writer just
+    // before the batch is planned (see `verifier`).
+    let verify = verifier(broker, &headers[0], txn.as_ref(), &topic, index);
     if let Err((error, message)) = check_transaction(broker, &headers[0], txn, &topic, index) {
         return failed(error, message);
     }
@@ -162,7 +165,39 @@ async fn produce_partition(
         Ok(converted) => converted,
         Err((error, message)) => return failed(error, message),
     };
-    append(&partition, rules.timestamps.stamp(records, headers, now_ms)).await
+    append(
+        &partition,
+        rules.timestamps.stamp(records, headers, now_ms),
+        verify,
+    )
+    .await
+}
+
+/// The check a transactional batch must pass again in the partition
+/// writer, in queue order: between this request's check and its append
+/// (record checks, recompression) the transaction may end and its marker
+/// be written here, and the batch would then open a transaction no
+/// coordinator ends.
+fn verifier(
+    broker: &Broker,
+    h: &BatchHeader,
+    txn: Option<&TxnCheck>,
+    topic: &Topic,
+    index: i32,
+) -> Option<Verify> {
+    let txn = txn.filter(|_| h.is_transactional())?;
+    let (txns, id) = (Arc::clone(&broker.txns), Arc::clone(txn.id()));
+    let (producer_id, epoch) = (h.producer_id, h.producer_epoch);
+    let partition = (topic.meta.name.clone(), index);
+    Some(Box::new(move || {
+        txns.verify(&id, producer_id, epoch, &partition).map_err(|error| AppendFailure {
+            error,
+            message: format!(
+                "the transaction of producer {producer_id} epoch {epoch} ({id}) ended before its batch to {}-{} was appended",
+                partition.0, partition.1
+            ),
+        })
+    }))
 }
 
 /// [`RecordRules::check`], on the blocking pool when it must decompress a
@@ -311,7 +346,15 @@ enum TxnCheck {
     Verify(Arc<str>),
     /// Produce v12+ (transactions v2): the request's partitions were added
     /// to the transaction, together, with this outcome.
-    Added(Result<(), (ResponseError, String)>),
+    Added(Arc<str>, Result<(), (ResponseError, String)>),
+}
+
+impl TxnCheck {
+    fn id(&self) -> &Arc<str> {
+        match self {
+            TxnCheck::Verify(id) | TxnCheck::Added(id, _) => id,
+        }
+    }
 }
 
 /// Transactions v2: adds every partition a request's transactional
@@ -394,7 +437,7 @@ fn check_transaction(
             ))
         }
         // Its partition was in the add (see add_to_transaction).
-        Some(TxnCheck::Added(added)) => return added,
+        Some(TxnCheck::Added(_, added)) => return added,
         Some(TxnCheck::Verify(id)) => id,
     };
     let partition = (topic.meta.name.clone(), index);
@@ -427,9 +470,20 @@ fn produce_error(e: ResponseError) -> ResponseError {
     }
 }
 
-async fn append(partition: &Arc<Partition>, stamped: Stamped) -> PartitionProduceResponse {
+async fn append(
+    partition: &Arc<Partition>,
+    stamped: Stamped,
+    verify: Option<Verify>,
+) -> PartitionProduceResponse {
     let bytes = stamped.records.len() as u64;
-    let appended = partition.append(stamped.records, stamped.headers).await;
+    let appended = match verify {
+        Some(verify) => {
+            partition
+                .append_verified(stamped.records, stamped.headers, verify)
+                .await
+        }
+        None => partition.append(stamped.records, stamped.headers).await,
+    };
     if let Ok(a) = &appended {
         trace::partition(append_trace(partition, bytes, &a.trace));
     }
