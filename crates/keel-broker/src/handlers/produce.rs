@@ -556,3 +556,136 @@ pub(super) async fn allocate_producer_id(broker: &Arc<Broker>) -> Result<i64, Re
         Err(_) => Err(ResponseError::UnknownServerError),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handlers::record_checks::TimestampPolicy;
+    use keel_log::testing::BatchBuilder;
+
+    const COMPRESSED: [Codec; 4] = [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd];
+    const NOW_MS: i64 = 1_800_000_000_000;
+
+    /// A topic's default rules: no compaction, CreateTime without a lower
+    /// bound, so no rule needs to look inside a compressed batch.
+    fn default_rules() -> RecordRules {
+        RecordRules {
+            compacted: false,
+            timestamps: TimestampPolicy {
+                log_append_time: false,
+                before_max_ms: i64::MAX,
+                after_max_ms: 3_600_000,
+            },
+        }
+    }
+
+    /// Every check a produced batch goes through before it is appended.
+    fn produce_checks(records: &[u8]) -> Result<(), (ResponseError, String)> {
+        let headers = check_records(records, 1 << 20)?;
+        default_rules()
+            .check("t", 0, records, &headers, NOW_MS)
+            .map_err(|r| (r.error, r.message))
+    }
+
+    /// An uncompressed batch of `n` records, for forging.
+    fn plain(n: usize) -> Vec<u8> {
+        let mut b = BatchBuilder::new(NOW_MS);
+        for i in 0..n {
+            b = b.record(Some(format!("k{i}").as_bytes()), Some(b"v"));
+        }
+        b.build()
+    }
+
+    /// `batch` (uncompressed, possibly forged) with its records section in
+    /// `codec`, the header's length, codec bits and CRC made to match.
+    fn compress(batch: &[u8], codec: Codec) -> Vec<u8> {
+        let mut out = batch[..61].to_vec();
+        out.extend_from_slice(&codec.compress(&batch[61..]).unwrap());
+        let length = (out.len() - 12) as i32;
+        out[8..12].copy_from_slice(&length.to_be_bytes());
+        let attributes = i16::from_be_bytes([out[21], out[22]]) | codec as i16;
+        out[21..23].copy_from_slice(&attributes.to_be_bytes());
+        resign(&mut out);
+        out
+    }
+
+    fn resign(batch: &mut [u8]) {
+        let crc = crc32c::crc32c(&batch[21..]);
+        batch[17..21].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    /// Sets the header's record count and last offset delta to agree with
+    /// each other on `count` records.
+    fn claim_records(batch: &mut [u8], count: i32) {
+        batch[23..27].copy_from_slice(&(count - 1).to_be_bytes());
+        batch[57..61].copy_from_slice(&count.to_be_bytes());
+        resign(batch);
+    }
+
+    fn refused(records: &[u8]) -> (ResponseError, String) {
+        produce_checks(records).expect_err("refused")
+    }
+
+    #[test]
+    fn sound_compressed_batches_pass() {
+        for codec in COMPRESSED {
+            assert_eq!(produce_checks(&compress(&plain(5), codec)), Ok(()), "{codec:?}");
+        }
+    }
+
+    #[test]
+    fn a_compressed_batch_holding_fewer_records_than_its_header_says_is_refused() {
+        for codec in COMPRESSED {
+            let mut forged = plain(3);
+            claim_records(&mut forged, 4);
+            let (error, message) = refused(&compress(&forged, codec));
+            assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
+            assert_eq!(message, "Incorrect declared batch size, premature EOF reached", "{codec:?}");
+        }
+    }
+
+    #[test]
+    fn a_compressed_batch_holding_more_records_than_its_header_says_is_refused() {
+        for codec in COMPRESSED {
+            let mut forged = plain(3);
+            claim_records(&mut forged, 2);
+            let (error, message) = refused(&compress(&forged, codec));
+            assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
+            assert_eq!(
+                message, "Incorrect declared batch size, records still remaining in file",
+                "{codec:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn compressed_offset_deltas_out_of_order_are_refused() {
+        // Each record of `plain` is `len, attributes, timestamp delta,
+        // offset delta, ...`, every varint one byte long here.
+        let mut forged = plain(3);
+        let first_len = usize::from(forged[61] / 2) + 1;
+        let (first, second) = (61 + 3, 61 + first_len + 3);
+        assert_eq!((forged[first], forged[second]), (0, 2), "zigzag offset deltas 0 and 1");
+        forged.swap(first, second);
+        resign(&mut forged);
+        for codec in COMPRESSED {
+            let (error, message) = refused(&compress(&forged, codec));
+            assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
+            assert!(message.contains("offset delta 1, expected 0"), "{codec:?}: {message}");
+        }
+        // The same holds uncompressed (checked before).
+        assert_eq!(refused(&forged).0, ResponseError::InvalidRecord);
+    }
+
+    #[test]
+    fn a_producer_cannot_set_the_delete_horizon_flag() {
+        for codec in [Codec::None, Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd] {
+            let mut forged = compress(&plain(2), codec);
+            forged[22] |= keel_log::records::DELETE_HORIZON_FLAG as u8;
+            resign(&mut forged);
+            let (error, message) = refused(&forged);
+            assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
+            assert!(message.contains("delete horizon"), "{codec:?}: {message}");
+        }
+    }
+}
