@@ -291,6 +291,15 @@ pub(crate) fn check_records(
             h.last_offset_delta, h.records_count
         )));
     }
+    if keel_log::records::delete_horizon(&h).is_some() {
+        // Kafka's LogValidator lets the bit through; its cleaner would then
+        // read the producer's base timestamp as the batch's delete horizon
+        // and drop its tombstones before delete.retention.ms has passed.
+        return Err(invalid(format!(
+            "the delete horizon flag (attributes bit 6) is set by the log cleaner, not by producers (producer {})",
+            h.producer_id
+        )));
+    }
     if h.producer_id >= 0 && h.base_sequence < 0 {
         return Err(invalid(format!(
             "invalid sequence number {} in a batch of producer {}",
