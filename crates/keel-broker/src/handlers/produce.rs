@@ -687,6 +687,39 @@ mod tests {
     }
 
     #[test]
+    fn compressed_batches_are_opened_even_when_no_rule_needs_their_records() {
+        // Garbage where the compressed records should be, under a valid CRC.
+        for codec in COMPRESSED {
+            let mut forged = compress(&plain(2), codec);
+            for byte in &mut forged[61..] {
+                *byte = 0xa5;
+            }
+            resign(&mut forged);
+            let (error, message) = refused(&forged);
+            assert_eq!(error, ResponseError::CorruptMessage, "{codec:?}");
+            assert!(message.contains(codec.name()), "{codec:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_refused_as_too_large() {
+        let limit = keel_log::codec::MAX_DECOMPRESSED_BYTES;
+        let zeros = vec![0u8; limit + 1];
+        for codec in COMPRESSED {
+            let mut bomb = plain(1)[..61].to_vec();
+            bomb.extend_from_slice(&zeros);
+            let bomb = compress(&bomb, codec);
+            assert!(bomb.len() < 1 << 20, "{codec:?}: {} bytes", bomb.len());
+            let (error, message) = refused(&bomb);
+            assert_eq!(error, ResponseError::MessageTooLarge, "{codec:?}");
+            assert_eq!(
+                message,
+                format!("{} batch: records decompress to more than {limit} bytes", codec.name())
+            );
+        }
+    }
+
+    #[test]
     fn a_producer_cannot_set_the_delete_horizon_flag() {
         for codec in [Codec::None, Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd] {
             let mut forged = compress(&plain(2), codec);
