@@ -241,9 +241,9 @@ pub fn validate_records(batch: &[u8], header: &BatchHeader) -> Result<(), String
 /// compressed) as Kafka's `DefaultRecordBatch` iterator reads it: exactly
 /// `records_count` records filling the section, with Kafka's messages when
 /// they do not, each record's fields within its length, and offset deltas
-/// 0, 1, 2, ... (what offsets consumers compute; Kafka rewrites a
-/// compressed batch whose inner offsets are out of order, and stores an
-/// uncompressed one as sent). The walk stops at the first fault, so its
+/// 0, 1, 2, ... (what offsets consumers compute; Kafka stores an
+/// uncompressed batch whose deltas are out of order as sent, and fails a
+/// compressed one in its codec with UNKNOWN_SERVER_ERROR). The walk stops at the first fault, so its
 /// cost is bounded by the section, whatever the header claims.
 pub fn validate_section(section: &[u8], header: &BatchHeader) -> Result<(), String> {
     let declared = i64::from(header.records_count);
