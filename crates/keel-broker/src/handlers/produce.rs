@@ -204,7 +204,12 @@ async fn check_each_record(check: RecordsCheck) -> Result<(Bytes, BatchHeader), 
     let checked = if codec_work && check.header.total_len() > RECORDS_INLINE_MAX_BYTES {
         tokio::task::spawn_blocking(move || check.run())
             .await
-            .unwrap_or_else(|e| Err(refusal(ResponseError::UnknownServerError, format!("record checks failed: {e}"))))
+            .unwrap_or_else(|e| {
+                Err(refusal(
+                    ResponseError::UnknownServerError,
+                    format!("record checks failed: {e}"),
+                ))
+            })
     } else {
         check.run()
     };
@@ -231,7 +236,8 @@ impl RecordsCheck {
                 validate_section(&section, &h).map_err(|why| refusal(ResponseError::InvalidRecord, why))?;
             }
             let (topic, index) = &self.partition;
-            self.rules.check_section((topic, *index), &h, &section, self.now_ms)?;
+            self.rules
+                .check_section((topic, *index), &h, &section, self.now_ms)?;
             match self.recompress {
                 None => None,
                 Some((codec, level)) => Some((
@@ -244,8 +250,8 @@ impl RecordsCheck {
         let Some((codec, rebuilt)) = rebuilt else {
             return Ok((self.records, h));
         };
-        let header =
-            BatchHeader::parse(&rebuilt).map_err(|e| refusal(ResponseError::CorruptMessage, e.to_string()))?;
+        let header = BatchHeader::parse(&rebuilt)
+            .map_err(|e| refusal(ResponseError::CorruptMessage, e.to_string()))?;
         if header.total_len() > self.max_batch_bytes {
             return Err(refusal(
                 ResponseError::MessageTooLarge,
@@ -684,7 +690,10 @@ mod tests {
             claim_records(&mut forged, 4);
             let (error, message) = refused(&compress(&forged, codec));
             assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
-            assert_eq!(message, "Incorrect declared batch size, premature EOF reached", "{codec:?}");
+            assert_eq!(
+                message, "Incorrect declared batch size, premature EOF reached",
+                "{codec:?}"
+            );
         }
     }
 
@@ -709,13 +718,20 @@ mod tests {
         let mut forged = plain(3);
         let first_len = usize::from(forged[61] / 2) + 1;
         let (first, second) = (61 + 3, 61 + first_len + 3);
-        assert_eq!((forged[first], forged[second]), (0, 2), "zigzag offset deltas 0 and 1");
+        assert_eq!(
+            (forged[first], forged[second]),
+            (0, 2),
+            "zigzag offset deltas 0 and 1"
+        );
         forged.swap(first, second);
         resign(&mut forged);
         for codec in COMPRESSED {
             let (error, message) = refused(&compress(&forged, codec));
             assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
-            assert!(message.contains("offset delta 1, expected 0"), "{codec:?}: {message}");
+            assert!(
+                message.contains("offset delta 1, expected 0"),
+                "{codec:?}: {message}"
+            );
         }
         // The same holds uncompressed (checked before).
         assert_eq!(refused(&forged).0, ResponseError::InvalidRecord);
@@ -752,7 +768,10 @@ mod tests {
             assert_eq!(error, ResponseError::MessageTooLarge, "{codec:?}");
             assert_eq!(
                 message,
-                format!("{} batch: records decompress to more than {limit} bytes", codec.name())
+                format!(
+                    "{} batch: records decompress to more than {limit} bytes",
+                    codec.name()
+                )
             );
         }
     }
