@@ -147,11 +147,28 @@ impl Codec {
     }
 }
 
+/// The error [`Codec::decompress`] returns past its limit, told apart from
+/// corrupt data by [`is_too_large`].
+#[derive(Debug)]
+struct TooLarge {
+    limit: usize,
+}
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "records decompress to more than {} bytes", self.limit)
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
 fn too_large(limit: usize) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("records decompress to more than {limit} bytes"),
-    )
+    io::Error::new(io::ErrorKind::InvalidData, TooLarge { limit })
+}
+
+/// Whether a [`Codec::decompress`] error is its limit rather than bad data.
+pub fn is_too_large(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<TooLarge>())
 }
 
 fn corrupt(codec: &str, e: impl std::fmt::Display) -> io::Error {
@@ -252,6 +269,7 @@ mod tests {
             let e = codec.decompress(&packed, (1 << 20) - 1).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{}", codec.name());
             assert!(e.to_string().contains("more than"), "{}: {e}", codec.name());
+            assert!(is_too_large(&e), "{}", codec.name());
         }
     }
 

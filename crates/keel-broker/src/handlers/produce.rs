@@ -4,15 +4,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use keel_log::batch::{validate_batches, validate_records, BatchError, BatchHeader};
+use keel_log::batch::{validate_batches, validate_records, validate_section, BatchError, BatchHeader};
 use keel_log::codec::Codec;
+use keel_log::records::{open_section, recompress_section, SectionError};
 use keel_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::record_checks::{RecordRules, Refusal, Stamped};
 use super::str_bytes;
-use crate::config::BrokerConfig;
 use crate::metrics::APPEND;
 use crate::partition::{AppendFailure, AppendTrace, Partition, Verify};
 use crate::time::now_ms;
@@ -157,17 +157,26 @@ async fn produce_partition(
     }
     let rules = RecordRules::of(&config, &topic.meta.configs);
     let now_ms = now_ms();
-    if let Err(refused) = check_each_record(rules, &topic.meta.name, index, &records, &headers, now_ms).await
-    {
-        return failed(refused.error, refused.message).with_record_errors(refused.record_errors);
-    }
-    let (records, headers) = match in_topic_codec(&config, &topic, records, headers, max_batch_bytes).await {
-        Ok(converted) => converted,
-        Err((error, message)) => return failed(error, message),
+    let check = RecordsCheck {
+        rules,
+        partition: (topic.meta.name.clone(), index),
+        header: headers[0],
+        records,
+        now_ms,
+        recompress: config
+            .topic_compression(&topic.meta.configs)
+            .filter(|(codec, _)| *codec as u8 != headers[0].compression_codec()),
+        max_batch_bytes,
+    };
+    let (records, header) = match check_each_record(check).await {
+        Ok(checked) => checked,
+        Err(refused) => {
+            return failed(refused.error, refused.message).with_record_errors(refused.record_errors)
+        }
     };
     append(
         &partition,
-        rules.timestamps.stamp(records, headers, now_ms),
+        rules.timestamps.stamp(records, vec![header], now_ms),
         verify,
     )
     .await
@@ -200,85 +209,106 @@ fn verifier(
     }))
 }
 
-/// [`RecordRules::check`], on the blocking pool when it must decompress a
-/// large batch.
-async fn check_each_record(
+/// Batches this large (compressed, or to be compressed in the topic's
+/// codec) have their records checked and rebuilt on the blocking pool.
+/// Decompression runs up to `MAX_DECOMPRESSED_BYTES` (64 MiB) and
+/// compression over as much: tens of milliseconds of CPU that, on an async
+/// worker, would stall every connection that worker serves.
+const RECORDS_INLINE_MAX_BYTES: usize = 64 << 10;
+
+/// The record-level checks of one produced batch whose header passed
+/// [`check_records`], owned so that they can move to the blocking pool.
+struct RecordsCheck {
     rules: RecordRules,
-    topic: &str,
-    index: i32,
-    records: &Bytes,
-    headers: &[BatchHeader],
+    partition: (String, i32),
+    header: BatchHeader,
+    records: Bytes,
     now_ms: i64,
-) -> Result<(), Refusal> {
+    /// The topic's `compression.type` codec and level, when it is not the
+    /// batch's own: the batch is rebuilt in it, as Kafka's `LogValidator`
+    /// does.
+    recompress: Option<(Codec, Option<i32>)>,
+    max_batch_bytes: usize,
+}
+
+/// [`RecordsCheck::run`], on the blocking pool unless the batch is small
+/// or needs no codec.
+async fn check_each_record(check: RecordsCheck) -> Result<(Bytes, BatchHeader), Refusal> {
     let started = Instant::now();
-    let large_compressed = headers.iter().any(|h| {
-        h.compression_codec() != 0
-            && h.total_len() > RECOMPRESS_INLINE_MAX_BYTES
-            && rules.must_open(h, now_ms)
-    });
-    let checked = if large_compressed {
-        let (topic, records, headers) = (topic.to_string(), records.clone(), headers.to_vec());
-        tokio::task::spawn_blocking(move || rules.check(&topic, index, &records, &headers, now_ms))
+    let codec_work = check.header.compression_codec() != 0 || check.recompress.is_some();
+    let checked = if codec_work && check.header.total_len() > RECORDS_INLINE_MAX_BYTES {
+        tokio::task::spawn_blocking(move || check.run())
             .await
             .unwrap_or_else(|e| {
-                Err(Refusal {
-                    error: ResponseError::UnknownServerError,
-                    message: format!("record checks failed: {e}"),
-                    record_errors: Vec::new(),
-                })
+                Err(refusal(
+                    ResponseError::UnknownServerError,
+                    format!("record checks failed: {e}"),
+                ))
             })
     } else {
-        rules.check(topic, index, records, headers, now_ms)
+        check.run()
     };
     trace::longest(Stage::Validate, started.elapsed());
     checked
 }
 
-/// Batches this large are recompressed on the blocking pool, not on the
-/// request's worker thread.
-const RECOMPRESS_INLINE_MAX_BYTES: usize = 64 << 10;
+impl RecordsCheck {
+    /// Opens the batch once (decompressing it when it is compressed, as
+    /// Kafka's `LogValidator` reads every compressed batch a client sends)
+    /// and checks its records against its header (count, fields, offset
+    /// deltas; uncompressed ones were walked by [`check_records`]), then
+    /// against the topic's per-record rules, then rebuilds it in the
+    /// topic's codec if that differs. The rebuilt batch must still fit
+    /// `max.message.bytes`.
+    fn run(self) -> Result<(Bytes, BatchHeader), Refusal> {
+        let h = self.header;
+        let rebuilt = {
+            let section = open_section(&self.records, &h).map_err(|e| match e {
+                SectionError::TooLarge { .. } => refusal(ResponseError::MessageTooLarge, e.to_string()),
+                SectionError::Unreadable(why) => refusal(ResponseError::CorruptMessage, why),
+            })?;
+            if h.compression_codec() != 0 {
+                validate_section(&section, &h).map_err(|why| refusal(ResponseError::InvalidRecord, why))?;
+            }
+            let (topic, index) = &self.partition;
+            self.rules
+                .check_section((topic, *index), &h, &section, self.now_ms)?;
+            match self.recompress {
+                None => None,
+                Some((codec, level)) => Some((
+                    codec,
+                    recompress_section(&self.records, &h, &section, codec, level)
+                        .map_err(|why| refusal(ResponseError::CorruptMessage, why))?,
+                )),
+            }
+        };
+        let Some((codec, rebuilt)) = rebuilt else {
+            return Ok((self.records, h));
+        };
+        let header = BatchHeader::parse(&rebuilt)
+            .map_err(|e| refusal(ResponseError::CorruptMessage, e.to_string()))?;
+        if header.total_len() > self.max_batch_bytes {
+            return Err(refusal(
+                ResponseError::MessageTooLarge,
+                format!(
+                    "batch of {} bytes in {} exceeds max.message.bytes={}",
+                    header.total_len(),
+                    codec.name(),
+                    self.max_batch_bytes
+                ),
+            ));
+        }
+        Ok((Bytes::from(rebuilt), header))
+    }
+}
 
-/// The batch in its topic's `compression.type` when that names a codec
-/// other than the batch's own, as Kafka's `LogValidator` rebuilds it; as
-/// sent otherwise (`producer`, or the same codec). The rebuilt batch must
-/// still fit `max.message.bytes`.
-async fn in_topic_codec(
-    config: &BrokerConfig,
-    topic: &Topic,
-    records: Bytes,
-    headers: Vec<BatchHeader>,
-    max_batch_bytes: usize,
-) -> Result<(Bytes, Vec<BatchHeader>), (ResponseError, String)> {
-    let Some((codec, level)) = config.topic_compression(&topic.meta.configs) else {
-        return Ok((records, headers));
-    };
-    if headers[0].compression_codec() == codec as u8 {
-        return Ok((records, headers));
+/// A refusal of the whole batch, naming no record.
+fn refusal(error: ResponseError, message: String) -> Refusal {
+    Refusal {
+        error,
+        message,
+        record_errors: Vec::new(),
     }
-    let started = Instant::now();
-    let header = headers[0];
-    let rebuild = move || keel_log::records::recompress_batch(&records, &header, codec, level);
-    let rebuilt = if headers[0].total_len() <= RECOMPRESS_INLINE_MAX_BYTES {
-        rebuild()
-    } else {
-        tokio::task::spawn_blocking(rebuild)
-            .await
-            .unwrap_or_else(|e| Err(format!("recompression failed: {e}")))
-    };
-    trace::longest(Stage::Validate, started.elapsed());
-    let rebuilt = rebuilt.map_err(|why| (ResponseError::CorruptMessage, why))?;
-    let header = BatchHeader::parse(&rebuilt).map_err(|e| (ResponseError::CorruptMessage, e.to_string()))?;
-    if header.total_len() > max_batch_bytes {
-        return Err((
-            ResponseError::MessageTooLarge,
-            format!(
-                "batch of {} bytes in {} exceeds max.message.bytes={max_batch_bytes}",
-                header.total_len(),
-                codec.name()
-            ),
-        ));
-    }
-    Ok((Bytes::from(rebuilt), vec![header]))
 }
 
 /// Validates a partition's records before they reach the log, as Kafka's
@@ -324,6 +354,15 @@ pub(crate) fn check_records(
         return Err(invalid(format!(
             "inconsistent batch offset range and record count: last offset delta {}, {} records",
             h.last_offset_delta, h.records_count
+        )));
+    }
+    if keel_log::records::delete_horizon(&h).is_some() {
+        // Kafka's LogValidator lets the bit through; its cleaner would then
+        // read the producer's base timestamp as the batch's delete horizon
+        // and drop its tombstones before delete.retention.ms has passed.
+        return Err(invalid(format!(
+            "the delete horizon flag (attributes bit 6) is set by the log cleaner, not by producers (producer {})",
+            h.producer_id
         )));
     }
     if h.producer_id >= 0 && h.base_sequence < 0 {
@@ -608,5 +647,198 @@ pub(super) async fn allocate_producer_id(broker: &Arc<Broker>) -> Result<i64, Re
             Err(ResponseError::KafkaStorageError)
         }
         Err(_) => Err(ResponseError::UnknownServerError),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handlers::record_checks::TimestampPolicy;
+    use keel_log::testing::BatchBuilder;
+
+    const COMPRESSED: [Codec; 4] = [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd];
+    const NOW_MS: i64 = 1_800_000_000_000;
+
+    /// A topic's default rules: no compaction, CreateTime without a lower
+    /// bound, so no rule needs to look inside a compressed batch.
+    fn default_rules() -> RecordRules {
+        RecordRules {
+            compacted: false,
+            timestamps: TimestampPolicy {
+                log_append_time: false,
+                before_max_ms: i64::MAX,
+                after_max_ms: 3_600_000,
+            },
+        }
+    }
+
+    /// Every check a produced batch goes through before it is appended.
+    fn produce_checks(records: &[u8]) -> Result<(), (ResponseError, String)> {
+        produce_checks_within(records, 1 << 20)
+    }
+
+    fn produce_checks_within(records: &[u8], max_batch_bytes: usize) -> Result<(), (ResponseError, String)> {
+        let headers = check_records(records, max_batch_bytes)?;
+        let check = RecordsCheck {
+            rules: default_rules(),
+            partition: ("t".to_string(), 0),
+            header: headers[0],
+            records: Bytes::copy_from_slice(records),
+            now_ms: NOW_MS,
+            recompress: None,
+            max_batch_bytes,
+        };
+        check.run().map(|_| ()).map_err(|r| (r.error, r.message))
+    }
+
+    /// An uncompressed batch of `n` records, for forging.
+    fn plain(n: usize) -> Vec<u8> {
+        let mut b = BatchBuilder::new(NOW_MS);
+        for i in 0..n {
+            b = b.record(Some(format!("k{i}").as_bytes()), Some(b"v"));
+        }
+        b.build()
+    }
+
+    /// `batch` (uncompressed, possibly forged) with its records section in
+    /// `codec`, the header's length, codec bits and CRC made to match.
+    fn compress(batch: &[u8], codec: Codec) -> Vec<u8> {
+        let mut out = batch[..61].to_vec();
+        out.extend_from_slice(&codec.compress(&batch[61..]).unwrap());
+        let length = (out.len() - 12) as i32;
+        out[8..12].copy_from_slice(&length.to_be_bytes());
+        let attributes = i16::from_be_bytes([out[21], out[22]]) | codec as i16;
+        out[21..23].copy_from_slice(&attributes.to_be_bytes());
+        resign(&mut out);
+        out
+    }
+
+    fn resign(batch: &mut [u8]) {
+        let crc = crc32c::crc32c(&batch[21..]);
+        batch[17..21].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    /// Sets the header's record count and last offset delta to agree with
+    /// each other on `count` records.
+    fn claim_records(batch: &mut [u8], count: i32) {
+        batch[23..27].copy_from_slice(&(count - 1).to_be_bytes());
+        batch[57..61].copy_from_slice(&count.to_be_bytes());
+        resign(batch);
+    }
+
+    fn refused(records: &[u8]) -> (ResponseError, String) {
+        produce_checks(records).expect_err("refused")
+    }
+
+    #[test]
+    fn sound_compressed_batches_pass() {
+        for codec in COMPRESSED {
+            assert_eq!(produce_checks(&compress(&plain(5), codec)), Ok(()), "{codec:?}");
+        }
+    }
+
+    #[test]
+    fn a_compressed_batch_holding_fewer_records_than_its_header_says_is_refused() {
+        for codec in COMPRESSED {
+            let mut forged = plain(3);
+            claim_records(&mut forged, 4);
+            let (error, message) = refused(&compress(&forged, codec));
+            assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
+            assert_eq!(
+                message, "Incorrect declared batch size, premature EOF reached",
+                "{codec:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_compressed_batch_holding_more_records_than_its_header_says_is_refused() {
+        for codec in COMPRESSED {
+            let mut forged = plain(3);
+            claim_records(&mut forged, 2);
+            let (error, message) = refused(&compress(&forged, codec));
+            assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
+            assert_eq!(
+                message, "Incorrect declared batch size, records still remaining in file",
+                "{codec:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn compressed_offset_deltas_out_of_order_are_refused() {
+        // Each record of `plain` is `len, attributes, timestamp delta,
+        // offset delta, ...`, every varint one byte long here.
+        let mut forged = plain(3);
+        let first_len = usize::from(forged[61] / 2) + 1;
+        let (first, second) = (61 + 3, 61 + first_len + 3);
+        assert_eq!(
+            (forged[first], forged[second]),
+            (0, 2),
+            "zigzag offset deltas 0 and 1"
+        );
+        forged.swap(first, second);
+        resign(&mut forged);
+        for codec in COMPRESSED {
+            let (error, message) = refused(&compress(&forged, codec));
+            assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
+            assert!(
+                message.contains("offset delta 1, expected 0"),
+                "{codec:?}: {message}"
+            );
+        }
+        // The same holds uncompressed (checked before).
+        assert_eq!(refused(&forged).0, ResponseError::InvalidRecord);
+    }
+
+    #[test]
+    fn compressed_batches_are_opened_even_when_no_rule_needs_their_records() {
+        // Garbage where the compressed records should be, under a valid CRC.
+        for codec in COMPRESSED {
+            let mut forged = compress(&plain(2), codec);
+            for byte in &mut forged[61..] {
+                *byte = 0xa5;
+            }
+            resign(&mut forged);
+            let (error, message) = refused(&forged);
+            assert_eq!(error, ResponseError::CorruptMessage, "{codec:?}");
+            assert!(message.contains(codec.name()), "{codec:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_refused_as_too_large() {
+        let limit = keel_log::codec::MAX_DECOMPRESSED_BYTES;
+        let zeros = vec![0u8; limit + 1];
+        for codec in COMPRESSED {
+            let mut bomb = plain(1)[..61].to_vec();
+            bomb.extend_from_slice(&zeros);
+            let bomb = compress(&bomb, codec);
+            // Snappy inflates at most ~21x, so its bomb needs a topic with
+            // a larger max.message.bytes than the default 1 MiB.
+            let max_batch_bytes = if codec == Codec::Snappy { 4 << 20 } else { 1 << 20 };
+            assert!(bomb.len() < max_batch_bytes, "{codec:?}: {} bytes", bomb.len());
+            let (error, message) = produce_checks_within(&bomb, max_batch_bytes).unwrap_err();
+            assert_eq!(error, ResponseError::MessageTooLarge, "{codec:?}");
+            assert_eq!(
+                message,
+                format!(
+                    "{} batch: records decompress to more than {limit} bytes",
+                    codec.name()
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn a_producer_cannot_set_the_delete_horizon_flag() {
+        for codec in [Codec::None, Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd] {
+            let mut forged = compress(&plain(2), codec);
+            forged[22] |= keel_log::records::DELETE_HORIZON_FLAG as u8;
+            resign(&mut forged);
+            let (error, message) = refused(&forged);
+            assert_eq!(error, ResponseError::InvalidRecord, "{codec:?}");
+            assert!(message.contains("delete horizon"), "{codec:?}: {message}");
+        }
     }
 }

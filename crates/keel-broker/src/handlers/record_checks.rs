@@ -1,6 +1,7 @@
 //! Kafka's per-record rules for produced batches (`LogValidator.validateRecord`)
 //! and the answer that names the records they refuse (KIP-467): every
-//! record of a batch is checked, through its codec when it is compressed,
+//! record of a batch is checked, from its records section (decompressed
+//! once by the produce handler when the batch is compressed),
 //! and each refused one is reported by its index in the batch
 //! (`record_errors`), so that clients fail exactly those records and the
 //! rest of the batch with a different error (librdkafka's
@@ -15,7 +16,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use keel_log::batch::{set_log_append_time, BatchHeader, NO_TIMESTAMP};
-use keel_log::records::{records_in, records_section, Record};
+use keel_log::records::{records_in, Record};
 use keel_protocol::messages::produce_response::BatchIndexAndErrorMessage;
 use keel_protocol::ResponseError;
 
@@ -84,17 +85,6 @@ impl TimestampPolicy {
                 || timestamp_ms.saturating_sub(now_ms) > self.after_max_ms)
     }
 
-    /// Whether the batch's header alone shows that no record's CreateTime
-    /// can be out of range: no lower bound, and its max timestamp within the
-    /// upper one. Kafka takes the max timestamp from the records; Keel
-    /// trusts the producer's header here, so as not to decompress every
-    /// compressed batch.
-    fn header_proves_in_range(&self, h: &BatchHeader, now_ms: i64) -> bool {
-        self.log_append_time
-            || (self.before_max_ms == i64::MAX
-                && (h.max_timestamp == NO_TIMESTAMP || !self.out_of_range(h.max_timestamp, now_ms)))
-    }
-
     /// Validated batches as they are appended: on a LogAppendTime topic,
     /// every batch stamped with the broker's time `now_ms`.
     pub(crate) fn stamp(&self, records: Bytes, mut headers: Vec<BatchHeader>, now_ms: i64) -> Stamped {
@@ -129,44 +119,14 @@ impl RecordRules {
         }
     }
 
-    /// Whether a batch's records must be read to check it. Uncompressed
-    /// ones always are (that costs a walk, not a decompression); compressed
-    /// ones when a record could break a rule the header cannot rule out.
-    pub(crate) fn must_open(&self, h: &BatchHeader, now_ms: i64) -> bool {
-        h.compression_codec() == 0
-            || self.compacted
-            || h.timestamp_type_is_log_append()
-            || !self.timestamps.header_proves_in_range(h, now_ms)
-    }
-
-    /// Checks every record of the validated batches `records` (described by
-    /// `headers`) of partition `index` of `topic` at broker time `now_ms`.
-    /// The first batch with a refused record refuses the request, as in
-    /// Kafka.
-    pub(crate) fn check(
+    /// Checks every record of one validated batch `h` of partition
+    /// `index` of `topic` at broker time `now_ms`, from its records
+    /// `section` (decompressed when the batch is compressed).
+    pub(crate) fn check_section(
         &self,
-        topic: &str,
-        index: i32,
-        records: &[u8],
-        headers: &[BatchHeader],
-        now_ms: i64,
-    ) -> Result<(), Refusal> {
-        let mut at = 0;
-        for h in headers {
-            let batch = &records[at..at + h.total_len()];
-            at += h.total_len();
-            if self.must_open(h, now_ms) {
-                self.check_batch((topic, index), batch, h, now_ms)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn check_batch(
-        &self,
-        partition: (&str, i32),
-        batch: &[u8],
+        (topic, index): (&str, i32),
         h: &BatchHeader,
+        section: &[u8],
         now_ms: i64,
     ) -> Result<(), Refusal> {
         let unreadable = |why: String| Refusal {
@@ -174,12 +134,11 @@ impl RecordRules {
             message: why,
             record_errors: Vec::new(),
         };
-        let section = records_section(batch, h).map_err(unreadable)?;
         let mut refused = Vec::new();
-        for (index, record) in records_in(&section).enumerate() {
+        for (i, record) in records_in(section).enumerate() {
             let record = record.map_err(unreadable)?;
-            if let Some(e) = self.record_error(partition, h, &record, now_ms) {
-                refused.push((i32::try_from(index).unwrap_or(i32::MAX), e));
+            if let Some(e) = self.record_error((topic, index), h, &record, now_ms) {
+                refused.push((i32::try_from(i).unwrap_or(i32::MAX), e));
             }
         }
         match refused.is_empty() {
@@ -326,10 +285,15 @@ mod tests {
         batch(codec, &records)
     }
 
+    /// Checks each batch in turn, as produce requests with one batch
+    /// each: the first with a refused record refuses.
     fn check(rules: RecordRules, bufs: &[Vec<u8>]) -> Result<(), Refusal> {
-        let all = bufs.concat();
-        let headers = validate_batches(&all).unwrap();
-        rules.check("t", 0, &all, &headers, NOW_MS)
+        for buf in bufs {
+            let h = validate_batches(buf).unwrap()[0];
+            let section = keel_log::records::records_section(buf, &h).unwrap();
+            rules.check_section(("t", 0), &h, &section, NOW_MS)?;
+        }
+        Ok(())
     }
 
     fn indexes(refused: &Refusal) -> Vec<i32> {
@@ -434,25 +398,6 @@ mod tests {
         // The first batch with a refused record refuses the request.
         let refused = check(rules(false, false), &bufs).unwrap_err();
         assert_eq!(indexes(&refused), vec![0]);
-    }
-
-    #[test]
-    fn compressed_batches_whose_header_decides_are_not_opened() {
-        // Garbage where the zstd frame should be, under a valid CRC: the
-        // check must not need it when the header rules out every problem.
-        let mut b = timed(Codec::None, &[NOW_MS, NOW_MS + 1]);
-        b[22] |= Codec::Zstd as u8;
-        let crc = crc32c::crc32c(&b[21..]);
-        b[17..21].copy_from_slice(&crc.to_be_bytes());
-        let mut open_ended = rules(false, false);
-        open_ended.timestamps.before_max_ms = i64::MAX;
-        assert!(check(open_ended, std::slice::from_ref(&b)).is_ok());
-        // With a lower bound, or on a compacted topic, it is opened.
-        for checked in [rules(false, false), rules(true, false)] {
-            let refused = check(checked, std::slice::from_ref(&b)).unwrap_err();
-            assert_eq!(refused.error, ResponseError::CorruptMessage);
-            assert!(refused.message.contains("zstd"), "{}", refused.message);
-        }
     }
 
     #[test]
