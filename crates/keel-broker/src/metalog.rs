@@ -198,6 +198,14 @@ impl<T: Table> MetaLog<T> {
         )
     }
 
+    /// A small log of a store of its own (the ACLs, the SCRAM credentials,
+    /// the client quotas): segments roll and snapshots are taken every
+    /// `bytes`, and each write is fsynced before it is answered, as a
+    /// change to Kafka's metadata log is. Blocking.
+    pub fn open_synced(storage: Arc<dyn Storage>, dir: &Path, bytes: u64) -> Result<MetaLog<T>, String> {
+        MetaLog::open_with(storage, dir, log_config(bytes), bytes, Durability::Synced)
+    }
+
     /// Loads the newest snapshot, replays the log after it and starts the
     /// writer thread. Every file operation goes through `storage`. Blocking.
     pub fn open_with(

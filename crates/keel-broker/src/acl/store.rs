@@ -10,7 +10,7 @@ use keel_log::Storage;
 
 use super::{Acl, AclIndex, Operation, PatternType, Permission, ResourceType};
 use crate::groups::records::{put_str, Reader, RecordError};
-use crate::metalog::{Durability, MetaLog, StoreError, Table};
+use crate::metalog::{MetaLog, StoreError, Table};
 
 /// One ACL created (`present`) or deleted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,13 +126,7 @@ const LOG_BYTES: u64 = 1 << 20;
 
 impl AclStore {
     pub fn open_with(storage: Arc<dyn Storage>, dir: &Path) -> Result<AclStore, String> {
-        let store = MetaLog::open_with(
-            storage,
-            dir,
-            crate::metalog::log_config(LOG_BYTES),
-            LOG_BYTES,
-            Durability::Synced,
-        )?;
+        let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
         Ok(AclStore { store })
     }
 

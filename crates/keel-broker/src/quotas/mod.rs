@@ -44,7 +44,7 @@ use std::time::Duration;
 use keel_log::Storage;
 use parking_lot::Mutex;
 
-use crate::metalog::{Durability, MetaLog, StoreError};
+use crate::metalog::{MetaLog, StoreError};
 use rate::{Rate, TokenBucket, Windows};
 use table::{
     Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE, CONTROLLER_MUTATION_RATE,
@@ -167,13 +167,7 @@ impl ClientQuotas {
         dir: &Path,
         windows: Windows,
     ) -> Result<ClientQuotas, String> {
-        let store = MetaLog::open_with(
-            storage,
-            dir,
-            crate::metalog::log_config(LOG_BYTES),
-            LOG_BYTES,
-            Durability::Synced,
-        )?;
+        let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
         Ok(ClientQuotas {
             store,
             windows,

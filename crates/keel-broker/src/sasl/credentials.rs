@@ -19,7 +19,7 @@ use rsasl::mechanisms::scram::tools::derive_keys;
 use sha2::{Digest, Sha256, Sha512};
 
 use crate::groups::records::{put_bytes, put_str, Reader, RecordError};
-use crate::metalog::{Durability, MetaLog, StoreError, Table};
+use crate::metalog::{MetaLog, StoreError, Table};
 
 /// Kafka's SCRAM mechanisms, with their ids in the SCRAM APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -369,13 +369,7 @@ const LOG_BYTES: u64 = 1 << 20;
 
 impl ScramCredentials {
     pub fn open_with(storage: Arc<dyn Storage>, dir: &Path) -> Result<ScramCredentials, String> {
-        let store = MetaLog::open_with(
-            storage,
-            dir,
-            crate::metalog::log_config(LOG_BYTES),
-            LOG_BYTES,
-            Durability::Synced,
-        )?;
+        let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
         Ok(ScramCredentials { store })
     }
 
