@@ -13,7 +13,8 @@ and the clients use it; the table then compares each broker over TLS with
 the other over TLS, and with itself over plaintext.
 
 usage: bench/throughput.py [--records N] [--record-size B] [--acks A]
-                           [--partitions P] [--rounds R] [--json FILE]
+                           [--partitions P] [--compression C]
+                           [--rounds R] [--json FILE]
                            [--security plaintext|ssl|both]
 The keel binary defaults to target/release/keel (build it with
 `cargo build --release -p keel-server`).
@@ -77,7 +78,8 @@ class Tls:
 
 def run_perf(bootstrap: str, topic: str, args, tls: Tls | None = None) -> dict:
     env = dict(os.environ, RECORDS=str(args.records), RECORD_SIZE=str(args.record_size),
-               ACKS=args.acks, PARTITIONS=str(args.partitions), CONSUMER="assign")
+               ACKS=args.acks, PARTITIONS=str(args.partitions), CONSUMER="assign",
+               PRODUCER_PROPS=f"compression.type={args.compression}")
     if tls:
         env.update(CLIENT_CONFIG=str(tls.java_config), ASSIGN_CONFIG=json.dumps(tls.rdkafka))
     out = subprocess.run([str(HERE / "kafka" / "perf.sh"), bootstrap, topic], env=env,
@@ -186,6 +188,8 @@ def main() -> int:
     ap.add_argument("--record-size", type=int, default=100)
     ap.add_argument("--acks", default="1")
     ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none",
+                    help="the producer's compression.type")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--security", choices=["plaintext", "ssl", "both"], default="plaintext")
     ap.add_argument("--keel", default=str(REPO / "target" / "release" / "keel"))
@@ -205,7 +209,7 @@ def main() -> int:
     best = {k: {m: max(x[m] for x in v) if "per_s" in m else min(x[m] for x in v) for m in v[0]}
             for k, v in results.items()}
     print(f"\n{args.records} records x {args.record_size} B, acks={args.acks}, "
-          f"{args.partitions} partition(s), best of {args.rounds} rounds")
+          f"compression={args.compression}, {args.partitions} partition(s), best of {args.rounds} rounds")
     columns = [(f"{n}-{m}", f"{n} {m}") for m in modes for n in ("kafka", "keel")]
     ratios = [(f"keel/kafka {m[:5]}", f"keel-{m}", f"kafka-{m}") for m in modes]
     if len(modes) == 2:

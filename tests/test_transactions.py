@@ -393,3 +393,38 @@ def test_kill9_after_aborts_that_rolled_segments_keeps_them_hidden(broker):
             f"after kill -9 #{round_ + 1} (seed {seed}): {len(got)} records read_committed, "
             f"{len(committed)} committed; aborted ones served: "
             f"{[v[:12] for v in got if v not in set(committed)][:3]}")
+
+
+def test_a_marker_of_a_deleted_topic_stays_out_of_its_re_created_namesake(broker):
+    """Markers are addressed by topic name. A transaction that wrote to a
+    topic which is then deleted and created again commits cleanly, and its
+    marker does not land in the new topic: the producer never wrote there,
+    so the new topic stays empty (end offset 0, not 1)."""
+    from kclient import admin, topic_absent
+
+    topic = unique("recreated")
+    create_topic(broker.bootstrap, topic)
+    p = _txn_producer(broker.bootstrap, unique("tx"))
+    p.begin_transaction()
+    p.produce(topic, value=b"into the old topic")
+    p.flush(CLIENT_TIMEOUT_S)
+    a = admin(broker.bootstrap)
+    a.delete_topics([topic], operation_timeout=CLIENT_TIMEOUT_S)[topic].result(CLIENT_TIMEOUT_S)
+    wait_until(lambda: topic_absent(broker.bootstrap, topic), CLIENT_TIMEOUT_S, f"{topic} gone")
+
+    def created():
+        try:
+            create_topic(broker.bootstrap, topic)
+            return True
+        except KafkaException as e:
+            assert e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS, e
+            return False
+    wait_until(created, CLIENT_TIMEOUT_S, f"{topic} created again")
+    p.commit_transaction(CLIENT_TIMEOUT_S)
+    assert _end_offsets(broker.bootstrap, topic, "read_uncommitted") == (0, 0)
+    # The producer's next transaction writes to the new topic as usual.
+    p.begin_transaction()
+    p.produce(topic, value=b"into the new topic")
+    p.commit_transaction(CLIENT_TIMEOUT_S)
+    assert _read_all(broker.bootstrap, topic, "read_committed") == [b"into the new topic"]
+    assert _end_offsets(broker.bootstrap, topic, "read_uncommitted") == (0, 2)

@@ -522,9 +522,14 @@ impl Partition {
             let planned = match (verified, item.marker) {
                 (Err(refused), _) => Err(refused),
                 (Ok(()), Some(marker)) => {
-                    plan_marker(producers, &item.headers, marker, next_offset, &mut undo).map(|txn| {
-                        aborted.extend(txn);
-                        Planned::Append(1)
+                    plan_marker(producers, &item.headers, marker, next_offset, &mut undo).map(|plan| {
+                        match plan {
+                            MarkerPlan::Write(txn) => {
+                                aborted.extend(txn);
+                                Planned::Append(1)
+                            }
+                            MarkerPlan::Nothing => Planned::Nothing(next_offset),
+                        }
                     })
                 }
                 (Ok(()), None) => plan_item(producers, &item.headers, next_offset, &mut undo),
@@ -544,7 +549,9 @@ impl Partition {
                     buf.extend_from_slice(&item.records);
                     headers.extend(item.headers);
                 }
-                Ok(Planned::Duplicate(offset)) => replies.push((item.reply, Ok((offset, None)), waited)),
+                Ok(Planned::Duplicate(offset) | Planned::Nothing(offset)) => {
+                    replies.push((item.reply, Ok((offset, None)), waited));
+                }
                 Err(e) => replies.push((item.reply, Err(e), waited)),
             }
         }
@@ -1303,6 +1310,9 @@ enum Planned {
     /// New data consuming this many offsets.
     Append(i64),
     Duplicate(i64),
+    /// Nothing to write (a marker with nothing to end here); answered with
+    /// the log end offset.
+    Nothing(i64),
 }
 
 /// Applies sequence checks to one request's batches, recording them in the
@@ -1350,20 +1360,33 @@ fn plan_item(
     Ok(Planned::Append(offset - base_offset))
 }
 
+/// What a transaction marker does to a partition.
+enum MarkerPlan {
+    /// Write it; it aborts this transaction here, for the `.txnindex`.
+    Write(Option<AbortedTxn>),
+    /// The producer never wrote here (or was forgotten): there is no
+    /// transaction to end and no epoch to fence, so nothing is written.
+    /// Markers are addressed by topic name; this keeps a late marker of a
+    /// deleted topic out of a re-created topic of the same name.
+    Nothing,
+}
+
 /// Checks a transaction marker against the producer state and records
-/// it as if written at `offset` (undone on write failure). Returns the
-/// aborted transaction it ends here, for the `.txnindex`.
+/// it as if written at `offset` (undone on write failure).
 fn plan_marker(
     producers: &mut ProducerStates,
     headers: &[BatchHeader],
     marker: Marker,
     offset: i64,
     undo: &mut Vec<crate::producers::ProducerSnapshot>,
-) -> Result<Option<AbortedTxn>, AppendFailure> {
+) -> Result<MarkerPlan, AppendFailure> {
     let h = headers.first().ok_or_else(|| AppendFailure {
         error: ResponseError::UnknownServerError,
         message: "a marker without its batch".into(),
     })?;
+    if producers.info(h.producer_id).is_none() {
+        return Ok(MarkerPlan::Nothing);
+    }
     producers
         .check_marker(h.producer_id, h.producer_epoch, marker.coordinator_epoch)
         .map_err(|error| AppendFailure {
@@ -1374,7 +1397,13 @@ fn plan_marker(
             ),
         })?;
     undo.push(producers.snapshot(h.producer_id));
-    Ok(end_transaction(producers, h, marker, offset, now_ms()))
+    Ok(MarkerPlan::Write(end_transaction(
+        producers,
+        h,
+        marker,
+        offset,
+        now_ms(),
+    )))
 }
 
 /// Records the marker `h` written at `offset` in the producer state (live

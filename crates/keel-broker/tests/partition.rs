@@ -841,3 +841,26 @@ async fn a_transactional_batch_is_verified_when_the_writer_takes_it() {
     assert_eq!(p.high_watermark(), 1);
     assert_eq!(p.last_stable_offset(), 1, "no transaction was opened");
 }
+
+/// A marker for a producer that never wrote to the partition ends nothing
+/// and fences nothing there, so it is not written: a late marker of a
+/// deleted topic (markers are addressed by name) leaves a re-created topic
+/// of that name empty. A producer the partition knows still gets its
+/// marker, even with no open transaction, for the epoch it carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_for_a_producer_that_never_wrote_here_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _, _) = faulty(dir.path(), LogConfig::default());
+    let commit = Marker {
+        commit: true,
+        coordinator_epoch: 0,
+    };
+    assert_eq!(p.write_marker(9, 0, commit).await.unwrap().base_offset, 0);
+    assert_eq!(p.high_watermark(), 0, "nothing was written");
+    assert_eq!(described(&p), vec![]);
+    let (b, h) = batch(Some((7, 0)), 2);
+    p.append(b, h).await.unwrap();
+    assert_eq!(p.write_marker(7, 1, commit).await.unwrap().base_offset, 2);
+    assert_eq!(p.high_watermark(), 3);
+    assert_eq!(described(&p), vec![(7, -1, -1, 0)], "the epoch moved on");
+}
