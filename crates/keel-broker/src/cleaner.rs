@@ -36,8 +36,8 @@ use parking_lot::Mutex;
 use crate::broker::Broker;
 use crate::config::CleanerSettings;
 use crate::partition::Partition;
-use crate::time::now_ms;
 use crate::topics::Topic;
+use keel_log::clock::now_ms;
 
 /// How often a sleeping thread checks whether the broker is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(100);

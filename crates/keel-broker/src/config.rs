@@ -244,7 +244,7 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("ssl.enabled.protocols", "TLSv1.2,TLSv1.3", ConfigType::List),
     ("ssl.cipher.suites", "", ConfigType::List),
     ("ssl.principal.mapping.rules", "DEFAULT", ConfigType::String),
-    // SASL (`crate::sasl`): the mechanisms a SASL listener offers (Kafka's
+    // SASL (`keel_auth::sasl`): the mechanisms a SASL listener offers (Kafka's
     // default, GSSAPI, is refused with a message: Keel has PLAIN and
     // SCRAM), PLAIN's users in `listener.name.<l>.plain.sasl.jaas.config`,
     // the longest a session lasts before the client must re-authenticate
@@ -259,7 +259,7 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         "100",
         ConfigType::Int,
     ),
-    // ACLs (`crate::acl`): on with Kafka's StandardAuthorizer class name,
+    // ACLs (`keel_auth::acl`): on with Kafka's StandardAuthorizer class name,
     // `super.users` (`User:a;User:b`) bypass them, and a resource no ACL
     // names is open only with `allow.everyone.if.no.acl.found`.
     ("authorizer.class.name", "", ConfigType::String),
@@ -571,6 +571,26 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+impl From<keel_auth::SettingError> for ConfigError {
+    fn from(e: keel_auth::SettingError) -> ConfigError {
+        ConfigError {
+            key: e.key,
+            reason: e.reason,
+        }
+    }
+}
+
+/// What the authorizer reads: the broker-wide values.
+impl keel_auth::Settings for BrokerConfig {
+    fn value(&self, key: &str) -> String {
+        self.get(key).trim().to_string()
+    }
+
+    fn set_value(&self, key: &str) -> Option<String> {
+        self.get_override(key).map(str::to_string)
+    }
+}
+
 fn topic_def_by_broker_name(name: &str) -> Option<&'static TopicConfigDef> {
     TOPIC_CONFIGS
         .iter()
@@ -809,7 +829,7 @@ impl BrokerConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.check_tier_dirs()?;
-        crate::acl::settings(self)?;
+        keel_auth::acl::settings(self)?;
         if self.num("num.partitions") < 1 {
             return Err(ConfigError {
                 key: "num.partitions".into(),

@@ -5,7 +5,6 @@
 //! frame. This crate knows nothing about sockets (the server crate owns
 //! them) and nothing about segment files (the log crate owns them).
 
-pub mod acl;
 pub mod broker;
 pub mod cleaner;
 pub mod config;
@@ -19,16 +18,13 @@ pub mod health;
 pub mod kafka_configs;
 pub mod listeners;
 pub mod loggers;
-pub mod metalog;
 pub mod metrics;
 pub mod mover;
 pub mod partition;
 pub mod producers;
 pub mod quotas;
-pub mod sasl;
 #[cfg(test)]
 mod testing;
-mod time;
 pub mod topics;
 pub mod trace;
 pub mod txn;

@@ -42,8 +42,8 @@ use parking_lot::Mutex;
 use crate::broker::Broker;
 use crate::config::TierPolicy;
 use crate::partition::{Partition, Unavailable};
-use crate::time::now_ms;
 use crate::topics::Topic;
+use keel_log::clock::now_ms;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const WARN_EVERY: Duration = Duration::from_secs(60);

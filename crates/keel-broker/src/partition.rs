@@ -32,7 +32,7 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::health::DirHealth;
 use crate::producers::{ProducerInfo, ProducerSnapshot, ProducerStates, SequenceCheck};
-use crate::time::now_ms;
+use keel_log::clock::now_ms;
 
 /// The leader epoch of every Keel partition: one node, never re-elected.
 pub const LEADER_EPOCH: i32 = 0;

@@ -61,7 +61,7 @@ pub(crate) async fn create_topic(
 /// and durable.
 pub(crate) async fn append_keyed(p: &Arc<Partition>, records: &[(&str, &str)]) {
     for (key, value) in records {
-        let bytes = BatchBuilder::new(crate::time::now_ms())
+        let bytes = BatchBuilder::new(keel_log::clock::now_ms())
             .record(Some(key.as_bytes()), Some(value.as_bytes()))
             .build();
         let headers = validate_batches(&bytes).expect("a valid batch");

@@ -53,7 +53,7 @@ async fn broker(dir: &tempfile::TempDir) -> Arc<Broker> {
         ("log.dirs", dir.path().display().to_string()),
         (
             "authorizer.class.name",
-            keel_broker::acl::STANDARD_AUTHORIZER.to_string(),
+            keel_auth::acl::STANDARD_AUTHORIZER.to_string(),
         ),
         ("super.users", "User:admin".to_string()),
     ]

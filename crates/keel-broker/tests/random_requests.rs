@@ -128,7 +128,7 @@ async fn random_requests_of_every_api_are_answered_without_panics() {
 /// none may close the connection as open to super users only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_requests_denied_by_acls_are_answered_without_panics() {
-    random_requests(&[("authorizer.class.name", keel_broker::acl::STANDARD_AUTHORIZER)]).await;
+    random_requests(&[("authorizer.class.name", keel_auth::acl::STANDARD_AUTHORIZER)]).await;
 }
 
 /// With ACLs on and every resource open (no ACL names it), every request
@@ -136,7 +136,7 @@ async fn random_requests_denied_by_acls_are_answered_without_panics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_requests_allowed_by_acls_are_answered_without_panics() {
     random_requests(&[
-        ("authorizer.class.name", keel_broker::acl::STANDARD_AUTHORIZER),
+        ("authorizer.class.name", keel_auth::acl::STANDARD_AUTHORIZER),
         ("allow.everyone.if.no.acl.found", "true"),
     ])
     .await;
@@ -166,7 +166,7 @@ async fn random_requests(extra: &[(&str, &str)]) {
     // The SASL APIs also go to a SASL listener's connection, in the middle
     // of an exchange of a random mechanism, so random tokens reach the
     // mechanisms.
-    let sasl_settings = keel_broker::sasl::settings(
+    let sasl_settings = keel_auth::sasl::settings(
         &BrokerConfig::from_map(&BTreeMap::from([
             (
                 "sasl.enabled.mechanisms".to_string(),
@@ -183,7 +183,7 @@ async fn random_requests(extra: &[(&str, &str)]) {
     )
     .unwrap();
     let sasl_listener =
-        Arc::new(keel_broker::sasl::SaslListener::new(sasl_settings, Arc::clone(&broker.scram)).unwrap());
+        Arc::new(keel_auth::sasl::SaslListener::new(sasl_settings, Arc::clone(&broker.scram)).unwrap());
     let (mut answered, mut waiting) = (0, 0);
     for api in SUPPORTED {
         for version in api.min..=api.max {
@@ -199,9 +199,9 @@ async fn random_requests(extra: &[(&str, &str)]) {
                 let client = if matches!(api.key, ApiKey::SaslHandshake | ApiKey::SaslAuthenticate)
                     && g.rng().gen_bool(0.5)
                 {
-                    let auth = keel_broker::sasl::ConnectionAuth::new(Arc::clone(&sasl_listener));
+                    let auth = keel_auth::sasl::ConnectionAuth::new(Arc::clone(&sasl_listener));
                     if api.key == ApiKey::SaslAuthenticate {
-                        let mechanism = keel_broker::sasl::MECHANISMS[g.rng().gen_range(0..3)];
+                        let mechanism = keel_auth::sasl::MECHANISMS[g.rng().gen_range(0..3)];
                         auth.lock().handshake(mechanism, 1);
                     }
                     sasl_client = ClientInfo {

@@ -22,6 +22,7 @@
 
 pub mod batch;
 pub mod clean;
+pub mod clock;
 pub mod codec;
 mod config;
 mod error;

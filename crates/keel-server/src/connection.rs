@@ -29,7 +29,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use keel_broker::sasl::Gate;
+use keel_auth::sasl::Gate;
 use keel_broker::trace::{self, RequestTrace, Stage};
 use keel_broker::{Broker, ClientInfo, Reply};
 use keel_protocol::frame::{request_size, token_size, FrameError, FRAME_PREFIX_BYTES};

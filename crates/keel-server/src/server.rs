@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_broker::sasl::{ConnectionAuth, SaslListener};
+use keel_auth::sasl::{ConnectionAuth, SaslListener};
 use keel_broker::{listeners, Broker, BrokerConfig, ClientInfo};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
@@ -33,7 +33,7 @@ struct Bound {
     listener: listeners::Listener,
     socket: TcpListener,
     tls: Option<Arc<crate::tls::Reloading>>,
-    sasl: Option<keel_broker::sasl::SaslSettings>,
+    sasl: Option<keel_auth::sasl::SaslSettings>,
 }
 
 /// Binds every listener (`listeners`), with its TLS keys read and its SASL
@@ -49,7 +49,8 @@ async fn bind_listeners(config: &BrokerConfig) -> Result<Vec<Bound>, String> {
             None
         };
         let sasl = if listener.protocol.sasl() {
-            Some(keel_broker::sasl::settings(config, &listener.name).map_err(|e| e.to_string())?)
+            let view = listeners::ListenerSettings::new(config, &listener.name);
+            Some(keel_auth::sasl::settings(&view, &listener.name).map_err(|e| e.to_string())?)
         } else {
             None
         };

@@ -234,8 +234,8 @@ impl Broker {
                 if cluster_ops && self.authorizer.enabled {
                     resp.cluster_authorized_operations = self.authorized_operations(
                         client,
-                        crate::acl::ResourceType::Cluster,
-                        crate::acl::CLUSTER_NAME,
+                        keel_auth::acl::ResourceType::Cluster,
+                        keel_auth::acl::CLUSTER_NAME,
                     );
                 }
                 self.answer(client_id, ApiKey::DescribeCluster, version, id, &mut resp)
@@ -543,7 +543,7 @@ impl Broker {
         client_id: &str,
         client: &ClientInfo,
     ) -> Option<Reply> {
-        use crate::acl::Operation::{Describe, Read};
+        use keel_auth::acl::Operation::{Describe, Read};
         use keel_protocol::messages::*;
         if !self.authorizer.enabled {
             return None;
@@ -631,7 +631,7 @@ impl Broker {
         version: i16,
         id: i32,
         body: &R,
-        next: crate::sasl::Next,
+        next: keel_auth::sasl::Next,
         client: &ClientInfo,
     ) -> Reply {
         let reply = respond(key, version, id, body);
@@ -643,8 +643,8 @@ impl Broker {
 
     /// Counts a SASL step's outcome and turns it into a reply carrying
     /// `frame` (a response, or a bare token's answer after a v0 handshake).
-    pub fn sasl_outcome(&self, frame: Bytes, next: crate::sasl::Next, client: &ClientInfo) -> Reply {
-        use crate::sasl::Next;
+    pub fn sasl_outcome(&self, frame: Bytes, next: keel_auth::sasl::Next, client: &ClientInfo) -> Reply {
+        use keel_auth::sasl::Next;
         match next {
             Next::Continue => Reply::Frame(frame),
             Next::Authenticated => {

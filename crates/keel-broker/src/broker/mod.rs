@@ -13,9 +13,8 @@ use keel_protocol::{DecodeError, Encodable, Request, RequestFrame};
 use parking_lot::Mutex;
 use uuid::Uuid;
 
-use crate::acl::Operation;
 use crate::config::BrokerConfig;
-use crate::groups::{GroupCoordinator, SystemClock};
+use crate::groups::GroupCoordinator;
 use crate::handlers;
 use crate::health::DirHealth;
 use crate::metrics::Metrics;
@@ -26,9 +25,11 @@ use crate::quotas::table::{
     REQUEST_PERCENTAGE,
 };
 use crate::quotas::Throttle;
-use crate::time::now_ms;
 use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use crate::trace::{self, Stage};
+use keel_auth::acl::Operation;
+use keel_log::clock::now_ms;
+use keel_log::clock::SystemClock;
 use keel_log::faults::FaultyStorage;
 use keel_log::{DiskStorage, ReadIo, Storage};
 use keel_tier::memory::MemoryLimit;
@@ -87,7 +88,7 @@ pub struct ClientInfo {
     /// `ssl.principal.mapping.rules`).
     pub user: Option<Arc<str>>,
     /// On a SASL listener, the connection's authenticator.
-    pub sasl: Option<crate::sasl::ConnectionAuth>,
+    pub sasl: Option<keel_auth::sasl::ConnectionAuth>,
 }
 
 impl ClientInfo {
@@ -154,10 +155,10 @@ pub struct Broker {
     /// Client quotas: what is set, and the rates held to them.
     pub quotas: crate::quotas::ClientQuotas,
     /// The SCRAM credentials SASL listeners authenticate against.
-    pub scram: Arc<crate::sasl::credentials::ScramCredentials>,
+    pub scram: Arc<keel_auth::sasl::credentials::ScramCredentials>,
     /// The ACLs, and whether and how they are enforced.
-    pub acls: crate::acl::store::AclStore,
-    pub authorizer: crate::acl::AuthorizerSettings,
+    pub acls: keel_auth::acl::store::AclStore,
+    pub authorizer: keel_auth::acl::AuthorizerSettings,
     /// The newest batches of every partition, under one byte budget.
     pub tail_cache: Arc<TailCache>,
     /// How segment data is read back (`keel.io.direct`, probed at start-up).
@@ -291,14 +292,14 @@ impl Broker {
             config.quota_windows(),
         )
         .map_err(StartError::Quotas)?;
-        let scram = crate::sasl::credentials::ScramCredentials::open_with(
+        let scram = keel_auth::sasl::credentials::ScramCredentials::open_with(
             Arc::clone(&storage),
             &meta_dir.join("scram"),
         )
         .map_err(StartError::Scram)?;
-        let acls = crate::acl::store::AclStore::open_with(Arc::clone(&storage), &meta_dir.join("acls"))
+        let acls = keel_auth::acl::store::AclStore::open_with(Arc::clone(&storage), &meta_dir.join("acls"))
             .map_err(StartError::Acls)?;
-        let authorizer = crate::acl::settings(&config).map_err(|e| StartError::Acls(e.to_string()))?;
+        let authorizer = keel_auth::acl::settings(&config).map_err(|e| StartError::Acls(e.to_string()))?;
         let metrics = Metrics::new(config.slow_request());
         let broker = Broker {
             config: parking_lot::RwLock::new(Arc::new(config)),
@@ -324,7 +325,7 @@ impl Broker {
             mover: Arc::new(mover),
             cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
-            features_epoch: crate::time::now_ms(),
+            features_epoch: keel_log::clock::now_ms(),
             loggers: std::sync::OnceLock::new(),
             group_configs,
             refused_apis: refused::RefusedApis::default(),

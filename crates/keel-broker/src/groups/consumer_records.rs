@@ -20,7 +20,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use uuid::Uuid;
 
 use super::consumer::Assignment;
-use super::records::{put_compact_str, put_str, put_uvarint, GroupRecord, Reader, RecordError};
+use super::records::GroupRecord;
+use keel_coord::codec::{put_compact_str, put_str, put_uvarint, Reader, RecordError};
 
 pub const EPOCH_KEY: i16 = 3;
 pub const MEMBER_KEY: i16 = 5;

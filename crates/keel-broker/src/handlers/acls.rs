@@ -1,5 +1,5 @@
 //! CreateAcls, DescribeAcls and DeleteAcls (`kafka-acls`), and the checks
-//! every other handler asks of the authorizer (`crate::acl`).
+//! every other handler asks of the authorizer (`keel_auth::acl`).
 
 use keel_protocol::messages::create_acls_response::AclCreationResult;
 use keel_protocol::messages::delete_acls_response::{DeleteAclsFilterResult, DeleteAclsMatchingAcl};
@@ -8,9 +8,9 @@ use keel_protocol::messages::*;
 use keel_protocol::{ResponseError, StrBytes};
 
 use super::str_bytes;
-use crate::acl::store::AclRecord;
-use crate::acl::{self, Acl, AclFilter, Operation, Requester, ResourceType, CLUSTER_NAME};
 use crate::{Broker, ClientInfo};
+use keel_auth::acl::store::AclRecord;
+use keel_auth::acl::{self, Acl, AclFilter, Operation, Requester, ResourceType, CLUSTER_NAME};
 
 impl Broker {
     /// Whether `client` may perform `operation` on a resource; the decision

@@ -15,9 +15,9 @@ use uuid::Uuid;
 use super::{str_bytes, topic_name};
 use crate::config::TOPIC_CONFIGS;
 use crate::quotas::Mutations;
-use crate::time::now_ms;
 use crate::topics::{validate_topic_name, Topic, TopicMeta};
 use crate::Broker;
+use keel_log::clock::now_ms;
 
 /// A refused admin operation: Kafka error and a message for the operator.
 pub(crate) type AdminError = (ResponseError, String);

@@ -15,10 +15,10 @@ use super::record_checks::{RecordRules, Refusal, Stamped};
 use super::str_bytes;
 use crate::metrics::APPEND;
 use crate::partition::{AppendFailure, AppendTrace, Partition, Verify};
-use crate::time::now_ms;
 use crate::topics::Topic;
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
+use keel_log::clock::now_ms;
 
 /// The first Produce version that may carry zstd batches (KIP-110); older
 /// clients could not read them back either.

@@ -1,5 +1,5 @@
 //! SaslHandshake and SaslAuthenticate: the connection's authenticator
-//! (`crate::sasl`) answers; on a listener without SASL both are
+//! (`keel_auth::sasl`) answers; on a listener without SASL both are
 //! ILLEGAL_SASL_STATE, as in Kafka.
 
 use std::time::Instant;
@@ -8,8 +8,8 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::str_bytes;
-use crate::sasl::Next;
 use crate::ClientInfo;
+use keel_auth::sasl::Next;
 
 pub fn handshake(
     client: &ClientInfo,

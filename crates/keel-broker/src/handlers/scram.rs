@@ -1,7 +1,7 @@
 //! DescribeUserScramCredentials and AlterUserScramCredentials (KIP-554):
 //! what `kafka-configs --entity-type users` shows and sets as
 //! `SCRAM-SHA-256=[iterations=8192,password=...]`. The credentials are
-//! `crate::sasl::credentials`'.
+//! `keel_auth::sasl::credentials`'.
 
 use std::collections::HashSet;
 
@@ -13,8 +13,8 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::str_bytes;
-use crate::sasl::credentials::{plan, Alteration, ScramCredential, ScramMechanism};
 use crate::Broker;
+use keel_auth::sasl::credentials::{plan, Alteration, ScramCredential, ScramMechanism};
 
 pub fn describe_user_scram_credentials(
     broker: &Broker,

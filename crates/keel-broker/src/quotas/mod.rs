@@ -44,7 +44,7 @@ use std::time::Duration;
 use keel_log::Storage;
 use parking_lot::Mutex;
 
-use crate::metalog::{MetaLog, StoreError};
+use keel_coord::metalog::{MetaLog, StoreError};
 use rate::{Rate, TokenBucket, Windows};
 use table::{
     Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE, CONTROLLER_MUTATION_RATE,

@@ -8,8 +8,8 @@ use std::net::IpAddr;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::groups::records::{put_opt_str, put_str, Reader, RecordError};
-use crate::metalog::Table;
+use keel_coord::codec::{put_opt_str, put_str, Reader, RecordError};
+use keel_coord::metalog::Table;
 
 pub const USER: &str = "user";
 pub const CLIENT_ID: &str = "client-id";

@@ -447,7 +447,7 @@ mod tests {
             client_auth: ClientAuth::None,
             enabled_protocols: vec!["TLSv1.2".into(), "TLSv1.3".into()],
             cipher_suites: vec![],
-            principal_mapper: keel_broker::listeners::PrincipalMapper::parse("DEFAULT").unwrap(),
+            principal_mapper: keel_auth::principal::PrincipalMapper::parse("DEFAULT").unwrap(),
         }
     }
 

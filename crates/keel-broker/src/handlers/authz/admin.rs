@@ -6,8 +6,8 @@
 use keel_protocol::messages::*;
 
 use super::{str_bytes, CLUSTER_DENIED, TOPIC_DENIED};
-use crate::acl::{Operation, ResourceType};
 use crate::{Broker, ClientInfo};
+use keel_auth::acl::{Operation, ResourceType};
 
 /// Takes the topics the client may not `operation` out of `topics` (`name`
 /// gives a topic's name) and answers each with `refused`.

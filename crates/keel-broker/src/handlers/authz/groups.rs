@@ -7,8 +7,8 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::{str_bytes, topic_name, TOPIC_DENIED};
-use crate::acl::{Operation, ResourceType};
 use crate::{Broker, ClientInfo};
+use keel_auth::acl::{Operation, ResourceType};
 
 const GROUP_DENIED: ResponseError = ResponseError::GroupAuthorizationFailed;
 

@@ -1,4 +1,4 @@
-//! Kafka's ACL checks, API by API (`crate::acl` decides). Each checked
+//! Kafka's ACL checks, API by API (`keel_auth::acl` decides). Each checked
 //! API's resources are looked at before its handler runs: what the client
 //! may not touch is taken out of the request and answered with Kafka's
 //! authorization error beside the handler's answer, so handlers never see
@@ -14,8 +14,8 @@ use keel_protocol::{ResponseError, StrBytes};
 use uuid::Uuid;
 
 use super::str_bytes;
-use crate::acl::{Operation, ResourceType};
 use crate::{Broker, ClientInfo};
+use keel_auth::acl::{Operation, ResourceType};
 
 mod admin;
 mod groups;
@@ -250,7 +250,7 @@ pub fn metadata_response(
     }
     if include_cluster_ops {
         resp.cluster_authorized_operations =
-            broker.authorized_operations(client, ResourceType::Cluster, crate::acl::CLUSTER_NAME);
+            broker.authorized_operations(client, ResourceType::Cluster, keel_auth::acl::CLUSTER_NAME);
     }
 }
 

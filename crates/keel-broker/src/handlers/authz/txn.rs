@@ -8,9 +8,9 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::{CLUSTER_DENIED, TOPIC_DENIED};
-use crate::acl::{Operation, ResourceType};
 use crate::handlers::partition_of;
 use crate::{Broker, ClientInfo};
+use keel_auth::acl::{Operation, ResourceType};
 
 const TXN_DENIED: ResponseError = ResponseError::TransactionalIdAuthorizationFailed;
 

@@ -9,8 +9,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use keel_log::Storage;
 
 use super::{Acl, AclIndex, Operation, PatternType, Permission, ResourceType};
-use crate::groups::records::{put_str, Reader, RecordError};
-use crate::metalog::{MetaLog, StoreError, Table};
+use keel_coord::codec::{put_str, Reader, RecordError};
+use keel_coord::metalog::{MetaLog, StoreError, Table};
 
 /// One ACL created (`present`) or deleted.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -42,7 +42,7 @@ use rsasl::validate::{Validate, ValidationError};
 use keel_protocol::messages::ApiKey;
 use parking_lot::Mutex;
 
-use crate::config::{BrokerConfig, ConfigError};
+use crate::{SettingError, Settings};
 use credentials::{ScramCredentials, ScramMechanism};
 use keel_protocol::ResponseError;
 
@@ -64,18 +64,15 @@ pub struct SaslSettings {
     pub max_receive_bytes: usize,
 }
 
-fn error(key: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.to_string(),
-        reason: reason.into(),
-    }
+fn error(key: &str, reason: impl Into<String>) -> SettingError {
+    SettingError::new(key, reason)
 }
 
-/// The SASL settings of `listener`, from its `listener.name.<l>.*` keys
-/// over the broker's.
-pub fn settings(config: &BrokerConfig, listener: &str) -> Result<SaslSettings, ConfigError> {
+/// The SASL settings of `listener`; `config` is that listener's view (its
+/// `listener.name.<l>.*` keys over the broker's).
+pub fn settings(config: &impl Settings, listener: &str) -> Result<SaslSettings, SettingError> {
     let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
-    let get = |key: &str| crate::listeners::scoped_value(config, listener, key);
+    let get = |key: &str| config.value(key);
     let mut mechanisms = Vec::new();
     for name in get("sasl.enabled.mechanisms")
         .split(',')
@@ -104,7 +101,8 @@ pub fn settings(config: &BrokerConfig, listener: &str) -> Result<SaslSettings, C
     let mut plain_users = BTreeMap::new();
     if mechanisms.contains(&PLAIN) {
         let key = format!("{prefix}plain.sasl.jaas.config");
-        let text = config.get_override(&key).unwrap_or("").trim();
+        let text = config.set_value(&key).unwrap_or_default();
+        let text = text.trim();
         if text.is_empty() {
             return Err(error(
                 &key,

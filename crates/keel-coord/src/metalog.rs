@@ -1,8 +1,8 @@
 //! A coordinator's log: its state as records in a partition log of
 //! Keel's own (under `__keel_meta/`), applied in order to an in-memory
-//! table. The group coordinator keeps committed offsets and groups in one
-//! (`groups/store.rs`), the transaction coordinator its transactions in
-//! another (`txn/store.rs`).
+//! table. The group coordinator keeps committed offsets and groups in one,
+//! the transaction coordinator its transactions in another; ACLs, SCRAM
+//! credentials and client quotas each have one too.
 //!
 //! A log can also hold transactional writes (the group log's offsets
 //! committed in a producer's transaction, as Kafka's `__consumer_offsets`
@@ -43,7 +43,7 @@ use keel_protocol::records::{
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::time::now_ms;
+use keel_log::clock::now_ms;
 
 /// The in-memory state a coordinator log holds, and its record schema.
 pub trait Table: Default + Send + 'static {
@@ -478,7 +478,7 @@ fn snapshot_path(dir: &Path, offset: i64) -> PathBuf {
 
 /// Snapshot files by offset, oldest first. Leftover temporary files from a
 /// crash mid-snapshot are removed.
-pub(crate) fn list_snapshots(storage: &dyn Storage, dir: &Path) -> io::Result<Vec<(i64, PathBuf)>> {
+pub fn list_snapshots(storage: &dyn Storage, dir: &Path) -> io::Result<Vec<(i64, PathBuf)>> {
     let mut found = Vec::new();
     for entry in storage.read_dir(dir)? {
         let path = dir.join(&entry.name);
@@ -621,7 +621,7 @@ fn encode_entries<T: Table>(entries: &[Entry<T::Record>], now_ms: i64) -> Result
 /// One uncompressed v2 batch of the records, offsets from 0 (the log
 /// assigns real ones); transactional under `producer`'s id and epoch when
 /// given.
-pub(crate) fn encode_batch<'a, T: Table>(
+pub fn encode_batch<'a, T: Table>(
     records: impl Iterator<Item = &'a T::Record>,
     producer: Option<(i64, i16)>,
     now_ms: i64,

@@ -24,7 +24,7 @@ pub use index::AclIndex;
 
 use std::collections::BTreeSet;
 
-use crate::config::{BrokerConfig, ConfigError};
+use crate::{SettingError, Settings};
 
 /// The class name that turns ACLs on, as in a KRaft Kafka config.
 pub const STANDARD_AUTHORIZER: &str = "org.apache.kafka.metadata.authorizer.StandardAuthorizer";
@@ -350,37 +350,37 @@ pub struct AuthorizerSettings {
 
 /// The settings in `config`, checked: an authorizer Keel does not have is
 /// refused at start-up.
-pub fn settings(config: &BrokerConfig) -> Result<AuthorizerSettings, ConfigError> {
-    let class = config.get("authorizer.class.name").trim().to_string();
+pub fn settings(config: &impl Settings) -> Result<AuthorizerSettings, SettingError> {
+    let class = config.value("authorizer.class.name");
     let enabled = match class.as_str() {
         "" => false,
         STANDARD_AUTHORIZER => true,
         other => {
-            return Err(ConfigError {
-                key: "authorizer.class.name".into(),
-                reason: format!("{other} is not an authorizer Keel has: use {STANDARD_AUTHORIZER}, or leave it empty for none"),
-            })
+            return Err(SettingError::new(
+                "authorizer.class.name",
+                format!("{other} is not an authorizer Keel has: use {STANDARD_AUTHORIZER}, or leave it empty for none"),
+            ))
         }
     };
     let mut super_users = BTreeSet::new();
     for user in config
-        .get("super.users")
+        .value("super.users")
         .split(';')
         .map(str::trim)
         .filter(|s| !s.is_empty())
     {
         if !user.contains(':') {
-            return Err(ConfigError {
-                key: "super.users".into(),
-                reason: format!("`{user}` is not a principal: write User:<name>, separated by ;"),
-            });
+            return Err(SettingError::new(
+                "super.users",
+                format!("`{user}` is not a principal: write User:<name>, separated by ;"),
+            ));
         }
         super_users.insert(user.to_string());
     }
     Ok(AuthorizerSettings {
         enabled,
         super_users,
-        allow_if_no_acl: config.get("allow.everyone.if.no.acl.found").trim() == "true",
+        allow_if_no_acl: config.value("allow.everyone.if.no.acl.found") == "true",
     })
 }
 

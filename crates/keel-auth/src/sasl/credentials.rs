@@ -18,8 +18,8 @@ use keel_log::Storage;
 use rsasl::mechanisms::scram::tools::derive_keys;
 use sha2::{Digest, Sha256, Sha512};
 
-use crate::groups::records::{put_bytes, put_str, Reader, RecordError};
-use crate::metalog::{MetaLog, StoreError, Table};
+use keel_coord::codec::{put_bytes, put_str, Reader, RecordError};
+use keel_coord::metalog::{MetaLog, StoreError, Table};
 
 /// Kafka's SCRAM mechanisms, with their ids in the SCRAM APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

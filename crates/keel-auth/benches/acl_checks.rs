@@ -14,7 +14,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use keel_broker::acl::{
+use keel_auth::acl::{
     authorize, Acl, AclIndex, AuthorizerSettings, Operation, PatternType, Permission, Requester, ResourceType,
 };
 

@@ -1,6 +1,7 @@
 //! The authenticator against rsasl's client mechanisms: every exchange a
 //! Kafka client runs, and the ways one fails.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,12 +16,42 @@ use super::*;
 
 const JAAS: &str = r#"org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret" user_bob="bob-secret";"#;
 
-fn broker_config(pairs: &[(&str, &str)]) -> BrokerConfig {
-    let map = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    BrokerConfig::from_map(&map).unwrap()
+/// A listener's view of the broker's settings, as the broker gives it:
+/// `listener.name.<listener>.<key>` over `<key>` over Kafka's default.
+struct ListenerConfig {
+    listener: String,
+    set: BTreeMap<String, String>,
+}
+
+impl Settings for ListenerConfig {
+    fn value(&self, key: &str) -> String {
+        let scoped = format!("listener.name.{}.{key}", self.listener.to_ascii_lowercase());
+        let default = match key {
+            "sasl.enabled.mechanisms" => "GSSAPI",
+            "connections.max.reauth.ms" => "0",
+            "sasl.server.max.receive.size" => "524288",
+            _ => "",
+        };
+        self.set_value(&scoped)
+            .or_else(|| self.set_value(key))
+            .unwrap_or_else(|| default.to_string())
+            .trim()
+            .to_string()
+    }
+
+    fn set_value(&self, key: &str) -> Option<String> {
+        self.set.get(key).cloned()
+    }
+}
+
+fn listener_config(pairs: &[(&str, &str)], listener: &str) -> ListenerConfig {
+    ListenerConfig {
+        listener: listener.to_string(),
+        set: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
 }
 
 struct Fixture {
@@ -71,7 +102,7 @@ impl Fixture {
     }
 
     fn listener(&self, pairs: &[(&str, &str)]) -> Arc<SaslListener> {
-        let config = broker_config(pairs);
+        let config = listener_config(pairs, "SASL_PLAINTEXT");
         let settings = settings(&config, "SASL_PLAINTEXT").unwrap();
         Arc::new(SaslListener::new(settings, Arc::clone(&self.scram)).unwrap())
     }
@@ -504,17 +535,20 @@ fn settings_refuse_what_keel_cannot_do() {
             "no user_",
         ),
     ] {
-        let e = settings(&broker_config(&pairs), "SASL_PLAINTEXT").unwrap_err();
+        let e = settings(&listener_config(&pairs, "SASL_PLAINTEXT"), "SASL_PLAINTEXT").unwrap_err();
         assert!(e.to_string().contains(needle), "{pairs:?}: {e}");
         assert!(!e.to_string().contains("s3cret"), "{e}");
     }
     // A listener's own keys win over the broker's.
     let s = settings(
-        &broker_config(&[
-            ("sasl.enabled.mechanisms", "GSSAPI"),
-            ("listener.name.sasl_ssl.sasl.enabled.mechanisms", "SCRAM-SHA-256"),
-            ("connections.max.reauth.ms", "1000"),
-        ]),
+        &listener_config(
+            &[
+                ("sasl.enabled.mechanisms", "GSSAPI"),
+                ("listener.name.sasl_ssl.sasl.enabled.mechanisms", "SCRAM-SHA-256"),
+                ("connections.max.reauth.ms", "1000"),
+            ],
+            "SASL_SSL",
+        ),
         "SASL_SSL",
     )
     .unwrap();
