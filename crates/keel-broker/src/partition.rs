@@ -595,8 +595,9 @@ impl Partition {
         let (hw, start) = (log.log_end_offset(), log.log_start_offset());
         let lso = stable_offset(producers, hw);
         self.published_producers.update(producers, &named);
+        self.store_offsets(hw, lso, start);
         drop(st);
-        self.publish(hw, lso, start);
+        self.wake_waiters();
         let answered = Instant::now();
         let publish = written_at.map_or(Duration::ZERO, |at| answered - at);
         for (reply, result, waited) in replies {
@@ -702,9 +703,10 @@ impl Partition {
                 self.published_producers.replace(&producers);
                 st.producers = producers;
                 *self.reader.write() = Some(reader);
+                self.store_offsets(hw, lso, start);
                 drop(st);
                 *self.scan_hint.lock() = None;
-                self.publish(hw, lso, start);
+                self.wake_waiters();
             }
             Err(e) => {
                 tracing::error!(topic = %self.topic, partition = self.index, error = %e, "the partition goes offline");
@@ -758,15 +760,43 @@ impl Partition {
     /// Stores the offsets and wakes the fetches waiting for an append.
     fn publish(&self, high_watermark: i64, last_stable_offset: i64, log_start_offset: i64) {
         self.store_offsets(high_watermark, last_stable_offset, log_start_offset);
+        self.wake_waiters();
+    }
+
+    /// Wakes the fetches waiting for an append.
+    fn wake_waiters(&self) {
         for w in std::mem::take(&mut *self.waiters.lock()) {
             w.notify_one();
         }
     }
 
+    /// Publishes the offsets readers see. Callers hold the writer lock (or
+    /// own the partition, at open), so publications happen in the order
+    /// the writer computed them. The high watermark and the last stable
+    /// offset never move back: if one would, an invariant is broken, and
+    /// the broker stops here (in release builds too) rather than show
+    /// consumers a log that shrank.
     fn store_offsets(&self, high_watermark: i64, last_stable_offset: i64, log_start_offset: i64) {
-        self.high_watermark.store(high_watermark, Ordering::Release);
-        self.last_stable_offset
-            .store(last_stable_offset, Ordering::Release);
+        assert!(
+            last_stable_offset <= high_watermark,
+            "{}-{}: last stable offset {last_stable_offset} above the high watermark {high_watermark}",
+            self.topic,
+            self.index
+        );
+        let was = self.high_watermark.swap(high_watermark, Ordering::AcqRel);
+        assert!(
+            high_watermark >= was,
+            "{}-{}: the high watermark would move back from {was} to {high_watermark}",
+            self.topic,
+            self.index
+        );
+        let was = self.last_stable_offset.swap(last_stable_offset, Ordering::AcqRel);
+        assert!(
+            last_stable_offset >= was,
+            "{}-{}: the last stable offset would move back from {was} to {last_stable_offset}",
+            self.topic,
+            self.index
+        );
         self.log_start_offset.store(log_start_offset, Ordering::Release);
     }
 
@@ -1144,8 +1174,8 @@ impl Partition {
         }
         let (hw, start) = (log.log_end_offset(), log.log_start_offset());
         let lso = stable_offset(&st.producers, hw);
-        drop(st);
         self.store_offsets(hw, lso, start);
+        drop(st);
         Ok(out)
     }
 
