@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use keel_log::{CleanupPolicy, LogConfig};
 
-use crate::groups::group::GroupConfig;
-use crate::groups::CoordinatorConfig;
+use keel_coord::groups::group::GroupConfig;
+use keel_coord::groups::CoordinatorConfig;
 
 /// Kafka's config value types, as DescribeConfigs reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -908,7 +908,7 @@ impl BrokerConfig {
         if let Some(bad) = assignors
             .split(',')
             .map(str::trim)
-            .find(|a| crate::groups::assignor::Assignor::parse(a).is_none())
+            .find(|a| keel_coord::groups::assignor::Assignor::parse(a).is_none())
         {
             return Err(ConfigError {
                 key: "group.consumer.assignors".into(),
@@ -923,17 +923,17 @@ impl BrokerConfig {
         }
         crate::listeners::inter_broker(self, &listeners)?;
         let policy = self.get("group.consumer.migration.policy");
-        if crate::groups::consumer::MigrationPolicy::parse(policy).is_none() {
+        if keel_coord::groups::consumer::MigrationPolicy::parse(policy).is_none() {
             return Err(ConfigError {
                 key: "group.consumer.migration.policy".into(),
                 reason: format!(
                     "{policy}: must be one of {}",
-                    crate::groups::consumer::MigrationPolicy::NAMES.join(", ")
+                    keel_coord::groups::consumer::MigrationPolicy::NAMES.join(", ")
                 ),
             });
         }
         let level = self.num("keel.transaction.version");
-        if !(0..=i64::from(crate::txn::state::TRANSACTION_VERSION_2)).contains(&level) {
+        if !(0..=i64::from(keel_coord::txn::state::TRANSACTION_VERSION_2)).contains(&level) {
             return Err(ConfigError {
                 key: "keel.transaction.version".into(),
                 reason: format!("{level}: Keel supports transaction.version 0 to 2"),
@@ -1026,8 +1026,8 @@ impl BrokerConfig {
     }
 
     /// The transaction coordinator's settings.
-    pub fn txn_config(&self) -> crate::txn::TxnConfig {
-        crate::txn::TxnConfig {
+    pub fn txn_config(&self) -> keel_coord::txn::TxnConfig {
+        keel_coord::txn::TxnConfig {
             max_timeout_ms: i32::try_from(self.num("transaction.max.timeout.ms")).unwrap_or(i32::MAX),
             id_expiration_ms: self.num("transactional.id.expiration.ms"),
             log_segment_bytes: u64::try_from(self.num("transaction.state.log.segment.bytes"))
@@ -1044,19 +1044,19 @@ impl BrokerConfig {
                 initial_rebalance_delay_ms: int("group.initial.rebalance.delay.ms"),
                 max_size: usize::try_from(self.num("group.max.size")).unwrap_or(usize::MAX),
             },
-            consumer: crate::groups::consumer::ConsumerGroupConfig {
+            consumer: keel_coord::groups::consumer::ConsumerGroupConfig {
                 session_timeout_ms: int("group.consumer.session.timeout.ms"),
                 heartbeat_interval_ms: int("group.consumer.heartbeat.interval.ms"),
                 assignors: self
                     .get("group.consumer.assignors")
                     .split(',')
-                    .filter_map(|a| crate::groups::assignor::Assignor::parse(a.trim()))
+                    .filter_map(|a| keel_coord::groups::assignor::Assignor::parse(a.trim()))
                     .collect(),
                 max_size: usize::try_from(self.num("group.consumer.max.size")).unwrap_or(usize::MAX),
-                migration: crate::groups::consumer::MigrationPolicy::parse(
+                migration: keel_coord::groups::consumer::MigrationPolicy::parse(
                     self.get("group.consumer.migration.policy"),
                 )
-                .unwrap_or(crate::groups::consumer::MigrationPolicy::Bidirectional),
+                .unwrap_or(keel_coord::groups::consumer::MigrationPolicy::Bidirectional),
             },
             offsets_retention_ms: self.num("offsets.retention.minutes").saturating_mul(60_000),
             offsets_retention_check_interval_ms: self.num("offsets.retention.check.interval.ms"),
@@ -1663,7 +1663,7 @@ mod tests {
         assert_eq!(c.group.initial_rebalance_delay_ms, 3000);
         assert_eq!(
             c.consumer.migration,
-            crate::groups::consumer::MigrationPolicy::Upgrade
+            keel_coord::groups::consumer::MigrationPolicy::Upgrade
         );
     }
 

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use keel_log::storage::{read_file, write_atomically, Storage};
 
 use crate::config::BrokerConfig;
+use keel_coord::groups::consumer::GroupOverrides;
 
 pub const SESSION_TIMEOUT_MS: &str = "consumer.session.timeout.ms";
 pub const HEARTBEAT_INTERVAL_MS: &str = "consumer.heartbeat.interval.ms";
@@ -35,13 +36,6 @@ const NOT_IN_KEEL: &[&str] = &["consumer.assignment.interval.ms", "share.", "str
 
 /// The file under the metadata dir.
 const FILE: &str = "group-configs.json";
-
-/// A group's own values of the configs the coordinator applies, where set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GroupOverrides {
-    pub session_timeout_ms: Option<i32>,
-    pub heartbeat_interval_ms: Option<i32>,
-}
 
 /// Every group's configs, as set (a group without any has no entry).
 #[derive(Debug, Default)]

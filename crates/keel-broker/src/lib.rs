@@ -12,7 +12,6 @@ pub mod dynamic_config;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod group_configs;
-pub mod groups;
 mod handlers;
 pub mod health;
 pub mod kafka_configs;
@@ -27,7 +26,6 @@ pub mod quotas;
 mod testing;
 pub mod topics;
 pub mod trace;
-pub mod txn;
 
 pub use broker::{Broker, ClientInfo, Reply, StartError};
 

@@ -14,7 +14,6 @@ use parking_lot::Mutex;
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
-use crate::groups::GroupCoordinator;
 use crate::handlers;
 use crate::health::DirHealth;
 use crate::metrics::Metrics;
@@ -28,6 +27,7 @@ use crate::quotas::Throttle;
 use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use crate::trace::{self, Stage};
 use keel_auth::acl::Operation;
+use keel_coord::groups::GroupCoordinator;
 use keel_log::clock::now_ms;
 use keel_log::clock::SystemClock;
 use keel_log::faults::FaultyStorage;
@@ -151,7 +151,7 @@ pub struct Broker {
     pub producer_ids: Mutex<ProducerIdAllocator>,
     pub groups: Arc<GroupCoordinator>,
     /// The transaction coordinator.
-    pub txns: Arc<crate::txn::TxnCoordinator>,
+    pub txns: Arc<keel_coord::txn::TxnCoordinator>,
     /// Client quotas: what is set, and the rates held to them.
     pub quotas: crate::quotas::ClientQuotas,
     /// The SCRAM credentials SASL listeners authenticate against.
@@ -279,7 +279,7 @@ impl Broker {
             Arc::new(SystemClock),
         )
         .map_err(StartError::Groups)?;
-        let txns = crate::txn::TxnCoordinator::open_with(
+        let txns = keel_coord::txn::TxnCoordinator::open_with(
             Arc::clone(&storage),
             &meta_dir.join("transactions"),
             config.txn_config(),

@@ -1,7 +1,7 @@
 //! ConsumerGroupHeartbeat and ConsumerGroupDescribe: the consumer group
 //! protocol (KIP-848) that Kafka 4.x clients use with
 //! `group.protocol=consumer`. The requests' checks are Kafka's; the groups
-//! are `crate::groups::consumer`.
+//! are `keel_coord::groups::consumer`.
 
 use keel_protocol::messages::consumer_group_describe_response::{
     Assignment as DescribedAssignment, DescribedGroup, Member as DescribedMember,
@@ -13,9 +13,9 @@ use keel_protocol::ResponseError;
 use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
-use crate::groups::consumer::{self, Heartbeat, TopicInfo, Topics};
 use crate::topics::base64_url;
 use crate::Broker;
+use keel_coord::groups::consumer::{self, Heartbeat, TopicInfo, Topics};
 
 /// Kafka's ConsumerGroupDescribe member types (v1): a classic-protocol
 /// member the group hosts, and a consumer-protocol member.

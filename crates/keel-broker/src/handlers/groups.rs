@@ -2,7 +2,7 @@
 //! Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
 //! DescribeGroups, DeleteGroups and OffsetDelete, and TxnOffsetCommit.
 //! Each handler translates between the wire messages (whose fields vary by
-//! version) and [`crate::groups::GroupCoordinator`].
+//! version) and [`keel_coord::groups::GroupCoordinator`].
 
 use std::sync::Arc;
 
@@ -29,10 +29,10 @@ use keel_protocol::messages::*;
 use keel_protocol::{ResponseError, StrBytes};
 
 use super::{partition_of, str_bytes, topic_name};
-use crate::groups::group::JoinParams;
-use crate::groups::records::CommittedOffset;
-use crate::groups::OffsetToCommit;
 use crate::Broker;
+use keel_coord::groups::group::JoinParams;
+use keel_coord::groups::records::CommittedOffset;
+use keel_coord::groups::OffsetToCommit;
 use keel_log::marker::Marker;
 
 /// FindCoordinator key types.
@@ -340,7 +340,7 @@ pub async fn txn_offset_commit(
             req.transactional_id.as_str(),
             producer.0,
             producer.1,
-            &crate::txn::offsets_partition(),
+            &keel_coord::txn::offsets_partition(),
         )
     };
     // From v5 (transactions v2) the commit takes the offsets partition
@@ -352,8 +352,8 @@ pub async fn txn_offset_commit(
                 req.transactional_id.as_str(),
                 producer.0,
                 producer.1,
-                &[crate::txn::offsets_partition()],
-                crate::txn::state::TRANSACTION_VERSION_2,
+                &[keel_coord::txn::offsets_partition()],
+                keel_coord::txn::state::TRANSACTION_VERSION_2,
                 ResponseError::ProducerFenced,
             )
             .await
@@ -387,7 +387,7 @@ pub async fn txn_offset_commit(
                 (Ok(_), Err(e)) => {
                     let abort = Marker {
                         commit: false,
-                        coordinator_epoch: crate::txn::COORDINATOR_EPOCH,
+                        coordinator_epoch: keel_coord::txn::COORDINATOR_EPOCH,
                     };
                     if let Err(w) = broker.groups.end_transaction(producer.0, producer.1, abort).await {
                         tracing::error!(error = %w, "cannot end the offsets of a transaction that ended meanwhile");

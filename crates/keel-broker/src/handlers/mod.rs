@@ -139,7 +139,7 @@ pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
             supported(
                 TRANSACTION_VERSION_FEATURE,
                 0,
-                crate::txn::state::TRANSACTION_VERSION_2,
+                keel_coord::txn::state::TRANSACTION_VERSION_2,
             ),
         ])
         .with_finalized_features_epoch(broker.features_epoch)

@@ -623,12 +623,12 @@ async fn transactional_init(
             .init_producer_id(id, req.transaction_timeout_ms, expected, fresh, server_version)
             .await?;
         match outcome {
-            crate::txn::InitOutcome::Ready(pid, epoch) => return Ok((pid, epoch)),
-            crate::txn::InitOutcome::NeedProducerId if fresh.is_none() => {
+            keel_coord::txn::InitOutcome::Ready(pid, epoch) => return Ok((pid, epoch)),
+            keel_coord::txn::InitOutcome::NeedProducerId if fresh.is_none() => {
                 fresh = Some(allocate_producer_id(broker).await?);
             }
-            crate::txn::InitOutcome::NeedProducerId => return Err(ResponseError::UnknownServerError),
-            crate::txn::InitOutcome::AbortFirst(prepared) => {
+            keel_coord::txn::InitOutcome::NeedProducerId => return Err(ResponseError::UnknownServerError),
+            keel_coord::txn::InitOutcome::AbortFirst(prepared) => {
                 super::txn::spawn_markers(broker, id.to_string(), prepared);
                 return Err(ResponseError::ConcurrentTransactions);
             }

@@ -1,7 +1,7 @@
 //! The transaction APIs (InitProducerId with a transactional id is in
 //! `produce.rs`, TxnOffsetCommit in `groups.rs`), and the marker writer:
 //! the part of ending a transaction that touches partitions, which the
-//! coordinator (`crate::txn`) leaves to the broker.
+//! coordinator (`keel_coord::txn`) leaves to the broker.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +15,9 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::partition_of;
-use crate::txn::state::{TxnState, TxnStatus};
-use crate::txn::{offsets_partition, EndOutcome, COORDINATOR_EPOCH, OFFSETS_PARTITION, OFFSETS_TOPIC};
 use crate::Broker;
+use keel_coord::txn::state::{TxnState, TxnStatus};
+use keel_coord::txn::{offsets_partition, EndOutcome, COORDINATOR_EPOCH, OFFSETS_PARTITION, OFFSETS_TOPIC};
 
 /// What a producer whose epoch is older gets: PRODUCER_FENCED from the
 /// versions that know it (KIP-588), INVALID_PRODUCER_EPOCH before.

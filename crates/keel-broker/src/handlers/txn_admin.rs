@@ -17,9 +17,9 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::{partition_of, str_bytes, topic_name};
-use crate::txn::state::{ListFilter, TxnState, TxnStatus};
-use crate::txn::COORDINATOR_EPOCH;
 use crate::Broker;
+use keel_coord::txn::state::{ListFilter, TxnState, TxnStatus};
+use keel_coord::txn::COORDINATOR_EPOCH;
 
 pub fn describe_transactions(
     broker: &Broker,

@@ -14,8 +14,8 @@ use bytes::Bytes;
 
 use super::consumer_records::ConsumerGroupView;
 use super::records::{CommittedOffset, GroupMetadata, GroupRecord};
-pub use keel_coord::metalog::StoreError;
-use keel_coord::metalog::{MetaLog, Table};
+pub use crate::metalog::StoreError;
+use crate::metalog::{MetaLog, Table};
 
 /// Committed offsets of one group, by `(topic, partition)`.
 pub type GroupOffsets = BTreeMap<(String, i32), CommittedOffset>;
@@ -193,7 +193,7 @@ impl Table for GroupTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_coord::metalog::{encode_batch, list_snapshots, Durability, Entry};
+    use crate::metalog::{encode_batch, list_snapshots, Durability, Entry};
     use keel_log::LogConfig;
 
     fn offset_record(group: &str, partition: i32, offset: i64) -> GroupRecord {

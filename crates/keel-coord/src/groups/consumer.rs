@@ -147,7 +147,16 @@ pub struct Heartbeat {
     pub client_host: String,
     /// The group's own session timeout and heartbeat interval (its group
     /// configs), over the coordinator's.
-    pub overrides: crate::group_configs::GroupOverrides,
+    pub overrides: GroupOverrides,
+}
+
+/// A group's own values of the configs the coordinator applies, where set
+/// (`consumer.session.timeout.ms`, `consumer.heartbeat.interval.ms`, set
+/// with IncrementalAlterConfigs on the GROUP resource).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupOverrides {
+    pub session_timeout_ms: Option<i32>,
+    pub heartbeat_interval_ms: Option<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

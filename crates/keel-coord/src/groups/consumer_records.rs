@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use super::consumer::Assignment;
 use super::records::GroupRecord;
-use keel_coord::codec::{put_compact_str, put_str, put_uvarint, Reader, RecordError};
+use crate::codec::{put_compact_str, put_str, put_uvarint, Reader, RecordError};
 
 pub const EPOCH_KEY: i16 = 3;
 pub const MEMBER_KEY: i16 = 5;

@@ -14,7 +14,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::consumer_records::{self, ConsumerKey, ConsumerValue};
-use keel_coord::codec::{put_bytes, put_opt_str, put_str, Reader, RecordError};
+use crate::codec::{put_bytes, put_opt_str, put_str, Reader, RecordError};
 
 const OFFSET_KEY_VERSION: i16 = 1;
 const GROUP_KEY_VERSION: i16 = 2;

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::state::{TxnState, TxnStatus, NO_EPOCH};
-use keel_coord::codec::{put_compact_str, put_str, put_uvarint, Reader, RecordError};
+use crate::codec::{put_compact_str, put_str, put_uvarint, Reader, RecordError};
 
 const KEY_VERSION: i16 = 0;
 const VALUE_VERSION: i16 = 1;

@@ -33,9 +33,9 @@ use keel_protocol::ResponseError;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::metalog::{Durability, Entry};
 use consumer::{ConsumerGroup, ConsumerGroupConfig, ConsumerGroupState, Heartbeat, HeartbeatAnswer, Topics};
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
-use keel_coord::metalog::{Durability, Entry};
 use keel_log::marker::Marker;
 use records::{CommittedOffset, GroupRecord};
 use store::{GroupStore, StoreError};
@@ -152,7 +152,7 @@ impl GroupCoordinator {
         config: CoordinatorConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<GroupCoordinator, String> {
-        let log_config = keel_coord::metalog::log_config(config.log_segment_bytes);
+        let log_config = crate::metalog::log_config(config.log_segment_bytes);
         let store = GroupStore::open_with(
             storage,
             dir,

@@ -29,7 +29,7 @@ use keel_protocol::ResponseError;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use keel_coord::metalog::{Durability, MetaLog, Table};
+use crate::metalog::{Durability, MetaLog, Table};
 use keel_log::clock::Clock;
 use records::TxnRecord;
 use state::{EndDecision, InitDecision, TxnEntry, TxnState, TxnStatus};
@@ -146,7 +146,7 @@ impl TxnCoordinator {
         config: TxnConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<TxnCoordinator, String> {
-        let log_config = keel_coord::metalog::log_config(config.log_segment_bytes);
+        let log_config = crate::metalog::log_config(config.log_segment_bytes);
         let store: MetaLog<TxnTable> = MetaLog::open_with(
             storage,
             dir,

@@ -17,7 +17,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use keel_coord::codec::{put_str, Reader, RecordError};
+use crate::codec::{put_str, Reader, RecordError};
 
 /// Partitions by topic name, in the order they were written.
 pub type TopicPartitions = Vec<(String, Vec<i32>)>;
