@@ -135,7 +135,7 @@ pub async fn alter(
     let b = Arc::clone(broker);
     let to_save = new.dynamic().clone();
     tokio::task::spawn_blocking(move || {
-        let meta_dir = b.config().data_dir().join(crate::topics::META_DIR);
+        let meta_dir = b.config().data_dir().join(keel_data::topics::META_DIR);
         save(b.storage.as_ref(), &meta_dir, b.config().node_id(), &to_save)
     })
     .await

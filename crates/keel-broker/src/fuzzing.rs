@@ -22,7 +22,7 @@ use keel_log::sim::SimStorage;
 use keel_log::testing::BatchBuilder;
 use keel_log::{LogConfig, PartitionLog, ReadError, Storage};
 
-use crate::producers::{ProducerStates, SequenceCheck};
+use keel_data::producers::{ProducerStates, SequenceCheck};
 
 /// Reads the fuzz input as a stream of small numbers and byte strings; an
 /// exhausted input reads as zeros, and `done` ends the run.

@@ -2,8 +2,11 @@
 //!
 //! Entry point: [`Broker::open`] loads topics and recovers their logs;
 //! [`Broker::handle`] turns one request frame into at most one response
-//! frame. This crate knows nothing about sockets (the server crate owns
-//! them) and nothing about segment files (the log crate owns them).
+//! frame. Partitions and topics are keel-data's, the group and transaction
+//! coordinators keel-coord's, authentication and ACLs keel-auth's; this
+//! crate decides what each request asks of them. It knows nothing about
+//! sockets (the server crate owns them) and nothing about segment files
+//! (the log crate owns them).
 
 pub mod broker;
 pub mod cleaner;
@@ -13,18 +16,14 @@ pub mod dynamic_config;
 pub mod fuzzing;
 pub mod group_configs;
 mod handlers;
-pub mod health;
 pub mod kafka_configs;
 pub mod listeners;
 pub mod loggers;
 pub mod metrics;
 pub mod mover;
-pub mod partition;
-pub mod producers;
 pub mod quotas;
 #[cfg(test)]
 mod testing;
-pub mod topics;
 pub mod trace;
 
 pub use broker::{Broker, ClientInfo, Reply, StartError};

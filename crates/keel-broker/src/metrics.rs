@@ -21,9 +21,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::topics::TopicStore;
 use crate::trace::{Place, RequestTrace, Stage, TraceSummary};
 use crate::Broker;
+use keel_data::topics::TopicStore;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StageLabels {

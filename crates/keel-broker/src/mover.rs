@@ -41,8 +41,8 @@ use parking_lot::Mutex;
 
 use crate::broker::Broker;
 use crate::config::TierPolicy;
-use crate::partition::{Partition, Unavailable};
-use crate::topics::Topic;
+use keel_data::partition::{Partition, Unavailable};
+use keel_data::topics::Topic;
 use keel_log::clock::now_ms;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use keel_log::batch::validate_batches;
 use keel_log::testing::BatchBuilder;
 
-use crate::partition::Partition;
-use crate::topics::Topic;
 use crate::{Broker, BrokerConfig};
+use keel_data::partition::Partition;
+use keel_data::topics::Topic;
 
 /// Opens a broker on `<root>/data` with its capacity tier in
 /// `<root>/cold`, the mover unpaced, and `sets` over that. Blocking.

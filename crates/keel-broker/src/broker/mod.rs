@@ -15,19 +15,19 @@ use uuid::Uuid;
 
 use crate::config::BrokerConfig;
 use crate::handlers;
-use crate::health::DirHealth;
 use crate::metrics::Metrics;
-use crate::partition::{Partition, PartitionParts};
-use crate::producers::{write_atomically, ProducerIdAllocator};
 use crate::quotas::table::{
     CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
 };
 use crate::quotas::Throttle;
-use crate::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use crate::trace::{self, Stage};
 use keel_auth::acl::Operation;
 use keel_coord::groups::GroupCoordinator;
+use keel_data::health::DirHealth;
+use keel_data::partition::{Partition, PartitionParts};
+use keel_data::producers::{write_atomically, ProducerIdAllocator};
+use keel_data::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use keel_log::clock::now_ms;
 use keel_log::clock::SystemClock;
 use keel_log::faults::FaultyStorage;

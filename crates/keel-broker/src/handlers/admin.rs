@@ -15,8 +15,8 @@ use uuid::Uuid;
 use super::{str_bytes, topic_name};
 use crate::config::TOPIC_CONFIGS;
 use crate::quotas::Mutations;
-use crate::topics::{validate_topic_name, Topic, TopicMeta};
 use crate::Broker;
+use keel_data::topics::{validate_topic_name, Topic, TopicMeta};
 use keel_log::clock::now_ms;
 
 /// A refused admin operation: Kafka error and a message for the operator.
@@ -76,7 +76,7 @@ async fn open_and_save(
     broker: &Arc<Broker>,
     meta: &TopicMeta,
     from: i32,
-) -> Result<Vec<Arc<crate::partition::Partition>>, AdminError> {
+) -> Result<Vec<Arc<keel_data::partition::Partition>>, AdminError> {
     let b = Arc::clone(broker);
     let m = meta.clone();
     tokio::task::spawn_blocking(move || {

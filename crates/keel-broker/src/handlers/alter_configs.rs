@@ -27,8 +27,8 @@ use super::str_bytes;
 use crate::config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
 use crate::group_configs::GROUP_CONFIGS;
 use crate::kafka_configs::{foreign, kafka_broker_config, UpdateMode};
-use crate::topics::{Topic, TopicMeta};
 use crate::Broker;
+use keel_data::topics::{Topic, TopicMeta};
 
 /// What a request asks of one resource.
 enum Edit {
@@ -475,7 +475,7 @@ async fn alter_group(
     }
     let (b, group, configs) = (Arc::clone(broker), name.to_string(), next.clone());
     tokio::task::spawn_blocking(move || {
-        let meta_dir = b.config().data_dir().join(crate::topics::META_DIR);
+        let meta_dir = b.config().data_dir().join(keel_data::topics::META_DIR);
         b.group_configs
             .set(b.storage.as_ref(), &meta_dir, &group, configs)
     })

@@ -13,9 +13,9 @@ use keel_protocol::ResponseError;
 use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
-use crate::topics::base64_url;
 use crate::Broker;
 use keel_coord::groups::consumer::{self, Heartbeat, TopicInfo, Topics};
+use keel_data::topics::base64_url;
 
 /// Kafka's ConsumerGroupDescribe member types (v1): a classic-protocol
 /// member the group hosts, and a consumer-protocol member.

@@ -12,9 +12,9 @@ use keel_tier::Chunks;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::partition::{Partition, ReadFailure, ReadSource, LEADER_EPOCH};
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
+use keel_data::partition::{Partition, ReadFailure, ReadSource, LEADER_EPOCH};
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
 const DEFAULT_FETCH_MAX_BYTES: usize = 50 * 1024 * 1024;

@@ -12,9 +12,9 @@ use keel_protocol::ResponseError;
 use uuid::Uuid;
 
 use super::{operations, str_bytes, topic_name};
-use crate::partition::LEADER_EPOCH;
-use crate::topics::Topic;
 use crate::Broker;
+use keel_data::partition::LEADER_EPOCH;
+use keel_data::topics::Topic;
 
 /// Kafka's DescribeCluster endpoint type of brokers (KIP-919); a broker
 /// answers for itself only.

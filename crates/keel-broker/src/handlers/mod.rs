@@ -151,7 +151,7 @@ pub(crate) fn partition_of(
     broker: &crate::Broker,
     topic: &str,
     index: i32,
-) -> Result<std::sync::Arc<crate::partition::Partition>, keel_protocol::ResponseError> {
+) -> Result<std::sync::Arc<keel_data::partition::Partition>, keel_protocol::ResponseError> {
     broker
         .topics
         .get(topic)

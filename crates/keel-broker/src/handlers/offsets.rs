@@ -14,8 +14,8 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::partition_of;
-use crate::partition::{Partition, LEADER_EPOCH};
 use crate::Broker;
+use keel_data::partition::{Partition, LEADER_EPOCH};
 
 /// ListOffsets' special timestamps (Kafka's `ListOffsetsRequest`). The
 /// answer carries a leader epoch from v4 on.

@@ -14,10 +14,10 @@ use keel_protocol::ResponseError;
 use super::record_checks::{RecordRules, Refusal, Stamped};
 use super::str_bytes;
 use crate::metrics::APPEND;
-use crate::partition::{AppendFailure, AppendTrace, Partition, Verify};
-use crate::topics::Topic;
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
+use keel_data::partition::{AppendFailure, AppendTrace, Partition, Verify};
+use keel_data::topics::Topic;
 use keel_log::clock::now_ms;
 
 /// The first Produce version that may carry zstd batches (KIP-110); older
@@ -515,13 +515,14 @@ async fn append(
     verify: Option<Verify>,
 ) -> PartitionProduceResponse {
     let bytes = stamped.records.len() as u64;
-    let appended = match verify {
-        Some(verify) => {
-            partition
-                .append_verified(stamped.records, stamped.headers, verify)
-                .await
+    let appended = match partition.queue(stamped.records, stamped.headers, verify) {
+        Ok(queued) => {
+            // In its partition's write order now: a pipelined produce
+            // behind this one may start (see `RequestTrace::appends_queued`).
+            trace::append_queued();
+            queued.outcome().await
         }
-        None => partition.append(stamped.records, stamped.headers).await,
+        Err(refused) => Err(refused),
     };
     if let Ok(a) = &appended {
         trace::partition(append_trace(partition, bytes, &a.trace));

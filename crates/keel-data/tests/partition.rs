@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use keel_broker::health::DirHealth;
-use keel_broker::partition::{Partition, PartitionParts};
+use keel_data::health::DirHealth;
+use keel_data::partition::{Partition, PartitionParts};
 use keel_log::batch::{validate_batches, BatchHeader};
 use keel_log::faults::FaultyStorage;
 use keel_log::marker::Marker;
@@ -139,7 +139,7 @@ async fn a_failed_fsync_takes_the_dir_offline_and_a_retry_is_not_stored_twice() 
     );
     assert!(matches!(
         p.read(0, 1 << 20, false),
-        Err(keel_broker::partition::ReadFailure::Storage(_))
+        Err(keel_data::partition::ReadFailure::Storage(_))
     ));
     drop(p);
     // The restart: the retry of the failed batch is a duplicate if the
@@ -272,8 +272,8 @@ fn no_tiers() -> Arc<keel_tier::Tiers> {
     Arc::new(keel_tier::Tiers::new(&[], None).unwrap())
 }
 
-fn read_bytes(source: keel_broker::partition::ReadSource) -> (bool, Bytes) {
-    use keel_broker::partition::ReadSource;
+fn read_bytes(source: keel_data::partition::ReadSource) -> (bool, Bytes) {
+    use keel_data::partition::ReadSource;
     match source {
         ReadSource::Memory(b) => (true, b.join()),
         ReadSource::Disk(plan) => (false, plan.execute().unwrap()),
@@ -345,7 +345,7 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
 /// twice, and cold reads never insert into the tail cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_cold_reads_are_read_ahead_once() {
-    use keel_broker::partition::ReadSource;
+    use keel_data::partition::ReadSource;
     let dir = tempfile::tempdir().unwrap();
     let config = LogConfig {
         segment_bytes: 4096,
@@ -814,13 +814,13 @@ async fn a_transactional_batch_is_verified_when_the_writer_takes_it() {
         .record(None, Some(b"late"))
         .build();
     let headers = validate_batches(&txn).unwrap();
-    let verify: keel_broker::partition::Verify = Box::new({
+    let verify: keel_data::partition::Verify = Box::new({
         let open = Arc::clone(&open);
         move || {
             if open.load(Ordering::SeqCst) {
                 Ok(())
             } else {
-                Err(keel_broker::partition::AppendFailure {
+                Err(keel_data::partition::AppendFailure {
                     error: ResponseError::InvalidTxnState,
                     message: "the transaction ended".into(),
                 })

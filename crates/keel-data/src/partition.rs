@@ -246,7 +246,7 @@ pub struct Partition {
     /// A background thread is running the log's queued seals.
     sealing: Arc<AtomicBool>,
     /// What the log cleaner did here (compacted topics).
-    pub cleaning: Mutex<crate::cleaner::Cleaning>,
+    pub cleaning: Mutex<crate::cleaning::Cleaning>,
 }
 
 /// The read-ahead slot of one partition.
@@ -290,6 +290,23 @@ pub struct PartitionParts {
     pub tail: PartitionTail,
     pub cold: Arc<ColdReads>,
     pub tiers: Arc<Tiers>,
+}
+
+/// An append in its partition's queue, its place in the write order
+/// fixed; [`Queued::outcome`] waits for the write.
+pub struct Queued {
+    done: oneshot::Receiver<Result<Appended, AppendFailure>>,
+}
+
+impl Queued {
+    /// The append's outcome, once the writer has written (or refused) it.
+    pub async fn outcome(self) -> Result<Appended, AppendFailure> {
+        self.done.await.unwrap_or_else(|_| {
+            Err(storage_failure(
+                "the partition's writer failed on this request; the partition was reloaded".into(),
+            ))
+        })
+    }
 }
 
 impl Partition {
@@ -350,7 +367,7 @@ impl Partition {
             read_ahead: Mutex::new(ReadAhead::Empty),
             scan_hint: Mutex::new(None),
             sealing: Arc::new(AtomicBool::new(false)),
-            cleaning: Mutex::new(crate::cleaner::Cleaning::default()),
+            cleaning: Mutex::new(crate::cleaning::Cleaning::default()),
         }
     }
 
@@ -400,7 +417,7 @@ impl Partition {
         records: Bytes,
         headers: Vec<BatchHeader>,
     ) -> Result<Appended, AppendFailure> {
-        self.enqueue(records, headers, None, None).await
+        self.queue(records, headers, None)?.outcome().await
     }
 
     /// [`Partition::append`] of a transactional batch, refused unless
@@ -411,7 +428,21 @@ impl Partition {
         headers: Vec<BatchHeader>,
         verify: Verify,
     ) -> Result<Appended, AppendFailure> {
-        self.enqueue(records, headers, None, Some(verify)).await
+        self.queue(records, headers, Some(verify))?.outcome().await
+    }
+
+    /// Puts validated batches in the append queue now (see
+    /// [`Partition::append`]; with `verify`, as
+    /// [`Partition::append_verified`]): their place in the partition's
+    /// write order is fixed when this returns, before the write. Refused
+    /// at once if the partition is unavailable.
+    pub fn queue(
+        self: &Arc<Self>,
+        records: Bytes,
+        headers: Vec<BatchHeader>,
+        verify: Option<Verify>,
+    ) -> Result<Queued, AppendFailure> {
+        self.enqueue(records, headers, None, verify)
     }
 
     /// Appends the marker that ends `producer_id`'s transaction here
@@ -427,17 +458,18 @@ impl Partition {
             error: ResponseError::UnknownServerError,
             message: format!("a marker batch does not validate: {e}"),
         })?;
-        self.enqueue(Bytes::from(batch), headers, Some(marker), None)
+        self.enqueue(Bytes::from(batch), headers, Some(marker), None)?
+            .outcome()
             .await
     }
 
-    async fn enqueue(
+    fn enqueue(
         self: &Arc<Self>,
         records: Bytes,
         headers: Vec<BatchHeader>,
         marker: Option<Marker>,
         verify: Option<Verify>,
-    ) -> Result<Appended, AppendFailure> {
+    ) -> Result<Queued, AppendFailure> {
         if let Some(why) = self.unavailable() {
             return Err(AppendFailure {
                 error: ResponseError::KafkaStorageError,
@@ -461,12 +493,7 @@ impl Partition {
             let me = Arc::clone(self);
             tokio::task::spawn_blocking(move || me.drain_queue());
         }
-        crate::trace::append_queued();
-        done.await.unwrap_or_else(|_| {
-            Err(storage_failure(
-                "the partition's writer failed on this request; the partition was reloaded".into(),
-            ))
-        })
+        Ok(Queued { done })
     }
 
     /// Writes queued appends until the queue is empty. A panic while
