@@ -3,7 +3,7 @@
 //! makes one such check per topic, and more for its operation masks.
 //!
 //! ```sh
-//! cargo bench -p keel-broker --bench acl_checks
+//! cargo bench -p keel-auth --bench acl_checks
 //! ```
 //!
 //! The ACLs: READ grants on topics of 100 teams for 50 users, literal, and

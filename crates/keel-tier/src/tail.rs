@@ -9,15 +9,21 @@
 //!   ends at what was last appended, so a read at an offset at or after the
 //!   first cached batch is answered entirely from memory.
 //!
-//! Locking: one mutex over the index, held only for in-memory work (never
-//! across I/O). Batches are `Bytes`, so a read of one batch copies nothing.
+//! Locking: the partitions' runs are split over [`SHARDS`] read-write
+//! locks by partition, so a read takes only its partition's shard's read
+//! lock and never waits for appends or evictions elsewhere, nor for other
+//! readers. The append order (what eviction
+//! follows) has a mutex of its own, taken by inserts and evictions only,
+//! always before a shard's. Every lock is held only for in-memory work
+//! (never across I/O). Batches are `Bytes`, so a read of one batch copies
+//! nothing.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 /// One cached batch: its offsets and its bytes as written to the log.
 #[derive(Debug, Clone)]
@@ -27,16 +33,27 @@ struct CachedBatch {
     bytes: Bytes,
 }
 
+/// How many mutexes the partitions' runs are split over.
+pub const SHARDS: usize = 16;
+
+/// The cached runs of the partitions whose id falls in one shard.
 #[derive(Debug, Default)]
-struct Inner {
-    used_bytes: u64,
-    /// Every cached batch as `(partition id, base offset)`, oldest append
-    /// first. Entries of batches already gone (partition dropped or
-    /// cleared) are skipped when reached.
-    order: VecDeque<(u64, i64)>,
-    /// Entries in `order` whose batch is already gone.
-    stale_entries: usize,
+struct Shard {
     partitions: HashMap<u64, VecDeque<CachedBatch>>,
+}
+
+/// A shard's mutex on a cache line of its own, so a reader of one shard
+/// does not share a line with a writer of the next.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct PaddedShard(RwLock<Shard>);
+
+/// Every cached batch as `(partition id, base offset)`, oldest append
+/// first. Entries of batches already gone (partition dropped or cleared,
+/// counted in `TailCache::stale_entries`) are skipped when reached.
+#[derive(Debug, Default)]
+struct Order {
+    entries: VecDeque<(u64, i64)>,
 }
 
 /// Counters since start-up.
@@ -137,7 +154,13 @@ impl From<Bytes> for Chunks {
 #[derive(Debug)]
 pub struct TailCache {
     budget_bytes: AtomicU64,
-    inner: Mutex<Inner>,
+    /// The bytes of every cached batch; changed under the shard holding
+    /// the batch.
+    used_bytes: AtomicU64,
+    /// Entries in `order` whose batch is already gone.
+    stale_entries: AtomicUsize,
+    order: Mutex<Order>,
+    shards: [PaddedShard; SHARDS],
     next_id: AtomicU64,
     counters: Counters,
 }
@@ -154,17 +177,24 @@ impl TailCache {
     pub fn new(budget_bytes: u64) -> Arc<TailCache> {
         Arc::new(TailCache {
             budget_bytes: AtomicU64::new(budget_bytes),
-            inner: Mutex::new(Inner::default()),
+            used_bytes: AtomicU64::new(0),
+            stale_entries: AtomicUsize::new(0),
+            order: Mutex::new(Order::default()),
+            shards: std::array::from_fn(|_| PaddedShard::default()),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
         })
     }
 
+    fn shard(&self, id: u64) -> &RwLock<Shard> {
+        &self.shards[(id % SHARDS as u64) as usize].0
+    }
+
     /// Changes the budget; a smaller one evicts the oldest batches at once.
     pub fn set_budget(&self, budget_bytes: u64) {
-        let mut inner = self.inner.lock();
+        let mut order = self.order.lock();
         self.budget_bytes.store(budget_bytes, Ordering::Relaxed);
-        self.evict(&mut inner);
+        self.evict(&mut order);
     }
 
     /// Registers a partition. Its run starts empty: data written before
@@ -177,16 +207,24 @@ impl TailCache {
     }
 
     pub fn stats(&self) -> TailStats {
-        let (used_bytes, cached_batches) = {
-            let inner = self.inner.lock();
-            let batches: usize = inner.partitions.values().map(VecDeque::len).sum();
-            (inner.used_bytes, batches as u64)
-        };
+        let cached_batches: usize = self
+            .shards
+            .iter()
+            .map(|shard| {
+                shard
+                    .0
+                    .read()
+                    .partitions
+                    .values()
+                    .map(VecDeque::len)
+                    .sum::<usize>()
+            })
+            .sum();
         let c = &self.counters;
         TailStats {
             budget_bytes: self.budget_bytes.load(Ordering::Relaxed),
-            used_bytes,
-            cached_batches,
+            used_bytes: self.used_bytes.load(Ordering::Relaxed),
+            cached_batches: cached_batches as u64,
             inserted_bytes: c.inserted_bytes.load(Ordering::Relaxed),
             evicted_bytes: c.evicted_bytes.load(Ordering::Relaxed),
             evicted_batches: c.evicted_batches.load(Ordering::Relaxed),
@@ -197,49 +235,62 @@ impl TailCache {
     }
 
     fn insert(&self, id: u64, batches: impl IntoIterator<Item = (i64, i64, Bytes)>) {
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let run = inner.partitions.entry(id).or_default();
+        // The order first, then the shard: the entries and the run change
+        // together, so eviction finds each entry's batch where it expects.
+        let mut order = self.order.lock();
         let mut added = 0u64;
-        for (base_offset, last_offset, bytes) in batches {
-            assert!(last_offset >= base_offset, "batch offsets out of order");
-            if run.back().is_some_and(|b| b.last_offset + 1 != base_offset) {
-                // Not contiguous with what is cached (the log was truncated
-                // or reset): the old run can no longer answer reads.
-                inner.stale_entries += run.len();
-                let dropped: u64 = run.drain(..).map(|b| b.bytes.len() as u64).sum();
-                inner.used_bytes -= dropped;
+        {
+            let mut shard = self.shard(id).write();
+            let run = shard.partitions.entry(id).or_default();
+            for (base_offset, last_offset, bytes) in batches {
+                assert!(last_offset >= base_offset, "batch offsets out of order");
+                if run.back().is_some_and(|b| b.last_offset + 1 != base_offset) {
+                    // Not contiguous with what is cached (the log was
+                    // truncated or reset): the old run can no longer answer
+                    // reads.
+                    self.stale_entries.fetch_add(run.len(), Ordering::Relaxed);
+                    let dropped: u64 = run.drain(..).map(|b| b.bytes.len() as u64).sum();
+                    self.used_bytes.fetch_sub(dropped, Ordering::Relaxed);
+                }
+                added += bytes.len() as u64;
+                order.entries.push_back((id, base_offset));
+                run.push_back(CachedBatch {
+                    base_offset,
+                    last_offset,
+                    bytes,
+                });
             }
-            added += bytes.len() as u64;
-            inner.order.push_back((id, base_offset));
-            run.push_back(CachedBatch {
-                base_offset,
-                last_offset,
-                bytes,
-            });
+            self.used_bytes.fetch_add(added, Ordering::Relaxed);
         }
-        inner.used_bytes += added;
         self.counters.inserted_bytes.fetch_add(added, Ordering::Relaxed);
-        self.evict(inner);
+        self.evict(&mut order);
     }
 
-    /// Drops the oldest batches until the budget holds.
-    fn evict(&self, inner: &mut Inner) {
+    /// Drops the oldest batches until the budget holds. The caller holds
+    /// the order; each batch's shard is locked in turn.
+    fn evict(&self, order: &mut Order) {
         let (mut bytes, mut batches) = (0u64, 0u64);
         let budget = self.budget_bytes.load(Ordering::Relaxed);
-        while inner.used_bytes > budget {
-            let Some((id, base)) = inner.order.pop_front() else {
+        while self.used_bytes.load(Ordering::Relaxed) > budget {
+            let Some((id, base)) = order.entries.pop_front() else {
                 break;
             };
-            let run = inner.partitions.get_mut(&id);
-            match run {
+            let mut shard = self.shard(id).write();
+            match shard.partitions.get_mut(&id) {
                 Some(run) if run.front().is_some_and(|b| b.base_offset == base) => {
                     let batch = run.pop_front().expect("front checked");
-                    inner.used_bytes -= batch.bytes.len() as u64;
-                    bytes += batch.bytes.len() as u64;
+                    let len = batch.bytes.len() as u64;
+                    self.used_bytes.fetch_sub(len, Ordering::Relaxed);
+                    bytes += len;
                     batches += 1;
                 }
-                _ => inner.stale_entries = inner.stale_entries.saturating_sub(1),
+                _ => {
+                    let _ = self
+                        .stale_entries
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                            Some(n.saturating_sub(1))
+                        });
+                }
             }
         }
         self.counters.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -249,11 +300,12 @@ impl TailCache {
     }
 
     fn read(&self, id: u64, offset: i64, end_offset: i64, max_bytes: usize) -> Option<Chunks> {
-        let inner = self.inner.lock();
-        let run = inner.partitions.get(&id);
+        let shard = self.shard(id).read();
+        let run = shard.partitions.get(&id);
         let hit = run.filter(|r| r.front().is_some_and(|b| b.base_offset <= offset) && offset < end_offset);
         let mut picked = hit.map(|run| run.range(run.partition_point(|b| b.last_offset < offset)..));
         let Some(head) = picked.as_mut().and_then(Iterator::next) else {
+            drop(shard);
             self.counters.miss_reads.fetch_add(1, Ordering::Relaxed);
             return None;
         };
@@ -268,7 +320,7 @@ impl TailCache {
             more.push(b.bytes.clone());
         }
         more.insert(0, head.bytes.clone());
-        drop(inner);
+        drop(shard);
         self.counters.hit_reads.fetch_add(1, Ordering::Relaxed);
         self.counters.hit_bytes.fetch_add(total as u64, Ordering::Relaxed);
         Some(Chunks {
@@ -278,9 +330,8 @@ impl TailCache {
     }
 
     fn remove_below(&self, id: u64, offset: i64) {
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let Some(run) = inner.partitions.get_mut(&id) else {
+        let mut shard = self.shard(id).write();
+        let Some(run) = shard.partitions.get_mut(&id) else {
             return;
         };
         let (mut bytes, mut batches) = (0u64, 0usize);
@@ -290,28 +341,29 @@ impl TailCache {
                 batches += 1;
             }
         }
-        inner.used_bytes -= bytes;
-        inner.stale_entries += batches;
+        self.used_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.stale_entries.fetch_add(batches, Ordering::Relaxed);
     }
 
     fn remove(&self, id: u64) {
-        let mut inner = self.inner.lock();
-        if let Some(run) = inner.partitions.remove(&id) {
-            inner.stale_entries += run.len();
-            inner.used_bytes -= run.iter().map(|b| b.bytes.len() as u64).sum::<u64>();
+        let mut order = self.order.lock();
+        if let Some(run) = self.shard(id).write().partitions.remove(&id) {
+            self.stale_entries.fetch_add(run.len(), Ordering::Relaxed);
+            let bytes: u64 = run.iter().map(|b| b.bytes.len() as u64).sum();
+            self.used_bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
         // Keep `order` from filling up with entries of dropped partitions
         // while nothing is being evicted.
-        if inner.stale_entries > 1024 && inner.stale_entries * 2 > inner.order.len() {
-            let Inner {
-                order, partitions, ..
-            } = &mut *inner;
-            order.retain(|(id, base)| {
-                partitions
+        let stale = self.stale_entries.load(Ordering::Relaxed);
+        if stale > 1024 && stale * 2 > order.entries.len() {
+            order.entries.retain(|(id, base)| {
+                self.shard(*id)
+                    .read()
+                    .partitions
                     .get(id)
                     .is_some_and(|run| run.binary_search_by_key(base, |b| b.base_offset).is_ok())
             });
-            inner.stale_entries = 0;
+            self.stale_entries.store(0, Ordering::Relaxed);
         }
     }
 }
@@ -344,8 +396,8 @@ impl PartitionTail {
 
     /// The first offset of the cached run, if anything is cached.
     pub fn first_offset(&self) -> Option<i64> {
-        let inner = self.cache.inner.lock();
-        inner.partitions.get(&self.id)?.front().map(|b| b.base_offset)
+        let shard = self.cache.shard(self.id).read();
+        shard.partitions.get(&self.id)?.front().map(|b| b.base_offset)
     }
 }
 
