@@ -38,7 +38,6 @@ use crate::config::CleanerSettings;
 use keel_data::cleaning::Cleaning;
 use keel_data::partition::Partition;
 use keel_data::topics::Topic;
-use keel_log::clock::now_ms;
 
 /// How often a sleeping thread checks whether the broker is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(100);
@@ -233,7 +232,7 @@ struct Candidate {
 /// needs it most. Returns whether a pass ran.
 fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runtime::Handle) -> bool {
     let cleaner = &broker.cleaner;
-    let now = now_ms();
+    let now = broker.clock.now_ms();
     let mut best: Option<Candidate> = None;
     for topic in broker.topics.all() {
         let settings = match broker.config().compaction(&topic.meta.configs) {
@@ -395,7 +394,7 @@ fn pass(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: 
     match outcome {
         Ok(Ok(stats)) => {
             record(cleaner, &mut cleaning, &stats, map.budget_entries());
-            cleaning.last_pass_ms = Some(now_ms());
+            cleaning.last_pass_ms = Some(broker.clock.now_ms());
             cleaning.last_pass_duration_ms = elapsed.as_millis() as u64;
             tracing::info!(
                 topic = %p.topic, partition = p.index,

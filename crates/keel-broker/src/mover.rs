@@ -43,7 +43,6 @@ use crate::broker::Broker;
 use crate::config::TierPolicy;
 use keel_data::partition::{Partition, Unavailable};
 use keel_data::topics::Topic;
-use keel_log::clock::now_ms;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -437,7 +436,7 @@ fn partition_prefix(cluster_id: &str, topic: &Topic, partition: i32) -> String {
 
 /// Deletes local copies no longer needed (see the module docs).
 async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()> {
-    let now = now_ms();
+    let now = broker.clock.now_ms();
     // Local retention, per partition.
     for t in available(targets) {
         let policy = t.policy;

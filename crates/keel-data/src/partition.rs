@@ -32,7 +32,7 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::health::DirHealth;
 use crate::producers::{ProducerInfo, ProducerSnapshot, ProducerStates, SequenceCheck};
-use keel_log::clock::now_ms;
+use keel_log::clock::Clock;
 
 /// The leader epoch of every Keel partition: one node, never re-elected.
 pub const LEADER_EPOCH: i32 = 0;
@@ -247,6 +247,7 @@ pub struct Partition {
     sealing: Arc<AtomicBool>,
     /// What the log cleaner did here (compacted topics).
     pub cleaning: Mutex<crate::cleaning::Cleaning>,
+    clock: Arc<dyn Clock>,
 }
 
 /// The read-ahead slot of one partition.
@@ -290,6 +291,8 @@ pub struct PartitionParts {
     pub tail: PartitionTail,
     pub cold: Arc<ColdReads>,
     pub tiers: Arc<Tiers>,
+    /// The time appends, markers and producer state are stamped with.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// An append in its partition's queue, its place in the write order
@@ -314,7 +317,7 @@ impl Partition {
     /// snapshot, then the batch headers after it. Blocking: run off the
     /// async threads.
     pub fn open(parts: PartitionParts) -> Result<Partition, String> {
-        let (log, producers) = open_log(&parts.storage, &parts.dir, &parts.config)?;
+        let (log, producers) = open_log(&parts.storage, &parts.dir, &parts.config, parts.clock.now_ms())?;
         let reader = log.reader().clone();
         let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
         let lso = stable_offset(&producers, hw);
@@ -368,6 +371,7 @@ impl Partition {
             scan_hint: Mutex::new(None),
             sealing: Arc::new(AtomicBool::new(false)),
             cleaning: Mutex::new(crate::cleaning::Cleaning::default()),
+            clock: parts.clock,
         }
     }
 
@@ -453,7 +457,7 @@ impl Partition {
         producer_epoch: i16,
         marker: Marker,
     ) -> Result<Appended, AppendFailure> {
-        let batch = keel_log::marker::marker_batch(producer_id, producer_epoch, marker, now_ms());
+        let batch = keel_log::marker::marker_batch(producer_id, producer_epoch, marker, self.clock.now_ms());
         let headers = keel_log::batch::validate_batches(&batch).map_err(|e| AppendFailure {
             error: ResponseError::UnknownServerError,
             message: format!("a marker batch does not validate: {e}"),
@@ -538,6 +542,8 @@ impl Partition {
         let log = log.as_mut().expect("refusal() checked the log is open");
         let first_offset = log.log_end_offset();
         let mut next_offset = first_offset;
+        // One time for the group: its producer state and its write.
+        let now = self.clock.now_ms();
         let mut buf = Vec::new();
         let mut headers = Vec::new();
         let mut undo = Vec::new();
@@ -549,7 +555,7 @@ impl Partition {
             let planned = match (verified, item.marker) {
                 (Err(refused), _) => Err(refused),
                 (Ok(()), Some(marker)) => {
-                    plan_marker(producers, &item.headers, marker, next_offset, &mut undo).map(|plan| {
+                    plan_marker(producers, &item.headers, marker, next_offset, now, &mut undo).map(|plan| {
                         match plan {
                             MarkerPlan::Write(txn) => {
                                 aborted.extend(txn);
@@ -559,7 +565,7 @@ impl Partition {
                         }
                     })
                 }
-                (Ok(()), None) => plan_item(producers, &item.headers, next_offset, &mut undo),
+                (Ok(()), None) => plan_item(producers, &item.headers, next_offset, now, &mut undo),
             };
             let waited = AppendTrace {
                 queue: picked.saturating_duration_since(item.enqueued),
@@ -588,7 +594,7 @@ impl Partition {
         let failure = if buf.is_empty() {
             None
         } else {
-            let appended = log.append(&mut buf, &headers, now_ms());
+            let appended = log.append(&mut buf, &headers, now);
             written_at = Some(Instant::now());
             match appended {
                 Ok(info) => {
@@ -721,7 +727,7 @@ impl Partition {
         }
         self.tail.clear();
         let config = self.config.lock().clone();
-        match open_log(&self.storage, &self.dir, &config) {
+        match open_log(&self.storage, &self.dir, &config, self.clock.now_ms()) {
             Ok((log, producers)) => {
                 let reader = log.reader().clone();
                 let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
@@ -1259,17 +1265,18 @@ fn open_log(
     storage: &Arc<dyn Storage>,
     dir: &Path,
     config: &LogConfig,
+    now: i64,
 ) -> Result<(PartitionLog, ProducerStates), String> {
     let mut log = PartitionLog::open_with(Arc::clone(storage), dir, config.clone())
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let producers = load_producers(&mut log).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let producers = load_producers(&mut log, now).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok((log, producers))
 }
 
 /// Producer state from the newest snapshot and the batches after it. A
 /// snapshot that does not decode is ignored (with a warning) and the state
 /// is rebuilt from the whole log instead.
-fn load_producers(log: &mut PartitionLog) -> std::io::Result<ProducerStates> {
+fn load_producers(log: &mut PartitionLog, now: i64) -> std::io::Result<ProducerStates> {
     let (mut producers, from) = match log.take_producer_snapshot() {
         Some((offset, bytes)) => match ProducerStates::decode_snapshot(&bytes) {
             Ok(states) => (states, offset),
@@ -1280,7 +1287,6 @@ fn load_producers(log: &mut PartitionLog) -> std::io::Result<ProducerStates> {
         },
         None => (ProducerStates::default(), log.log_start_offset()),
     };
-    let now = now_ms();
     let mut scan = log.batch_headers(from.max(log.log_start_offset()));
     let mut aborted = Vec::new();
     while let Some(header) = scan.next() {
@@ -1379,6 +1385,7 @@ fn plan_item(
     producers: &mut ProducerStates,
     headers: &[BatchHeader],
     base_offset: i64,
+    now_ms: i64,
     undo: &mut Vec<crate::producers::ProducerSnapshot>,
 ) -> Result<Planned, AppendFailure> {
     let mut offset = base_offset;
@@ -1411,7 +1418,7 @@ fn plan_item(
             }
         }
         undo.push(producers.snapshot(h.producer_id));
-        producers.record(h, offset, now_ms());
+        producers.record(h, offset, now_ms);
         offset += i64::from(h.last_offset_delta) + 1;
     }
     Ok(Planned::Append(offset - base_offset))
@@ -1435,6 +1442,7 @@ fn plan_marker(
     headers: &[BatchHeader],
     marker: Marker,
     offset: i64,
+    now_ms: i64,
     undo: &mut Vec<crate::producers::ProducerSnapshot>,
 ) -> Result<MarkerPlan, AppendFailure> {
     let h = headers.first().ok_or_else(|| AppendFailure {
@@ -1455,11 +1463,7 @@ fn plan_marker(
         })?;
     undo.push(producers.snapshot(h.producer_id));
     Ok(MarkerPlan::Write(end_transaction(
-        producers,
-        h,
-        marker,
-        offset,
-        now_ms(),
+        producers, h, marker, offset, now_ms,
     )))
 }
 

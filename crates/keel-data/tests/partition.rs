@@ -50,6 +50,7 @@ fn parts(
         tail,
         cold,
         tiers: no_tiers(),
+        clock: Arc::new(keel_log::clock::SystemClock),
     }
 }
 
@@ -909,4 +910,57 @@ async fn maintenance_beside_appends_never_moves_the_high_watermark_back() {
     let passes = maintenance.join().expect("maintenance published in order");
     assert!(passes > 0);
     assert_eq!(p.high_watermark(), 1_200);
+}
+
+/// A clock the test moves by hand.
+struct ManualClock(std::sync::atomic::AtomicI64);
+
+impl keel_log::clock::Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A partition reads time only from its clock: a producer's last write
+/// (what DescribeProducers reports and `producer.id.expiration.ms` counts
+/// from) is the clock's time at its append; the snapshot written at close
+/// keeps it across a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_times_come_from_the_partitions_clock() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock(std::sync::atomic::AtomicI64::new(5_000)));
+    let open = |clock: &Arc<ManualClock>| {
+        let mut p = parts(
+            dir.path(),
+            LogConfig::default(),
+            keel_tier::TailCache::new(1 << 20).partition(),
+            cold(),
+        );
+        p.clock = Arc::clone(clock) as Arc<dyn keel_log::clock::Clock>;
+        Arc::new(Partition::open(p).unwrap())
+    };
+    let p = open(&clock);
+    let (b, h) = batch(Some((7, 0)), 2);
+    p.append(b, h).await.unwrap();
+    let last_writes = |p: &Partition| {
+        p.describe_producers()
+            .iter()
+            .map(|d| (d.producer_id, d.last_timestamp_ms))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(last_writes(&p), vec![(7, 5_000)]);
+    // Idle a millisecond short of the expiration: kept; for all of it:
+    // expired (Kafka's `>=`).
+    assert_eq!(p.expire_producers(64_999, 60_000), 0);
+    clock.0.store(65_000, SeqCst);
+    let (b, h) = batch(Some((8, 0)), 1);
+    p.append(b, h).await.unwrap();
+    assert_eq!(p.expire_producers(65_000, 60_000), 1);
+    assert_eq!(last_writes(&p), vec![(8, 65_000)]);
+    p.close().unwrap();
+    drop(p);
+    clock.0.store(90_000, SeqCst);
+    let p = open(&clock);
+    assert_eq!(last_writes(&p), vec![(8, 65_000)]);
 }

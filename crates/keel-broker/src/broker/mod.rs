@@ -29,7 +29,7 @@ use keel_data::partition::{Partition, PartitionParts};
 use keel_data::producers::{write_atomically, ProducerIdAllocator};
 use keel_data::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use keel_log::clock::now_ms;
-use keel_log::clock::SystemClock;
+use keel_log::clock::{Clock, SystemClock};
 use keel_log::faults::FaultyStorage;
 use keel_log::{DiskStorage, ReadIo, Storage};
 use keel_tier::memory::MemoryLimit;
@@ -179,6 +179,8 @@ pub struct Broker {
     pub features_epoch: i64,
     /// Request metrics and the slow-request log (`/metrics`).
     pub metrics: Metrics,
+    /// The time partitions, coordinators and maintenance go by.
+    pub clock: Arc<dyn Clock>,
     /// The process's loggers (Kafka's BROKER_LOGGER), set by the binary
     /// that owns the log subscriber; unset, there are none to describe.
     pub loggers: std::sync::OnceLock<Arc<dyn crate::loggers::Loggers>>,
@@ -272,18 +274,19 @@ impl Broker {
             Duration::from_millis(u64::try_from(config.num("keel.tier.orphan.grace.ms")).unwrap_or(600_000)),
         );
         let cleaner_settings = config.cleaner_settings();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let groups = GroupCoordinator::open_with(
             Arc::clone(&storage),
             &meta_dir.join("groups"),
             config.coordinator_config(),
-            Arc::new(SystemClock),
+            Arc::clone(&clock),
         )
         .map_err(StartError::Groups)?;
         let txns = keel_coord::txn::TxnCoordinator::open_with(
             Arc::clone(&storage),
             &meta_dir.join("transactions"),
             config.txn_config(),
-            Arc::new(SystemClock),
+            Arc::clone(&clock),
         )
         .map_err(StartError::Transactions)?;
         let quotas = crate::quotas::ClientQuotas::open_with(
@@ -325,7 +328,8 @@ impl Broker {
             mover: Arc::new(mover),
             cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
-            features_epoch: keel_log::clock::now_ms(),
+            features_epoch: clock.now_ms(),
+            clock,
             loggers: std::sync::OnceLock::new(),
             group_configs,
             refused_apis: refused::RefusedApis::default(),
@@ -401,6 +405,7 @@ impl Broker {
             tail: self.tail_cache.partition(),
             cold: Arc::clone(&self.cold),
             tiers: Arc::clone(&self.tiers),
+            clock: Arc::clone(&self.clock),
         };
         let mut out = Vec::new();
         for p in from..meta.partitions {
@@ -483,7 +488,7 @@ impl Broker {
     }
 
     fn apply_retention(&self) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         for topic in self.topics.all() {
             for p in &topic.partitions {
                 if p.unavailable().is_some() {
@@ -502,7 +507,10 @@ impl Broker {
 
     /// Forgets producers idle for `producer.id.expiration.ms`.
     fn expire_producers(&self) {
-        let (now, expiration_ms) = (now_ms(), self.config().num("producer.id.expiration.ms"));
+        let (now, expiration_ms) = (
+            self.clock.now_ms(),
+            self.config().num("producer.id.expiration.ms"),
+        );
         let mut expired = 0;
         for topic in self.topics.all() {
             for p in &topic.partitions {
@@ -515,7 +523,7 @@ impl Broker {
     }
 
     fn flush_due(&self) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         for topic in self.topics.all() {
             for p in &topic.partitions {
                 if p.unavailable().is_some() {

@@ -19,7 +19,7 @@ const COMPACTED_COLD: [(&str, &str); 3] = [
 /// A pass that cleans everything sealed.
 fn eager() -> PassOptions {
     PassOptions {
-        now_ms: now_ms(),
+        now_ms: keel_log::clock::now_ms(),
         min_compaction_lag_ms: 0,
         max_compaction_lag_ms: i64::MAX,
         min_cleanable_dirty_ratio: 0.0,
