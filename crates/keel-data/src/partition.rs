@@ -805,10 +805,11 @@ impl Partition {
 
     /// Publishes the offsets readers see. Callers hold the writer lock (or
     /// own the partition, at open), so publications happen in the order
-    /// the writer computed them. The high watermark and the last stable
-    /// offset never move back: if one would, an invariant is broken, and
-    /// the broker stops here (in release builds too) rather than show
-    /// consumers a log that shrank.
+    /// the writer computed them. The high watermark, the last stable
+    /// offset and the log start offset never move back: if one would, an
+    /// invariant is broken, and the broker stops here (in release builds
+    /// too) rather than show consumers a log that shrank or records that
+    /// were deleted.
     fn store_offsets(&self, high_watermark: i64, last_stable_offset: i64, log_start_offset: i64) {
         assert!(
             last_stable_offset <= high_watermark,
@@ -830,7 +831,13 @@ impl Partition {
             self.topic,
             self.index
         );
-        self.log_start_offset.store(log_start_offset, Ordering::Release);
+        let was = self.log_start_offset.swap(log_start_offset, Ordering::AcqRel);
+        assert!(
+            log_start_offset >= was,
+            "{}-{}: the log start offset would move back from {was} to {log_start_offset}",
+            self.topic,
+            self.index
+        );
     }
 
     /// Registers a fetch to be woken by the next append. Entries of fetches

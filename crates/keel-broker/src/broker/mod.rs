@@ -26,7 +26,7 @@ use keel_auth::acl::Operation;
 use keel_coord::groups::GroupCoordinator;
 use keel_data::health::DirHealth;
 use keel_data::partition::{Partition, PartitionParts};
-use keel_data::producers::{write_atomically, ProducerIdAllocator};
+use keel_data::producers::ProducerIdAllocator;
 use keel_data::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use keel_log::clock::now_ms;
 use keel_log::clock::{Clock, SystemClock};
@@ -222,9 +222,6 @@ impl Broker {
         std::fs::create_dir_all(&meta_dir)
             .and_then(|()| keel_log::storage::sync_parent(DiskStorage::shared().as_ref(), &meta_dir))
             .map_err(io(&meta_dir))?;
-        let cluster_id = load_cluster_id(&data_dir, config.node_id()).map_err(io(&data_dir))?;
-        let ids_path = meta_dir.join("producer-ids");
-        let producer_ids = ProducerIdAllocator::open(&ids_path).map_err(io(&ids_path))?;
         let failpoints = (std::env::var("KEEL_FAILPOINTS").as_deref() == Ok("1")).then(|| {
             tracing::warn!("KEEL_FAILPOINTS=1: storage faults can be injected through the admin endpoint");
             FaultyStorage::new(DiskStorage::shared())
@@ -233,6 +230,11 @@ impl Broker {
             Some(f) => Arc::new(f.clone()),
             None => DiskStorage::shared(),
         };
+        let cluster_id =
+            load_cluster_id(storage.as_ref(), &data_dir, config.node_id()).map_err(io(&data_dir))?;
+        let ids_path = meta_dir.join("producer-ids");
+        let producer_ids =
+            ProducerIdAllocator::open_with(Arc::clone(&storage), &ids_path).map_err(io(&ids_path))?;
         let store = TopicStore::new(&data_dir, Arc::clone(&storage));
         let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
             .map_err(io(&meta_dir))?;
@@ -798,15 +800,20 @@ fn respond<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, body: &
 }
 
 /// Reads or creates `meta.properties` (Kafka's format) with the cluster id.
-fn load_cluster_id(data_dir: &std::path::Path, node_id: i32) -> std::io::Result<String> {
+fn load_cluster_id(
+    storage: &dyn Storage,
+    data_dir: &std::path::Path,
+    node_id: i32,
+) -> std::io::Result<String> {
     let path = data_dir.join("meta.properties");
-    if let Ok(text) = std::fs::read_to_string(&path) {
+    if let Some(bytes) = keel_log::storage::read_file(storage, &path)? {
+        let text = String::from_utf8_lossy(&bytes);
         if let Some(id) = text.lines().find_map(|l| l.strip_prefix("cluster.id=")) {
             return Ok(id.trim().to_string());
         }
     }
     let id = base64_url(Uuid::new_v4().as_bytes());
     let text = format!("#Written by Keel\nversion=1\ncluster.id={id}\nnode.id={node_id}\n");
-    write_atomically(&path, text.as_bytes())?;
+    keel_log::storage::write_atomically(storage, &path, text.as_bytes())?;
     Ok(id)
 }
