@@ -382,7 +382,8 @@ impl Tiers {
                             .await
                             .map_err(io_error)?;
                         for meta in listed.objects {
-                            let age = now_ms().saturating_sub(meta.last_modified.timestamp_millis());
+                            let age = keel_log::clock::now_ms()
+                                .saturating_sub(meta.last_modified.timestamp_millis());
                             files.push((meta.location.to_string(), age.max(0) as u64));
                         }
                         next.extend(listed.common_prefixes.into_iter().map(Some));
@@ -778,12 +779,6 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, u64)>) -> io::Result<()>
         }
     }
     Ok(())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Bytes free and total of the filesystem holding `dir`.
