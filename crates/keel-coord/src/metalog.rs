@@ -136,6 +136,44 @@ impl std::fmt::Display for StoreError {
     }
 }
 
+/// Why a coordinator log did not open. Each names the path it concerns.
+#[derive(Debug)]
+pub enum OpenError {
+    /// A file operation failed.
+    Io { path: PathBuf, error: io::Error },
+    /// The partition log under it did not open.
+    Log {
+        path: PathBuf,
+        error: keel_log::OpenError,
+    },
+    /// A snapshot or a logged record does not decode: a damaged file, or
+    /// one a newer version wrote.
+    Corrupt { path: PathBuf, why: String },
+    /// The log starts past every snapshot: the records before its start
+    /// are nowhere.
+    Gap { path: PathBuf, log_start: i64 },
+    /// The writer thread could not be started.
+    Writer(io::Error),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Io { path, error } => write!(f, "{}: {error}", path.display()),
+            OpenError::Log { path, error } => write!(f, "{}: {error}", path.display()),
+            OpenError::Corrupt { path, why } => write!(f, "{}: {why}", path.display()),
+            OpenError::Gap { path, log_start } => write!(
+                f,
+                "{}: the log starts at offset {log_start} but no snapshot covers the records before it",
+                path.display()
+            ),
+            OpenError::Writer(error) => write!(f, "cannot start a coordinator log's writer: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
 /// Acknowledges one write once it is in the log and applied.
 type WriteAck = oneshot::Sender<Result<(), StoreError>>;
 
@@ -188,7 +226,7 @@ impl<T: Table> MetaLog<T> {
         log_config: LogConfig,
         snapshot_bytes: u64,
         durability: Durability,
-    ) -> Result<MetaLog<T>, String> {
+    ) -> Result<MetaLog<T>, OpenError> {
         MetaLog::open_with(
             keel_log::DiskStorage::shared(),
             dir,
@@ -202,7 +240,7 @@ impl<T: Table> MetaLog<T> {
     /// the client quotas): segments roll and snapshots are taken every
     /// `bytes`, and each write is fsynced before it is answered, as a
     /// change to Kafka's metadata log is. Blocking.
-    pub fn open_synced(storage: Arc<dyn Storage>, dir: &Path, bytes: u64) -> Result<MetaLog<T>, String> {
+    pub fn open_synced(storage: Arc<dyn Storage>, dir: &Path, bytes: u64) -> Result<MetaLog<T>, OpenError> {
         MetaLog::open_with(storage, dir, log_config(bytes), bytes, Durability::Synced)
     }
 
@@ -214,25 +252,34 @@ impl<T: Table> MetaLog<T> {
         log_config: LogConfig,
         snapshot_bytes: u64,
         durability: Durability,
-    ) -> Result<MetaLog<T>, String> {
+    ) -> Result<MetaLog<T>, OpenError> {
         let snapshots = dir.join("snapshots");
         let created = storage
             .create_dir_all(&snapshots)
             .and_then(|()| sync_parent(storage.as_ref(), &snapshots))
             .and_then(|()| sync_parent(storage.as_ref(), dir));
-        created.map_err(|e| format!("{}: {e}", snapshots.display()))?;
+        created.map_err(|error| OpenError::Io {
+            path: snapshots.clone(),
+            error,
+        })?;
         let (snapshot_offset, mut table) = load_snapshot(storage.as_ref(), &snapshots)?;
         let log_dir = dir.join("log");
-        let log = PartitionLog::open_with(Arc::clone(&storage), &log_dir, log_config)
-            .map_err(|e| format!("{}: {e}", log_dir.display()))?;
+        let log = PartitionLog::open_with(Arc::clone(&storage), &log_dir, log_config).map_err(|error| {
+            OpenError::Log {
+                path: log_dir.clone(),
+                error,
+            }
+        })?;
         if log.log_start_offset() > snapshot_offset {
-            return Err(format!(
-                "{}: the log starts at offset {} but no snapshot covers the records before it",
-                log_dir.display(),
-                log.log_start_offset()
-            ));
+            return Err(OpenError::Gap {
+                path: log_dir,
+                log_start: log.log_start_offset(),
+            });
         }
-        let replayed = replay(&log, snapshot_offset, &mut table)?;
+        let replayed = replay(&log, snapshot_offset, &mut table).map_err(|why| OpenError::Corrupt {
+            path: log_dir.clone(),
+            why,
+        })?;
         tracing::info!(
             log = T::NAME,
             snapshot_offset,
@@ -253,7 +300,7 @@ impl<T: Table> MetaLog<T> {
         let handle = std::thread::Builder::new()
             .name(format!("keel-{}", T::NAME))
             .spawn(move || writer.run(rx))
-            .map_err(|e| format!("cannot start the {} writer: {e}", T::NAME))?;
+            .map_err(OpenError::Writer)?;
         Ok(MetaLog {
             commands: Mutex::new(Some(tx)),
             table,
@@ -501,19 +548,27 @@ pub fn list_snapshots(storage: &dyn Storage, dir: &Path) -> io::Result<Vec<(i64,
 }
 
 /// The newest snapshot: its offset (0 if none) and table.
-fn load_snapshot<T: Table>(storage: &dyn Storage, dir: &Path) -> Result<(i64, T), String> {
-    let snapshots = list_snapshots(storage, dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn load_snapshot<T: Table>(storage: &dyn Storage, dir: &Path) -> Result<(i64, T), OpenError> {
+    let snapshots = list_snapshots(storage, dir).map_err(|error| OpenError::Io {
+        path: dir.to_path_buf(),
+        error,
+    })?;
     let Some((offset, path)) = snapshots.last() else {
         return Ok((0, T::default()));
     };
     let bytes = read_file(storage, path)
         .and_then(|b| b.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished")))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|error| OpenError::Io {
+            path: path.clone(),
+            error,
+        })?;
+    let corrupt = |why: String| OpenError::Corrupt {
+        path: path.clone(),
+        why,
+    };
     let mut table = T::default();
-    validate_batches(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    for (_, entry) in
-        decode_records::<T>(Bytes::from(bytes)).map_err(|e| format!("{}: {e}", path.display()))?
-    {
+    validate_batches(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    for (_, entry) in decode_records::<T>(Bytes::from(bytes)).map_err(corrupt)? {
         entry.apply_to(&mut table);
     }
     Ok((*offset, table))

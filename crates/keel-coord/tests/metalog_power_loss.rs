@@ -148,7 +148,7 @@ impl Harness {
         h
     }
 
-    fn open(&self) -> Result<MetaLog<Kv>, String> {
+    fn open(&self) -> Result<MetaLog<Kv>, keel_coord::metalog::OpenError> {
         MetaLog::open_with(
             Arc::new(self.faults.clone()),
             Path::new(DIR),

@@ -316,7 +316,7 @@ impl Partition {
     /// Opens (and recovers) the log and loads producer state: the newest
     /// snapshot, then the batch headers after it. Blocking: run off the
     /// async threads.
-    pub fn open(parts: PartitionParts) -> Result<Partition, String> {
+    pub fn open(parts: PartitionParts) -> Result<Partition, OpenFailure> {
         let (log, producers) = open_log(&parts.storage, &parts.dir, &parts.config, parts.clock.now_ms())?;
         let reader = log.reader().clone();
         let (hw, start) = (reader.log_end_offset(), reader.log_start_offset());
@@ -743,7 +743,7 @@ impl Partition {
             }
             Err(e) => {
                 tracing::error!(topic = %self.topic, partition = self.index, error = %e, "the partition goes offline");
-                *self.offline.lock() = Some(e);
+                *self.offline.lock() = Some(e.to_string());
             }
         }
     }
@@ -1266,6 +1266,31 @@ impl Partition {
     }
 }
 
+/// Why a partition's log did not open.
+#[derive(Debug)]
+pub enum OpenFailure {
+    /// The log's segments did not open or recover.
+    Log {
+        dir: PathBuf,
+        error: keel_log::OpenError,
+    },
+    /// The producer state could not be rebuilt from the log.
+    Producers { dir: PathBuf, error: std::io::Error },
+}
+
+impl std::fmt::Display for OpenFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenFailure::Log { dir, error } => write!(f, "{}: {error}", dir.display()),
+            OpenFailure::Producers { dir, error } => {
+                write!(f, "{}: producer state: {error}", dir.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for OpenFailure {}
+
 /// Opens a partition's log and loads its producer state: the newest
 /// snapshot, then every batch header after it.
 fn open_log(
@@ -1273,10 +1298,17 @@ fn open_log(
     dir: &Path,
     config: &LogConfig,
     now: i64,
-) -> Result<(PartitionLog, ProducerStates), String> {
-    let mut log = PartitionLog::open_with(Arc::clone(storage), dir, config.clone())
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let producers = load_producers(&mut log, now).map_err(|e| format!("{}: {e}", dir.display()))?;
+) -> Result<(PartitionLog, ProducerStates), OpenFailure> {
+    let mut log = PartitionLog::open_with(Arc::clone(storage), dir, config.clone()).map_err(|error| {
+        OpenFailure::Log {
+            dir: dir.to_path_buf(),
+            error,
+        }
+    })?;
+    let producers = load_producers(&mut log, now).map_err(|error| OpenFailure::Producers {
+        dir: dir.to_path_buf(),
+        error,
+    })?;
     Ok((log, producers))
 }
 

@@ -10,7 +10,7 @@ use keel_log::Storage;
 
 use super::{Acl, AclIndex, Operation, PatternType, Permission, ResourceType};
 use keel_coord::codec::{put_str, Reader, RecordError};
-use keel_coord::metalog::{MetaLog, StoreError, Table};
+use keel_coord::metalog::{MetaLog, OpenError, StoreError, Table};
 
 /// One ACL created (`present`) or deleted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +125,7 @@ pub struct AclStore {
 const LOG_BYTES: u64 = 1 << 20;
 
 impl AclStore {
-    pub fn open_with(storage: Arc<dyn Storage>, dir: &Path) -> Result<AclStore, String> {
+    pub fn open_with(storage: Arc<dyn Storage>, dir: &Path) -> Result<AclStore, OpenError> {
         let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
         Ok(AclStore { store })
     }

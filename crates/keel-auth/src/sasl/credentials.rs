@@ -19,7 +19,7 @@ use rsasl::mechanisms::scram::tools::derive_keys;
 use sha2::{Digest, Sha256, Sha512};
 
 use keel_coord::codec::{put_bytes, put_str, Reader, RecordError};
-use keel_coord::metalog::{MetaLog, StoreError, Table};
+use keel_coord::metalog::{MetaLog, OpenError, StoreError, Table};
 
 /// Kafka's SCRAM mechanisms, with their ids in the SCRAM APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -368,7 +368,7 @@ pub struct ScramCredentials {
 const LOG_BYTES: u64 = 1 << 20;
 
 impl ScramCredentials {
-    pub fn open_with(storage: Arc<dyn Storage>, dir: &Path) -> Result<ScramCredentials, String> {
+    pub fn open_with(storage: Arc<dyn Storage>, dir: &Path) -> Result<ScramCredentials, OpenError> {
         let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
         Ok(ScramCredentials { store })
     }

@@ -24,6 +24,7 @@ use crate::quotas::Throttle;
 use crate::trace::{self, Stage};
 use keel_auth::acl::Operation;
 use keel_coord::groups::GroupCoordinator;
+use keel_coord::metalog::OpenError;
 use keel_data::health::DirHealth;
 use keel_data::partition::{Partition, PartitionParts};
 use keel_data::producers::ProducerIdAllocator;
@@ -107,11 +108,12 @@ impl ClientInfo {
 pub enum StartError {
     Io { path: PathBuf, error: std::io::Error },
     Partition(String),
-    Groups(String),
-    Transactions(String),
-    Quotas(String),
-    Scram(String),
-    Acls(String),
+    Groups(OpenError),
+    Transactions(OpenError),
+    Quotas(OpenError),
+    Scram(OpenError),
+    Acls(OpenError),
+    Authorizer(keel_auth::SettingError),
 }
 
 impl std::fmt::Display for StartError {
@@ -124,6 +126,7 @@ impl std::fmt::Display for StartError {
             StartError::Quotas(e) => write!(f, "cannot open the quota log: {e}"),
             StartError::Scram(e) => write!(f, "cannot open the SCRAM credential log: {e}"),
             StartError::Acls(e) => write!(f, "cannot open the ACL log: {e}"),
+            StartError::Authorizer(e) => write!(f, "the authorizer's settings: {e}"),
         }
     }
 }
@@ -304,7 +307,7 @@ impl Broker {
         .map_err(StartError::Scram)?;
         let acls = keel_auth::acl::store::AclStore::open_with(Arc::clone(&storage), &meta_dir.join("acls"))
             .map_err(StartError::Acls)?;
-        let authorizer = keel_auth::acl::settings(&config).map_err(|e| StartError::Acls(e.to_string()))?;
+        let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
         let broker = Broker {
             config: parking_lot::RwLock::new(Arc::new(config)),
@@ -418,12 +421,14 @@ impl Broker {
                     .clear_for_new_partition(&dir, meta.topic_id)
                     .map_err(|e| format!("{}: {e}", dir.display()))?;
             }
-            let opened = Partition::open(parts(p)).and_then(|partition| {
-                self.store
-                    .ensure_partition_metadata(&dir, meta.topic_id)
-                    .map_err(|e| format!("{}: {e}", dir.display()))?;
-                Ok(partition)
-            });
+            let opened = Partition::open(parts(p))
+                .map_err(|e| e.to_string())
+                .and_then(|partition| {
+                    self.store
+                        .ensure_partition_metadata(&dir, meta.topic_id)
+                        .map_err(|e| format!("{}: {e}", dir.display()))?;
+                    Ok(partition)
+                });
             let partition = match opened {
                 Ok(partition) => partition,
                 Err(e) if tolerate_failures => {

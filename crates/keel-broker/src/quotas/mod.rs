@@ -166,7 +166,7 @@ impl ClientQuotas {
         storage: Arc<dyn Storage>,
         dir: &Path,
         windows: Windows,
-    ) -> Result<ClientQuotas, String> {
+    ) -> Result<ClientQuotas, keel_coord::metalog::OpenError> {
         let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
         Ok(ClientQuotas {
             store,

@@ -140,7 +140,7 @@ impl GroupCoordinator {
         dir: &Path,
         config: CoordinatorConfig,
         clock: Arc<dyn Clock>,
-    ) -> Result<GroupCoordinator, String> {
+    ) -> Result<GroupCoordinator, crate::metalog::OpenError> {
         GroupCoordinator::open_with(keel_log::DiskStorage::shared(), dir, config, clock)
     }
 
@@ -151,7 +151,7 @@ impl GroupCoordinator {
         dir: &Path,
         config: CoordinatorConfig,
         clock: Arc<dyn Clock>,
-    ) -> Result<GroupCoordinator, String> {
+    ) -> Result<GroupCoordinator, crate::metalog::OpenError> {
         let log_config = crate::metalog::log_config(config.log_segment_bytes);
         let store = GroupStore::open_with(
             storage,

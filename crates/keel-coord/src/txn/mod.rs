@@ -145,7 +145,7 @@ impl TxnCoordinator {
         dir: &Path,
         config: TxnConfig,
         clock: Arc<dyn Clock>,
-    ) -> Result<TxnCoordinator, String> {
+    ) -> Result<TxnCoordinator, crate::metalog::OpenError> {
         let log_config = crate::metalog::log_config(config.log_segment_bytes);
         let store: MetaLog<TxnTable> = MetaLog::open_with(
             storage,
