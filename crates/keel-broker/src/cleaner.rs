@@ -234,7 +234,7 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
     let cleaner = &broker.cleaner;
     let now = broker.clock.now_ms();
     let mut best: Option<Candidate> = None;
-    for topic in broker.topics.all() {
+    for topic in broker.data.topics.all() {
         let settings = match broker.config().compaction(&topic.meta.configs) {
             Ok(c) if c.enabled => c,
             _ => continue,
@@ -262,7 +262,7 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
             let mut source = source
                 .with_read_window(cleaner.settings().io_buffer_bytes)
                 .with_stable_end(stable);
-            if broker.tiers.has(Tier::Capacity) {
+            if broker.data.tiers.has(Tier::Capacity) {
                 source = source.with_cold(ColdAccess::new(broker, runtime, &topic, p.index));
             }
             match source.assess(&options) {
@@ -338,25 +338,25 @@ impl ColdAccess {
 
 impl ColdSegments for ColdAccess {
     fn positions(&self, segment: &TieredSegment) -> std::io::Result<Vec<u32>> {
-        self.broker.tiers.positions_blocking(segment)
+        self.broker.data.tiers.positions_blocking(segment)
     }
 
     fn read(&self, segment: &TieredSegment, pos: u64, len: u64) -> std::io::Result<Bytes> {
-        self.broker.tiers.read_range_blocking(segment, pos, len)
+        self.broker.data.tiers.read_range_blocking(segment, pos, len)
     }
 
     fn store(&self, tier: Tier, segment: &SealedSegment) -> std::io::Result<TieredSegment> {
         let b = &self.broker;
         let object =
             crate::mover::object_name(&b.cluster_id, &self.topic, self.partition, segment.base_offset);
-        self.stored.lock().push(b.tiers.hold_uncommitted(&object));
+        self.stored.lock().push(b.data.tiers.hold_uncommitted(&object));
         self.runtime
-            .block_on(b.tiers.copy(tier, segment, &object, &b.cleaner.pacer))?;
+            .block_on(b.data.tiers.copy(tier, segment, &object, &b.cleaner.pacer))?;
         Ok(segment.tiered(tier, TierState::Cold, object))
     }
 
     fn discard(&self, segment: &TieredSegment) -> std::io::Result<()> {
-        self.runtime.block_on(self.broker.tiers.delete(segment))
+        self.runtime.block_on(self.broker.data.tiers.delete(segment))
     }
 }
 

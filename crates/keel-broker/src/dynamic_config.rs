@@ -136,7 +136,7 @@ pub async fn alter(
     let to_save = new.dynamic().clone();
     tokio::task::spawn_blocking(move || {
         let meta_dir = b.config().data_dir().join(keel_data::topics::META_DIR);
-        save(b.storage.as_ref(), &meta_dir, b.config().node_id(), &to_save)
+        save(b.data.storage.as_ref(), &meta_dir, b.config().node_id(), &to_save)
     })
     .await
     .map_err(|e| e.to_string())
@@ -167,11 +167,11 @@ pub async fn alter(
 /// Every topic's settings must hold under the new defaults, so that no
 /// open log is left with settings it cannot take.
 fn check_topics(broker: &Broker, config: &BrokerConfig) -> Result<(), String> {
-    for topic in broker.topics.all() {
+    for topic in broker.data.topics.all() {
         let overrides = &topic.meta.configs;
         let checked = config.compaction(overrides).and_then(|_| {
             let mut log = config.topic_log_config(overrides)?;
-            log.read_io = broker.read_io;
+            log.read_io = broker.data.read_io;
             log.check().map_err(|reason| crate::config::ConfigError {
                 key: "log.segment.bytes".into(),
                 reason: reason.into(),
@@ -188,11 +188,12 @@ fn check_topics(broker: &Broker, config: &BrokerConfig) -> Result<(), String> {
 pub fn apply_budgets(broker: &Arc<Broker>, config: &BrokerConfig) {
     let num = |key| u64::try_from(config.num(key)).unwrap_or(0);
     let tail = crate::broker::tail_cache_bytes(config, &broker.memory);
-    if tail != broker.tail_cache.stats().budget_bytes {
+    if tail != broker.data.tail_cache.stats().budget_bytes {
         tracing::info!(budget_bytes = tail, "tail cache budget changed");
-        broker.tail_cache.set_budget(tail);
+        broker.data.tail_cache.set_budget(tail);
     }
     broker
+        .data
         .cold
         .set_budget_bytes_per_sec(num("keel.cold.read.bytes.per.sec"));
     broker.mover.reconfigure(
@@ -206,11 +207,11 @@ pub fn apply_budgets(broker: &Arc<Broker>, config: &BrokerConfig) {
 /// Every open partition log takes the settings its topic has under
 /// `config`'s defaults (an append in progress finishes first).
 fn reconfigure_logs(broker: &Broker, config: &BrokerConfig) {
-    for topic in broker.topics.all() {
+    for topic in broker.data.topics.all() {
         let Ok(mut log) = config.topic_log_config(&topic.meta.configs) else {
             continue;
         };
-        log.read_io = broker.read_io;
+        log.read_io = broker.data.read_io;
         for p in &topic.partitions {
             if let Err(e) = p.set_log_config(log.clone()) {
                 tracing::warn!(topic = %topic.meta.name, partition = p.index, error = %e,

@@ -403,9 +403,9 @@ fn slow_request_json(trace: &RequestTrace, summary: &TraceSummary, store: &Topic
 /// The broker's own counters and levels, read now.
 fn state_registry(broker: &Broker) -> Registry {
     let mut r = Registry::default();
-    let t = broker.tail_cache.stats();
-    let c = broker.cold.stats();
-    let s = broker.tiers.stats();
+    let t = broker.data.tail_cache.stats();
+    let c = broker.data.cold.stats();
+    let s = broker.data.tiers.stats();
     let (m, cl) = (&broker.mover, &broker.cleaner);
     let gauges: [(&str, &str, f64); 9] = [
         (
@@ -628,7 +628,7 @@ fn state_registry(broker: &Broker) -> Registry {
     let start = Family::<PartitionLabels, Gauge>::default();
     let resident = Family::<PartitionLabels, Gauge>::default();
     let mut resident_total = 0u64;
-    for topic in broker.topics.all() {
+    for topic in broker.data.topics.all() {
         for p in &topic.partitions {
             let labels = PartitionLabels {
                 topic: topic.meta.name.clone(),
@@ -683,9 +683,9 @@ fn state_registry(broker: &Broker) -> Registry {
     );
     let dirs = Family::<DirLabels, Gauge>::default();
     dirs.get_or_create(&DirLabels {
-        dir: broker.dir_health.path().display().to_string(),
+        dir: broker.data.dir_health.path().display().to_string(),
     })
-    .set(i64::from(broker.dir_health.is_offline()));
+    .set(i64::from(broker.data.dir_health.is_offline()));
     r.register("keel_log_dir_offline", "1 if the log dir is offline", dirs);
     r
 }

@@ -174,7 +174,7 @@ impl Target {
 
 fn targets(broker: &Broker) -> Vec<Target> {
     let mut out = Vec::new();
-    for topic in broker.topics.all() {
+    for topic in broker.data.topics.all() {
         let policy = broker.config().tier_policy(&topic.meta.configs);
         for p in &topic.partitions {
             out.push(Target {
@@ -294,10 +294,10 @@ async fn delete_marked(
 ) -> StepResult<()> {
     let pending = on_log(&t.partition, |log| log.pending_deletes()).await?;
     for segment in pending {
-        if !broker.tiers.has(segment.tier) {
+        if !broker.data.tiers.has(segment.tier) {
             continue; // A tier no longer configured: keep the record.
         }
-        match broker.tiers.delete(&segment).await {
+        match broker.data.tiers.delete(&segment).await {
             Ok(()) => {
                 let object = segment.object.clone();
                 try_on_log(&t.partition, move |log| log.forget_deleted(&object)).await?;
@@ -366,6 +366,7 @@ fn note_set_aside(broker: &Broker, targets: &[Target]) {
 /// `remote.log.copy.disable` or turn the tier off while it copies them.
 fn copies_now(broker: &Broker, t: &Target) -> bool {
     broker
+        .data
         .topics
         .get(&t.topic.meta.name)
         .filter(|now| now.meta.topic_id == t.topic.meta.topic_id)
@@ -390,6 +391,7 @@ async fn copy_one(broker: &Arc<Broker>, t: &Target, tier: Tier, segment: &Sealed
         Err(e) => return Err(e.into()),
     }
     let copied = broker
+        .data
         .tiers
         .copy(tier, segment, &object, &broker.mover.pacer)
         .await;
@@ -498,7 +500,7 @@ async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()
             tracing::warn!(
                 fast_bytes = fast,
                 budget_bytes = budget,
-                last_error = broker.tiers.stats().last_error.unwrap_or_default(),
+                last_error = broker.data.tiers.stats().last_error.unwrap_or_default(),
                 "fast tier over keel.tier.fast.max.bytes and nothing copied left to release: \
                  segments are waiting to be copied to a colder tier (or no colder tier applies)"
             );
@@ -530,10 +532,10 @@ async fn sum_over(targets: &[Target], f: fn(&PartitionLog) -> u64) -> std::io::R
 /// copies.
 async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
     for tier in [Tier::Capacity, Tier::Remote] {
-        if !broker.tiers.has(tier) {
+        if !broker.data.tiers.has(tier) {
             continue;
         }
-        let listed = broker.tiers.list_copies(tier, &broker.cluster_id).await?;
+        let listed = broker.data.tiers.list_copies(tier, &broker.cluster_id).await?;
         if listed.is_empty() {
             continue;
         }
@@ -567,7 +569,7 @@ async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
                 continue;
             }
             tracing::info!(tier = tier.name(), object = %object, age_ms, "deleting a copy no manifest names");
-            broker.tiers.delete_orphan(tier, &object).await?;
+            broker.data.tiers.delete_orphan(tier, &object).await?;
             broker.mover.orphans_deleted.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -596,7 +598,7 @@ fn check_fast_space(broker: &Broker) {
             fast_bytes = mover.fast_bytes.load(Ordering::Relaxed),
             releasable_bytes = mover.fast_copied_bytes.load(Ordering::Relaxed),
             mover_backoff_ms = mover.backoff_ms(),
-            last_error = broker.tiers.stats().last_error.unwrap_or_default(),
+            last_error = broker.data.tiers.stats().last_error.unwrap_or_default(),
             "fast tier filesystem below 10% free: produce fails when it is full; \
              check that the mover is copying (keel stats) or lower keel.tier.fast.max.bytes"
         );

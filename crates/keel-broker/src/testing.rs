@@ -53,7 +53,7 @@ pub(crate) async fn create_topic(
     crate::handlers::admin::create_topic(broker, name, partitions, configs, false)
         .await
         .expect("topic created");
-    broker.topics.get(name).expect("topic registered")
+    broker.data.topics.get(name).expect("topic registered")
 }
 
 /// Appends one batch per key (`<key>` = `<value>`), as produces do, and

@@ -552,7 +552,7 @@ async fn every_advertised_version_is_answered() {
             .with_num_partitions(1)
             .with_replication_factor(1)]);
     call(&broker, ApiKey::CreateTopics, 7, &create).await;
-    let topic_id = broker.topics.get("t").unwrap().meta.topic_id;
+    let topic_id = broker.data.topics.get("t").unwrap().meta.topic_id;
     for api in SUPPORTED {
         for version in api.min..=api.max {
             let mut body = BytesMut::new();

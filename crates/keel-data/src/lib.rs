@@ -8,6 +8,8 @@
 //!   deletion.
 //! * [`health`]: a log dir's health (a failed fsync takes it offline).
 //! * [`cleaning`]: a partition's cleaning, as `/stats` shows it.
+//! * [`plane`]: all of it as one value, [`plane::DataPlane`], which the
+//!   broker holds.
 //!
 //! The crate knows nothing about requests or sockets; the broker's
 //! handlers call it.
@@ -15,5 +17,6 @@
 pub mod cleaning;
 pub mod health;
 pub mod partition;
+pub mod plane;
 pub mod producers;
 pub mod topics;

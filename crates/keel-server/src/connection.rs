@@ -161,7 +161,7 @@ pub async fn serve(
             match reply {
                 Reply::Frame(bytes) => {
                     let sending = Instant::now();
-                    send(&mut write, bytes, broker.cold.bulk())
+                    send(&mut write, bytes, broker.data.cold.bulk())
                         .await
                         .map_err(|e| e.to_string())?;
                     done.trace.add(Stage::Send, sending.elapsed());
@@ -182,7 +182,7 @@ pub async fn serve(
                 let until = Instant::now() + Duration::from_millis(u64::from(throttle));
                 muted_until = Some(muted_until.map_or(until, |m| m.max(until)));
             }
-            broker.metrics.finish(&done.trace, &broker.store);
+            broker.metrics.finish(&done.trace, &broker.data.store);
         }
         if muted_until.is_some_and(|m| m <= Instant::now()) {
             muted_until = None;
@@ -212,7 +212,7 @@ pub async fn serve(
                             raw_token_frame(&answer.bytes)
                         };
                         match broker.sasl_outcome(frame, answer.next, client) {
-                            Reply::Frame(bytes) => send(&mut write, bytes, broker.cold.bulk())
+                            Reply::Frame(bytes) => send(&mut write, bytes, broker.data.cold.bulk())
                                 .await
                                 .map_err(|e| e.to_string())?,
                             Reply::FrameThenClose { frame, delay, reason } => {
@@ -382,7 +382,7 @@ async fn answer_and_close(
     tokio::time::sleep(delay).await;
     if !frame.is_empty() {
         // The client may be gone already; the close is what matters.
-        let _ = send(write, frame, broker.cold.bulk()).await;
+        let _ = send(write, frame, broker.data.cold.bulk()).await;
     }
     if let Some(Writer::Tls(half)) = write.as_mut() {
         let _ = half.shutdown().await;

@@ -199,7 +199,7 @@ impl Broker {
                 // thread, so no produce or tail fetch waits behind the copy.
                 let encode = move || respond(ApiKey::Fetch, version, id, &response());
                 let encoding = Instant::now();
-                let reply = self.cold.bulk().run(encode).await;
+                let reply = self.data.cold.bulk().run(encode).await;
                 trace::add(Stage::Encode, encoding.elapsed());
                 reply.unwrap_or_else(|e| Reply::Close(format!("fetch response: {e}")))
             }

@@ -26,7 +26,8 @@ use keel_auth::acl::Operation;
 use keel_coord::groups::GroupCoordinator;
 use keel_coord::metalog::OpenError;
 use keel_data::health::DirHealth;
-use keel_data::partition::{Partition, PartitionParts};
+use keel_data::partition::Partition;
+use keel_data::plane::DataPlane;
 use keel_data::producers::ProducerIdAllocator;
 use keel_data::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
 use keel_log::clock::now_ms;
@@ -142,15 +143,11 @@ pub struct Broker {
     pub cluster_id: String,
     /// Each listener's advertised address.
     pub advertised: Vec<crate::listeners::Endpoint>,
-    pub topics: TopicRegistry,
-    pub store: TopicStore,
-    /// Every file operation of partition logs and topic metadata.
-    pub storage: Arc<dyn Storage>,
-    /// The fault-injecting layer under `storage`, when the broker was started
-    /// with `KEEL_FAILPOINTS=1` (tests only).
+    /// The partitions and what they are built on.
+    pub data: DataPlane,
+    /// The fault-injecting layer under the data plane's storage, when the
+    /// broker was started with `KEEL_FAILPOINTS=1` (tests only).
     pub failpoints: Option<FaultyStorage>,
-    /// The health of the data dir (`log.dirs`).
-    pub dir_health: Arc<DirHealth>,
     pub producer_ids: Mutex<ProducerIdAllocator>,
     pub groups: Arc<GroupCoordinator>,
     /// The transaction coordinator.
@@ -162,14 +159,6 @@ pub struct Broker {
     /// The ACLs, and whether and how they are enforced.
     pub acls: keel_auth::acl::store::AclStore,
     pub authorizer: keel_auth::acl::AuthorizerSettings,
-    /// The newest batches of every partition, under one byte budget.
-    pub tail_cache: Arc<TailCache>,
-    /// How segment data is read back (`keel.io.direct`, probed at start-up).
-    pub read_io: ReadIo,
-    /// Reads below the tail cache: bounded, budgeted, read ahead.
-    pub cold: Arc<ColdReads>,
-    /// The capacity dirs and the object store, where sealed segments go.
-    pub tiers: Arc<Tiers>,
     pub mover: Arc<Mover>,
     /// Compacts the partitions of compacted topics.
     pub cleaner: Cleaner,
@@ -314,11 +303,18 @@ impl Broker {
             memory,
             cluster_id,
             advertised,
-            topics: TopicRegistry::default(),
-            store,
-            storage,
+            data: DataPlane {
+                topics: TopicRegistry::default(),
+                store,
+                storage: Arc::clone(&storage),
+                dir_health: DirHealth::new(&data_dir),
+                tail_cache,
+                read_io,
+                cold,
+                tiers: Arc::new(tiers),
+                clock: Arc::clone(&clock),
+            },
             failpoints,
-            dir_health: DirHealth::new(&data_dir),
             producer_ids: Mutex::new(producer_ids),
             groups: Arc::new(groups),
             txns: Arc::new(txns),
@@ -326,10 +322,6 @@ impl Broker {
             scram: Arc::new(scram),
             acls,
             authorizer,
-            tail_cache,
-            read_io,
-            cold,
-            tiers: Arc::new(tiers),
             mover: Arc::new(mover),
             cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
@@ -350,15 +342,15 @@ impl Broker {
             path: data_dir.clone(),
             error,
         };
-        let metas = self.store.load_all().map_err(io)?;
-        let (metas, sweep) = self.store.sweep(metas).map_err(io)?;
+        let metas = self.data.store.load_all().map_err(io)?;
+        let (metas, sweep) = self.data.store.sweep(metas).map_err(io)?;
         self.remove_in_background(sweep.deleted);
         for meta in metas {
             let partitions = self
                 .open_partitions(&meta, 0, true)
                 .map_err(StartError::Partition)?;
             tracing::info!(topic = %meta.name, partitions = meta.partitions, "loaded topic");
-            self.topics.insert(Arc::new(Topic { meta, partitions }));
+            self.data.topics.insert(Arc::new(Topic { meta, partitions }));
         }
         Ok(())
     }
@@ -368,7 +360,7 @@ impl Broker {
         if dirs.is_empty() {
             return;
         }
-        let storage = Arc::clone(&self.storage);
+        let storage = Arc::clone(&self.data.storage);
         let spawned = std::thread::Builder::new()
             .name("keel-delete".into())
             .spawn(move || {
@@ -398,33 +390,27 @@ impl Broker {
             .config()
             .topic_log_config(&meta.configs)
             .map_err(|e| e.to_string())?;
-        log_config.read_io = self.read_io;
+        log_config.read_io = self.data.read_io;
         let name: Arc<str> = Arc::from(meta.name.as_str());
-        let parts = |p: i32| PartitionParts {
-            topic: Arc::clone(&name),
-            index: p,
-            dir: self.store.partition_dir(&meta.name, p),
-            config: log_config.clone(),
-            storage: Arc::clone(&self.storage),
-            health: Arc::clone(&self.dir_health),
-            tail: self.tail_cache.partition(),
-            cold: Arc::clone(&self.cold),
-            tiers: Arc::clone(&self.tiers),
-            clock: Arc::clone(&self.clock),
+        let parts = |p: i32| {
+            let dir = self.data.store.partition_dir(&meta.name, p);
+            self.data.partition_parts(&name, p, dir, log_config.clone())
         };
         let mut out = Vec::new();
         for p in from..meta.partitions {
-            let dir = self.store.partition_dir(&meta.name, p);
+            let dir = self.data.store.partition_dir(&meta.name, p);
             if !tolerate_failures {
                 // Creating: the directory must be this topic's own.
-                self.store
+                self.data
+                    .store
                     .clear_for_new_partition(&dir, meta.topic_id)
                     .map_err(|e| format!("{}: {e}", dir.display()))?;
             }
             let opened = Partition::open(parts(p))
                 .map_err(|e| e.to_string())
                 .and_then(|partition| {
-                    self.store
+                    self.data
+                        .store
                         .ensure_partition_metadata(&dir, meta.topic_id)
                         .map_err(|e| format!("{}: {e}", dir.display()))?;
                     Ok(partition)
@@ -487,7 +473,7 @@ impl Broker {
     /// Keeps written segment data out of the page cache (see
     /// `Partition::drop_written_pages`).
     fn drop_written_pages(&self) {
-        for topic in self.topics.all() {
+        for topic in self.data.topics.all() {
             for p in &topic.partitions {
                 p.drop_written_pages();
             }
@@ -496,7 +482,7 @@ impl Broker {
 
     fn apply_retention(&self) {
         let now = self.clock.now_ms();
-        for topic in self.topics.all() {
+        for topic in self.data.topics.all() {
             for p in &topic.partitions {
                 if p.unavailable().is_some() {
                     continue;
@@ -519,7 +505,7 @@ impl Broker {
             self.config().num("producer.id.expiration.ms"),
         );
         let mut expired = 0;
-        for topic in self.topics.all() {
+        for topic in self.data.topics.all() {
             for p in &topic.partitions {
                 expired += p.expire_producers(now, expiration_ms);
             }
@@ -531,7 +517,7 @@ impl Broker {
 
     fn flush_due(&self) {
         let now = self.clock.now_ms();
-        for topic in self.topics.all() {
+        for topic in self.data.topics.all() {
             for p in &topic.partitions {
                 if p.unavailable().is_some() {
                     continue;
@@ -557,11 +543,11 @@ impl Broker {
     /// residency check maps each segment file briefly).
     pub fn stats_json(&self) -> serde_json::Value {
         use std::sync::atomic::Ordering::Relaxed;
-        let t = self.tail_cache.stats();
-        let c = self.cold.stats();
+        let t = self.data.tail_cache.stats();
+        let c = self.data.cold.stats();
         let mut partitions = Vec::new();
         let (mut resident_total, mut size_total) = (0u64, 0u64);
-        for topic in self.topics.all() {
+        for topic in self.data.topics.all() {
             let compacted = self
                 .config()
                 .cleanup_policy(&topic.meta.configs)
@@ -658,14 +644,14 @@ impl Broker {
             "tiers": self.tiers_json(),
             "cleaner": self.cleaner.to_json(),
             "log_dirs": [{
-                "path": self.dir_health.path().display().to_string(),
-                "offline": self.dir_health.is_offline(),
-                "error": self.dir_health.offline_reason(),
+                "path": self.data.dir_health.path().display().to_string(),
+                "offline": self.data.dir_health.is_offline(),
+                "error": self.data.dir_health.offline_reason(),
             }],
             "page_cache": {
                 "segment_bytes": size_total,
                 "resident_bytes": resident_total,
-                "read_io": format!("{:?}", self.read_io),
+                "read_io": format!("{:?}", self.data.read_io),
             },
             "partitions": partitions,
         })
@@ -673,9 +659,9 @@ impl Broker {
 
     fn tiers_json(&self) -> serde_json::Value {
         use std::sync::atomic::Ordering::Relaxed;
-        let s = self.tiers.stats();
+        let s = self.data.tiers.stats();
         let m = &self.mover;
-        let describe = |tier| self.tiers.has(tier).then(|| self.tiers.describe(tier));
+        let describe = |tier| self.data.tiers.has(tier).then(|| self.data.tiers.describe(tier));
         serde_json::json!({
             "capacity": describe(keel_log::Tier::Capacity),
             "remote": describe(keel_log::Tier::Remote),
@@ -709,12 +695,12 @@ impl Broker {
     /// Flushes every log and marks it cleanly closed. Blocking.
     pub fn shutdown(&self) {
         self.cleaner.stop();
-        let t = self.tail_cache.stats();
+        let t = self.data.tail_cache.stats();
         tracing::info!(
             budget_bytes = t.budget_bytes,
             used_bytes = t.used_bytes,
             hit_bytes = t.hit_bytes,
-            cold_read_bytes = self.cold.stats().bytes,
+            cold_read_bytes = self.data.cold.stats().bytes,
             evicted_bytes = t.evicted_bytes,
             "tail cache at shutdown"
         );
@@ -723,7 +709,7 @@ impl Broker {
         self.quotas.close();
         self.scram.close();
         self.acls.close();
-        for topic in self.topics.all() {
+        for topic in self.data.topics.all() {
             for p in &topic.partitions {
                 if let Err(e) = p.close() {
                     tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "close failed");

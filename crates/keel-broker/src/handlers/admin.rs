@@ -42,7 +42,7 @@ pub(crate) async fn create_topic(
         .check_topic_overrides(&configs)
         .map_err(|e| (ResponseError::InvalidConfig, e.to_string()))?;
     let _admin = broker.admin.lock().await;
-    if broker.topics.get(name).is_some() {
+    if broker.data.topics.get(name).is_some() {
         return Err((
             ResponseError::TopicAlreadyExists,
             format!("topic `{name}` already exists"),
@@ -60,7 +60,7 @@ pub(crate) async fn create_topic(
         return Ok(meta);
     }
     let opened = open_and_save(broker, &meta, 0).await?;
-    broker.topics.insert(Arc::new(Topic {
+    broker.data.topics.insert(Arc::new(Topic {
         meta: meta.clone(),
         partitions: opened,
     }));
@@ -81,7 +81,7 @@ async fn open_and_save(
     let m = meta.clone();
     tokio::task::spawn_blocking(move || {
         let parts = b.open_partitions(&m, from, false)?;
-        b.store.save(&m).map_err(|e| e.to_string())?;
+        b.data.store.save(&m).map_err(|e| e.to_string())?;
         Ok::<_, String>(parts)
     })
     .await
@@ -263,8 +263,8 @@ pub async fn delete_topics(
             .with_name(name.as_deref().map(topic_name))
             .with_topic_id(id);
         let topic = match &name {
-            Some(n) => broker.topics.get(n),
-            None => broker.topics.get_by_id(id),
+            Some(n) => broker.data.topics.get(n),
+            None => broker.data.topics.get_by_id(id),
         };
         match topic {
             Some(t) => {
@@ -311,7 +311,7 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
     let _admin = broker.admin.lock().await;
     // Another deletion (and maybe a creation under the same name) may have
     // run while this one waited for the lock: only this incarnation goes.
-    let current = broker.topics.get(&topic.meta.name);
+    let current = broker.data.topics.get(&topic.meta.name);
     if current.is_none_or(|t| t.meta.topic_id != topic.meta.topic_id) {
         return Err((
             ResponseError::UnknownTopicOrPartition,
@@ -321,8 +321,8 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
     let b = Arc::clone(broker);
     let t = Arc::clone(&topic);
     let tiered = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<keel_log::TieredSegment>> {
-        b.store.mark_deleting(&t.meta)?;
-        b.topics.remove(&t.meta.name);
+        b.data.store.mark_deleting(&t.meta)?;
+        b.data.topics.remove(&t.meta.name);
         let unique = t.meta.topic_id.simple().to_string();
         let (mut tiered, mut retired) = (Vec::new(), Vec::new());
         for p in &t.partitions {
@@ -333,10 +333,10 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
                     tiered.extend(copies);
                 }
                 // An offline partition has no open log: rename its directory.
-                None => retired.extend(b.store.retire_partition_dir(&t.meta, p.index)?),
+                None => retired.extend(b.data.store.retire_partition_dir(&t.meta, p.index)?),
             }
         }
-        b.store.remove_meta(&t.meta.name)?;
+        b.data.store.remove_meta(&t.meta.name)?;
         b.remove_in_background(retired);
         Ok(tiered)
     })
@@ -349,7 +349,7 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
         let name = topic.meta.name.clone();
         tokio::spawn(async move {
             for segment in &tiered {
-                if let Err(e) = b.tiers.delete(segment).await {
+                if let Err(e) = b.data.tiers.delete(segment).await {
                     tracing::warn!(topic = %name, object = %segment.object, error = %e, "could not delete a colder copy of a deleted topic");
                 }
             }
@@ -394,7 +394,7 @@ async fn grow_topic(
     quota: &mut Mutations<'_>,
 ) -> Result<(), AdminError> {
     let _admin = broker.admin.lock().await;
-    let topic = broker.topics.get(name).ok_or((
+    let topic = broker.data.topics.get(name).ok_or((
         ResponseError::UnknownTopicOrPartition,
         format!("topic `{name}` does not exist"),
     ))?;
@@ -416,6 +416,6 @@ async fn grow_topic(
     let added = open_and_save(broker, &meta, current).await?;
     let mut partitions = topic.partitions.clone();
     partitions.extend(added);
-    broker.topics.insert(Arc::new(Topic { meta, partitions }));
+    broker.data.topics.insert(Arc::new(Topic { meta, partitions }));
     Ok(())
 }

@@ -477,7 +477,7 @@ async fn alter_group(
     tokio::task::spawn_blocking(move || {
         let meta_dir = b.config().data_dir().join(keel_data::topics::META_DIR);
         b.group_configs
-            .set(b.storage.as_ref(), &meta_dir, &group, configs)
+            .set(b.data.storage.as_ref(), &meta_dir, &group, configs)
     })
     .await
     .map_err(|e| e.to_string())
@@ -497,6 +497,7 @@ async fn alter_topic(
     // topic runs in between.
     let _admin = broker.admin.lock().await;
     let topic = broker
+        .data
         .topics
         .get(name)
         .filter(|t| !t.meta.deleting)
@@ -536,7 +537,7 @@ async fn alter_topic(
         .config()
         .topic_log_config(&configs)
         .map_err(|e| invalid(e.to_string()))?;
-    log_config.read_io = broker.read_io;
+    log_config.read_io = broker.data.read_io;
     log_config.check().map_err(|e| invalid(e.to_string()))?;
     if validate_only || configs == topic.meta.configs {
         return Ok(());
@@ -553,13 +554,13 @@ async fn alter_topic(
     };
     let b = Arc::clone(broker);
     let saved = meta.clone();
-    tokio::task::spawn_blocking(move || b.store.save(&saved))
+    tokio::task::spawn_blocking(move || b.data.store.save(&saved))
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()))
         .map_err(|e| (ResponseError::KafkaStorageError, e))?;
     let partitions = topic.partitions.clone();
-    broker.topics.insert(Arc::new(Topic {
+    broker.data.topics.insert(Arc::new(Topic {
         meta,
         partitions: partitions.clone(),
     }));

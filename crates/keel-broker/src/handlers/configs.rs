@@ -74,7 +74,7 @@ fn broker_synonyms(config: &crate::config::BrokerConfig, key: &str) -> Vec<(Stri
 }
 
 fn topic_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseError, String)> {
-    let topic = broker.topics.get(name).ok_or((
+    let topic = broker.data.topics.get(name).ok_or((
         ResponseError::UnknownTopicOrPartition,
         format!("topic `{name}` does not exist"),
     ))?;
@@ -295,8 +295,13 @@ pub fn list_config_resources(
         match kind {
             RESOURCE_BROKER_LOGGER | RESOURCE_BROKER => out.push(resource(node.clone(), kind)),
             RESOURCE_TOPIC => {
-                let mut names: Vec<String> =
-                    broker.topics.all().iter().map(|t| t.meta.name.clone()).collect();
+                let mut names: Vec<String> = broker
+                    .data
+                    .topics
+                    .all()
+                    .iter()
+                    .map(|t| t.meta.name.clone())
+                    .collect();
                 names.sort();
                 out.extend(names.into_iter().map(|n| resource(n, kind)));
             }

@@ -25,6 +25,7 @@ const MEMBER_TYPE_CONSUMER: i8 = 1;
 /// The broker's topics as a group sees them.
 pub(crate) fn topics(broker: &Broker) -> Topics {
     broker
+        .data
         .topics
         .all()
         .iter()

@@ -27,7 +27,11 @@ pub fn elect_leaders(broker: &Broker, req: ElectLeadersRequest) -> ElectLeadersR
     let results = wanted
         .into_iter()
         .map(|t| {
-            let topic = broker.topics.get(t.topic.0.as_str()).filter(|t| !t.meta.deleting);
+            let topic = broker
+                .data
+                .topics
+                .get(t.topic.0.as_str())
+                .filter(|t| !t.meta.deleting);
             let partitions = t
                 .partitions
                 .iter()

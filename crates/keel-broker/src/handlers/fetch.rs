@@ -179,7 +179,7 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
     let mut topics = Vec::new();
     let mut targets = Vec::new();
     for (topic_index, t) in req.topics.iter().enumerate() {
-        let topic = broker.topics.resolve(t.topic.0.as_str(), t.topic_id);
+        let topic = broker.data.topics.resolve(t.topic.0.as_str(), t.topic_id);
         topics.push(
             FetchableTopicResponse::default()
                 .with_topic(t.topic.clone())

@@ -28,7 +28,7 @@ pub async fn describe_log_dirs(broker: &Arc<Broker>, req: DescribeLogDirsRequest
     let dir = broker.config().data_dir();
     let log_dir = str_bytes(std::path::absolute(&dir).unwrap_or(dir.clone()).to_string_lossy());
     // An offline dir is reported as Kafka does: the error, and nothing in it.
-    if broker.dir_health.is_offline() {
+    if broker.data.dir_health.is_offline() {
         return DescribeLogDirsResponse::default().with_results(vec![DescribeLogDirsResult::default()
             .with_error_code(ResponseError::KafkaStorageError.code())
             .with_log_dir(log_dir)
@@ -51,7 +51,7 @@ pub async fn describe_log_dirs(broker: &Arc<Broker>, req: DescribeLogDirsRequest
         }
         wanted
     });
-    let mut all = broker.topics.all();
+    let mut all = broker.data.topics.all();
     all.sort_by(|a, b| a.meta.name.cmp(&b.meta.name));
     let topics = all
         .iter()

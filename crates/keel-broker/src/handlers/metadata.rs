@@ -32,6 +32,7 @@ pub async fn metadata(
     let all = req.topics.is_none();
     let topics = if all {
         broker
+            .data
             .topics
             .all()
             .iter()
@@ -74,12 +75,12 @@ async fn requested_topic(
     allow_create: bool,
 ) -> MetadataResponseTopic {
     let Some(name) = t.name.as_ref().map(|n| n.0.as_str().to_string()) else {
-        return match broker.topics.get_by_id(t.topic_id) {
+        return match broker.data.topics.get_by_id(t.topic_id) {
             Some(topic) => describe_topic(broker, &topic),
             None => error_topic(None, t.topic_id, ResponseError::UnknownTopicId),
         };
     };
-    if let Some(topic) = broker.topics.get(&name) {
+    if let Some(topic) = broker.data.topics.get(&name) {
         return describe_topic(broker, &topic);
     }
     if !allow_create {
@@ -87,7 +88,7 @@ async fn requested_topic(
     }
     let partitions = broker.config().default_partitions();
     match super::admin::create_topic(broker, &name, partitions, BTreeMap::new(), false).await {
-        Ok(_) | Err((ResponseError::TopicAlreadyExists, _)) => match broker.topics.get(&name) {
+        Ok(_) | Err((ResponseError::TopicAlreadyExists, _)) => match broker.data.topics.get(&name) {
             Some(topic) => describe_topic(broker, &topic),
             None => error_topic(Some(&name), Uuid::nil(), ResponseError::UnknownTopicOrPartition),
         },
@@ -205,6 +206,7 @@ fn paged_topic_partitions(
     let mut budget = i64::from(req.response_partition_limit).clamp(1, cap);
     let mut names: Vec<String> = if req.topics.is_empty() {
         broker
+            .data
             .topics
             .all()
             .iter()
@@ -255,7 +257,7 @@ fn paged_topic_partitions(
             );
             continue;
         }
-        let Some(topic) = broker.topics.get(&name).filter(|t| !t.meta.deleting) else {
+        let Some(topic) = broker.data.topics.get(&name).filter(|t| !t.meta.deleting) else {
             topics.push(
                 DescribeTopicPartitionsResponseTopic::default()
                     .with_error_code(ResponseError::UnknownTopicOrPartition.code())

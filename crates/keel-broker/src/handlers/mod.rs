@@ -153,6 +153,7 @@ pub(crate) fn partition_of(
     index: i32,
 ) -> Result<std::sync::Arc<keel_data::partition::Partition>, keel_protocol::ResponseError> {
     broker
+        .data
         .topics
         .get(topic)
         .and_then(|t| t.partition(index).cloned())

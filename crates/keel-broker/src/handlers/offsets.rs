@@ -42,6 +42,7 @@ pub async fn list_offsets(
         for p in t.partitions {
             let base = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
             let tiered = broker
+                .data
                 .topics
                 .get(t.name.0.as_str())
                 .is_some_and(|topic| broker.config().tier_policy(&topic.meta.configs).tier.is_some());

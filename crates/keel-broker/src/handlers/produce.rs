@@ -53,7 +53,7 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
         if let [p] = &t.partition_data[..] {
             // One partition, the common case: appended in this task, with
             // no task of its own to schedule and join.
-            let topic = broker.topics.resolve(t.name.0.as_str(), t.topic_id);
+            let topic = broker.data.topics.resolve(t.name.0.as_str(), t.topic_id);
             let result = produce_partition(broker, topic, p.index, p.records.clone(), txn, version).await;
             let response = TopicProduceResponse::default()
                 .with_name(t.name.clone())
@@ -66,7 +66,7 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
     // hold back the others in the same request.
     let mut pending = Vec::new();
     for t in req.topic_data {
-        let topic = broker.topics.resolve(t.name.0.as_str(), t.topic_id);
+        let topic = broker.data.topics.resolve(t.name.0.as_str(), t.topic_id);
         for p in t.partition_data {
             let topic = topic.clone();
             let b = Arc::clone(broker);
@@ -410,7 +410,7 @@ async fn add_to_transaction(
     let mut producer: Option<(i64, i16)> = None;
     let mut partitions = Vec::new();
     for t in &req.topic_data {
-        let Ok(topic) = broker.topics.resolve(t.name.0.as_str(), t.topic_id) else {
+        let Ok(topic) = broker.data.topics.resolve(t.name.0.as_str(), t.topic_id) else {
             continue;
         };
         for p in &t.partition_data {

@@ -53,7 +53,7 @@ async fn an_offline_partition_does_not_stop_the_mover_for_the_others() {
     std::fs::create_dir(&recovery_point).unwrap();
 
     let broker = open_broker(root.path(), &sets);
-    let topic = broker.topics.get("t").unwrap();
+    let topic = broker.data.topics.get("t").unwrap();
     assert!(
         topic.partitions[0].unavailable().is_some(),
         "partition 0 is offline"

@@ -91,6 +91,7 @@ fn topic_name(broker: &Broker, name: &str, id: Uuid) -> String {
         return name.to_string();
     }
     broker
+        .data
         .topics
         .get_by_id(id)
         .map_or_else(|| name.to_string(), |t| t.meta.name.clone())
@@ -204,7 +205,7 @@ pub fn metadata_request(
         let name = topic_name(broker, t.name.as_deref().map_or("", |n| n.as_str()), t.topic_id);
         let allowed = broker.authorized(client, Operation::Describe, ResourceType::Topic, &name)
             && (!auto_create
-                || broker.topics.get(&name).is_some()
+                || broker.data.topics.get(&name).is_some()
                 || *create_on_cluster
                     .get_or_insert_with(|| broker.authorized_cluster(client, Operation::Create))
                 || broker.authorized(client, Operation::Create, ResourceType::Topic, &name));
