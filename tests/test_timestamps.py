@@ -176,6 +176,9 @@ def test_every_record_of_a_compressed_batch_is_checked(shared_broker, codec):
     create_topic(bs, topic, partitions=1, config={"message.timestamp.before.max.ms": str(HOUR_MS)})
     p = Producer({"bootstrap.servers": bs, "linger.ms": 5000, "retries": 0,
                   "compression.type": codec, "message.timeout.ms": 10000})
+    # The partition's leader known first, so the ten records go out as one
+    # batch (a record produced before it is known can leave alone).
+    p.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
     now = now_ms()
     old = {3, 7}
     errors = {}
