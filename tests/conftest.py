@@ -89,6 +89,23 @@ def port_accepts(port: int) -> bool:
         return False
 
 
+def go_build(tmp_path_factory, src: Path, name: str) -> Path:
+    """Builds the Go program in `src` into a fresh temporary dir. Without
+    `go` on PATH the test is skipped, or failed under CI=true (CI installs
+    Go, so a missing one is a broken setup, not a reason to skip)."""
+    import shutil
+    go = shutil.which("go")
+    if go is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but `go` is not on PATH: {src} needs Go")
+        pytest.skip(f"`go` is not on PATH; {src} cannot be built")
+    out = tmp_path_factory.mktemp(name) / name
+    build = subprocess.run([go, "build", "-o", str(out), "."], cwd=src,
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, f"go build failed:\n{build.stdout}\n{build.stderr}"
+    return out
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 

@@ -10,30 +10,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import IMPL, REPO
+from conftest import IMPL, REPO, go_build
 
 BENCH_SRC = REPO / "bench" / "keel-bench"
 
 
 @pytest.fixture(scope="module")
 def keel_bench(tmp_path_factory):
-    go = shutil.which("go")
-    if go is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but `go` is not on PATH: the keel-bench smoke test needs Go")
-        pytest.skip("`go` is not on PATH; bench/keel-bench cannot be built")
-    out = tmp_path_factory.mktemp("keel-bench") / "keel-bench"
-    build = subprocess.run([go, "build", "-o", str(out), "."], cwd=BENCH_SRC,
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, f"go build failed:\n{build.stdout}\n{build.stderr}"
-    return out
+    return go_build(tmp_path_factory, BENCH_SRC, "keel-bench")
 
 
 def run_catchup(keel_bench, broker, tmp_path, *extra: str) -> tuple[dict, object]:

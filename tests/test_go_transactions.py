@@ -15,29 +15,18 @@ coordinator under a fencing epoch, and its retry got PRODUCER_FENCED.
 Without `go` the test is skipped, unless CI=true, where it fails."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
 import pytest
 
-from conftest import REPO, unique
+from conftest import REPO, go_build, unique
 
 SRC = REPO / "tests" / "go" / "txnsession"
 
 
 @pytest.fixture(scope="module")
 def txnsession(tmp_path_factory):
-    go = shutil.which("go")
-    if go is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but `go` is not on PATH: tests/go/txnsession needs Go")
-        pytest.skip("`go` is not on PATH; tests/go/txnsession cannot be built")
-    out = tmp_path_factory.mktemp("txnsession") / "txnsession"
-    build = subprocess.run([go, "build", "-o", str(out), "."], cwd=SRC,
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, f"go build failed:\n{build.stdout}\n{build.stderr}"
-    return out
+    return go_build(tmp_path_factory, SRC, "txnsession")
 
 
 def test_group_transact_session_across_rebalances(txnsession, broker_factory):

@@ -232,7 +232,7 @@ struct Candidate {
 /// needs it most. Returns whether a pass ran.
 fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runtime::Handle) -> bool {
     let cleaner = &broker.cleaner;
-    let now = broker.clock.now_ms();
+    let now = broker.data.clock.now_ms();
     let mut best: Option<Candidate> = None;
     for topic in broker.data.topics.all() {
         let settings = match broker.config().compaction(&topic.meta.configs) {
@@ -394,7 +394,7 @@ fn pass(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: 
     match outcome {
         Ok(Ok(stats)) => {
             record(cleaner, &mut cleaning, &stats, map.budget_entries());
-            cleaning.last_pass_ms = Some(broker.clock.now_ms());
+            cleaning.last_pass_ms = Some(broker.data.clock.now_ms());
             cleaning.last_pass_duration_ms = elapsed.as_millis() as u64;
             tracing::info!(
                 topic = %p.topic, partition = p.index,

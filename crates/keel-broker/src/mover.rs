@@ -438,7 +438,7 @@ fn partition_prefix(cluster_id: &str, topic: &Topic, partition: i32) -> String {
 
 /// Deletes local copies no longer needed (see the module docs).
 async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()> {
-    let now = broker.clock.now_ms();
+    let now = broker.data.clock.now_ms();
     // Local retention, per partition.
     for t in available(targets) {
         let policy = t.policy;

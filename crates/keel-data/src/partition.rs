@@ -323,7 +323,7 @@ impl Partition {
         let lso = stable_offset(&producers, hw);
         let p = Partition::assemble(parts, Some(log), producers, None);
         *p.reader.write() = Some(reader);
-        p.publish(hw, lso, start);
+        p.store_offsets(hw, lso, start);
         Ok(p)
     }
 
@@ -424,22 +424,12 @@ impl Partition {
         self.queue(records, headers, None)?.outcome().await
     }
 
-    /// [`Partition::append`] of a transactional batch, refused unless
-    /// `verify` passes when the writer takes it (see [`Verify`]).
-    pub async fn append_verified(
-        self: &Arc<Self>,
-        records: Bytes,
-        headers: Vec<BatchHeader>,
-        verify: Verify,
-    ) -> Result<Appended, AppendFailure> {
-        self.queue(records, headers, Some(verify))?.outcome().await
-    }
-
     /// Puts validated batches in the append queue now (see
-    /// [`Partition::append`]; with `verify`, as
-    /// [`Partition::append_verified`]): their place in the partition's
-    /// write order is fixed when this returns, before the write. Refused
-    /// at once if the partition is unavailable.
+    /// [`Partition::append`]): their place in the partition's write order
+    /// is fixed when this returns, before the write. With `verify`, a
+    /// transactional batch is refused unless it passes when the writer
+    /// takes it (see [`Verify`]). Refused at once if the partition is
+    /// unavailable.
     pub fn queue(
         self: &Arc<Self>,
         records: Bytes,
@@ -788,12 +778,6 @@ impl Partition {
             Ok(handle) => drop(handle.spawn_blocking(run)),
             Err(_) => run(),
         }
-    }
-
-    /// Stores the offsets and wakes the fetches waiting for an append.
-    fn publish(&self, high_watermark: i64, last_stable_offset: i64, log_start_offset: i64) {
-        self.store_offsets(high_watermark, last_stable_offset, log_start_offset);
-        self.wake_waiters();
     }
 
     /// Wakes the fetches waiting for an append.

@@ -828,16 +828,12 @@ async fn a_transactional_batch_is_verified_when_the_writer_takes_it() {
             }
         }
     });
-    let late = tokio::spawn({
-        let p = Arc::clone(&p);
-        async move { p.append_verified(Bytes::from(txn), headers, verify).await }
-    });
-    // The batch is queued (this runtime runs the task when this one yields),
-    // and its transaction ends before the writer gets to it.
-    tokio::task::yield_now().await;
+    // The batch is queued behind the slow write, and its transaction ends
+    // before the writer gets to it.
+    let late = p.queue(Bytes::from(txn), headers, Some(verify)).unwrap();
     open.store(false, Ordering::SeqCst);
     assert_eq!(busy.await.unwrap().unwrap().base_offset, 0);
-    let refused = late.await.unwrap().unwrap_err();
+    let refused = late.outcome().await.unwrap_err();
     assert_eq!(refused.error, ResponseError::InvalidTxnState, "{refused:?}");
     assert_eq!(p.high_watermark(), 1);
     assert_eq!(p.last_stable_offset(), 1, "no transaction was opened");

@@ -171,8 +171,6 @@ pub struct Broker {
     pub features_epoch: i64,
     /// Request metrics and the slow-request log (`/metrics`).
     pub metrics: Metrics,
-    /// The time partitions, coordinators and maintenance go by.
-    pub clock: Arc<dyn Clock>,
     /// The process's loggers (Kafka's BROKER_LOGGER), set by the binary
     /// that owns the log subscriber; unset, there are none to describe.
     pub loggers: std::sync::OnceLock<Arc<dyn crate::loggers::Loggers>>,
@@ -298,6 +296,7 @@ impl Broker {
             .map_err(StartError::Acls)?;
         let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
+        let features_epoch = clock.now_ms();
         let broker = Broker {
             config: parking_lot::RwLock::new(Arc::new(config)),
             memory,
@@ -312,7 +311,7 @@ impl Broker {
                 read_io,
                 cold,
                 tiers: Arc::new(tiers),
-                clock: Arc::clone(&clock),
+                clock,
             },
             failpoints,
             producer_ids: Mutex::new(producer_ids),
@@ -325,8 +324,7 @@ impl Broker {
             mover: Arc::new(mover),
             cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
-            features_epoch: clock.now_ms(),
-            clock,
+            features_epoch,
             loggers: std::sync::OnceLock::new(),
             group_configs,
             refused_apis: refused::RefusedApis::default(),
@@ -481,7 +479,7 @@ impl Broker {
     }
 
     fn apply_retention(&self) {
-        let now = self.clock.now_ms();
+        let now = self.data.clock.now_ms();
         for topic in self.data.topics.all() {
             for p in &topic.partitions {
                 if p.unavailable().is_some() {
@@ -501,7 +499,7 @@ impl Broker {
     /// Forgets producers idle for `producer.id.expiration.ms`.
     fn expire_producers(&self) {
         let (now, expiration_ms) = (
-            self.clock.now_ms(),
+            self.data.clock.now_ms(),
             self.config().num("producer.id.expiration.ms"),
         );
         let mut expired = 0;
@@ -516,7 +514,7 @@ impl Broker {
     }
 
     fn flush_due(&self) {
-        let now = self.clock.now_ms();
+        let now = self.data.clock.now_ms();
         for topic in self.data.topics.all() {
             for p in &topic.partitions {
                 if p.unavailable().is_some() {
