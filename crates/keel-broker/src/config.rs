@@ -8,11 +8,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use keel_log::{CleanupPolicy, LogConfig};
 
 use keel_coord::groups::group::GroupConfig;
 use keel_coord::groups::CoordinatorConfig;
+pub use keel_data::policy::{CleanerSettings, Compaction, TierPolicy};
+use keel_data::policy::{Policies, Refused};
 
 /// Kafka's config value types, as DescribeConfigs reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -487,32 +490,6 @@ pub struct DynamicLayers {
 /// Below this, a cleaner thread's key map could not hold the keys of one
 /// large batch.
 const MIN_DEDUPE_BUFFER_PER_THREAD: i64 = 64 * 1024;
-
-/// The log cleaner's broker-wide settings (`log.cleaner.*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CleanerSettings {
-    pub enabled: bool,
-    pub threads: usize,
-    /// Shared by the threads: each one's key map gets an equal part.
-    pub dedupe_buffer_bytes: usize,
-    /// How much a pass reads at once.
-    pub io_buffer_bytes: u64,
-    /// 0: unlimited.
-    pub io_bytes_per_sec: u64,
-    /// How long a thread waits when no log needs cleaning.
-    pub backoff_ms: u64,
-}
-
-/// A topic's compaction settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Compaction {
-    /// `cleanup.policy` includes `compact`.
-    pub enabled: bool,
-    pub min_cleanable_dirty_ratio: f64,
-    pub min_compaction_lag_ms: i64,
-    pub max_compaction_lag_ms: i64,
-    pub delete_retention_ms: i64,
-}
 
 /// Aliases accepted on input and stored under their canonical key.
 const ALIASES: &[(&str, &str)] = &[
@@ -1392,18 +1369,6 @@ impl BrokerConfig {
     }
 }
 
-/// Where a topic's sealed segments are copied, and how much of its log
-/// the fast tier keeps once they are (-1: no limit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TierPolicy {
-    pub tier: Option<keel_log::Tier>,
-    /// Whether the mover copies segments to `tier` (false once the topic's
-    /// `remote.log.copy.disable` is set; the copies made stay readable).
-    pub copy: bool,
-    pub local_retention_bytes: i64,
-    pub local_retention_ms: i64,
-}
-
 /// An absolute path with `.` and `..` resolved lexically (the directories
 /// may not exist yet).
 fn normalize(path: &std::path::Path) -> PathBuf {
@@ -1431,6 +1396,55 @@ fn is_host_port(value: &str) -> bool {
     value
         .rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
+/// The configuration in force, shared by the broker and its data plane:
+/// the config file under the dynamic broker configs (see
+/// `crate::dynamic_config`), replaced whole by a change.
+#[derive(Debug)]
+pub struct LiveConfig(parking_lot::RwLock<Arc<BrokerConfig>>);
+
+impl LiveConfig {
+    pub fn new(config: BrokerConfig) -> LiveConfig {
+        LiveConfig(parking_lot::RwLock::new(Arc::new(config)))
+    }
+
+    /// The configuration in force now.
+    pub fn get(&self) -> Arc<BrokerConfig> {
+        Arc::clone(&self.0.read())
+    }
+
+    /// Puts `config` in force.
+    pub fn set(&self, config: Arc<BrokerConfig>) {
+        *self.0.write() = config;
+    }
+}
+
+impl From<ConfigError> for Refused {
+    fn from(e: ConfigError) -> Refused {
+        Refused {
+            key: e.key,
+            reason: e.reason,
+        }
+    }
+}
+
+impl Policies for LiveConfig {
+    fn log_config(&self, overrides: &BTreeMap<String, String>) -> Result<LogConfig, Refused> {
+        Ok(self.get().topic_log_config(overrides)?)
+    }
+
+    fn tier_policy(&self, overrides: &BTreeMap<String, String>) -> TierPolicy {
+        self.get().tier_policy(overrides)
+    }
+
+    fn compaction(&self, overrides: &BTreeMap<String, String>) -> Result<Compaction, Refused> {
+        Ok(self.get().compaction(overrides)?)
+    }
+
+    fn producer_expiration_ms(&self) -> i64 {
+        self.get().num("producer.id.expiration.ms")
+    }
 }
 
 #[cfg(test)]

@@ -149,7 +149,7 @@ pub async fn alter(
         .collect();
     tracing::info!(?changed, layers = ?new.dynamic(), "altered dynamic broker configs");
     let new = Arc::new(new);
-    *broker.config.write() = Arc::clone(&new);
+    broker.config.set(Arc::clone(&new));
     apply_budgets(broker, &new);
     if TOPIC_CONFIGS
         .iter()
@@ -196,12 +196,12 @@ pub fn apply_budgets(broker: &Arc<Broker>, config: &BrokerConfig) {
         .data
         .cold
         .set_budget_bytes_per_sec(num("keel.cold.read.bytes.per.sec"));
-    broker.mover.reconfigure(
+    broker.data.mover.reconfigure(
         num("keel.tier.move.bytes.per.sec"),
         config.num("keel.tier.fast.max.bytes"),
     );
     broker.metrics.set_slow(config.slow_request());
-    crate::cleaner::reconfigure(broker, config.cleaner_settings());
+    keel_data::cleaner::reconfigure(&broker.data, config.cleaner_settings());
 }
 
 /// Every open partition log takes the settings its topic has under

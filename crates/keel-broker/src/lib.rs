@@ -8,8 +8,9 @@
 //! sockets (the server crate owns them) and nothing about segment files
 //! (the log crate owns them).
 
+#[cfg(test)]
+mod background;
 pub mod broker;
-pub mod cleaner;
 pub mod config;
 pub mod dynamic_config;
 #[cfg(feature = "fuzzing")]
@@ -20,7 +21,6 @@ pub mod kafka_configs;
 pub mod listeners;
 pub mod loggers;
 pub mod metrics;
-pub mod mover;
 pub mod quotas;
 #[cfg(test)]
 mod testing;

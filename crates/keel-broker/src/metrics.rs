@@ -406,7 +406,7 @@ fn state_registry(broker: &Broker) -> Registry {
     let t = broker.data.tail_cache.stats();
     let c = broker.data.cold.stats();
     let s = broker.data.tiers.stats();
-    let (m, cl) = (&broker.mover, &broker.cleaner);
+    let (m, cl) = (&broker.data.mover, &broker.data.cleaner);
     let gauges: [(&str, &str, f64); 9] = [
         (
             "keel_tail_cache_budget_bytes",

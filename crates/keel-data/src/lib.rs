@@ -8,15 +8,22 @@
 //!   deletion.
 //! * [`health`]: a log dir's health (a failed fsync takes it offline).
 //! * [`cleaning`]: a partition's cleaning, as `/stats` shows it.
+//! * [`mover`], [`cleaner`], [`maintenance`]: the background work:
+//!   sealed segments to the colder tiers, compaction, retention, flushes.
+//! * [`policy`]: what the data plane asks of the configs in force.
 //! * [`plane`]: all of it as one value, [`plane::DataPlane`], which the
 //!   broker holds.
 //!
 //! The crate knows nothing about requests or sockets; the broker's
 //! handlers call it.
 
+pub mod cleaner;
 pub mod cleaning;
 pub mod health;
+pub mod maintenance;
+pub mod mover;
 pub mod partition;
 pub mod plane;
+pub mod policy;
 pub mod producers;
 pub mod topics;

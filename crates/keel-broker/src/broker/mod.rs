@@ -13,7 +13,7 @@ use keel_protocol::{DecodeError, Encodable, Request, RequestFrame};
 use parking_lot::Mutex;
 use uuid::Uuid;
 
-use crate::config::BrokerConfig;
+use crate::config::{BrokerConfig, LiveConfig};
 use crate::handlers;
 use crate::metrics::Metrics;
 use crate::quotas::table::{
@@ -26,10 +26,9 @@ use keel_auth::acl::Operation;
 use keel_coord::groups::GroupCoordinator;
 use keel_coord::metalog::OpenError;
 use keel_data::health::DirHealth;
-use keel_data::partition::Partition;
 use keel_data::plane::DataPlane;
 use keel_data::producers::ProducerIdAllocator;
-use keel_data::topics::{base64_url, Topic, TopicMeta, TopicRegistry, TopicStore, META_DIR};
+use keel_data::topics::{base64_url, TopicRegistry, TopicStore, META_DIR};
 use keel_log::clock::now_ms;
 use keel_log::clock::{Clock, SystemClock};
 use keel_log::faults::FaultyStorage;
@@ -37,8 +36,8 @@ use keel_log::{DiskStorage, ReadIo, Storage};
 use keel_tier::memory::MemoryLimit;
 use keel_tier::{ColdReads, TailCache, Tiers};
 
-use crate::cleaner::Cleaner;
-use crate::mover::Mover;
+use keel_data::cleaner::Cleaner;
+use keel_data::mover::Mover;
 
 /// What to send back for one request.
 #[derive(Debug)]
@@ -66,9 +65,6 @@ pub enum Reply {
 /// Fetch responses with at least this many record bytes are assembled and
 /// encoded on a bulk thread (see `keel_tier::bulk`).
 const BULK_RESPONSE_BYTES: usize = 256 << 10;
-
-/// How often written segment data is dropped from the page cache.
-const PAGE_CACHE_DROP_EVERY: Duration = Duration::from_secs(1);
 
 /// The current request's user for quotas: the one its connection
 /// authenticated as, else Kafka's `ANONYMOUS`.
@@ -108,7 +104,7 @@ impl ClientInfo {
 #[derive(Debug)]
 pub enum StartError {
     Io { path: PathBuf, error: std::io::Error },
-    Partition(String),
+    Topics(keel_data::plane::PartitionsError),
     Groups(OpenError),
     Transactions(OpenError),
     Quotas(OpenError),
@@ -121,7 +117,7 @@ impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StartError::Io { path, error } => write!(f, "{}: {error}", path.display()),
-            StartError::Partition(e) => write!(f, "cannot open partition: {e}"),
+            StartError::Topics(e) => write!(f, "cannot open the topics: {e}"),
             StartError::Groups(e) => write!(f, "cannot open the group log: {e}"),
             StartError::Transactions(e) => write!(f, "cannot open the transaction log: {e}"),
             StartError::Quotas(e) => write!(f, "cannot open the quota log: {e}"),
@@ -135,16 +131,15 @@ impl std::fmt::Display for StartError {
 impl std::error::Error for StartError {}
 
 pub struct Broker {
-    /// The configuration in force: the config file under the dynamic broker
-    /// configs (see `crate::dynamic_config`); read it with [`Broker::config`].
-    pub config: parking_lot::RwLock<Arc<BrokerConfig>>,
+    /// The configuration in force; read it with [`Broker::config`].
+    pub config: Arc<LiveConfig>,
     /// The memory the broker may use (host or cgroup), for the budgets.
     pub memory: MemoryLimit,
-    pub cluster_id: String,
     /// Each listener's advertised address.
     pub advertised: Vec<crate::listeners::Endpoint>,
-    /// The partitions and what they are built on.
-    pub data: DataPlane,
+    /// The partitions, what they are built on and the background work on
+    /// them.
+    pub data: Arc<DataPlane>,
     /// The fault-injecting layer under the data plane's storage, when the
     /// broker was started with `KEEL_FAILPOINTS=1` (tests only).
     pub failpoints: Option<FaultyStorage>,
@@ -159,9 +154,6 @@ pub struct Broker {
     /// The ACLs, and whether and how they are enforced.
     pub acls: keel_auth::acl::store::AclStore,
     pub authorizer: keel_auth::acl::AuthorizerSettings,
-    pub mover: Arc<Mover>,
-    /// Compacts the partitions of compacted topics.
-    pub cleaner: Cleaner,
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
@@ -184,7 +176,7 @@ pub struct Broker {
 impl Broker {
     /// The configuration in force (dynamic changes replace it whole).
     pub fn config(&self) -> Arc<BrokerConfig> {
-        Arc::clone(&self.config.read())
+        self.config.get()
     }
 
     /// The address advertised to clients of `listener` (the first
@@ -297,12 +289,12 @@ impl Broker {
         let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
         let features_epoch = clock.now_ms();
+        let live = Arc::new(LiveConfig::new(config));
         let broker = Broker {
-            config: parking_lot::RwLock::new(Arc::new(config)),
+            config: Arc::clone(&live),
             memory,
-            cluster_id,
             advertised,
-            data: DataPlane {
+            data: Arc::new(DataPlane {
                 topics: TopicRegistry::default(),
                 store,
                 storage: Arc::clone(&storage),
@@ -312,7 +304,12 @@ impl Broker {
                 cold,
                 tiers: Arc::new(tiers),
                 clock,
-            },
+                data_dir: data_dir.clone(),
+                cluster_id: Arc::from(cluster_id),
+                policies: live,
+                mover,
+                cleaner: Cleaner::new(cleaner_settings),
+            }),
             failpoints,
             producer_ids: Mutex::new(producer_ids),
             groups: Arc::new(groups),
@@ -321,8 +318,6 @@ impl Broker {
             scram: Arc::new(scram),
             acls,
             authorizer,
-            mover: Arc::new(mover),
-            cleaner: Cleaner::new(cleaner_settings),
             admin: tokio::sync::Mutex::new(()),
             features_epoch,
             loggers: std::sync::OnceLock::new(),
@@ -330,209 +325,25 @@ impl Broker {
             refused_apis: refused::RefusedApis::default(),
             metrics,
         };
-        broker.load_topics()?;
+        broker.data.load_topics().map_err(StartError::Topics)?;
         Ok(Arc::new(broker))
     }
 
-    fn load_topics(&self) -> Result<(), StartError> {
-        let data_dir = self.config().data_dir();
-        let io = |error| StartError::Io {
-            path: data_dir.clone(),
-            error,
-        };
-        let metas = self.data.store.load_all().map_err(io)?;
-        let (metas, sweep) = self.data.store.sweep(metas).map_err(io)?;
-        self.remove_in_background(sweep.deleted);
-        for meta in metas {
-            let partitions = self
-                .open_partitions(&meta, 0, true)
-                .map_err(StartError::Partition)?;
-            tracing::info!(topic = %meta.name, partitions = meta.partitions, "loaded topic");
-            self.data.topics.insert(Arc::new(Topic { meta, partitions }));
-        }
-        Ok(())
-    }
-
-    /// Removes directories of deleted partitions on a thread of their own.
-    pub fn remove_in_background(&self, dirs: Vec<PathBuf>) {
-        if dirs.is_empty() {
-            return;
-        }
-        let storage = Arc::clone(&self.data.storage);
-        let spawned = std::thread::Builder::new()
-            .name("keel-delete".into())
-            .spawn(move || {
-                for dir in dirs {
-                    match keel_log::remove_retired(storage.as_ref(), &dir) {
-                        Ok(()) => tracing::info!(dir = %dir.display(), "removed a deleted partition's directory"),
-                        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted partition's directory"),
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot start the thread that removes deleted partitions");
-        }
-    }
-
-    /// Opens partitions `from..meta.partitions` of a topic. Blocking. At
-    /// start-up (`tolerate_failures`) a partition whose log cannot be opened
-    /// is kept offline and the others serve; when creating partitions, a
-    /// failure is the caller's error.
-    pub fn open_partitions(
-        &self,
-        meta: &TopicMeta,
-        from: i32,
-        tolerate_failures: bool,
-    ) -> Result<Vec<Arc<Partition>>, String> {
-        let mut log_config = self
-            .config()
-            .topic_log_config(&meta.configs)
-            .map_err(|e| e.to_string())?;
-        log_config.read_io = self.data.read_io;
-        let name: Arc<str> = Arc::from(meta.name.as_str());
-        let parts = |p: i32| {
-            let dir = self.data.store.partition_dir(&meta.name, p);
-            self.data.partition_parts(&name, p, dir, log_config.clone())
-        };
-        let mut out = Vec::new();
-        for p in from..meta.partitions {
-            let dir = self.data.store.partition_dir(&meta.name, p);
-            if !tolerate_failures {
-                // Creating: the directory must be this topic's own.
-                self.data
-                    .store
-                    .clear_for_new_partition(&dir, meta.topic_id)
-                    .map_err(|e| format!("{}: {e}", dir.display()))?;
-            }
-            let opened = Partition::open(parts(p))
-                .map_err(|e| e.to_string())
-                .and_then(|partition| {
-                    self.data
-                        .store
-                        .ensure_partition_metadata(&dir, meta.topic_id)
-                        .map_err(|e| format!("{}: {e}", dir.display()))?;
-                    Ok(partition)
-                });
-            let partition = match opened {
-                Ok(partition) => partition,
-                Err(e) if tolerate_failures => {
-                    tracing::error!(
-                        topic = %meta.name, partition = p, error = %e,
-                        "partition offline: its log cannot be opened; the other partitions serve"
-                    );
-                    Partition::offline(parts(p), e)
-                }
-                Err(e) => return Err(e),
-            };
-            out.push(Arc::new(partition));
-        }
-        Ok(out)
-    }
-
-    /// Background maintenance: retention, producer expiration, the page
-    /// cache pass, time-based flushes (and seal retries) and the mover. Runs
-    /// until the runtime shuts down.
+    /// Background work: the coordinators' timers and the data plane's
+    /// (retention, producer expiration, the page cache pass, time-based
+    /// flushes, the mover, the cleaner). Runs until the runtime shuts down.
     pub fn spawn_maintenance(self: &Arc<Self>) {
         self.groups.spawn_timers();
         handlers::txn::spawn_timers(self);
-        let retention_every = Duration::from_millis(self.config().retention_check_interval_ms());
-        self.spawn_every(retention_every, true, Broker::apply_retention);
-        let expire_every = Duration::from_millis(
-            u64::try_from(self.config().num("producer.id.expiration.check.interval.ms"))
-                .unwrap_or(600_000)
-                .max(1),
-        );
-        self.spawn_every(expire_every, true, Broker::expire_producers);
-        tokio::spawn(crate::mover::run(Arc::clone(self)));
-        crate::cleaner::spawn(self);
-        self.spawn_every(PAGE_CACHE_DROP_EVERY, false, Broker::drop_written_pages);
-        // flush.ms is checked at this resolution; Kafka's scheduler checks it
-        // on a similar fixed interval.
-        self.spawn_every(Duration::from_millis(100), false, Broker::flush_due);
-    }
-
-    /// Runs `work` on a blocking thread every `period` (after waiting one
-    /// period first if `wait_first`), one run at a time.
-    fn spawn_every(self: &Arc<Self>, period: Duration, wait_first: bool, work: fn(&Broker)) {
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            if wait_first {
-                tick.tick().await;
-            }
-            loop {
-                tick.tick().await;
-                let b = Arc::clone(&me);
-                let _ = tokio::task::spawn_blocking(move || work(&b)).await;
-            }
-        });
-    }
-
-    /// Keeps written segment data out of the page cache (see
-    /// `Partition::drop_written_pages`).
-    fn drop_written_pages(&self) {
-        for topic in self.data.topics.all() {
-            for p in &topic.partitions {
-                p.drop_written_pages();
-            }
-        }
-    }
-
-    fn apply_retention(&self) {
-        let now = self.data.clock.now_ms();
-        for topic in self.data.topics.all() {
-            for p in &topic.partitions {
-                if p.unavailable().is_some() {
-                    continue;
-                }
-                let applied = p
-                    .with_log(|log| log.apply_retention(now))
-                    .map_err(std::io::Error::from)
-                    .and_then(|r| r);
-                if let Err(e) = applied {
-                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "retention failed")
-                }
-            }
-        }
-    }
-
-    /// Forgets producers idle for `producer.id.expiration.ms`.
-    fn expire_producers(&self) {
-        let (now, expiration_ms) = (
-            self.data.clock.now_ms(),
-            self.config().num("producer.id.expiration.ms"),
-        );
-        let mut expired = 0;
-        for topic in self.data.topics.all() {
-            for p in &topic.partitions {
-                expired += p.expire_producers(now, expiration_ms);
-            }
-        }
-        if expired > 0 {
-            tracing::info!(expired, "expired idle producer ids");
-        }
-    }
-
-    fn flush_due(&self) {
-        let now = self.data.clock.now_ms();
-        for topic in self.data.topics.all() {
-            for p in &topic.partitions {
-                if p.unavailable().is_some() {
-                    continue;
-                }
-                p.spawn_seals();
-                let result = p.with_log(|log| {
-                    if log.needs_time_flush(now) {
-                        log.flush()
-                    } else {
-                        Ok(())
-                    }
-                });
-                if let Ok(Err(e)) = result {
-                    tracing::error!(topic = %topic.meta.name, partition = p.index, error = %e, "flush failed");
-                }
-            }
-        }
+        let config = self.config();
+        let every = |key: &str, default: u64| {
+            Duration::from_millis(u64::try_from(config.num(key)).unwrap_or(default).max(1))
+        };
+        let schedule = keel_data::maintenance::Schedule {
+            retention_every: Duration::from_millis(config.retention_check_interval_ms()),
+            expire_producers_every: every("producer.id.expiration.check.interval.ms", 600_000),
+        };
+        keel_data::maintenance::spawn(&self.data, schedule);
     }
 
     /// Counters for operators, as JSON: the tail cache and cold reads
@@ -640,7 +451,7 @@ impl Broker {
                 "read_ahead_limit_bytes": c.read_ahead_limit_bytes,
             },
             "tiers": self.tiers_json(),
-            "cleaner": self.cleaner.to_json(),
+            "cleaner": self.data.cleaner.to_json(),
             "log_dirs": [{
                 "path": self.data.dir_health.path().display().to_string(),
                 "offline": self.data.dir_health.is_offline(),
@@ -658,7 +469,7 @@ impl Broker {
     fn tiers_json(&self) -> serde_json::Value {
         use std::sync::atomic::Ordering::Relaxed;
         let s = self.data.tiers.stats();
-        let m = &self.mover;
+        let m = &self.data.mover;
         let describe = |tier| self.data.tiers.has(tier).then(|| self.data.tiers.describe(tier));
         serde_json::json!({
             "capacity": describe(keel_log::Tier::Capacity),
@@ -692,7 +503,7 @@ impl Broker {
 
     /// Flushes every log and marks it cleanly closed. Blocking.
     pub fn shutdown(&self) {
-        self.cleaner.stop();
+        self.data.cleaner.stop();
         let t = self.data.tail_cache.stats();
         tracing::info!(
             budget_bytes = t.budget_bytes,

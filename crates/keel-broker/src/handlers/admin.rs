@@ -77,11 +77,11 @@ async fn open_and_save(
     meta: &TopicMeta,
     from: i32,
 ) -> Result<Vec<Arc<keel_data::partition::Partition>>, AdminError> {
-    let b = Arc::clone(broker);
+    let data = Arc::clone(&broker.data);
     let m = meta.clone();
     tokio::task::spawn_blocking(move || {
-        let parts = b.open_partitions(&m, from, false)?;
-        b.data.store.save(&m).map_err(|e| e.to_string())?;
+        let parts = data.open_partitions(&m, from, false).map_err(|e| e.to_string())?;
+        data.store.save(&m).map_err(|e| e.to_string())?;
         Ok::<_, String>(parts)
     })
     .await
@@ -337,7 +337,7 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
             }
         }
         b.data.store.remove_meta(&t.meta.name)?;
-        b.remove_in_background(retired);
+        b.data.remove_in_background(retired);
         Ok(tiered)
     })
     .await

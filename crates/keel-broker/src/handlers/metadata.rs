@@ -53,7 +53,7 @@ pub async fn metadata(
             .with_node_id(BrokerId(broker.config().node_id()))
             .with_host(str_bytes(host))
             .with_port(port)])
-        .with_cluster_id(Some(str_bytes(&broker.cluster_id)))
+        .with_cluster_id(Some(str_bytes(&*broker.data.cluster_id)))
         .with_controller_id(BrokerId(broker.config().node_id()))
         .with_topics(topics)
         .with_cluster_authorized_operations(if req.include_cluster_authorized_operations {
@@ -143,7 +143,7 @@ pub fn describe_cluster(
                 "endpoint type {} is not served by a broker; ask for brokers (1)",
                 req.endpoint_type
             ))))
-            .with_cluster_id(str_bytes(&broker.cluster_id))
+            .with_cluster_id(str_bytes(&*broker.data.cluster_id))
             .with_cluster_authorized_operations(operations::OMITTED);
     }
     let operations = if req.include_cluster_authorized_operations {
@@ -153,7 +153,7 @@ pub fn describe_cluster(
     };
     DescribeClusterResponse::default()
         .with_endpoint_type(req.endpoint_type)
-        .with_cluster_id(str_bytes(&broker.cluster_id))
+        .with_cluster_id(str_bytes(&*broker.data.cluster_id))
         .with_controller_id(node)
         .with_brokers(vec![DescribeClusterBroker::default()
             .with_broker_id(node)

@@ -39,10 +39,10 @@ use keel_log::{PartitionLog, SealedSegment, Tier};
 use keel_tier::Pacer;
 use parking_lot::Mutex;
 
-use crate::broker::Broker;
-use crate::config::TierPolicy;
-use keel_data::partition::{Partition, Unavailable};
-use keel_data::topics::Topic;
+use crate::partition::{Partition, Unavailable};
+use crate::plane::DataPlane;
+use crate::policy::TierPolicy;
+use crate::topics::Topic;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -136,12 +136,12 @@ impl Mover {
 }
 
 /// Runs passes forever (until the runtime stops).
-pub async fn run(broker: Arc<Broker>) {
-    let mover = Arc::clone(&broker.mover);
+pub async fn run(data: Arc<DataPlane>) {
+    let mover = &data.mover;
     let mut backoff = Duration::ZERO;
     loop {
         tokio::time::sleep(mover.interval.max(backoff)).await;
-        match pass(&broker).await {
+        match pass(&data).await {
             Ok(()) => backoff = Duration::ZERO,
             Err(e) => {
                 mover.failed_passes.fetch_add(1, Ordering::Relaxed);
@@ -172,10 +172,10 @@ impl Target {
     }
 }
 
-fn targets(broker: &Broker) -> Vec<Target> {
+fn targets(data: &DataPlane) -> Vec<Target> {
     let mut out = Vec::new();
-    for topic in broker.data.topics.all() {
-        let policy = broker.config().tier_policy(&topic.meta.configs);
+    for topic in data.topics.all() {
+        let policy = data.policies.tier_policy(&topic.meta.configs);
         for p in &topic.partitions {
             out.push(Target {
                 topic: Arc::clone(&topic),
@@ -244,37 +244,39 @@ async fn try_on_log<T: Send + 'static>(
     Ok(on_log(p, f).await??)
 }
 
-pub(crate) async fn pass(broker: &Arc<Broker>) -> std::io::Result<()> {
-    let targets = targets(broker);
-    let result = pass_over(broker, &targets).await;
-    note_set_aside(broker, &targets);
+/// One pass now (the background task runs one every
+/// `keel.tier.check.interval.ms`).
+pub async fn pass(data: &DataPlane) -> std::io::Result<()> {
+    let targets = targets(data);
+    let result = pass_over(data, &targets).await;
+    note_set_aside(data, &targets);
     result
 }
 
-async fn pass_over(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()> {
+async fn pass_over(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
     let mut first_error = None;
     // 1. Deletions.
     for t in available(targets) {
-        settle(t, delete_marked(broker, t, &mut first_error).await)?;
+        settle(t, delete_marked(data, t, &mut first_error).await)?;
     }
     // 2. Copies, each followed by releases.
-    release(broker, targets).await?;
+    release(data, targets).await?;
     for t in available(targets) {
         let Some(tier) = t.policy.tier.filter(|_| t.policy.copy) else {
             continue;
         };
-        settle(t, copy_partition(broker, targets, t, tier).await)?;
+        settle(t, copy_partition(data, targets, t, tier).await)?;
     }
-    release(broker, targets).await?;
-    check_fast_space(broker);
-    let sweep_due = broker
+    release(data, targets).await?;
+    check_fast_space(data);
+    let sweep_due = data
         .mover
         .last_sweep
         .lock()
-        .is_none_or(|at| at.elapsed() >= broker.mover.orphan_grace);
+        .is_none_or(|at| at.elapsed() >= data.mover.orphan_grace);
     if sweep_due {
-        *broker.mover.last_sweep.lock() = Some(Instant::now());
-        if let Err(e) = sweep_orphans(broker).await {
+        *data.mover.last_sweep.lock() = Some(Instant::now());
+        if let Err(e) = sweep_orphans(data).await {
             first_error.get_or_insert(e);
         }
     }
@@ -288,16 +290,16 @@ async fn pass_over(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<
 /// that fails to delete one is noted in `first_error`, and the others go
 /// on.
 async fn delete_marked(
-    broker: &Arc<Broker>,
+    data: &DataPlane,
     t: &Target,
     first_error: &mut Option<std::io::Error>,
 ) -> StepResult<()> {
     let pending = on_log(&t.partition, |log| log.pending_deletes()).await?;
     for segment in pending {
-        if !broker.data.tiers.has(segment.tier) {
+        if !data.tiers.has(segment.tier) {
             continue; // A tier no longer configured: keep the record.
         }
-        match broker.data.tiers.delete(&segment).await {
+        match data.tiers.delete(&segment).await {
             Ok(()) => {
                 let object = segment.object.clone();
                 try_on_log(&t.partition, move |log| log.forget_deleted(&object)).await?;
@@ -312,13 +314,13 @@ async fn delete_marked(
 
 /// Copies a partition's sealed segments, oldest first, releasing local
 /// copies after each.
-async fn copy_partition(broker: &Arc<Broker>, targets: &[Target], t: &Target, tier: Tier) -> StepResult<()> {
+async fn copy_partition(data: &DataPlane, targets: &[Target], t: &Target, tier: Tier) -> StepResult<()> {
     let candidates = on_log(&t.partition, |log| log.copy_candidates()).await?;
     for segment in candidates {
-        if !copies_now(broker, t) {
+        if !copies_now(data, t) {
             break;
         }
-        if let Err(e) = copy_one(broker, t, tier, &segment).await {
+        if let Err(e) = copy_one(data, t, tier, &segment).await {
             if let StepError::Failed(e) = &e {
                 tracing::warn!(
                     topic = %t.topic.meta.name, partition = t.partition.index, base_offset = segment.base_offset,
@@ -327,7 +329,7 @@ async fn copy_partition(broker: &Arc<Broker>, targets: &[Target], t: &Target, ti
             }
             return Err(e);
         }
-        release(broker, targets).await?;
+        release(data, targets).await?;
     }
     Ok(())
 }
@@ -335,7 +337,7 @@ async fn copy_partition(broker: &Arc<Broker>, targets: &[Target], t: &Target, ti
 /// Counts the partitions this pass set aside, and names them in the log at
 /// most once a minute: an offline partition stays offline until a restart,
 /// and every pass meets it again.
-fn note_set_aside(broker: &Broker, targets: &[Target]) {
+fn note_set_aside(data: &DataPlane, targets: &[Target]) {
     let aside: Vec<(&Target, Unavailable)> = targets
         .iter()
         .filter_map(|t| t.set_aside.lock().clone().map(|why| (t, why)))
@@ -343,7 +345,7 @@ fn note_set_aside(broker: &Broker, targets: &[Target]) {
     let Some((first, why)) = aside.first() else {
         return;
     };
-    let mover = &broker.mover;
+    let mover = &data.mover;
     mover
         .partitions_set_aside
         .fetch_add(aside.len() as u64, Ordering::Relaxed);
@@ -364,25 +366,18 @@ fn note_set_aside(broker: &Broker, targets: &[Target]) {
 /// Whether the topic's configs, as they are now, still have segments
 /// copied: a pass lists its candidates once, and an operator may set
 /// `remote.log.copy.disable` or turn the tier off while it copies them.
-fn copies_now(broker: &Broker, t: &Target) -> bool {
-    broker
-        .data
-        .topics
+fn copies_now(data: &DataPlane, t: &Target) -> bool {
+    data.topics
         .get(&t.topic.meta.name)
         .filter(|now| now.meta.topic_id == t.topic.meta.topic_id)
         .is_some_and(|now| {
-            let policy = broker.config().tier_policy(&now.meta.configs);
+            let policy = data.policies.tier_policy(&now.meta.configs);
             policy.copy && policy.tier == t.policy.tier
         })
 }
 
-async fn copy_one(broker: &Arc<Broker>, t: &Target, tier: Tier, segment: &SealedSegment) -> StepResult<()> {
-    let object = object_name(
-        &broker.cluster_id,
-        &t.topic,
-        t.partition.index,
-        segment.base_offset,
-    );
+async fn copy_one(data: &DataPlane, t: &Target, tier: Tier, segment: &SealedSegment) -> StepResult<()> {
+    let object = object_name(&data.cluster_id, &t.topic, t.partition.index, segment.base_offset);
     let (s, o) = (segment.clone(), object.clone());
     match on_log(&t.partition, move |log| log.begin_copy(&s, tier, o)).await? {
         Ok(_) => {}
@@ -390,11 +385,7 @@ async fn copy_one(broker: &Arc<Broker>, t: &Target, tier: Tier, segment: &Sealed
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    let copied = broker
-        .data
-        .tiers
-        .copy(tier, segment, &object, &broker.mover.pacer)
-        .await;
+    let copied = data.tiers.copy(tier, segment, &object, &data.mover.pacer).await;
     let o = object.clone();
     match copied {
         Ok(()) => {
@@ -419,7 +410,7 @@ async fn copy_one(broker: &Arc<Broker>, t: &Target, tier: Tier, segment: &Sealed
 /// independent of local paths, never reused (a retried copy gets a new
 /// name), and under the cluster's own prefix, so clusters sharing a bucket
 /// never touch each other's copies.
-pub(crate) fn object_name(cluster_id: &str, topic: &Topic, partition: i32, base_offset: i64) -> String {
+pub fn object_name(cluster_id: &str, topic: &Topic, partition: i32, base_offset: i64) -> String {
     format!(
         "{}{base_offset:020}-{}",
         partition_prefix(cluster_id, topic, partition),
@@ -437,8 +428,8 @@ fn partition_prefix(cluster_id: &str, topic: &Topic, partition: i32) -> String {
 }
 
 /// Deletes local copies no longer needed (see the module docs).
-async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()> {
-    let now = broker.data.clock.now_ms();
+async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
+    let now = data.clock.now_ms();
     // Local retention, per partition.
     for t in available(targets) {
         let policy = t.policy;
@@ -459,11 +450,11 @@ async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()
         })
         .await;
         if let Some(released) = settle(t, released)? {
-            note_released(broker, released);
+            note_released(data, released);
         }
     }
     // The fast tier's budget, oldest first across partitions.
-    let budget = broker.mover.fast_max_bytes();
+    let budget = data.mover.fast_max_bytes();
     let mut fast = sum_over(targets, |log| log.size_bytes()).await?;
     while budget >= 0 && fast > budget as u64 {
         let mut oldest: Option<(&Target, i64, i64)> = None;
@@ -484,11 +475,11 @@ async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()
         else {
             continue;
         };
-        note_released(broker, (1, freed));
+        note_released(data, (1, freed));
         fast = fast.saturating_sub(freed);
     }
     let copied = sum_over(targets, |log| log.local_copied_bytes()).await?;
-    let mover = &broker.mover;
+    let mover = &data.mover;
     mover.fast_bytes.store(fast, Ordering::Relaxed);
     mover.fast_copied_bytes.store(copied, Ordering::Relaxed);
     let over = budget >= 0 && fast > budget as u64;
@@ -500,7 +491,7 @@ async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()
             tracing::warn!(
                 fast_bytes = fast,
                 budget_bytes = budget,
-                last_error = broker.data.tiers.stats().last_error.unwrap_or_default(),
+                last_error = data.tiers.stats().last_error.unwrap_or_default(),
                 "fast tier over keel.tier.fast.max.bytes and nothing copied left to release: \
                  segments are waiting to be copied to a colder tier (or no colder tier applies)"
             );
@@ -509,10 +500,10 @@ async fn release(broker: &Arc<Broker>, targets: &[Target]) -> std::io::Result<()
     Ok(())
 }
 
-fn note_released(broker: &Broker, (count, bytes): (u64, u64)) {
+fn note_released(data: &DataPlane, (count, bytes): (u64, u64)) {
     if count > 0 {
-        broker.mover.released_segments.fetch_add(count, Ordering::Relaxed);
-        broker.mover.released_bytes.fetch_add(bytes, Ordering::Relaxed);
+        data.mover.released_segments.fetch_add(count, Ordering::Relaxed);
+        data.mover.released_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
@@ -530,12 +521,12 @@ async fn sum_over(targets: &[Target], f: fn(&PartitionLog) -> u64) -> std::io::R
 /// that are older than the grace (see the module docs). A partition whose
 /// manifest cannot be read now (its log is unavailable) keeps all its
 /// copies.
-async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
+async fn sweep_orphans(data: &DataPlane) -> std::io::Result<()> {
     for tier in [Tier::Capacity, Tier::Remote] {
-        if !broker.data.tiers.has(tier) {
+        if !data.tiers.has(tier) {
             continue;
         }
-        let listed = broker.data.tiers.list_copies(tier, &broker.cluster_id).await?;
+        let listed = data.tiers.list_copies(tier, &data.cluster_id).await?;
         if listed.is_empty() {
             continue;
         }
@@ -543,7 +534,7 @@ async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
         // younger than the grace.
         let mut known = std::collections::HashSet::new();
         let mut unread = Vec::new();
-        for t in targets(broker) {
+        for t in targets(data) {
             let names = on_log(&t.partition, move |log| {
                 log.tiered_segments()
                     .iter()
@@ -555,12 +546,12 @@ async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
             match names {
                 Ok(names) => known.extend(names),
                 Err(StepError::Unavailable(_)) => {
-                    unread.push(partition_prefix(&broker.cluster_id, &t.topic, t.partition.index));
+                    unread.push(partition_prefix(&data.cluster_id, &t.topic, t.partition.index));
                 }
                 Err(StepError::Failed(e)) => return Err(e),
             }
         }
-        let grace_ms = broker.mover.orphan_grace.as_millis() as u64;
+        let grace_ms = data.mover.orphan_grace.as_millis() as u64;
         for (object, age_ms) in listed {
             if known.contains(&object)
                 || age_ms < grace_ms
@@ -569,8 +560,8 @@ async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
                 continue;
             }
             tracing::info!(tier = tier.name(), object = %object, age_ms, "deleting a copy no manifest names");
-            broker.data.tiers.delete_orphan(tier, &object).await?;
-            broker.mover.orphans_deleted.fetch_add(1, Ordering::Relaxed);
+            data.tiers.delete_orphan(tier, &object).await?;
+            data.mover.orphans_deleted.fetch_add(1, Ordering::Relaxed);
         }
     }
     Ok(())
@@ -578,11 +569,11 @@ async fn sweep_orphans(broker: &Arc<Broker>) -> std::io::Result<()> {
 
 /// Records the fast tier's free space and says so, at most once a minute,
 /// when it runs low while segments wait to move.
-fn check_fast_space(broker: &Broker) {
-    let Some((free, total)) = keel_tier::filesystem_space(&broker.config().data_dir()) else {
+fn check_fast_space(data: &DataPlane) {
+    let Some((free, total)) = keel_tier::filesystem_space(&data.data_dir) else {
         return;
     };
-    let mover = &broker.mover;
+    let mover = &data.mover;
     mover.fast_fs_free_bytes.store(free, Ordering::Relaxed);
     mover.fast_fs_total_bytes.store(total, Ordering::Relaxed);
     if total == 0 || (free as f64) >= FAST_FS_LOW_FREE * total as f64 {
@@ -592,18 +583,15 @@ fn check_fast_space(broker: &Broker) {
     if last.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
         *last = Some(Instant::now());
         tracing::warn!(
-            dir = %broker.config().data_dir().display(),
+            dir = %data.data_dir.display(),
             free_bytes = free,
             total_bytes = total,
             fast_bytes = mover.fast_bytes.load(Ordering::Relaxed),
             releasable_bytes = mover.fast_copied_bytes.load(Ordering::Relaxed),
             mover_backoff_ms = mover.backoff_ms(),
-            last_error = broker.data.tiers.stats().last_error.unwrap_or_default(),
+            last_error = data.tiers.stats().last_error.unwrap_or_default(),
             "fast tier filesystem below 10% free: produce fails when it is full; \
              check that the mover is copying (keel stats) or lower keel.tier.fast.max.bytes"
         );
     }
 }
-
-#[cfg(test)]
-mod tests;

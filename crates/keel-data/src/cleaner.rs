@@ -33,11 +33,11 @@ use keel_log::{SealedSegment, Tier, TierState, TieredSegment};
 use keel_tier::Pacer;
 use parking_lot::Mutex;
 
-use crate::broker::Broker;
-use crate::config::CleanerSettings;
-use keel_data::cleaning::Cleaning;
-use keel_data::partition::Partition;
-use keel_data::topics::Topic;
+use crate::cleaning::Cleaning;
+use crate::partition::Partition;
+use crate::plane::DataPlane;
+use crate::policy::CleanerSettings;
+use crate::topics::Topic;
 
 /// How often a sleeping thread checks whether the broker is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(100);
@@ -124,33 +124,33 @@ impl Cleaner {
 
 /// Starts the cleaner threads (none if `log.cleaner.enable=false`). Call
 /// from within the runtime: passes wait for their I/O budget on it.
-pub fn spawn(broker: &Arc<Broker>) {
-    let cleaner = &broker.cleaner;
+pub fn spawn(data: &Arc<DataPlane>) {
+    let cleaner = &data.cleaner;
     if !cleaner.settings().enabled {
         tracing::info!("log cleaner disabled (log.cleaner.enable=false)");
         return;
     }
     let _ = cleaner.runtime.set(tokio::runtime::Handle::current());
-    start_threads(broker);
+    start_threads(data);
 }
 
 /// Takes new settings (dynamic broker configs): the budget at once, the
 /// thread count and key-map size from each thread's next pass.
 /// `log.cleaner.enable` stays as the broker started.
-pub fn reconfigure(broker: &Arc<Broker>, mut settings: CleanerSettings) {
-    let cleaner = &broker.cleaner;
+pub fn reconfigure(data: &Arc<DataPlane>, mut settings: CleanerSettings) {
+    let cleaner = &data.cleaner;
     cleaner.pacer.set_bytes_per_sec(settings.io_bytes_per_sec);
     {
         let mut current = cleaner.settings.lock();
         settings.enabled = current.enabled;
         *current = settings;
     }
-    start_threads(broker);
+    start_threads(data);
 }
 
 /// Starts a thread in every slot below `log.cleaner.threads` that has none.
-fn start_threads(broker: &Arc<Broker>) {
-    let cleaner = &broker.cleaner;
+fn start_threads(data: &Arc<DataPlane>) {
+    let cleaner = &data.cleaner;
     let settings = cleaner.settings();
     let Some(runtime) = cleaner.runtime.get() else {
         return;
@@ -166,7 +166,7 @@ fn start_threads(broker: &Arc<Broker>) {
         if *on {
             continue;
         }
-        let weak = Arc::downgrade(broker);
+        let weak = Arc::downgrade(data);
         let runtime = runtime.clone();
         let spawned = std::thread::Builder::new()
             .name("keel-cleaner".into())
@@ -181,11 +181,11 @@ fn start_threads(broker: &Arc<Broker>) {
     }
 }
 
-fn run(broker: &Weak<Broker>, runtime: &tokio::runtime::Handle, slot: usize) {
+fn run(data: &Weak<DataPlane>, runtime: &tokio::runtime::Handle, slot: usize) {
     // The key map and the budget it was made for.
     let mut map: Option<(usize, KeyMap)> = None;
     loop {
-        let Some(b) = broker.upgrade() else { return };
+        let Some(b) = data.upgrade() else { return };
         if b.cleaner.stopping.load(Ordering::Relaxed) {
             return;
         }
@@ -210,7 +210,7 @@ fn run(broker: &Weak<Broker>, runtime: &tokio::runtime::Handle, slot: usize) {
             let until = Instant::now() + backoff;
             while Instant::now() < until {
                 std::thread::sleep(STOP_CHECK.min(until.saturating_duration_since(Instant::now())));
-                match broker.upgrade() {
+                match data.upgrade() {
                     Some(b) if !b.cleaner.stopping.load(Ordering::Relaxed) => {}
                     _ => return,
                 }
@@ -230,12 +230,12 @@ struct Candidate {
 
 /// Assesses every compacted partition and runs one pass on the one that
 /// needs it most. Returns whether a pass ran.
-fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runtime::Handle) -> bool {
-    let cleaner = &broker.cleaner;
-    let now = broker.data.clock.now_ms();
+fn clean_neediest(data: &Arc<DataPlane>, map: &mut KeyMap, runtime: &tokio::runtime::Handle) -> bool {
+    let cleaner = &data.cleaner;
+    let now = data.clock.now_ms();
     let mut best: Option<Candidate> = None;
-    for topic in broker.data.topics.all() {
-        let settings = match broker.config().compaction(&topic.meta.configs) {
+    for topic in data.topics.all() {
+        let settings = match data.policies.compaction(&topic.meta.configs) {
             Ok(c) if c.enabled => c,
             _ => continue,
         };
@@ -262,8 +262,8 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
             let mut source = source
                 .with_read_window(cleaner.settings().io_buffer_bytes)
                 .with_stable_end(stable);
-            if broker.data.tiers.has(Tier::Capacity) {
-                source = source.with_cold(ColdAccess::new(broker, runtime, &topic, p.index));
+            if data.tiers.has(Tier::Capacity) {
+                source = source.with_cold(ColdAccess::new(data, runtime, &topic, p.index));
             }
             match source.assess(&options) {
                 Ok(Ok(a)) => {
@@ -300,15 +300,15 @@ fn clean_neediest(broker: &Arc<Broker>, map: &mut KeyMap, runtime: &tokio::runti
         }
         busy.push(id);
     }
-    pass(broker, map, runtime, chosen);
+    pass(data, map, runtime, chosen);
     cleaner.busy.lock().retain(|b| *b != id);
     true
 }
 
 /// A pass's way to the capacity tier: reads through the tiers, and a
 /// cleaned group stored as a new copy, paced by the cleaner's budget.
-struct ColdAccess {
-    broker: Arc<Broker>,
+pub struct ColdAccess {
+    data: Arc<DataPlane>,
     runtime: tokio::runtime::Handle,
     topic: Arc<Topic>,
     partition: i32,
@@ -320,14 +320,14 @@ struct ColdAccess {
 }
 
 impl ColdAccess {
-    fn new(
-        broker: &Arc<Broker>,
+    pub fn new(
+        data: &Arc<DataPlane>,
         runtime: &tokio::runtime::Handle,
         topic: &Arc<Topic>,
         partition: i32,
     ) -> Arc<ColdAccess> {
         Arc::new(ColdAccess {
-            broker: Arc::clone(broker),
+            data: Arc::clone(data),
             runtime: runtime.clone(),
             topic: Arc::clone(topic),
             partition,
@@ -338,25 +338,25 @@ impl ColdAccess {
 
 impl ColdSegments for ColdAccess {
     fn positions(&self, segment: &TieredSegment) -> std::io::Result<Vec<u32>> {
-        self.broker.data.tiers.positions_blocking(segment)
+        self.data.tiers.positions_blocking(segment)
     }
 
     fn read(&self, segment: &TieredSegment, pos: u64, len: u64) -> std::io::Result<Bytes> {
-        self.broker.data.tiers.read_range_blocking(segment, pos, len)
+        self.data.tiers.read_range_blocking(segment, pos, len)
     }
 
     fn store(&self, tier: Tier, segment: &SealedSegment) -> std::io::Result<TieredSegment> {
-        let b = &self.broker;
+        let b = &self.data;
         let object =
             crate::mover::object_name(&b.cluster_id, &self.topic, self.partition, segment.base_offset);
-        self.stored.lock().push(b.data.tiers.hold_uncommitted(&object));
+        self.stored.lock().push(b.tiers.hold_uncommitted(&object));
         self.runtime
-            .block_on(b.data.tiers.copy(tier, segment, &object, &b.cleaner.pacer))?;
+            .block_on(b.tiers.copy(tier, segment, &object, &b.cleaner.pacer))?;
         Ok(segment.tiered(tier, TierState::Cold, object))
     }
 
     fn discard(&self, segment: &TieredSegment) -> std::io::Result<()> {
-        self.runtime.block_on(self.broker.data.tiers.delete(segment))
+        self.runtime.block_on(self.data.tiers.delete(segment))
     }
 }
 
@@ -364,8 +364,8 @@ fn key(p: &Arc<Partition>) -> usize {
     Arc::as_ptr(p) as usize
 }
 
-fn pass(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: Candidate) {
-    let cleaner = &broker.cleaner;
+fn pass(data: &DataPlane, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: Candidate) {
+    let cleaner = &data.cleaner;
     let p = &c.partition;
     let started = Instant::now();
     let mut budget = |bytes: u64| {
@@ -394,7 +394,7 @@ fn pass(broker: &Broker, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c: 
     match outcome {
         Ok(Ok(stats)) => {
             record(cleaner, &mut cleaning, &stats, map.budget_entries());
-            cleaning.last_pass_ms = Some(broker.data.clock.now_ms());
+            cleaning.last_pass_ms = Some(data.clock.now_ms());
             cleaning.last_pass_duration_ms = elapsed.as_millis() as u64;
             tracing::info!(
                 topic = %p.topic, partition = p.index,
@@ -442,6 +442,3 @@ fn record(cleaner: &Cleaner, cleaning: &mut Cleaning, stats: &PassStats, map_cap
     cleaning.clean_end = Some(stats.checkpoint.clean_end);
     cleaning.not_cleanable = None;
 }
-
-#[cfg(test)]
-mod tests;

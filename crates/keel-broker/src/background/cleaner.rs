@@ -5,8 +5,14 @@ use std::time::SystemTime;
 
 use keel_log::clean::CleanSource;
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::testing::{append_keyed, capacity_dir, create_topic, open_broker};
+use keel_data::cleaner::ColdAccess;
+use keel_data::mover::pass;
+use keel_log::clean::{KeyMap, PassOptions};
 
 /// Compacted, small segments, every copied segment released from the fast
 /// tier (so the cleaner reads and rewrites them in the capacity tier).
@@ -58,13 +64,13 @@ async fn the_orphan_sweep_keeps_a_cleaned_cold_copy_waiting_for_its_swap() {
         let records: Vec<(&str, &str)> = records.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         append_keyed(&p, &records).await;
     }
-    crate::mover::pass(&broker).await.unwrap();
+    pass(&broker.data).await.unwrap();
     let cold = p.with_log(|log| log.tiered_segments()).unwrap();
     assert!(cold.len() >= 3 && cold.iter().all(|t| t.is_cold()), "{cold:?}");
 
     let runtime = tokio::runtime::Handle::current();
     let source: CleanSource = p.with_log(|log| log.clean_source()).unwrap();
-    let source = source.with_cold(ColdAccess::new(&broker, &runtime, &topic, p.index));
+    let source = source.with_cold(ColdAccess::new(&broker.data, &runtime, &topic, p.index));
     let (b, partition, root_dir) = (Arc::clone(&broker), Arc::clone(&p), root.path().to_path_buf());
     let outcome = tokio::task::spawn_blocking(move || {
         let mut map = KeyMap::with_budget(1 << 20);
@@ -72,7 +78,7 @@ async fn the_orphan_sweep_keeps_a_cleaned_cold_copy_waiting_for_its_swap() {
             // The group's copy is stored; its read-back took longer than
             // the grace, and a mover pass sweeps before the swap.
             backdate(&capacity_dir(&root_dir));
-            runtime.block_on(crate::mover::pass(&b))?;
+            runtime.block_on(pass(&b.data))?;
             partition.with_log(|log| log.commit_cleaned(group))?
         };
         source.clean(&mut map, &eager(), &mut |_: u64| {}, &mut commit)
@@ -85,7 +91,7 @@ async fn the_orphan_sweep_keeps_a_cleaned_cold_copy_waiting_for_its_swap() {
     for sweep in 0..2 {
         if sweep == 1 {
             backdate(&capacity_dir(root.path()));
-            crate::mover::pass(&broker).await.unwrap();
+            pass(&broker.data).await.unwrap();
         }
         for copy in p.with_log(|log| log.tiered_segments()).unwrap() {
             if copy.is_cold() {
@@ -98,5 +104,5 @@ async fn the_orphan_sweep_keeps_a_cleaned_cold_copy_waiting_for_its_swap() {
             }
         }
     }
-    assert_eq!(broker.mover.orphans_deleted.load(Ordering::Relaxed), 0);
+    assert_eq!(broker.data.mover.orphans_deleted.load(Ordering::Relaxed), 0);
 }

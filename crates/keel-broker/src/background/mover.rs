@@ -2,8 +2,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::*;
+use std::sync::Arc;
+
 use crate::testing::{append_keyed, capacity_dir, create_topic, open_broker};
+use keel_data::mover::pass;
 
 /// Small segments, and every copied segment released from the fast tier.
 const TIERED: [(&str, &str); 2] = [("segment.bytes", "1024"), ("local.retention.bytes", "0")];
@@ -39,7 +41,7 @@ async fn an_offline_partition_does_not_stop_the_mover_for_the_others() {
     for p in &topic.partitions {
         append_keyed(p, &pairs(&records)).await;
     }
-    pass(&broker).await.unwrap();
+    pass(&broker.data).await.unwrap();
     let offline_copies = topic.partitions[0].with_log(|log| log.tiered_segments()).unwrap();
     assert!(!offline_copies.is_empty());
     for p in &topic.partitions {
@@ -64,7 +66,7 @@ async fn an_offline_partition_does_not_stop_the_mover_for_the_others() {
         .unwrap();
     assert!(sealed >= 2, "{sealed} sealed segments to copy");
 
-    pass(&broker)
+    pass(&broker.data)
         .await
         .expect("a pass goes on past an offline partition");
     let tiered = healthy.with_log(|log| log.tiered_segments()).unwrap();
@@ -74,11 +76,11 @@ async fn an_offline_partition_does_not_stop_the_mover_for_the_others() {
         "every sealed segment copied: {tiered:?}"
     );
     assert_eq!(
-        broker.mover.released_segments.load(Ordering::Relaxed),
+        broker.data.mover.released_segments.load(Ordering::Relaxed),
         sealed as u64,
         "and released from the fast tier"
     );
-    assert_eq!(broker.mover.partitions_set_aside.load(Ordering::Relaxed), 1);
+    assert_eq!(broker.data.mover.partitions_set_aside.load(Ordering::Relaxed), 1);
     for copy in &offline_copies {
         assert!(
             in_tier(root.path(), &copy.object),
