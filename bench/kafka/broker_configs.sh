@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Regenerates crates/keel-broker/src/kafka_broker_configs.tsv: every broker
+# Regenerates crates/keel-config/src/kafka_broker_configs.tsv: every broker
 # config Apache Kafka defines (name, type, update mode, default), read from
 # its jars by BrokerConfigNames.java. Run after changing KAFKA_VERSION.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LAB="${LAB_DIR:-$HERE/../lab}"
-OUT="$HERE/../../crates/keel-broker/src/kafka_broker_configs.tsv"
+OUT="$HERE/../../crates/keel-config/src/kafka_broker_configs.tsv"
 "$HERE/fetch.sh" >/dev/null
 {
   echo "# Apache Kafka ${KAFKA_VERSION:-4.3.1}'s broker configs: name, type, update mode, default (\\N: none)."

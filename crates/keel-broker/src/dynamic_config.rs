@@ -2,7 +2,7 @@
 //! --alter`, for this broker (`--entity-name <node.id>`) or the cluster-wide
 //! default (`--entity-default`, the broker resource `""`).
 //!
-//! The keys that may change are [`crate::config::is_dynamic`]'s: the topic
+//! The keys that may change are [`keel_config::is_dynamic`]'s: the topic
 //! defaults (`log.retention.ms`, `message.max.bytes`, ...), the log
 //! cleaner's settings, connection limits, and Keel's own budgets. A change
 //! is checked as a whole (each value, the configuration it makes, and every
@@ -32,9 +32,9 @@ use std::sync::Arc;
 use keel_log::storage::{read_file, write_atomically, Storage};
 use keel_protocol::ResponseError;
 
-use crate::config::{BrokerConfig, DynamicLayers, TOPIC_CONFIGS};
 use crate::handlers::admin::AdminError;
 use crate::Broker;
+use keel_config::{BrokerConfig, DynamicLayers, TOPIC_CONFIGS};
 
 /// The file under the metadata dir.
 const FILE: &str = "broker-configs.json";
@@ -172,7 +172,7 @@ fn check_topics(broker: &Broker, config: &BrokerConfig) -> Result<(), String> {
         let checked = config.compaction(overrides).and_then(|_| {
             let mut log = config.topic_log_config(overrides)?;
             log.read_io = broker.data.read_io;
-            log.check().map_err(|reason| crate::config::ConfigError {
+            log.check().map_err(|reason| keel_config::ConfigError {
                 key: "log.segment.bytes".into(),
                 reason: reason.into(),
             })
@@ -224,7 +224,7 @@ fn reconfigure_logs(broker: &Broker, config: &BrokerConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{BrokerConfig, ConfigSource};
+    use keel_config::{BrokerConfig, ConfigSource};
     use keel_log::DiskStorage;
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use keel_log::storage::{read_file, write_atomically, Storage};
 
-use crate::config::BrokerConfig;
+use keel_config::BrokerConfig;
 use keel_coord::groups::consumer::GroupOverrides;
 
 pub const SESSION_TIMEOUT_MS: &str = "consumer.session.timeout.ms";

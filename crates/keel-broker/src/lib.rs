@@ -11,14 +11,11 @@
 #[cfg(test)]
 mod background;
 pub mod broker;
-pub mod config;
 pub mod dynamic_config;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod group_configs;
 mod handlers;
-pub mod kafka_configs;
-pub mod listeners;
 pub mod loggers;
 pub mod metrics;
 pub mod quotas;
@@ -37,4 +34,3 @@ pub fn validate_produce_records(
 ) -> Result<Vec<keel_log::BatchHeader>, (keel_protocol::ResponseError, String)> {
     handlers::produce::check_records(records, max_batch_bytes)
 }
-pub use config::{BrokerConfig, ConfigError};

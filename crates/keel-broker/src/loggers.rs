@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use keel_protocol::ResponseError;
 
-use crate::config::ConfigChange;
+use keel_config::ConfigChange;
 
 /// Kafka's log levels (`LogLevelConfig.VALID_LOG_LEVELS`).
 pub const LEVELS: [&str; 6] = ["FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE"];

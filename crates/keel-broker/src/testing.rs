@@ -10,7 +10,8 @@ use std::sync::Arc;
 use keel_log::batch::validate_batches;
 use keel_log::testing::BatchBuilder;
 
-use crate::{Broker, BrokerConfig};
+use crate::Broker;
+use keel_config::BrokerConfig;
 use keel_data::partition::Partition;
 use keel_data::topics::Topic;
 

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, StrBytes};
-use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
+use keel_broker::{Broker, ClientInfo, Reply};
+use keel_config::BrokerConfig;
 use keel_protocol::{Request, RequestFrame};
 
 const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
@@ -64,7 +65,7 @@ async fn broker(dir: &tempfile::TempDir) -> Arc<Broker> {
     tokio::task::spawn_blocking(move || {
         Broker::open(
             config,
-            vec![keel_broker::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
+            vec![keel_config::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
         )
     })
     .await

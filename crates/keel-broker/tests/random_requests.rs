@@ -21,7 +21,8 @@ use std::time::Duration;
 use common::Gen;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::Decodable;
-use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
+use keel_broker::{Broker, ClientInfo, Reply};
+use keel_config::BrokerConfig;
 use keel_protocol::versions::SUPPORTED;
 use keel_protocol::{Request, RequestFrame};
 use rand::Rng;
@@ -156,7 +157,7 @@ async fn random_requests(extra: &[(&str, &str)]) {
     let broker: Arc<Broker> = tokio::task::spawn_blocking(move || {
         Broker::open(
             config,
-            vec![keel_broker::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
+            vec![keel_config::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
         )
     })
     .await

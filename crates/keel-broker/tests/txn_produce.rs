@@ -10,7 +10,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
+use keel_broker::{Broker, ClientInfo, Reply};
+use keel_config::BrokerConfig;
 use keel_protocol::RequestFrame;
 
 const PARTITIONS: i32 = 8;
@@ -44,7 +45,7 @@ async fn open_broker(dir: &std::path::Path) -> Arc<Broker> {
     tokio::task::spawn_blocking(move || {
         Broker::open(
             config,
-            vec![keel_broker::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
+            vec![keel_config::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
         )
     })
     .await

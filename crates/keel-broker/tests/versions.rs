@@ -9,7 +9,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use keel_broker::{Broker, BrokerConfig, ClientInfo, Reply};
+use keel_broker::{Broker, ClientInfo, Reply};
+use keel_config::BrokerConfig;
 use keel_protocol::versions::SUPPORTED;
 use keel_protocol::RequestFrame;
 
@@ -540,7 +541,7 @@ async fn every_advertised_version_is_answered() {
     let broker = tokio::task::spawn_blocking(move || {
         Broker::open(
             config,
-            vec![keel_broker::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
+            vec![keel_config::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
         )
     })
     .await

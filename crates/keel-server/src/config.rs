@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use keel_broker::config::known_keys;
+use keel_config::known_keys;
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {

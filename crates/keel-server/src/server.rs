@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_auth::sasl::{ConnectionAuth, SaslListener};
-use keel_broker::{listeners, Broker, BrokerConfig, ClientInfo};
+use keel_broker::{Broker, ClientInfo};
+use keel_config::{listeners, BrokerConfig};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;

@@ -13,7 +13,6 @@ use keel_protocol::{DecodeError, Encodable, Request, RequestFrame};
 use parking_lot::Mutex;
 use uuid::Uuid;
 
-use crate::config::{BrokerConfig, LiveConfig};
 use crate::handlers;
 use crate::metrics::Metrics;
 use crate::quotas::table::{
@@ -23,6 +22,7 @@ use crate::quotas::table::{
 use crate::quotas::Throttle;
 use crate::trace::{self, Stage};
 use keel_auth::acl::Operation;
+use keel_config::{BrokerConfig, LiveConfig};
 use keel_coord::groups::GroupCoordinator;
 use keel_coord::metalog::OpenError;
 use keel_data::health::DirHealth;
@@ -136,7 +136,7 @@ pub struct Broker {
     /// The memory the broker may use (host or cgroup), for the budgets.
     pub memory: MemoryLimit,
     /// Each listener's advertised address.
-    pub advertised: Vec<crate::listeners::Endpoint>,
+    pub advertised: Vec<keel_config::listeners::Endpoint>,
     /// The partitions, what they are built on and the background work on
     /// them.
     pub data: Arc<DataPlane>,
@@ -193,7 +193,7 @@ impl Broker {
     /// (with recovery). Blocking.
     pub fn open(
         config: BrokerConfig,
-        advertised: Vec<crate::listeners::Endpoint>,
+        advertised: Vec<keel_config::listeners::Endpoint>,
     ) -> Result<Arc<Broker>, StartError> {
         let data_dir = config.data_dir();
         let io = |path: &std::path::Path| {
@@ -276,7 +276,7 @@ impl Broker {
         let quotas = crate::quotas::ClientQuotas::open_with(
             Arc::clone(&storage),
             &meta_dir.join("quotas"),
-            config.quota_windows(),
+            crate::quotas::rate::Windows::of(&config),
         )
         .map_err(StartError::Quotas)?;
         let scram = keel_auth::sasl::credentials::ScramCredentials::open_with(

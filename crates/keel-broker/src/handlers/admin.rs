@@ -13,9 +13,9 @@ use keel_protocol::StrBytes;
 use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
-use crate::config::TOPIC_CONFIGS;
 use crate::quotas::Mutations;
 use crate::Broker;
+use keel_config::TOPIC_CONFIGS;
 use keel_data::topics::{validate_topic_name, Topic, TopicMeta};
 use keel_log::clock::now_ms;
 

@@ -24,10 +24,10 @@ use keel_protocol::{ResponseError, StrBytes};
 use super::admin::AdminError;
 use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_GROUP, RESOURCE_TOPIC};
 use super::str_bytes;
-use crate::config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
 use crate::group_configs::GROUP_CONFIGS;
-use crate::kafka_configs::{foreign, kafka_broker_config, UpdateMode};
 use crate::Broker;
+use keel_config::kafka_configs::{foreign, kafka_broker_config, UpdateMode};
+use keel_config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
 use keel_data::topics::{Topic, TopicMeta};
 
 /// What a request asks of one resource.

@@ -11,10 +11,10 @@ use keel_protocol::ResponseError;
 
 use super::config_resource::{RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_GROUP, RESOURCE_TOPIC};
 use super::str_bytes;
-use crate::config::{broker_config_type, is_dynamic, ConfigSource, ConfigType, TOPIC_CONFIGS};
 use crate::group_configs::GROUP_CONFIGS;
-use crate::kafka_configs::{foreign, NOT_ACTED_ON};
 use crate::Broker;
+use keel_config::kafka_configs::{foreign, NOT_ACTED_ON};
+use keel_config::{broker_config_type, is_dynamic, ConfigSource, ConfigType, TOPIC_CONFIGS};
 
 struct Entry {
     name: String,
@@ -65,7 +65,7 @@ pub fn describe_configs(broker: &Broker, req: DescribeConfigsRequest) -> Describ
 }
 
 /// A broker key's synonyms: its value in each source, highest first.
-fn broker_synonyms(config: &crate::config::BrokerConfig, key: &str) -> Vec<(String, String, ConfigSource)> {
+fn broker_synonyms(config: &keel_config::BrokerConfig, key: &str) -> Vec<(String, String, ConfigSource)> {
     config
         .layers(key)
         .into_iter()

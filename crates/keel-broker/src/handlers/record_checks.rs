@@ -21,7 +21,7 @@ use keel_protocol::messages::produce_response::BatchIndexAndErrorMessage;
 use keel_protocol::ResponseError;
 
 use super::str_bytes;
-use crate::config::{topic_def, BrokerConfig};
+use keel_config::{topic_def, BrokerConfig};
 
 /// At most this many refused records are named in one answer. Kafka names
 /// them all; a compressed batch may unpack to millions of records

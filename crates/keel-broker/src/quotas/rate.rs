@@ -19,6 +19,21 @@ impl Default for Windows {
     }
 }
 
+impl Windows {
+    /// The windows `config` sets.
+    pub fn of(config: &keel_config::BrokerConfig) -> Windows {
+        Windows {
+            samples: usize::try_from(config.num("quota.window.num"))
+                .unwrap_or(11)
+                .max(1),
+            window_ms: config
+                .num("quota.window.size.seconds")
+                .max(1)
+                .saturating_mul(1000),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     start_ms: i64,

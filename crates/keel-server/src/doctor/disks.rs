@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use keel_broker::BrokerConfig;
+use keel_config::BrokerConfig;
 
 use super::host::{human, selected, Host};
 use super::mounts::{lexical_absolute, mount_of, Mount};

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use keel_broker::BrokerConfig;
+use keel_config::BrokerConfig;
 use keel_tier::memory::MemoryLimit;
 
 use super::host::{human, Host};

@@ -17,7 +17,7 @@ pub mod reclaim;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use keel_broker::BrokerConfig;
+use keel_config::BrokerConfig;
 use serde_json::{json, Value};
 
 use crate::config::{gather, ServeArgs};

@@ -29,7 +29,7 @@ mod pkcs12;
 use parking_lot::{Mutex, RwLock};
 use tokio_rustls::TlsAcceptor;
 
-use keel_broker::listeners::{ClientAuth, SslSettings};
+use keel_config::listeners::{ClientAuth, SslSettings};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, SupportedCipherSuite};
 use rustls_pki_types::pem::PemObject;

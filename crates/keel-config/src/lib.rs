@@ -5,6 +5,9 @@
 //! Topic configs are overrides of the broker's `log.*` defaults, exactly as
 //! in Kafka: `retention.ms` on a topic overrides `log.retention.ms`.
 
+pub mod kafka_configs;
+pub mod listeners;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -992,14 +995,6 @@ impl BrokerConfig {
     /// The `transaction.version` feature level (validated: 0 to 2).
     pub fn transaction_version(&self) -> i16 {
         i16::try_from(self.num("keel.transaction.version")).unwrap_or(0)
-    }
-
-    /// The client quotas' rate windows.
-    pub fn quota_windows(&self) -> crate::quotas::rate::Windows {
-        crate::quotas::rate::Windows {
-            samples: usize::try_from(self.num("quota.window.num")).unwrap_or(11).max(1),
-            window_ms: self.num("quota.window.size.seconds").max(1).saturating_mul(1000),
-        }
     }
 
     /// The transaction coordinator's settings.

@@ -14,7 +14,7 @@
 
 use std::sync::LazyLock;
 
-use crate::config::{broker_config_type, ConfigType};
+use crate::{broker_config_type, ConfigType};
 
 /// How Kafka lets a broker config change at run time
 /// (`DynamicBrokerConfig.dynamicConfigUpdateModes`).

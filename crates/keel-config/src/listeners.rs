@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{BrokerConfig, ConfigError};
+use crate::{BrokerConfig, ConfigError};
 use keel_auth::principal::PrincipalMapper;
 
 /// Kafka's security protocols.
