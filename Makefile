@@ -1,5 +1,5 @@
-# The few commands a newcomer needs. `make test` is what CI runs.
-.PHONY: run build test test-rust test-integration lint fmt fuzz fuzz-seeds fuzz-cmin
+# The few commands a newcomer needs. `make test` is what CI runs (.ci/run).
+.PHONY: run build setup test test-rust test-integration lint fmt fuzz fuzz-seeds fuzz-cmin
 
 CARGO ?= cargo
 PYTHON ?= python3
@@ -10,15 +10,23 @@ run: build
 build:
 	$(CARGO) build --workspace --all-targets
 
-test: build test-rust test-integration
+# Installs what the tests drive (kcat, Prometheus, Go, versitygw, the
+# Python packages, Kafka's jars) where it is missing, then runs them all.
+test: setup build test-rust test-integration
+
+setup:
+	PYTHON=$(PYTHON) bash tests/setup.sh
 
 test-rust:
 	$(CARGO) test --workspace
 
 # Real clients (confluent-kafka, kafka-python) against the keel binary
-# built above.
+# built above. The tests look for versitygw on PATH and in Go's default bin
+# directories; KEEL_VERSITYGW, when not set already, names the one
+# tests/setup.sh installed, wherever `go env` put it.
 test-integration:
-	KEEL_BIN=$(CURDIR)/target/debug/keel $(PYTHON) -m pytest tests -q
+	KEEL_VERSITYGW="$${KEEL_VERSITYGW:-$$(bash tests/setup.sh --versitygw-path)}" \
+		KEEL_BIN=$(CURDIR)/target/debug/keel $(PYTHON) -m pytest tests -q
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Runs every Apache Kafka 4.3.1 command-line tool that talks to a broker
 against a running Keel and prints a Markdown table: each invocation, whether
-it worked, and the first error line when it did not. README.md's table of
-Kafka's tools is made from its output.
+it worked, and the first error line when it did not. The table of Kafka's
+tools in docs/compatibility.md is made from its output.
 
 It prepares a topic with records and a consumer group with committed
 offsets (confluent-kafka), then runs each tool's main class from the jars
