@@ -4,58 +4,18 @@
 //! transaction's first produce, sent as soon as the commit is answered,
 //! waits for the last transaction's markers instead of being refused.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use common::{call, open_broker, topic_name};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use keel_broker::{Broker, ClientInfo, Reply};
-use keel_config::BrokerConfig;
-use keel_protocol::RequestFrame;
+use kafka_protocol::protocol::StrBytes;
+use keel_broker::Broker;
 
 const PARTITIONS: i32 = 8;
 const TXN_ID: &str = "tx";
-
-async fn call<Q: Encodable, R: Decodable>(broker: &Arc<Broker>, key: ApiKey, version: i16, body: &Q) -> R {
-    let mut buf = BytesMut::new();
-    RequestHeader::default()
-        .with_request_api_key(key as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(1)
-        .with_client_id(Some(StrBytes::from_static_str("txn-produce-test")))
-        .encode(&mut buf, key.request_header_version(version))
-        .unwrap();
-    body.encode(&mut buf, version).unwrap();
-    let reply = broker
-        .handle(RequestFrame::parse(buf.freeze()).unwrap(), &ClientInfo::default())
-        .await;
-    let Reply::Frame(mut bytes) = reply else {
-        panic!("{key:?}: expected a response, got {reply:?}");
-    };
-    let _size = bytes::Buf::get_i32(&mut bytes);
-    ResponseHeader::decode(&mut bytes, key.response_header_version(version)).unwrap();
-    R::decode(&mut bytes, version).unwrap()
-}
-
-async fn open_broker(dir: &std::path::Path) -> Arc<Broker> {
-    let mut map = BTreeMap::new();
-    map.insert("log.dirs".to_string(), dir.display().to_string());
-    let config = BrokerConfig::from_map(&map).unwrap();
-    tokio::task::spawn_blocking(move || {
-        Broker::open(
-            config,
-            vec![keel_config::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
-        )
-    })
-    .await
-    .unwrap()
-    .unwrap()
-}
-
-fn topic_name(s: &str) -> TopicName {
-    TopicName(StrBytes::from_string(s.to_string()))
-}
 
 /// One transactional produce (v12: partitions add themselves) of a batch
 /// to every partition of `topic`; the error code of each partition.

@@ -11,6 +11,9 @@
 //! * [`mover`], [`cleaner`], [`maintenance`]: the background work:
 //!   sealed segments to the colder tiers, compaction, retention, flushes.
 //! * [`policy`]: what the data plane asks of the configs in force.
+//! * [`leadership`]: who leads each partition, in which epoch (one node:
+//!   this broker, epoch 0); every partition a request reaches goes through
+//!   [`plane::DataPlane::lead`].
 //! * [`plane`]: all of it as one value, [`plane::DataPlane`], which the
 //!   broker holds.
 //!
@@ -20,6 +23,7 @@
 pub mod cleaner;
 pub mod cleaning;
 pub mod health;
+pub mod leadership;
 pub mod maintenance;
 pub mod mover;
 pub mod partition;

@@ -34,8 +34,10 @@ use crate::health::DirHealth;
 use crate::producers::{ProducerInfo, ProducerSnapshot, ProducerStates, SequenceCheck};
 use keel_log::clock::Clock;
 
-/// The leader epoch of every Keel partition: one node, never re-elected.
-pub const LEADER_EPOCH: i32 = 0;
+/// The leader epoch appended batches are stamped with: the one this
+/// broker leads the partition in (a single node's, see
+/// [`crate::leadership`]).
+const LEADER_EPOCH: i32 = crate::leadership::SINGLE_NODE_EPOCH;
 
 /// Offsets of an append as acknowledged to the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

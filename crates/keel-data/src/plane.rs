@@ -13,6 +13,7 @@ use keel_tier::{ColdReads, TailCache, Tiers};
 
 use crate::cleaner::Cleaner;
 use crate::health::DirHealth;
+use crate::leadership::{check_epoch, Leader, Leadership, Unserved};
 use crate::mover::Mover;
 use crate::partition::{OpenFailure, Partition, PartitionParts};
 use crate::policy::{Policies, Refused};
@@ -47,6 +48,8 @@ pub struct DataPlane {
     pub mover: Mover,
     /// Compacts the partitions of compacted topics.
     pub cleaner: Cleaner,
+    /// Which broker leads each partition, in which epoch.
+    pub leadership: Arc<dyn Leadership>,
 }
 
 /// Why partitions could not be opened.
@@ -73,6 +76,47 @@ impl std::fmt::Display for PartitionsError {
 impl std::error::Error for PartitionsError {}
 
 impl DataPlane {
+    /// Partition `index` of `topic`, if this broker leads it, with its
+    /// leader; `current_epoch` is the leader epoch the request carries
+    /// (-1: none), checked as Kafka checks it (KIP-320). Every request that
+    /// reads, writes or lists a partition's offsets reaches it here.
+    pub fn lead(
+        &self,
+        topic: &Topic,
+        index: i32,
+        current_epoch: i32,
+    ) -> Result<(Arc<Partition>, Leader), Unserved> {
+        let partition = topic.partition(index).ok_or(Unserved::Unknown(
+            keel_protocol::ResponseError::UnknownTopicOrPartition,
+        ))?;
+        let leader = self.leader(topic, index);
+        match leader {
+            Some(l) if l.node_id == self.leadership.node_id() => {
+                check_epoch(current_epoch, l)?;
+                Ok((Arc::clone(partition), l))
+            }
+            other => Err(Unserved::NotLeader(other)),
+        }
+    }
+
+    /// [`DataPlane::lead`] by topic name, for requests without an epoch.
+    pub fn lead_by_name(&self, topic: &str, index: i32) -> Result<Arc<Partition>, Unserved> {
+        let topic = self.topics.get(topic).ok_or(Unserved::Unknown(
+            keel_protocol::ResponseError::UnknownTopicOrPartition,
+        ))?;
+        self.lead(&topic, index, -1).map(|(p, _)| p)
+    }
+
+    /// Who leads partition `index` of `topic` now.
+    pub fn leader(&self, topic: &Topic, index: i32) -> Option<Leader> {
+        self.leadership.leader(topic.meta.topic_id, index)
+    }
+
+    /// The brokers holding partition `index` of `topic`.
+    pub fn replicas(&self, topic: &Topic, index: i32) -> Vec<i32> {
+        self.leadership.replicas(topic.meta.topic_id, index)
+    }
+
     /// What partition `index` of `topic` is opened with, in its directory
     /// `dir`, under `config`.
     pub fn partition_parts(

@@ -37,6 +37,7 @@ use keel_tier::memory::MemoryLimit;
 use keel_tier::{ColdReads, TailCache, Tiers};
 
 use keel_data::cleaner::Cleaner;
+use keel_data::leadership::SingleNode;
 use keel_data::mover::Mover;
 
 /// What to send back for one request.
@@ -289,6 +290,7 @@ impl Broker {
         let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
         let features_epoch = clock.now_ms();
+        let node_id = config.node_id();
         let live = Arc::new(LiveConfig::new(config));
         let broker = Broker {
             config: Arc::clone(&live),
@@ -309,6 +311,7 @@ impl Broker {
                 policies: live,
                 mover,
                 cleaner: Cleaner::new(cleaner_settings),
+                leadership: Arc::new(SingleNode { node_id }),
             }),
             failpoints,
             producer_ids: Mutex::new(producer_ids),

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
-use keel_data::partition::{Partition, ReadFailure, ReadSource, LEADER_EPOCH};
+use keel_data::partition::{Partition, ReadFailure, ReadSource};
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
 const DEFAULT_FETCH_MAX_BYTES: usize = 50 * 1024 * 1024;
@@ -187,13 +187,11 @@ fn resolve(broker: &Broker, req: &FetchRequest) -> (Vec<FetchableTopicResponse>,
         );
         for p in &t.partitions {
             let partition = topic.clone().and_then(|topic| {
-                if p.current_leader_epoch > LEADER_EPOCH {
-                    return Err(ResponseError::UnknownLeaderEpoch);
-                }
-                topic
-                    .partition(p.partition)
-                    .cloned()
-                    .ok_or(ResponseError::UnknownTopicOrPartition)
+                broker
+                    .data
+                    .lead(&topic, p.partition, p.current_leader_epoch)
+                    .map(|(partition, _)| partition)
+                    .map_err(|e| e.error())
             });
             targets.push(Target {
                 topic_index,

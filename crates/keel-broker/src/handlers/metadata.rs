@@ -13,7 +13,6 @@ use uuid::Uuid;
 
 use super::{operations, str_bytes, topic_name};
 use crate::Broker;
-use keel_data::partition::LEADER_EPOCH;
 use keel_data::topics::Topic;
 
 /// Kafka's DescribeCluster endpoint type of brokers (KIP-919); a broker
@@ -99,6 +98,24 @@ async fn requested_topic(
     }
 }
 
+/// A partition's leader and epoch as Metadata gives them: while no broker
+/// leads it, LEADER_NOT_AVAILABLE and -1, as Kafka answers.
+fn leader_of(broker: &Broker, topic: &Topic, index: i32) -> (i16, BrokerId, i32) {
+    match broker.data.leader(topic, index) {
+        Some(l) => (0, BrokerId(l.node_id), l.epoch),
+        None => (ResponseError::LeaderNotAvailable.code(), BrokerId(-1), -1),
+    }
+}
+
+fn replica_ids(broker: &Broker, topic: &Topic, index: i32) -> Vec<BrokerId> {
+    broker
+        .data
+        .replicas(topic, index)
+        .into_iter()
+        .map(BrokerId)
+        .collect()
+}
+
 fn error_topic(name: Option<&str>, id: Uuid, error: ResponseError) -> MetadataResponseTopic {
     MetadataResponseTopic::default()
         .with_error_code(error.code())
@@ -108,17 +125,19 @@ fn error_topic(name: Option<&str>, id: Uuid, error: ResponseError) -> MetadataRe
 }
 
 fn describe_topic(broker: &Broker, topic: &Topic) -> MetadataResponseTopic {
-    let node = BrokerId(broker.config().node_id());
     let partitions = topic
         .partitions
         .iter()
         .map(|p| {
+            let (error, leader, epoch) = leader_of(broker, topic, p.index);
+            let replicas = replica_ids(broker, topic, p.index);
             MetadataResponsePartition::default()
+                .with_error_code(error)
                 .with_partition_index(p.index)
-                .with_leader_id(node)
-                .with_leader_epoch(LEADER_EPOCH)
-                .with_replica_nodes(vec![node])
-                .with_isr_nodes(vec![node])
+                .with_leader_id(leader)
+                .with_leader_epoch(epoch)
+                .with_replica_nodes(replicas.clone())
+                .with_isr_nodes(replicas)
         })
         .collect();
     MetadataResponseTopic::default()
@@ -237,7 +256,6 @@ fn paged_topic_partitions(
         }
         None => (None, 0),
     };
-    let node = BrokerId(broker.config().node_id());
     let mut topics = Vec::new();
     let mut next_cursor = None;
     for name in names
@@ -282,13 +300,16 @@ fn paged_topic_partitions(
                 break;
             }
             budget -= 1;
+            let (error, leader, epoch) = leader_of(broker, &topic, p.index);
+            let replicas = replica_ids(broker, &topic, p.index);
             partitions.push(
                 DescribeTopicPartitionsResponsePartition::default()
+                    .with_error_code(error)
                     .with_partition_index(p.index)
-                    .with_leader_id(node)
-                    .with_leader_epoch(LEADER_EPOCH)
-                    .with_replica_nodes(vec![node])
-                    .with_isr_nodes(vec![node])
+                    .with_leader_id(leader)
+                    .with_leader_epoch(epoch)
+                    .with_replica_nodes(replicas.clone())
+                    .with_isr_nodes(replicas)
                     .with_eligible_leader_replicas(Some(Vec::new()))
                     .with_last_known_elr(Some(Vec::new())),
             );

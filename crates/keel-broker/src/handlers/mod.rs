@@ -146,18 +146,15 @@ pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
         .with_finalized_features(finals)
 }
 
-/// A partition of an existing topic, or UNKNOWN_TOPIC_OR_PARTITION.
+/// A partition of an existing topic this broker leads, for a request
+/// without a leader epoch; else UNKNOWN_TOPIC_OR_PARTITION or
+/// NOT_LEADER_OR_FOLLOWER.
 pub(crate) fn partition_of(
     broker: &crate::Broker,
     topic: &str,
     index: i32,
 ) -> Result<std::sync::Arc<keel_data::partition::Partition>, keel_protocol::ResponseError> {
-    broker
-        .data
-        .topics
-        .get(topic)
-        .and_then(|t| t.partition(index).cloned())
-        .ok_or(keel_protocol::ResponseError::UnknownTopicOrPartition)
+    broker.data.lead_by_name(topic, index).map_err(|e| e.error())
 }
 
 pub(crate) fn str_bytes(s: impl Into<String>) -> StrBytes {

@@ -15,7 +15,8 @@ use keel_protocol::ResponseError;
 
 use super::partition_of;
 use crate::Broker;
-use keel_data::partition::{Partition, LEADER_EPOCH};
+use keel_data::leadership::Unserved;
+use keel_data::partition::Partition;
 
 /// ListOffsets' special timestamps (Kafka's `ListOffsetsRequest`). The
 /// answer carries a leader epoch from v4 on.
@@ -41,23 +42,31 @@ pub async fn list_offsets(
         let mut partitions = Vec::new();
         for p in t.partitions {
             let base = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
-            let tiered = broker
-                .data
-                .topics
-                .get(t.name.0.as_str())
+            let topic = broker.data.topics.get(t.name.0.as_str());
+            let tiered = topic
+                .as_ref()
                 .is_some_and(|topic| broker.config().tier_policy(&topic.meta.configs).tier.is_some());
-            let r = match partition_of(broker, t.name.0.as_str(), p.partition_index) {
-                Ok(partition) => match offset_at(&partition, p.timestamp, tiered, committed).await {
-                    Ok((offset, timestamp)) => base
-                        .with_offset(offset)
-                        .with_timestamp(timestamp)
-                        .with_leader_epoch(if offset >= 0 && version >= 4 {
-                            LEADER_EPOCH
-                        } else {
-                            -1
-                        }),
-                    Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1),
-                },
+            let led = match &topic {
+                Some(topic) => broker
+                    .data
+                    .lead(topic, p.partition_index, p.current_leader_epoch)
+                    .map_err(|e| e.error()),
+                None => Err(ResponseError::UnknownTopicOrPartition),
+            };
+            let r = match led {
+                Ok((partition, leader)) => {
+                    match offset_at(&partition, p.timestamp, tiered, committed).await {
+                        Ok((offset, timestamp)) => base
+                            .with_offset(offset)
+                            .with_timestamp(timestamp)
+                            .with_leader_epoch(if offset >= 0 && version >= 4 {
+                                leader.epoch
+                            } else {
+                                -1
+                            }),
+                        Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1),
+                    }
+                }
                 Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1),
             };
             partitions.push(r);
@@ -153,8 +162,10 @@ async fn by_timestamp(p: &Partition, t: i64) -> Result<(i64, i64), ResponseError
     Ok(found.unwrap_or((-1, -1)))
 }
 
-/// One leader epoch (0) covers every Keel partition's whole log, so the
-/// end offset of any epoch the client knows is the log end offset.
+/// A single node's one leader epoch covers each partition's whole log, so
+/// the end offset of the epoch the client knows is the log end offset, and
+/// an epoch before it has none. (Leaders that change need each partition's
+/// epoch history here, Kafka's leader-epoch-checkpoint.)
 pub fn offset_for_leader_epoch(
     broker: &Broker,
     req: OffsetForLeaderEpochRequest,
@@ -168,19 +179,25 @@ pub fn offset_for_leader_epoch(
                 .iter()
                 .map(|p| {
                     let base = EpochEndOffset::default().with_partition(p.partition);
-                    match partition_of(broker, t.topic.0.as_str(), p.partition) {
-                        Err(e) => base
-                            .with_error_code(e.code())
-                            .with_leader_epoch(-1)
-                            .with_end_offset(-1),
-                        Ok(_) if p.current_leader_epoch > LEADER_EPOCH => {
+                    let led = match broker.data.topics.get(t.topic.0.as_str()) {
+                        Some(topic) => broker.data.lead(&topic, p.partition, p.current_leader_epoch),
+                        None => Err(Unserved::Unknown(ResponseError::UnknownTopicOrPartition)),
+                    };
+                    match led {
+                        // An epoch newer than this broker knows: an error
+                        // without the offsets, as before.
+                        Err(Unserved::UnknownEpoch) => {
                             base.with_error_code(ResponseError::UnknownLeaderEpoch.code())
                         }
-                        Ok(_) if p.leader_epoch < LEADER_EPOCH => {
+                        Err(e) => base
+                            .with_error_code(e.error().code())
+                            .with_leader_epoch(-1)
+                            .with_end_offset(-1),
+                        Ok((_, leader)) if p.leader_epoch < leader.epoch => {
                             base.with_leader_epoch(-1).with_end_offset(-1)
                         }
-                        Ok(partition) => base
-                            .with_leader_epoch(LEADER_EPOCH)
+                        Ok((partition, leader)) => base
+                            .with_leader_epoch(leader.epoch)
                             .with_end_offset(partition.high_watermark()),
                     }
                 })

@@ -129,8 +129,9 @@ async fn produce_partition(
         Ok(t) => t,
         Err(e) => return failed(e, String::new()),
     };
-    let Some(partition) = topic.partition(index).cloned() else {
-        return failed(ResponseError::UnknownTopicOrPartition, String::new());
+    let partition = match broker.data.lead(&topic, index, -1) {
+        Ok((partition, _)) => partition,
+        Err(e) => return failed(e.error(), String::new()),
     };
     let records = records.unwrap_or_default();
     // One snapshot of the configs for all of this batch's checks.
