@@ -155,6 +155,12 @@ def test_keels_budgets_and_limits_change_while_the_broker_runs(broker):
     assert s["cold_reads"]["budget_bytes_per_sec"] == 3_000_000
     assert (s["tiers"]["move_bytes_per_sec"], s["tiers"]["fast_max_bytes"]) == (7_000_000, 900_000_000)
     assert (s["cleaner"]["io_bytes_per_sec"], s["cleaner"]["threads"]) == (5_000_000, 2)
+    # One I/O scheduler holds every class's budget; the live path is never
+    # paced, and counts the bytes appended.
+    io = {c["class"]: c for c in s["io"]}
+    assert {k: c["budget_bytes_per_sec"] for k, c in io.items()} == {
+        "live": 0, "cold_read": 3_000_000, "tier_move": 7_000_000, "cleaning": 5_000_000}, io
+    assert io["live"]["bytes"] >= 200_000, io
     wait_until(lambda: stats(broker)["cleaner"]["threads_running"] == 2, 10, "a second cleaner thread")
     kafka_configs(broker.bootstrap, "--alter", *BROKER, "--add-config", "log.cleaner.threads=1")
     # The extra thread stops after its current pass or wait (backoff 15 s).

@@ -24,6 +24,7 @@
 //! dynamic configs do over `server.properties`; a stored value the broker
 //! no longer accepts is logged and left out.
 
+use keel_tier::IoClass;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -192,14 +193,13 @@ pub fn apply_budgets(broker: &Arc<Broker>, config: &BrokerConfig) {
         tracing::info!(budget_bytes = tail, "tail cache budget changed");
         broker.data.tail_cache.set_budget(tail);
     }
+    let io = &broker.data.io;
+    io.set_budget(IoClass::ColdRead, num("keel.cold.read.bytes.per.sec"));
+    io.set_budget(IoClass::TierMove, num("keel.tier.move.bytes.per.sec"));
     broker
         .data
-        .cold
-        .set_budget_bytes_per_sec(num("keel.cold.read.bytes.per.sec"));
-    broker.data.mover.reconfigure(
-        num("keel.tier.move.bytes.per.sec"),
-        config.num("keel.tier.fast.max.bytes"),
-    );
+        .mover
+        .reconfigure(config.num("keel.tier.fast.max.bytes"));
     broker.metrics.set_slow(config.slow_request());
     keel_data::cleaner::reconfigure(&broker.data, config.cleaner_settings());
 }

@@ -8,6 +8,7 @@
 //! read afresh at every scrape from the same counters `/stats` reports.
 //! docs/metrics.md maps each name to Kafka's JMX metrics.
 
+use keel_tier::IoClass;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -44,6 +45,11 @@ struct SourceLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StateLabels {
     state: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct IoLabels {
+    class: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -403,10 +409,25 @@ fn slow_request_json(trace: &RequestTrace, summary: &TraceSummary, store: &Topic
 /// The broker's own counters and levels, read now.
 fn state_registry(broker: &Broker) -> Registry {
     let mut r = Registry::default();
+    register_levels(&mut r, broker);
+    register_counters(&mut r, broker);
+    register_io(&mut r, broker);
+    register_groups(&mut r, broker);
+    register_partitions(&mut r, broker);
+    let dirs = Family::<DirLabels, Gauge>::default();
+    dirs.get_or_create(&DirLabels {
+        dir: broker.data.dir_health.path().display().to_string(),
+    })
+    .set(i64::from(broker.data.dir_health.is_offline()));
+    r.register("keel_log_dir_offline", "1 if the log dir is offline", dirs);
+    r
+}
+
+/// The tail cache's, cold reads' and the mover's levels.
+fn register_levels(r: &mut Registry, broker: &Broker) {
     let t = broker.data.tail_cache.stats();
     let c = broker.data.cold.stats();
-    let s = broker.data.tiers.stats();
-    let (m, cl) = (&broker.data.mover, &broker.data.cleaner);
+    let m = &broker.data.mover;
     let gauges: [(&str, &str, f64); 9] = [
         (
             "keel_tail_cache_budget_bytes",
@@ -451,7 +472,7 @@ fn state_registry(broker: &Broker) -> Registry {
         (
             "keel_mover_move_bytes_per_second",
             "keel.tier.move.bytes.per.sec",
-            m.bytes_per_sec() as f64,
+            broker.data.io.budget(IoClass::TierMove).bytes_per_sec() as f64,
         ),
     ];
     for (name, help, value) in gauges {
@@ -459,6 +480,15 @@ fn state_registry(broker: &Broker) -> Registry {
         g.set(value);
         r.register(name, help, g);
     }
+}
+
+/// What the tail cache, cold reads, the tiers, the mover and the cleaner
+/// have done since start-up.
+fn register_counters(r: &mut Registry, broker: &Broker) {
+    let t = broker.data.tail_cache.stats();
+    let c = broker.data.cold.stats();
+    let s = broker.data.tiers.stats();
+    let (m, cl) = (&broker.data.mover, &broker.data.cleaner);
     let counters: [(&str, &str, u64); 26] = [
         (
             "keel_tail_cache_inserted_bytes",
@@ -597,7 +627,44 @@ fn state_registry(broker: &Broker) -> Registry {
         c.inc_by(Duration::from_micros(micros).as_secs_f64());
         r.register(name, help, c);
     }
+}
 
+/// Each I/O class's budget, bytes and time waited for its budget.
+fn register_io(r: &mut Registry, broker: &Broker) {
+    let budget = Family::<IoLabels, Gauge>::default();
+    let bytes = Family::<IoLabels, Counter>::default();
+    let throttled = Family::<IoLabels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+    for stats in broker.data.io.stats() {
+        let labels = IoLabels {
+            class: stats.class.name(),
+        };
+        budget
+            .get_or_create(&labels)
+            .set(i64::try_from(stats.budget_bytes_per_sec).unwrap_or(i64::MAX));
+        bytes.get_or_create(&labels).inc_by(stats.bytes);
+        throttled
+            .get_or_create(&labels)
+            .inc_by(stats.throttled_us as f64 / 1e6);
+    }
+    r.register(
+        "keel_io_budget_bytes_per_second",
+        "An I/O class's byte budget (0: unlimited; the live path is never paced)",
+        budget,
+    );
+    r.register(
+        "keel_io_bytes",
+        "Bytes an I/O class read or wrote (live: appended)",
+        bytes,
+    );
+    r.register(
+        "keel_io_throttled_seconds",
+        "Time an I/O class waited for its byte budget",
+        throttled,
+    );
+}
+
+/// Groups by state.
+fn register_groups(r: &mut Registry, broker: &Broker) {
     let groups = Family::<StateLabels, Gauge>::default();
     for state in [
         "Empty",
@@ -617,7 +684,11 @@ fn state_registry(broker: &Broker) -> Registry {
         groups.get_or_create(&StateLabels { state: state.name() }).inc();
     }
     r.register("keel_groups", "Consumer groups, by state", groups);
+}
 
+/// Each partition's size, offsets, page-cache residency and health, and
+/// the bytes in each colder tier.
+fn register_partitions(r: &mut Registry, broker: &Broker) {
     let tiers = Family::<TierLabels, Gauge>::default();
     for tier in [keel_log::Tier::Capacity, keel_log::Tier::Remote] {
         let _ = tiers.get_or_create(&TierLabels { tier: tier.name() });
@@ -681,11 +752,4 @@ fn state_registry(broker: &Broker) -> Registry {
         "Bytes whose only copy is in a colder tier, by tier",
         tiers,
     );
-    let dirs = Family::<DirLabels, Gauge>::default();
-    dirs.get_or_create(&DirLabels {
-        dir: broker.data.dir_health.path().display().to_string(),
-    })
-    .set(i64::from(broker.data.dir_health.is_offline()));
-    r.register("keel_log_dir_offline", "1 if the log dir is offline", dirs);
-    r
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use keel_log::clean::{ColdSegments, KeyMap, PassOptions, PassStats};
 use keel_log::{SealedSegment, Tier, TierState, TieredSegment};
-use keel_tier::Pacer;
+use keel_tier::IoClass;
 use parking_lot::Mutex;
 
 use crate::cleaning::Cleaning;
@@ -46,7 +46,6 @@ const STOP_CHECK: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub struct Cleaner {
     settings: Mutex<CleanerSettings>,
-    pacer: Pacer,
     /// Which thread slots have a thread running (thread `i` stops when
     /// `i` is no longer below `log.cleaner.threads`).
     running: Mutex<Vec<bool>>,
@@ -69,7 +68,6 @@ pub struct Cleaner {
 impl Cleaner {
     pub fn new(settings: CleanerSettings) -> Cleaner {
         Cleaner {
-            pacer: Pacer::new(settings.io_bytes_per_sec),
             settings: Mutex::new(settings),
             running: Mutex::new(Vec::new()),
             runtime: OnceLock::new(),
@@ -139,7 +137,7 @@ pub fn spawn(data: &Arc<DataPlane>) {
 /// `log.cleaner.enable` stays as the broker started.
 pub fn reconfigure(data: &Arc<DataPlane>, mut settings: CleanerSettings) {
     let cleaner = &data.cleaner;
-    cleaner.pacer.set_bytes_per_sec(settings.io_bytes_per_sec);
+    data.io.set_budget(IoClass::Cleaning, settings.io_bytes_per_sec);
     {
         let mut current = cleaner.settings.lock();
         settings.enabled = current.enabled;
@@ -350,8 +348,10 @@ impl ColdSegments for ColdAccess {
         let object =
             crate::mover::object_name(&b.cluster_id, &self.topic, self.partition, segment.base_offset);
         self.stored.lock().push(b.tiers.hold_uncommitted(&object));
-        self.runtime
-            .block_on(b.tiers.copy(tier, segment, &object, &b.cleaner.pacer))?;
+        self.runtime.block_on(
+            b.tiers
+                .copy(tier, segment, &object, b.io.budget(IoClass::Cleaning)),
+        )?;
         Ok(segment.tiered(tier, TierState::Cold, object))
     }
 
@@ -369,7 +369,7 @@ fn pass(data: &DataPlane, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c:
     let p = &c.partition;
     let started = Instant::now();
     let mut budget = |bytes: u64| {
-        let waited = runtime.block_on(cleaner.pacer.take(bytes));
+        let waited = runtime.block_on(data.io.budget(IoClass::Cleaning).take(bytes));
         cleaner
             .throttled_us
             .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);

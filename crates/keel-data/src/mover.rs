@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keel_log::{PartitionLog, SealedSegment, Tier};
-use keel_tier::Pacer;
+use keel_tier::IoClass;
 use parking_lot::Mutex;
 
 use crate::partition::{Partition, Unavailable};
@@ -50,7 +50,6 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// The mover's state, shared with stats.
 #[derive(Debug)]
 pub struct Mover {
-    pacer: Pacer,
     interval: Duration,
     /// `keel.tier.fast.max.bytes` (dynamic).
     fast_max_bytes: AtomicI64,
@@ -84,12 +83,7 @@ pub struct Mover {
 const FAST_FS_LOW_FREE: f64 = 0.10;
 
 impl Mover {
-    pub fn new(
-        move_bytes_per_sec: u64,
-        interval: Duration,
-        fast_max_bytes: i64,
-        orphan_grace: Duration,
-    ) -> Mover {
+    pub fn new(interval: Duration, fast_max_bytes: i64, orphan_grace: Duration) -> Mover {
         Mover {
             orphans_deleted: AtomicU64::new(0),
             partitions_set_aside: AtomicU64::new(0),
@@ -99,7 +93,6 @@ impl Mover {
             orphan_grace,
             last_sweep: Mutex::new(None),
             last_fs_full_log: Mutex::new(None),
-            pacer: Pacer::new(move_bytes_per_sec),
             interval,
             fast_max_bytes: AtomicI64::new(fast_max_bytes),
             fast_bytes: AtomicU64::new(0),
@@ -114,18 +107,13 @@ impl Mover {
         }
     }
 
-    pub fn bytes_per_sec(&self) -> u64 {
-        self.pacer.bytes_per_sec()
-    }
-
     pub fn fast_max_bytes(&self) -> i64 {
         self.fast_max_bytes.load(Ordering::Relaxed)
     }
 
     /// Takes new budgets (dynamic broker configs); a copy in progress
     /// continues at the new rate.
-    pub fn reconfigure(&self, move_bytes_per_sec: u64, fast_max_bytes: i64) {
-        self.pacer.set_bytes_per_sec(move_bytes_per_sec);
+    pub fn reconfigure(&self, fast_max_bytes: i64) {
         self.fast_max_bytes.store(fast_max_bytes, Ordering::Relaxed);
     }
 
@@ -385,7 +373,10 @@ async fn copy_one(data: &DataPlane, t: &Target, tier: Tier, segment: &SealedSegm
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    let copied = data.tiers.copy(tier, segment, &object, &data.mover.pacer).await;
+    let copied = data
+        .tiers
+        .copy(tier, segment, &object, data.io.budget(IoClass::TierMove))
+        .await;
     let o = object.clone();
     match copied {
         Ok(()) => {

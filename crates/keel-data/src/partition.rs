@@ -26,7 +26,7 @@ use keel_log::{
     AbortedTxn, AppendError, AppendTimes, LogConfig, LogReader, PartitionLog, ReadError, ReadPlan, Storage,
 };
 use keel_protocol::ResponseError;
-use keel_tier::{Chunks, ColdRead, ColdReads, PartitionTail, Tiers};
+use keel_tier::{Chunks, ColdRead, ColdReads, IoClass, IoScheduler, PartitionTail, Tiers};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{oneshot, Notify};
 
@@ -237,6 +237,8 @@ pub struct Partition {
     page_cache_marks: Mutex<PageCacheMarks>,
     /// The broker's cold-read executor (reads below the tail cache).
     cold: Arc<ColdReads>,
+    /// The I/O classes' budgets; appends count as live I/O.
+    io: Arc<IoScheduler>,
     /// The colder tiers, which serve the offsets no longer in the fast tier.
     tiers: Arc<Tiers>,
     /// Read-ahead: the next chunk of a sequential scan below the tail, read
@@ -292,6 +294,7 @@ pub struct PartitionParts {
     pub health: Arc<DirHealth>,
     pub tail: PartitionTail,
     pub cold: Arc<ColdReads>,
+    pub io: Arc<IoScheduler>,
     pub tiers: Arc<Tiers>,
     /// The time appends, markers and producer state are stamped with.
     pub clock: Arc<dyn Clock>,
@@ -368,6 +371,7 @@ impl Partition {
             cold_read_bytes: AtomicU64::new(0),
             page_cache_marks: Mutex::new(PageCacheMarks::default()),
             cold: parts.cold,
+            io: parts.io,
             tiers: parts.tiers,
             read_ahead: Mutex::new(ReadAhead::Empty),
             scan_hint: Mutex::new(None),
@@ -599,6 +603,7 @@ impl Partition {
                         info.base_offset, first_offset,
                         "log assigned offsets the plan did not expect"
                     );
+                    self.io.budget(IoClass::Live).count(buf.len() as u64);
                     // Cached before the high watermark moves, so a fetch woken
                     // by this append finds the batches in memory.
                     self.tail

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use keel_log::clock::Clock;
 use keel_log::{LogConfig, ReadIo, Storage};
-use keel_tier::{ColdReads, TailCache, Tiers};
+use keel_tier::{ColdReads, IoScheduler, TailCache, Tiers};
 
 use crate::cleaner::Cleaner;
 use crate::health::DirHealth;
@@ -32,6 +32,9 @@ pub struct DataPlane {
     pub tail_cache: Arc<TailCache>,
     /// How segment data is read back (`keel.io.direct`, probed at start-up).
     pub read_io: ReadIo,
+    /// Every class of I/O's byte budget (live, cold reads, tier moves,
+    /// cleaning).
+    pub io: Arc<IoScheduler>,
     /// Reads below the tail cache: bounded, budgeted, read ahead.
     pub cold: Arc<ColdReads>,
     /// The capacity dirs and the object store, where sealed segments go.
@@ -135,6 +138,7 @@ impl DataPlane {
             health: Arc::clone(&self.dir_health),
             tail: self.tail_cache.partition(),
             cold: Arc::clone(&self.cold),
+            io: Arc::clone(&self.io),
             tiers: Arc::clone(&self.tiers),
             clock: Arc::clone(&self.clock),
         }

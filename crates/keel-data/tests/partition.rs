@@ -49,6 +49,7 @@ fn parts(
         health: DirHealth::new(dir),
         tail,
         cold,
+        io: Arc::new(keel_tier::IoScheduler::new(keel_tier::Budgets::default())),
         tiers: no_tiers(),
         clock: Arc::new(keel_log::clock::SystemClock),
     }
@@ -266,7 +267,8 @@ async fn appends_after_close_are_refused() {
 }
 
 fn cold() -> Arc<keel_tier::ColdReads> {
-    Arc::new(keel_tier::ColdReads::new(0, 2))
+    let io = keel_tier::IoScheduler::new(keel_tier::Budgets::default());
+    Arc::new(keel_tier::ColdReads::new(Arc::new(io), 2))
 }
 
 fn no_tiers() -> Arc<keel_tier::Tiers> {

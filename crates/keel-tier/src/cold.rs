@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::bulk::Bulk;
-use crate::pace::Pacer;
+use crate::io::{IoClass, IoScheduler};
 
 /// What a cold read returned, and how many bytes it took from the disk or
 /// object store (what the budget is charged).
@@ -54,9 +54,9 @@ pub struct ColdReads {
     slots: Semaphore,
     /// Where reads run; shared with other bulk work (large fetch responses).
     bulk: Arc<Bulk>,
-    /// The byte budget: the head of the queue waits for it, the others
-    /// queue behind it in arrival order.
-    budget: Pacer,
+    /// Where the byte budget is (`IoClass::ColdRead`): the head of the
+    /// queue waits for it, the others queue behind it in arrival order.
+    io: Arc<IoScheduler>,
     queue_depth: AtomicI64,
     reads: AtomicU64,
     bytes: AtomicU64,
@@ -73,14 +73,16 @@ pub struct ColdReads {
 pub const READ_AHEAD_POOL_BYTES: u64 = 64 << 20;
 
 impl ColdReads {
-    pub fn new(budget_bytes_per_sec: u64, max_concurrent: usize) -> ColdReads {
+    /// Reads at most `max_concurrent` at a time, within `io`'s cold-read
+    /// budget.
+    pub fn new(io: Arc<IoScheduler>, max_concurrent: usize) -> ColdReads {
         let max_concurrent = max_concurrent.max(1);
         ColdReads {
             max_concurrent,
             slots: Semaphore::new(max_concurrent),
             // Room for every read plus response encoding beside them.
             bulk: Arc::new(Bulk::new(max_concurrent + 2).expect("start the bulk threads")),
-            budget: Pacer::new(budget_bytes_per_sec),
+            io,
             queue_depth: AtomicI64::new(0),
             reads: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -95,7 +97,7 @@ impl ColdReads {
 
     /// Changes the byte budget (0: unlimited), for reads queued now too.
     pub fn set_budget_bytes_per_sec(&self, bytes_per_sec: u64) {
-        self.budget.set_bytes_per_sec(bytes_per_sec);
+        self.io.set_budget(IoClass::ColdRead, bytes_per_sec);
     }
 
     /// The bulk threads reads run on, for other bulk work.
@@ -142,7 +144,7 @@ impl ColdReads {
         let queued = Instant::now();
         self.queue_depth.fetch_add(1, Ordering::Relaxed);
         let permit = self.slots.acquire().await;
-        let throttled = self.budget.take(0).await;
+        let throttled = self.io.budget(IoClass::ColdRead).take(0).await;
         self.queue_depth.fetch_sub(1, Ordering::Relaxed);
         self.wait_us_total
             .fetch_add(queued.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -158,13 +160,13 @@ impl ColdReads {
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(read.bytes.len() as u64, Ordering::Relaxed);
         self.disk_bytes.fetch_add(read.disk_bytes, Ordering::Relaxed);
-        self.budget.charge(read.disk_bytes).await;
+        self.io.budget(IoClass::ColdRead).charge(read.disk_bytes).await;
         Ok(read.bytes)
     }
 
     pub fn stats(&self) -> ColdStats {
         ColdStats {
-            budget_bytes_per_sec: self.budget.bytes_per_sec(),
+            budget_bytes_per_sec: self.io.budget(IoClass::ColdRead).bytes_per_sec(),
             max_concurrent: self.max_concurrent as u64,
             queue_depth: self.queue_depth.load(Ordering::Relaxed).max(0) as u64,
             reads: self.reads.load(Ordering::Relaxed),
@@ -184,6 +186,14 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    fn cold_reads(budget_bytes_per_sec: u64, max_concurrent: usize) -> ColdReads {
+        let io = IoScheduler::new(crate::io::Budgets {
+            cold_read: budget_bytes_per_sec,
+            ..Default::default()
+        });
+        ColdReads::new(Arc::new(io), max_concurrent)
+    }
+
     fn read_of(len: usize) -> ColdRead {
         ColdRead {
             bytes: Bytes::from(vec![0u8; len]),
@@ -195,7 +205,7 @@ mod tests {
     /// that ask for a lot and find little are not held back.
     #[tokio::test(start_paused = true)]
     async fn the_budget_charges_bytes_read_not_asked() {
-        let cold = ColdReads::new(1_000_000, 1);
+        let cold = cold_reads(1_000_000, 1);
         let started = Instant::now();
         for _ in 0..40 {
             // Each would have asked for 64 MiB.
@@ -221,7 +231,7 @@ mod tests {
     /// the elapsed time is exactly what the budget imposed.
     #[tokio::test(start_paused = true)]
     async fn the_budget_bounds_bytes_over_time() {
-        let cold = Arc::new(ColdReads::new(1_000_000, 4));
+        let cold = Arc::new(cold_reads(1_000_000, 4));
         let started = Instant::now();
         let mut tasks = Vec::new();
         for _ in 0..4 {
@@ -251,7 +261,7 @@ mod tests {
 
     #[tokio::test]
     async fn unlimited_reads_do_not_wait_for_budget() {
-        let cold = ColdReads::new(0, 2);
+        let cold = cold_reads(0, 2);
         for _ in 0..100 {
             cold.read(|| Ok(read_of(1))).await.unwrap();
         }
@@ -261,7 +271,7 @@ mod tests {
 
     #[test]
     fn the_read_ahead_pool_is_bounded() {
-        let cold = ColdReads::new(0, 1);
+        let cold = cold_reads(0, 1);
         assert!(cold.reserve_read_ahead(READ_AHEAD_POOL_BYTES - 10));
         assert!(!cold.reserve_read_ahead(11));
         assert!(cold.reserve_read_ahead(10));
@@ -272,7 +282,7 @@ mod tests {
 
     #[tokio::test]
     async fn errors_are_returned_and_not_counted() {
-        let cold = ColdReads::new(0, 1);
+        let cold = cold_reads(0, 1);
         let r = cold.read(|| Err(io::Error::other("disk on fire"))).await;
         assert!(r.is_err());
         assert_eq!(cold.stats().reads, 0);

@@ -3,14 +3,17 @@
 //! [`TailCache`], the broker-owned cache of the newest batches of every
 //! partition under one byte budget; [`memory`], which sizes that budget from
 //! the memory the broker may use; [`ColdReads`], the bounded, budgeted
-//! executor for reads below the tail; and [`Tiers`], the capacity
-//! directories and object store that sealed segments move to.
+//! executor for reads below the tail; [`IoScheduler`], the byte budget of
+//! each class of I/O (live, cold reads, tier moves, cleaning); and
+//! [`Tiers`], the capacity directories and object store that sealed
+//! segments move to.
 //!
 //! This crate does no socket I/O and knows nothing of Kafka requests; it
 //! stores and returns record batches by offset.
 
 pub mod bulk;
 pub mod cold;
+pub mod io;
 pub mod memory;
 pub mod pace;
 pub mod priority;
@@ -20,6 +23,6 @@ pub mod tiers;
 
 pub use bulk::{Bulk, BULK_NICE};
 pub use cold::{ColdRead, ColdReads, ColdStats};
-pub use pace::Pacer;
+pub use io::{Budget, Budgets, IoClass, IoClassStats, IoScheduler};
 pub use tail::{Chunks, PartitionTail, TailCache, TailStats};
 pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers, UncommittedCopy};

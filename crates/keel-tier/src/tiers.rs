@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 use tokio::runtime::Handle;
 
 use crate::cold::ColdRead;
-use crate::pace::Pacer;
+use crate::io::Budget;
 
 /// The files a copy may have (`.txnindex` only with aborted transactions).
 const COPY_SUFFIXES: [&str; 4] = ["log", "index", "timeindex", "txnindex"];
@@ -213,7 +213,7 @@ impl Tiers {
         *self.last_error.lock() = Some(format!("{what}: {e}"));
     }
 
-    /// Copies `segment` into `tier` as `object`, paced by `pacer` (reads of
+    /// Copies `segment` into `tier` as `object`, paced by `budget` (reads of
     /// the source and of the copy both count), then reads the copy back and
     /// checks every batch's CRC and offsets and the index files' bytes.
     pub async fn copy(
@@ -221,9 +221,9 @@ impl Tiers {
         tier: Tier,
         segment: &SealedSegment,
         object: &str,
-        pacer: &Pacer,
+        budget: &Budget,
     ) -> io::Result<()> {
-        let result = self.copy_and_verify(tier, segment, object, pacer).await;
+        let result = self.copy_and_verify(tier, segment, object, budget).await;
         match &result {
             Ok(()) => {
                 self.copies.fetch_add(1, Ordering::Relaxed);
@@ -242,7 +242,7 @@ impl Tiers {
         tier: Tier,
         segment: &SealedSegment,
         object: &str,
-        pacer: &Pacer,
+        budget: &Budget,
     ) -> io::Result<()> {
         let store = self.store(tier)?;
         let index = segment.index.clone();
@@ -258,7 +258,7 @@ impl Tiers {
                 .await?;
         }
         store
-            .put_file(&format!("{object}.log"), &segment.log, segment.size_bytes, pacer)
+            .put_file(&format!("{object}.log"), &segment.log, segment.size_bytes, budget)
             .await?;
 
         // Read everything back.
@@ -274,7 +274,7 @@ impl Tiers {
         let mut want = CHUNK;
         while pos < segment.size_bytes {
             let len = want.min(segment.size_bytes - pos);
-            pacer.take(len).await;
+            budget.take(len).await;
             let buf = store.get_range(&name, pos, len).await?;
             let mut at = 0usize;
             while let Ok(header) = BatchHeader::parse(&buf[at..]) {
@@ -561,7 +561,13 @@ impl Store {
 
     /// Copies `len` bytes of `src` (read uncached, chunk by chunk, each
     /// chunk paced) to `name`.
-    async fn put_file(&self, name: &str, src: &Arc<SegmentFile>, len: u64, pacer: &Pacer) -> io::Result<()> {
+    async fn put_file(
+        &self,
+        name: &str,
+        src: &Arc<SegmentFile>,
+        len: u64,
+        budget: &Budget,
+    ) -> io::Result<()> {
         let src = {
             let segment = Arc::clone(src);
             blocking(move || segment.open()).await?
@@ -572,7 +578,7 @@ impl Store {
                 let path = place(dirs, name)?;
                 let dst = Arc::new(create_file(&path)?);
                 for (pos, n) in chunks {
-                    pacer.take(n).await;
+                    budget.take(n).await;
                     let (src, dst) = (Arc::clone(&src), Arc::clone(&dst));
                     blocking(move || dst.write_all_at(&src.read_uncached(pos, n, true)?, pos)).await?;
                 }
@@ -582,7 +588,7 @@ impl Store {
                 let upload = store.put_multipart(&object_path(name)?).await.map_err(io_error)?;
                 let mut writer = WriteMultipart::new_with_chunk_size(upload, CHUNK as usize);
                 for (pos, n) in chunks {
-                    pacer.take(n).await;
+                    budget.take(n).await;
                     let src = Arc::clone(&src);
                     let data = blocking(move || src.read_uncached(pos, n, true)).await;
                     let data = match data {

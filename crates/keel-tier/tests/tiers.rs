@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use keel_log::batch::validate_batches;
 use keel_log::testing::simple_batch;
 use keel_log::{LogConfig, PartitionLog, Tier, TierState};
-use keel_tier::{Pacer, RemoteSettings, Tiers};
+use keel_tier::{Budget, IoClass, RemoteSettings, Tiers};
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -79,11 +79,11 @@ async fn round_trip(kind: &str, tier: Tier) {
         .map(|i| log.offset_for_timestamp(T0 + i * 10 + 1).unwrap())
         .collect();
 
-    let pacer = Pacer::new(0);
+    let budget = Budget::unlimited(IoClass::TierMove);
     for (i, c) in log.copy_candidates().into_iter().enumerate() {
         let object = format!("topic-0011/0/{:020}-{i}", c.base_offset);
         log.begin_copy(&c, tier, object.clone()).unwrap();
-        tiers.copy(tier, &c, &object, &pacer).await.unwrap();
+        tiers.copy(tier, &c, &object, &budget).await.unwrap();
         assert!(log.finish_copy(&object).unwrap());
     }
     while let Some((base, ..)) = log.oldest_releasable() {
@@ -153,7 +153,7 @@ async fn a_corrupt_copy_fails_verification_and_a_missing_tier_is_an_error() {
     let c = log.copy_candidates()[0].clone();
     assert!(
         tiers
-            .copy(Tier::Remote, &c, "x/0/a", &Pacer::new(0))
+            .copy(Tier::Remote, &c, "x/0/a", &Budget::unlimited(IoClass::TierMove))
             .await
             .is_err(),
         "no remote tier"
@@ -167,7 +167,7 @@ async fn a_corrupt_copy_fails_verification_and_a_missing_tier_is_an_error() {
     std::fs::write(&path, bytes).unwrap();
     log.begin_copy(&c, Tier::Capacity, "x/0/b".into()).unwrap();
     let err = tiers
-        .copy(Tier::Capacity, &c, "x/0/b", &Pacer::new(0))
+        .copy(Tier::Capacity, &c, "x/0/b", &Budget::unlimited(IoClass::TierMove))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
@@ -185,7 +185,7 @@ async fn a_copy_held_as_uncommitted_is_not_listed() {
     let root = tempfile::tempdir().unwrap();
     let tiers = tiers("capacity", root.path());
     let log = filled_log(data.path());
-    let pacer = Pacer::new(0);
+    let budget = Budget::unlimited(IoClass::TierMove);
     let objects = ["c/t-0011/0/a", "c/t-0011/0/b"];
     let segment = log.copy_candidates().remove(0);
     let (first, second) = (
@@ -194,7 +194,7 @@ async fn a_copy_held_as_uncommitted_is_not_listed() {
     );
     for object in objects {
         tiers
-            .copy(Tier::Capacity, &segment, object, &pacer)
+            .copy(Tier::Capacity, &segment, object, &budget)
             .await
             .unwrap();
     }

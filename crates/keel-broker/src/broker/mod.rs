@@ -34,7 +34,7 @@ use keel_log::clock::{Clock, SystemClock};
 use keel_log::faults::FaultyStorage;
 use keel_log::{DiskStorage, ReadIo, Storage};
 use keel_tier::memory::MemoryLimit;
-use keel_tier::{ColdReads, TailCache, Tiers};
+use keel_tier::{Budgets, ColdReads, IoClass, IoScheduler, TailCache, Tiers};
 
 use keel_data::cleaner::Cleaner;
 use keel_data::leadership::SingleNode;
@@ -226,8 +226,14 @@ impl Broker {
             crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir).map_err(io(&meta_dir))?;
         let memory = MemoryLimit::detect();
         let tail_cache = TailCache::new(tail_cache_budget(&config, &memory));
+        let rate = |key: &str| u64::try_from(config.num(key)).unwrap_or(0);
+        let io = Arc::new(IoScheduler::new(Budgets {
+            cold_read: rate("keel.cold.read.bytes.per.sec"),
+            tier_move: rate("keel.tier.move.bytes.per.sec"),
+            cleaning: config.cleaner_settings().io_bytes_per_sec,
+        }));
         let cold = ColdReads::new(
-            u64::try_from(config.num("keel.cold.read.bytes.per.sec")).unwrap_or(0),
+            Arc::clone(&io),
             usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
         )
         .with_read_ahead_limit(memory.read_ahead_pool_bytes());
@@ -249,7 +255,6 @@ impl Broker {
             }
         }
         let mover = Mover::new(
-            u64::try_from(config.num("keel.tier.move.bytes.per.sec")).unwrap_or(0),
             Duration::from_millis(
                 u64::try_from(config.num("keel.tier.check.interval.ms"))
                     .unwrap_or(1000)
@@ -304,6 +309,7 @@ impl Broker {
                 tail_cache,
                 read_io,
                 cold,
+                io,
                 tiers: Arc::new(tiers),
                 clock,
                 data_dir: data_dir.clone(),
@@ -440,6 +446,12 @@ impl Broker {
                 "hit_bytes": t.hit_bytes,
                 "miss_reads": t.miss_reads,
             },
+            "io": self.data.io.stats().iter().map(|s| serde_json::json!({
+                "class": s.class.name(),
+                "budget_bytes_per_sec": s.budget_bytes_per_sec,
+                "bytes": s.bytes,
+                "throttled_us": s.throttled_us,
+            })).collect::<Vec<_>>(),
             "cold_reads": {
                 "reads": c.reads,
                 "bytes": c.bytes,
@@ -477,7 +489,7 @@ impl Broker {
         serde_json::json!({
             "capacity": describe(keel_log::Tier::Capacity),
             "remote": describe(keel_log::Tier::Remote),
-            "move_bytes_per_sec": m.bytes_per_sec(),
+            "move_bytes_per_sec": self.data.io.budget(IoClass::TierMove).bytes_per_sec(),
             "fast_max_bytes": m.fast_max_bytes(),
             "fast_bytes": m.fast_bytes.load(Relaxed),
             "fast_copied_bytes": m.fast_copied_bytes.load(Relaxed),
