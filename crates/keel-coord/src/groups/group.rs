@@ -2,9 +2,13 @@
 //! join / sync rebalance phases, heartbeats and session expiry.
 //!
 //! This is a state machine without I/O and without a clock: every operation
-//! takes `now_ms`, and requests that must wait for the rebalance get a
-//! `oneshot` receiver that a later operation (another member's join, a
-//! timer tick) completes. Persisting the assignment is the caller's job:
+//! takes `now_ms`, and a request that must wait for the rebalance gets a
+//! [`WaiterId`]; a later operation (another member's join, a timer tick)
+//! answers it with a [`Completion`], which the caller takes with
+//! [`Group::take_completions`] and delivers. A waiter the group no longer
+//! holds ([`Group::holds_waiter`]) without having answered it is gone: its
+//! member was replaced or sent the request again. Persisting the assignment
+//! is the caller's job:
 //! [`Group::sync`] hands the leader a [`SyncOutcome::Persist`] and the caller
 //! reports back through [`Group::assignment_persisted`].
 //!
@@ -21,7 +25,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bytes::Bytes;
 use keel_protocol::ResponseError;
-use tokio::sync::oneshot;
 
 use super::records::{subscribed_topics, GroupMetadata, MemberMetadata};
 use super::MemberDescription;
@@ -150,11 +153,28 @@ pub struct MigratingMember {
     pub assignment: Bytes,
 }
 
-/// Either an answer now or one that arrives when the rebalance moves on.
+/// A request waiting for the rebalance to move on. Unique across groups
+/// and their incarnations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WaiterId {
+    /// The group's incarnation (random, per `Group` value).
+    group: u64,
+    n: u64,
+}
+
+/// An answer to a waiting request.
+#[derive(Debug)]
+pub enum Completion {
+    Join(WaiterId, JoinResult),
+    Sync(WaiterId, SyncResult),
+}
+
+/// Either an answer now or one that arrives, as a [`Completion`] for the
+/// waiter, when the rebalance moves on.
 #[derive(Debug)]
 pub enum Answer<T> {
     Now(T),
-    Later(oneshot::Receiver<T>),
+    Later(WaiterId),
 }
 
 /// The result of [`Group::sync`].
@@ -162,12 +182,20 @@ pub enum Answer<T> {
 pub enum SyncOutcome {
     Answer(Answer<SyncResult>),
     /// The leader sent the assignment: persist `metadata`, then call
-    /// [`Group::assignment_persisted`]; the answer arrives on `answer`.
+    /// [`Group::assignment_persisted`]; the answer arrives for `answer`.
     Persist {
         metadata: GroupMetadata,
         generation: i32,
-        answer: oneshot::Receiver<SyncResult>,
+        answer: WaiterId,
     },
+}
+
+fn take_waiter(incarnation: u64, next: &mut u64) -> WaiterId {
+    *next += 1;
+    WaiterId {
+        group: incarnation,
+        n: *next,
+    }
 }
 
 /// One member of the group.
@@ -183,9 +211,9 @@ struct Member {
     /// Order of arrival: the first member still present leads.
     seq: u64,
     /// Set while the member's JoinGroup waits for the join phase to end.
-    join_waiter: Option<oneshot::Sender<JoinResult>>,
+    join_waiter: Option<WaiterId>,
     /// Set while the member's SyncGroup waits for the leader's assignment.
-    sync_waiter: Option<oneshot::Sender<SyncResult>>,
+    sync_waiter: Option<WaiterId>,
     /// The member is removed if no heartbeat arrives before this, unless
     /// it is waiting in a join or sync (the rebalance timeout bounds those).
     session_deadline_ms: i64,
@@ -243,6 +271,11 @@ pub struct Group {
     /// CompletingRebalance: the leader's assignment is being persisted.
     assignment_in_flight: bool,
     next_seq: u64,
+    /// This value's incarnation, and the next waiter's number in it.
+    incarnation: u64,
+    next_waiter: u64,
+    /// Answers to waiting requests, not yet taken by the caller.
+    completions: Vec<Completion>,
 }
 
 impl Group {
@@ -264,7 +297,27 @@ impl Group {
             sync_deadline_ms: None,
             assignment_in_flight: false,
             next_seq: 0,
+            incarnation: uuid::Uuid::new_v4().as_u64_pair().0,
+            next_waiter: 0,
+            completions: Vec::new(),
         }
+    }
+
+    /// A new waiter for a request that waits for the rebalance.
+    fn new_waiter(&mut self) -> WaiterId {
+        take_waiter(self.incarnation, &mut self.next_waiter)
+    }
+
+    /// The answers to waiting requests since the last call.
+    pub fn take_completions(&mut self) -> Vec<Completion> {
+        std::mem::take(&mut self.completions)
+    }
+
+    /// Whether a request waits as `waiter` still.
+    pub fn holds_waiter(&self, waiter: WaiterId) -> bool {
+        self.members
+            .values()
+            .any(|m| m.join_waiter == Some(waiter) || m.sync_waiter == Some(waiter))
     }
 
     /// Rebuilds a group from its persisted metadata. Members come back
@@ -494,10 +547,11 @@ impl Group {
     fn end(&mut self, error: ResponseError, now_ms: i64) {
         for (id, m) in &mut self.members {
             if let Some(w) = m.join_waiter.take() {
-                let _ = w.send(JoinResult::error(error, id));
+                self.completions
+                    .push(Completion::Join(w, JoinResult::error(error, id)));
             }
             if let Some(w) = m.sync_waiter.take() {
-                let _ = w.send(Err(error));
+                self.completions.push(Completion::Sync(w, Err(error)));
             }
         }
         self.members.clear();
@@ -572,7 +626,7 @@ impl Group {
         p: JoinParams,
         now_ms: i64,
     ) -> Answer<JoinResult> {
-        let (tx, rx) = oneshot::channel();
+        let waiter = self.new_waiter();
         let seq = self.take_seq();
         if let Some(instance) = &p.instance_id {
             self.static_members.insert(instance.clone(), member_id.clone());
@@ -589,7 +643,7 @@ impl Group {
             protocols: p.protocols,
             assignment: Bytes::new(),
             seq,
-            join_waiter: Some(tx),
+            join_waiter: Some(waiter),
             sync_waiter: None,
             session_deadline_ms: now_ms + i64::from(p.session_timeout_ms),
         };
@@ -603,7 +657,7 @@ impl Group {
         } else {
             self.prepare_rebalance(now_ms);
         }
-        Answer::Later(rx)
+        Answer::Later(waiter)
     }
 
     fn join_known(&mut self, p: JoinParams, now_ms: i64) -> Answer<JoinResult> {
@@ -628,15 +682,15 @@ impl Group {
                 Answer::Now(self.join_result_for(&member_id))
             }
             GroupState::PreparingRebalance | GroupState::CompletingRebalance | GroupState::Stable => {
-                let (tx, rx) = oneshot::channel();
+                let waiter = take_waiter(self.incarnation, &mut self.next_waiter);
                 update_member(member, p, now_ms);
-                member.join_waiter = Some(tx);
+                member.join_waiter = Some(waiter);
                 if state == GroupState::PreparingRebalance {
                     self.check_join_complete(now_ms);
                 } else {
                     self.prepare_rebalance(now_ms);
                 }
-                Answer::Later(rx)
+                Answer::Later(waiter)
             }
             GroupState::Empty | GroupState::Dead => {
                 Answer::Now(JoinResult::error(ResponseError::UnknownMemberId, &member_id))
@@ -650,10 +704,14 @@ impl Group {
         let instance = p.instance_id.clone().expect("static member");
         let mut member = self.members.remove(old_id).expect("static members are members");
         if let Some(w) = member.join_waiter.take() {
-            let _ = w.send(JoinResult::error(ResponseError::FencedInstanceId, old_id));
+            self.completions.push(Completion::Join(
+                w,
+                JoinResult::error(ResponseError::FencedInstanceId, old_id),
+            ));
         }
         if let Some(w) = member.sync_waiter.take() {
-            let _ = w.send(Err(ResponseError::FencedInstanceId));
+            self.completions
+                .push(Completion::Sync(w, Err(ResponseError::FencedInstanceId)));
         }
         let new_id = format!("{instance}-{}", uuid::Uuid::new_v4());
         if self.leader.as_deref() == Some(old_id) {
@@ -673,14 +731,14 @@ impl Group {
                 Answer::Now(result)
             }
             _ => {
-                let (tx, rx) = oneshot::channel();
-                self.members.get_mut(&new_id).expect("inserted").join_waiter = Some(tx);
+                let waiter = self.new_waiter();
+                self.members.get_mut(&new_id).expect("inserted").join_waiter = Some(waiter);
                 if self.state == GroupState::PreparingRebalance {
                     self.check_join_complete(now_ms);
                 } else {
                     self.prepare_rebalance(now_ms);
                 }
-                Answer::Later(rx)
+                Answer::Later(waiter)
             }
         }
     }
@@ -720,7 +778,8 @@ impl Group {
     fn prepare_rebalance(&mut self, now_ms: i64) {
         for m in self.members.values_mut() {
             if let Some(w) = m.sync_waiter.take() {
-                let _ = w.send(Err(ResponseError::RebalanceInProgress));
+                self.completions
+                    .push(Completion::Sync(w, Err(ResponseError::RebalanceInProgress)));
             }
         }
         self.assignment_in_flight = false;
@@ -799,7 +858,7 @@ impl Group {
             let member = self.members.get_mut(&id).expect("listed above");
             member.heartbeat(now_ms);
             if let Some(w) = member.join_waiter.take() {
-                let _ = w.send(result);
+                self.completions.push(Completion::Join(w, result));
             }
         }
     }
@@ -907,12 +966,12 @@ impl Group {
         assignments: Vec<(String, Bytes)>,
         now_ms: i64,
     ) -> SyncOutcome {
-        let (tx, rx) = oneshot::channel();
+        let waiter = self.new_waiter();
         let member = self.members.get_mut(member_id).expect("checked");
         member.heartbeat(now_ms);
-        member.sync_waiter = Some(tx);
+        member.sync_waiter = Some(waiter);
         if !self.is_leader(member_id) || self.assignment_in_flight {
-            return SyncOutcome::Answer(Answer::Later(rx));
+            return SyncOutcome::Answer(Answer::Later(waiter));
         }
         let mut by_member: HashMap<String, Bytes> = assignments.into_iter().collect();
         for (id, m) in &mut self.members {
@@ -922,7 +981,7 @@ impl Group {
         SyncOutcome::Persist {
             metadata: self.metadata(),
             generation: self.generation,
-            answer: rx,
+            answer: waiter,
         }
     }
 
@@ -954,7 +1013,7 @@ impl Group {
                 for (id, answer) in answers {
                     let m = self.members.get_mut(&id).expect("listed above");
                     if let Some(w) = m.sync_waiter.take() {
-                        let _ = w.send(Ok(answer));
+                        self.completions.push(Completion::Sync(w, Ok(answer)));
                     }
                 }
             }
@@ -962,7 +1021,7 @@ impl Group {
                 for m in self.members.values_mut() {
                     m.assignment = Bytes::new();
                     if let Some(w) = m.sync_waiter.take() {
-                        let _ = w.send(Err(error));
+                        self.completions.push(Completion::Sync(w, Err(error)));
                     }
                 }
                 self.prepare_rebalance(now_ms);
@@ -1088,10 +1147,14 @@ impl Group {
             self.static_members.remove(instance);
         }
         if let Some(w) = member.join_waiter.take() {
-            let _ = w.send(JoinResult::error(ResponseError::UnknownMemberId, member_id));
+            self.completions.push(Completion::Join(
+                w,
+                JoinResult::error(ResponseError::UnknownMemberId, member_id),
+            ));
         }
         if let Some(w) = member.sync_waiter.take() {
-            let _ = w.send(Err(ResponseError::UnknownMemberId));
+            self.completions
+                .push(Completion::Sync(w, Err(ResponseError::UnknownMemberId)));
         }
         if self.leader.as_deref() == Some(member_id) {
             self.leader = self
@@ -1195,4 +1258,111 @@ fn update_member(member: &mut Member, p: JoinParams, now_ms: i64) {
     member.client_id = p.client_id;
     member.client_host = p.client_host;
     member.heartbeat(now_ms);
+}
+
+#[cfg(test)]
+mod tests {
+    //! The state machine alone: no runtime, no channels, the time given.
+
+    use super::*;
+
+    const SESSION_MS: i32 = 10_000;
+
+    fn params(member_id: &str) -> JoinParams {
+        JoinParams {
+            member_id: member_id.into(),
+            instance_id: None,
+            client_id: "client".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: SESSION_MS,
+            rebalance_timeout_ms: 30_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), Bytes::from_static(b"meta"))],
+            require_known_member_id: false,
+        }
+    }
+
+    fn later<T>(answer: Answer<T>) -> WaiterId {
+        match answer {
+            Answer::Later(w) => w,
+            Answer::Now(_) => panic!("answered at once"),
+        }
+    }
+
+    fn joined(completions: Vec<Completion>) -> Vec<(WaiterId, JoinResult)> {
+        completions
+            .into_iter()
+            .map(|c| match c {
+                Completion::Join(w, r) => (w, r),
+                Completion::Sync(w, r) => panic!("a sync answer for {w:?}: {r:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn waiting_joins_are_answered_as_completions_when_the_join_phase_ends() {
+        let config = GroupConfig {
+            initial_rebalance_delay_ms: 100,
+            ..GroupConfig::default()
+        };
+        let mut g = Group::new("g", config, 0);
+        let a = later(g.join(params(""), 0));
+        let b = later(g.join(params(""), 10));
+        assert_ne!(a, b);
+        assert!(
+            g.take_completions().is_empty(),
+            "the initial delay holds the join phase open"
+        );
+        assert!(g.holds_waiter(a) && g.holds_waiter(b));
+        // A member joined during the initial delay: it runs once more.
+        assert!(!g.tick(200));
+        assert!(g.take_completions().is_empty());
+        assert!(!g.tick(400));
+        let answered = joined(g.take_completions());
+        let waiters: std::collections::HashSet<WaiterId> = answered.iter().map(|(w, _)| *w).collect();
+        assert_eq!(waiters, [a, b].into());
+        for (_, r) in &answered {
+            assert_eq!((r.error, r.generation), (None, 1));
+        }
+        assert!(
+            !g.holds_waiter(a) && !g.holds_waiter(b),
+            "answered waiters are let go"
+        );
+        assert!(g.take_completions().is_empty(), "taken once");
+        // Waiters are unique across incarnations of a group id.
+        let mut again = Group::new("g", config, 0);
+        let c = later(again.join(params(""), 0));
+        assert!(!g.holds_waiter(c) && c != a);
+    }
+
+    #[test]
+    fn a_join_sent_again_lets_the_first_waiter_go_unanswered() {
+        let config = GroupConfig {
+            initial_rebalance_delay_ms: 100,
+            ..GroupConfig::default()
+        };
+        let mut g = Group::new("g", config, 0);
+        let first = later(g.join(params(""), 0));
+        later(g.join(params(""), 0));
+        assert!(!g.tick(200));
+        assert!(!g.tick(400));
+        let (_, r) = joined(g.take_completions())
+            .into_iter()
+            .find(|(w, _)| *w == first)
+            .expect("answered");
+        // One member joins again with a new subscription (a new rebalance,
+        // which waits for the other) and, while waiting, sends its
+        // JoinGroup once more.
+        let changed = || JoinParams {
+            protocols: vec![("range".into(), Bytes::from_static(b"other"))],
+            ..params(&r.member_id)
+        };
+        let second = later(g.join(changed(), 500));
+        let third = later(g.join(changed(), 510));
+        assert!(
+            g.holds_waiter(third) && !g.holds_waiter(second),
+            "the newer request waits"
+        );
+        assert!(g.take_completions().is_empty(), "neither is answered yet");
+    }
 }

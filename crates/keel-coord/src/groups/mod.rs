@@ -16,6 +16,7 @@
 //! this broker.
 
 pub mod assignor;
+mod classic;
 pub mod consumer;
 pub mod consumer_records;
 pub mod embedded;
@@ -34,6 +35,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::metalog::{Durability, Entry};
+use classic::{Awaited, ClassicGroups, ClassicMutex};
 use consumer::{ConsumerGroup, ConsumerGroupConfig, ConsumerGroupState, Heartbeat, HeartbeatAnswer, Topics};
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
 use keel_log::marker::Marker;
@@ -119,7 +121,7 @@ pub struct OffsetToCommit {
 pub struct GroupCoordinator {
     /// Classic groups, and every group id with offsets and no consumer
     /// group. Locked before `consumer_groups` when both are.
-    groups: Mutex<HashMap<String, Group>>,
+    groups: ClassicMutex,
     /// Consumer-protocol groups, also once empty (until deleted, their
     /// offsets expire, or a classic member joins), and the classic members
     /// they host after an online upgrade. Each change is written to the
@@ -186,7 +188,7 @@ impl GroupCoordinator {
             }
         });
         Ok(GroupCoordinator {
-            groups: Mutex::new(groups),
+            groups: ClassicMutex::new(groups),
             consumer_groups: Mutex::new(consumer_groups),
             store,
             config,
@@ -234,7 +236,8 @@ impl GroupCoordinator {
                     let group = groups
                         .entry(group_id.to_string())
                         .or_insert_with(|| Group::new(group_id, limits, now));
-                    Err((conversion, group.join(*params, now)))
+                    let answer = group.join(*params, now);
+                    Err((conversion, groups.join_answer(group_id, answer)))
                 }
             }
         };
@@ -258,8 +261,8 @@ impl GroupCoordinator {
             }
         }
         match answer {
-            Answer::Now(result) => result,
-            Answer::Later(rx) => rx.await.unwrap_or_else(|_| error(ResponseError::UnknownMemberId)),
+            Awaited::Now(result) => result,
+            Awaited::Later(rx) => rx.await.unwrap_or_else(|_| error(ResponseError::UnknownMemberId)),
         }
     }
 
@@ -312,29 +315,36 @@ impl GroupCoordinator {
                 self.now_ms(),
             );
         }
-        let outcome = {
+        let (outcome, awaited) = {
             let mut groups = self.groups.lock();
             let Some(group) = groups.get_mut(group_id) else {
                 return Err(ResponseError::UnknownMemberId);
             };
-            group.sync(
+            let outcome = group.sync(
                 generation,
                 member_id,
                 instance_id,
                 protocol,
                 assignments,
                 self.now_ms(),
-            )
+            );
+            match outcome {
+                SyncOutcome::Answer(answer) => (None, groups.sync_answer(group_id, answer)),
+                SyncOutcome::Persist {
+                    metadata,
+                    generation,
+                    answer,
+                } => (
+                    Some((metadata, generation)),
+                    groups.sync_answer(group_id, Answer::Later(answer)),
+                ),
+            }
         };
         self.timer.notify_one();
-        let rx = match outcome {
-            SyncOutcome::Answer(Answer::Now(result)) => return result,
-            SyncOutcome::Answer(Answer::Later(rx)) => rx,
-            SyncOutcome::Persist {
-                metadata,
-                generation,
-                answer,
-            } => {
+        let rx = match (outcome, awaited) {
+            (_, Awaited::Now(result)) => return result,
+            (None, Awaited::Later(rx)) => rx,
+            (Some((metadata, generation)), Awaited::Later(answer)) => {
                 let record = GroupRecord::Group {
                     group: group_id.to_string(),
                     value: Some(metadata),
@@ -395,7 +405,7 @@ impl GroupCoordinator {
 
     fn consumer_heartbeat_locked(
         &self,
-        classic: &mut HashMap<String, Group>,
+        classic: &mut ClassicGroups,
         consumer: &mut HashMap<String, ConsumerGroup>,
         group_id: &str,
         hb: Heartbeat,
@@ -440,7 +450,7 @@ impl GroupCoordinator {
                 now,
             )?;
             g.hand_over(now);
-            classic.remove(group_id);
+            classic.remove_group(group_id);
             records.extend(self.metadata_tombstone(group_id));
             tracing::info!(
                 group = group_id,
@@ -463,7 +473,7 @@ impl GroupCoordinator {
         if !consumer.contains_key(group_id) {
             // An empty classic group (offsets only) gives way, its
             // metadata tombstoned as Kafka does.
-            if classic.remove(group_id).is_some() {
+            if classic.remove_group(group_id).is_some() {
                 records.extend(self.metadata_tombstone(group_id));
             }
             let fresh = ConsumerGroup::new(group_id, self.config.consumer.clone());
@@ -494,7 +504,7 @@ impl GroupCoordinator {
     /// holds both locks. -> the consumer group's tombstones.
     fn maybe_downgrade(
         &self,
-        classic: &mut HashMap<String, Group>,
+        classic: &mut ClassicGroups,
         consumer: &mut HashMap<String, ConsumerGroup>,
         group_id: &str,
         topics: &Topics,
@@ -920,7 +930,7 @@ impl GroupCoordinator {
                     Some(g) if !g.is_empty() => Err(ResponseError::NonEmptyGroup),
                     Some(g) => {
                         g.kill(now);
-                        groups.remove(id);
+                        groups.remove_group(id);
                         records.extend(self.tombstones(id));
                         Ok(())
                     }
@@ -1065,7 +1075,7 @@ impl GroupCoordinator {
     }
 
     /// Session and rebalance timeouts of consumer groups.
-    fn tick_consumer(&self, classic: &mut HashMap<String, Group>, now: i64) -> Vec<GroupRecord> {
+    fn tick_consumer(&self, classic: &mut ClassicGroups, now: i64) -> Vec<GroupRecord> {
         let mut records = Vec::new();
         let mut consumer = self.consumer_groups.lock();
         let due: Vec<String> = consumer
@@ -1165,7 +1175,7 @@ impl GroupCoordinator {
             if let Some(mut g) = consumer.remove(&id) {
                 records.extend(g.tombstones());
             }
-            if let Some(mut g) = groups.remove(&id) {
+            if let Some(mut g) = groups.remove_group(&id) {
                 g.kill(now);
             }
             records.extend(self.metadata_tombstone(&id));
