@@ -10,6 +10,8 @@
 //! * [`cleaning`]: a partition's cleaning, as `/stats` shows it.
 //! * [`mover`], [`cleaner`], [`maintenance`]: the background work:
 //!   sealed segments to the colder tiers, compaction, retention, flushes.
+//! * [`markers`]: transaction markers into data partitions, retried until
+//!   written.
 //! * [`policy`]: what the data plane asks of the configs in force.
 //! * [`leadership`]: who leads each partition, in which epoch (one node:
 //!   this broker, epoch 0); every partition a request reaches goes through
@@ -25,6 +27,7 @@ pub mod cleaning;
 pub mod health;
 pub mod leadership;
 pub mod maintenance;
+pub mod markers;
 pub mod mover;
 pub mod partition;
 pub mod plane;

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use keel_data::markers::Backoff;
+
 use keel_log::marker::Marker;
 use keel_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use keel_protocol::messages::add_partitions_to_txn_response::{
@@ -204,19 +206,6 @@ async fn end(broker: &Arc<Broker>, req: &EndTxnRequest, version: i16) -> Result<
 
 /// The wait between retries of a step that must succeed: 100 ms, doubling
 /// up to 5 s.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Backoff {
-        Backoff(Duration::from_millis(100))
-    }
-
-    async fn wait(&mut self) {
-        tokio::time::sleep(self.0).await;
-        self.0 = (self.0 * 2).min(Duration::from_secs(5));
-    }
-}
-
 /// Writes the markers of a persisted Prepare state into every partition
 /// of its transaction, then completes it. Runs on its own task: the
 /// client has its answer already, and its next AddPartitionsToTxn or
@@ -231,7 +220,7 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
         for (topic, index) in &prepared.partitions {
             write_marker(&broker, topic, *index, &prepared, marker).await;
         }
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::default();
         while let Err(e) = broker.txns.complete(&id, &prepared).await {
             tracing::warn!(transactional_id = %id, error = ?e, "cannot complete a transaction; retrying");
             backoff.wait().await;
@@ -239,44 +228,21 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
     });
 }
 
-/// Appends one marker, retrying while the partition cannot take it (a
-/// storage failure heals only with a restart, which writes the markers
-/// again). A partition that no longer exists needs none. The offsets
-/// partition's marker goes to the group log.
+/// Appends one marker (see `DataPlane::write_marker`); the offsets
+/// partition's marker goes to the group log, retried the same way.
 async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &TxnState, marker: Marker) {
-    let mut backoff = Backoff::new();
-    if (topic, index) == (OFFSETS_TOPIC, OFFSETS_PARTITION) {
-        while let Err(e) = broker
-            .groups
-            .end_transaction(prepared.producer_id, prepared.producer_epoch, marker)
-            .await
-        {
-            tracing::warn!(error = %e, "cannot write a transaction marker into the group log; retrying");
-            backoff.wait().await;
-        }
-        return;
+    if (topic, index) != (OFFSETS_TOPIC, OFFSETS_PARTITION) {
+        let (id, epoch) = (prepared.producer_id, prepared.producer_epoch);
+        return broker.data.write_marker(topic, index, id, epoch, marker).await;
     }
-    loop {
-        let Ok(partition) = partition_of(broker, topic, index) else {
-            return;
-        };
-        match partition
-            .write_marker(prepared.producer_id, prepared.producer_epoch, marker)
-            .await
-        {
-            Ok(_) => return,
-            Err(f) if f.error == ResponseError::UnknownTopicOrPartition => return,
-            Err(f) if f.error == ResponseError::InvalidProducerEpoch => {
-                // A newer epoch already wrote here: this transaction's
-                // data was ended by that producer's own marker.
-                tracing::warn!(topic, partition = index, message = %f.message, "a stale marker was refused");
-                return;
-            }
-            Err(f) => {
-                tracing::warn!(topic, partition = index, error = ?f.error, message = %f.message, "cannot write a transaction marker; retrying");
-                backoff.wait().await;
-            }
-        }
+    let mut backoff = Backoff::default();
+    while let Err(e) = broker
+        .groups
+        .end_transaction(prepared.producer_id, prepared.producer_epoch, marker)
+        .await
+    {
+        tracing::warn!(error = %e, "cannot write a transaction marker into the group log; retrying");
+        backoff.wait().await;
     }
 }
 

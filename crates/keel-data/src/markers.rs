@@ -1,0 +1,64 @@
+//! Transaction markers into data partitions, as the transaction
+//! coordinator writes them once a transaction is prepared.
+
+use std::time::Duration;
+
+use keel_log::marker::Marker;
+use keel_protocol::ResponseError;
+
+use crate::plane::DataPlane;
+
+/// Waits between retries: from 100 ms, doubling up to 5 s.
+#[derive(Debug)]
+pub struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff(Duration::from_millis(100))
+    }
+}
+
+impl Backoff {
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+    }
+}
+
+impl DataPlane {
+    /// Appends the marker ending producer `producer_id`'s transaction at
+    /// `producer_epoch` to partition `index` of `topic`, retrying while
+    /// the partition cannot take it (a storage failure heals only with a
+    /// restart, which writes the markers again). A partition that no
+    /// longer exists, or that this broker does not lead, needs none here;
+    /// one a newer epoch of the producer already ended refuses it.
+    pub async fn write_marker(
+        &self,
+        topic: &str,
+        index: i32,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: Marker,
+    ) {
+        let mut backoff = Backoff::default();
+        loop {
+            let Ok(partition) = self.lead_by_name(topic, index) else {
+                return;
+            };
+            match partition.write_marker(producer_id, producer_epoch, marker).await {
+                Ok(_) => return,
+                Err(f) if f.error == ResponseError::UnknownTopicOrPartition => return,
+                Err(f) if f.error == ResponseError::InvalidProducerEpoch => {
+                    // A newer epoch already wrote here: this transaction's
+                    // data was ended by that producer's own marker.
+                    tracing::warn!(topic, partition = index, message = %f.message, "a stale marker was refused");
+                    return;
+                }
+                Err(f) => {
+                    tracing::warn!(topic, partition = index, error = ?f.error, message = %f.message, "cannot write a transaction marker; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
+    }
+}
