@@ -1,5 +1,6 @@
 //! The broker: topics, producer ids and request dispatch.
 
+mod apis;
 mod dispatch;
 mod refused;
 

@@ -27,64 +27,6 @@ pub use txn::*;
 
 const TOPIC_DENIED: ResponseError = ResponseError::TopicAuthorizationFailed;
 
-/// The APIs whose requests are checked resource by resource (or need no
-/// check: ApiVersions, DescribeCluster and the SASL exchange).
-pub fn checked(api: ApiKey) -> bool {
-    use ApiKey::*;
-    matches!(
-        api,
-        ApiVersions
-            | SaslHandshake
-            | SaslAuthenticate
-            | DescribeCluster
-            | Metadata
-            | Produce
-            | Fetch
-            | ListOffsets
-            | OffsetForLeaderEpoch
-            | CreateTopics
-            | InitProducerId
-            | FindCoordinator
-            | JoinGroup
-            | SyncGroup
-            | Heartbeat
-            | LeaveGroup
-            | OffsetCommit
-            | OffsetFetch
-            | ConsumerGroupHeartbeat
-            | CreateAcls
-            | DescribeAcls
-            | DeleteAcls
-            | DeleteTopics
-            | DescribeGroups
-            | ListGroups
-            | DeleteGroups
-            | DescribeUserScramCredentials
-            | AlterUserScramCredentials
-            | DescribeClientQuotas
-            | AlterClientQuotas
-            | DescribeConfigs
-            | AlterConfigs
-            | IncrementalAlterConfigs
-            | CreatePartitions
-            | DeleteRecords
-            | DescribeProducers
-            | DescribeTopicPartitions
-            | DescribeLogDirs
-            | ElectLeaders
-            | ListConfigResources
-            | AddPartitionsToTxn
-            | AddOffsetsToTxn
-            | EndTxn
-            | TxnOffsetCommit
-            | WriteTxnMarkers
-            | DescribeTransactions
-            | ListTransactions
-            | OffsetDelete
-            | ConsumerGroupDescribe
-    )
-}
-
 /// A topic's name from a request that may name it by id.
 fn topic_name(broker: &Broker, name: &str, id: Uuid) -> String {
     if id.is_nil() {
