@@ -485,11 +485,37 @@ fn register_levels(r: &mut Registry, broker: &Broker) {
 /// What the tail cache, cold reads, the tiers, the mover and the cleaner
 /// have done since start-up.
 fn register_counters(r: &mut Registry, broker: &Broker) {
+    let counters = read_counters(broker).into_iter().chain(tier_counters(broker));
+    let c = broker.data.cold.stats();
+    for (name, help, value) in counters {
+        let c = Counter::<u64>::default();
+        c.inc_by(value);
+        r.register(name, help, c);
+    }
+    let seconds: [(&str, &str, u64); 2] = [
+        (
+            "keel_cold_read_wait_seconds",
+            "Time cold reads waited before their I/O started",
+            c.wait_us_total,
+        ),
+        (
+            "keel_cold_read_throttled_seconds",
+            "Time cold reads waited for the byte budget alone",
+            c.throttled_us_total,
+        ),
+    ];
+    for (name, help, micros) in seconds {
+        let c = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        c.inc_by(Duration::from_micros(micros).as_secs_f64());
+        r.register(name, help, c);
+    }
+}
+
+/// The tail cache's and cold reads' counters: name, help, value.
+fn read_counters(broker: &Broker) -> Vec<(&'static str, &'static str, u64)> {
     let t = broker.data.tail_cache.stats();
     let c = broker.data.cold.stats();
-    let s = broker.data.tiers.stats();
-    let (m, cl) = (&broker.data.mover, &broker.data.cleaner);
-    let counters: [(&str, &str, u64); 26] = [
+    vec![
         (
             "keel_tail_cache_inserted_bytes",
             "Bytes put in the tail cache",
@@ -531,6 +557,14 @@ fn register_counters(r: &mut Registry, broker: &Broker) {
             "Fetches answered by a read-ahead",
             c.read_ahead_hits,
         ),
+    ]
+}
+
+/// The colder tiers', the mover's and the cleaner's counters.
+fn tier_counters(broker: &Broker) -> Vec<(&'static str, &'static str, u64)> {
+    let s = broker.data.tiers.stats();
+    let (m, cl) = (&broker.data.mover, &broker.data.cleaner);
+    vec![
         ("keel_tier_copies", "Segments copied to a colder tier", s.copies),
         (
             "keel_tier_copied_bytes",
@@ -604,29 +638,7 @@ fn register_counters(r: &mut Registry, broker: &Broker) {
             "Bytes compaction reclaimed",
             cl.bytes_reclaimed.load(Relaxed),
         ),
-    ];
-    for (name, help, value) in counters {
-        let c = Counter::<u64>::default();
-        c.inc_by(value);
-        r.register(name, help, c);
-    }
-    let seconds: [(&str, &str, u64); 2] = [
-        (
-            "keel_cold_read_wait_seconds",
-            "Time cold reads waited before their I/O started",
-            c.wait_us_total,
-        ),
-        (
-            "keel_cold_read_throttled_seconds",
-            "Time cold reads waited for the byte budget alone",
-            c.throttled_us_total,
-        ),
-    ];
-    for (name, help, micros) in seconds {
-        let c = Counter::<f64, std::sync::atomic::AtomicU64>::default();
-        c.inc_by(Duration::from_micros(micros).as_secs_f64());
-        r.register(name, help, c);
-    }
+    ]
 }
 
 /// Each I/O class's budget, bytes and time waited for its budget.

@@ -198,135 +198,38 @@ impl Broker {
         advertised: Vec<keel_config::listeners::Endpoint>,
     ) -> Result<Arc<Broker>, StartError> {
         let data_dir = config.data_dir();
-        let io = |path: &std::path::Path| {
-            let path = path.to_path_buf();
-            move |error| StartError::Io { path, error }
-        };
         let meta_dir = data_dir.join(META_DIR);
-        std::fs::create_dir_all(&meta_dir)
-            .and_then(|()| keel_log::storage::sync_parent(DiskStorage::shared().as_ref(), &meta_dir))
-            .map_err(io(&meta_dir))?;
-        let failpoints = (std::env::var("KEEL_FAILPOINTS").as_deref() == Ok("1")).then(|| {
-            tracing::warn!("KEEL_FAILPOINTS=1: storage faults can be injected through the admin endpoint");
-            FaultyStorage::new(DiskStorage::shared())
-        });
-        let storage: Arc<dyn Storage> = match &failpoints {
-            Some(f) => Arc::new(f.clone()),
-            None => DiskStorage::shared(),
-        };
+        let (storage, failpoints) = open_storage(&meta_dir)?;
         let cluster_id =
-            load_cluster_id(storage.as_ref(), &data_dir, config.node_id()).map_err(io(&data_dir))?;
+            load_cluster_id(storage.as_ref(), &data_dir, config.node_id()).map_err(io_error(&data_dir))?;
         let ids_path = meta_dir.join("producer-ids");
         let producer_ids =
-            ProducerIdAllocator::open_with(Arc::clone(&storage), &ids_path).map_err(io(&ids_path))?;
-        let store = TopicStore::new(&data_dir, Arc::clone(&storage));
+            ProducerIdAllocator::open_with(Arc::clone(&storage), &ids_path).map_err(io_error(&ids_path))?;
         let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
-            .map_err(io(&meta_dir))?;
+            .map_err(io_error(&meta_dir))?;
         let config = crate::dynamic_config::start(config, stored);
-        let group_configs =
-            crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir).map_err(io(&meta_dir))?;
-        let memory = MemoryLimit::detect();
-        let tail_cache = TailCache::new(tail_cache_budget(&config, &memory));
-        let rate = |key: &str| u64::try_from(config.num(key)).unwrap_or(0);
-        let io = Arc::new(IoScheduler::new(Budgets {
-            cold_read: rate("keel.cold.read.bytes.per.sec"),
-            tier_move: rate("keel.tier.move.bytes.per.sec"),
-            cleaning: config.cleaner_settings().io_bytes_per_sec,
-        }));
-        let cold = ColdReads::new(
-            Arc::clone(&io),
-            usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
-        )
-        .with_read_ahead_limit(memory.read_ahead_pool_bytes());
-        let cold = Arc::new(cold);
-        let read_io = choose_read_io(&config, &data_dir).map_err(|error| StartError::Io {
-            path: data_dir.clone(),
-            error,
-        })?;
-        let tiers =
-            Tiers::new(&config.capacity_dirs(), config.remote_settings().as_ref()).map_err(|error| {
-                StartError::Io {
-                    path: PathBuf::from(config.get("keel.tier.remote")),
-                    error,
-                }
-            })?;
-        for tier in [keel_log::Tier::Capacity, keel_log::Tier::Remote] {
-            if tiers.has(tier) {
-                tracing::info!(tier = tier.name(), at = %tiers.describe(tier), "colder tier");
-            }
-        }
-        let mover = Mover::new(
-            Duration::from_millis(
-                u64::try_from(config.num("keel.tier.check.interval.ms"))
-                    .unwrap_or(1000)
-                    .max(10),
-            ),
-            config.num("keel.tier.fast.max.bytes"),
-            Duration::from_millis(u64::try_from(config.num("keel.tier.orphan.grace.ms")).unwrap_or(600_000)),
-        );
-        let cleaner_settings = config.cleaner_settings();
+        let group_configs = crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir)
+            .map_err(io_error(&meta_dir))?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let groups = GroupCoordinator::open_with(
-            Arc::clone(&storage),
-            &meta_dir.join("groups"),
-            config.coordinator_config(),
-            Arc::clone(&clock),
-        )
-        .map_err(StartError::Groups)?;
-        let txns = keel_coord::txn::TxnCoordinator::open_with(
-            Arc::clone(&storage),
-            &meta_dir.join("transactions"),
-            config.txn_config(),
-            Arc::clone(&clock),
-        )
-        .map_err(StartError::Transactions)?;
-        let quotas = crate::quotas::ClientQuotas::open_with(
-            Arc::clone(&storage),
-            &meta_dir.join("quotas"),
-            crate::quotas::rate::Windows::of(&config),
-        )
-        .map_err(StartError::Quotas)?;
-        let scram = keel_auth::sasl::credentials::ScramCredentials::open_with(
-            Arc::clone(&storage),
-            &meta_dir.join("scram"),
-        )
-        .map_err(StartError::Scram)?;
-        let acls = keel_auth::acl::store::AclStore::open_with(Arc::clone(&storage), &meta_dir.join("acls"))
-            .map_err(StartError::Acls)?;
+        let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock)?;
         let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
         let features_epoch = clock.now_ms();
-        let node_id = config.node_id();
+        let memory = MemoryLimit::detect();
         let live = Arc::new(LiveConfig::new(config));
+        let data = open_data_plane(&live, &memory, storage, Arc::from(cluster_id), clock)?;
         let broker = Broker {
-            config: Arc::clone(&live),
+            config: live,
             memory,
             advertised,
-            data: Arc::new(DataPlane {
-                topics: TopicRegistry::default(),
-                store,
-                storage: Arc::clone(&storage),
-                dir_health: DirHealth::new(&data_dir),
-                tail_cache,
-                read_io,
-                cold,
-                io,
-                tiers: Arc::new(tiers),
-                clock,
-                data_dir: data_dir.clone(),
-                cluster_id: Arc::from(cluster_id),
-                policies: live,
-                mover,
-                cleaner: Cleaner::new(cleaner_settings),
-                leadership: Arc::new(SingleNode { node_id }),
-            }),
+            data: Arc::new(data),
             failpoints,
             producer_ids: Mutex::new(producer_ids),
-            groups: Arc::new(groups),
-            txns: Arc::new(txns),
-            quotas,
-            scram: Arc::new(scram),
-            acls,
+            groups: Arc::new(coordinators.groups),
+            txns: Arc::new(coordinators.txns),
+            quotas: coordinators.quotas,
+            scram: Arc::new(coordinators.scram),
+            acls: coordinators.acls,
             authorizer,
             admin: tokio::sync::Mutex::new(()),
             features_epoch,
@@ -361,7 +264,6 @@ impl Broker {
     /// per partition the bytes served from each source. Blocking (the
     /// residency check maps each segment file briefly).
     pub fn stats_json(&self) -> serde_json::Value {
-        use std::sync::atomic::Ordering::Relaxed;
         let t = self.data.tail_cache.stats();
         let c = self.data.cold.stats();
         let mut partitions = Vec::new();
@@ -375,60 +277,7 @@ impl Broker {
                 let (resident, size) = p.page_cache_residency();
                 resident_total += resident;
                 size_total += size;
-                let reader = p.reader();
-                let (local_segments, local_bytes, tiered, damaged) = match &reader {
-                    Some(r) => (
-                        r.segment_count(),
-                        r.size_bytes(),
-                        r.tiered_segments(),
-                        r.damaged_segments(),
-                    ),
-                    None => (0, 0, Vec::new(), Vec::new()),
-                };
-                let damaged: Vec<_> = damaged
-                    .into_iter()
-                    .map(|(base, valid, reason)| {
-                        serde_json::json!({"base_offset": base, "valid_bytes": valid, "reason": reason})
-                    })
-                    .collect();
-                let count = |state| tiered.iter().filter(|t| t.state == state).count();
-                let cold_bytes: u64 = tiered.iter().filter(|t| t.is_cold()).map(|t| t.size_bytes).sum();
-                // Bytes with a whole copy in each colder tier (local or not).
-                let in_tier = |tier| -> u64 {
-                    tiered
-                        .iter()
-                        .filter(|t| {
-                            t.tier == tier
-                                && matches!(t.state, keel_log::TierState::Both | keel_log::TierState::Cold)
-                        })
-                        .map(|t| t.size_bytes)
-                        .sum()
-                };
-                partitions.push(serde_json::json!({
-                    "topic": topic.meta.name,
-                    "partition": p.index,
-                    "log_start_offset": p.log_start_offset(),
-                    "high_watermark": p.high_watermark(),
-                    "cache_read_bytes": p.cache_read_bytes.load(Relaxed),
-                    "cold_read_bytes": p.cold_read_bytes.load(Relaxed),
-                    "segment_bytes": size,
-                    "page_cache_resident_bytes": resident,
-                    "offline": p.unavailable(),
-                    "damaged_segments": damaged,
-                    "producers": p.producer_count(),
-                    "cleaner": compacted.then(|| p.cleaning.lock().to_json()),
-                    "tiers": {
-                        "local_segments": local_segments,
-                        "local_bytes": local_bytes,
-                        "copying": count(keel_log::TierState::Copying),
-                        "both": count(keel_log::TierState::Both),
-                        "cold": count(keel_log::TierState::Cold),
-                        "deleting": count(keel_log::TierState::Deleting),
-                        "cold_bytes": cold_bytes,
-                        "capacity_bytes": in_tier(keel_log::Tier::Capacity),
-                        "object_store_bytes": in_tier(keel_log::Tier::Remote),
-                    },
-                }));
+                partitions.push(partition_json(&topic.meta.name, p, compacted, (resident, size)));
             }
         }
         partitions.sort_by(|a, b| {
@@ -547,6 +396,212 @@ impl Broker {
 /// `keel.io.direct`: `on` requires O_DIRECT in the data directory, `off`
 /// reads through the page cache and drops what it read, `auto` uses O_DIRECT
 /// where the filesystem takes it and says so either way.
+/// One partition as `/stats` shows it: offsets, reads by source, page
+/// cache residency (`resident`, `size`), damage, producers, cleaning and
+/// tiers.
+fn partition_json(
+    topic: &str,
+    p: &keel_data::partition::Partition,
+    compacted: bool,
+    (resident, size): (u64, u64),
+) -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let reader = p.reader();
+    let (local_segments, local_bytes, tiered, damaged) = match &reader {
+        Some(r) => (
+            r.segment_count(),
+            r.size_bytes(),
+            r.tiered_segments(),
+            r.damaged_segments(),
+        ),
+        None => (0, 0, Vec::new(), Vec::new()),
+    };
+    let damaged: Vec<_> = damaged
+            .into_iter()
+            .map(|(base, valid, reason)| {
+                serde_json::json!({"base_offset": base, "valid_bytes": valid, "reason": reason})
+            })
+            .collect();
+    let count = |state| tiered.iter().filter(|t| t.state == state).count();
+    let cold_bytes: u64 = tiered.iter().filter(|t| t.is_cold()).map(|t| t.size_bytes).sum();
+    // Bytes with a whole copy in each colder tier (local or not).
+    let in_tier = |tier| -> u64 {
+        tiered
+            .iter()
+            .filter(|t| {
+                t.tier == tier && matches!(t.state, keel_log::TierState::Both | keel_log::TierState::Cold)
+            })
+            .map(|t| t.size_bytes)
+            .sum()
+    };
+    serde_json::json!({
+        "topic": topic,
+        "partition": p.index,
+        "log_start_offset": p.log_start_offset(),
+        "high_watermark": p.high_watermark(),
+        "cache_read_bytes": p.cache_read_bytes.load(Relaxed),
+        "cold_read_bytes": p.cold_read_bytes.load(Relaxed),
+        "segment_bytes": size,
+        "page_cache_resident_bytes": resident,
+        "offline": p.unavailable(),
+        "damaged_segments": damaged,
+        "producers": p.producer_count(),
+        "cleaner": compacted.then(|| p.cleaning.lock().to_json()),
+        "tiers": {
+            "local_segments": local_segments,
+            "local_bytes": local_bytes,
+            "copying": count(keel_log::TierState::Copying),
+            "both": count(keel_log::TierState::Both),
+            "cold": count(keel_log::TierState::Cold),
+            "deleting": count(keel_log::TierState::Deleting),
+            "cold_bytes": cold_bytes,
+            "capacity_bytes": in_tier(keel_log::Tier::Capacity),
+            "object_store_bytes": in_tier(keel_log::Tier::Remote),
+        },
+    })
+}
+
+/// Maps an I/O error on `path` to the start-up error.
+fn io_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> StartError {
+    let path = path.to_path_buf();
+    move |error| StartError::Io { path, error }
+}
+
+/// Creates the metadata dir (made durable in its parent) and chooses the
+/// storage every file operation goes through: the disk, or the disk under
+/// fault injection when `KEEL_FAILPOINTS=1` (tests only).
+fn open_storage(meta_dir: &std::path::Path) -> Result<(Arc<dyn Storage>, Option<FaultyStorage>), StartError> {
+    std::fs::create_dir_all(meta_dir)
+        .and_then(|()| keel_log::storage::sync_parent(DiskStorage::shared().as_ref(), meta_dir))
+        .map_err(io_error(meta_dir))?;
+    let failpoints = (std::env::var("KEEL_FAILPOINTS").as_deref() == Ok("1")).then(|| {
+        tracing::warn!("KEEL_FAILPOINTS=1: storage faults can be injected through the admin endpoint");
+        FaultyStorage::new(DiskStorage::shared())
+    });
+    let storage: Arc<dyn Storage> = match &failpoints {
+        Some(f) => Arc::new(f.clone()),
+        None => DiskStorage::shared(),
+    };
+    Ok((storage, failpoints))
+}
+
+/// The coordinators and the stores on their own logs under `__keel_meta`.
+struct Coordinators {
+    groups: GroupCoordinator,
+    txns: keel_coord::txn::TxnCoordinator,
+    quotas: crate::quotas::ClientQuotas,
+    scram: keel_auth::sasl::credentials::ScramCredentials,
+    acls: keel_auth::acl::store::AclStore,
+}
+
+impl Coordinators {
+    fn open(
+        config: &BrokerConfig,
+        storage: &Arc<dyn Storage>,
+        meta_dir: &std::path::Path,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Coordinators, StartError> {
+        let groups = GroupCoordinator::open_with(
+            Arc::clone(storage),
+            &meta_dir.join("groups"),
+            config.coordinator_config(),
+            Arc::clone(clock),
+        )
+        .map_err(StartError::Groups)?;
+        let txns = keel_coord::txn::TxnCoordinator::open_with(
+            Arc::clone(storage),
+            &meta_dir.join("transactions"),
+            config.txn_config(),
+            Arc::clone(clock),
+        )
+        .map_err(StartError::Transactions)?;
+        let quotas = crate::quotas::ClientQuotas::open_with(
+            Arc::clone(storage),
+            &meta_dir.join("quotas"),
+            crate::quotas::rate::Windows::of(config),
+        )
+        .map_err(StartError::Quotas)?;
+        let scram = keel_auth::sasl::credentials::ScramCredentials::open_with(
+            Arc::clone(storage),
+            &meta_dir.join("scram"),
+        )
+        .map_err(StartError::Scram)?;
+        let acls = keel_auth::acl::store::AclStore::open_with(Arc::clone(storage), &meta_dir.join("acls"))
+            .map_err(StartError::Acls)?;
+        Ok(Coordinators {
+            groups,
+            txns,
+            quotas,
+            scram,
+            acls,
+        })
+    }
+}
+
+/// The data plane on `storage`, under the configuration in force: the
+/// tail cache and cold reads sized to `memory`, the I/O classes' budgets,
+/// the colder tiers, the mover and the cleaner; this node leads every
+/// partition.
+fn open_data_plane(
+    live: &Arc<LiveConfig>,
+    memory: &MemoryLimit,
+    storage: Arc<dyn Storage>,
+    cluster_id: Arc<str>,
+    clock: Arc<dyn Clock>,
+) -> Result<DataPlane, StartError> {
+    let config = live.get();
+    let data_dir = config.data_dir();
+    let num = |key: &str| u64::try_from(config.num(key)).unwrap_or(0);
+    let cleaner_settings = config.cleaner_settings();
+    let io = Arc::new(IoScheduler::new(Budgets {
+        cold_read: num("keel.cold.read.bytes.per.sec"),
+        tier_move: num("keel.tier.move.bytes.per.sec"),
+        cleaning: cleaner_settings.io_bytes_per_sec,
+    }));
+    let cold = ColdReads::new(
+        Arc::clone(&io),
+        usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
+    )
+    .with_read_ahead_limit(memory.read_ahead_pool_bytes());
+    let read_io = choose_read_io(&config, &data_dir).map_err(io_error(&data_dir))?;
+    let tiers = Tiers::new(&config.capacity_dirs(), config.remote_settings().as_ref())
+        .map_err(io_error(std::path::Path::new(config.get("keel.tier.remote"))))?;
+    for tier in [keel_log::Tier::Capacity, keel_log::Tier::Remote] {
+        if tiers.has(tier) {
+            tracing::info!(tier = tier.name(), at = %tiers.describe(tier), "colder tier");
+        }
+    }
+    let mover = Mover::new(
+        Duration::from_millis(
+            u64::try_from(config.num("keel.tier.check.interval.ms"))
+                .unwrap_or(1000)
+                .max(10),
+        ),
+        config.num("keel.tier.fast.max.bytes"),
+        Duration::from_millis(u64::try_from(config.num("keel.tier.orphan.grace.ms")).unwrap_or(600_000)),
+    );
+    Ok(DataPlane {
+        topics: TopicRegistry::default(),
+        store: TopicStore::new(&data_dir, Arc::clone(&storage)),
+        storage,
+        dir_health: DirHealth::new(&data_dir),
+        tail_cache: TailCache::new(tail_cache_budget(&config, memory)),
+        read_io,
+        cold: Arc::new(cold),
+        io,
+        tiers: Arc::new(tiers),
+        clock,
+        data_dir,
+        cluster_id,
+        policies: Arc::clone(live) as Arc<dyn keel_data::policy::Policies>,
+        mover,
+        cleaner: Cleaner::new(cleaner_settings),
+        leadership: Arc::new(SingleNode {
+            node_id: config.node_id(),
+        }),
+    })
+}
+
 fn choose_read_io(config: &BrokerConfig, data_dir: &std::path::Path) -> std::io::Result<ReadIo> {
     let setting = config.get("keel.io.direct");
     if setting == "off" {
