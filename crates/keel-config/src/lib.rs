@@ -810,6 +810,16 @@ impl BrokerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         self.check_tier_dirs()?;
         keel_auth::acl::settings(self)?;
+        self.check_bounds()?;
+        self.check_consumer_groups()?;
+        self.check_listeners()?;
+        self.check_policies()?;
+        self.compaction(&BTreeMap::new())?;
+        self.topic_log_config(&BTreeMap::new()).map(|_| ())
+    }
+
+    /// Numeric keys within their ranges.
+    fn check_bounds(&self) -> Result<(), ConfigError> {
         if self.num("num.partitions") < 1 {
             return Err(ConfigError {
                 key: "num.partitions".into(),
@@ -857,6 +867,12 @@ impl BrokerConfig {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// The consumer protocol's timeouts within Kafka's bounds, and its
+    /// assignors known.
+    fn check_consumer_groups(&self) -> Result<(), ConfigError> {
         // Kafka's bounds on the consumer protocol's timeouts.
         for (key, min, max) in [
             (
@@ -895,6 +911,12 @@ impl BrokerConfig {
                 reason: format!("{bad}: Keel's assignors are uniform and range"),
             });
         }
+        Ok(())
+    }
+
+    /// The listener map, each TLS listener's keys and the inter-broker
+    /// listener.
+    fn check_listeners(&self) -> Result<(), ConfigError> {
         let listeners = crate::listeners::listeners(self)?;
         for listener in &listeners {
             if listener.protocol.tls() {
@@ -902,6 +924,13 @@ impl BrokerConfig {
             }
         }
         crate::listeners::inter_broker(self, &listeners)?;
+        Ok(())
+    }
+
+    /// The migration policy, the transaction version, the admin endpoint,
+    /// the cleaner's buffers and rate, and the classic groups' session
+    /// bounds.
+    fn check_policies(&self) -> Result<(), ConfigError> {
         let policy = self.get("group.consumer.migration.policy");
         if keel_coord::groups::consumer::MigrationPolicy::parse(policy).is_none() {
             return Err(ConfigError {
@@ -948,8 +977,7 @@ impl BrokerConfig {
                 reason: "must not exceed group.max.session.timeout.ms".into(),
             });
         }
-        self.compaction(&BTreeMap::new())?;
-        self.topic_log_config(&BTreeMap::new()).map(|_| ())
+        Ok(())
     }
 
     /// The fast tier, the capacity dirs and a `file://` object store must

@@ -28,7 +28,9 @@ use crate::group_configs::GROUP_CONFIGS;
 use crate::Broker;
 use keel_config::kafka_configs::{foreign, kafka_broker_config, UpdateMode};
 use keel_config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
+use keel_data::partition::Partition;
 use keel_data::topics::{Topic, TopicMeta};
+use keel_log::LogConfig;
 
 /// What a request asks of one resource.
 enum Edit {
@@ -487,6 +489,68 @@ async fn alter_group(
     Ok(())
 }
 
+/// Whether `configs` turn remote storage off for a topic with `current`;
+/// Kafka allows it only with the remote data deleted
+/// (`remote.log.delete.on.disable=true` in the same change).
+fn disables_remote_storage(
+    broker: &Broker,
+    current: &BTreeMap<String, String>,
+    configs: &BTreeMap<String, String>,
+) -> Result<bool, AdminError> {
+    let flag = |c: &BTreeMap<String, String>, key: &str| {
+        topic_def(key).is_some_and(|d| broker.config().topic_value(c, d) == "true")
+    };
+    let disabling = flag(current, "remote.storage.enable") && !flag(configs, "remote.storage.enable");
+    if disabling && !flag(configs, "remote.log.delete.on.disable") {
+        return Err((
+            ResponseError::InvalidConfig,
+            "It is invalid to disable remote storage without deleting remote data. If you want to \
+             keep the remote data and turn to read only, please set \
+             `remote.storage.enable=true,remote.log.copy.disable=true`. If you want to disable remote \
+             storage and delete all remote data, please set \
+             `remote.storage.enable=false,remote.log.delete.on.disable=true`."
+                .into(),
+        ));
+    }
+    Ok(disabling)
+}
+
+/// The open logs of an altered topic take its new settings (an append in
+/// progress finishes first); with remote storage disabled, its copies
+/// there are marked for deletion. Blocking.
+fn apply_to_open_logs(
+    topic: &str,
+    partitions: &[Arc<Partition>],
+    log_config: &LogConfig,
+    disabling_remote: bool,
+) {
+    for p in partitions {
+        if let Err(e) = p.set_log_config(log_config.clone()) {
+            tracing::warn!(topic, partition = p.index, error = %e, "altered configs not applied to the open log");
+        }
+        if disabling_remote {
+            // The mover deletes what this marks; offsets held only in
+            // the object store are gone from the log now.
+            let discarded = p
+                .with_log(|log| log.discard_tier(keel_log::Tier::Remote))
+                .map_err(std::io::Error::from)
+                .and_then(|r| r);
+            match discarded {
+                Ok(start) => tracing::info!(
+                    topic,
+                    partition = p.index,
+                    log_start_offset = start,
+                    "remote storage disabled: the object store's copies are deleted"
+                ),
+                Err(e) => tracing::warn!(
+                    topic, partition = p.index, error = %e,
+                    "remote storage disabled, but its copies could not be marked for deletion"
+                ),
+            }
+        }
+    }
+}
+
 async fn alter_topic(
     broker: &Arc<Broker>,
     name: &str,
@@ -512,23 +576,7 @@ async fn alter_topic(
         return Err(unknown_key(key));
     }
     let invalid = |e: String| (ResponseError::InvalidConfig, e);
-    // Kafka turns remote storage off only with the remote data deleted
-    // (`remote.log.delete.on.disable=true` in the same change).
-    let flag = |c: &BTreeMap<String, String>, key: &str| {
-        topic_def(key).is_some_and(|d| broker.config().topic_value(c, d) == "true")
-    };
-    let disabling_remote =
-        flag(&topic.meta.configs, "remote.storage.enable") && !flag(&configs, "remote.storage.enable");
-    if disabling_remote && !flag(&configs, "remote.log.delete.on.disable") {
-        return Err(invalid(
-            "It is invalid to disable remote storage without deleting remote data. If you want to \
-             keep the remote data and turn to read only, please set \
-             `remote.storage.enable=true,remote.log.copy.disable=true`. If you want to disable remote \
-             storage and delete all remote data, please set \
-             `remote.storage.enable=false,remote.log.delete.on.disable=true`."
-                .into(),
-        ));
-    }
+    let disabling_remote = disables_remote_storage(broker, &topic.meta.configs, &configs)?;
     broker
         .config()
         .check_topic_overrides(&configs)
@@ -568,29 +616,7 @@ async fn alter_topic(
     // first.
     let topic_name = name.to_string();
     let applied = tokio::task::spawn_blocking(move || {
-        for p in &partitions {
-            if let Err(e) = p.set_log_config(log_config.clone()) {
-                tracing::warn!(topic = %topic_name, partition = p.index, error = %e, "altered configs not applied to the open log");
-            }
-            if disabling_remote {
-                // The mover deletes what this marks; offsets held only in
-                // the object store are gone from the log now.
-                let discarded = p
-                    .with_log(|log| log.discard_tier(keel_log::Tier::Remote))
-                    .map_err(std::io::Error::from)
-                    .and_then(|r| r);
-                match discarded {
-                    Ok(start) => tracing::info!(
-                        topic = %topic_name, partition = p.index, log_start_offset = start,
-                        "remote storage disabled: the object store's copies are deleted"
-                    ),
-                    Err(e) => tracing::warn!(
-                        topic = %topic_name, partition = p.index, error = %e,
-                        "remote storage disabled, but its copies could not be marked for deletion"
-                    ),
-                }
-            }
-        }
+        apply_to_open_logs(&topic_name, &partitions, &log_config, disabling_remote)
     })
     .await;
     if let Err(e) = applied {

@@ -272,6 +272,29 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> Re
         }
     }
     let planned = started.elapsed();
+    let waited = await_cold_reads(targets, cold, &mut results, deadline, started).await;
+    // Held read-ahead may be larger than this fetch's share: the budget
+    // holds for the response in any case.
+    let results = limit_total(
+        results.into_iter().map(|r| r.expect("every target resolved")),
+        total_max,
+    );
+    assemble(targets, results, sources, &waited, planned)
+}
+
+/// Waits for the cold reads (only until `deadline` when the tail cache
+/// already answered something), each into its target's place in
+/// `results`; returns when each one's data arrived.
+async fn await_cold_reads(
+    targets: &[Target],
+    cold: Vec<(
+        usize,
+        tokio::sync::oneshot::Receiver<std::io::Result<bytes::Bytes>>,
+    )>,
+    results: &mut [Option<Result<Chunks, Failure>>],
+    deadline: Instant,
+    started: Instant,
+) -> Vec<Option<std::time::Duration>> {
     let mut waited = vec![None; targets.len()];
     let tail_has_data = results.iter().any(|r| matches!(r, Some(Ok(b)) if !b.is_empty()));
     for (i, rx) in cold {
@@ -296,12 +319,18 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> Re
             Err(_) => Ok(Chunks::default()),
         });
     }
-    // Held read-ahead may be larger than this fetch's share: the budget
-    // holds for the response in any case.
-    let results = limit_total(
-        results.into_iter().map(|r| r.expect("every target resolved")),
-        total_max,
-    );
+    waited
+}
+
+/// The fetch's answer from each target's result, with the trace of where
+/// each read went.
+fn assemble(
+    targets: &[Target],
+    results: Vec<Result<Chunks, Failure>>,
+    mut sources: Vec<Option<Source>>,
+    waited: &[Option<std::time::Duration>],
+    planned: std::time::Duration,
+) -> Read {
     let mut out = Read {
         parts: Vec::with_capacity(targets.len()),
         bytes: 0,

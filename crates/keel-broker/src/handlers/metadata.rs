@@ -213,16 +213,13 @@ pub fn describe_topic_partitions(
     })
 }
 
-fn paged_topic_partitions(
+/// The topics a DescribeTopicPartitions asks for, sorted: those named, or
+/// every topic the client may describe.
+fn requested_names(
     broker: &Broker,
-    req: DescribeTopicPartitionsRequest,
+    req: &DescribeTopicPartitionsRequest,
     may_describe: &dyn Fn(&str, bool) -> bool,
-) -> Result<DescribeTopicPartitionsResponse, (ResponseError, String)> {
-    use describe_topic_partitions_response::{
-        Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
-    };
-    let cap = broker.config().num("max.request.partition.size.limit").max(1);
-    let mut budget = i64::from(req.response_partition_limit).clamp(1, cap);
+) -> Vec<String> {
     let mut names: Vec<String> = if req.topics.is_empty() {
         broker
             .data
@@ -237,25 +234,62 @@ fn paged_topic_partitions(
     };
     names.sort();
     names.dedup();
-    let (first_topic, first_partition) = match &req.cursor {
-        Some(c) => {
-            let topic = c.topic_name.0.to_string();
-            if !req.topics.is_empty() && !names.contains(&topic) {
-                return Err((
-                    ResponseError::InvalidRequest,
-                    format!("the topic list does not contain the cursor's topic {topic}"),
-                ));
-            }
-            if c.partition_index < 0 {
-                return Err((
-                    ResponseError::InvalidRequest,
-                    format!("the cursor's partition {} is negative", c.partition_index),
-                ));
-            }
-            (Some(topic), c.partition_index)
-        }
-        None => (None, 0),
+    names
+}
+
+/// Where the page starts: the cursor's topic and partition, checked as
+/// Kafka checks them.
+fn cursor_start(
+    req: &DescribeTopicPartitionsRequest,
+    names: &[String],
+) -> Result<(Option<String>, i32), (ResponseError, String)> {
+    let Some(c) = &req.cursor else {
+        return Ok((None, 0));
     };
+    let topic = c.topic_name.0.to_string();
+    if !req.topics.is_empty() && !names.contains(&topic) {
+        return Err((
+            ResponseError::InvalidRequest,
+            format!("the topic list does not contain the cursor's topic {topic}"),
+        ));
+    }
+    if c.partition_index < 0 {
+        return Err((
+            ResponseError::InvalidRequest,
+            format!("the cursor's partition {} is negative", c.partition_index),
+        ));
+    }
+    Ok((Some(topic), c.partition_index))
+}
+
+fn describe_partition(
+    broker: &Broker,
+    topic: &Topic,
+    index: i32,
+) -> describe_topic_partitions_response::DescribeTopicPartitionsResponsePartition {
+    let (error, leader, epoch) = leader_of(broker, topic, index);
+    let replicas = replica_ids(broker, topic, index);
+    describe_topic_partitions_response::DescribeTopicPartitionsResponsePartition::default()
+        .with_error_code(error)
+        .with_partition_index(index)
+        .with_leader_id(leader)
+        .with_leader_epoch(epoch)
+        .with_replica_nodes(replicas.clone())
+        .with_isr_nodes(replicas)
+        .with_eligible_leader_replicas(Some(Vec::new()))
+        .with_last_known_elr(Some(Vec::new()))
+}
+
+fn paged_topic_partitions(
+    broker: &Broker,
+    req: DescribeTopicPartitionsRequest,
+    may_describe: &dyn Fn(&str, bool) -> bool,
+) -> Result<DescribeTopicPartitionsResponse, (ResponseError, String)> {
+    use describe_topic_partitions_response::{Cursor, DescribeTopicPartitionsResponseTopic};
+    let cap = broker.config().num("max.request.partition.size.limit").max(1);
+    let mut budget = i64::from(req.response_partition_limit).clamp(1, cap);
+    let names = requested_names(broker, &req, may_describe);
+    let (first_topic, first_partition) = cursor_start(&req, &names)?;
     let mut topics = Vec::new();
     let mut next_cursor = None;
     for name in names
@@ -300,19 +334,7 @@ fn paged_topic_partitions(
                 break;
             }
             budget -= 1;
-            let (error, leader, epoch) = leader_of(broker, &topic, p.index);
-            let replicas = replica_ids(broker, &topic, p.index);
-            partitions.push(
-                DescribeTopicPartitionsResponsePartition::default()
-                    .with_error_code(error)
-                    .with_partition_index(p.index)
-                    .with_leader_id(leader)
-                    .with_leader_epoch(epoch)
-                    .with_replica_nodes(replicas.clone())
-                    .with_isr_nodes(replicas)
-                    .with_eligible_leader_replicas(Some(Vec::new()))
-                    .with_last_known_elr(Some(Vec::new())),
-            );
+            partitions.push(describe_partition(broker, &topic, p.index));
         }
         topics.push(
             DescribeTopicPartitionsResponseTopic::default()
