@@ -49,7 +49,9 @@ use crate::segment::{
     batch_meta, read_header_at, segment_path, SegMeta, SegmentFile, INDEX_SUFFIX, LOG_SUFFIX,
     TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX,
 };
-use crate::storage::{read_file, remove_if_exists, write_all_at, write_atomically, OpenMode, Storage};
+use crate::storage::{
+    read_file, remove_if_exists, write_all_at, write_atomically, OpenMode, Storage, StoredFile,
+};
 use crate::tiered::{Tier, TieredSegment};
 use crate::view::LogReader;
 
@@ -265,6 +267,22 @@ impl Checkpoint {
 
     fn sweeping(&self) -> bool {
         self.suffix_start < self.suffix_end
+    }
+
+    /// The state after a pass that mapped `[map_start, hi)` of its range
+    /// `[lo, hi)` (the dirty section, or the part below this state's
+    /// sweep window): clean up to the window's or the range's end when the
+    /// map reached `lo`, else with a sweep window from `map_start`.
+    fn after_pass(self, lo: i64, map_start: i64, hi: i64) -> Checkpoint {
+        if map_start == lo {
+            Checkpoint::at(if self.sweeping() { self.suffix_end } else { hi })
+        } else {
+            Checkpoint {
+                clean_end: self.clean_end,
+                suffix_start: map_start,
+                suffix_end: if self.sweeping() { self.suffix_end } else { hi },
+            }
+        }
     }
 
     /// Whether the record at `offset` is clean in this state.
@@ -502,6 +520,84 @@ struct Plan {
     hi: i64,
 }
 
+/// What [`CleanSource::write_group`] has written of a group so far.
+struct GroupOutput {
+    base_offset: i64,
+    /// Bytes written: the next batch's position in the file.
+    pos: u64,
+    /// Written bytes not yet handed to the file, from `flushed` on.
+    pending: Vec<u8>,
+    flushed: u64,
+    indexer: Indexer,
+    offset_index: Vec<OffsetEntry>,
+    time_index: Vec<TimeEntry>,
+    first_batch_max_timestamp_ms: Option<i64>,
+    /// A batch was dropped or rewritten.
+    changed: bool,
+    next_offset: i64,
+    records_removed: u64,
+}
+
+impl GroupOutput {
+    fn new(base_offset: i64) -> GroupOutput {
+        GroupOutput {
+            base_offset,
+            pos: 0,
+            pending: Vec::new(),
+            flushed: 0,
+            indexer: Indexer::new(base_offset),
+            offset_index: Vec::new(),
+            time_index: Vec::new(),
+            first_batch_max_timestamp_ms: None,
+            changed: false,
+            next_offset: base_offset,
+            records_removed: 0,
+        }
+    }
+
+    /// Appends a batch the pass keeps (as it was or rewritten), with its
+    /// index entries.
+    fn append(&mut self, bytes: &[u8], index_interval_bytes: u64) -> io::Result<()> {
+        let nh = BatchHeader::parse(bytes).map_err(|e| io::Error::other(e.to_string()))?;
+        self.pending.extend_from_slice(bytes);
+        let (o, t) = self.indexer.on_batch(
+            batch_meta(&nh, self.pos),
+            self.base_offset,
+            index_interval_bytes,
+            self.time_index.last().copied(),
+        );
+        self.offset_index.extend(o);
+        self.time_index.extend(t);
+        self.first_batch_max_timestamp_ms.get_or_insert(nh.max_timestamp);
+        self.next_offset = nh.last_offset() + 1;
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Hands the pending bytes to `out`.
+    fn flush_to(&mut self, out: &dyn StoredFile) -> io::Result<()> {
+        write_all_at(out, &self.pending, self.flushed)?;
+        self.flushed += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// The cleaned group that replaces `group`, written whole at `path`.
+    fn into_cleaned(self, group: &[SegmentRef], path: PathBuf) -> CleanedGroup {
+        CleanedGroup {
+            replaced: group.to_vec(),
+            cleaned_path: path,
+            stored: None,
+            size_bytes: self.pos,
+            next_offset: self.next_offset,
+            offset_index: self.offset_index,
+            time_index: self.time_index,
+            indexer: self.indexer,
+            first_batch_max_timestamp_ms: self.first_batch_max_timestamp_ms,
+        }
+    }
+}
+
 impl CleanSource {
     /// The sealed, durable, undamaged segments a pass may clean (all of
     /// them but the active one), or why there are none.
@@ -696,6 +792,62 @@ impl CleanSource {
         let aborted = AbortedBatches::new(self.view.aborted_txns(first_base, hi));
 
         // 1. The map, newest first.
+        let map_start = self.map_keys(map, &cleanable, &aborted, (lo, hi), budget, &mut stats.bytes_read)?;
+        if map_start >= hi {
+            return Ok(Err(Skip::Unsupported(
+                "the key map holds no key of the newest batch (log.cleaner.dedupe.buffer.size too small)"
+                    .into(),
+            )));
+        }
+        stats.map_entries = map.len();
+        stats.map_start = map_start;
+        stats.map_end = hi;
+
+        // 2. The state after this pass, which decides where tombstones get
+        //    their delete horizon.
+        let next = checkpoint.after_pass(lo, map_start, hi);
+        let decide = Decide {
+            map,
+            aborted: &aborted,
+            producers: &self.producers,
+            map_start,
+            map_end: hi,
+            before: checkpoint,
+            after: next,
+            now_ms: options.now_ms,
+            delete_retention_ms: options.delete_retention_ms,
+        };
+
+        // 3. Every segment below the map's end, in groups, written again.
+        let targets: Vec<SegmentRef> = cleanable.into_iter().filter(|s| s.base_offset < hi).collect();
+        for group in group_segments(&targets, self.segment_bytes) {
+            let Some(cleaned) = self.write_group(group, &decide, budget, &mut stats)? else {
+                continue;
+            };
+            if !self.commit_group(group, cleaned, commit, &mut stats)? {
+                // The log changed under the pass (retention, deletion):
+                // stop; the checkpoint stays where it was.
+                return Ok(Err(Skip::Changed));
+            }
+        }
+        self.fence.run(|| next.write(self.storage.as_ref(), &self.dir))?;
+        stats.checkpoint = next;
+        Ok(Ok(stats))
+    }
+
+    /// Maps the keys of `cleanable` in `[lo, hi)` to their latest offsets,
+    /// newest first, until the map is full, and returns where the mapped
+    /// range starts: every key of `[map_start, hi)` is in the map.
+    /// `bytes_read` counts what it reads, as `budget` is told.
+    fn map_keys(
+        &self,
+        map: &mut KeyMap,
+        cleanable: &[SegmentRef],
+        aborted: &AbortedBatches,
+        (lo, hi): (i64, i64),
+        budget: &mut dyn FnMut(u64),
+        bytes_read: &mut u64,
+    ) -> io::Result<i64> {
         let map_base = lo.max(hi.saturating_sub(i64::from(EMPTY) - 1));
         map.reset_for(map_base, u64::try_from(hi - map_base).unwrap_or(0));
         let mut map_start = map_base;
@@ -708,7 +860,7 @@ impl CleanSource {
             for window in self.windows(seg)?.into_iter().rev() {
                 let batches = self.read_batches(&reader, window)?;
                 budget(window.1 - window.0);
-                stats.bytes_read += window.1 - window.0;
+                *bytes_read += window.1 - window.0;
                 for (h, batch) in batches.iter().rev() {
                     if h.last_offset() < map_base {
                         break 'segments;
@@ -733,80 +885,41 @@ impl CleanSource {
                 }
             }
         }
-        if map_start >= hi {
-            return Ok(Err(Skip::Unsupported(
-                "the key map holds no key of the newest batch (log.cleaner.dedupe.buffer.size too small)"
-                    .into(),
-            )));
-        }
-        stats.map_entries = map.len();
-        stats.map_start = map_start;
-        stats.map_end = hi;
+        Ok(map_start)
+    }
 
-        // 2. The state after this pass, which decides where tombstones get
-        //    their delete horizon.
-        let next = if map_start == lo {
-            Checkpoint::at(if checkpoint.sweeping() {
-                checkpoint.suffix_end
-            } else {
-                hi
-            })
-        } else {
-            Checkpoint {
-                clean_end: checkpoint.clean_end,
-                suffix_start: map_start,
-                suffix_end: if checkpoint.sweeping() {
-                    checkpoint.suffix_end
-                } else {
-                    hi
-                },
-            }
-        };
-        let decide = Decide {
-            map,
-            aborted: &aborted,
-            producers: &self.producers,
-            map_start,
-            map_end: hi,
-            before: checkpoint,
-            after: next,
-            now_ms: options.now_ms,
-            delete_retention_ms: options.delete_retention_ms,
-        };
-
-        // 3. Every segment below the map's end, in groups, written again.
-        let targets: Vec<SegmentRef> = cleanable.into_iter().filter(|s| s.base_offset < hi).collect();
-        for group in group_segments(&targets, self.segment_bytes) {
-            let Some(mut cleaned) = self.write_group(group, &decide, budget, &mut stats)? else {
-                continue;
-            };
-            let old_bytes: u64 = cleaned.replaced.iter().map(|s| s.size_bytes).sum();
-            let new_bytes = cleaned.size_bytes;
-            let path = cleaned.cleaned_path.clone();
-            if let Some(Source::Cold(first)) = group.first().map(|s| &s.source) {
-                let stored = self.store_cold(first.tier, &cleaned);
-                if stored.is_err() {
-                    self.remove(&path)?;
-                }
-                cleaned.stored = Some(stored?);
-            }
-            let stored = cleaned.stored.clone();
-            if commit(cleaned)? {
-                stats.groups_swapped += 1;
-                stats.bytes_reclaimed += old_bytes.saturating_sub(new_bytes);
-            } else {
-                // The log changed under the pass (retention, deletion):
-                // stop; the checkpoint stays where it was.
-                if let Some(stored) = stored {
-                    self.cold_access()?.discard(&stored)?;
-                }
+    /// Hands a cleaned group to `commit`, after storing it in its tier if
+    /// its segments are cold, and counts it in `stats`. Whether `commit`
+    /// swapped it in; if not, the cleaned copy is removed.
+    fn commit_group(
+        &self,
+        group: &[SegmentRef],
+        mut cleaned: CleanedGroup,
+        commit: &mut dyn FnMut(CleanedGroup) -> io::Result<bool>,
+        stats: &mut PassStats,
+    ) -> io::Result<bool> {
+        let old_bytes: u64 = cleaned.replaced.iter().map(|s| s.size_bytes).sum();
+        let new_bytes = cleaned.size_bytes;
+        let path = cleaned.cleaned_path.clone();
+        if let Some(Source::Cold(first)) = group.first().map(|s| &s.source) {
+            let stored = self.store_cold(first.tier, &cleaned);
+            if stored.is_err() {
                 self.remove(&path)?;
-                return Ok(Err(Skip::Changed));
             }
+            cleaned.stored = Some(stored?);
         }
-        self.fence.run(|| next.write(self.storage.as_ref(), &self.dir))?;
-        stats.checkpoint = next;
-        Ok(Ok(stats))
+        let stored = cleaned.stored.clone();
+        if commit(cleaned)? {
+            stats.groups_swapped += 1;
+            stats.bytes_reclaimed += old_bytes.saturating_sub(new_bytes);
+            Ok(true)
+        } else {
+            if let Some(stored) = stored {
+                self.cold_access()?.discard(&stored)?;
+            }
+            self.remove(&path)?;
+            Ok(false)
+        }
     }
 
     /// Writes `group` again as `<base>.log.cleaned`, fsynced and dropped
@@ -825,68 +938,17 @@ impl CleanSource {
         let base = first.base_offset;
         let path = cleaned_path(&self.dir, base);
         let out = self.fence.run(|| self.storage.open(&path, OpenMode::Create))?;
-        let mut pos = 0u64;
-        // Written bytes not yet handed to the file, from `flushed` on.
-        let mut pending: Vec<u8> = Vec::new();
-        let mut flushed = 0u64;
-        let mut indexer = Indexer::new(base);
-        let mut offset_index = Vec::new();
-        let mut time_index: Vec<TimeEntry> = Vec::new();
-        let mut first_ts = None;
-        let mut changed = false;
-        let mut next_offset = base;
-        let mut removed = 0u64;
-        let written = (|| -> io::Result<()> {
-            for (si, seg) in group.iter().enumerate() {
-                let reader = self.reader(seg)?;
-                let windows = self.windows(seg)?;
-                let last_window = windows.len().saturating_sub(1);
-                for (wi, window) in windows.into_iter().enumerate() {
-                    let batches = self.read_batches(&reader, window)?;
-                    budget(window.1 - window.0);
-                    stats.bytes_read += window.1 - window.0;
-                    let last_batch = batches.len().saturating_sub(1);
-                    for (bi, (h, batch)) in batches.iter().enumerate() {
-                        let is_group_end = si + 1 == group.len() && wi == last_window && bi == last_batch;
-                        let rewritten = decide.batch(batch, h, is_group_end)?;
-                        let bytes: &[u8] = match &rewritten {
-                            Rewrite::Same => batch,
-                            Rewrite::Drop { records } => {
-                                changed = true;
-                                removed += records;
-                                continue;
-                            }
-                            Rewrite::New { bytes, removed: r } => {
-                                changed = true;
-                                removed += r;
-                                bytes
-                            }
-                        };
-                        let nh = BatchHeader::parse(bytes).map_err(|e| io::Error::other(e.to_string()))?;
-                        pending.extend_from_slice(bytes);
-                        let (o, t) = indexer.on_batch(
-                            batch_meta(&nh, pos),
-                            base,
-                            self.index_interval_bytes,
-                            time_index.last().copied(),
-                        );
-                        offset_index.extend(o);
-                        time_index.extend(t);
-                        first_ts.get_or_insert(nh.max_timestamp);
-                        next_offset = nh.last_offset() + 1;
-                        pos += bytes.len() as u64;
-                    }
-                    if pending.len() as u64 >= self.read_window {
-                        write_all_at(out.as_ref(), &pending, flushed)?;
-                        flushed += pending.len() as u64;
-                        pending.clear();
-                    }
-                }
-            }
-            write_all_at(out.as_ref(), &pending, flushed)
-        })();
+        let mut output = GroupOutput::new(base);
+        let written = self.write_batches(
+            group,
+            decide,
+            budget,
+            &mut stats.bytes_read,
+            out.as_ref(),
+            &mut output,
+        );
         let done = written.and_then(|()| {
-            if changed || group.len() > 1 {
+            if output.changed || group.len() > 1 {
                 out.sync_data()?;
                 out.drop_cache();
             }
@@ -897,23 +959,60 @@ impl CleanSource {
             let _ = self.remove(&path);
             return Err(e);
         }
-        if !changed && group.len() == 1 {
+        if !output.changed && group.len() == 1 {
             self.remove(&path)?;
             return Ok(None);
         }
-        stats.bytes_written += pos;
-        stats.records_removed += removed;
-        Ok(Some(CleanedGroup {
-            replaced: group.to_vec(),
-            cleaned_path: path,
-            stored: None,
-            size_bytes: pos,
-            next_offset,
-            offset_index,
-            time_index,
-            indexer,
-            first_batch_max_timestamp_ms: first_ts,
-        }))
+        stats.bytes_written += output.pos;
+        stats.records_removed += output.records_removed;
+        Ok(Some(output.into_cleaned(group, path)))
+    }
+
+    /// Reads `group`'s batches in order and writes what `decide` keeps of
+    /// each to `out` through `output`, a read window's worth at a time.
+    /// `bytes_read` counts what it reads, as `budget` is told.
+    fn write_batches(
+        &self,
+        group: &[SegmentRef],
+        decide: &Decide<'_>,
+        budget: &mut dyn FnMut(u64),
+        bytes_read: &mut u64,
+        out: &dyn StoredFile,
+        output: &mut GroupOutput,
+    ) -> io::Result<()> {
+        for (si, seg) in group.iter().enumerate() {
+            let reader = self.reader(seg)?;
+            let windows = self.windows(seg)?;
+            let last_window = windows.len().saturating_sub(1);
+            for (wi, window) in windows.into_iter().enumerate() {
+                let batches = self.read_batches(&reader, window)?;
+                budget(window.1 - window.0);
+                *bytes_read += window.1 - window.0;
+                let last_batch = batches.len().saturating_sub(1);
+                for (bi, (h, batch)) in batches.iter().enumerate() {
+                    let is_group_end = si + 1 == group.len() && wi == last_window && bi == last_batch;
+                    let rewritten = decide.batch(batch, h, is_group_end)?;
+                    let bytes: &[u8] = match &rewritten {
+                        Rewrite::Same => batch,
+                        Rewrite::Drop { records } => {
+                            output.changed = true;
+                            output.records_removed += records;
+                            continue;
+                        }
+                        Rewrite::New { bytes, removed: r } => {
+                            output.changed = true;
+                            output.records_removed += r;
+                            bytes
+                        }
+                    };
+                    output.append(bytes, self.index_interval_bytes)?;
+                }
+                if output.pending.len() as u64 >= self.read_window {
+                    output.flush_to(out)?;
+                }
+            }
+        }
+        write_all_at(out, &output.pending, output.flushed)
     }
 
     /// The batches of one window of a segment, read without leaving it in

@@ -146,25 +146,12 @@ impl PartitionLog {
             path: dir.to_path_buf(),
             source,
         };
-        ensure_dir(storage.as_ref(), dir).map_err(io_err)?;
-        let clean = take_clean_marker(storage.as_ref(), dir).map_err(io_err)?;
-        let mut tiered = read_manifest(storage.as_ref(), dir).map_err(io_err)?;
-        let manifest_changed = recover_tier_moves(dir, &mut tiered);
-        crate::clean::recover_swaps(storage.as_ref(), dir).map_err(io_err)?;
-        let mut listing = list_dir(storage.as_ref(), dir).map_err(io_err)?;
-        let cold_end = tiered.iter().filter(|t| t.is_cold()).map(|t| t.next_offset).max();
-        if let Some(cold_end) = cold_end {
-            // A segment whose colder copy became the only one: a crash
-            // came between the manifest saying so and its deletion.
-            for base in listing.bases.iter().filter(|b| **b < cold_end) {
-                tracing::info!(dir = %dir.display(), base, "finishing deletion of a local copy moved to a colder tier");
-                segment::delete_files(storage.as_ref(), dir, *base).map_err(io_err)?;
-            }
-            listing.bases.retain(|b| *b >= cold_end);
-        }
-        if manifest_changed {
-            write_manifest(storage.as_ref(), dir, &tiered).map_err(io_err)?;
-        }
+        let Repaired {
+            clean,
+            tiered,
+            listing,
+            cold_end,
+        } = repair_dir(storage.as_ref(), dir).map_err(io_err)?;
         let stored_start =
             read_offset_file(storage.as_ref(), &dir.join(LOG_START_OFFSET_FILE)).map_err(io_err)?;
         let recovery_point =
@@ -203,25 +190,47 @@ impl PartitionLog {
         }
         let producer_snapshot =
             newest_snapshot(storage.as_ref(), dir, &listing.snapshots, log_end_offset).map_err(io_err)?;
-        let active_base = segments.last().expect("at least one segment").base_offset;
-        let active = storage
-            .open(&segment_path(dir, active_base, LOG_SUFFIX), OpenMode::Write)
-            .map_err(io_err)?;
-        let durable_through = segments
+        let state = ViewState {
+            segments,
+            tiered,
+            log_start_offset,
+            read_io: config.read_io,
+        };
+        let mut log = PartitionLog::writer(storage, dir, config, state, producer_snapshot).map_err(io_err)?;
+        if let Some(start) = restart_at {
+            tracing::warn!(
+                dir = %dir.display(),
+                log_end_offset,
+                log_start_offset = start,
+                "recovery left the log ending below its start offset; restarting it empty at the start offset"
+            );
+            log.truncate_fully_and_start_at(start).map_err(io_err)?;
+        }
+        Ok(log)
+    }
+
+    /// The writer of the log in `dir` that `state` describes, once
+    /// recovery has loaded its segments: it opens the active segment for
+    /// writing and pins it in the view, and counts everything in the log
+    /// as flushed.
+    fn writer(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        config: LogConfig,
+        state: ViewState,
+        producer_snapshot: Option<(i64, Vec<u8>)>,
+    ) -> io::Result<PartitionLog> {
+        let last = state.segments.last().expect("at least one segment");
+        let log_end_offset = last.next_offset;
+        let active = storage.open(&segment_path(dir, last.base_offset, LOG_SUFFIX), OpenMode::Write)?;
+        let durable_through = state
+            .segments
             .iter()
             .take_while(|s| s.durable)
             .last()
             .map_or(i64::MIN, |s| s.next_offset);
-        let active_file = Arc::clone(&segments.last().expect("at least one segment").file);
-        let view = LogReader::new(
-            dir,
-            ViewState {
-                segments,
-                tiered,
-                log_start_offset,
-                read_io: config.read_io,
-            },
-        );
+        let active_file = Arc::clone(&last.file);
+        let view = LogReader::new(dir, state);
         let pinned = Arc::new(segment::SegmentFile::pinned(
             Arc::clone(&storage),
             active_file.path().to_path_buf(),
@@ -234,7 +243,7 @@ impl PartitionLog {
             view.clone(),
             durable_through,
         ));
-        let mut log = PartitionLog {
+        Ok(PartitionLog {
             dir: dir.to_path_buf(),
             config,
             storage,
@@ -249,17 +258,7 @@ impl PartitionLog {
             failed: None,
             producer_snapshot,
             graveyard: Vec::new(),
-        };
-        if let Some(start) = restart_at {
-            tracing::warn!(
-                dir = %dir.display(),
-                log_end_offset,
-                log_start_offset = start,
-                "recovery left the log ending below its start offset; restarting it empty at the start offset"
-            );
-            log.truncate_fully_and_start_at(start).map_err(io_err)?;
-        }
-        Ok(log)
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -1520,6 +1519,50 @@ impl SealedSegment {
             aborted: self.aborted.clone(),
         }
     }
+}
+
+/// What [`repair_dir`] leaves in a partition directory.
+struct Repaired {
+    /// The clean-shutdown marker was there (it is removed now).
+    clean: bool,
+    /// The tier manifest.
+    tiered: Vec<TieredSegment>,
+    listing: Listing,
+    /// Where the segments read from a colder tier end.
+    cold_end: Option<i64>,
+}
+
+/// Creates `dir` if needed and repairs what a crash may have left in it
+/// before its segments are loaded: takes the clean-shutdown marker, rolls
+/// back interrupted copies to a colder tier, finishes or undoes the
+/// cleaner's interrupted swaps, removes stray files, and deletes the local
+/// copies of segments moved to a colder tier.
+fn repair_dir(storage: &dyn Storage, dir: &Path) -> io::Result<Repaired> {
+    ensure_dir(storage, dir)?;
+    let clean = take_clean_marker(storage, dir)?;
+    let mut tiered = read_manifest(storage, dir)?;
+    let manifest_changed = recover_tier_moves(dir, &mut tiered);
+    crate::clean::recover_swaps(storage, dir)?;
+    let mut listing = list_dir(storage, dir)?;
+    let cold_end = tiered.iter().filter(|t| t.is_cold()).map(|t| t.next_offset).max();
+    if let Some(cold_end) = cold_end {
+        // A segment whose colder copy became the only one: a crash
+        // came between the manifest saying so and its deletion.
+        for base in listing.bases.iter().filter(|b| **b < cold_end) {
+            tracing::info!(dir = %dir.display(), base, "finishing deletion of a local copy moved to a colder tier");
+            segment::delete_files(storage, dir, *base)?;
+        }
+        listing.bases.retain(|b| *b >= cold_end);
+    }
+    if manifest_changed {
+        write_manifest(storage, dir, &tiered)?;
+    }
+    Ok(Repaired {
+        clean,
+        tiered,
+        listing,
+        cold_end,
+    })
 }
 
 /// Start-up half of the tier lifecycle: a copy that was being made when the

@@ -29,7 +29,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use keel_auth::sasl::Gate;
+use keel_auth::sasl::{ConnectionAuth, Gate};
 use keel_broker::trace::{self, RequestTrace, Stage};
 use keel_broker::{Broker, ClientInfo, Reply};
 use keel_protocol::frame::{request_size, token_size, FrameError, FRAME_PREFIX_BYTES};
@@ -147,25 +147,72 @@ pub async fn serve(
     limits: Limits,
 ) -> Result<(), String> {
     let tls = matches!(stream, Transport::Tls(_));
-    let (mut read, write) = stream.split();
-    let mut write = Some(write);
-    let mut inbox = Inbox::default();
-    let mut flight: VecDeque<InFlight> = VecDeque::new();
-    // Until when a quota's throttle time mutes the connection.
-    let mut muted_until: Option<Instant> = None;
-    let mut wanting = Wanting::default();
+    let (read, write) = stream.split();
+    let mut connection = Connection {
+        broker,
+        client,
+        peer,
+        limits,
+        tls,
+        wanting: Wanting::default(),
+        muted_until: None,
+        flight: VecDeque::new(),
+        inbox: Inbox::default(),
+        write: Some(write),
+        read,
+    };
     loop {
-        // Responses that are ready, in request order.
-        while let Some(reply) = flight.front_mut().and_then(|f| f.done.take()) {
-            let done = flight.pop_front().expect("the front was just looked at");
+        connection.send_ready_replies().await?;
+        if connection.muted_until.is_some_and(|m| m <= Instant::now()) {
+            connection.muted_until = None;
+        }
+        connection.start_frames().await?;
+        if connection.flight.front().is_some_and(|f| f.done.is_some()) {
+            continue;
+        }
+        if connection.flight.is_empty() && connection.inbox.eof {
+            return connection.inbox.closed();
+        }
+        connection.wait().await?;
+    }
+}
+
+/// What [`serve`] holds for one connection. Its methods are the steps of
+/// serve's loop; an error they return ends the connection for that reason.
+struct Connection<'a> {
+    broker: &'a Arc<Broker>,
+    client: &'a ClientInfo,
+    peer: SocketAddr,
+    limits: Limits,
+    /// Whether the connection is a TLS stream (an SSL listener's).
+    tls: bool,
+    // The fields below drop in this order: the requests in flight before
+    // the socket's halves.
+    wanting: Wanting,
+    /// Until when a quota's throttle time mutes the connection.
+    muted_until: Option<Instant>,
+    /// The requests started and not yet answered, in request order.
+    flight: VecDeque<InFlight<'a>>,
+    inbox: Inbox,
+    /// Lent to a bulk thread while it writes a large response ([`send`]).
+    write: Option<Writer>,
+    read: Reader,
+}
+
+impl<'a> Connection<'a> {
+    /// Sends the responses that are ready, in request order, and mutes the
+    /// connection for the throttle time they carry.
+    async fn send_ready_replies(&mut self) -> Result<(), String> {
+        while let Some(reply) = self.flight.front_mut().and_then(|f| f.done.take()) {
+            let done = self.flight.pop_front().expect("the front was just looked at");
             match reply {
                 Reply::Frame(bytes) => {
                     let sending = Instant::now();
-                    send(&mut write, bytes, broker.data.cold.bulk())
+                    send(&mut self.write, bytes, self.broker.data.cold.bulk())
                         .await
                         .map_err(|e| e.to_string())?;
                     done.trace.add(Stage::Send, sending.elapsed());
-                    wanting.pause();
+                    self.wanting.pause();
                 }
                 Reply::Nothing => {}
                 Reply::Close(reason) => {
@@ -174,134 +221,174 @@ pub async fn serve(
                 }
                 Reply::Refused(reason) => return Err(reason),
                 Reply::FrameThenClose { frame, delay, reason } => {
-                    return answer_and_close(&mut write, frame, delay, reason, broker).await;
+                    return Err(answer_and_close(&mut self.write, frame, delay, reason, self.broker).await);
                 }
             }
             let throttle = done.trace.throttle_ms();
             if throttle > 0 {
                 let until = Instant::now() + Duration::from_millis(u64::from(throttle));
-                muted_until = Some(muted_until.map_or(until, |m| m.max(until)));
+                self.muted_until = Some(self.muted_until.map_or(until, |m| m.max(until)));
             }
-            broker.metrics.finish(&done.trace, &broker.data.store);
+            self.broker.metrics.finish(&done.trace, &self.broker.data.store);
         }
-        if muted_until.is_some_and(|m| m <= Instant::now()) {
-            muted_until = None;
-        }
-        // Frames the connection may start now.
-        while let Some(len) = match muted_until {
-            Some(_) => None,
-            None => inbox
-                .complete_frame(frame_limit(client, limits))
-                .map_err(|e| refuse(e, &inbox.buf, tls))?,
-        } {
-            if !admits(&flight, inbox.api_key(), len) {
+        Ok(())
+    }
+
+    /// Starts the frames that have arrived whole, in order, while the
+    /// requests in flight let them ([`admits`]) and no quota mutes the
+    /// connection.
+    async fn start_frames(&mut self) -> Result<(), String> {
+        while let Some(len) = self.next_frame()? {
+            if !admits(&self.flight, self.inbox.api_key(), len) {
                 break;
             }
-            let arrived = inbox.take(len);
-            if let Some(auth) = &client.sasl {
-                match auth.gate(inbox_api_key(&arrived.body), Instant::now()) {
-                    Gate::Pass => {}
-                    Gate::RawToken => {
-                        // Nothing is in flight: a bare token follows a
-                        // handshake that was answered.
-                        let answer = auth.lock().token(&arrived.body, true, Instant::now());
-                        let frame = if answer.error.is_some() {
-                            // A v0 exchange has no way to say why.
-                            Bytes::new()
-                        } else {
-                            raw_token_frame(&answer.bytes)
-                        };
-                        match broker.sasl_outcome(frame, answer.next, client) {
-                            Reply::Frame(bytes) => send(&mut write, bytes, broker.data.cold.bulk())
-                                .await
-                                .map_err(|e| e.to_string())?,
-                            Reply::FrameThenClose { frame, delay, reason } => {
-                                return answer_and_close(&mut write, frame, delay, reason, broker).await
-                            }
-                            Reply::Nothing => {}
-                            Reply::Close(reason) | Reply::Refused(reason) => return Err(reason),
-                        }
-                        continue;
-                    }
-                    Gate::Expired => {
-                        broker.metrics.session_expired(&client.listener);
-                        let reason =
-                            "the SASL session expired without re-authentication (connections.max.reauth.ms)";
-                        tracing::info!(listener = %client.listener, %peer, %reason, "closing a SASL connection");
-                        return Err(reason.into());
-                    }
-                    Gate::Close(reason) => {
-                        broker.metrics.authentication_failed(&client.listener);
-                        tracing::info!(listener = %client.listener, %peer, %reason, "closing a SASL connection");
-                        return Err(reason);
-                    }
-                }
+            let arrived = self.inbox.take(len);
+            if !self.pass_sasl_gate(&arrived.body).await? {
+                continue;
             }
-            let frame = RequestFrame::parse(arrived.body).map_err(|e| e.to_string())?;
-            // When the kernel had the bytes that completed the frame: a
-            // frame read whole was at the broker before Keel read it, and
-            // its trace starts then; the upload ends then.
-            let last_received = arrived
-                .socket_wait
-                .and_then(|w| arrived.complete.checked_sub(w))
-                .unwrap_or(arrived.complete);
-            let received = last_received.min(arrived.first_byte);
-            let trace = Arc::new(RequestTrace::new(
-                frame.api_key,
-                frame.api_version,
-                frame.correlation_id,
-                peer,
-                received,
-            ));
-            if let Some(user) = client.principal() {
-                trace.set_user(user);
+            let (frame, trace) = self.parse_and_trace(arrived)?;
+            self.start(frame, trace, len).await;
+        }
+        Ok(())
+    }
+
+    /// The size of the first frame in the inbox once all of it has
+    /// arrived, unless a quota mutes the connection. A size that cannot
+    /// be answered is an error.
+    fn next_frame(&self) -> Result<Option<usize>, String> {
+        match self.muted_until {
+            Some(_) => Ok(None),
+            None => self
+                .inbox
+                .complete_frame(frame_limit(self.client, self.limits))
+                .map_err(|e| refuse(e, &self.inbox.buf, self.tls)),
+        }
+    }
+
+    /// Whether a frame is a request to handle (always, off a SASL
+    /// listener), or was a bare SASL token and has been answered here.
+    async fn pass_sasl_gate(&mut self, body: &[u8]) -> Result<bool, String> {
+        let client = self.client;
+        let Some(auth) = &client.sasl else {
+            return Ok(true);
+        };
+        match auth.gate(inbox_api_key(body), Instant::now()) {
+            Gate::Pass => Ok(true),
+            Gate::RawToken => {
+                // Nothing is in flight: a bare token follows a handshake
+                // that was answered.
+                self.answer_raw_token(auth, body).await?;
+                Ok(false)
             }
-            if let Some(waited) = arrived.socket_wait {
-                trace.add(Stage::Socket, waited);
+            Gate::Expired => {
+                self.broker.metrics.session_expired(&client.listener);
+                let reason = "the SASL session expired without re-authentication (connections.max.reauth.ms)";
+                tracing::info!(listener = %client.listener, peer = %self.peer, %reason, "closing a SASL connection");
+                Err(reason.into())
             }
-            trace.add(
-                Stage::Receive,
-                last_received.saturating_duration_since(arrived.first_byte),
-            );
-            trace.add(Stage::Connection, arrived.complete.elapsed());
-            let mut reply: Pin<Box<dyn Future<Output = Reply> + Send + '_>> =
-                Box::pin(trace::scope(Arc::clone(&trace), broker.handle(frame, client)));
-            // Polled once now: a Produce queues its appends here, before
-            // the next frame may start.
-            let done = poll_fn(|cx| Poll::Ready(poll_reply(&mut reply, &trace, cx))).await;
-            flight.push_back(InFlight {
-                trace,
-                bytes: len,
-                reply,
-                done,
-            });
+            Gate::Close(reason) => {
+                self.broker.metrics.authentication_failed(&client.listener);
+                tracing::info!(listener = %client.listener, peer = %self.peer, %reason, "closing a SASL connection");
+                Err(reason)
+            }
         }
-        if flight.front().is_some_and(|f| f.done.is_some()) {
-            continue;
+    }
+
+    /// Answers a bare SASL token, which follows a v0 handshake.
+    async fn answer_raw_token(&mut self, auth: &ConnectionAuth, token: &[u8]) -> Result<(), String> {
+        let answer = auth.lock().token(token, true, Instant::now());
+        let frame = if answer.error.is_some() {
+            // A v0 exchange has no way to say why.
+            Bytes::new()
+        } else {
+            raw_token_frame(&answer.bytes)
+        };
+        match self.broker.sasl_outcome(frame, answer.next, self.client) {
+            Reply::Frame(bytes) => send(&mut self.write, bytes, self.broker.data.cold.bulk())
+                .await
+                .map_err(|e| e.to_string()),
+            Reply::FrameThenClose { frame, delay, reason } => {
+                Err(answer_and_close(&mut self.write, frame, delay, reason, self.broker).await)
+            }
+            Reply::Nothing => Ok(()),
+            Reply::Close(reason) | Reply::Refused(reason) => Err(reason),
         }
-        if flight.is_empty() && inbox.eof {
-            return inbox.closed();
+    }
+
+    /// Parses a frame and begins its trace, with the time its bytes spent
+    /// in the socket and in arriving.
+    fn parse_and_trace(&self, arrived: Arrived) -> Result<(RequestFrame, Arc<RequestTrace>), String> {
+        let frame = RequestFrame::parse(arrived.body).map_err(|e| e.to_string())?;
+        // When the kernel had the bytes that completed the frame: a
+        // frame read whole was at the broker before Keel read it, and
+        // its trace starts then; the upload ends then.
+        let last_received = arrived
+            .socket_wait
+            .and_then(|w| arrived.complete.checked_sub(w))
+            .unwrap_or(arrived.complete);
+        let received = last_received.min(arrived.first_byte);
+        let trace = Arc::new(RequestTrace::new(
+            frame.api_key,
+            frame.api_version,
+            frame.correlation_id,
+            self.peer,
+            received,
+        ));
+        if let Some(user) = self.client.principal() {
+            trace.set_user(user);
         }
-        // Wait for bytes (unless a whole frame already waits its turn), for
-        // a request in flight to finish, or for the idle limit.
-        let read_more = muted_until.is_none()
-            && !inbox.eof
-            && inbox.complete_frame(frame_limit(client, limits)) == Ok(None);
+        if let Some(waited) = arrived.socket_wait {
+            trace.add(Stage::Socket, waited);
+        }
+        trace.add(
+            Stage::Receive,
+            last_received.saturating_duration_since(arrived.first_byte),
+        );
+        trace.add(Stage::Connection, arrived.complete.elapsed());
+        Ok((frame, trace))
+    }
+
+    /// Hands a request of `bytes` bytes to the broker and puts it in
+    /// flight.
+    async fn start(&mut self, frame: RequestFrame, trace: Arc<RequestTrace>, bytes: usize) {
+        let (broker, client) = (self.broker, self.client);
+        let mut reply: Pin<Box<dyn Future<Output = Reply> + Send + 'a>> =
+            Box::pin(trace::scope(Arc::clone(&trace), broker.handle(frame, client)));
+        // Polled once now: a Produce queues its appends here, before
+        // the next frame may start.
+        let done = poll_fn(|cx| Poll::Ready(poll_reply(&mut reply, &trace, cx))).await;
+        self.flight.push_back(InFlight {
+            trace,
+            bytes,
+            reply,
+            done,
+        });
+    }
+
+    /// Waits for bytes (unless a whole frame already waits its turn), for
+    /// a request in flight to finish, for a quota's mute to end, or for
+    /// the idle limit.
+    async fn wait(&mut self) -> Result<(), String> {
+        let read_more = self.muted_until.is_none()
+            && !self.inbox.eof
+            && self.inbox.complete_frame(frame_limit(self.client, self.limits)) == Ok(None);
         // Worked out here: select! evaluates a disabled branch's future too.
-        let wanted_since = wanting.update(read_more, Instant::now());
-        let working = flight.iter().any(|f| f.done.is_none());
-        let idle = if flight.is_empty() && inbox.buf.is_empty() && muted_until.is_none() {
-            limits.idle
+        let wanted_since = self.wanting.update(read_more, Instant::now());
+        let working = self.flight.iter().any(|f| f.done.is_none());
+        let idle = if self.flight.is_empty() && self.inbox.buf.is_empty() && self.muted_until.is_none() {
+            self.limits.idle
         } else {
             None
         };
+        let muted_until = self.muted_until;
         tokio::select! {
             biased;
-            () = progress(&mut flight), if working => {}
+            () = progress(&mut self.flight), if working => {}
             () = sleep_or_never(muted_until.map(|m| m.saturating_duration_since(Instant::now()))), if muted_until.is_some() => {}
-            got = inbox.fill(&mut read, wanted_since), if read_more => got.map_err(|e| e.to_string())?,
+            got = self.inbox.fill(&mut self.read, wanted_since), if read_more => got.map_err(|e| e.to_string())?,
             () = sleep_or_never(idle) => return Err("idle past connections.max.idle.ms".into()),
         }
+        Ok(())
     }
 }
 
@@ -370,15 +457,15 @@ fn raw_token_frame(token: &[u8]) -> Bytes {
 }
 
 /// Sends a last answer after `delay` (a failed authentication's, which
-/// Kafka holds back to slow down password guessing), and ends the
-/// connection for `reason`.
+/// Kafka holds back to slow down password guessing), and closes the
+/// connection: returns `reason`, the error the connection ends with.
 async fn answer_and_close(
     write: &mut Option<Writer>,
     frame: Bytes,
     delay: Duration,
     reason: String,
     broker: &Broker,
-) -> Result<(), String> {
+) -> String {
     tokio::time::sleep(delay).await;
     if !frame.is_empty() {
         // The client may be gone already; the close is what matters.
@@ -387,7 +474,7 @@ async fn answer_and_close(
     if let Some(Writer::Tls(half)) = write.as_mut() {
         let _ = half.shutdown().await;
     }
-    Err(reason)
+    reason
 }
 
 fn refuse(e: FrameError, buf: &[u8], tls: bool) -> String {

@@ -207,10 +207,24 @@ fn percent(part: Option<u64>, whole: Option<u64>) -> String {
 /// The human table: the tail cache, where fetched bytes came from, and the
 /// same per partition.
 pub fn render(stats: &Value) -> String {
+    let mut out = String::new();
+    render_tail_cache(stats, &mut out);
+    render_tiers(stats, &mut out);
+    let partitions = stats.get("partitions").and_then(Value::as_array);
+    let Some(partitions) = partitions.filter(|p| !p.is_empty()) else {
+        out.push_str("\nno partitions\n");
+        return out;
+    };
+    render_partitions(partitions, &mut out);
+    render_cleaner(stats, partitions, &mut out);
+    out
+}
+
+/// The tail cache's use, and how much of what was fetched it served.
+fn render_tail_cache(stats: &Value, out: &mut String) {
     let tail = |key| num(stats, &["tail_cache", key]);
     let (hit_bytes, cold_bytes) = (tail("hit_bytes"), num(stats, &["cold_reads", "bytes"]));
     let fetched = hit_bytes.zip(cold_bytes).map(|(h, c)| h + c);
-    let mut out = String::new();
     let _ = writeln!(
         out,
         "tail cache   budget {}, used {} ({}), {} batches",
@@ -235,6 +249,11 @@ pub fn render(stats: &Value) -> String {
         count(num(stats, &["cold_reads", "reads"])),
         percent(hit_bytes, fetched),
     );
+}
+
+/// The colder tiers' traffic and the fast tier's budget, when the broker
+/// has a colder tier.
+fn render_tiers(stats: &Value, out: &mut String) {
     let tier = |key| num(stats, &["tiers", key]);
     let tier_name = |key| {
         stats
@@ -242,44 +261,45 @@ pub fn render(stats: &Value) -> String {
             .and_then(|t| t.get(key))
             .and_then(Value::as_str)
     };
-    if let Some(place) = tier_name("capacity").or(tier_name("remote")) {
-        let _ = writeln!(
-            out,
-            "tiers        {}{}: copied {} ({} copies, {} failed), read {}, deleted {}",
-            place,
-            tier_name("remote")
-                .filter(|_| tier_name("capacity").is_some())
-                .map_or(String::new(), |r| format!(" and {r}")),
-            bytes(tier("copied_bytes")),
-            count(tier("copies")),
-            count(tier("copy_failures")),
-            bytes(tier("read_bytes")),
-            count(tier("deletes")),
-        );
-        let _ = writeln!(
-            out,
-            "             fast tier {} of budget {}{}, fs {} free",
-            bytes(tier("fast_bytes")),
-            stats["tiers"]["fast_max_bytes"]
-                .as_i64()
-                .filter(|b| *b >= 0)
-                .map_or("unlimited".into(), |b| bytes(Some(b as u64))),
-            if stats["tiers"]["fast_over_budget"].as_bool() == Some(true) {
-                " (OVER)"
-            } else {
-                ""
-            },
-            bytes(tier("fast_fs_free_bytes")),
-        );
-        if let Some(e) = tier_name("last_error") {
-            let _ = writeln!(out, "             last error: {e}");
-        }
-    }
-    let partitions = stats.get("partitions").and_then(Value::as_array);
-    let Some(partitions) = partitions.filter(|p| !p.is_empty()) else {
-        out.push_str("\nno partitions\n");
-        return out;
+    let Some(place) = tier_name("capacity").or(tier_name("remote")) else {
+        return;
     };
+    let _ = writeln!(
+        out,
+        "tiers        {}{}: copied {} ({} copies, {} failed), read {}, deleted {}",
+        place,
+        tier_name("remote")
+            .filter(|_| tier_name("capacity").is_some())
+            .map_or(String::new(), |r| format!(" and {r}")),
+        bytes(tier("copied_bytes")),
+        count(tier("copies")),
+        count(tier("copy_failures")),
+        bytes(tier("read_bytes")),
+        count(tier("deletes")),
+    );
+    let _ = writeln!(
+        out,
+        "             fast tier {} of budget {}{}, fs {} free",
+        bytes(tier("fast_bytes")),
+        stats["tiers"]["fast_max_bytes"]
+            .as_i64()
+            .filter(|b| *b >= 0)
+            .map_or("unlimited".into(), |b| bytes(Some(b as u64))),
+        if stats["tiers"]["fast_over_budget"].as_bool() == Some(true) {
+            " (OVER)"
+        } else {
+            ""
+        },
+        bytes(tier("fast_fs_free_bytes")),
+    );
+    if let Some(e) = tier_name("last_error") {
+        let _ = writeln!(out, "             last error: {e}");
+    }
+}
+
+/// A row per partition: its offsets, what its reads came from and where
+/// its data is.
+fn render_partitions(partitions: &[Value], out: &mut String) {
     let rows: Vec<Vec<String>> = partitions
         .iter()
         .map(|p| {
@@ -310,8 +330,6 @@ pub fn render(stats: &Value) -> String {
         ],
         &rows,
     ));
-    render_cleaner(stats, partitions, &mut out);
-    out
 }
 
 /// The cleaner's totals and a row per compacted partition, when there are

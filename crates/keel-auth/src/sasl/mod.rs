@@ -486,64 +486,28 @@ impl Authenticator {
             );
         }
         let mechanism = *mechanism;
-        let failed = |reason: &str| {
-            let message = if mechanism == PLAIN {
-                "Authentication failed: Invalid username or password".to_string()
-            } else {
-                format!(
-                    "Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
-                )
-            };
-            TokenAnswer::refused(
-                ResponseError::SaslAuthenticationFailed,
-                message,
-                Next::Fail(reason.to_string()),
-            )
-        };
-        // rsasl 2.3's SCRAM parser indexes attributes without checking
-        // their length, so a SCRAM message is checked against RFC 5802's
-        // shape first: a hostile token fails its exchange before the
-        // parser sees it.
-        if mechanism.starts_with("SCRAM-") {
-            if let Err(why) = scram_shape(token, *first) {
-                return failed(&format!("{mechanism}: malformed message: {why}"));
-            }
+        match step_exchange(session, mechanism, first, token) {
+            Ok(Stepped::Running(bytes)) => TokenAnswer {
+                error: None,
+                bytes,
+                session_lifetime_ms: 0,
+                next: Next::Continue,
+            },
+            Ok(Stepped::Finished { user, bytes }) => self.open_session(user, mechanism, bytes, now),
+            Err(answer) => answer,
         }
-        *first = false;
-        let mut out = Vec::new();
-        // Should the parser still panic on a message of the right shape,
-        // the exchange fails and the connection's task goes on.
-        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            session.step(Some(token), &mut out)
-        }));
-        let outcome = match step {
-            Err(_) => {
-                return failed(&format!("{mechanism}: the SASL library failed on the message"));
-            }
-            Ok(Err(e)) => {
-                return failed(&format!("{mechanism}: {e}"));
-            }
-            Ok(Ok(StepState::Running)) => {
-                return TokenAnswer {
-                    error: None,
-                    bytes: out,
-                    session_lifetime_ms: 0,
-                    next: Next::Continue,
-                }
-            }
-            Ok(Ok(StepState::Finished(_))) => session.validation(),
-        };
-        let user = match outcome {
-            Some(Ok(user)) => user,
-            Some(Err(message)) => {
-                return TokenAnswer::refused(
-                    ResponseError::SaslAuthenticationFailed,
-                    message,
-                    Next::Fail(format!("{mechanism}: {message}")),
-                )
-            }
-            None => return failed(&format!("{mechanism}: invalid credentials")),
-        };
+    }
+
+    /// Opens the session of `user`, whom `mechanism`'s exchange validated
+    /// at `now`, and answers the exchange's last token with `bytes`. A
+    /// re-authentication as another user fails.
+    fn open_session(
+        &mut self,
+        user: Arc<str>,
+        mechanism: &'static str,
+        bytes: Vec<u8>,
+        now: Instant,
+    ) -> TokenAnswer {
         if let Some(previous) = &self.session {
             if previous.user != user {
                 return TokenAnswer::refused(
@@ -565,11 +529,92 @@ impl Authenticator {
         self.exchange = Exchange::Done;
         TokenAnswer {
             error: None,
-            bytes: out,
+            bytes,
             session_lifetime_ms: reauth.map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
             next: Next::Authenticated,
         }
     }
+}
+
+/// Where a mechanism's exchange stands after a client token.
+enum Stepped {
+    /// It wants another token; `bytes` answer this one.
+    Running(Vec<u8>),
+    /// The client proved to be `user`; `bytes` answer its last token.
+    Finished { user: Arc<str>, bytes: Vec<u8> },
+}
+
+/// Hands a client token to the exchange's `session` of `mechanism`
+/// (`first`: whether it is the exchange's first token; it is not after
+/// this one). The error is the answer to a token that fails the exchange.
+fn step_exchange(
+    session: &mut Session<Validated>,
+    mechanism: &'static str,
+    first: &mut bool,
+    token: &[u8],
+) -> Result<Stepped, TokenAnswer> {
+    // rsasl 2.3's SCRAM parser indexes attributes without checking
+    // their length, so a SCRAM message is checked against RFC 5802's
+    // shape first: a hostile token fails its exchange before the
+    // parser sees it.
+    if mechanism.starts_with("SCRAM-") {
+        if let Err(why) = scram_shape(token, *first) {
+            return Err(authentication_failed(
+                mechanism,
+                &format!("{mechanism}: malformed message: {why}"),
+            ));
+        }
+    }
+    *first = false;
+    let mut out = Vec::new();
+    // Should the parser still panic on a message of the right shape,
+    // the exchange fails and the connection's task goes on.
+    let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        session.step(Some(token), &mut out)
+    }));
+    let outcome = match step {
+        Err(_) => {
+            return Err(authentication_failed(
+                mechanism,
+                &format!("{mechanism}: the SASL library failed on the message"),
+            ));
+        }
+        Ok(Err(e)) => {
+            return Err(authentication_failed(mechanism, &format!("{mechanism}: {e}")));
+        }
+        Ok(Ok(StepState::Running)) => return Ok(Stepped::Running(out)),
+        Ok(Ok(StepState::Finished(_))) => session.validation(),
+    };
+    match outcome {
+        Some(Ok(user)) => Ok(Stepped::Finished { user, bytes: out }),
+        Some(Err(message)) => Err(TokenAnswer::refused(
+            ResponseError::SaslAuthenticationFailed,
+            message,
+            Next::Fail(format!("{mechanism}: {message}")),
+        )),
+        None => Err(authentication_failed(
+            mechanism,
+            &format!("{mechanism}: invalid credentials"),
+        )),
+    }
+}
+
+/// The answer to a token that failed `mechanism`'s exchange: Kafka's
+/// message for the mechanism, which does not say why; `reason` is for
+/// the log.
+fn authentication_failed(mechanism: &str, reason: &str) -> TokenAnswer {
+    let message = if mechanism == PLAIN {
+        "Authentication failed: Invalid username or password".to_string()
+    } else {
+        format!(
+            "Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+        )
+    };
+    TokenAnswer::refused(
+        ResponseError::SaslAuthenticationFailed,
+        message,
+        Next::Fail(reason.to_string()),
+    )
 }
 
 /// What a connection does with a frame before handling it.

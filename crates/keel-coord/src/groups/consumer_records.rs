@@ -388,46 +388,7 @@ pub(crate) fn decode(
             }
             ConsumerValue::Epoch { epoch, metadata_hash }
         }
-        ConsumerKey::Member(_) => {
-            let instance_id = compact_opt_str(&mut r)?;
-            let rack_id = compact_opt_str(&mut r)?;
-            let client_id = compact_str(&mut r)?;
-            let client_host = compact_str(&mut r)?;
-            let mut subscribed_names = Vec::new();
-            for _ in 0..compact_len(&mut r)?.unwrap_or(0) {
-                subscribed_names.push(compact_str(&mut r)?);
-            }
-            let subscribed_regex = compact_opt_str(&mut r)?;
-            let rebalance_timeout_ms = r.i32()?;
-            let server_assignor = compact_opt_str(&mut r)?;
-            let mut classic = None;
-            for (tag, data) in tagged(&mut r)? {
-                if tag != 0 {
-                    continue;
-                }
-                let mut c = Reader(data);
-                let session_timeout_ms = c.i32()?;
-                let mut protocols = Vec::new();
-                for _ in 0..compact_len(&mut c)?.unwrap_or(0) {
-                    let name = compact_str(&mut c)?;
-                    let metadata = compact_bytes(&mut c)?;
-                    tagged(&mut c)?;
-                    protocols.push((name, metadata));
-                }
-                classic = Some((session_timeout_ms, protocols));
-            }
-            ConsumerValue::Member(MemberMetadata {
-                instance_id,
-                rack_id,
-                client_id,
-                client_host,
-                subscribed_names,
-                subscribed_regex,
-                rebalance_timeout_ms,
-                server_assignor,
-                classic,
-            })
-        }
+        ConsumerKey::Member(_) => ConsumerValue::Member(member_metadata(&mut r)?),
         ConsumerKey::TargetEpoch => {
             let e = r.i32()?;
             tagged(&mut r)?;
@@ -438,23 +399,75 @@ pub(crate) fn decode(
             tagged(&mut r)?;
             ConsumerValue::Target(a)
         }
-        ConsumerKey::Current(_) => {
-            let epoch = r.i32()?;
-            let previous_epoch = r.i32()?;
-            let state = r.i8()?;
-            let assigned = assignment(&mut r)?;
-            let revoking = assignment(&mut r)?;
-            tagged(&mut r)?;
-            ConsumerValue::Current(CurrentAssignment {
-                epoch,
-                previous_epoch,
-                state,
-                assigned,
-                revoking,
-            })
-        }
+        ConsumerKey::Current(_) => ConsumerValue::Current(current_assignment(&mut r)?),
     };
     Ok(record(&group, key, Some(value)))
+}
+
+/// A `ConsumerGroupMemberMetadataValue` after its version, tagged fields
+/// included.
+fn member_metadata(r: &mut Reader) -> Result<MemberMetadata, RecordError> {
+    let instance_id = compact_opt_str(r)?;
+    let rack_id = compact_opt_str(r)?;
+    let client_id = compact_str(r)?;
+    let client_host = compact_str(r)?;
+    let mut subscribed_names = Vec::new();
+    for _ in 0..compact_len(r)?.unwrap_or(0) {
+        subscribed_names.push(compact_str(r)?);
+    }
+    let subscribed_regex = compact_opt_str(r)?;
+    let rebalance_timeout_ms = r.i32()?;
+    let server_assignor = compact_opt_str(r)?;
+    let mut classic = None;
+    for (tag, data) in tagged(r)? {
+        if tag == 0 {
+            classic = Some(classic_member_metadata(data)?);
+        }
+    }
+    Ok(MemberMetadata {
+        instance_id,
+        rack_id,
+        client_id,
+        client_host,
+        subscribed_names,
+        subscribed_regex,
+        rebalance_timeout_ms,
+        server_assignor,
+        classic,
+    })
+}
+
+/// A member metadata value's tag 0 (ClassicMemberMetadata): the classic
+/// member's session timeout and its strategies' names and metadata.
+fn classic_member_metadata(data: &[u8]) -> Result<(i32, Vec<(String, Bytes)>), RecordError> {
+    let mut c = Reader(data);
+    let session_timeout_ms = c.i32()?;
+    let mut protocols = Vec::new();
+    for _ in 0..compact_len(&mut c)?.unwrap_or(0) {
+        let name = compact_str(&mut c)?;
+        let metadata = compact_bytes(&mut c)?;
+        tagged(&mut c)?;
+        protocols.push((name, metadata));
+    }
+    Ok((session_timeout_ms, protocols))
+}
+
+/// A `ConsumerGroupCurrentMemberAssignmentValue` after its version, tagged
+/// fields included.
+fn current_assignment(r: &mut Reader) -> Result<CurrentAssignment, RecordError> {
+    let epoch = r.i32()?;
+    let previous_epoch = r.i32()?;
+    let state = r.i8()?;
+    let assigned = assignment(r)?;
+    let revoking = assignment(r)?;
+    tagged(r)?;
+    Ok(CurrentAssignment {
+        epoch,
+        previous_epoch,
+        state,
+        assigned,
+        revoking,
+    })
 }
 
 /// FNV-1a over the subscribed topics' names, ids and partition counts:
