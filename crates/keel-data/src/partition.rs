@@ -523,7 +523,6 @@ impl Partition {
 
     /// Writes one group of pending appends and replies to each.
     fn write_group(&self, group: Vec<PendingAppend>) {
-        let mut replies = Vec::with_capacity(group.len());
         let picked = Instant::now();
         let mut st = self.writer.lock();
         let locked = Instant::now();
@@ -537,100 +536,20 @@ impl Partition {
         let Writer { log, producers, .. } = &mut *st;
         let log = log.as_mut().expect("refusal() checked the log is open");
         let first_offset = log.log_end_offset();
-        let mut next_offset = first_offset;
         // One time for the group: its producer state and its write.
         let now = self.clock.now_ms();
-        let mut buf = Vec::new();
-        let mut headers = Vec::new();
-        let mut undo = Vec::new();
-        let mut aborted = Vec::new();
-        let mut named = Vec::new();
-        for mut item in group {
-            named.extend(item.headers.iter().map(|h| h.producer_id).filter(|id| *id >= 0));
-            let verified = item.verify.take().map_or(Ok(()), |verify| verify());
-            let planned = match (verified, item.marker) {
-                (Err(refused), _) => Err(refused),
-                (Ok(()), Some(marker)) => {
-                    plan_marker(producers, &item.headers, marker, next_offset, now, &mut undo).map(|plan| {
-                        match plan {
-                            MarkerPlan::Write(txn) => {
-                                aborted.extend(txn);
-                                Planned::Append(1)
-                            }
-                            MarkerPlan::Nothing => Planned::Nothing(next_offset),
-                        }
-                    })
-                }
-                (Ok(()), None) => plan_item(producers, &item.headers, next_offset, now, &mut undo),
-            };
-            let waited = AppendTrace {
-                queue: picked.saturating_duration_since(item.enqueued),
-                lock: locked - picked,
-                publish: Duration::ZERO,
-                answered: picked,
-                written: None,
-            };
-            match planned {
-                Ok(Planned::Append(n)) => {
-                    let at = Some(buf.len() as u64);
-                    replies.push((item.reply, Ok((next_offset, at)), waited));
-                    next_offset += n;
-                    buf.extend_from_slice(&item.records);
-                    headers.extend(item.headers);
-                }
-                Ok(Planned::Duplicate(offset) | Planned::Nothing(offset)) => {
-                    replies.push((item.reply, Ok((offset, None)), waited));
-                }
-                Err(e) => replies.push((item.reply, Err(e), waited)),
-            }
-        }
-        stamp_leader_epoch(&mut buf, &headers);
-        let mut written = None;
-        let mut written_at = None;
-        let failure = if buf.is_empty() {
-            None
-        } else {
-            let appended = log.append(&mut buf, &headers, now);
-            written_at = Some(Instant::now());
-            match appended {
-                Ok(info) => {
-                    written = Some(Written {
-                        times: info.times,
-                        segment_base_offset: info.segment_base_offset,
-                        position: info.position,
-                    });
-                    assert_eq!(
-                        info.base_offset, first_offset,
-                        "log assigned offsets the plan did not expect"
-                    );
-                    self.io.budget(IoClass::Live).count(buf.len() as u64);
-                    // Cached before the high watermark moves, so a fetch woken
-                    // by this append finds the batches in memory.
-                    self.tail
-                        .insert(cached_batches(Bytes::from(buf), &headers, first_offset));
-                    self.index_appended(log, producers, &info, &undo, &aborted);
-                    None
-                }
-                Err(e) => {
-                    for snapshot in undo.into_iter().rev() {
-                        producers.restore(snapshot);
-                    }
-                    if let AppendError::Offline(why) = &e {
-                        self.health.take_offline(why);
-                    }
-                    Some(storage_failure(e.to_string()))
-                }
-            }
-        };
+        let mut plan = plan_group(producers, group, first_offset, now, (picked, locked));
+        stamp_leader_epoch(&mut plan.buf, &plan.headers);
+        let (failure, written, written_at) = self.write_planned(log, producers, &mut plan, first_offset, now);
         let (hw, start) = (log.log_end_offset(), log.log_start_offset());
         let lso = stable_offset(producers, hw);
-        self.published_producers.update(producers, &named);
+        self.published_producers.update(producers, &plan.named);
         self.store_offsets(hw, lso, start);
         drop(st);
         self.wake_waiters();
         let answered = Instant::now();
         let publish = written_at.map_or(Duration::ZERO, |at| answered - at);
-        for (reply, result, waited) in replies {
+        for (reply, result, waited) in plan.replies {
             let result = match (&failure, result) {
                 (Some(f), Ok((offset, _))) if offset >= first_offset => Err(f.clone()),
                 (_, r) => r.map(|(base_offset, at)| Appended {
@@ -650,6 +569,55 @@ impl Partition {
                 }),
             };
             let _ = reply.send(result);
+        }
+    }
+
+    /// Writes a planned group's batches (if any) in one append: on success
+    /// counts them, caches them in the tail and indexes them; on failure
+    /// rolls the producer state back (and takes the dir offline for a
+    /// failed fsync). Returns the failure, where the batches went and when.
+    fn write_planned(
+        &self,
+        log: &mut PartitionLog,
+        producers: &mut ProducerStates,
+        plan: &mut GroupPlan,
+        first_offset: i64,
+        now: i64,
+    ) -> (Option<AppendFailure>, Option<Written>, Option<Instant>) {
+        if plan.buf.is_empty() {
+            return (None, None, None);
+        }
+        let appended = log.append(&mut plan.buf, &plan.headers, now);
+        let written_at = Some(Instant::now());
+        match appended {
+            Ok(info) => {
+                let written = Written {
+                    times: info.times,
+                    segment_base_offset: info.segment_base_offset,
+                    position: info.position,
+                };
+                assert_eq!(
+                    info.base_offset, first_offset,
+                    "log assigned offsets the plan did not expect"
+                );
+                let buf = std::mem::take(&mut plan.buf);
+                self.io.budget(IoClass::Live).count(buf.len() as u64);
+                // Cached before the high watermark moves, so a fetch woken
+                // by this append finds the batches in memory.
+                self.tail
+                    .insert(cached_batches(Bytes::from(buf), &plan.headers, first_offset));
+                self.index_appended(log, producers, &info, &plan.undo, &plan.aborted);
+                (None, Some(written), written_at)
+            }
+            Err(e) => {
+                for snapshot in std::mem::take(&mut plan.undo).into_iter().rev() {
+                    producers.restore(snapshot);
+                }
+                if let AppendError::Offline(why) = &e {
+                    self.health.take_offline(why);
+                }
+                (Some(storage_failure(e.to_string())), None, written_at)
+            }
         }
     }
 
@@ -1397,6 +1365,87 @@ fn split_by_offsets(items: Vec<PendingAppend>) -> Vec<Vec<PendingAppend>> {
         }
     }
     groups
+}
+
+/// A group of appends planned against the producer state: the bytes to
+/// write and their headers, each append's answer so far, and what the
+/// write needs to index or undo.
+struct GroupPlan {
+    buf: Vec<u8>,
+    headers: Vec<BatchHeader>,
+    /// Producer state as it was before each change, newest last.
+    undo: Vec<crate::producers::ProducerSnapshot>,
+    /// Transactions the group's ABORT markers end.
+    aborted: Vec<AbortedTxn>,
+    /// Producer ids the group's batches name.
+    named: Vec<i64>,
+    /// Each append's reply, its base offset and byte position in `buf`
+    /// (none when nothing of it is written) or its refusal, and its waits.
+    replies: Vec<(GroupReply, Result<(i64, Option<u64>), AppendFailure>, AppendTrace)>,
+}
+
+type GroupReply = oneshot::Sender<Result<Appended, AppendFailure>>;
+
+/// Plans each append of a group in order, from `first_offset`: verified
+/// (transactional batches), checked against its producer's sequence and
+/// epoch (or planned as a marker), given its offsets.
+fn plan_group(
+    producers: &mut ProducerStates,
+    group: Vec<PendingAppend>,
+    first_offset: i64,
+    now: i64,
+    (picked, locked): (Instant, Instant),
+) -> GroupPlan {
+    let mut plan = GroupPlan {
+        buf: Vec::new(),
+        headers: Vec::new(),
+        undo: Vec::new(),
+        aborted: Vec::new(),
+        named: Vec::new(),
+        replies: Vec::with_capacity(group.len()),
+    };
+    let mut next_offset = first_offset;
+    for mut item in group {
+        plan.named
+            .extend(item.headers.iter().map(|h| h.producer_id).filter(|id| *id >= 0));
+        let verified = item.verify.take().map_or(Ok(()), |verify| verify());
+        let planned = match (verified, item.marker) {
+            (Err(refused), _) => Err(refused),
+            (Ok(()), Some(marker)) => {
+                plan_marker(producers, &item.headers, marker, next_offset, now, &mut plan.undo).map(|p| {
+                    match p {
+                        MarkerPlan::Write(txn) => {
+                            plan.aborted.extend(txn);
+                            Planned::Append(1)
+                        }
+                        MarkerPlan::Nothing => Planned::Nothing(next_offset),
+                    }
+                })
+            }
+            (Ok(()), None) => plan_item(producers, &item.headers, next_offset, now, &mut plan.undo),
+        };
+        let waited = AppendTrace {
+            queue: picked.saturating_duration_since(item.enqueued),
+            lock: locked - picked,
+            publish: Duration::ZERO,
+            answered: picked,
+            written: None,
+        };
+        match planned {
+            Ok(Planned::Append(n)) => {
+                let at = Some(plan.buf.len() as u64);
+                plan.replies.push((item.reply, Ok((next_offset, at)), waited));
+                next_offset += n;
+                plan.buf.extend_from_slice(&item.records);
+                plan.headers.extend(item.headers);
+            }
+            Ok(Planned::Duplicate(offset) | Planned::Nothing(offset)) => {
+                plan.replies.push((item.reply, Ok((offset, None)), waited));
+            }
+            Err(e) => plan.replies.push((item.reply, Err(e), waited)),
+        }
+    }
+    plan
 }
 
 enum Planned {
