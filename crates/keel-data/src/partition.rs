@@ -1381,10 +1381,14 @@ struct GroupPlan {
     named: Vec<i64>,
     /// Each append's reply, its base offset and byte position in `buf`
     /// (none when nothing of it is written) or its refusal, and its waits.
-    replies: Vec<(GroupReply, Result<(i64, Option<u64>), AppendFailure>, AppendTrace)>,
+    replies: Vec<(GroupReply, PlannedAnswer, AppendTrace)>,
 }
 
 type GroupReply = oneshot::Sender<Result<Appended, AppendFailure>>;
+
+/// An append's base offset and its bytes' position in the group's write,
+/// or its refusal.
+type PlannedAnswer = Result<(i64, Option<u64>), AppendFailure>;
 
 /// Plans each append of a group in order, from `first_offset`: verified
 /// (transactional batches), checked against its producer's sequence and
