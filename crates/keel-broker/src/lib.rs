@@ -11,12 +11,14 @@
 #[cfg(test)]
 mod background;
 pub mod broker;
+mod dispatch;
 pub mod dynamic_config;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod group_configs;
 mod handlers;
 pub mod loggers;
+mod maintenance;
 pub mod metrics;
 pub mod quotas;
 #[cfg(test)]

@@ -106,7 +106,7 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
         // Called on the blocking pool (see admin::connection).
         let stats: admin::StatsSource = Arc::new(move || b.stats_json());
         let b = Arc::clone(&broker);
-        let metrics: admin::MetricsSource = Arc::new(move || b.metrics.encode(&b));
+        let metrics: admin::MetricsSource = Arc::new(move || b.metrics_text());
         if let Some(tls) = &tls {
             tls.spawn_watch();
         }

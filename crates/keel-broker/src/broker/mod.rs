@@ -1,28 +1,17 @@
 //! The broker: topics, producer ids and request dispatch.
 
-mod apis;
-mod dispatch;
-mod refused;
+pub(crate) mod refused;
+mod state_metrics;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use keel_protocol::messages::ApiKey;
-use keel_protocol::{DecodeError, Encodable, Request, RequestFrame};
 use parking_lot::Mutex;
 use uuid::Uuid;
 
-use crate::handlers;
 use crate::metrics::Metrics;
-use crate::quotas::table::{
-    CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE,
-    REQUEST_PERCENTAGE,
-};
-use crate::quotas::Throttle;
-use crate::trace::{self, Stage};
-use keel_auth::acl::Operation;
 use keel_config::{BrokerConfig, LiveConfig};
 use keel_coord::groups::GroupCoordinator;
 use keel_coord::metalog::OpenError;
@@ -30,7 +19,6 @@ use keel_data::health::DirHealth;
 use keel_data::plane::DataPlane;
 use keel_data::producers::ProducerIdAllocator;
 use keel_data::topics::{base64_url, TopicRegistry, TopicStore, META_DIR};
-use keel_log::clock::now_ms;
 use keel_log::clock::{Clock, SystemClock};
 use keel_log::faults::FaultyStorage;
 use keel_log::{DiskStorage, ReadIo, Storage};
@@ -62,18 +50,6 @@ pub enum Reply {
         delay: Duration,
         reason: String,
     },
-}
-
-/// Fetch responses with at least this many record bytes are assembled and
-/// encoded on a bulk thread (see `keel_tier::bulk`).
-const BULK_RESPONSE_BYTES: usize = 256 << 10;
-
-/// The current request's user for quotas: the one its connection
-/// authenticated as, else Kafka's `ANONYMOUS`.
-fn quota_user() -> Arc<str> {
-    static ANONYMOUS: std::sync::LazyLock<Arc<str>> =
-        std::sync::LazyLock::new(|| Arc::from(crate::quotas::ANONYMOUS));
-    trace::user().unwrap_or_else(|| Arc::clone(&ANONYMOUS))
 }
 
 /// Who sent a request, as group APIs report it, and on which listener.
@@ -172,7 +148,7 @@ pub struct Broker {
     pub group_configs: crate::group_configs::GroupConfigs,
     /// The clients already told, in the log, that an API they asked for is
     /// not served.
-    refused_apis: refused::RefusedApis,
+    pub(crate) refused_apis: refused::RefusedApis,
 }
 
 impl Broker {
@@ -240,23 +216,6 @@ impl Broker {
         };
         broker.data.load_topics().map_err(StartError::Topics)?;
         Ok(Arc::new(broker))
-    }
-
-    /// Background work: the coordinators' timers and the data plane's
-    /// (retention, producer expiration, the page cache pass, time-based
-    /// flushes, the mover, the cleaner). Runs until the runtime shuts down.
-    pub fn spawn_maintenance(self: &Arc<Self>) {
-        self.groups.spawn_timers();
-        handlers::txn::spawn_timers(self);
-        let config = self.config();
-        let every = |key: &str, default: u64| {
-            Duration::from_millis(u64::try_from(config.num(key)).unwrap_or(default).max(1))
-        };
-        let schedule = keel_data::maintenance::Schedule {
-            retention_every: Duration::from_millis(config.retention_check_interval_ms()),
-            expire_producers_every: every("producer.id.expiration.check.interval.ms", 600_000),
-        };
-        keel_data::maintenance::spawn(&self.data, schedule);
     }
 
     /// Counters for operators, as JSON: the tail cache and cold reads
@@ -655,19 +614,6 @@ fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
 /// The tail cache's budget under `config` (see `tail_cache_budget`).
 pub(crate) fn tail_cache_bytes(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
     u64::try_from(config.num("keel.tail.cache.bytes")).unwrap_or_else(|_| limit.default_tail_cache_bytes())
-}
-
-fn respond<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {
-    let encoding = Instant::now();
-    let encoded = keel_protocol::response::encode(key, version, correlation_id, body);
-    trace::add(Stage::Encode, encoding.elapsed());
-    match encoded {
-        Ok(bytes) => Reply::Frame(bytes),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot encode response");
-            Reply::Close(e.to_string())
-        }
-    }
 }
 
 /// Reads or creates `meta.properties` (Kafka's format) with the cluster id.

@@ -455,7 +455,7 @@ async fn alter_broker(
     }
     check_foreign(&next, &touched, per_broker)?;
     *layer = next;
-    crate::dynamic_config::alter(broker, layers, validate_only).await
+    super::broker_configs::alter(broker, layers, validate_only).await
 }
 
 /// Alters a consumer group's configs (`crate::group_configs`). The group

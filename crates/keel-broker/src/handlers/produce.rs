@@ -631,7 +631,7 @@ async fn transactional_init(
             }
             keel_coord::txn::InitOutcome::NeedProducerId => return Err(ResponseError::UnknownServerError),
             keel_coord::txn::InitOutcome::AbortFirst(prepared) => {
-                super::txn::spawn_markers(broker, id.to_string(), prepared);
+                super::markers::spawn_markers(broker, id.to_string(), prepared);
                 return Err(ResponseError::ConcurrentTransactions);
             }
         }

@@ -3,8 +3,26 @@
 //! checks, handler, quota accounting and answer). Here too: what every
 //! API's answer shares (the throttle times, the SASL outcome).
 
-use super::apis::{self, Call};
-use super::*;
+pub(crate) mod apis;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use keel_auth::acl::Operation;
+use keel_protocol::messages::ApiKey;
+use keel_protocol::{DecodeError, Encodable, Request, RequestFrame};
+
+use crate::broker::{Broker, ClientInfo, Reply};
+use crate::handlers;
+use crate::quotas::table::{
+    CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
+};
+use crate::quotas::Throttle;
+use crate::trace::{self, Stage};
+use apis::Call;
+use keel_log::clock::now_ms;
 
 impl Broker {
     /// Handles one request frame.
@@ -158,7 +176,7 @@ impl Broker {
     /// authentication is answered after
     /// `connection.failed.authentication.delay.ms` (Kafka's brake on
     /// password guessing) and closes the connection.
-    pub(super) fn sasl_reply<R: Encodable>(
+    pub(crate) fn sasl_reply<R: Encodable>(
         &self,
         key: ApiKey,
         version: i16,
@@ -215,7 +233,7 @@ impl Broker {
     /// client's `request_percentage` asks for the time the request has
     /// taken so far (Kafka throttles every response but those of cluster
     /// actions that way).
-    pub(super) fn answer<R: Encodable + Throttle>(
+    pub(crate) fn answer<R: Encodable + Throttle>(
         &self,
         client_id: &str,
         key: ApiKey,
@@ -231,13 +249,13 @@ impl Broker {
     }
 
     /// The client's `controller_mutation_rate` for one request.
-    pub(super) fn mutations(&self, client_id: &str, strict: bool) -> crate::quotas::Mutations<'_> {
+    pub(crate) fn mutations(&self, client_id: &str, strict: bool) -> crate::quotas::Mutations<'_> {
         self.quotas.mutations(&quota_user(), client_id, strict)
     }
 
     /// Records the current request's handling time against the client's
     /// `request_percentage` and returns the throttle time.
-    pub(super) fn request_throttle(&self, client_id: &str) -> i32 {
+    pub(crate) fn request_throttle(&self, client_id: &str) -> i32 {
         let Some(busy) = trace::busy() else {
             return 0;
         };
@@ -250,7 +268,7 @@ impl Broker {
     /// Records `bytes` against the client's quota `key` and returns the
     /// throttle time, which also mutes the connection after the response
     /// (see `crate::quotas`).
-    pub(super) fn quota_throttle(
+    pub(crate) fn quota_throttle(
         &self,
         key: &'static str,
         client_id: &str,
@@ -265,7 +283,7 @@ impl Broker {
 
     /// A throttle time of `ms` from the quota `key`: on the request's trace
     /// (the connection mutes for it) and in the metrics.
-    pub(super) fn throttled(&self, key: &'static str, ms: i64) -> i32 {
+    pub(crate) fn throttled(&self, key: &'static str, ms: i64) -> i32 {
         let ms = u32::try_from(ms).unwrap_or(if ms < 0 { 0 } else { u32::MAX });
         if ms > 0 {
             trace::throttle(ms);
@@ -284,5 +302,30 @@ impl Broker {
         }
         self.metrics.quota_throttled(CONNECTION_CREATION_RATE, ms);
         Some(Duration::from_millis(ms))
+    }
+}
+
+/// Fetch responses with at least this many record bytes are assembled and
+/// encoded on a bulk thread (see `keel_tier::bulk`).
+pub(crate) const BULK_RESPONSE_BYTES: usize = 256 << 10;
+
+/// The current request's user for quotas: the one its connection
+/// authenticated as, else Kafka's `ANONYMOUS`.
+pub(crate) fn quota_user() -> Arc<str> {
+    static ANONYMOUS: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from(crate::quotas::ANONYMOUS));
+    trace::user().unwrap_or_else(|| Arc::clone(&ANONYMOUS))
+}
+
+pub(crate) fn respond<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {
+    let encoding = Instant::now();
+    let encoded = keel_protocol::response::encode(key, version, correlation_id, body);
+    trace::add(Stage::Encode, encoding.elapsed());
+    match encoded {
+        Ok(bytes) => Reply::Frame(bytes),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode response");
+            Reply::Close(e.to_string())
+        }
     }
 }
