@@ -1181,10 +1181,10 @@ impl Partition {
     /// Applies altered topic configs: the open log takes them at once (its
     /// next append, roll check, flush and retention pass), and a reload or
     /// reopen uses them. Waits for an append in progress. Blocking.
-    pub fn set_log_config(&self, config: LogConfig) -> Result<(), String> {
+    pub fn set_log_config(&self, config: LogConfig) -> Result<(), &'static str> {
         let mut st = self.writer.lock();
         if let Some(log) = st.log.as_mut() {
-            log.set_config(config.clone()).map_err(str::to_string)?;
+            log.set_config(config.clone())?;
         }
         *self.config.lock() = config;
         Ok(())

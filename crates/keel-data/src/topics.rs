@@ -64,21 +64,50 @@ impl Topic {
     }
 }
 
+/// A topic name Kafka's rule refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InvalidTopicName {
+    /// Empty, `.` or `..`.
+    Illegal(String),
+    TooLong,
+    IllegalCharacter {
+        name: String,
+        character: char,
+    },
+}
+
+impl std::fmt::Display for InvalidTopicName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InvalidTopicName::Illegal(name) => write!(f, "topic name `{name}` is illegal"),
+            InvalidTopicName::TooLong => {
+                write!(f, "topic name is longer than {MAX_TOPIC_NAME_LEN} characters")
+            }
+            InvalidTopicName::IllegalCharacter { name, character } => {
+                write!(f, "topic name `{name}` contains illegal character `{character}`")
+            }
+        }
+    }
+}
+
+impl std::error::Error for InvalidTopicName {}
+
 /// Kafka's topic-name rule: 1-249 chars of `[a-zA-Z0-9._-]`, not `.`/`..`.
-pub fn validate_topic_name(name: &str) -> Result<(), String> {
+pub fn validate_topic_name(name: &str) -> Result<(), InvalidTopicName> {
     if name.is_empty() || name == "." || name == ".." {
-        return Err(format!("topic name `{name}` is illegal"));
+        return Err(InvalidTopicName::Illegal(name.to_string()));
     }
     if name.len() > MAX_TOPIC_NAME_LEN {
-        return Err(format!(
-            "topic name is longer than {MAX_TOPIC_NAME_LEN} characters"
-        ));
+        return Err(InvalidTopicName::TooLong);
     }
-    if let Some(c) = name
+    if let Some(character) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!("topic name `{name}` contains illegal character `{c}`"));
+        return Err(InvalidTopicName::IllegalCharacter {
+            name: name.to_string(),
+            character,
+        });
     }
     Ok(())
 }

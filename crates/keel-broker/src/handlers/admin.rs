@@ -30,7 +30,7 @@ pub(crate) async fn create_topic(
     configs: BTreeMap<String, String>,
     validate_only: bool,
 ) -> Result<TopicMeta, AdminError> {
-    validate_topic_name(name).map_err(|m| (ResponseError::InvalidTopicException, m))?;
+    validate_topic_name(name).map_err(|e| (ResponseError::InvalidTopicException, e.to_string()))?;
     if !(1..=100_000).contains(&partitions) {
         return Err((
             ResponseError::InvalidPartitions,
