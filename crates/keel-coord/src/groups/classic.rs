@@ -53,23 +53,25 @@ impl ClassicGroups {
 
     /// Where a JoinGroup to `group_id` gets its answer.
     pub(super) fn join_answer(&mut self, group_id: &str, answer: Answer<JoinResult>) -> Awaited<JoinResult> {
-        match answer {
-            Answer::Now(result) => Awaited::Now(result),
-            Answer::Later(id) => {
-                let (tx, rx) = oneshot::channel();
-                self.waiting_on(group_id).push(Waiting::Join(id, tx));
-                Awaited::Later(rx)
-            }
-        }
+        self.answer(group_id, answer, Waiting::Join)
     }
 
     /// Where a SyncGroup to `group_id` gets its answer.
     pub(super) fn sync_answer(&mut self, group_id: &str, answer: Answer<SyncResult>) -> Awaited<SyncResult> {
+        self.answer(group_id, answer, Waiting::Sync)
+    }
+
+    fn answer<T>(
+        &mut self,
+        group_id: &str,
+        answer: Answer<T>,
+        waiting: fn(WaiterId, oneshot::Sender<T>) -> Waiting,
+    ) -> Awaited<T> {
         match answer {
             Answer::Now(result) => Awaited::Now(result),
             Answer::Later(id) => {
                 let (tx, rx) = oneshot::channel();
-                self.waiting_on(group_id).push(Waiting::Sync(id, tx));
+                self.waiting_on(group_id).push(waiting(id, tx));
                 Awaited::Later(rx)
             }
         }
