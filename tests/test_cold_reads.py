@@ -63,3 +63,41 @@ def test_backfill_stays_within_the_cold_read_budget(broker_factory):
     assert cold["budget_bytes_per_sec"] == BUDGET
     assert cold["throttled_us_total"] > 0, cold
     assert cold["bytes"] >= total - (512 << 10), cold  # all but the tail cache's share
+
+
+@pytest.mark.skipif(IMPL != "keel", reason="Keel's /stats")
+def test_every_fetch_names_its_reader(broker_factory):
+    """Each partition keeps where each client last read it: a consumer at
+    the start and one at the end show in /stats with their own offsets."""
+    b = broker_factory()
+    bs, topic = b.bootstrap, unique("readers")
+    create_topic(bs, topic, 1)
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 5})
+    for i in range(100):
+        p.produce(topic, value=b"%03d" % i)
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+
+    def consumer(client_id: str, offset: int) -> Consumer:
+        c = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "client.id": client_id,
+                      "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+        c.assign([TopicPartition(topic, 0, offset)])
+        return c
+
+    loader, tail = consumer("loader", 0), consumer("tail", 100)
+    m = loader.poll(10)
+    assert m is not None and not m.error() and m.offset() == 0
+    deadline = time.monotonic() + 20
+    readers: dict = {}
+    while time.monotonic() < deadline:
+        tail.poll(0.2)
+        with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
+            stats = json.load(r)
+        [part] = [q for q in stats["partitions"] if q["topic"] == topic]
+        readers = {r["client_id"]: r for r in part["readers"]}
+        if "tail" in readers and "loader" in readers:
+            break
+    loader.close()
+    tail.close()
+    assert readers["tail"]["offset"] == 100, readers
+    assert 0 <= readers["loader"]["offset"] <= 100, readers
+    assert readers["tail"]["address"] and readers["tail"]["at_ms"] > 0, readers

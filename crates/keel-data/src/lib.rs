@@ -4,6 +4,8 @@
 //!   commit, producers' sequences and transactions, [`producers`]), the
 //!   offsets it publishes, and reads routed to the tail cache, a
 //!   read-ahead or the log files.
+//! * [`readers`]: who reads each partition, and where (every read names
+//!   its reader).
 //! * [`topics`]: the topic registry and its persistence, and topic
 //!   deletion.
 //! * [`health`]: a log dir's health (a failed fsync takes it offline).
@@ -33,4 +35,5 @@ pub mod partition;
 pub mod plane;
 pub mod policy;
 pub mod producers;
+pub mod readers;
 pub mod topics;

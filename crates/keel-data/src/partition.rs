@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::readers::{Reader, Readers};
 use bytes::Bytes;
 use keel_log::batch::BatchHeader;
 use keel_log::marker::Marker;
@@ -251,6 +252,8 @@ pub struct Partition {
     sealing: Arc<AtomicBool>,
     /// What the log cleaner did here (compacted topics).
     pub cleaning: Mutex<crate::cleaning::Cleaning>,
+    /// Who read this partition recently, and where.
+    pub readers: Readers,
     clock: Arc<dyn Clock>,
 }
 
@@ -377,6 +380,7 @@ impl Partition {
             scan_hint: Mutex::new(None),
             sealing: Arc::new(AtomicBool::new(false)),
             cleaning: Mutex::new(crate::cleaning::Cleaning::default()),
+            readers: Readers::default(),
             clock: parts.clock,
         }
     }
@@ -832,19 +836,22 @@ impl Partition {
             .ok_or_else(|| ReadFailure::Storage("the partition's log is not open".into()))
     }
 
-    /// Resolves a fetch at `offset` to its source: the tail cache when the
-    /// offset is in its run (below the high watermark), the read-ahead slot
-    /// when a scan reached it, else a read plan of the files.
+    /// Resolves `reader`'s fetch at `offset` to its source: the tail cache
+    /// when the offset is in its run (below the high watermark), the
+    /// read-ahead slot when a scan reached it, else a read plan of the
+    /// files. The partition notes where the reader read ([`Readers`]).
     ///
     /// `committed` reads (`read_committed`) end at the last stable offset;
     /// batches at or past it that a file read or read-ahead returns are
     /// the caller's to cut (`Chunks::below`).
     pub fn read(
         self: &Arc<Self>,
+        reader: &Reader,
         offset: i64,
         max_bytes: usize,
         committed: bool,
     ) -> Result<ReadSource, ReadFailure> {
+        self.readers.note(reader, offset, self.clock.now_ms());
         if let Some(why) = self.unavailable() {
             return Err(ReadFailure::Storage(why));
         }

@@ -140,7 +140,7 @@ async fn a_failed_fsync_takes_the_dir_offline_and_a_retry_is_not_stored_twice() 
         ResponseError::KafkaStorageError
     );
     assert!(matches!(
-        p.read(0, 1 << 20, false),
+        p.read(&reader(), 0, 1 << 20, false),
         Err(keel_data::partition::ReadFailure::Storage(_))
     ));
     drop(p);
@@ -271,6 +271,10 @@ fn cold() -> Arc<keel_tier::ColdReads> {
     Arc::new(keel_tier::ColdReads::new(Arc::new(io), 2))
 }
 
+fn reader() -> keel_data::readers::Reader {
+    keel_data::readers::Reader::new("test", "/127.0.0.1:1")
+}
+
 fn no_tiers() -> Arc<keel_tier::Tiers> {
     Arc::new(keel_tier::Tiers::new(&[], None).unwrap())
 }
@@ -304,7 +308,7 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
     let hw = p.high_watermark();
     assert_eq!(hw, 100);
     // The newest batch: from memory, identical to the log's copy.
-    let (memory, cached) = read_bytes(p.read(95, 1 << 20, false).unwrap());
+    let (memory, cached) = read_bytes(p.read(&reader(), 95, 1 << 20, false).unwrap());
     assert!(memory);
     let from_log = p.read_plan(95, 1 << 20).unwrap().execute().unwrap();
     assert_eq!(cached, from_log);
@@ -314,14 +318,14 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
         stats.used_bytes <= 2_000 && stats.evicted_batches > 0,
         "{stats:?}"
     );
-    let (memory, oldest) = read_bytes(p.read(0, 1 << 20, false).unwrap());
+    let (memory, oldest) = read_bytes(p.read(&reader(), 0, 1 << 20, false).unwrap());
     assert!(!memory);
     assert_eq!(
         &oldest[..],
         &p.read_plan(0, 1 << 20).unwrap().execute().unwrap()[..]
     );
     // At the high watermark there is nothing to read, from either source.
-    let (_, empty) = read_bytes(p.read(hw, 1 << 20, false).unwrap());
+    let (_, empty) = read_bytes(p.read(&reader(), hw, 1 << 20, false).unwrap());
     assert!(empty.is_empty());
     p.close().unwrap();
     // The writer task lets go of the partition just after its last reply.
@@ -335,11 +339,11 @@ async fn the_tail_is_served_from_memory_and_history_from_the_log() {
     assert_eq!(cache.stats().used_bytes, 0, "a dropped partition frees its cache");
     // Reopened: nothing is cached until new appends arrive.
     let p = Arc::new(Partition::open(parts(dir.path(), config, cache.partition(), cold())).unwrap());
-    assert!(!read_bytes(p.read(95, 1 << 20, false).unwrap()).0);
+    assert!(!read_bytes(p.read(&reader(), 95, 1 << 20, false).unwrap()).0);
     let (bytes, headers) = batch(None, 5);
     assert_eq!(p.append(bytes, headers).await.unwrap().base_offset, 100);
-    assert!(read_bytes(p.read(100, 1 << 20, false).unwrap()).0);
-    assert!(!read_bytes(p.read(99, 1 << 20, false).unwrap()).0);
+    assert!(read_bytes(p.read(&reader(), 100, 1 << 20, false).unwrap()).0);
+    assert!(!read_bytes(p.read(&reader(), 99, 1 << 20, false).unwrap()).0);
 }
 
 /// A sequential scan below the tail cache is read ahead: after each cold
@@ -367,7 +371,7 @@ async fn sequential_cold_reads_are_read_ahead_once() {
     let (mut offset, mut all) = (0i64, Vec::new());
     let (mut disk, mut ahead) = (0, 0);
     while offset < p.high_watermark() {
-        let bytes = match p.read(offset, 1_000, false).unwrap() {
+        let bytes = match p.read(&reader(), offset, 1_000, false).unwrap() {
             ReadSource::Memory(b) | ReadSource::ReadAhead(b) => {
                 ahead += 1;
                 b.join()
@@ -435,7 +439,7 @@ async fn reads_never_wait_for_a_stalled_fsync() {
     for _ in 0..100 {
         p.read_plan(0, 1 << 20).unwrap();
         p.timestamp_plan(0).unwrap();
-        drop(p.read(8, 1 << 20, false).unwrap());
+        drop(p.read(&reader(), 8, 1 << 20, false).unwrap());
     }
     // Ordering, not timing: the reads were answered while the append was
     // still stalled, so none of them waited for it.

@@ -406,6 +406,12 @@ fn partition_json(
         "damaged_segments": damaged,
         "producers": p.producer_count(),
         "cleaner": compacted.then(|| p.cleaning.lock().to_json()),
+        "readers": p.readers.positions().iter().map(|r| serde_json::json!({
+            "client_id": &*r.reader.client_id,
+            "address": &*r.reader.address,
+            "offset": r.offset,
+            "at_ms": r.at_ms,
+        })).collect::<Vec<_>>(),
         "tiers": {
             "local_segments": local_segments,
             "local_bytes": local_bytes,

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
 use keel_data::partition::{Partition, ReadFailure, ReadSource};
+use keel_data::readers::Reader;
 
 /// Kafka's default for `fetch.max.bytes` when a request carries none (v<3).
 const DEFAULT_FETCH_MAX_BYTES: usize = 50 * 1024 * 1024;
@@ -118,7 +119,7 @@ impl FetchAnswer {
     }
 }
 
-pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
+pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest, reader: &Reader) -> FetchAnswer {
     let (topics, targets) = resolve(broker, &req);
     // The request's limit, within the broker's `fetch.max.bytes`.
     let broker_max =
@@ -146,7 +147,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
                 p.register_waiter(&waiter);
             }
         }
-        let read = read_all(&targets, total_max, deadline).await;
+        let read = read_all(reader, &targets, total_max, deadline).await;
         let done = read.bytes >= min_bytes.max(1) || read.failed || Instant::now() >= deadline;
         let done = done || targets.is_empty();
         let waiting = Instant::now();
@@ -159,7 +160,7 @@ pub async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchAnswer {
                 read
             } else {
                 trace::add(Stage::Wait, waiting.elapsed());
-                read_all(&targets, total_max, deadline).await
+                read_all(reader, &targets, total_max, deadline).await
             };
             for t in read.traces {
                 trace::partition(t);
@@ -232,7 +233,7 @@ struct Read {
 /// together on the cold executor. When the tail part already has data, the
 /// cold part is waited for only until `deadline`; a cold read still running
 /// then is answered empty and its data kept for the next fetch.
-async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> Read {
+async fn read_all(reader: &Reader, targets: &[Target], total_max: usize, deadline: Instant) -> Read {
     let started = Instant::now();
     let mut results: Vec<Option<Result<Chunks, Failure>>> = Vec::with_capacity(targets.len());
     let mut sources: Vec<Option<Source>> = Vec::with_capacity(targets.len());
@@ -246,7 +247,7 @@ async fn read_all(targets: &[Target], total_max: usize, deadline: Instant) -> Re
             sources.push(None);
             continue;
         }
-        let planned = plan(t, budget);
+        let planned = plan(reader, t, budget);
         sources.push(planned.as_ref().ok().and_then(|p| p.as_ref()).map(Source::of));
         match planned {
             Ok(Some(ReadSource::Memory(bytes) | ReadSource::ReadAhead(bytes))) => {
@@ -472,12 +473,12 @@ fn cold_failure(t: &Target, e: &std::io::Error) -> Failure {
     Failure::new(ResponseError::KafkaStorageError, &e.to_string())
 }
 
-fn plan(t: &Target, budget: usize) -> Result<Option<ReadSource>, Failure> {
+fn plan(reader: &Reader, t: &Target, budget: usize) -> Result<Option<ReadSource>, Failure> {
     let p = t.partition.as_ref().map_err(|e| Failure::new(*e, ""))?;
     if t.max_bytes == 0 {
         return Ok(None);
     }
-    match p.read(t.fetch_offset, budget.max(1), t.committed) {
+    match p.read(reader, t.fetch_offset, budget.max(1), t.committed) {
         Ok(source) => Ok(Some(source)),
         Err(ReadFailure::OffsetOutOfRange) => Err(Failure {
             error: ResponseError::OffsetOutOfRange,

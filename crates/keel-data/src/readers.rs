@@ -1,0 +1,107 @@
+//! Who reads a partition, and where. Every read names its reader (a fetch
+//! its client id and address), and the partition keeps the position each
+//! recent reader read at: what `/stats` shows operators, and what lets the
+//! data plane tell one reader's scan from another's.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// The readers a partition keeps at the most; the one seen least recently
+/// gives way.
+pub const MAX_READERS: usize = 64;
+
+/// A reader of partitions: a client by its id and address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Reader {
+    pub client_id: Arc<str>,
+    pub address: Arc<str>,
+}
+
+impl Reader {
+    pub fn new(client_id: &str, address: &str) -> Reader {
+        Reader {
+            client_id: Arc::from(client_id),
+            address: Arc::from(address),
+        }
+    }
+}
+
+/// Where a reader last read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderPosition {
+    pub reader: Reader,
+    /// The offset its last read started at.
+    pub offset: i64,
+    /// When (ms since the epoch).
+    pub at_ms: i64,
+}
+
+/// A partition's recent readers, most recently seen last.
+#[derive(Debug, Default)]
+pub struct Readers {
+    seen: Mutex<Vec<ReaderPosition>>,
+}
+
+impl Readers {
+    /// Notes that `reader` read from `offset` at `now_ms`.
+    pub fn note(&self, reader: &Reader, offset: i64, now_ms: i64) {
+        let mut seen = self.seen.lock();
+        if let Some(at) = seen.iter().position(|p| p.reader == *reader) {
+            let mut position = seen.remove(at);
+            position.offset = offset;
+            position.at_ms = now_ms;
+            seen.push(position);
+            return;
+        }
+        if seen.len() == MAX_READERS {
+            seen.remove(0);
+        }
+        seen.push(ReaderPosition {
+            reader: reader.clone(),
+            offset,
+            at_ms: now_ms,
+        });
+    }
+
+    /// The readers seen, least recently first.
+    pub fn positions(&self) -> Vec<ReaderPosition> {
+        self.seen.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_reader_keeps_its_last_position_and_the_oldest_gives_way() {
+        let readers = Readers::default();
+        let (a, b) = (
+            Reader::new("loader", "/10.0.0.1:1"),
+            Reader::new("indexer", "/10.0.0.2:1"),
+        );
+        readers.note(&a, 0, 1);
+        readers.note(&b, 500, 2);
+        readers.note(&a, 100, 3);
+        let seen = readers.positions();
+        assert_eq!(
+            seen.iter()
+                .map(|p| (&*p.reader.client_id, p.offset, p.at_ms))
+                .collect::<Vec<_>>(),
+            [("indexer", 500, 2), ("loader", 100, 3)]
+        );
+        // The same client id from another address is another reader.
+        readers.note(&Reader::new("loader", "/10.0.0.3:1"), 7, 4);
+        assert_eq!(readers.positions().len(), 3);
+        for i in 0..MAX_READERS {
+            readers.note(&Reader::new(&format!("c{i}"), "/h"), i as i64, 10 + i as i64);
+        }
+        let seen = readers.positions();
+        assert_eq!(seen.len(), MAX_READERS);
+        assert!(
+            seen.iter().all(|p| !p.reader.client_id.starts_with("loader")),
+            "the oldest gave way"
+        );
+    }
+}
