@@ -6,6 +6,7 @@
 //!   read-ahead or the log files.
 //! * [`readers`]: who reads each partition, and where (every read names
 //!   its reader).
+//! * [`lifecycle`]: a topic's creation, growth and deletion, durable.
 //! * [`topics`]: the topic registry and its persistence, and topic
 //!   deletion.
 //! * [`health`]: a log dir's health (a failed fsync takes it offline).
@@ -28,6 +29,7 @@ pub mod cleaner;
 pub mod cleaning;
 pub mod health;
 pub mod leadership;
+pub mod lifecycle;
 pub mod maintenance;
 pub mod markers;
 pub mod mover;

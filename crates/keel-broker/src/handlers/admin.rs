@@ -59,35 +59,23 @@ pub(crate) async fn create_topic(
     if validate_only {
         return Ok(meta);
     }
-    let opened = open_and_save(broker, &meta, 0).await?;
-    broker.data.topics.insert(Arc::new(Topic {
-        meta: meta.clone(),
-        partitions: opened,
-    }));
+    let data = Arc::clone(&broker.data);
+    let m = meta.clone();
+    blocking(move || data.create_topic(m)).await?;
     tracing::info!(topic = name, partitions, "created topic");
     Ok(meta)
 }
 
-/// Opens partitions `from..meta.partitions` and then persists `meta`, on a
-/// blocking thread. Partition directories come first and the description
-/// last: the description is the commit point, and a crash before it leaves
-/// directories that start-up removes.
-async fn open_and_save(
-    broker: &Arc<Broker>,
-    meta: &TopicMeta,
-    from: i32,
-) -> Result<Vec<Arc<keel_data::partition::Partition>>, AdminError> {
-    let data = Arc::clone(&broker.data);
-    let m = meta.clone();
-    tokio::task::spawn_blocking(move || {
-        let parts = data.open_partitions(&m, from, false).map_err(|e| e.to_string())?;
-        data.store.save(&m).map_err(|e| e.to_string())?;
-        Ok::<_, String>(parts)
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r)
-    .map_err(|e| (ResponseError::KafkaStorageError, e))
+/// Runs a data-plane change of a topic on a blocking thread; a failure is
+/// KAFKA_STORAGE_ERROR.
+async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+    change: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, AdminError> {
+    tokio::task::spawn_blocking(change)
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .map_err(|e| (ResponseError::KafkaStorageError, e))
 }
 
 /// A topic refused by `controller_mutation_rate`, with Kafka's error and,
@@ -294,13 +282,10 @@ pub async fn delete_topics(
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
-/// Deletes a topic so that nothing of it can touch a topic created after it
-/// under the same name: its description is marked `deleting` (the commit
-/// point), its partitions are fenced (a write in progress finishes first)
-/// and their directories renamed to `<topic>-<p>.<id>-delete` durably, then
-/// the description goes. The directories are removed in the background, the
-/// colder copies deleted from their tiers, and every group's committed
-/// offsets of the topic removed, as Kafka does.
+/// Deletes a topic from the data plane (`DataPlane::delete_topic`: durably,
+/// so that nothing of it can touch a topic created after it under the same
+/// name), then its copies in colder tiers and every group's committed
+/// offsets of it, as Kafka does.
 async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), AdminError> {
     if broker.config().get("delete.topic.enable") != "true" {
         return Err((
@@ -318,32 +303,9 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
             format!("topic `{}` was deleted meanwhile", topic.meta.name),
         ));
     }
-    let b = Arc::clone(broker);
+    let data = Arc::clone(&broker.data);
     let t = Arc::clone(&topic);
-    let tiered = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<keel_log::TieredSegment>> {
-        b.data.store.mark_deleting(&t.meta)?;
-        b.data.topics.remove(&t.meta.name);
-        let unique = t.meta.topic_id.simple().to_string();
-        let (mut tiered, mut retired) = (Vec::new(), Vec::new());
-        for p in &t.partitions {
-            match p.fence() {
-                Some(log) => {
-                    let (dir, copies) = log.retire(&unique)?;
-                    retired.push(dir);
-                    tiered.extend(copies);
-                }
-                // An offline partition has no open log: rename its directory.
-                None => retired.extend(b.data.store.retire_partition_dir(&t.meta, p.index)?),
-            }
-        }
-        b.data.store.remove_meta(&t.meta.name)?;
-        b.data.remove_in_background(retired);
-        Ok(tiered)
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r.map_err(|e| e.to_string()))
-    .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    let tiered = blocking(move || data.delete_topic(&t)).await?;
     if !tiered.is_empty() {
         let b = Arc::clone(broker);
         let name = topic.meta.name.clone();
@@ -411,11 +373,7 @@ async fn grow_topic(
     if !quota.admit(count - current, now_ms()) {
         return Err(throttled());
     }
-    let mut meta = topic.meta.clone();
-    meta.partitions = count;
-    let added = open_and_save(broker, &meta, current).await?;
-    let mut partitions = topic.partitions.clone();
-    partitions.extend(added);
-    broker.data.topics.insert(Arc::new(Topic { meta, partitions }));
+    let data = Arc::clone(&broker.data);
+    blocking(move || data.grow_topic(&topic, count)).await?;
     Ok(())
 }
