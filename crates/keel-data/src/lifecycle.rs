@@ -65,6 +65,27 @@ impl DataPlane {
         Ok(tiered)
     }
 
+    /// Gives `topic` the config overrides `configs`: its description is
+    /// saved, then the registry holds the topic with them (the same
+    /// partitions; their open logs take the new settings from the caller).
+    pub fn set_topic_configs(
+        &self,
+        topic: &Topic,
+        configs: std::collections::BTreeMap<String, String>,
+    ) -> Result<Arc<Topic>, PartitionsError> {
+        let meta = TopicMeta {
+            configs,
+            ..topic.meta.clone()
+        };
+        self.save_meta(&meta)?;
+        let altered = Arc::new(Topic {
+            meta,
+            partitions: topic.partitions.clone(),
+        });
+        self.topics.insert(Arc::clone(&altered));
+        Ok(altered)
+    }
+
     fn save_meta(&self, meta: &TopicMeta) -> Result<(), PartitionsError> {
         self.store.save(meta).map_err(|error| PartitionsError::Io {
             path: self.data_dir.clone(),

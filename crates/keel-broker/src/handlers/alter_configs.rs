@@ -29,7 +29,6 @@ use crate::Broker;
 use keel_config::kafka_configs::{foreign, kafka_broker_config, UpdateMode};
 use keel_config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
 use keel_data::partition::Partition;
-use keel_data::topics::{Topic, TopicMeta};
 use keel_log::LogConfig;
 
 /// What a request asks of one resource.
@@ -596,22 +595,13 @@ async fn alter_topic(
         .filter(|k| configs.get(*k) != topic.meta.configs.get(*k))
         .cloned()
         .collect();
-    let meta = TopicMeta {
-        configs,
-        ..topic.meta.clone()
-    };
-    let b = Arc::clone(broker);
-    let saved = meta.clone();
-    tokio::task::spawn_blocking(move || b.data.store.save(&saved))
+    let data = Arc::clone(&broker.data);
+    let altered = tokio::task::spawn_blocking(move || data.set_topic_configs(&topic, configs))
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()))
         .map_err(|e| (ResponseError::KafkaStorageError, e))?;
-    let partitions = topic.partitions.clone();
-    broker.data.topics.insert(Arc::new(Topic {
-        meta,
-        partitions: partitions.clone(),
-    }));
+    let partitions = altered.partitions.clone();
     // The open logs take the new settings; an append in progress finishes
     // first.
     let topic_name = name.to_string();
