@@ -100,7 +100,8 @@ impl ClassicGroups {
             for completion in group.take_completions() {
                 deliver(waiting, completion);
             }
-            waiting.retain(|w| group.holds_waiter(w.id()));
+            let held = group.held_waiters();
+            waiting.retain(|w| held.contains(&w.id()));
             !waiting.is_empty()
         });
     }

@@ -6,7 +6,7 @@
 //! [`WaiterId`]; a later operation (another member's join, a timer tick)
 //! answers it with a [`Completion`], which the caller takes with
 //! [`Group::take_completions`] and delivers. A waiter the group no longer
-//! holds ([`Group::holds_waiter`]) without having answered it is gone: its
+//! holds ([`Group::held_waiters`]) without having answered it is gone: its
 //! member was replaced or sent the request again. Persisting the assignment
 //! is the caller's job:
 //! [`Group::sync`] hands the leader a [`SyncOutcome::Persist`] and the caller
@@ -21,7 +21,7 @@
 //!                        +---- member joins, leaves or expires ---- Stable
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use bytes::Bytes;
 use keel_protocol::ResponseError;
@@ -313,11 +313,13 @@ impl Group {
         std::mem::take(&mut self.completions)
     }
 
-    /// Whether a request waits as `waiter` still.
-    pub fn holds_waiter(&self, waiter: WaiterId) -> bool {
+    /// The waiters requests still wait as.
+    pub fn held_waiters(&self) -> HashSet<WaiterId> {
         self.members
             .values()
-            .any(|m| m.join_waiter == Some(waiter) || m.sync_waiter == Some(waiter))
+            .flat_map(|m| [m.join_waiter, m.sync_waiter])
+            .flatten()
+            .collect()
     }
 
     /// Rebuilds a group from its persisted metadata. Members come back
@@ -1313,7 +1315,7 @@ mod tests {
             g.take_completions().is_empty(),
             "the initial delay holds the join phase open"
         );
-        assert!(g.holds_waiter(a) && g.holds_waiter(b));
+        assert!(g.held_waiters().contains(&a) && g.held_waiters().contains(&b));
         // A member joined during the initial delay: it runs once more.
         assert!(!g.tick(200));
         assert!(g.take_completions().is_empty());
@@ -1325,14 +1327,14 @@ mod tests {
             assert_eq!((r.error, r.generation), (None, 1));
         }
         assert!(
-            !g.holds_waiter(a) && !g.holds_waiter(b),
+            !g.held_waiters().contains(&a) && !g.held_waiters().contains(&b),
             "answered waiters are let go"
         );
         assert!(g.take_completions().is_empty(), "taken once");
         // Waiters are unique across incarnations of a group id.
         let mut again = Group::new("g", config, 0);
         let c = later(again.join(params(""), 0));
-        assert!(!g.holds_waiter(c) && c != a);
+        assert!(!g.held_waiters().contains(&c) && c != a);
     }
 
     #[test]
@@ -1360,7 +1362,7 @@ mod tests {
         let second = later(g.join(changed(), 500));
         let third = later(g.join(changed(), 510));
         assert!(
-            g.holds_waiter(third) && !g.holds_waiter(second),
+            g.held_waiters().contains(&third) && !g.held_waiters().contains(&second),
             "the newer request waits"
         );
         assert!(g.take_completions().is_empty(), "neither is answered yet");
