@@ -54,9 +54,6 @@ impl Broker {
         let Some(api) = apis::find(key) else {
             return Reply::Close(format!("no handler for {key:?}"));
         };
-        if let Some(reason) = self.unchecked_api(api, client) {
-            return Reply::Close(reason);
-        }
         if let Some(reply) = self.group_denied(&decoded.body, version, id, client_id, client) {
             return reply;
         }
@@ -68,20 +65,6 @@ impl Broker {
             request_bytes: frame.bytes.len(),
         };
         (api.serve)(self, decoded.body, call).await
-    }
-
-    /// Why a request of an API whose ACL checks Keel does not make yet is
-    /// refused: with an authorizer, only `super.users` may send one.
-    fn unchecked_api(&self, api: &apis::Api, client: &ClientInfo) -> Option<String> {
-        if !self.authorizer.enabled || api.acl_checked || self.is_super_user(client) {
-            return None;
-        }
-        let reason = format!(
-            "{:?} is open to super.users only: Keel does not check its ACLs yet",
-            api.key
-        );
-        tracing::info!(target: "keel::authorizer", listener = %client.listener, client = %client.host, "{reason}; closing the connection");
-        Some(reason)
     }
 
     /// The answer to a group API whose group the client may not use (READ;

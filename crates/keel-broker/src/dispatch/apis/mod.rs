@@ -2,10 +2,8 @@
 //! finds a request's entry in [`APIS`] and runs it. An entry's function
 //! makes the API's ACL checks (`handlers::authz`), runs its handler,
 //! merges the denials into the answer, accounts the client's quotas and
-//! encodes the answer; adding an API is adding its function and its row.
-//!
-//! An API whose row says `acl_checked: false` checks no ACLs of its own:
-//! with an authorizer, only `super.users` may send it.
+//! encodes the answer; adding an API is adding its function, with its ACL
+//! checks, and its row.
 
 mod admin;
 mod data;
@@ -49,9 +47,6 @@ type Served<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
 /// One API as the broker serves it.
 pub(super) struct Api {
     pub key: ApiKey,
-    /// Whether its function checks ACLs resource by resource (or needs
-    /// none, as ApiVersions and the SASL exchange).
-    pub acl_checked: bool,
     pub serve: for<'a> fn(&'a Arc<Broker>, Request, Call<'a>) -> Served<'a>,
 }
 
@@ -60,7 +55,6 @@ macro_rules! api {
     ($variant:ident, $serve:path) => {
         Api {
             key: ApiKey::$variant,
-            acl_checked: true,
             serve: {
                 fn serve<'a>(b: &'a Arc<Broker>, body: Request, call: Call<'a>) -> Served<'a> {
                     Box::pin(async move {
