@@ -37,7 +37,7 @@ pub struct ReaderPosition {
     pub at_ms: i64,
 }
 
-/// A partition's recent readers, most recently seen last.
+/// A partition's recent readers.
 #[derive(Debug, Default)]
 pub struct Readers {
     seen: Mutex<Vec<ReaderPosition>>,
@@ -47,26 +47,28 @@ impl Readers {
     /// Notes that `reader` read from `offset` at `now_ms`.
     pub fn note(&self, reader: &Reader, offset: i64, now_ms: i64) {
         let mut seen = self.seen.lock();
-        if let Some(at) = seen.iter().position(|p| p.reader == *reader) {
-            let mut position = seen.remove(at);
-            position.offset = offset;
-            position.at_ms = now_ms;
-            seen.push(position);
+        if let Some(p) = seen.iter_mut().find(|p| p.reader == *reader) {
+            p.offset = offset;
+            p.at_ms = now_ms;
             return;
         }
-        if seen.len() == MAX_READERS {
-            seen.remove(0);
-        }
-        seen.push(ReaderPosition {
+        let position = ReaderPosition {
             reader: reader.clone(),
             offset,
             at_ms: now_ms,
-        });
+        };
+        if seen.len() < MAX_READERS {
+            seen.push(position);
+        } else if let Some(oldest) = seen.iter_mut().min_by_key(|p| p.at_ms) {
+            *oldest = position;
+        }
     }
 
     /// The readers seen, least recently first.
     pub fn positions(&self) -> Vec<ReaderPosition> {
-        self.seen.lock().clone()
+        let mut seen = self.seen.lock().clone();
+        seen.sort_by_key(|p| p.at_ms);
+        seen
     }
 }
 
