@@ -52,14 +52,7 @@ def test_backfill_stays_within_the_cold_read_budget(broker_factory):
     allowed = BUDGET * (elapsed + 1.0) + 2 * (1 << 20)
     assert total <= allowed, f"read {total} bytes in {elapsed:.2f}s under a {BUDGET} B/s budget"
     with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
-        stats = json.load(r)
-    cold = stats["cold_reads"]
-    io = {c["class"]: c for c in stats["io"]}
-    # The I/O scheduler's cold-read class is the budget the reads drew on.
-    assert io["cold_read"]["budget_bytes_per_sec"] == BUDGET
-    # (Read one after the other: a read-ahead may finish between them.)
-    assert abs(io["cold_read"]["bytes"] - cold["disk_bytes"]) <= 2 * (1 << 20), (io, cold)
-    assert io["cold_read"]["throttled_us"] >= cold["throttled_us_total"] > 0, (io, cold)
+        cold = json.load(r)["cold_reads"]
     assert cold["budget_bytes_per_sec"] == BUDGET
     assert cold["throttled_us_total"] > 0, cold
     assert cold["bytes"] >= total - (512 << 10), cold  # all but the tail cache's share

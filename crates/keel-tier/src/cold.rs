@@ -60,9 +60,7 @@ pub struct ColdReads {
     queue_depth: AtomicI64,
     reads: AtomicU64,
     bytes: AtomicU64,
-    disk_bytes: AtomicU64,
     wait_us_total: AtomicU64,
-    throttled_us_total: AtomicU64,
     read_ahead_limit_bytes: u64,
     read_ahead_held_bytes: AtomicU64,
     read_ahead_hits: AtomicU64,
@@ -86,9 +84,7 @@ impl ColdReads {
             queue_depth: AtomicI64::new(0),
             reads: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
-            disk_bytes: AtomicU64::new(0),
             wait_us_total: AtomicU64::new(0),
-            throttled_us_total: AtomicU64::new(0),
             read_ahead_limit_bytes: READ_AHEAD_POOL_BYTES,
             read_ahead_held_bytes: AtomicU64::new(0),
             read_ahead_hits: AtomicU64::new(0),
@@ -144,12 +140,10 @@ impl ColdReads {
         let queued = Instant::now();
         self.queue_depth.fetch_add(1, Ordering::Relaxed);
         let permit = self.slots.acquire().await;
-        let throttled = self.io.budget(IoClass::ColdRead).take(0).await;
+        self.io.budget(IoClass::ColdRead).take(0).await;
         self.queue_depth.fetch_sub(1, Ordering::Relaxed);
         self.wait_us_total
             .fetch_add(queued.elapsed().as_micros() as u64, Ordering::Relaxed);
-        self.throttled_us_total
-            .fetch_add(throttled.as_micros() as u64, Ordering::Relaxed);
         let result = self
             .bulk
             .run(read)
@@ -159,21 +153,23 @@ impl ColdReads {
         let read = result?;
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(read.bytes.len() as u64, Ordering::Relaxed);
-        self.disk_bytes.fetch_add(read.disk_bytes, Ordering::Relaxed);
         self.io.budget(IoClass::ColdRead).charge(read.disk_bytes).await;
         Ok(read.bytes)
     }
 
     pub fn stats(&self) -> ColdStats {
+        // The budget, the bytes read from the disk and the time waited for
+        // the budget are the cold-read class's own counters.
+        let class = self.io.budget(IoClass::ColdRead).stats();
         ColdStats {
-            budget_bytes_per_sec: self.io.budget(IoClass::ColdRead).bytes_per_sec(),
+            budget_bytes_per_sec: class.budget_bytes_per_sec,
             max_concurrent: self.max_concurrent as u64,
             queue_depth: self.queue_depth.load(Ordering::Relaxed).max(0) as u64,
             reads: self.reads.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
-            disk_bytes: self.disk_bytes.load(Ordering::Relaxed),
+            disk_bytes: class.bytes,
             wait_us_total: self.wait_us_total.load(Ordering::Relaxed),
-            throttled_us_total: self.throttled_us_total.load(Ordering::Relaxed),
+            throttled_us_total: class.throttled_us,
             read_ahead_held_bytes: self.read_ahead_held_bytes.load(Ordering::Relaxed),
             read_ahead_limit_bytes: self.read_ahead_limit_bytes,
             read_ahead_hits: self.read_ahead_hits.load(Ordering::Relaxed),
