@@ -276,7 +276,7 @@ fn reader() -> keel_data::readers::Reader {
 }
 
 fn no_tiers() -> Arc<keel_tier::Tiers> {
-    Arc::new(keel_tier::Tiers::new(&[], None).unwrap())
+    Arc::new(keel_tier::Tiers::new(keel_log::storage::DiskStorage::shared(), &[], None).unwrap())
 }
 
 fn read_bytes(source: keel_data::partition::ReadSource) -> (bool, Bytes) {

@@ -361,6 +361,7 @@ impl Storage for SimStorage {
                 .map(|(name, child)| DirEntry {
                     name: name.clone(),
                     is_dir: matches!(fs.nodes.get(child), Some(Node::Dir { .. })),
+                    modified: None,
                 })
                 .collect()),
             _ => Err(invalid(path, "not a directory")),

@@ -20,6 +20,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 
@@ -39,6 +40,9 @@ pub enum OpenMode {
 pub struct DirEntry {
     pub name: String,
     pub is_dir: bool,
+    /// When the entry last changed, where the storage keeps the time
+    /// (`None`: unknown).
+    pub modified: Option<SystemTime>,
 }
 
 /// Namespace operations. Paths are absolute or relative to the process's
@@ -232,9 +236,11 @@ impl Storage for DiskStorage {
             let Ok(name) = entry.file_name().into_string() else {
                 continue; // Keel never writes names that are not UTF-8.
             };
+            let meta = entry.metadata()?;
             out.push(DirEntry {
                 name,
-                is_dir: entry.file_type()?.is_dir(),
+                is_dir: meta.is_dir(),
+                modified: meta.modified().ok(),
             });
         }
         Ok(out)

@@ -20,18 +20,17 @@
 //! construction.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_log::batch::check_crc;
+use keel_log::storage::{read_file, sync_parent, write_all_at, OpenMode, Storage, StoredFile};
 use keel_log::{
-    find_timestamp_in_windows, read_uncached, read_windows, BatchHeader, SealedSegment, SegmentFile,
-    SegmentIndex, Tier, TieredSegment,
+    find_timestamp_in_windows, read_windows, BatchHeader, SealedSegment, SegmentFile, SegmentIndex, Tier,
+    TieredSegment,
 };
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload, WriteMultipart};
@@ -78,7 +77,7 @@ pub struct TierStats {
 /// One colder tier's storage.
 #[derive(Debug)]
 enum Store {
-    Dirs(Vec<PathBuf>),
+    Dirs(Dirs),
     Objects {
         store: Arc<dyn ObjectStore>,
         describe: String,
@@ -129,19 +128,28 @@ impl Drop for UncommittedCopy {
 
 impl Tiers {
     /// Tiers over `capacity_dirs` (none: no capacity tier) and the object
-    /// store of `remote` (`None`: no remote tier). An object store needs to
-    /// be opened inside a tokio runtime, which then runs its client.
-    pub fn new(capacity_dirs: &[PathBuf], remote: Option<&RemoteSettings>) -> io::Result<Tiers> {
+    /// store of `remote` (`None`: no remote tier). Capacity dirs and a
+    /// `file://` store are reached through `storage`. An object store needs
+    /// to be opened inside a tokio runtime, which then runs its client.
+    pub fn new(
+        storage: Arc<dyn Storage>,
+        capacity_dirs: &[PathBuf],
+        remote: Option<&RemoteSettings>,
+    ) -> io::Result<Tiers> {
         let capacity = if capacity_dirs.is_empty() {
             None
         } else {
             for dir in capacity_dirs {
-                fs::create_dir_all(dir)
+                storage
+                    .create_dir_all(dir)
                     .map_err(|e| io::Error::new(e.kind(), format!("capacity dir {}: {e}", dir.display())))?;
             }
-            Some(Store::Dirs(capacity_dirs.to_vec()))
+            Some(Store::Dirs(Dirs {
+                roots: capacity_dirs.to_vec(),
+                storage: Arc::clone(&storage),
+            }))
         };
-        let remote = remote.map(open_remote).transpose()?;
+        let remote = remote.map(|r| open_remote(&storage, r)).transpose()?;
         let runtime = Handle::try_current().ok();
         if remote.is_some() && runtime.is_none() {
             return Err(io::Error::other("an object store tier needs a tokio runtime"));
@@ -171,9 +179,9 @@ impl Tiers {
     /// Where a tier's copies go, for logs.
     pub fn describe(&self, tier: Tier) -> String {
         match self.store(tier) {
-            Ok(Store::Dirs(dirs)) if tier == Tier::Remote => format!("file://{}", dirs[0].display()),
+            Ok(Store::Dirs(dirs)) if tier == Tier::Remote => format!("file://{}", dirs.roots[0].display()),
             Ok(Store::Dirs(dirs)) => {
-                let dirs: Vec<_> = dirs.iter().map(|d| d.display().to_string()).collect();
+                let dirs: Vec<_> = dirs.roots.iter().map(|d| d.display().to_string()).collect();
                 dirs.join(",")
             }
             Ok(Store::Objects { describe, .. }) => describe.clone(),
@@ -362,14 +370,7 @@ impl Tiers {
             Store::Dirs(dirs) => {
                 let dirs = dirs.clone();
                 let prefix = prefix.to_string();
-                files = blocking(move || {
-                    let mut out = Vec::new();
-                    for dir in &dirs {
-                        walk(dir, &dir.join(&prefix), &mut out)?;
-                    }
-                    Ok(out)
-                })
-                .await?;
+                files = blocking(move || dirs.files_under(&prefix)).await?;
             }
             Store::Objects { store, .. } => {
                 // Three levels below the prefix: <topic>-<id>/<partition>/<files>.
@@ -503,7 +504,7 @@ impl Tiers {
 
     fn get_range_blocking(&self, store: &Store, name: &str, pos: u64, len: u64) -> io::Result<Bytes> {
         match store {
-            Store::Dirs(dirs) => read_uncached(&File::open(locate(dirs, name)?)?, pos, len),
+            Store::Dirs(dirs) => dirs.read_range(name, pos, len),
             Store::Objects { .. } => self.block_on(store.get_range(name, pos, len)),
         }
     }
@@ -523,7 +524,7 @@ impl Tiers {
         let fetch = |suffix: &str| -> io::Result<Bytes> {
             let name = format!("{}.{suffix}", segment.object);
             match store {
-                Store::Dirs(dirs) => fs::read(locate(dirs, &name)?).map(Bytes::from),
+                Store::Dirs(dirs) => dirs.read(&name),
                 Store::Objects { .. } => self.block_on(store.get(&name)),
             }
         };
@@ -546,8 +547,8 @@ impl Store {
     async fn put(&self, name: &str, bytes: Bytes) -> io::Result<()> {
         match self {
             Store::Dirs(dirs) => {
-                let path = place(dirs, name)?;
-                blocking(move || write_file(&path, |f| f.write_all_at(&bytes, 0))).await
+                let (dirs, name) = (dirs.clone(), name.to_string());
+                blocking(move || dirs.write(&name, &bytes)).await
             }
             Store::Objects { store, .. } => {
                 store
@@ -575,14 +576,18 @@ impl Store {
         let chunks = (0..len.div_ceil(CHUNK)).map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK)));
         match self {
             Store::Dirs(dirs) => {
-                let path = place(dirs, name)?;
-                let dst = Arc::new(create_file(&path)?);
+                let (dirs, name) = (dirs.clone(), name.to_string());
+                let (dst, path) = {
+                    let dirs = dirs.clone();
+                    blocking(move || dirs.create(&name)).await?
+                };
                 for (pos, n) in chunks {
                     budget.take(n).await;
                     let (src, dst) = (Arc::clone(&src), Arc::clone(&dst));
-                    blocking(move || dst.write_all_at(&src.read_uncached(pos, n, true)?, pos)).await?;
+                    blocking(move || write_all_at(dst.as_ref(), &src.read_uncached(pos, n, true)?, pos))
+                        .await?;
                 }
-                blocking(move || finish_file(&dst, &path)).await
+                blocking(move || dirs.finish(dst.as_ref(), &path)).await
             }
             Store::Objects { store, .. } => {
                 let upload = store.put_multipart(&object_path(name)?).await.map_err(io_error)?;
@@ -613,8 +618,8 @@ impl Store {
     async fn get(&self, name: &str) -> io::Result<Bytes> {
         match self {
             Store::Dirs(dirs) => {
-                let path = locate(dirs, name)?;
-                blocking(move || fs::read(path).map(Bytes::from)).await
+                let (dirs, name) = (dirs.clone(), name.to_string());
+                blocking(move || dirs.read(&name)).await
             }
             Store::Objects { store, .. } => store
                 .get(&object_path(name)?)
@@ -629,8 +634,8 @@ impl Store {
     async fn get_range(&self, name: &str, pos: u64, len: u64) -> io::Result<Bytes> {
         match self {
             Store::Dirs(dirs) => {
-                let path = locate(dirs, name)?;
-                blocking(move || read_uncached(&File::open(path)?, pos, len)).await
+                let (dirs, name) = (dirs.clone(), name.to_string());
+                blocking(move || dirs.read_range(&name, pos, len)).await
             }
             Store::Objects { store, .. } => store
                 .get_range(&object_path(name)?, pos..pos + len)
@@ -642,18 +647,8 @@ impl Store {
     async fn delete(&self, name: &str) -> io::Result<()> {
         match self {
             Store::Dirs(dirs) => {
-                let dirs = dirs.clone();
-                let name = name.to_string();
-                blocking(move || {
-                    for dir in &dirs {
-                        match fs::remove_file(dir.join(&name)) {
-                            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                            _ => {}
-                        }
-                    }
-                    Ok(())
-                })
-                .await
+                let (dirs, name) = (dirs.clone(), name.to_string());
+                blocking(move || dirs.delete(&name)).await
             }
             Store::Objects { store, .. } => match store.delete(&object_path(name)?).await {
                 Err(object_store::Error::NotFound { .. }) => Ok(()),
@@ -663,7 +658,7 @@ impl Store {
     }
 }
 
-fn open_remote(settings: &RemoteSettings) -> io::Result<Store> {
+fn open_remote(storage: &Arc<dyn Storage>, settings: &RemoteSettings) -> io::Result<Store> {
     let url = settings.url.as_str();
     let bad = |why: &str| {
         io::Error::new(
@@ -678,8 +673,11 @@ fn open_remote(settings: &RemoteSettings) -> io::Result<Store> {
         // A directory store, like a capacity dir: files written under their
         // final names (so a rolled-back copy leaves nothing behind) and read
         // with direct I/O.
-        fs::create_dir_all(path)?;
-        return Ok(Store::Dirs(vec![PathBuf::from(path)]));
+        storage.create_dir_all(Path::new(path))?;
+        return Ok(Store::Dirs(Dirs {
+            roots: vec![PathBuf::from(path)],
+            storage: Arc::clone(storage),
+        }));
     }
     if let Some(rest) = url.strip_prefix("s3://") {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -736,55 +734,136 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 
         .unwrap_or_else(|e| Err(io::Error::other(format!("tier task failed: {e}"))))
 }
 
-/// The capacity dir holding `name`.
-fn locate(dirs: &[PathBuf], name: &str) -> io::Result<PathBuf> {
-    dirs.iter()
-        .map(|d| d.join(name))
-        .find(|p| p.exists())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{name} is in no capacity dir")))
+/// Directories holding copies as files (capacity dirs, a `file://` store),
+/// reached through the storage seam.
+#[derive(Debug, Clone)]
+struct Dirs {
+    roots: Vec<PathBuf>,
+    storage: Arc<dyn Storage>,
 }
 
-/// Where a new capacity file goes: next to the copy's other files if any
-/// exist, else in the dir with the most free space.
-fn place(dirs: &[PathBuf], name: &str) -> io::Result<PathBuf> {
-    let object = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
-    let sibling = dirs.iter().find(|d| {
-        COPY_SUFFIXES
-            .iter()
-            .any(|s| d.join(format!("{object}.{s}")).exists())
-    });
-    let dir = match sibling {
-        Some(dir) => dir,
-        None => dirs
-            .iter()
-            .max_by_key(|d| free_bytes(d))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no capacity dir"))?,
-    };
-    let path = dir.join(name);
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent)?;
-    }
-    Ok(path)
-}
-
-/// Files under `dir` as (path relative to `root`, age in ms).
-fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, u64)>) -> io::Result<()> {
-    let entries = match fs::read_dir(dir) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        other => other?,
-    };
-    for entry in entries {
-        let entry = entry?;
-        let path = entry.path();
-        let meta = entry.metadata()?;
-        if meta.is_dir() {
-            walk(root, &path, out)?;
-        } else if let Ok(rel) = path.strip_prefix(root) {
-            let age = meta.modified()?.elapsed().map_or(0, |d| d.as_millis() as u64);
-            out.push((rel.to_string_lossy().into_owned(), age));
+impl Dirs {
+    /// The path of `name` in the dir holding it.
+    fn locate(&self, name: &str) -> io::Result<PathBuf> {
+        for root in &self.roots {
+            let path = root.join(name);
+            if self.storage.file_len(&path)?.is_some() {
+                return Ok(path);
+            }
         }
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{name} is in no capacity dir"),
+        ))
     }
-    Ok(())
+
+    /// Where a new file goes: next to the copy's other files if any exist,
+    /// else in the dir with the most free space.
+    fn place(&self, name: &str) -> io::Result<PathBuf> {
+        let object = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+        let mut sibling = None;
+        'roots: for root in &self.roots {
+            for suffix in COPY_SUFFIXES {
+                if self
+                    .storage
+                    .file_len(&root.join(format!("{object}.{suffix}")))?
+                    .is_some()
+                {
+                    sibling = Some(root);
+                    break 'roots;
+                }
+            }
+        }
+        let root = match sibling {
+            Some(root) => root,
+            None => self
+                .roots
+                .iter()
+                .max_by_key(|d| free_bytes(d))
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no capacity dir"))?,
+        };
+        let path = root.join(name);
+        if let Some(parent) = path.parent() {
+            self.storage.create_dir_all(parent)?;
+        }
+        Ok(path)
+    }
+
+    fn read(&self, name: &str) -> io::Result<Bytes> {
+        let path = self.locate(name)?;
+        read_file(self.storage.as_ref(), &path)?
+            .map(Bytes::from)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{} is gone", path.display())))
+    }
+
+    /// `len` bytes at `pos`, read with direct I/O where the filesystem
+    /// allows it.
+    fn read_range(&self, name: &str, pos: u64, len: u64) -> io::Result<Bytes> {
+        let path = self.locate(name)?;
+        self.storage
+            .open(&path, OpenMode::Read)?
+            .read_uncached(pos, len, true)
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let (file, path) = self.create(name)?;
+        write_all_at(file.as_ref(), bytes, 0)?;
+        self.finish(file.as_ref(), &path)
+    }
+
+    /// A new, empty file for `name`, and its path.
+    fn create(&self, name: &str) -> io::Result<(Arc<dyn StoredFile>, PathBuf)> {
+        let path = self.place(name)?;
+        Ok((self.storage.open(&path, OpenMode::Create)?, path))
+    }
+
+    /// fsyncs a written file and its directory, and drops its pages from
+    /// the page cache (a copy is cold data).
+    fn finish(&self, file: &dyn StoredFile, path: &Path) -> io::Result<()> {
+        file.sync_data()?;
+        file.drop_cache();
+        sync_parent(self.storage.as_ref(), path)
+    }
+
+    /// Removes `name` from every dir; a missing file is not an error.
+    fn delete(&self, name: &str) -> io::Result<()> {
+        for root in &self.roots {
+            match self.storage.remove_file(&root.join(name)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Every file under `prefix` in every dir, as (name relative to its
+    /// dir, age in ms). A file whose storage keeps no times has age 0, so
+    /// no sweep takes it for an old orphan.
+    fn files_under(&self, prefix: &str) -> io::Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        for root in &self.roots {
+            let mut stack = vec![root.join(prefix)];
+            while let Some(dir) = stack.pop() {
+                let entries = match self.storage.read_dir(&dir) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    other => other?,
+                };
+                for entry in entries {
+                    let path = dir.join(&entry.name);
+                    if entry.is_dir {
+                        stack.push(path);
+                    } else if let Ok(rel) = path.strip_prefix(root) {
+                        let age = entry
+                            .modified
+                            .and_then(|m| m.elapsed().ok())
+                            .map_or(0, |d| d.as_millis() as u64);
+                        out.push((rel.to_string_lossy().into_owned(), age));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Bytes free and total of the filesystem holding `dir`.
@@ -798,31 +877,6 @@ pub fn filesystem_space(dir: &Path) -> Option<(u64, u64)> {
 
 fn free_bytes(dir: &Path) -> u64 {
     rustix::fs::statvfs(dir).map_or(0, |s| s.f_bavail.saturating_mul(s.f_frsize))
-}
-
-fn create_file(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-}
-
-fn write_file(path: &Path, write: impl FnOnce(&File) -> io::Result<()>) -> io::Result<()> {
-    let file = create_file(path)?;
-    write(&file)?;
-    finish_file(&file, path)
-}
-
-/// fsyncs a written capacity file and its directory, and drops its pages
-/// from the page cache (a copy is cold data).
-fn finish_file(file: &File, path: &Path) -> io::Result<()> {
-    file.sync_all()?;
-    keel_log::drop_cached_pages(file);
-    if let Some(parent) = path.parent() {
-        File::open(parent)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Decoded indexes of colder-tier segments, oldest evicted first, within

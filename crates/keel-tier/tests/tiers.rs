@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use keel_log::batch::validate_batches;
+use keel_log::faults::{FaultEffect, FaultOp, FaultRule, FaultyStorage};
+use keel_log::storage::DiskStorage;
 use keel_log::testing::simple_batch;
 use keel_log::{LogConfig, PartitionLog, Tier, TierState};
 use keel_tier::{Budget, IoClass, RemoteSettings, Tiers};
@@ -37,8 +39,14 @@ fn filled_log(dir: &Path) -> PartitionLog {
 
 fn tiers(kind: &str, root: &Path) -> Tiers {
     match kind {
-        "capacity" => Tiers::new(&[root.join("cap-a"), root.join("cap-b")], None).unwrap(),
+        "capacity" => Tiers::new(
+            DiskStorage::shared(),
+            &[root.join("cap-a"), root.join("cap-b")],
+            None,
+        )
+        .unwrap(),
         _ => Tiers::new(
+            DiskStorage::shared(),
             &[],
             Some(&RemoteSettings {
                 url: format!("file://{}", root.join("bucket").display()),
@@ -213,4 +221,47 @@ async fn a_copy_held_as_uncommitted_is_not_listed() {
     assert_eq!(listed().await, [objects[1]], "held twice");
     drop(second);
     assert_eq!(listed().await, objects);
+}
+
+/// Capacity copies go through the storage seam: a failed write or fsync of
+/// a copy fails the copy (counted, nothing claimed copied), and the same
+/// copy succeeds once the disk behaves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_capacity_disk_fails_the_copy_and_claims_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let faulty = std::sync::Arc::new(FaultyStorage::new(DiskStorage::shared()));
+    let tiers = Tiers::new(faulty.clone(), &[root.path().join("cap")], None).unwrap();
+    let log = filled_log(data.path());
+    let segment = log.copy_candidates().remove(0);
+    let budget = Budget::unlimited(IoClass::TierMove);
+    let cap = root.path().join("cap").display().to_string();
+
+    for (n, rule) in [
+        FaultRule::new(FaultOp::Write, FaultEffect::Eio).path(&cap),
+        FaultRule::new(FaultOp::Sync, FaultEffect::Eio).path(&cap),
+        FaultRule::new(FaultOp::Write, FaultEffect::Short(100)).path(&cap),
+        FaultRule::new(FaultOp::Open, FaultEffect::Emfile).path(&cap),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        faulty.add(rule.clone());
+        let err = tiers
+            .copy(Tier::Capacity, &segment, "t-0011/0/a", &budget)
+            .await
+            .expect_err(&format!("{rule:?} must fail the copy"));
+        assert!(faulty.injected() > 0, "{rule:?} fired");
+        let stats = tiers.stats();
+        assert_eq!(stats.copies, 0, "{rule:?}: {err}");
+        assert_eq!(stats.copy_failures, n as u64 + 1, "{rule:?}");
+        faulty.clear();
+    }
+    tiers
+        .copy(Tier::Capacity, &segment, "t-0011/0/a", &budget)
+        .await
+        .unwrap();
+    assert_eq!(tiers.stats().copies, 1);
+    let listed = tiers.list_copies(Tier::Capacity, "t-0011").await.unwrap();
+    assert_eq!(listed.keys().collect::<Vec<_>>(), ["t-0011/0/a"]);
 }

@@ -529,8 +529,12 @@ fn open_data_plane(
     )
     .with_read_ahead_limit(memory.read_ahead_pool_bytes());
     let read_io = choose_read_io(&config, &data_dir).map_err(io_error(&data_dir))?;
-    let tiers = Tiers::new(&config.capacity_dirs(), config.remote_settings().as_ref())
-        .map_err(io_error(std::path::Path::new(config.get("keel.tier.remote"))))?;
+    let tiers = Tiers::new(
+        Arc::clone(&storage),
+        &config.capacity_dirs(),
+        config.remote_settings().as_ref(),
+    )
+    .map_err(io_error(std::path::Path::new(config.get("keel.tier.remote"))))?;
     for tier in [keel_log::Tier::Capacity, keel_log::Tier::Remote] {
         if tiers.has(tier) {
             tracing::info!(tier = tier.name(), at = %tiers.describe(tier), "colder tier");
