@@ -45,6 +45,8 @@ use tokio::sync::oneshot;
 
 use keel_log::clock::now_ms;
 
+use crate::codec::RecordError;
+
 /// The in-memory state a coordinator log holds, and its record schema.
 pub trait Table: Default + Send + 'static {
     type Record: Clone + Send + 'static;
@@ -56,7 +58,7 @@ pub trait Table: Default + Send + 'static {
     fn records(&self) -> Vec<Self::Record>;
     /// A record's key and value (a `None` value is a tombstone).
     fn encode(record: &Self::Record) -> (Bytes, Option<Bytes>);
-    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<Self::Record, String>;
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<Self::Record, RecordError>;
     /// Applies a record written in producer `producer_id`'s transaction:
     /// it takes effect when the producer's commit marker does. Tables
     /// that take no transactional writes keep this default, which applies
@@ -624,7 +626,8 @@ fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<Decoded<T>>, String>
                 marker,
             }
         } else {
-            let decoded = T::decode(key, record.value.as_deref())?;
+            let decoded =
+                T::decode(key, record.value.as_deref()).map_err(|e| format!("{} record: {e}", T::NAME))?;
             if record.transactional {
                 Entry::Transactional {
                     producer_id: record.producer_id,
@@ -734,8 +737,8 @@ mod tests {
         fn encode(record: &String) -> (Bytes, Option<Bytes>) {
             (Bytes::from(record.clone()), None)
         }
-        fn decode(key: &[u8], _: Option<&[u8]>) -> Result<String, String> {
-            String::from_utf8(key.to_vec()).map_err(|e| e.to_string())
+        fn decode(key: &[u8], _: Option<&[u8]>) -> Result<String, RecordError> {
+            String::from_utf8(key.to_vec()).map_err(|e| RecordError(e.to_string()))
         }
     }
 

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use keel_coord::codec::RecordError;
 use keel_coord::metalog::{log_config, Durability, Entry, MetaLog, Table};
 use keel_log::faults::{FaultEffect, FaultOp, FaultRule, FaultyStorage};
 use keel_log::marker::Marker;
@@ -87,10 +88,11 @@ impl Table for Kv {
         (Bytes::copy_from_slice(&key.to_be_bytes()), value)
     }
 
-    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<KvRecord, String> {
-        let key = u32::from_be_bytes(key.try_into().map_err(|_| "bad key")?);
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<KvRecord, RecordError> {
+        let bad = |what: &str| RecordError(format!("bad {what}"));
+        let key = u32::from_be_bytes(key.try_into().map_err(|_| bad("key"))?);
         let value = value
-            .map(|v| v.try_into().map(u64::from_be_bytes).map_err(|_| "bad value"))
+            .map(|v| v.try_into().map(u64::from_be_bytes).map_err(|_| bad("value")))
             .transpose()?;
         Ok((key, value))
     }

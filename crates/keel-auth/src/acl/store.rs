@@ -112,8 +112,8 @@ impl Table for AclTable {
         (encode_key(&record.acl), value)
     }
 
-    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<AclRecord, String> {
-        decode(key, value).map_err(|e| e.to_string())
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<AclRecord, RecordError> {
+        decode(key, value)
     }
 }
 

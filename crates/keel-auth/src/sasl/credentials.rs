@@ -218,8 +218,8 @@ impl Table for ScramTable {
         (record.encode_key(), record.encode_value())
     }
 
-    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<ScramRecord, String> {
-        ScramRecord::decode(key, value).map_err(|e| e.to_string())
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<ScramRecord, RecordError> {
+        ScramRecord::decode(key, value)
     }
 }
 

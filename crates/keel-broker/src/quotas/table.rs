@@ -139,8 +139,8 @@ impl Table for QuotaTable {
         (record.encode_key(), record.encode_value())
     }
 
-    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<QuotaRecord, String> {
-        QuotaRecord::decode(key, value).map_err(|e| e.to_string())
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<QuotaRecord, RecordError> {
+        QuotaRecord::decode(key, value)
     }
 }
 

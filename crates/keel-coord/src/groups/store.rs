@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use super::consumer_records::ConsumerGroupView;
 use super::records::{CommittedOffset, GroupMetadata, GroupRecord};
+use crate::codec::RecordError;
 pub use crate::metalog::StoreError;
 use crate::metalog::{MetaLog, Table};
 
@@ -124,8 +125,8 @@ impl Table for GroupTable {
         (record.encode_key(), record.encode_value())
     }
 
-    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<GroupRecord, String> {
-        GroupRecord::decode(key, value).map_err(|e| e.to_string())
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<GroupRecord, RecordError> {
+        GroupRecord::decode(key, value)
     }
 
     fn apply_transactional(&mut self, producer_id: i64, producer_epoch: i16, record: GroupRecord) {

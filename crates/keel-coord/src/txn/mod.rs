@@ -29,6 +29,7 @@ use keel_protocol::ResponseError;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::codec::RecordError;
 use crate::metalog::{Durability, MetaLog, Table};
 use keel_log::clock::Clock;
 use records::TxnRecord;
@@ -91,8 +92,8 @@ impl Table for TxnTable {
         (record.encode_key(), record.encode_value())
     }
 
-    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<TxnRecord, String> {
-        TxnRecord::decode(key, value).map_err(|e| e.to_string())
+    fn decode(key: &[u8], value: Option<&[u8]>) -> Result<TxnRecord, RecordError> {
+        TxnRecord::decode(key, value)
     }
 }
 
