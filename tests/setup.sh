@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the test suite drives besides cargo and python3: kcat,
-# Prometheus, Go, versitygw, the Python test dependencies and Apache Kafka's
-# jars (bench/kafka/fetch.sh). `make test` runs it first, on CI's fresh
-# Debian machine (.ci/run) and on a developer's alike. Idempotent: what is
+# Installs what the build needs besides cargo (protoc) and what the test
+# suite drives besides python3: kcat, etcd, Prometheus, Go, versitygw, the
+# Python test dependencies and Apache Kafka's jars (bench/kafka/fetch.sh).
+# `make test` runs it first, on CI's fresh Debian machine (.ci/run) and on a developer's alike. Idempotent: what is
 # there already is left alone, so on a set-up machine it only checks.
 #
 # System packages come from apt-get (through sudo when not root). Without
@@ -64,6 +64,13 @@ have() { command -v "$1" >/dev/null 2>&1; }
 
 have kcat || apt_install kcat
 
+# The build needs protoc: the etcd-client crate compiles etcd's protos.
+have protoc || apt_install --no-install-recommends protobuf-compiler
+
+# tests/test_cluster.py runs brokers on a real etcd (Debian's etcd-server;
+# the tests start their own on loopback ports, not the package's service).
+have etcd || apt_install --no-install-recommends etcd-server
+
 # tests/test_metrics.py scrapes a running Keel with a real Prometheus
 # server (Debian's package; the test starts it, the package's own service
 # is not used).
@@ -121,6 +128,8 @@ have cargo && cargo --version
 "$PYTHON" --version
 have go && go version
 have kcat && kcat -V | grep -i version
+have protoc && protoc --version
+have etcd && etcd --version | head -1
 have prometheus && prometheus --version 2>&1 | head -1
 have java && java -version 2>&1 | head -1
 have go && echo "versitygw $(versitygw_version) at $(versitygw_bin)"

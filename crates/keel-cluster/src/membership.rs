@@ -1,0 +1,586 @@
+//! Broker membership on the coordination store: each broker registers
+//! under a lease (its session), keeps the lease alive, and follows every
+//! other broker's registration and the controller's election through a
+//! watch. The same code runs on one node (an in-process store, where the
+//! broker is alone and always the controller) and in a cluster (etcd).
+//!
+//! Keys, under `keel.cluster.etcd.prefix` (`/keel` by default):
+//!
+//! ```text
+//! <prefix>/cluster_id          the cluster's id, set once by the first broker
+//! <prefix>/brokers/<node.id>   a live broker's registration (JSON), on its lease
+//! <prefix>/controller          the controller's node id (JSON), on its lease
+//! ```
+//!
+//! A session ends when its lease does: the broker stopped renewing it for
+//! a whole session timeout (it died, stalled, or lost the store), or it
+//! left. Its keys go with it, so the others see it leave, and elect a new
+//! controller if it was the one. A broker that cannot confirm its lease
+//! within the timeout counts itself fenced; when the store answers again
+//! it registers anew, in a new broker epoch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::store::{Compare, CoordStore, KeyValue, LeaseId, Op, StoreError, WatchEvent};
+
+/// How long to wait after a failed request before trying again.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// One advertised listener of a broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub listener: String,
+    pub host: String,
+    pub port: i32,
+}
+
+/// What a broker registers: who it is and where clients reach it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    pub node_id: i32,
+    #[serde(default)]
+    pub rack: Option<String>,
+    pub endpoints: Vec<Endpoint>,
+    /// Its data directory's `directory.id`: a broker restarted on the same
+    /// directory replaces its own earlier registration at once, where a
+    /// second broker claiming the node id is refused.
+    pub directory_id: String,
+}
+
+impl Registration {
+    /// The endpoint of `listener`, if the broker has that listener.
+    pub fn endpoint(&self, listener: &str) -> Option<&Endpoint> {
+        self.endpoints.iter().find(|e| e.listener == listener)
+    }
+}
+
+/// A live broker as the others see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub registration: Registration,
+    /// The broker epoch: the store's revision of its registration.
+    pub epoch: i64,
+}
+
+/// The elected controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Controller {
+    pub node_id: i32,
+    /// The controller epoch: the store's revision of the election, rising
+    /// with every new controller.
+    pub epoch: i64,
+}
+
+/// Membership settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The keys' prefix (`keel.cluster.etcd.prefix`), without a trailing `/`.
+    pub prefix: String,
+    /// How long a broker's lease lives without renewal
+    /// (`keel.cluster.session.timeout.ms`).
+    pub session_timeout: Duration,
+}
+
+impl Settings {
+    fn key(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
+    }
+
+    fn broker_key(&self, node_id: i32) -> String {
+        self.key(&format!("brokers/{node_id}"))
+    }
+}
+
+/// Why a broker could not join.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinError {
+    /// Another live broker, on another data directory, holds this node id.
+    /// (`holder`: its registration, `None` if Keel cannot read it).
+    DuplicateNodeId {
+        node_id: i32,
+        holder: Option<Registration>,
+    },
+    Store(StoreError),
+}
+
+impl std::fmt::Display for JoinError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JoinError::DuplicateNodeId { node_id, holder } => {
+                let holder = holder.as_ref().map_or("unreadable registration".into(), |h| {
+                    let at: Vec<String> = h
+                        .endpoints
+                        .iter()
+                        .map(|e| format!("{}://{}:{}", e.listener, e.host, e.port))
+                        .collect();
+                    format!("{}, directory.id {}", at.join(","), h.directory_id)
+                });
+                write!(
+                    f,
+                    "node.id={node_id} is registered by another live broker ({holder}); \
+                     every broker of a cluster needs its own node.id"
+                )
+            }
+            JoinError::Store(e) => write!(f, "cannot register with the coordination store: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}
+
+impl From<StoreError> for JoinError {
+    fn from(e: StoreError) -> JoinError {
+        JoinError::Store(e)
+    }
+}
+
+/// This broker's session.
+#[derive(Debug, Clone, Copy)]
+struct Session {
+    lease: LeaseId,
+    epoch: i64,
+    /// When the last renewal that the store confirmed was sent: the lease
+    /// lives at least a session timeout past it.
+    renewed_at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct View {
+    members: BTreeMap<i32, Member>,
+    controller: Option<Controller>,
+    session: Option<Session>,
+    /// Set while this broker cannot be sure its session is alive.
+    fenced: bool,
+}
+
+/// This broker's membership of the cluster.
+#[derive(Debug)]
+pub struct Membership {
+    store: Arc<dyn CoordStore>,
+    settings: Settings,
+    me: Registration,
+    view: Mutex<View>,
+    /// Bumped on every change of the view.
+    changes: tokio::sync::watch::Sender<u64>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Membership {
+    /// Membership of `me` through `store`; nothing is registered until
+    /// [`Membership::start`].
+    pub fn new(store: Arc<dyn CoordStore>, settings: Settings, me: Registration) -> Arc<Membership> {
+        Arc::new(Membership {
+            store,
+            settings,
+            me,
+            view: Mutex::new(View::default()),
+            changes: tokio::sync::watch::channel(0).0,
+            tasks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The cluster's id: the one stored, or `candidate` if none is yet
+    /// (this broker is the first). Waits for a store that does not answer,
+    /// as a broker waits for its cluster at start-up.
+    pub async fn claim_cluster_id(
+        store: &dyn CoordStore,
+        settings: &Settings,
+        candidate: &str,
+    ) -> Result<String, StoreError> {
+        let key = settings.key("cluster_id");
+        loop {
+            match claim_once(store, &key, candidate).await {
+                Ok(Some(id)) => return Ok(id),
+                Ok(None) => {} // claimed by another meanwhile: read it
+                Err(StoreError::Unavailable(why)) => {
+                    tracing::warn!(store = %store.describe(), %why, "waiting for the coordination store");
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Registers this broker (waiting up to a session timeout for an
+    /// earlier registration of its node id to expire), takes part in the
+    /// controller election, reads the view, and keeps all three going in
+    /// the background until [`Membership::leave`].
+    pub async fn start(self: &Arc<Self>) -> Result<(), JoinError> {
+        self.register().await?;
+        self.elect().await;
+        // The first view before returning, so Metadata lists the others
+        // from the first request on.
+        if let Ok(snapshot) = self.store.range(&self.settings.key("")).await {
+            self.rebuild(&snapshot.kvs);
+        }
+        let session = tokio::spawn(Arc::clone(self).keep_session());
+        let follow = tokio::spawn(Arc::clone(self).follow());
+        self.tasks.lock().extend([session, follow]);
+        Ok(())
+    }
+
+    /// Ends the session now (on shutdown): the others see this broker
+    /// leave at once instead of after a session timeout.
+    pub async fn leave(&self) {
+        for task in self.tasks.lock().drain(..) {
+            task.abort();
+        }
+        let lease = self.view.lock().session.take().map(|s| s.lease);
+        if let Some(lease) = lease {
+            let wait = self.settings.session_timeout;
+            match tokio::time::timeout(wait, self.store.revoke(lease)).await {
+                Ok(Ok(())) => tracing::info!(node = self.me.node_id, "left the cluster"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not end the session; it expires on its own"),
+                Err(_) => tracing::warn!("the store did not answer; the session expires on its own"),
+            }
+        }
+    }
+
+    /// Stops renewing the session without ending it, as a crash does: the
+    /// others see this broker leave once its lease expires.
+    pub fn abandon(&self) {
+        for task in self.tasks.lock().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// This broker's registration.
+    pub fn me(&self) -> &Registration {
+        &self.me
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Where the coordination store is, for logs and stats.
+    pub fn store_description(&self) -> String {
+        self.store.describe()
+    }
+
+    /// The live brokers, by node id. This broker is always among them (a
+    /// client talking to it sees it, whatever the store says now).
+    pub fn members(&self) -> Vec<Member> {
+        let view = self.view.lock();
+        let mut members = view.members.clone();
+        members.entry(self.me.node_id).or_insert_with(|| Member {
+            registration: self.me.clone(),
+            epoch: view.session.map_or(-1, |s| s.epoch),
+        });
+        members.into_values().collect()
+    }
+
+    /// The controller, if one is elected.
+    pub fn controller(&self) -> Option<Controller> {
+        self.view.lock().controller
+    }
+
+    /// This broker's epoch (-1 before it registers).
+    pub fn broker_epoch(&self) -> i64 {
+        self.view.lock().session.map_or(-1, |s| s.epoch)
+    }
+
+    /// Whether this broker cannot be sure its session is alive: it has not
+    /// registered, or no renewal was confirmed within a session timeout.
+    pub fn is_fenced(&self) -> bool {
+        let view = self.view.lock();
+        match view.session {
+            None => true,
+            Some(s) => view.fenced || s.renewed_at.elapsed() >= self.settings.session_timeout,
+        }
+    }
+
+    /// A receiver that sees a change whenever the view does.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Puts this broker's registration on a new lease.
+    async fn register(&self) -> Result<(), JoinError> {
+        let ttl = self.settings.session_timeout;
+        let key = self.settings.broker_key(self.me.node_id);
+        let value = serde_json::to_vec(&self.me).expect("a registration serializes");
+        let deadline = Instant::now() + ttl + Duration::from_secs(1);
+        // The lease lives at least a session timeout past the moment it
+        // was asked for.
+        let mut granted = Instant::now();
+        let mut lease = self.grant(ttl).await?;
+        loop {
+            let put = Op::Put {
+                key: key.clone(),
+                value: value.clone(),
+                lease: Some(lease),
+            };
+            let existing = match self.store.get(&key).await {
+                Err(StoreError::Unavailable(why)) => {
+                    tracing::warn!(store = %self.store.describe(), %why, "waiting for the coordination store");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+                other => other?,
+            };
+            let when = match existing {
+                None => Compare::Absent(key.clone()),
+                Some(kv) => match decode::<Registration>(&kv) {
+                    // Its own earlier session (a restart): replaced.
+                    Some(old) if old.directory_id == self.me.directory_id => {
+                        Compare::ModRevision(key.clone(), kv.mod_revision)
+                    }
+                    holder if Instant::now() >= deadline => {
+                        let _ = self.store.revoke(lease).await;
+                        return Err(JoinError::DuplicateNodeId {
+                            node_id: self.me.node_id,
+                            holder,
+                        });
+                    }
+                    // Someone else's, perhaps a dead broker's whose lease
+                    // has yet to expire: wait for it.
+                    _ => {
+                        tokio::time::sleep(RETRY).await;
+                        continue;
+                    }
+                },
+            };
+            match self.store.txn(vec![when], vec![put]).await {
+                Ok(Some(epoch)) => {
+                    let mut view = self.view.lock();
+                    view.session = Some(Session {
+                        lease,
+                        epoch,
+                        renewed_at: granted,
+                    });
+                    view.fenced = false;
+                    drop(view);
+                    tracing::info!(
+                        node = self.me.node_id,
+                        epoch,
+                        store = %self.store.describe(),
+                        "registered"
+                    );
+                    self.changed();
+                    return Ok(());
+                }
+                Ok(None) => {} // it changed under us: look again
+                Err(StoreError::LeaseExpired(_)) => {
+                    granted = Instant::now();
+                    lease = self.grant(ttl).await?;
+                }
+                Err(StoreError::Unavailable(why)) => {
+                    tracing::warn!(store = %self.store.describe(), %why, "waiting for the coordination store");
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// A new lease, waiting for a store that does not answer.
+    async fn grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        loop {
+            match self.store.grant(ttl).await {
+                Err(StoreError::Unavailable(why)) => {
+                    tracing::warn!(store = %self.store.describe(), %why, "waiting for the coordination store");
+                    tokio::time::sleep(RETRY).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Stands for controller if there is none: the first broker to put
+    /// the key, on its lease, wins.
+    async fn elect(&self) {
+        let Some(lease) = self.view.lock().session.map(|s| s.lease) else {
+            return;
+        };
+        let key = self.settings.key("controller");
+        let put = Op::Put {
+            key: key.clone(),
+            value: serde_json::to_vec(&self.me.node_id).expect("an id serializes"),
+            lease: Some(lease),
+        };
+        match self.store.txn(vec![Compare::Absent(key)], vec![put]).await {
+            Ok(Some(epoch)) => tracing::info!(node = self.me.node_id, epoch, "elected controller"),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "controller election"),
+        }
+    }
+
+    /// Renews the lease every third of the session timeout. A renewal the
+    /// store refuses (the lease expired) ends the session: the broker is
+    /// fenced and registers again. One it cannot confirm for a whole
+    /// timeout fences the broker until the store answers again.
+    async fn keep_session(self: Arc<Self>) {
+        let period = self.settings.session_timeout / 3;
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(session) = self.view.lock().session else {
+                return;
+            };
+            let sent = Instant::now();
+            match self.store.keep_alive(session.lease).await {
+                Ok(()) => {
+                    let mut view = self.view.lock();
+                    if let Some(s) = view.session.as_mut().filter(|s| s.lease == session.lease) {
+                        s.renewed_at = sent;
+                    }
+                    let was_fenced = std::mem::replace(&mut view.fenced, false);
+                    drop(view);
+                    if was_fenced {
+                        tracing::info!(node = self.me.node_id, "session confirmed again");
+                        self.changed();
+                    }
+                }
+                Err(StoreError::LeaseExpired(_)) => {
+                    self.fence("the session expired");
+                    match self.register().await {
+                        Ok(()) => self.elect().await,
+                        Err(e) => tracing::error!(error = %e, "cannot register again"),
+                    }
+                }
+                Err(e) => {
+                    if sent.duration_since(session.renewed_at) >= self.settings.session_timeout {
+                        self.fence(&e.to_string());
+                    }
+                }
+            }
+        }
+    }
+
+    fn fence(&self, why: &str) {
+        let was = std::mem::replace(&mut self.view.lock().fenced, true);
+        if !was {
+            tracing::error!(node = self.me.node_id, why, "fenced: the session may have ended");
+            self.changed();
+        }
+    }
+
+    /// Follows the registrations and the election: a read, then a watch
+    /// from the revision after it, again whenever the watch ends. Stands
+    /// for controller whenever there is none.
+    async fn follow(self: Arc<Self>) {
+        let prefix = self.settings.key("");
+        loop {
+            let snapshot = match self.store.range(&prefix).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the cluster view");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            self.rebuild(&snapshot.kvs);
+            if self.controller().is_none() {
+                // Its outcome, won or lost, comes through the watch.
+                self.elect().await;
+            }
+            let mut watch = match self.store.watch(&prefix, snapshot.revision + 1).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::debug!(error = %e, "watching the cluster view");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            while let Some(Ok(events)) = watch.recv().await {
+                self.apply(&events);
+                if self.controller().is_none() {
+                    self.elect().await;
+                }
+            }
+        }
+    }
+
+    /// The view from every key under the prefix.
+    fn rebuild(&self, kvs: &[KeyValue]) {
+        let mut view = self.view.lock();
+        view.members.clear();
+        view.controller = None;
+        for kv in kvs {
+            self.put(&mut view, kv);
+        }
+        drop(view);
+        self.changed();
+    }
+
+    fn apply(&self, events: &[WatchEvent]) {
+        let mut view = self.view.lock();
+        for event in events {
+            match event {
+                WatchEvent::Put(kv) => self.put(&mut view, kv),
+                WatchEvent::Delete { key, .. } => {
+                    if *key == self.settings.key("controller") {
+                        view.controller = None;
+                    } else if let Some(id) = self.node_of(key) {
+                        view.members.remove(&id);
+                    }
+                }
+            }
+        }
+        drop(view);
+        self.changed();
+    }
+
+    fn put(&self, view: &mut View, kv: &KeyValue) {
+        if kv.key == self.settings.key("controller") {
+            view.controller = decode::<i32>(kv).map(|node_id| Controller {
+                node_id,
+                epoch: kv.mod_revision,
+            });
+        } else if let Some(id) = self.node_of(&kv.key) {
+            match decode::<Registration>(kv) {
+                Some(registration) if registration.node_id == id => {
+                    view.members.insert(
+                        id,
+                        Member {
+                            registration,
+                            epoch: kv.mod_revision,
+                        },
+                    );
+                }
+                _ => tracing::warn!(key = %kv.key, "a registration Keel cannot read; ignored"),
+            }
+        }
+    }
+
+    /// The node id a registration key names.
+    fn node_of(&self, key: &str) -> Option<i32> {
+        key.strip_prefix(&self.settings.key("brokers/"))?.parse().ok()
+    }
+}
+
+/// The stored cluster id, or `candidate` once put; `None` if another
+/// broker put one between the read and the put.
+async fn claim_once(
+    store: &dyn CoordStore,
+    key: &str,
+    candidate: &str,
+) -> Result<Option<String>, StoreError> {
+    if let Some(kv) = store.get(key).await? {
+        return Ok(Some(String::from_utf8_lossy(&kv.value).into_owned()));
+    }
+    let put = Op::Put {
+        key: key.to_string(),
+        value: candidate.as_bytes().to_vec(),
+        lease: None,
+    };
+    let claimed = store
+        .txn(vec![Compare::Absent(key.to_string())], vec![put])
+        .await?;
+    Ok(claimed.map(|_| candidate.to_string()))
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(kv: &KeyValue) -> Option<T> {
+    serde_json::from_slice(&kv.value).ok()
+}

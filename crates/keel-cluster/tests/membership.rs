@@ -1,0 +1,319 @@
+//! Membership against the in-process store with expiring leases, on
+//! tokio's paused clock: brokers join, crash, lose the store and come
+//! back, and the model test drives random sequences of that with a
+//! printed seed (`KEEL_TEST_SEED` repeats one).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_cluster::store::{Compare, KeyValue, LeaseId, Op, Snapshot, StoreFuture, Watch};
+use keel_cluster::{
+    CoordStore, Endpoint, JoinError, LocalStore, Membership, Registration, Settings, StoreError,
+};
+use keel_log::clock::Clock;
+use keel_log::testing::test_seed;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const TTL: Duration = Duration::from_secs(6);
+
+/// Milliseconds on tokio's (paused) clock.
+struct TokioClock(tokio::time::Instant);
+
+impl Clock for TokioClock {
+    fn now_ms(&self) -> i64 {
+        self.0.elapsed().as_millis() as i64
+    }
+}
+
+fn shared_store() -> Arc<LocalStore> {
+    Arc::new(LocalStore::with_clock(Arc::new(TokioClock(
+        tokio::time::Instant::now(),
+    ))))
+}
+
+/// One broker's way to the shared store, which the test can cut.
+#[derive(Debug)]
+struct Link {
+    store: Arc<LocalStore>,
+    up: AtomicBool,
+}
+
+impl Link {
+    fn new(store: &Arc<LocalStore>) -> Arc<Link> {
+        Arc::new(Link {
+            store: Arc::clone(store),
+            up: AtomicBool::new(true),
+        })
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.up.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable("cut".into()))
+        }
+    }
+}
+
+macro_rules! through {
+    ($self:ident, $call:expr) => {{
+        match $self.check() {
+            Ok(()) => $call,
+            // As a real client does, it finds out only when its request
+            // times out.
+            Err(e) => Box::pin(async move {
+                tokio::time::sleep(TTL / 3).await;
+                Err(e)
+            }),
+        }
+    }};
+}
+
+impl CoordStore for Link {
+    fn describe(&self) -> String {
+        "link".into()
+    }
+    fn grant(&self, ttl: Duration) -> StoreFuture<'_, LeaseId> {
+        through!(self, self.store.grant(ttl))
+    }
+    fn keep_alive(&self, lease: LeaseId) -> StoreFuture<'_, ()> {
+        through!(self, self.store.keep_alive(lease))
+    }
+    fn revoke(&self, lease: LeaseId) -> StoreFuture<'_, ()> {
+        through!(self, self.store.revoke(lease))
+    }
+    fn get(&self, key: &str) -> StoreFuture<'_, Option<KeyValue>> {
+        through!(self, self.store.get(key))
+    }
+    fn range(&self, prefix: &str) -> StoreFuture<'_, Snapshot> {
+        through!(self, self.store.range(prefix))
+    }
+    fn txn(&self, when: Vec<Compare>, ops: Vec<Op>) -> StoreFuture<'_, Option<i64>> {
+        through!(self, self.store.txn(when, ops))
+    }
+    fn watch(&self, prefix: &str, from: i64) -> StoreFuture<'_, Watch> {
+        through!(self, self.store.watch(prefix, from))
+    }
+}
+
+fn registration(node_id: i32, directory: &str) -> Registration {
+    Registration {
+        node_id,
+        rack: None,
+        endpoints: vec![Endpoint {
+            listener: "PLAINTEXT".into(),
+            host: "127.0.0.1".into(),
+            port: 9000 + node_id,
+        }],
+        directory_id: directory.into(),
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        prefix: "/keel".into(),
+        session_timeout: TTL,
+    }
+}
+
+fn ids(m: &Membership) -> Vec<i32> {
+    m.members().iter().map(|m| m.registration.node_id).collect()
+}
+
+async fn join(link: &Arc<Link>, node_id: i32) -> Arc<Membership> {
+    let m = Membership::new(
+        link.clone(),
+        settings(),
+        registration(node_id, &format!("dir-{node_id}")),
+    );
+    m.start().await.unwrap();
+    m
+}
+
+async fn settle(time: Duration) {
+    tokio::time::sleep(time).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn brokers_see_each_other_and_agree_on_one_controller() {
+    let store = shared_store();
+    let links: Vec<_> = (0..3).map(|_| Link::new(&store)).collect();
+    let mut brokers = Vec::new();
+    for (i, link) in links.iter().enumerate() {
+        brokers.push(join(link, i as i32 + 1).await);
+    }
+    settle(Duration::from_millis(10)).await;
+    for b in &brokers {
+        assert_eq!(ids(b), [1, 2, 3]);
+        assert_eq!(
+            b.controller().map(|c| c.node_id),
+            Some(1),
+            "the first to join is elected"
+        );
+        assert!(!b.is_fenced());
+    }
+    let cluster_id = Membership::claim_cluster_id(store.as_ref(), &settings(), "first").await;
+    assert_eq!(cluster_id.unwrap(), "first");
+    let again = Membership::claim_cluster_id(store.as_ref(), &settings(), "second").await;
+    assert_eq!(again.unwrap(), "first", "the first claim stands");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_controller_is_replaced_after_its_session_times_out() {
+    let store = shared_store();
+    let links: Vec<_> = (0..3).map(|_| Link::new(&store)).collect();
+    let mut brokers = Vec::new();
+    for (i, link) in links.iter().enumerate() {
+        brokers.push(join(link, i as i32 + 1).await);
+    }
+    let before = brokers[1].controller().unwrap();
+    brokers[0].abandon();
+    settle(TTL / 2).await;
+    assert_eq!(ids(&brokers[1]), [1, 2, 3], "not gone before its lease expires");
+    settle(TTL).await;
+    for b in &brokers[1..] {
+        assert_eq!(ids(b), [2, 3]);
+        let now = b.controller().expect("a new controller");
+        assert_ne!(now.node_id, 1);
+        assert!(now.epoch > before.epoch, "{now:?} after {before:?}");
+    }
+    // A clean leave is seen at once.
+    brokers[2].leave().await;
+    settle(Duration::from_millis(10)).await;
+    assert_eq!(ids(&brokers[1]), [2]);
+    assert_eq!(brokers[1].controller().map(|c| c.node_id), Some(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_broker_cut_from_the_store_fences_itself_and_rejoins_in_a_new_epoch() {
+    let store = shared_store();
+    let (a, b) = (Link::new(&store), Link::new(&store));
+    let one = join(&a, 1).await;
+    let two = join(&b, 2).await;
+    let epoch = two.broker_epoch();
+    b.up.store(false, Ordering::SeqCst);
+    settle(TTL + TTL / 3).await;
+    assert!(
+        two.is_fenced(),
+        "no renewal confirmed for a whole session timeout"
+    );
+    assert_eq!(ids(&one), [1], "its lease expired for the others");
+    b.up.store(true, Ordering::SeqCst);
+    settle(TTL).await;
+    assert!(!two.is_fenced());
+    assert!(two.broker_epoch() > epoch, "a new session, a new epoch");
+    assert_eq!(ids(&one), [1, 2]);
+    assert_eq!(ids(&two), [1, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_id_is_held_by_one_directory() {
+    let store = shared_store();
+    let link = Link::new(&store);
+    let first = join(&link, 7).await;
+    let impostor = Membership::new(link.clone(), settings(), registration(7, "another-dir"));
+    match impostor.start().await {
+        Err(JoinError::DuplicateNodeId { node_id: 7, holder }) => {
+            assert_eq!(holder.unwrap().directory_id, "dir-7");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(!first.is_fenced());
+    // The same directory restarted (its old session not yet expired)
+    // takes its registration over at once.
+    first.abandon();
+    let restarted = join(&link, 7).await;
+    assert!(restarted.broker_epoch() > first.broker_epoch());
+    settle(TTL * 2).await;
+    assert_eq!(
+        ids(&restarted),
+        [7],
+        "the old lease's expiry leaves the new registration"
+    );
+    assert!(!restarted.is_fenced());
+}
+
+/// Random crashes, restarts, cuts and heals. At every step: a broker that
+/// thinks its session is alive has its registration in the store in its
+/// own epoch (it is never live on a lease that has ended). After healing
+/// everything: every running broker sees exactly the running ones and
+/// they agree on a controller among them.
+#[tokio::test(start_paused = true)]
+async fn model_random_crashes_and_cuts() {
+    let seed = test_seed();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let store = shared_store();
+    for round in 0..8 {
+        let n = rng.gen_range(2..=4);
+        let links: Vec<_> = (0..n).map(|_| Link::new(&store)).collect();
+        let mut running: Vec<Option<Arc<Membership>>> = Vec::new();
+        for (i, link) in links.iter().enumerate() {
+            running.push(Some(join(link, round * 10 + i as i32).await));
+        }
+        for _ in 0..30 {
+            let i = rng.gen_range(0..n);
+            match rng.gen_range(0..4) {
+                0 => {
+                    if let Some(m) = running[i].take() {
+                        m.abandon();
+                    } else {
+                        links[i].up.store(true, Ordering::SeqCst);
+                        let m = Membership::new(
+                            links[i].clone(),
+                            settings(),
+                            registration(round * 10 + i as i32, &format!("dir-{i}")),
+                        );
+                        m.start().await.expect("its own directory rejoins");
+                        running[i] = Some(m);
+                    }
+                }
+                1 => links[i].up.store(false, Ordering::SeqCst),
+                2 => links[i].up.store(true, Ordering::SeqCst),
+                _ => {}
+            }
+            settle(Duration::from_millis(
+                rng.gen_range(0..TTL.as_millis() as u64 * 2),
+            ))
+            .await;
+            store.expire();
+            for m in running.iter().flatten() {
+                if !m.is_fenced() {
+                    let key = format!("/keel/brokers/{}", m.me().node_id);
+                    let kv = store.get(&key).await.unwrap();
+                    let epoch = kv.as_ref().map(|kv| kv.mod_revision);
+                    assert_eq!(
+                        epoch,
+                        Some(m.broker_epoch()),
+                        "seed={seed}: unfenced on a dead session"
+                    );
+                }
+            }
+        }
+        for link in &links {
+            link.up.store(true, Ordering::SeqCst);
+        }
+        settle(TTL * 3).await;
+        let alive: Vec<i32> = running.iter().flatten().map(|m| m.me().node_id).collect();
+        for m in running.iter().flatten() {
+            assert_eq!(ids(m), alive, "seed={seed}");
+            assert!(!m.is_fenced(), "seed={seed}");
+            let controller = m.controller().expect("a controller").node_id;
+            assert!(alive.contains(&controller), "seed={seed}");
+            assert_eq!(
+                Some(controller),
+                running
+                    .iter()
+                    .flatten()
+                    .next()
+                    .unwrap()
+                    .controller()
+                    .map(|c| c.node_id)
+            );
+        }
+        for m in running.iter().flatten() {
+            m.leave().await;
+        }
+    }
+}
