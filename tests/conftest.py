@@ -12,6 +12,7 @@ Modes (environment):
                            that the tests themselves are right.
   KEEL_VERSITYGW=path      versitygw binary for the `s3server` fixture
                            (tests/s3server.py says where it looks otherwise).
+  KEEL_ETCD=path           etcd binary for the `etcd` fixture (tests/etcdserver.py).
 """
 from __future__ import annotations
 
@@ -390,6 +391,26 @@ def s3server(request, tmp_path_factory):
         s.close()
     # A finalizer rather than a yield, so a server that fails to start is
     # still registered when the setup failure is reported, and its log shows.
+    request.addfinalizer(teardown)
+    s.start()
+    return s
+
+
+@pytest.fixture
+def etcd(request, tmp_path_factory):
+    """A fresh etcd (one member, loopback ports) for this test alone
+    (stop/start allowed). See tests/etcdserver.py. Without etcd the test is
+    skipped, unless CI=true, where it fails (.ci/run installs it)."""
+    from etcdserver import INSTALL_HINT, EtcdServer, find_etcd
+    if find_etcd() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"etcd not found (CI=true); install it with {INSTALL_HINT}")
+        pytest.skip(f"etcd not found; install it with {INSTALL_HINT}")
+    s = _register(EtcdServer(tmp_path_factory.mktemp("etcd")))
+
+    def teardown():
+        _live_brokers.remove(s)
+        s.close()
     request.addfinalizer(teardown)
     s.start()
     return s

@@ -381,6 +381,14 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         "false",
         ConfigType::Boolean,
     ),
+    // Cluster mode (docs/cluster.md): etcd's client URLs, comma-separated;
+    // empty, one node on an in-process coordination store. Brokers given
+    // the same endpoints and prefix form one cluster.
+    ("keel.cluster.etcd.endpoints", "", ConfigType::List),
+    ("keel.cluster.etcd.prefix", "/keel", ConfigType::String),
+    // How long a broker's session (its etcd lease) lives without renewal:
+    // a broker that stops renewing leaves the cluster after it.
+    ("keel.cluster.session.timeout.ms", "6000", ConfigType::Int),
     // Tiers (see keel_tier::tiers). `log.dirs` is the fast tier, where all
     // writes land; sealed segments are copied to the capacity dirs, or to
     // the object store for topics with remote.storage.enable=true.
@@ -824,6 +832,20 @@ impl BrokerConfig {
             return Err(ConfigError {
                 key: "num.partitions".into(),
                 reason: "must be at least 1".into(),
+            });
+        }
+        let session = self.num("keel.cluster.session.timeout.ms");
+        if !(2000..=300_000).contains(&session) {
+            return Err(ConfigError {
+                key: "keel.cluster.session.timeout.ms".into(),
+                reason: "must be between 2000 and 300000 (etcd counts leases in whole seconds)".into(),
+            });
+        }
+        let prefix = self.get("keel.cluster.etcd.prefix");
+        if !prefix.starts_with('/') || prefix.ends_with('/') || prefix.contains("//") {
+            return Err(ConfigError {
+                key: "keel.cluster.etcd.prefix".into(),
+                reason: "must be a key path such as /keel: starting with '/', not ending with one".into(),
             });
         }
         if self.num("socket.request.max.bytes") < 1024 {
@@ -1344,6 +1366,21 @@ impl BrokerConfig {
         split_list(self.get("keel.tier.capacity.dirs"))
             .map(PathBuf::from)
             .collect()
+    }
+
+    /// etcd's client URLs (`keel.cluster.etcd.endpoints`); none in one-node
+    /// mode.
+    pub fn etcd_endpoints(&self) -> Vec<String> {
+        split_list(self.get("keel.cluster.etcd.endpoints"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// `keel.cluster.session.timeout.ms`.
+    pub fn cluster_session_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            u64::try_from(self.num("keel.cluster.session.timeout.ms")).unwrap_or(6000),
+        )
     }
 
     /// The object store settings, if `keel.tier.remote` is set.

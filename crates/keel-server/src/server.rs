@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_auth::sasl::{ConnectionAuth, SaslListener};
+use keel_broker::broker::identity;
 use keel_broker::{Broker, ClientInfo};
+use keel_cluster::Membership;
 use keel_config::{listeners, BrokerConfig};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
@@ -84,10 +86,7 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
     let admin_listener = bind_admin(&config).await?;
     let advertised = listeners::advertised(&config, &locals).map_err(|e| e.to_string())?;
     let data_dir = config.data_dir();
-    let broker = tokio::task::spawn_blocking(move || Broker::open(config, advertised))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let broker = open_broker(config, advertised).await?;
     if let Some(levels) = crate::loggers::installed() {
         let _ = broker.loggers.set(levels);
     }
@@ -137,11 +136,52 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
     if let Some(task) = admin_task {
         task.abort();
     }
+    broker.cluster.leave().await;
     tokio::task::spawn_blocking(move || broker.shutdown())
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Opens the broker as a member of its cluster: connects to the
+/// coordination store (etcd at `keel.cluster.etcd.endpoints`, or one in
+/// this process when there are none), takes the cluster id it holds (or
+/// gives it this directory's, or a new one, if it holds none yet), opens
+/// the data directory under it, and registers the broker.
+async fn open_broker(
+    config: BrokerConfig,
+    advertised: Vec<listeners::Endpoint>,
+) -> Result<Arc<Broker>, String> {
+    let endpoints = config.etcd_endpoints();
+    let settings = identity::cluster_settings(&config);
+    let store = keel_cluster::connect(&endpoints, settings.session_timeout)
+        .await
+        .map_err(|e| format!("keel.cluster.etcd.endpoints={}: {e}", endpoints.join(",")))?;
+    let data_dir = config.data_dir();
+    let stored = identity::read_meta_properties(keel_log::DiskStorage::shared().as_ref(), &data_dir)
+        .map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let candidate = stored.cluster_id.unwrap_or_else(identity::new_cluster_id);
+    let cluster_id = Membership::claim_cluster_id(store.as_ref(), &settings, &candidate)
+        .await
+        .map_err(|e| format!("cannot read the cluster id from {}: {e}", store.describe()))?;
+    let identity = identity::Identity {
+        cluster_id,
+        directory_id: stored.directory_id.unwrap_or_else(identity::new_directory_id),
+    };
+    let me = identity::registration(&config, &advertised, &identity.directory_id);
+    let membership = Membership::new(store, settings, me);
+    let broker =
+        tokio::task::spawn_blocking(move || Broker::open_in(config, advertised, identity, membership))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    if let Err(e) = broker.cluster.start().await {
+        let b = Arc::clone(&broker);
+        let _ = tokio::task::spawn_blocking(move || b.shutdown()).await;
+        return Err(e.to_string());
+    }
+    Ok(broker)
 }
 
 type AdminEndpoint = (TcpListener, admin::Auth, Option<Arc<crate::tls::Reloading>>);

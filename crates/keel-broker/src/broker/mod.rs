@@ -1,5 +1,6 @@
 //! The broker: topics, producer ids and request dispatch.
 
+pub mod identity;
 pub(crate) mod refused;
 mod state_metrics;
 
@@ -9,7 +10,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use uuid::Uuid;
 
 use crate::metrics::Metrics;
 use keel_config::{BrokerConfig, LiveConfig};
@@ -18,7 +18,7 @@ use keel_coord::metalog::OpenError;
 use keel_data::health::DirHealth;
 use keel_data::plane::DataPlane;
 use keel_data::producers::ProducerIdAllocator;
-use keel_data::topics::{base64_url, TopicRegistry, TopicStore, META_DIR};
+use keel_data::topics::{TopicRegistry, TopicStore, META_DIR};
 use keel_log::clock::{Clock, SystemClock};
 use keel_log::faults::FaultyStorage;
 use keel_log::{DiskStorage, ReadIo, Storage};
@@ -81,7 +81,10 @@ impl ClientInfo {
 /// Why the broker could not start.
 #[derive(Debug)]
 pub enum StartError {
-    Io { path: PathBuf, error: std::io::Error },
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     Topics(keel_data::plane::PartitionsError),
     Groups(OpenError),
     Transactions(OpenError),
@@ -89,6 +92,11 @@ pub enum StartError {
     Scram(OpenError),
     Acls(OpenError),
     Authorizer(keel_auth::SettingError),
+    /// The data directory belongs to another cluster.
+    InconsistentClusterId {
+        stored: String,
+        cluster: String,
+    },
 }
 
 impl std::fmt::Display for StartError {
@@ -102,6 +110,12 @@ impl std::fmt::Display for StartError {
             StartError::Scram(e) => write!(f, "cannot open the SCRAM credential log: {e}"),
             StartError::Acls(e) => write!(f, "cannot open the ACL log: {e}"),
             StartError::Authorizer(e) => write!(f, "the authorizer's settings: {e}"),
+            StartError::InconsistentClusterId { stored, cluster } => write!(
+                f,
+                "the data directory belongs to cluster {stored}, not to cluster {cluster} \
+                 that the coordination store names; give this broker an empty log.dirs or \
+                 point it at its own cluster"
+            ),
         }
     }
 }
@@ -118,6 +132,9 @@ pub struct Broker {
     /// The partitions, what they are built on and the background work on
     /// them.
     pub data: Arc<DataPlane>,
+    /// This broker's membership of the cluster: the live brokers and the
+    /// controller (one node: itself alone).
+    pub cluster: Arc<keel_cluster::Membership>,
     /// The fault-injecting layer under the data plane's storage, when the
     /// broker was started with `KEEL_FAILPOINTS=1` (tests only).
     pub failpoints: Option<FaultyStorage>,
@@ -167,17 +184,40 @@ impl Broker {
             .map_or(("", -1), |e| (e.host.as_str(), e.port))
     }
 
-    /// Opens the data directory: cluster identity, topics, partition logs
-    /// (with recovery). Blocking.
+    /// Opens the data directory of one node: its cluster identity (a new
+    /// one if the directory is new), topics, partition logs (with
+    /// recovery). Its membership, on an in-process store, is not started.
+    /// Blocking.
     pub fn open(
         config: BrokerConfig,
         advertised: Vec<keel_config::listeners::Endpoint>,
     ) -> Result<Arc<Broker>, StartError> {
         let data_dir = config.data_dir();
+        let stored = identity::read_meta_properties(DiskStorage::shared().as_ref(), &data_dir)
+            .map_err(io_error(&data_dir))?;
+        let identity = identity::Identity {
+            cluster_id: stored.cluster_id.unwrap_or_else(identity::new_cluster_id),
+            directory_id: stored.directory_id.unwrap_or_else(identity::new_directory_id),
+        };
+        let membership = identity::local_membership(&config, &advertised, &identity.directory_id);
+        Broker::open_in(config, advertised, identity, membership)
+    }
+
+    /// Opens the data directory as a member of the cluster `membership`
+    /// speaks for, under `identity` (the directory must carry the same
+    /// cluster id, or be new): topics, partition logs (with recovery).
+    /// The caller starts the membership once the broker is open. Blocking.
+    pub fn open_in(
+        config: BrokerConfig,
+        advertised: Vec<keel_config::listeners::Endpoint>,
+        identity: identity::Identity,
+        membership: Arc<keel_cluster::Membership>,
+    ) -> Result<Arc<Broker>, StartError> {
+        let data_dir = config.data_dir();
         let meta_dir = data_dir.join(META_DIR);
         let (storage, failpoints) = open_storage(&meta_dir)?;
-        let cluster_id =
-            load_cluster_id(storage.as_ref(), &data_dir, config.node_id()).map_err(io_error(&data_dir))?;
+        identity::settle_meta_properties(storage.as_ref(), &data_dir, config.node_id(), &identity)?;
+        let cluster_id = identity.cluster_id;
         let ids_path = meta_dir.join("producer-ids");
         let producer_ids =
             ProducerIdAllocator::open_with(Arc::clone(&storage), &ids_path).map_err(io_error(&ids_path))?;
@@ -199,6 +239,7 @@ impl Broker {
             memory,
             advertised,
             data: Arc::new(data),
+            cluster: membership,
             failpoints,
             producer_ids: Mutex::new(producer_ids),
             groups: Arc::new(coordinators.groups),
@@ -216,6 +257,29 @@ impl Broker {
         };
         broker.data.load_topics().map_err(StartError::Topics)?;
         Ok(Arc::new(broker))
+    }
+
+    /// This broker's membership for `/stats`: the store, its session, the
+    /// controller and the live brokers.
+    fn cluster_json(&self) -> serde_json::Value {
+        let c = &self.cluster;
+        serde_json::json!({
+            "store": c.store_description(),
+            "node_id": c.me().node_id,
+            "broker_epoch": c.broker_epoch(),
+            "fenced": c.is_fenced(),
+            "controller": c.controller().map(|c| serde_json::json!({
+                "node_id": c.node_id,
+                "epoch": c.epoch,
+            })),
+            "brokers": c.members().iter().map(|m| serde_json::json!({
+                "node_id": m.registration.node_id,
+                "epoch": m.epoch,
+                "endpoints": m.registration.endpoints.iter()
+                    .map(|e| format!("{}://{}:{}", e.listener, e.host, e.port))
+                    .collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
     }
 
     /// Counters for operators, as JSON: the tail cache and cold reads
@@ -244,6 +308,7 @@ impl Broker {
                 .cmp(&(b["topic"].as_str(), b["partition"].as_i64()))
         });
         serde_json::json!({
+            "cluster": self.cluster_json(),
             "tail_cache": {
                 "budget_bytes": t.budget_bytes,
                 "used_bytes": t.used_bytes,
@@ -624,23 +689,4 @@ fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
 /// The tail cache's budget under `config` (see `tail_cache_budget`).
 pub(crate) fn tail_cache_bytes(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
     u64::try_from(config.num("keel.tail.cache.bytes")).unwrap_or_else(|_| limit.default_tail_cache_bytes())
-}
-
-/// Reads or creates `meta.properties` (Kafka's format) with the cluster id.
-fn load_cluster_id(
-    storage: &dyn Storage,
-    data_dir: &std::path::Path,
-    node_id: i32,
-) -> std::io::Result<String> {
-    let path = data_dir.join("meta.properties");
-    if let Some(bytes) = keel_log::storage::read_file(storage, &path)? {
-        let text = String::from_utf8_lossy(&bytes);
-        if let Some(id) = text.lines().find_map(|l| l.strip_prefix("cluster.id=")) {
-            return Ok(id.trim().to_string());
-        }
-    }
-    let id = base64_url(Uuid::new_v4().as_bytes());
-    let text = format!("#Written by Keel\nversion=1\ncluster.id={id}\nnode.id={node_id}\n");
-    keel_log::storage::write_atomically(storage, &path, text.as_bytes())?;
-    Ok(id)
 }

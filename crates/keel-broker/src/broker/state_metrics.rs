@@ -57,6 +57,7 @@ pub(crate) fn state_registry(broker: &Broker) -> Registry {
     register_counters(&mut r, broker);
     register_io(&mut r, broker);
     register_groups(&mut r, broker);
+    register_cluster(&mut r, broker);
     register_partitions(&mut r, broker);
     let dirs = Family::<DirLabels, Gauge>::default();
     dirs.get_or_create(&DirLabels {
@@ -317,6 +318,38 @@ fn register_io(r: &mut Registry, broker: &Broker) {
         "Time an I/O class waited for its byte budget",
         throttled,
     );
+}
+
+/// This broker's view of the cluster.
+fn register_cluster(r: &mut Registry, broker: &Broker) {
+    let c = &broker.cluster;
+    let gauges: [(&str, &str, i64); 4] = [
+        (
+            "keel_cluster_brokers",
+            "Live brokers this broker sees",
+            c.members().len() as i64,
+        ),
+        (
+            "keel_cluster_controller_id",
+            "The elected controller's node id (-1: none)",
+            c.controller().map_or(-1, |c| i64::from(c.node_id)),
+        ),
+        (
+            "keel_cluster_broker_epoch",
+            "This broker's epoch (-1: not registered)",
+            c.broker_epoch(),
+        ),
+        (
+            "keel_cluster_fenced",
+            "1 while this broker cannot confirm its session",
+            i64::from(c.is_fenced()),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let g = Gauge::<i64>::default();
+        g.set(value);
+        r.register(name, help, g);
+    }
 }
 
 /// Groups by state.

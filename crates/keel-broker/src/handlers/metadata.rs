@@ -15,8 +15,7 @@ use super::{operations, str_bytes, topic_name};
 use crate::Broker;
 use keel_data::topics::Topic;
 
-/// Kafka's DescribeCluster endpoint type of brokers (KIP-919); a broker
-/// answers for itself only.
+/// Kafka's DescribeCluster endpoint type of brokers (KIP-919).
 const ENDPOINT_TYPE_BROKER: i8 = 1;
 
 /// Answers Metadata with the address of the listener the client came in on.
@@ -46,14 +45,20 @@ pub async fn metadata(
         }
         out
     };
-    let (host, port) = broker.endpoint(listener);
+    let brokers = live_brokers(broker, listener)
+        .into_iter()
+        .map(|b| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(b.node_id))
+                .with_host(str_bytes(b.host))
+                .with_port(b.port)
+                .with_rack(b.rack.map(str_bytes))
+        })
+        .collect();
     let mut resp = MetadataResponse::default()
-        .with_brokers(vec![MetadataResponseBroker::default()
-            .with_node_id(BrokerId(broker.config().node_id()))
-            .with_host(str_bytes(host))
-            .with_port(port)])
+        .with_brokers(brokers)
         .with_cluster_id(Some(str_bytes(&*broker.data.cluster_id)))
-        .with_controller_id(BrokerId(broker.config().node_id()))
+        .with_controller_id(controller_id(broker))
         .with_topics(topics)
         .with_cluster_authorized_operations(if req.include_cluster_authorized_operations {
             operations::CLUSTER
@@ -96,6 +101,48 @@ async fn requested_topic(
             error_topic(Some(&name), Uuid::nil(), error)
         }
     }
+}
+
+/// A live broker as clients of one listener reach it.
+struct LiveBroker {
+    node_id: i32,
+    host: String,
+    port: i32,
+    rack: Option<String>,
+}
+
+/// The live brokers, by node id, at their endpoints for `listener`. A
+/// broker without that listener is left out, as Kafka leaves it out; this
+/// broker is always in (at its first listener's address for a listener it
+/// does not know).
+fn live_brokers(broker: &Broker, listener: &str) -> Vec<LiveBroker> {
+    let me = broker.cluster.me().node_id;
+    broker
+        .cluster
+        .members()
+        .into_iter()
+        .filter_map(|m| {
+            let r = m.registration;
+            let (host, port) = if r.node_id == me {
+                let (host, port) = broker.endpoint(listener);
+                (host.to_string(), port)
+            } else {
+                let e = r.endpoint(listener)?;
+                (e.host.clone(), e.port)
+            };
+            Some(LiveBroker {
+                node_id: r.node_id,
+                host,
+                port,
+                rack: r.rack,
+            })
+        })
+        .collect()
+}
+
+/// The elected controller, -1 while there is none (as Kafka answers).
+fn controller_id(broker: &Broker) -> BrokerId {
+    BrokerId(broker.cluster.controller().map_or(-1, |c| c.node_id))
 }
 
 /// A partition's leader and epoch as Metadata gives them: while no broker
@@ -153,7 +200,6 @@ pub fn describe_cluster(
     req: DescribeClusterRequest,
     listener: &str,
 ) -> DescribeClusterResponse {
-    let node = BrokerId(broker.config().node_id());
     if req.endpoint_type != ENDPOINT_TYPE_BROKER {
         return DescribeClusterResponse::default()
             .with_endpoint_type(req.endpoint_type)
@@ -173,11 +219,19 @@ pub fn describe_cluster(
     DescribeClusterResponse::default()
         .with_endpoint_type(req.endpoint_type)
         .with_cluster_id(str_bytes(&*broker.data.cluster_id))
-        .with_controller_id(node)
-        .with_brokers(vec![DescribeClusterBroker::default()
-            .with_broker_id(node)
-            .with_host(str_bytes(broker.endpoint(listener).0))
-            .with_port(broker.endpoint(listener).1)])
+        .with_controller_id(controller_id(broker))
+        .with_brokers(
+            live_brokers(broker, listener)
+                .into_iter()
+                .map(|b| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(b.node_id))
+                        .with_host(str_bytes(b.host))
+                        .with_port(b.port)
+                        .with_rack(b.rack.map(str_bytes))
+                })
+                .collect(),
+        )
         .with_cluster_authorized_operations(operations)
 }
 

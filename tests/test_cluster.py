@@ -1,0 +1,183 @@
+"""Cluster membership on a real etcd: brokers given the same
+`keel.cluster.etcd.endpoints` see each other in Metadata and
+DescribeCluster, agree on one controller elected through etcd and on one
+cluster id; a broker that dies leaves after its session timeout (and the
+controller moves), one that restarts on its data dir rejoins at once, and
+a second broker claiming a node id, or a data dir of another cluster, is
+refused. Keel's own (Apache Kafka has no etcd), so skipped under
+KEEL_TEST_IMPL=kafka."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+import kafka_tools
+from conftest import IMPL, Broker, _live_brokers, wait_until
+
+pytestmark = pytest.mark.skipif(IMPL != "keel", reason="cluster mode over etcd is Keel's")
+
+SESSION_MS = 2000
+TIMEOUT_S = 15
+
+
+def start_cluster(etcd, tmp_path, ids, prefix="/keel-test"):
+    brokers = {}
+    for node in ids:
+        brokers[node] = member(etcd, tmp_path, node, prefix=prefix)
+        brokers[node].start()
+    return brokers
+
+
+def member(etcd, tmp_path, node, prefix="/keel-test", data=None):
+    """A broker of the cluster on `etcd`, not started; its log goes with a
+    failing test's report."""
+    base = tmp_path / f"b{node}"
+    base.mkdir(parents=True, exist_ok=True)
+    b = ClusterBroker(data or base / "data", base / f"broker-{node}.log", sets={
+        "node.id": str(node),
+        "keel.cluster.etcd.endpoints": etcd.endpoint,
+        "keel.cluster.etcd.prefix": prefix,
+        "keel.cluster.session.timeout.ms": str(SESSION_MS),
+    })
+    b.log_name = f"broker {node}"
+    _live_brokers.append(b)
+    return b
+
+
+class ClusterBroker(Broker):
+    def close(self) -> None:
+        super().close()
+        if self in _live_brokers:
+            _live_brokers.remove(self)
+
+
+def describe(b):
+    """DescribeCluster through a new client, with a short timeout: librdkafka
+    sends it to the controller it learnt from its first Metadata, so a
+    client that learnt a dead one gives up and the caller asks afresh."""
+    a = AdminClient({"bootstrap.servers": b.bootstrap})
+    return a.describe_cluster(request_timeout=3).result(5)
+
+
+def view(b):
+    """(node id -> port, controller id, cluster id) as `b` answers Metadata."""
+    md = AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=5)
+    return {i: m.port for i, m in md.brokers.items()}, md.controller_id, md.cluster_id
+
+
+def stats(b):
+    with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=TIMEOUT_S) as r:
+        return json.load(r)["cluster"]
+
+
+def test_brokers_list_each_other_and_agree_on_a_controller_and_cluster_id(etcd, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    try:
+        ports = {node: b.port for node, b in brokers.items()}
+        wait_until(lambda: all(view(b)[0] == ports for b in brokers.values()), TIMEOUT_S,
+                   "every broker to list all three")
+        views = [view(b) for b in brokers.values()]
+        assert len({v[1] for v in views}) == 1 and views[0][1] in ports, views
+        assert len({v[2] for v in views}) == 1, views
+        # DescribeCluster too, from each broker.
+        for b in brokers.values():
+            d = describe(b)
+            assert {n.id: n.port for n in d.nodes} == ports
+            assert (d.controller.id, d.cluster_id) == views[0][1:]
+        s = stats(brokers[2])
+        assert s["store"].startswith("etcd at ") and not s["fenced"] and s["broker_epoch"] > 0
+        assert [m["node_id"] for m in s["brokers"]] == [1, 2, 3]
+        # Apache Kafka's own tool lists every broker, asked at any one.
+        done = kafka_tools.run("org.apache.kafka.tools.BrokerApiVersionsCommand",
+                               "--bootstrap-server", brokers[3].bootstrap)
+        assert done.returncode == 0, done.stderr[-3000:]
+        for node, port in ports.items():
+            assert f"127.0.0.1:{port} (id: {node} rack: null" in done.stdout, done.stdout[:3000]
+    finally:
+        for b in brokers.values():
+            b.close()
+
+
+def test_a_killed_controller_is_replaced_and_a_restarted_broker_rejoins_at_once(etcd, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    try:
+        wait_until(lambda: len(view(brokers[1])[0]) == 3, TIMEOUT_S, "three brokers")
+        controller = view(brokers[1])[1]
+        others = [b for n, b in brokers.items() if n != controller]
+        killed_at = time.monotonic()
+        brokers[controller].kill9()
+        wait_until(lambda: all(controller not in view(b)[0] for b in others), TIMEOUT_S,
+                   "the killed broker to leave")
+        gone_after = time.monotonic() - killed_at
+        assert gone_after >= SESSION_MS / 1000 * 0.5, "left only once its session could expire"
+        new = {view(b)[1] for b in others}
+        assert len(new) == 1 and controller not in new, new
+        # Restarted on its data dir, it replaces its own registration without
+        # waiting for the old session to expire.
+        brokers[controller].start()
+        wait_until(lambda: all(len(view(b)[0]) == 3 for b in brokers.values()), TIMEOUT_S,
+                   "the restarted broker to rejoin")
+        # A clean stop leaves at once.
+        leaving = others[0]
+        leaving.stop()
+        stopped_at = time.monotonic()
+        rest = [b for b in brokers.values() if b is not leaving]
+        wait_until(lambda: all(len(view(b)[0]) == 2 for b in rest), TIMEOUT_S, "a clean leave")
+        assert time.monotonic() - stopped_at < SESSION_MS / 1000, "seen before its session expired"
+    finally:
+        for b in brokers.values():
+            b.close()
+
+
+def refused(b, message):
+    """Starts `b` and waits for it to exit with an error saying `message`
+    (its listeners are bound before it joins, so it may accept first)."""
+    try:
+        b.start()
+    except AssertionError:
+        pass
+    wait_until(lambda: not b.alive(), TIMEOUT_S, "the broker to give up")
+    assert b.proc.returncode != 0
+    assert message in b.log_tail(), b.log_tail()
+
+
+def test_a_taken_node_id_and_another_clusters_data_dir_are_refused(etcd, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1])
+    try:
+        # Refused once the holder's session has had time to expire.
+        started = time.monotonic()
+        refused(member(etcd, tmp_path / "impostor", 1), "node.id=1 is registered by another live broker")
+        assert time.monotonic() - started >= SESSION_MS / 1000
+        assert len(view(brokers[1])[0]) == 1 and not stats(brokers[1])["fenced"]
+        # A one-node broker's data dir carries its own cluster id.
+        alone = Broker(tmp_path / "alone" / "data", tmp_path / "alone" / "broker.log")
+        alone.start()
+        alone.stop()
+        refused(member(etcd, tmp_path, 5, data=tmp_path / "alone" / "data"),
+                "the data directory belongs to cluster")
+    finally:
+        for b in brokers.values():
+            b.close()
+
+
+def test_a_broker_that_loses_etcd_fences_itself_and_recovers(etcd, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2])
+    try:
+        wait_until(lambda: not stats(brokers[1])["fenced"], TIMEOUT_S, "a session")
+        etcd.stop()
+        wait_until(lambda: stats(brokers[1])["fenced"] and stats(brokers[2])["fenced"],
+                   TIMEOUT_S, "both brokers to count themselves fenced")
+        # Still answering clients meanwhile.
+        assert 1 in view(brokers[2])[0]
+        etcd.start()
+        wait_until(lambda: not any(stats(b)["fenced"] for b in brokers.values()), TIMEOUT_S * 2,
+                   "sessions confirmed again")
+        wait_until(lambda: all(len(view(b)[0]) == 2 for b in brokers.values()), TIMEOUT_S,
+                   "both brokers listed again")
+    finally:
+        for b in brokers.values():
+            b.close()
