@@ -372,19 +372,43 @@ def shared_broker(tmp_path_factory):
     b.close()
 
 
-@pytest.fixture
-def s3server(request, tmp_path_factory):
-    """A fresh S3-compatible server (versitygw, posix backend) with one empty
-    bucket, for this test alone (stop/start/kill9 allowed). See
-    tests/s3server.py. Without versitygw the test is skipped, unless CI=true,
-    where it fails (.ci/run installs it)."""
-    # Imported here: s3server imports helpers from this module.
-    from s3server import INSTALL_HINT, S3Server, find_versitygw
-    if find_versitygw() is None:
+class ServerProcess:
+    """What the suite's helper servers (tests/s3server.py, tests/etcdserver.py)
+    share: a process `proc` writing to `log_path`."""
+
+    proc: subprocess.Popen | None = None
+    log_path: Path
+
+    def kill9(self) -> None:
+        assert self.alive(), f"{self.log_name} not running"
+        self.proc.kill()
+        self.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n_bytes: int = 20000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n_bytes:].decode(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _server(request, what: str, found: bool, hint: str, make):
+    """A server process the suite drives (`make()` builds it), started for
+    one test and closed after it; its log goes with a failing test's
+    report. Without its binary the test is skipped, unless CI=true, where
+    it fails (.ci/run installs it)."""
+    if not found:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"versitygw not found (CI=true); install it with {INSTALL_HINT}")
-        pytest.skip(f"versitygw not found; install it with {INSTALL_HINT}")
-    s = _register(S3Server(tmp_path_factory.mktemp("s3")))
+            pytest.fail(f"{what} not found (CI=true); install it with {hint}")
+        pytest.skip(f"{what} not found; install it with {hint}")
+    s = _register(make())
 
     def teardown():
         _live_brokers.remove(s)
@@ -397,23 +421,23 @@ def s3server(request, tmp_path_factory):
 
 
 @pytest.fixture
+def s3server(request, tmp_path_factory):
+    """A fresh S3-compatible server (versitygw, posix backend) with one empty
+    bucket, for this test alone (stop/start/kill9 allowed). See
+    tests/s3server.py."""
+    # Imported here: s3server imports helpers from this module.
+    from s3server import INSTALL_HINT, S3Server, find_versitygw
+    return _server(request, "versitygw", find_versitygw() is not None, INSTALL_HINT,
+                   lambda: S3Server(tmp_path_factory.mktemp("s3")))
+
+
+@pytest.fixture
 def etcd(request, tmp_path_factory):
     """A fresh etcd (one member, loopback ports) for this test alone
-    (stop/start allowed). See tests/etcdserver.py. Without etcd the test is
-    skipped, unless CI=true, where it fails (.ci/run installs it)."""
+    (stop/start allowed). See tests/etcdserver.py."""
     from etcdserver import INSTALL_HINT, EtcdServer, find_etcd
-    if find_etcd() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"etcd not found (CI=true); install it with {INSTALL_HINT}")
-        pytest.skip(f"etcd not found; install it with {INSTALL_HINT}")
-    s = _register(EtcdServer(tmp_path_factory.mktemp("etcd")))
-
-    def teardown():
-        _live_brokers.remove(s)
-        s.close()
-    request.addfinalizer(teardown)
-    s.start()
-    return s
+    return _server(request, "etcd", find_etcd() is not None, INSTALL_HINT,
+                   lambda: EtcdServer(tmp_path_factory.mktemp("etcd")))
 
 
 @pytest.hookimpl(hookwrapper=True)

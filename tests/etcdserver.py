@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 import shutil
 import json
-import signal
 import subprocess
 import urllib.request
 from pathlib import Path
 
-from conftest import free_port, port_accepts, terminate, wait_until
+from conftest import ServerProcess, free_port, port_accepts, terminate, wait_until
 
 INSTALL_HINT = "apt-get install etcd-server (tests/setup.sh does this)"
 START_TIMEOUT_S = 30.0
@@ -32,7 +31,7 @@ def find_etcd() -> Path | None:
     return Path(found) if found else None
 
 
-class EtcdServer:
+class EtcdServer(ServerProcess):
     log_name = "etcd"
 
     def __init__(self, base_dir: Path, binary: Path | None = None):
@@ -85,20 +84,3 @@ class EtcdServer:
     def stop(self) -> None:
         terminate(self.proc, "etcd")
 
-    def kill9(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, n_bytes: int = 20000) -> str:
-        try:
-            return self.log_path.read_bytes()[-n_bytes:].decode(errors="replace")
-        except FileNotFoundError:
-            return "(no log)"
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()

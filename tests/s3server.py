@@ -33,14 +33,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import free_port, terminate
+from conftest import ServerProcess, free_port, terminate
 from s3client import S3Client
 
 VERSITYGW_VERSION = "v1.8.0"
 INSTALL_HINT = (f"go install github.com/versity/versitygw/cmd/versitygw@{VERSITYGW_VERSION}"
                 " (.ci/run does this)")
 START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
 
 # versitygw's bookkeeping inside the data dir and inside each bucket.
 ROOT_INTERNAL = {".vgwlocks"}
@@ -63,7 +62,7 @@ def find_versitygw() -> Path | None:
     return None
 
 
-class S3Server:
+class S3Server(ServerProcess):
     """versitygw on 127.0.0.1:port serving `data_dir` through its posix backend,
     with one bucket (`bucket`) created through the S3 API on first start."""
 
@@ -171,25 +170,6 @@ class S3Server:
     def stop(self) -> None:
         """SIGTERM and wait: the object store is gone, its data stays."""
         terminate(self.proc, "versitygw")
-
-    def kill9(self) -> None:
-        assert self.alive(), "versitygw not running"
-        self.proc.kill()
-        self.proc.wait(timeout=STOP_TIMEOUT_S)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, n_bytes: int = 20000) -> str:
-        try:
-            return self.log_path.read_bytes()[-n_bytes:].decode(errors="replace")
-        except FileNotFoundError:
-            return "(no log)"
-
-    def close(self) -> None:
-        if self.alive():
-            self.proc.kill()
-            self.proc.wait()
 
     def __enter__(self) -> "S3Server":
         self.start()

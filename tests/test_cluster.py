@@ -25,10 +25,14 @@ TIMEOUT_S = 15
 
 
 def start_cluster(etcd, tmp_path, ids, prefix="/keel-test"):
+    """Brokers `ids` of one cluster, each registered (its listeners accept
+    before it has joined; its session is confirmed once it has)."""
     brokers = {}
     for node in ids:
         brokers[node] = member(etcd, tmp_path, node, prefix=prefix)
         brokers[node].start()
+    for b in brokers.values():
+        wait_until(lambda: not stats(b)["fenced"], TIMEOUT_S, f"{b.log_name} to register")
     return brokers
 
 
@@ -70,7 +74,7 @@ def view(b):
 
 
 def stats(b):
-    with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=TIMEOUT_S) as r:
+    with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=5) as r:
         return json.load(r)["cluster"]
 
 
@@ -167,7 +171,6 @@ def test_a_taken_node_id_and_another_clusters_data_dir_are_refused(etcd, tmp_pat
 def test_a_broker_that_loses_etcd_fences_itself_and_recovers(etcd, tmp_path):
     brokers = start_cluster(etcd, tmp_path, [1, 2])
     try:
-        wait_until(lambda: not stats(brokers[1])["fenced"], TIMEOUT_S, "a session")
         etcd.stop()
         wait_until(lambda: stats(brokers[1])["fenced"] and stats(brokers[2])["fenced"],
                    TIMEOUT_S, "both brokers to count themselves fenced")
