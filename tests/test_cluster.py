@@ -15,7 +15,9 @@ import urllib.request
 import pytest
 from confluent_kafka.admin import AdminClient
 
+import hardening_wire as hw
 import kafka_tools
+import kafka_wire as w
 from conftest import IMPL, Broker, _live_brokers, wait_until
 
 pytestmark = pytest.mark.skipif(IMPL != "keel", reason="cluster mode over etcd is Keel's")
@@ -184,3 +186,47 @@ def test_a_broker_that_loses_etcd_fences_itself_and_recovers(etcd, tmp_path):
     finally:
         for b in brokers.values():
             b.close()
+
+
+def producer_ids(b, n):
+    with w.Conn(b.bootstrap) as conn:
+        out = []
+        for _ in range(n):
+            err, pid, epoch = hw.init_producer_id(conn)
+            assert (err, epoch) == (0, 0)
+            out.append(pid)
+        return out
+
+
+def test_brokers_never_hand_out_the_same_producer_id(etcd, tmp_path):
+    """Producer ids come in blocks from one counter in etcd: a producer id
+    from one broker is not another producer's on another broker (which
+    would merge their sequences), across restarts too. A directory that
+    handed out ids alone before joining starts above them."""
+    alone = member(etcd, tmp_path, 3)
+    alone.sets = {k: v for k, v in alone.sets.items() if not k.startswith("keel.cluster.")}
+    alone.start()
+    before = producer_ids(alone, 5)
+    alone.stop()
+    brokers = start_cluster(etcd, tmp_path, [1, 2])
+    try:
+        seen = producer_ids(brokers[1], 3) + producer_ids(brokers[2], 3)
+        brokers[1].kill9()
+        brokers[1].start()
+        wait_until(lambda: not stats(brokers[1])["fenced"], TIMEOUT_S, "broker 1 to rejoin")
+        seen += producer_ids(brokers[1], 3) + producer_ids(brokers[2], 3)
+        assert len(set(seen)) == len(seen), seen
+        assert seen[:3] != seen[3:6]
+    finally:
+        for b in brokers.values():
+            b.close()
+    # The lone directory joins a cluster of its own (the same etcd, another
+    # prefix): its cluster's first block starts above what it handed out.
+    joined = member(etcd, tmp_path, 3, prefix="/keel-other")
+    joined.data_dir = alone.data_dir
+    try:
+        joined.start()
+        wait_until(lambda: not stats(joined)["fenced"], TIMEOUT_S, "the lone directory to join")
+        assert min(producer_ids(joined, 3)) > max(before)
+    finally:
+        joined.close()

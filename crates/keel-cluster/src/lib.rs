@@ -5,12 +5,15 @@
 //! mode, and the simulated store of the model tests) or [`EtcdStore`] on an
 //! etcd cluster. [`Membership`] keeps a broker's session on it, follows the
 //! other brokers and elects the controller, the same code on either store.
+//! [`producer_ids`] hands a cluster's brokers disjoint blocks of producer
+//! ids.
 //!
 //! Does not know: Kafka requests, partitions, the data directory.
 
 pub mod etcd;
 pub mod local;
 pub mod membership;
+pub mod producer_ids;
 pub mod store;
 
 use std::sync::Arc;

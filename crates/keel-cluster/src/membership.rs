@@ -10,6 +10,7 @@
 //! <prefix>/cluster_id          the cluster's id, set once by the first broker
 //! <prefix>/brokers/<node.id>   a live broker's registration (JSON), on its lease
 //! <prefix>/controller          the controller's node id (JSON), on its lease
+//! <prefix>/producer_ids        the next producer id no broker has taken
 //! ```
 //!
 //! A session ends when its lease does: the broker stopped renewing it for
@@ -89,7 +90,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    fn key(&self, rest: &str) -> String {
+    pub(crate) fn key(&self, rest: &str) -> String {
         format!("{}/{rest}", self.prefix)
     }
 
@@ -258,6 +259,12 @@ impl Membership {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// The next block of producer ids no broker of the cluster has taken,
+    /// none below `floor`.
+    pub async fn take_producer_id_block(&self, floor: i64) -> Result<std::ops::Range<i64>, StoreError> {
+        crate::producer_ids::take_block(self.store.as_ref(), &self.settings, floor).await
     }
 
     /// Where the coordination store is, for logs and stats.

@@ -473,6 +473,24 @@ impl ProducerIdAllocator {
         })
     }
 
+    /// The lowest id this allocator has not handed out and never will
+    /// hand out again from blocks it reserved before.
+    pub fn floor(&self) -> i64 {
+        self.block_end
+    }
+
+    /// Records that ids below `end` may have been handed out elsewhere
+    /// (from a cluster's blocks), so this allocator never hands them out
+    /// (a synchronous write, when `end` is above what it reserved).
+    pub fn reserve_through(&mut self, end: i64) -> std::io::Result<()> {
+        if end > self.block_end {
+            write_atomically(self.storage.as_ref(), &self.path, end.to_string().as_bytes())?;
+            self.block_end = end;
+            self.next = self.next.max(end);
+        }
+        Ok(())
+    }
+
     /// The next unused producer id. Does a small synchronous write once per
     /// [`ID_BLOCK`] ids; callers run it off the async threads.
     pub fn allocate(&mut self) -> std::io::Result<i64> {
@@ -651,6 +669,24 @@ mod tests {
         assert_eq!(a.allocate().unwrap(), 1);
         let mut b = ProducerIdAllocator::open_with(disk(), &path).unwrap();
         assert_eq!(b.allocate().unwrap(), ID_BLOCK);
+    }
+
+    /// Ids a cluster handed this directory are never handed out by the
+    /// directory alone, now or after a restart.
+    #[test]
+    fn ids_reserved_from_a_cluster_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("producer-ids");
+        let disk = keel_log::DiskStorage::shared;
+        let mut a = ProducerIdAllocator::open_with(disk(), &path).unwrap();
+        assert_eq!(a.allocate().unwrap(), 0);
+        a.reserve_through(7000).unwrap();
+        assert_eq!(a.floor(), 7000);
+        assert_eq!(a.allocate().unwrap(), 7000);
+        a.reserve_through(10).unwrap(); // lower: nothing changes
+        assert_eq!(a.allocate().unwrap(), 7001);
+        let mut b = ProducerIdAllocator::open_with(disk(), &path).unwrap();
+        assert!(b.allocate().unwrap() >= 7000 + ID_BLOCK);
     }
 
     /// No id handed out before a power cut is handed out again after it,

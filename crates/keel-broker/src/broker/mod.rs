@@ -1,6 +1,7 @@
 //! The broker: topics, producer ids and request dispatch.
 
 pub mod identity;
+pub mod producer_ids;
 pub(crate) mod refused;
 mod state_metrics;
 
@@ -9,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 
 use crate::metrics::Metrics;
 use keel_config::{BrokerConfig, LiveConfig};
@@ -138,7 +138,8 @@ pub struct Broker {
     /// The fault-injecting layer under the data plane's storage, when the
     /// broker was started with `KEEL_FAILPOINTS=1` (tests only).
     pub failpoints: Option<FaultyStorage>,
-    pub producer_ids: Mutex<ProducerIdAllocator>,
+    /// Where fresh producer ids come from.
+    pub producer_ids: producer_ids::ProducerIds,
     pub groups: Arc<GroupCoordinator>,
     /// The transaction coordinator.
     pub txns: Arc<keel_coord::txn::TxnCoordinator>,
@@ -219,8 +220,10 @@ impl Broker {
         identity::settle_meta_properties(storage.as_ref(), &data_dir, config.node_id(), &identity)?;
         let cluster_id = identity.cluster_id;
         let ids_path = meta_dir.join("producer-ids");
-        let producer_ids =
+        let local_ids =
             ProducerIdAllocator::open_with(Arc::clone(&storage), &ids_path).map_err(io_error(&ids_path))?;
+        let producer_ids =
+            producer_ids::ProducerIds::new(local_ids, &membership, !config.etcd_endpoints().is_empty());
         let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
             .map_err(io_error(&meta_dir))?;
         let config = crate::dynamic_config::start(config, stored);
@@ -241,7 +244,7 @@ impl Broker {
             data: Arc::new(data),
             cluster: membership,
             failpoints,
-            producer_ids: Mutex::new(producer_ids),
+            producer_ids,
             groups: Arc::new(coordinators.groups),
             txns: Arc::new(coordinators.txns),
             quotas: coordinators.quotas,

@@ -638,18 +638,9 @@ async fn transactional_init(
     }
 }
 
-/// A producer id never handed out before (blocking file write once per
-/// block, off the async threads).
+/// A producer id never handed out before.
 pub(super) async fn allocate_producer_id(broker: &Arc<Broker>) -> Result<i64, ResponseError> {
-    let b = Arc::clone(broker);
-    match tokio::task::spawn_blocking(move || b.producer_ids.lock().allocate()).await {
-        Ok(Ok(id)) => Ok(id),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "cannot allocate a producer id");
-            Err(ResponseError::KafkaStorageError)
-        }
-        Err(_) => Err(ResponseError::UnknownServerError),
-    }
+    broker.producer_ids.allocate().await
 }
 
 #[cfg(test)]
