@@ -9,6 +9,7 @@ KEEL_TEST_IMPL=kafka."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 import urllib.request
 
@@ -230,3 +231,32 @@ def test_brokers_never_hand_out_the_same_producer_id(etcd, tmp_path):
         assert min(producer_ids(joined, 3)) > max(before)
     finally:
         joined.close()
+
+
+def test_a_stopped_broker_is_dropped_and_comes_back_fenced_in_a_new_epoch(etcd, tmp_path):
+    """A zombie: the controller is stopped (SIGSTOP) past its session
+    timeout. The other broker drops it and takes over as controller; when
+    it runs again (SIGCONT) it finds its session ended, counts itself
+    fenced, and registers anew in a new broker epoch, leaving the new
+    controller in place."""
+    brokers = start_cluster(etcd, tmp_path, [1, 2])
+    try:
+        controller = view(brokers[1])[1]
+        other = 2 if controller == 1 else 1
+        zombie, survivor = brokers[controller], brokers[other]
+        epoch = stats(zombie)["broker_epoch"]
+        zombie.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: view(survivor)[0].keys() == {other}, TIMEOUT_S, "the zombie to be dropped")
+            wait_until(lambda: view(survivor)[1] == other, TIMEOUT_S, "a new controller")
+        finally:
+            zombie.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: stats(zombie)["broker_epoch"] > epoch and not stats(zombie)["fenced"],
+                   TIMEOUT_S, "the zombie to register anew")
+        assert "fenced: the session may have ended" in zombie.log_tail()
+        wait_until(lambda: all(view(b)[0].keys() == {1, 2} for b in brokers.values()), TIMEOUT_S,
+                   "both brokers listed again")
+        assert {view(b)[1] for b in brokers.values()} == {other}, "the new controller stays"
+    finally:
+        for b in brokers.values():
+            b.close()

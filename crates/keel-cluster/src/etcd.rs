@@ -66,6 +66,11 @@ fn error(e: etcd_client::Error) -> StoreError {
                 _ => StoreError::Unavailable(message),
             }
         }
+        // etcd-client reports a keep-alive for a lease etcd no longer has
+        // as its own error, not as a gRPC status.
+        etcd_client::Error::LeaseKeepAliveError(message) if message.contains("lease not found") => {
+            StoreError::LeaseExpired(0)
+        }
         other => StoreError::Unavailable(other.to_string()),
     }
 }
@@ -107,9 +112,13 @@ impl CoordStore for EtcdStore {
     fn keep_alive(&self, lease: LeaseId) -> StoreFuture<'_, ()> {
         let mut client = self.client.clone();
         Box::pin(async move {
-            let (mut keeper, mut stream) = client.lease_keep_alive(lease).await.map_err(error)?;
-            keeper.keep_alive().await.map_err(error)?;
-            match stream.message().await.map_err(error)? {
+            let named = |e| match error(e) {
+                StoreError::LeaseExpired(_) => StoreError::LeaseExpired(lease),
+                other => other,
+            };
+            let (mut keeper, mut stream) = client.lease_keep_alive(lease).await.map_err(named)?;
+            keeper.keep_alive().await.map_err(named)?;
+            match stream.message().await.map_err(named)? {
                 Some(answer) if answer.ttl() > 0 => Ok(()),
                 Some(_) => Err(StoreError::LeaseExpired(lease)),
                 None => Err(StoreError::Unavailable("the keep-alive stream closed".into())),
