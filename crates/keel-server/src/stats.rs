@@ -208,6 +208,7 @@ fn percent(part: Option<u64>, whole: Option<u64>) -> String {
 /// same per partition.
 pub fn render(stats: &Value) -> String {
     let mut out = String::new();
+    render_cluster(stats, &mut out);
     render_tail_cache(stats, &mut out);
     render_tiers(stats, &mut out);
     let partitions = stats.get("partitions").and_then(Value::as_array);
@@ -218,6 +219,42 @@ pub fn render(stats: &Value) -> String {
     render_partitions(partitions, &mut out);
     render_cleaner(stats, partitions, &mut out);
     out
+}
+
+/// The broker's membership, when it is in a cluster: the live brokers,
+/// which one is controller, and whether this one is fenced.
+fn render_cluster(stats: &Value, out: &mut String) {
+    let cluster = &stats["cluster"];
+    let Some(store) = cluster["store"].as_str().filter(|s| s.starts_with("etcd")) else {
+        return;
+    };
+    let controller = cluster["controller"]["node_id"].as_i64();
+    let brokers: Vec<String> = cluster["brokers"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|b| b["node_id"].as_i64())
+        .map(|id| {
+            if Some(id) == controller {
+                format!("{id} (controller)")
+            } else {
+                id.to_string()
+            }
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "cluster      node {} epoch {}{} on {store}; live brokers: {}",
+        cluster["node_id"],
+        cluster["broker_epoch"],
+        if cluster["fenced"].as_bool() == Some(true) {
+            " (FENCED: its session is not confirmed)"
+        } else {
+            ""
+        },
+        brokers.join(", "),
+    );
 }
 
 /// The tail cache's use, and how much of what was fetched it served.
@@ -445,6 +482,25 @@ pub(crate) fn aligned_table(header: &[&str], rows: &[Vec<String>], left: &[usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clustered_broker_shows_its_cluster_and_one_node_does_not() {
+        let stats = serde_json::json!({
+            "cluster": {"store": "etcd at http://10.0.0.5:2379", "node_id": 2, "broker_epoch": 41,
+                        "fenced": true, "controller": {"node_id": 1, "epoch": 9},
+                        "brokers": [{"node_id": 1}, {"node_id": 2}, {"node_id": 3}]},
+        });
+        let text = render(&stats);
+        assert!(
+            text.contains(
+                "cluster      node 2 epoch 41 (FENCED: its session is not confirmed) on etcd at \
+                 http://10.0.0.5:2379; live brokers: 1 (controller), 2, 3"
+            ),
+            "{text}"
+        );
+        let alone = serde_json::json!({"cluster": {"store": "in-process (one node)", "node_id": 1}});
+        assert!(!render(&alone).contains("cluster"));
+    }
 
     #[test]
     fn compacted_partitions_get_a_cleaner_table() {
