@@ -94,3 +94,41 @@ def test_every_fetch_names_its_reader(broker_factory):
     assert readers["tail"]["offset"] == 100, readers
     assert 0 <= readers["loader"]["offset"] <= 100, readers
     assert readers["tail"]["address"] and readers["tail"]["at_ms"] > 0, readers
+
+
+@pytest.mark.skipif(IMPL != "keel", reason="Keel's /stats")
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_reader_shows_the_group_its_client_is_a_member_of(broker_factory, protocol):
+    """A fetch names its client, not its group (Fetch carries none); /stats
+    names the groups whose members have that client id and address, for
+    both group protocols, and none for a client that only assigns."""
+    b = broker_factory()
+    bs, topic, group = b.bootstrap, unique("reader-group"), unique("g")
+    create_topic(bs, topic, 1)
+    p = Producer({"bootstrap.servers": bs})
+    for i in range(10):
+        p.produce(topic, value=b"%d" % i)
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+    member = Consumer({"bootstrap.servers": bs, "group.id": group, "client.id": "member",
+                       "group.protocol": protocol, "auto.offset.reset": "earliest",
+                       "enable.auto.commit": False})
+    member.subscribe([topic])
+    loner = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "client.id": "loner"})
+    loner.assign([TopicPartition(topic, 0, 0)])
+    readers: dict = {}
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            member.poll(0.2)
+            loner.poll(0.2)
+            with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
+                stats = json.load(r)
+            [part] = [q for q in stats["partitions"] if q["topic"] == topic]
+            readers = {r["client_id"]: r for r in part["readers"]}
+            if readers.get("member", {}).get("groups") and "loner" in readers:
+                break
+    finally:
+        member.close()
+        loner.close()
+    assert readers["member"]["groups"] == [group], readers
+    assert readers["loner"]["groups"] == [], readers

@@ -293,6 +293,7 @@ impl Broker {
         let t = self.data.tail_cache.stats();
         let c = self.data.cold.stats();
         let mut partitions = Vec::new();
+        let groups = self.groups.groups_by_client();
         let (mut resident_total, mut size_total) = (0u64, 0u64);
         for topic in self.data.topics.all() {
             let compacted = self
@@ -303,7 +304,13 @@ impl Broker {
                 let (resident, size) = p.page_cache_residency();
                 resident_total += resident;
                 size_total += size;
-                partitions.push(partition_json(&topic.meta.name, p, compacted, (resident, size)));
+                partitions.push(partition_json(
+                    &topic.meta.name,
+                    p,
+                    compacted,
+                    (resident, size),
+                    &groups,
+                ));
             }
         }
         partitions.sort_by(|a, b| {
@@ -424,13 +431,15 @@ impl Broker {
 /// reads through the page cache and drops what it read, `auto` uses O_DIRECT
 /// where the filesystem takes it and says so either way.
 /// One partition as `/stats` shows it: offsets, reads by source, page
-/// cache residency (`resident`, `size`), damage, producers, cleaning and
-/// tiers.
+/// cache residency (`resident`, `size`), damage, producers, cleaning,
+/// readers (with the groups their clients are members of, from `groups`)
+/// and tiers.
 fn partition_json(
     topic: &str,
     p: &keel_data::partition::Partition,
     compacted: bool,
     (resident, size): (u64, u64),
+    groups: &std::collections::HashMap<(String, String), Vec<String>>,
 ) -> serde_json::Value {
     use std::sync::atomic::Ordering::Relaxed;
     let reader = p.reader();
@@ -477,6 +486,10 @@ fn partition_json(
         "readers": p.readers.positions().iter().map(|r| serde_json::json!({
             "client_id": &*r.reader.client_id,
             "address": &*r.reader.address,
+            "groups": groups
+                .get(&(r.reader.client_id.to_string(), r.reader.address.to_string()))
+                .cloned()
+                .unwrap_or_default(),
             "offset": r.offset,
             "at_ms": r.at_ms,
         })).collect::<Vec<_>>(),

@@ -868,6 +868,32 @@ impl GroupCoordinator {
         })
     }
 
+    /// The groups each client is a member of, by its client id and host
+    /// (classic and consumer-protocol groups alike): how `/stats` names the
+    /// group behind a partition's reader.
+    pub fn groups_by_client(&self) -> HashMap<(String, String), Vec<String>> {
+        let mut out: HashMap<(String, String), Vec<String>> = HashMap::new();
+        for (id, ..) in self.list() {
+            for m in self.describe(&id).map(|d| d.members).unwrap_or_default() {
+                out.entry((m.client_id, m.client_host))
+                    .or_default()
+                    .push(id.clone());
+            }
+        }
+        for g in self.consumer_groups.lock().values() {
+            for m in g.members.values() {
+                out.entry((m.client_id.clone(), m.client_host.clone()))
+                    .or_default()
+                    .push(g.id.clone());
+            }
+        }
+        for groups in out.values_mut() {
+            groups.sort();
+            groups.dedup();
+        }
+        out
+    }
+
     /// Every group: `(id, protocol type, state)`.
     pub fn list(&self) -> Vec<(String, String, GroupState)> {
         let groups = self.groups.lock();
