@@ -105,6 +105,16 @@ impl CoordStore for EtcdStore {
             // etcd counts TTLs in whole seconds.
             let seconds = i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
             let granted = client.lease_grant(seconds, None).await.map_err(error)?;
+            if granted.ttl() > seconds {
+                // etcd raises a TTL below its minimum (1.5 election
+                // timeouts); the broker still fences itself on its own,
+                // shorter, timeout, so it only leaves later than asked.
+                tracing::warn!(
+                    asked_s = seconds,
+                    granted_s = granted.ttl(),
+                    "etcd granted a longer lease than keel.cluster.session.timeout.ms asks"
+                );
+            }
             Ok(granted.id())
         })
     }
