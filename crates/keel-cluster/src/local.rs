@@ -267,3 +267,108 @@ impl CoordStore for LocalStore {
         Box::pin(std::future::ready(result))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicI64;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct ManualClock(AtomicI64);
+
+    impl Clock for ManualClock {
+        fn now_ms(&self) -> i64 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    fn put(key: &str, value: &str, lease: Option<LeaseId>) -> Op {
+        Op::Put {
+            key: key.into(),
+            value: value.into(),
+            lease,
+        }
+    }
+
+    #[tokio::test]
+    async fn transactions_compare_revisions_and_absence() {
+        let store = LocalStore::new();
+        let first = store
+            .txn(vec![Compare::Absent("/k".into())], vec![put("/k", "a", None)])
+            .await;
+        let rev = first.unwrap().expect("absent, so applied");
+        let again = store
+            .txn(vec![Compare::Absent("/k".into())], vec![put("/k", "b", None)])
+            .await;
+        assert_eq!(again.unwrap(), None, "present now");
+        let stale = store
+            .txn(
+                vec![Compare::ModRevision("/k".into(), rev - 1)],
+                vec![put("/k", "c", None)],
+            )
+            .await;
+        assert_eq!(stale.unwrap(), None);
+        let current = store
+            .txn(
+                vec![Compare::ModRevision("/k".into(), rev)],
+                vec![put("/k", "d", None)],
+            )
+            .await;
+        assert!(current.unwrap().is_some());
+        let kv = store.get("/k").await.unwrap().unwrap();
+        assert_eq!((kv.value.as_slice(), kv.create_revision), (&b"d"[..], rev));
+        let snapshot = store.range("/").await.unwrap();
+        assert_eq!(snapshot.kvs.len(), 1);
+        assert_eq!(snapshot.revision, kv.mod_revision);
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_takes_its_keys_and_refuses_puts_and_renewals() {
+        let clock = Arc::new(ManualClock::default());
+        let store = LocalStore::with_clock(clock.clone());
+        let lease = store.grant(Duration::from_millis(1000)).await.unwrap();
+        store
+            .txn(vec![], vec![put("/a/1", "x", Some(lease))])
+            .await
+            .unwrap();
+        let from = store.range("/a/").await.unwrap().revision + 1;
+        let mut watch = store.watch("/a/", from).await.unwrap();
+        clock.0.store(900, Ordering::SeqCst);
+        store.keep_alive(lease).await.unwrap();
+        clock.0.store(1800, Ordering::SeqCst);
+        assert!(
+            store.get("/a/1").await.unwrap().is_some(),
+            "renewed at 900, lives to 1900"
+        );
+        clock.0.store(1900, Ordering::SeqCst);
+        assert!(store.get("/a/1").await.unwrap().is_none());
+        let events = watch.recv().await.unwrap().unwrap();
+        assert!(matches!(&events[..], [WatchEvent::Delete { key, .. }] if key == "/a/1"));
+        assert_eq!(
+            store.keep_alive(lease).await,
+            Err(StoreError::LeaseExpired(lease))
+        );
+        let refused = store.txn(vec![], vec![put("/a/2", "y", Some(lease))]).await;
+        assert_eq!(refused, Err(StoreError::LeaseExpired(lease)));
+        assert!(
+            store.get("/a/2").await.unwrap().is_none(),
+            "nothing of a refused txn applies"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_watch_from_a_revision_already_read_past_is_refused_and_a_cut_store_answers_nothing() {
+        let store = LocalStore::new();
+        store.txn(vec![], vec![put("/k", "a", None)]).await.unwrap();
+        let revision = store.range("/").await.unwrap().revision;
+        assert_eq!(
+            store.watch("/", revision).await.err(),
+            Some(StoreError::Compacted { revision })
+        );
+        store.set_available(false);
+        assert!(matches!(store.get("/k").await, Err(StoreError::Unavailable(_))));
+        store.set_available(true);
+        assert!(store.get("/k").await.unwrap().is_some());
+    }
+}
