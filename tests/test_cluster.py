@@ -14,11 +14,14 @@ import time
 import urllib.request
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,
+                                  AdminClient, ResourcePatternType, ResourceType,
+                                  ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion)
 
 import hardening_wire as hw
 import kafka_tools
 import kafka_wire as w
+import quota_wire as q
 from conftest import IMPL, Broker, _live_brokers, wait_until
 
 pytestmark = pytest.mark.skipif(IMPL != "keel", reason="cluster mode over etcd is Keel's")
@@ -27,12 +30,14 @@ SESSION_MS = 2000
 TIMEOUT_S = 15
 
 
-def start_cluster(etcd, tmp_path, ids, prefix="/keel-test"):
-    """Brokers `ids` of one cluster, each registered (its listeners accept
-    before it has joined; its session is confirmed once it has)."""
+def start_cluster(etcd, tmp_path, ids, prefix="/keel-test", extra=None):
+    """Brokers `ids` of one cluster (with `extra` settings), each registered
+    (its listeners accept before it has joined; its session is confirmed
+    once it has)."""
     brokers = {}
     for node in ids:
         brokers[node] = member(etcd, tmp_path, node, prefix=prefix)
+        brokers[node].sets.update(extra or {})
         brokers[node].start()
     for b in brokers.values():
         wait_until(lambda: not stats(b)["fenced"], TIMEOUT_S, f"{b.log_name} to register")
@@ -257,6 +262,60 @@ def test_a_stopped_broker_is_dropped_and_comes_back_fenced_in_a_new_epoch(etcd, 
         wait_until(lambda: all(view(b)[0].keys() == {1, 2} for b in brokers.values()), TIMEOUT_S,
                    "both brokers listed again")
         assert {view(b)[1] for b in brokers.values()} == {other}, "the new controller stays"
+    finally:
+        for b in brokers.values():
+            b.close()
+
+
+def acls(b) -> set[tuple[str, str, str]]:
+    a = AdminClient({"bootstrap.servers": b.bootstrap})
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                                  AclOperation.ANY, AclPermissionType.ANY)
+    found = a.describe_acls(everything, request_timeout=5).result(10)
+    return {(x.name, x.principal, x.operation.name) for x in found}
+
+
+def scram_users(b) -> set[str]:
+    a = AdminClient({"bootstrap.servers": b.bootstrap})
+    return set(a.describe_user_scram_credentials(request_timeout=5).result(10))
+
+
+def test_acls_credentials_and_quotas_are_the_clusters(etcd, tmp_path):
+    """ACLs, SCRAM credentials and client quotas live in etcd: a change at
+    one broker is seen at every broker, and survives a restart."""
+    brokers = start_cluster(etcd, tmp_path, [1, 2], extra={
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS",
+    })
+    try:
+        one, two = brokers[1], brokers[2]
+        admin = AdminClient({"bootstrap.servers": one.bootstrap})
+        binding = AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:alice",
+                             "*", AclOperation.READ, AclPermissionType.ALLOW)
+        admin.create_acls([binding], request_timeout=5)[binding].result(10)
+        credential = UserScramCredentialUpsertion(
+            "alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"secret")
+        admin.alter_user_scram_credentials([credential], request_timeout=5)["alice"].result(10)
+        assert q.alter(one.bootstrap, [([("user", "alice")], [("producer_byte_rate", 1024.0, False)])]) \
+            == [(0, None, [("user", "alice")])]
+
+        def quotas(b):
+            return q.describe(b.bootstrap, [("user", q.EXACT, "alice")], strict=True)[2]
+        alice = [([("user", "alice")], {"producer_byte_rate": 1024.0})]
+        wait_until(lambda: acls(two) == {("orders", "User:alice", "READ")} and scram_users(two) == {"alice"}
+                   and quotas(two) == alice, TIMEOUT_S, "broker 2 to see broker 1's changes")
+        # Changed at broker 2, seen at broker 1; and a restart reads them again.
+        orders = AclBindingFilter(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, None, None,
+                                  AclOperation.ANY, AclPermissionType.ANY)
+        admin_two = AdminClient({"bootstrap.servers": two.bootstrap})
+        deleted = admin_two.delete_acls([orders], request_timeout=5)
+        assert len(deleted[orders].result(10)) == 1
+        assert acls(two) == set()
+        wait_until(lambda: acls(one) == set(), TIMEOUT_S, "the deletion at broker 1")
+        one.kill9()
+        one.start()
+        wait_until(lambda: not stats(one)["fenced"], TIMEOUT_S, "broker 1 to rejoin")
+        assert acls(one) == set() and scram_users(one) == {"alice"} and quotas(one) == alice
     finally:
         for b in brokers.values():
             b.close()

@@ -64,10 +64,13 @@ impl LocalStore {
         }
     }
 
-    /// Makes every operation fail with [`StoreError::Unavailable`] (a
-    /// network cut from the store), or work again.
+    /// Makes every operation fail with [`StoreError::Unavailable`] and
+    /// ends every watch (a network cut from the store), or work again.
     pub fn set_available(&self, available: bool) {
         self.unavailable.store(!available, Ordering::SeqCst);
+        if !available {
+            self.state.lock().watchers.clear();
+        }
     }
 
     /// Ends every lease whose time has passed, deleting its keys. Every

@@ -267,6 +267,11 @@ impl Membership {
         crate::producer_ids::take_block(self.store.as_ref(), &self.settings, floor).await
     }
 
+    /// The coordination store.
+    pub fn store(&self) -> Arc<dyn CoordStore> {
+        Arc::clone(&self.store)
+    }
+
     /// Where the coordination store is, for logs and stats.
     pub fn store_description(&self) -> String {
         self.store.describe()

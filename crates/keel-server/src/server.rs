@@ -176,10 +176,10 @@ async fn open_broker(
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-    if let Err(e) = broker.cluster.start().await {
+    if let Err(e) = broker.start_cluster().await {
         let b = Arc::clone(&broker);
         let _ = tokio::task::spawn_blocking(move || b.shutdown()).await;
-        return Err(e.to_string());
+        return Err(e);
     }
     Ok(broker)
 }

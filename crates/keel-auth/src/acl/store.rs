@@ -10,7 +10,8 @@ use keel_log::Storage;
 
 use super::{Acl, AclIndex, Operation, PatternType, Permission, ResourceType};
 use keel_coord::codec::{put_str, Reader, RecordError};
-use keel_coord::metalog::{MetaLog, OpenError, StoreError, Table};
+use keel_coord::metalog::{OpenError, StoreError, Table};
+use keel_coord::shared::TableStore;
 
 /// One ACL created (`present`) or deleted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,15 +120,23 @@ impl Table for AclTable {
 
 /// The ACLs, in their log.
 pub struct AclStore {
-    store: MetaLog<AclTable>,
+    store: TableStore<AclTable>,
 }
 
-const LOG_BYTES: u64 = 1 << 20;
-
 impl AclStore {
+    /// The ACLs in a log of this broker's own under `dir`. Blocking.
     pub fn open_with(storage: Arc<dyn Storage>, dir: &Path) -> Result<AclStore, OpenError> {
-        let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
-        Ok(AclStore { store })
+        Ok(AclStore::new(TableStore::open(storage, dir, None)?))
+    }
+
+    /// The ACLs in `store` (a log, or the cluster's shared table).
+    pub fn new(store: TableStore<AclTable>) -> AclStore {
+        AclStore { store }
+    }
+
+    /// Reads a shared table and follows it (nothing for a log).
+    pub async fn load(&self) -> Result<(), StoreError> {
+        self.store.load().await
     }
 
     pub fn with_table<R>(&self, f: impl FnOnce(&AclTable) -> R) -> R {

@@ -19,7 +19,8 @@ use rsasl::mechanisms::scram::tools::derive_keys;
 use sha2::{Digest, Sha256, Sha512};
 
 use keel_coord::codec::{put_bytes, put_str, Reader, RecordError};
-use keel_coord::metalog::{MetaLog, OpenError, StoreError, Table};
+use keel_coord::metalog::{OpenError, StoreError, Table};
+use keel_coord::shared::TableStore;
 
 /// Kafka's SCRAM mechanisms, with their ids in the SCRAM APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -361,16 +362,23 @@ pub fn plan(
 /// The SCRAM credentials, in their log. Shared by the SASL listeners
 /// (which read them at each authentication) and the SCRAM APIs.
 pub struct ScramCredentials {
-    store: MetaLog<ScramTable>,
+    store: TableStore<ScramTable>,
 }
 
-/// The log's segments and its snapshot interval: credentials are small.
-const LOG_BYTES: u64 = 1 << 20;
-
 impl ScramCredentials {
+    /// The credentials in a log of this broker's own under `dir`. Blocking.
     pub fn open_with(storage: Arc<dyn Storage>, dir: &Path) -> Result<ScramCredentials, OpenError> {
-        let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
-        Ok(ScramCredentials { store })
+        Ok(ScramCredentials::new(TableStore::open(storage, dir, None)?))
+    }
+
+    /// The credentials in `store` (a log, or the cluster's shared table).
+    pub fn new(store: TableStore<ScramTable>) -> ScramCredentials {
+        ScramCredentials { store }
+    }
+
+    /// Reads a shared table and follows it (nothing for a log).
+    pub async fn load(&self) -> Result<(), StoreError> {
+        self.store.load().await
     }
 
     /// `user`'s credential for `mechanism`.

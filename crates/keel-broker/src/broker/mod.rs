@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use keel_config::{BrokerConfig, LiveConfig};
 use keel_coord::groups::GroupCoordinator;
 use keel_coord::metalog::OpenError;
+use keel_coord::shared::TableStore;
 use keel_data::health::DirHealth;
 use keel_data::plane::DataPlane;
 use keel_data::producers::ProducerIdAllocator;
@@ -230,7 +231,12 @@ impl Broker {
         let group_configs = crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir)
             .map_err(io_error(&meta_dir))?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock)?;
+        // In a cluster, the ACLs, SCRAM credentials and quotas are the
+        // cluster's, in the coordination store.
+        let clustered = !config.etcd_endpoints().is_empty();
+        let shared = clustered.then(|| (membership.store(), membership.settings().prefix.clone()));
+        let shared = shared.as_ref().map(|(store, prefix)| (store, prefix.as_str()));
+        let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock, shared)?;
         let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
         let features_epoch = clock.now_ms();
@@ -260,6 +266,22 @@ impl Broker {
         };
         broker.data.load_topics().map_err(StartError::Topics)?;
         Ok(Arc::new(broker))
+    }
+
+    /// Joins the cluster: registers this broker, then reads the tables it
+    /// shares with the others (ACLs, SCRAM credentials, quotas; nothing to
+    /// read for one node, whose are in its own logs).
+    pub async fn start_cluster(&self) -> Result<(), String> {
+        self.cluster.start().await.map_err(|e| e.to_string())?;
+        let read =
+            |what: &str, e: keel_coord::metalog::StoreError| format!("cannot read the cluster's {what}: {e}");
+        self.acls.load().await.map_err(|e| read("ACLs", e))?;
+        self.scram
+            .load()
+            .await
+            .map_err(|e| read("SCRAM credentials", e))?;
+        self.quotas.load().await.map_err(|e| read("client quotas", e))?;
+        Ok(())
     }
 
     /// This broker's membership for `/stats`: the store, its session, the
@@ -541,11 +563,16 @@ struct Coordinators {
 }
 
 impl Coordinators {
+    /// The coordinators and stores under `meta_dir`; with `shared` (a
+    /// cluster's coordination store and key prefix), the stores every
+    /// broker shares are there instead, not yet read (see
+    /// [`Broker::start_cluster`]).
     fn open(
         config: &BrokerConfig,
         storage: &Arc<dyn Storage>,
         meta_dir: &std::path::Path,
         clock: &Arc<dyn Clock>,
+        shared: Option<(&Arc<dyn keel_cluster::CoordStore>, &str)>,
     ) -> Result<Coordinators, StartError> {
         let groups = GroupCoordinator::open_with(
             Arc::clone(storage),
@@ -561,19 +588,20 @@ impl Coordinators {
             Arc::clone(clock),
         )
         .map_err(StartError::Transactions)?;
-        let quotas = crate::quotas::ClientQuotas::open_with(
-            Arc::clone(storage),
-            &meta_dir.join("quotas"),
+        let table = |name: &str| (Arc::clone(storage), meta_dir.join(name));
+        let (s, dir) = table("quotas");
+        let quotas = crate::quotas::ClientQuotas::new(
+            TableStore::open(s, &dir, shared).map_err(StartError::Quotas)?,
             crate::quotas::rate::Windows::of(config),
-        )
-        .map_err(StartError::Quotas)?;
-        let scram = keel_auth::sasl::credentials::ScramCredentials::open_with(
-            Arc::clone(storage),
-            &meta_dir.join("scram"),
-        )
-        .map_err(StartError::Scram)?;
-        let acls = keel_auth::acl::store::AclStore::open_with(Arc::clone(storage), &meta_dir.join("acls"))
-            .map_err(StartError::Acls)?;
+        );
+        let (s, dir) = table("scram");
+        let scram = keel_auth::sasl::credentials::ScramCredentials::new(
+            TableStore::open(s, &dir, shared).map_err(StartError::Scram)?,
+        );
+        let (s, dir) = table("acls");
+        let acls = keel_auth::acl::store::AclStore::new(
+            TableStore::open(s, &dir, shared).map_err(StartError::Acls)?,
+        );
         Ok(Coordinators {
             groups,
             txns,

@@ -44,7 +44,8 @@ use std::time::Duration;
 use keel_log::Storage;
 use parking_lot::Mutex;
 
-use keel_coord::metalog::{MetaLog, StoreError};
+use keel_coord::metalog::StoreError;
+use keel_coord::shared::TableStore;
 use rate::{Rate, TokenBucket, Windows};
 use table::{
     Entity, QuotaRecord, QuotaTable, RateKey, CONNECTION_CREATION_RATE, CONTROLLER_MUTATION_RATE,
@@ -53,9 +54,6 @@ use table::{
 
 /// The user of a client that has not authenticated.
 pub const ANONYMOUS: &str = "ANONYMOUS";
-
-/// The quota log's segment size and snapshot interval: quotas are few.
-const LOG_BYTES: u64 = 1 << 20;
 
 /// Rates and buckets not used for this long are forgotten (Kafka expires
 /// its quota sensors after an hour of inactivity).
@@ -106,7 +104,7 @@ impl<K: std::hash::Hash + Eq, V> ClientStates<K, V> {
 }
 
 pub struct ClientQuotas {
-    store: MetaLog<QuotaTable>,
+    store: TableStore<QuotaTable>,
     windows: Windows,
     /// By quota key and the `(user, client-id)` its rate is kept for.
     rates: Mutex<ClientStates<(&'static str, RateKey), Rate>>,
@@ -167,13 +165,22 @@ impl ClientQuotas {
         dir: &Path,
         windows: Windows,
     ) -> Result<ClientQuotas, keel_coord::metalog::OpenError> {
-        let store = MetaLog::open_synced(storage, dir, LOG_BYTES)?;
-        Ok(ClientQuotas {
+        Ok(ClientQuotas::new(TableStore::open(storage, dir, None)?, windows))
+    }
+
+    /// The quotas in `store` (a log, or the cluster's shared table).
+    pub fn new(store: TableStore<QuotaTable>, windows: Windows) -> ClientQuotas {
+        ClientQuotas {
             store,
             windows,
             rates: Mutex::new(ClientStates::new()),
             buckets: Mutex::new(ClientStates::new()),
-        })
+        }
+    }
+
+    /// Reads a shared table and follows it (nothing for a log).
+    pub async fn load(&self) -> Result<(), StoreError> {
+        self.store.load().await
     }
 
     /// Every entity with quotas, and its values.
