@@ -125,7 +125,9 @@ def test_a_killed_controller_is_replaced_and_a_restarted_broker_rejoins_at_once(
         wait_until(lambda: all(controller not in view(b)[0] for b in others), TIMEOUT_S,
                    "the killed broker to leave")
         gone_after = time.monotonic() - killed_at
-        assert gone_after >= SESSION_MS / 1000 * 0.5, "left only once its session could expire"
+        # Its lease lives at least two thirds of a session past its last
+        # renewal (it renews every third).
+        assert gone_after >= SESSION_MS / 1000 * 0.6, "left only once its session could expire"
         new = {view(b)[1] for b in others}
         assert len(new) == 1 and controller not in new, new
         # Restarted on its data dir, it replaces its own registration without
@@ -135,11 +137,12 @@ def test_a_killed_controller_is_replaced_and_a_restarted_broker_rejoins_at_once(
                    "the restarted broker to rejoin")
         # A clean stop leaves at once.
         leaving = others[0]
+        stopping_at = time.monotonic()
         leaving.stop()
-        stopped_at = time.monotonic()
         rest = [b for b in brokers.values() if b is not leaving]
         wait_until(lambda: all(len(view(b)[0]) == 2 for b in rest), TIMEOUT_S, "a clean leave")
-        assert time.monotonic() - stopped_at < SESSION_MS / 1000, "seen before its session expired"
+        # Sooner than its lease could expire on its own.
+        assert time.monotonic() - stopping_at < SESSION_MS / 1000 * 0.6, "seen before its session expired"
     finally:
         for b in brokers.values():
             b.close()
@@ -222,7 +225,6 @@ def test_brokers_never_hand_out_the_same_producer_id(etcd, tmp_path):
         wait_until(lambda: not stats(brokers[1])["fenced"], TIMEOUT_S, "broker 1 to rejoin")
         seen += producer_ids(brokers[1], 3) + producer_ids(brokers[2], 3)
         assert len(set(seen)) == len(seen), seen
-        assert seen[:3] != seen[3:6]
     finally:
         for b in brokers.values():
             b.close()

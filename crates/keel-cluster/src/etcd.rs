@@ -39,7 +39,10 @@ impl EtcdStore {
             .with_connect_timeout(timeout)
             .with_timeout(timeout)
             .with_keep_alive(timeout, timeout)
-            .with_keep_alive_while_idle(true);
+            .with_keep_alive_while_idle(true)
+            // A member cut off from etcd's majority ends its watches
+            // instead of leaving them open and silent.
+            .with_require_leader(true);
         let client = tokio::time::timeout(timeout, Client::connect(endpoints, Some(options)))
             .await
             .map_err(|_| {
@@ -126,13 +129,10 @@ impl CoordStore for EtcdStore {
                 StoreError::LeaseExpired(_) => StoreError::LeaseExpired(lease),
                 other => other,
             };
-            let (mut keeper, mut stream) = client.lease_keep_alive(lease).await.map_err(named)?;
-            keeper.keep_alive().await.map_err(named)?;
-            match stream.message().await.map_err(named)? {
-                Some(answer) if answer.ttl() > 0 => Ok(()),
-                Some(_) => Err(StoreError::LeaseExpired(lease)),
-                None => Err(StoreError::Unavailable("the keep-alive stream closed".into())),
-            }
+            // Opening the stream sends one renewal and checks its answer
+            // (a lease etcd no longer has is an error).
+            client.lease_keep_alive(lease).await.map_err(named)?;
+            Ok(())
         })
     }
 
@@ -217,7 +217,12 @@ impl CoordStore for EtcdStore {
             let (tx, rx) = mpsc::channel(WATCH_BACKLOG);
             tokio::spawn(async move {
                 loop {
-                    let answer = match stream.message().await {
+                    // A watcher that has gone ends the etcd watch at once.
+                    let message = tokio::select! {
+                        message = stream.message() => message,
+                        () = tx.closed() => return,
+                    };
+                    let answer = match message {
                         Ok(Some(answer)) => answer,
                         Ok(None) => return,
                         Err(e) => {

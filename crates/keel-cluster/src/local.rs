@@ -18,6 +18,9 @@ use crate::store::{
     WatchEvent,
 };
 
+/// Writes one transaction may hold: etcd's default `--max-txn-ops`.
+pub const MAX_TXN_OPS: usize = 128;
+
 /// Events a watcher may fall behind by before its watch is ended (it then
 /// reads again, as after any broken watch).
 const WATCH_BACKLOG: usize = 1024;
@@ -212,6 +215,21 @@ impl CoordStore for LocalStore {
         let result = self.lock().and_then(|mut state| {
             if !when.iter().all(|c| state.holds(c)) {
                 return Ok(None);
+            }
+            // As etcd refuses them.
+            let mut keys = std::collections::HashSet::new();
+            for op in &ops {
+                let key = match op {
+                    Op::Put { key, .. } | Op::Delete(key) => key,
+                };
+                if !keys.insert(key) {
+                    return Err(StoreError::Refused(format!(
+                        "duplicate key given in txn request: {key}"
+                    )));
+                }
+            }
+            if ops.len() > MAX_TXN_OPS {
+                return Err(StoreError::Refused("too many operations in txn request".into()));
             }
             for op in &ops {
                 if let Op::Put {

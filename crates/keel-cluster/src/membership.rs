@@ -435,13 +435,20 @@ impl Membership {
     /// timeout fences the broker until the store answers again.
     async fn keep_session(self: Arc<Self>) {
         let period = self.settings.session_timeout / 3;
+        // Renewals go out every period whatever the last one's fate, each
+        // given at most a period, so one slow answer costs no session.
+        let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::time::sleep(period).await;
+            ticks.tick().await;
             let Some(session) = self.view.lock().session else {
                 return;
             };
             let sent = Instant::now();
-            match self.store.keep_alive(session.lease).await {
+            let renewed = tokio::time::timeout(period, self.store.keep_alive(session.lease))
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Unavailable("no answer to a renewal".into())));
+            match renewed {
                 Ok(()) => {
                     let mut view = self.view.lock();
                     if let Some(s) = view.session.as_mut().filter(|s| s.lease == session.lease) {
@@ -505,12 +512,30 @@ impl Membership {
                     continue;
                 }
             };
-            while let Some(Ok(events)) = watch.recv().await {
+            loop {
+                // While there is no controller, stand again every RETRY: a
+                // failed election brings no event to wake on.
+                let next = if self.controller().is_none() {
+                    match tokio::time::timeout(RETRY, watch.recv()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            self.elect().await;
+                            continue;
+                        }
+                    }
+                } else {
+                    watch.recv().await
+                };
+                let Some(Ok(events)) = next else {
+                    break;
+                };
                 self.apply(&events);
                 if self.controller().is_none() {
                     self.elect().await;
                 }
             }
+            // The watch ended: read again, but not in a tight loop.
+            tokio::time::sleep(RETRY / 5).await;
         }
     }
 

@@ -33,11 +33,15 @@ fn shared_store() -> Arc<LocalStore> {
     ))))
 }
 
-/// One broker's way to the shared store, which the test can cut.
+/// One broker's way to the shared store, which the test can cut (failing
+/// new requests and ending open watches) or make lossy (a request takes
+/// effect but its answer is lost).
 #[derive(Debug)]
 struct Link {
     store: Arc<LocalStore>,
     up: AtomicBool,
+    lossy: AtomicBool,
+    cuts: tokio::sync::watch::Sender<u64>,
 }
 
 impl Link {
@@ -45,6 +49,31 @@ impl Link {
         Arc::new(Link {
             store: Arc::clone(store),
             up: AtomicBool::new(true),
+            lossy: AtomicBool::new(false),
+            cuts: tokio::sync::watch::channel(0).0,
+        })
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    fn heal(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+
+    /// `answer`, unless answers are being lost: then the request has taken
+    /// effect, but the caller hears only that the store did not answer.
+    fn lose<'a, T: Send + 'a>(&'a self, answer: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+        let lossy = self.lossy.load(Ordering::SeqCst);
+        Box::pin(async move {
+            let result = answer.await;
+            if lossy {
+                Err(StoreError::Unavailable("answer lost".into()))
+            } else {
+                result
+            }
         })
     }
 
@@ -76,10 +105,10 @@ impl CoordStore for Link {
         "link".into()
     }
     fn grant(&self, ttl: Duration) -> StoreFuture<'_, LeaseId> {
-        through!(self, self.store.grant(ttl))
+        through!(self, self.lose(self.store.grant(ttl)))
     }
     fn keep_alive(&self, lease: LeaseId) -> StoreFuture<'_, ()> {
-        through!(self, self.store.keep_alive(lease))
+        through!(self, self.lose(self.store.keep_alive(lease)))
     }
     fn revoke(&self, lease: LeaseId) -> StoreFuture<'_, ()> {
         through!(self, self.store.revoke(lease))
@@ -91,10 +120,33 @@ impl CoordStore for Link {
         through!(self, self.store.range(prefix))
     }
     fn txn(&self, when: Vec<Compare>, ops: Vec<Op>) -> StoreFuture<'_, Option<i64>> {
-        through!(self, self.store.txn(when, ops))
+        through!(self, self.lose(self.store.txn(when, ops)))
     }
+    /// A watch that a cut ends.
     fn watch(&self, prefix: &str, from: i64) -> StoreFuture<'_, Watch> {
-        through!(self, self.store.watch(prefix, from))
+        let mut cuts = self.cuts.subscribe();
+        let prefix = prefix.to_string();
+        through!(
+            self,
+            Box::pin(async move {
+                let mut inner = self.store.watch(&prefix, from).await?;
+                let (tx, rx) = tokio::sync::mpsc::channel(1024);
+                tokio::spawn(async move {
+                    loop {
+                        tokio::select! {
+                            next = inner.recv() => {
+                                let Some(batch) = next else { return };
+                                if tx.send(batch).await.is_err() {
+                                    return;
+                                }
+                            }
+                            _ = cuts.changed() => return,
+                        }
+                    }
+                });
+                Ok(rx)
+            })
+        )
     }
 }
 
@@ -193,14 +245,14 @@ async fn a_broker_cut_from_the_store_fences_itself_and_rejoins_in_a_new_epoch() 
     let one = join(&a, 1).await;
     let two = join(&b, 2).await;
     let epoch = two.broker_epoch();
-    b.up.store(false, Ordering::SeqCst);
+    b.cut();
     settle(TTL + TTL / 3).await;
     assert!(
         two.is_fenced(),
         "no renewal confirmed for a whole session timeout"
     );
     assert_eq!(ids(&one), [1], "its lease expired for the others");
-    b.up.store(true, Ordering::SeqCst);
+    b.heal();
     settle(TTL).await;
     assert!(!two.is_fenced());
     assert!(two.broker_epoch() > epoch, "a new session, a new epoch");
@@ -235,7 +287,8 @@ async fn a_node_id_is_held_by_one_directory() {
     assert!(!restarted.is_fenced());
 }
 
-/// Random crashes, restarts, cuts and heals. At every step: a broker that
+/// Random crashes, restarts, cuts (which end watches), heals and lost
+/// answers (requests that took effect unheard). At every step: a broker that
 /// thinks its session is alive has its registration in the store in its
 /// own epoch (it is never live on a lease that has ended). After healing
 /// everything: every running broker sees exactly the running ones and
@@ -254,12 +307,13 @@ async fn model_random_crashes_and_cuts() {
         }
         for _ in 0..30 {
             let i = rng.gen_range(0..n);
-            match rng.gen_range(0..4) {
+            match rng.gen_range(0..6) {
                 0 => {
                     if let Some(m) = running[i].take() {
                         m.abandon();
                     } else {
-                        links[i].up.store(true, Ordering::SeqCst);
+                        links[i].heal();
+                        links[i].lossy.store(false, Ordering::SeqCst);
                         let m = Membership::new(
                             links[i].clone(),
                             settings(),
@@ -269,8 +323,10 @@ async fn model_random_crashes_and_cuts() {
                         running[i] = Some(m);
                     }
                 }
-                1 => links[i].up.store(false, Ordering::SeqCst),
-                2 => links[i].up.store(true, Ordering::SeqCst),
+                1 => links[i].cut(),
+                2 => links[i].heal(),
+                3 => links[i].lossy.store(true, Ordering::SeqCst),
+                4 => links[i].lossy.store(false, Ordering::SeqCst),
                 _ => {}
             }
             settle(Duration::from_millis(
@@ -292,7 +348,8 @@ async fn model_random_crashes_and_cuts() {
             }
         }
         for link in &links {
-            link.up.store(true, Ordering::SeqCst);
+            link.heal();
+            link.lossy.store(false, Ordering::SeqCst);
         }
         settle(TTL * 3).await;
         let alive: Vec<i32> = running.iter().flatten().map(|m| m.me().node_id).collect();

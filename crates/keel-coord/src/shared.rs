@@ -27,6 +27,9 @@ use crate::metalog::{MetaLog, StoreError, Table};
 /// How long to wait after a failed read or watch before trying again.
 const RETRY: Duration = Duration::from_millis(500);
 
+/// Writes per transaction at the most: etcd's default `--max-txn-ops`.
+pub const TXN_OPS: usize = keel_cluster::local::MAX_TXN_OPS;
+
 /// The records of a store: its own log, or a table shared by the cluster.
 pub enum TableStore<T: Table> {
     Log(MetaLog<T>),
@@ -99,6 +102,10 @@ struct State<T> {
     /// The store's revision of the last change applied to each key (a
     /// deleted key's too), so an older change never overwrites a newer one.
     revisions: HashMap<String, i64>,
+    /// The revision the table was last read whole at: it holds every change
+    /// up to there, so a change at or below it to a key it does not know
+    /// (one deleted since, say, by another broker) is old news.
+    floor: i64,
 }
 
 impl<T: Table> SharedTable<T> {
@@ -111,6 +118,7 @@ impl<T: Table> SharedTable<T> {
             state: Mutex::new(State {
                 table: T::default(),
                 revisions: HashMap::new(),
+                floor: 0,
             }),
             follower: Mutex::new(None),
         })
@@ -147,33 +155,39 @@ impl<T: Table> SharedTable<T> {
         }
     }
 
-    /// Writes `records` in one transaction and applies them here at its
-    /// revision.
+    /// Writes `records` and applies them here at their revision: one
+    /// transaction per [`TXN_OPS`] keys (etcd's default limit), the last
+    /// record of a key standing for it (etcd refuses a key twice in one
+    /// transaction).
     pub async fn write(&self, records: Vec<T::Record>) -> Result<(), StoreError> {
-        let mut ops = Vec::with_capacity(records.len());
-        let mut keys = Vec::with_capacity(records.len());
-        for record in &records {
-            let (key, value) = T::encode(record);
-            let key = format!("{}{}", self.prefix, hex(&key));
-            keys.push(key.clone());
-            ops.push(match value {
-                Some(value) => Op::Put {
-                    key,
-                    value: value.to_vec(),
-                    lease: None,
-                },
-                None => Op::Delete(key),
-            });
+        let mut last: Vec<(String, T::Record)> = Vec::with_capacity(records.len());
+        for record in records {
+            let key = format!("{}{}", self.prefix, hex(&T::encode(&record).0));
+            last.retain(|(k, _)| *k != key);
+            last.push((key, record));
         }
-        let revision = self
-            .store
-            .txn(Vec::new(), ops)
-            .await
-            .map_err(|e| StoreError(e.to_string()))?
-            .ok_or_else(|| StoreError("a transaction without conditions was refused".into()))?;
-        let mut state = self.state.lock();
-        for (key, record) in keys.into_iter().zip(records) {
-            state.apply(key, revision, record);
+        for chunk in last.chunks(TXN_OPS) {
+            let ops = chunk
+                .iter()
+                .map(|(key, record)| match T::encode(record).1 {
+                    Some(value) => Op::Put {
+                        key: key.clone(),
+                        value: value.to_vec(),
+                        lease: None,
+                    },
+                    None => Op::Delete(key.clone()),
+                })
+                .collect();
+            let revision = self
+                .store
+                .txn(Vec::new(), ops)
+                .await
+                .map_err(|e| StoreError(e.to_string()))?
+                .ok_or_else(|| StoreError("a transaction without conditions was refused".into()))?;
+            let mut state = self.state.lock();
+            for (key, record) in chunk {
+                state.apply(key.clone(), revision, record.clone());
+            }
         }
         Ok(())
     }
@@ -184,6 +198,7 @@ impl<T: Table> SharedTable<T> {
         let mut fresh = State {
             table: T::default(),
             revisions: HashMap::new(),
+            floor: 0,
         };
         for kv in &snapshot.kvs {
             match self.decode(&kv.key, Some(&kv.value)) {
@@ -191,6 +206,7 @@ impl<T: Table> SharedTable<T> {
                 Err(why) => tracing::warn!(key = %kv.key, %why, "a shared record Keel cannot read; skipped"),
             }
         }
+        fresh.floor = snapshot.revision;
         *self.state.lock() = fresh;
         Ok(snapshot.revision)
     }
@@ -251,7 +267,8 @@ impl<T: Table> SharedTable<T> {
 
 impl<T: Table> State<T> {
     fn apply(&mut self, key: String, revision: i64, record: T::Record) {
-        let newer = self.revisions.get(&key).is_none_or(|r| *r < revision);
+        let known = self.revisions.get(&key).copied().unwrap_or(self.floor);
+        let newer = known < revision;
         if newer {
             self.revisions.insert(key, revision);
             self.table.apply(record);
@@ -389,6 +406,43 @@ mod tests {
         let newest = state.revisions[&key];
         state.apply(key, newest - 1, set("k", Some("stale")));
         assert_eq!(state.table.0["k"], "2");
+    }
+
+    #[tokio::test]
+    async fn a_write_answered_after_a_reload_does_not_bring_back_a_deleted_key() {
+        let store: Arc<dyn CoordStore> = Arc::new(LocalStore::new());
+        let a = SharedTable::<Kv>::new(Arc::clone(&store), "/keel");
+        let b = SharedTable::<Kv>::new(Arc::clone(&store), "/keel");
+        a.load().await.unwrap();
+        // a's write lands at some revision, and b deletes the key after it;
+        // a reads the table whole, and only then hears of its own write.
+        let key = format!("/keel/tables/kv/{}", hex(b"k"));
+        let put = Op::Put {
+            key: key.clone(),
+            value: b"1".to_vec(),
+            lease: None,
+        };
+        let written = store.txn(vec![], vec![put]).await.unwrap().unwrap();
+        b.write(vec![set("k", None)]).await.unwrap();
+        a.stop();
+        a.reload().await.unwrap();
+        a.state.lock().apply(key, written, set("k", Some("1")));
+        assert!(a.with_table(|kv| kv.0.is_empty()), "older than the table it read");
+    }
+
+    #[tokio::test]
+    async fn a_key_written_twice_and_more_writes_than_one_transaction_takes() {
+        let store: Arc<dyn CoordStore> = Arc::new(LocalStore::new());
+        let a = SharedTable::<Kv>::new(Arc::clone(&store), "/keel");
+        a.load().await.unwrap();
+        let mut records = vec![set("dup", Some("first")), set("dup", Some("second"))];
+        records.extend((0..300).map(|i| (format!("k{i}"), Some(i.to_string()))));
+        a.write(records).await.unwrap();
+        assert_eq!(a.with_table(|kv| kv.0["dup"].clone()), "second");
+        let stored = store.range("/keel/tables/kv/").await.unwrap();
+        assert_eq!(stored.kvs.len(), 301);
+        // Three transactions: 301 keys at 128 a piece.
+        assert_eq!(stored.revision, 3);
     }
 
     #[test]

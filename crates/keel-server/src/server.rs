@@ -177,6 +177,7 @@ async fn open_broker(
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
     if let Err(e) = broker.start_cluster().await {
+        broker.cluster.leave().await;
         let b = Arc::clone(&broker);
         let _ = tokio::task::spawn_blocking(move || b.shutdown()).await;
         return Err(e);
