@@ -51,7 +51,7 @@ pub(crate) async fn create_topic(
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    crate::handlers::admin::create_topic(broker, name, partitions, configs, false)
+    crate::handlers::admin::create_topic(broker, name, partitions, configs, None, false)
         .await
         .expect("topic created");
     broker.data.topics.get(name).expect("topic registered")

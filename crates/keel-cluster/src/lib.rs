@@ -6,7 +6,8 @@
 //! etcd cluster. [`Membership`] keeps a broker's session on it, follows the
 //! other brokers and elects the controller, the same code on either store.
 //! [`producer_ids`] hands a cluster's brokers disjoint blocks of producer
-//! ids.
+//! ids. [`topics`] keeps the cluster's topics and their partitions'
+//! leaders, which the controller elects.
 //!
 //! Does not know: Kafka requests, partitions, the data directory.
 
@@ -15,6 +16,7 @@ pub mod local;
 pub mod membership;
 pub mod producer_ids;
 pub mod store;
+pub mod topics;
 
 use std::sync::Arc;
 use std::time::Duration;

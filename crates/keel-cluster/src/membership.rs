@@ -11,6 +11,7 @@
 //! <prefix>/brokers/<node.id>   a live broker's registration (JSON), on its lease
 //! <prefix>/controller          the controller's node id (JSON), on its lease
 //! <prefix>/producer_ids        the next producer id no broker has taken
+//! <prefix>/topics/<name>       a topic and its partitions' leaders (see [`crate::topics`])
 //! ```
 //!
 //! A session ends when its lease does: the broker stopped renewing it for
@@ -20,7 +21,7 @@
 //! within the timeout counts itself fenced; when the store answers again
 //! it registers anew, in a new broker epoch.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::store::{Compare, CoordStore, KeyValue, LeaseId, Op, StoreError, WatchEvent};
+use crate::store::{Compare, CoordStore, KeyValue, LeaseId, Op, Snapshot, StoreError, WatchEvent};
+use crate::topics::{self, ClusterTopic, PartitionState, StoredTopic};
 
 /// How long to wait after a failed request before trying again.
 const RETRY: Duration = Duration::from_millis(500);
@@ -159,6 +161,12 @@ struct View {
     session: Option<Session>,
     /// Set while this broker cannot be sure its session is alive.
     fenced: bool,
+    /// The cluster's topics, by name.
+    topics: BTreeMap<String, StoredTopic>,
+    /// Topic names by topic id.
+    topic_ids: HashMap<uuid::Uuid, String>,
+    /// The store's revision the view reflects.
+    revision: i64,
 }
 
 /// This broker's membership of the cluster.
@@ -219,11 +227,12 @@ impl Membership {
         // The first view before returning, so Metadata lists the others
         // from the first request on.
         if let Ok(snapshot) = self.store.range(&self.settings.key("")).await {
-            self.rebuild(&snapshot.kvs);
+            self.rebuild(&snapshot);
         }
         let session = tokio::spawn(Arc::clone(self).keep_session());
         let follow = tokio::spawn(Arc::clone(self).follow());
-        self.tasks.lock().extend([session, follow]);
+        let lead = tokio::spawn(Arc::clone(self).lead_partitions());
+        self.tasks.lock().extend([session, follow, lead]);
         Ok(())
     }
 
@@ -316,6 +325,161 @@ impl Membership {
 
     fn changed(&self) {
         self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// The live brokers as the store has them (unlike
+    /// [`Membership::members`], without this broker unless it is
+    /// registered).
+    pub fn live(&self) -> BTreeSet<i32> {
+        self.view.lock().members.keys().copied().collect()
+    }
+
+    /// The cluster's topics, with the revisions of their keys.
+    pub fn topics(&self) -> Vec<StoredTopic> {
+        self.view.lock().topics.values().cloned().collect()
+    }
+
+    /// The topic `name`, with the revision of its key.
+    pub fn topic(&self, name: &str) -> Option<StoredTopic> {
+        self.view.lock().topics.get(name).cloned()
+    }
+
+    /// Partition `index` of the topic `topic_id`, as the view has it.
+    pub fn partition(&self, topic_id: uuid::Uuid, index: i32) -> Option<PartitionState> {
+        let view = self.view.lock();
+        let name = view.topic_ids.get(&topic_id)?;
+        let topic = &view.topics.get(name)?.topic;
+        topic.partitions.get(usize::try_from(index).ok()?).cloned()
+    }
+
+    /// The store's revision the view reflects.
+    pub fn revision(&self) -> i64 {
+        self.view.lock().revision
+    }
+
+    /// Waits until the view reflects the store's `revision` (a change this
+    /// broker made), at most `timeout`. Whether it does.
+    pub async fn wait_for(&self, revision: i64, timeout: Duration) -> bool {
+        let mut changes = self.subscribe();
+        let caught_up = async {
+            while self.revision() < revision {
+                if changes.changed().await.is_err() {
+                    return false;
+                }
+            }
+            true
+        };
+        tokio::time::timeout(timeout, caught_up).await.unwrap_or(false)
+    }
+
+    /// Reads the whole view again now, waiting for a store that does not
+    /// answer. For start-up, where a decision needs a view known complete.
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        loop {
+            match self.store.range(&self.settings.key("")).await {
+                Ok(snapshot) => {
+                    self.rebuild(&snapshot);
+                    return Ok(());
+                }
+                Err(StoreError::Unavailable(why)) => {
+                    tracing::warn!(store = %self.store.describe(), %why, "waiting for the coordination store");
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Creates `topic` unless its name is taken: the change's revision,
+    /// `None` if taken.
+    pub async fn create_topic(&self, topic: &ClusterTopic) -> Result<Option<i64>, StoreError> {
+        topics::create(self.store.as_ref(), &self.settings, topic).await
+    }
+
+    /// Replaces a topic whose key is still at `revision`: the change's
+    /// revision, `None` if it changed meanwhile.
+    pub async fn replace_topic(
+        &self,
+        topic: &ClusterTopic,
+        revision: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        topics::replace(self.store.as_ref(), &self.settings, topic, revision, Vec::new()).await
+    }
+
+    /// Deletes a topic whose key is still at `revision`: the change's
+    /// revision, `None` if it changed meanwhile.
+    pub async fn delete_topic(&self, name: &str, revision: i64) -> Result<Option<i64>, StoreError> {
+        topics::delete(self.store.as_ref(), &self.settings, name, revision).await
+    }
+
+    /// While this broker is the controller, applies [`topics::elect`] to
+    /// every topic whenever the view changes (and every RETRY after a
+    /// change that did not land), each change compared against the
+    /// controller's own election.
+    async fn lead_partitions(self: Arc<Self>) {
+        let mut changes = self.subscribe();
+        loop {
+            let settled = self.elect_leaders().await;
+            let wait = changes.changed();
+            if settled {
+                if wait.await.is_err() {
+                    return;
+                }
+            } else {
+                let _ = tokio::time::timeout(RETRY, wait).await;
+            }
+        }
+    }
+
+    /// One pass of the controller's rule. Whether every change landed (or
+    /// there was none, or this broker is not the controller).
+    async fn elect_leaders(&self) -> bool {
+        let (controller, live, topics) = {
+            let view = self.view.lock();
+            let live: BTreeSet<i32> = view.members.keys().copied().collect();
+            (
+                view.controller,
+                live,
+                view.topics.values().cloned().collect::<Vec<_>>(),
+            )
+        };
+        let Some(controller) = controller.filter(|c| c.node_id == self.me.node_id) else {
+            return true;
+        };
+        let mine = Compare::ModRevision(self.settings.key("controller"), controller.epoch);
+        let mut settled = true;
+        for stored in topics {
+            let Some(next) = topics::elect(&stored.topic, &live) else {
+                continue;
+            };
+            let changed = topics::replace(
+                self.store.as_ref(),
+                &self.settings,
+                &next,
+                stored.revision,
+                vec![mine.clone()],
+            )
+            .await;
+            match changed {
+                Ok(Some(revision)) => {
+                    for (i, (was, now)) in stored.topic.partitions.iter().zip(&next.partitions).enumerate() {
+                        if was != now {
+                            tracing::info!(
+                                topic = %next.name, partition = i, leader = now.leader,
+                                leader_epoch = now.leader_epoch, previous = was.leader, revision,
+                                "partition leader changed"
+                            );
+                        }
+                    }
+                }
+                Ok(None) => settled = false, // changed meanwhile: the watch brings it
+                Err(e) => {
+                    tracing::debug!(topic = %next.name, error = %e, "changing leaders");
+                    settled = false;
+                }
+            }
+        }
+        settled
     }
 
     /// Puts this broker's registration on a new lease.
@@ -499,7 +663,7 @@ impl Membership {
                     continue;
                 }
             };
-            self.rebuild(&snapshot.kvs);
+            self.rebuild(&snapshot);
             if self.controller().is_none() {
                 // Its outcome, won or lost, comes through the watch.
                 self.elect().await;
@@ -540,13 +704,19 @@ impl Membership {
     }
 
     /// The view from every key under the prefix.
-    fn rebuild(&self, kvs: &[KeyValue]) {
+    fn rebuild(&self, snapshot: &Snapshot) {
         let mut view = self.view.lock();
+        if snapshot.revision < view.revision {
+            return; // read before what the view already holds
+        }
         view.members.clear();
         view.controller = None;
-        for kv in kvs {
+        view.topics.clear();
+        view.topic_ids.clear();
+        for kv in &snapshot.kvs {
             self.put(&mut view, kv);
         }
+        view.revision = snapshot.revision;
         drop(view);
         self.changed();
     }
@@ -555,12 +725,20 @@ impl Membership {
         let mut view = self.view.lock();
         for event in events {
             match event {
-                WatchEvent::Put(kv) => self.put(&mut view, kv),
-                WatchEvent::Delete { key, .. } => {
+                WatchEvent::Put(kv) => {
+                    view.revision = view.revision.max(kv.mod_revision);
+                    self.put(&mut view, kv)
+                }
+                WatchEvent::Delete { key, mod_revision } => {
+                    view.revision = view.revision.max(*mod_revision);
                     if *key == self.settings.key("controller") {
                         view.controller = None;
                     } else if let Some(id) = self.node_of(key) {
                         view.members.remove(&id);
+                    } else if let Some(name) = topics::name_of(&self.settings, key) {
+                        if let Some(gone) = view.topics.remove(name) {
+                            view.topic_ids.remove(&gone.topic.topic_id);
+                        }
                     }
                 }
             }
@@ -587,6 +765,21 @@ impl Membership {
                     );
                 }
                 _ => tracing::warn!(key = %kv.key, "a registration Keel cannot read; ignored"),
+            }
+        } else if let Some(name) = topics::name_of(&self.settings, &kv.key) {
+            match decode::<ClusterTopic>(kv) {
+                Some(topic) if topic.name == name => {
+                    if let Some(old) = view.topics.get(name) {
+                        view.topic_ids.remove(&old.topic.topic_id);
+                    }
+                    view.topic_ids.insert(topic.topic_id, topic.name.clone());
+                    let stored = StoredTopic {
+                        topic,
+                        revision: kv.mod_revision,
+                    };
+                    view.topics.insert(name.to_string(), stored);
+                }
+                _ => tracing::warn!(key = %kv.key, "a topic Keel cannot read; ignored"),
             }
         }
     }

@@ -1,13 +1,15 @@
 //! Membership against the in-process store with expiring leases, on
 //! tokio's paused clock: brokers join, crash, lose the store and come
-//! back, and the model test drives random sequences of that with a
-//! printed seed (`KEEL_TEST_SEED` repeats one).
+//! back, and the model tests drive random sequences of that (the second
+//! with a topic whose leaders the controller moves) with a printed seed
+//! (`KEEL_TEST_SEED` repeats one).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use keel_cluster::store::{Compare, KeyValue, LeaseId, Op, Snapshot, StoreFuture, Watch};
+use keel_cluster::topics::{self, ClusterTopic};
 use keel_cluster::{
     CoordStore, Endpoint, JoinError, LocalStore, Membership, Registration, Settings, StoreError,
 };
@@ -368,6 +370,170 @@ async fn model_random_crashes_and_cuts() {
                     .controller()
                     .map(|c| c.node_id)
             );
+        }
+        for m in running.iter().flatten() {
+            m.leave().await;
+        }
+    }
+}
+
+/// The topic the leadership model test runs on.
+const TOPIC: &str = "model";
+
+/// The cluster's copy of [`TOPIC`], read from the store itself.
+async fn stored_topic(store: &LocalStore) -> ClusterTopic {
+    let kv = store
+        .get(&format!("/keel/topics/{TOPIC}"))
+        .await
+        .unwrap()
+        .expect("the topic exists");
+    serde_json::from_slice(&kv.value).unwrap()
+}
+
+/// Adds one partition to [`TOPIC`] through `m`, as an admin request does:
+/// read, change, compare-and-swap, again if another change landed first.
+/// Whether it landed.
+async fn grow(m: &Membership) -> bool {
+    for _ in 0..10 {
+        let Some(stored) = m.topic(TOPIC) else {
+            return false;
+        };
+        let mut grown = stored.topic.clone();
+        let live = m.live();
+        let placed = topics::place(1, &live, &topics::load([&stored.topic]));
+        let Some(p) = placed.into_iter().next() else {
+            return false;
+        };
+        grown.partitions.push(p);
+        match m.replace_topic(&grown, stored.revision).await {
+            Ok(Some(_)) => return true,
+            Ok(None) => settle(Duration::from_millis(50)).await,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Leadership under random crashes, restarts, cuts, lost answers and
+/// partitions added by any broker while the controller moves leaders. At
+/// every step, in the store: every partition is led by one of its
+/// replicas or by none; its leader epoch never falls, and rises with every
+/// change of leader; no partition added was lost. A broker that is not
+/// fenced leads only partitions it holds. After healing everything: every
+/// partition is led by its replica, in every broker's view as in the
+/// store.
+#[tokio::test(start_paused = true)]
+async fn model_leadership_under_crashes_and_cuts() {
+    let seed = test_seed();
+    println!("seed={seed}");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for _round in 0..4 {
+        let store = shared_store();
+        let n = rng.gen_range(2..=4usize);
+        let node = |i: usize| i as i32 + 1;
+        let links: Vec<_> = (0..n).map(|_| Link::new(&store)).collect();
+        let mut running: Vec<Option<Arc<Membership>>> = Vec::new();
+        for (i, link) in links.iter().enumerate() {
+            running.push(Some(join(link, node(i)).await));
+        }
+        settle(Duration::from_millis(10)).await;
+        let first = running[0].as_ref().unwrap();
+        let topic = ClusterTopic {
+            version: 1,
+            name: TOPIC.into(),
+            topic_id: uuid::Uuid::new_v4(),
+            configs: Default::default(),
+            partitions: topics::place(2 * n, &first.live(), &Default::default()),
+        };
+        first.create_topic(&topic).await.unwrap().expect("created");
+        let mut partitions = topic.partitions.len();
+        let mut last = stored_topic(&store).await;
+        for _ in 0..40 {
+            let i = rng.gen_range(0..n);
+            match rng.gen_range(0..7) {
+                0 => {
+                    if let Some(m) = running[i].take() {
+                        m.abandon();
+                    } else {
+                        links[i].heal();
+                        links[i].lossy.store(false, Ordering::SeqCst);
+                        running[i] = Some(join(&links[i], node(i)).await);
+                    }
+                }
+                1 => links[i].cut(),
+                2 => links[i].heal(),
+                3 => links[i].lossy.store(true, Ordering::SeqCst),
+                4 => links[i].lossy.store(false, Ordering::SeqCst),
+                5 => {
+                    if let Some(m) = running[i].as_ref() {
+                        if !links[i].lossy.load(Ordering::SeqCst) && grow(m).await {
+                            partitions += 1;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            settle(Duration::from_millis(rng.gen_range(0..TTL.as_millis() as u64 * 2))).await;
+            store.expire();
+            let now = stored_topic(&store).await;
+            // A lost answer may hide a grow that landed: never fewer.
+            assert!(now.partitions.len() >= partitions, "seed={seed}: a partition lost");
+            partitions = now.partitions.len();
+            for (p, state) in now.partitions.iter().enumerate() {
+                assert!(
+                    state.leader == topics::NO_LEADER || state.replicas.contains(&state.leader),
+                    "seed={seed}: partition {p} led by {} outside {:?}",
+                    state.leader,
+                    state.replicas
+                );
+                if let Some(before) = last.partitions.get(p) {
+                    assert!(state.leader_epoch >= before.leader_epoch, "seed={seed}: epoch fell");
+                    if state.leader != before.leader {
+                        assert!(
+                            state.leader_epoch > before.leader_epoch,
+                            "seed={seed}: partition {p} changed leader in the same epoch"
+                        );
+                    }
+                }
+            }
+            for m in running.iter().flatten().filter(|m| !m.is_fenced()) {
+                for p in 0..now.partitions.len() as i32 {
+                    if let Some(view) = m.partition(now.topic_id, p) {
+                        if view.leader == m.me().node_id {
+                            assert!(view.replicas.contains(&view.leader), "seed={seed}");
+                        }
+                    }
+                }
+            }
+            last = now;
+        }
+        for link in &links {
+            link.heal();
+            link.lossy.store(false, Ordering::SeqCst);
+        }
+        // Brokers that stay down keep their partitions leaderless; bring
+        // every one back.
+        for (i, slot) in running.iter_mut().enumerate() {
+            if slot.is_none() {
+                *slot = Some(join(&links[i], node(i)).await);
+            }
+        }
+        settle(TTL * 3).await;
+        let now = stored_topic(&store).await;
+        for (p, state) in now.partitions.iter().enumerate() {
+            assert_eq!(
+                Some(state.leader),
+                state.replicas.first().copied(),
+                "seed={seed}: partition {p} not led by its replica after healing"
+            );
+            for m in running.iter().flatten() {
+                assert_eq!(
+                    m.partition(now.topic_id, p as i32).as_ref(),
+                    Some(state),
+                    "seed={seed}: broker {} sees partition {p} otherwise",
+                    m.me().node_id
+                );
+            }
         }
         for m in running.iter().flatten() {
             m.leave().await;

@@ -65,6 +65,25 @@ impl DataPlane {
         Ok(tiered)
     }
 
+    /// Takes `topic` out of service without deleting anything of it: it
+    /// leaves the registry, its partitions are fenced and their
+    /// directories renamed to `<topic>-<p>.<id>-stray` durably (kept for
+    /// the operator, as Kafka keeps stray logs), then its description
+    /// goes. For a topic this broker holds that its cluster does not know.
+    pub fn set_aside_topic(&self, topic: &Topic) -> std::io::Result<Vec<std::path::PathBuf>> {
+        self.topics.remove(&topic.meta.name);
+        let unique = topic.meta.topic_id.simple().to_string();
+        let mut kept = Vec::new();
+        for p in &topic.partitions {
+            match p.fence() {
+                Some(log) => kept.push(log.set_aside(&unique)?),
+                None => kept.extend(self.store.set_aside_partition_dir(&topic.meta, p.index)?),
+            }
+        }
+        self.store.remove_meta(&topic.meta.name)?;
+        Ok(kept)
+    }
+
     /// Gives `topic` the config overrides `configs`: its description is
     /// saved, then the registry holds the topic with them (the same
     /// partitions; their open logs take the new settings from the caller).

@@ -310,6 +310,27 @@ impl TopicStore {
         Ok(Some(retired))
     }
 
+    /// Renames one partition directory of a topic set aside to
+    /// `<topic>-<p>.<topic id>-stray`, durably, if it is the topic's.
+    pub fn set_aside_partition_dir(&self, meta: &TopicMeta, partition: i32) -> io::Result<Option<PathBuf>> {
+        let dir = self.partition_dir(&meta.name, partition);
+        if self.storage.read_dir(&dir).is_err()
+            || self
+                .partition_topic_id(&dir)?
+                .is_some_and(|id| id != meta.topic_id)
+        {
+            return Ok(None);
+        }
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let kept = dir.with_file_name(format!("{name}.{}-stray", meta.topic_id.simple()));
+        self.storage.rename(&dir, &kept)?;
+        sync_parent(self.storage.as_ref(), &dir)?;
+        Ok(Some(kept))
+    }
+
     pub fn retired_name(&self, dir: &Path, topic_id: Uuid) -> PathBuf {
         let name = dir
             .file_name()

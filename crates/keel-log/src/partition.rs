@@ -1278,6 +1278,17 @@ impl PartitionLog {
     /// Returns the new path, to remove with [`remove_retired`], and the
     /// colder copies, which the caller deletes from their tiers.
     pub fn retire(self, unique: &str) -> io::Result<(PathBuf, Vec<TieredSegment>)> {
+        self.rename_away(&format!("{unique}-delete"))
+    }
+
+    /// Fences the log as [`PartitionLog::retire`] does, but renames its
+    /// directory to `<name>.<unique>-stray` (Kafka's name for a log no
+    /// topic owns): kept, never deleted by Keel.
+    pub fn set_aside(self, unique: &str) -> io::Result<PathBuf> {
+        self.rename_away(&format!("{unique}-stray")).map(|(dir, _)| dir)
+    }
+
+    fn rename_away(self, suffix: &str) -> io::Result<(PathBuf, Vec<TieredSegment>)> {
         self.sealer.fence();
         self.dir_fence.retire();
         let tiered = self.view.tiered_segments();
@@ -1286,7 +1297,7 @@ impl PartitionLog {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let retired = self.dir.with_file_name(format!("{name}.{unique}-delete"));
+        let retired = self.dir.with_file_name(format!("{name}.{suffix}"));
         let storage = Arc::clone(&self.storage);
         let dir = self.dir.clone();
         drop(self);

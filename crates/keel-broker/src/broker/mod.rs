@@ -1,5 +1,6 @@
 //! The broker: topics, producer ids and request dispatch.
 
+pub mod catalog;
 pub mod identity;
 pub mod producer_ids;
 pub(crate) mod refused;
@@ -27,7 +28,7 @@ use keel_tier::memory::MemoryLimit;
 use keel_tier::{Budgets, ColdReads, IoClass, IoScheduler, TailCache, Tiers};
 
 use keel_data::cleaner::Cleaner;
-use keel_data::leadership::SingleNode;
+use keel_data::leadership::{Leadership, SingleNode};
 use keel_data::mover::Mover;
 
 /// What to send back for one request.
@@ -242,7 +243,17 @@ impl Broker {
         let features_epoch = clock.now_ms();
         let memory = MemoryLimit::detect();
         let live = Arc::new(LiveConfig::new(config));
-        let data = open_data_plane(&live, &memory, storage, Arc::from(cluster_id), clock)?;
+        // In a cluster, the topics and who leads them are the cluster's.
+        let leadership: Arc<dyn Leadership> = if clustered {
+            Arc::new(catalog::ClusterLeadership {
+                membership: Arc::clone(&membership),
+            })
+        } else {
+            Arc::new(SingleNode {
+                node_id: live.get().node_id(),
+            })
+        };
+        let data = open_data_plane(&live, &memory, storage, Arc::from(cluster_id), clock, leadership)?;
         let broker = Broker {
             config: live,
             memory,
@@ -270,8 +281,9 @@ impl Broker {
 
     /// Joins the cluster: registers this broker, then reads the tables it
     /// shares with the others (ACLs, SCRAM credentials, quotas; nothing to
-    /// read for one node, whose are in its own logs).
-    pub async fn start_cluster(&self) -> Result<(), String> {
+    /// read for one node, whose are in its own logs), then takes the
+    /// cluster's topics ([`catalog::join`]).
+    pub async fn start_cluster(self: &Arc<Self>) -> Result<(), String> {
         self.cluster.start().await.map_err(|e| e.to_string())?;
         let read =
             |what: &str, e: keel_coord::metalog::StoreError| format!("cannot read the cluster's {what}: {e}");
@@ -281,6 +293,9 @@ impl Broker {
             .await
             .map_err(|e| read("SCRAM credentials", e))?;
         self.quotas.load().await.map_err(|e| read("client quotas", e))?;
+        if self.topics_shared() {
+            catalog::join(self).await?;
+        }
         Ok(())
     }
 
@@ -326,13 +341,11 @@ impl Broker {
                 let (resident, size) = p.page_cache_residency();
                 resident_total += resident;
                 size_total += size;
-                partitions.push(partition_json(
-                    &topic.meta.name,
-                    p,
-                    compacted,
-                    (resident, size),
-                    &groups,
-                ));
+                let mut json = partition_json(&topic.meta.name, p, compacted, (resident, size), &groups);
+                let (leader, leader_epoch) = self.leadership_of(&topic, p.index);
+                json["leader"] = leader.into();
+                json["leader_epoch"] = leader_epoch.into();
+                partitions.push(json);
             }
         }
         partitions.sort_by(|a, b| {
@@ -622,6 +635,7 @@ fn open_data_plane(
     storage: Arc<dyn Storage>,
     cluster_id: Arc<str>,
     clock: Arc<dyn Clock>,
+    leadership: Arc<dyn Leadership>,
 ) -> Result<DataPlane, StartError> {
     let config = live.get();
     let data_dir = config.data_dir();
@@ -674,9 +688,7 @@ fn open_data_plane(
         policies: Arc::clone(live) as Arc<dyn keel_data::policy::Policies>,
         mover,
         cleaner: Cleaner::new(cleaner_settings),
-        leadership: Arc::new(SingleNode {
-            node_id: config.node_id(),
-        }),
+        leadership,
     })
 }
 

@@ -13,8 +13,10 @@ use keel_protocol::StrBytes;
 use uuid::Uuid;
 
 use super::{str_bytes, topic_name};
+use crate::broker::catalog;
 use crate::quotas::Mutations;
 use crate::Broker;
+use keel_cluster::topics::ClusterTopic;
 use keel_config::TOPIC_CONFIGS;
 use keel_data::topics::{validate_topic_name, Topic, TopicMeta};
 use keel_log::clock::now_ms;
@@ -22,12 +24,15 @@ use keel_log::clock::now_ms;
 /// A refused admin operation: Kafka error and a message for the operator.
 pub(crate) type AdminError = (ResponseError, String);
 
-/// Creates a topic (or, with `validate_only`, checks that it could be).
+/// Creates a topic (or, with `validate_only`, checks that it could be):
+/// in a cluster, in the cluster's metadata, its partitions on the brokers
+/// `assignment` names or else on the least loaded ones.
 pub(crate) async fn create_topic(
     broker: &Arc<Broker>,
     name: &str,
     partitions: i32,
     configs: BTreeMap<String, String>,
+    assignment: Option<Vec<i32>>,
     validate_only: bool,
 ) -> Result<TopicMeta, AdminError> {
     validate_topic_name(name).map_err(|e| (ResponseError::InvalidTopicException, e.to_string()))?;
@@ -42,11 +47,13 @@ pub(crate) async fn create_topic(
         .check_topic_overrides(&configs)
         .map_err(|e| (ResponseError::InvalidConfig, e.to_string()))?;
     let _admin = broker.admin.lock().await;
-    if broker.data.topics.get(name).is_some() {
-        return Err((
-            ResponseError::TopicAlreadyExists,
-            format!("topic `{name}` already exists"),
-        ));
+    let exists = if broker.topics_shared() {
+        broker.cluster.topic(name).is_some()
+    } else {
+        broker.data.topics.get(name).is_some()
+    };
+    if exists {
+        return Err(already_exists(name));
     }
     let meta = TopicMeta {
         version: 1,
@@ -56,6 +63,36 @@ pub(crate) async fn create_topic(
         configs,
         deleting: false,
     };
+    if broker.topics_shared() {
+        let count = usize::try_from(partitions).unwrap_or(0);
+        let placed = catalog::placement(broker, count, assignment.as_deref())?;
+        if validate_only {
+            return Ok(meta);
+        }
+        let topic = ClusterTopic {
+            version: 1,
+            name: meta.name.clone(),
+            topic_id: meta.topic_id,
+            configs: meta.configs.clone(),
+            partitions: placed,
+        };
+        let revision = broker
+            .cluster
+            .create_topic(&topic)
+            .await
+            .map_err(catalog::store_error)?
+            .ok_or_else(|| already_exists(name))?;
+        catalog::settle_locked(broker, revision).await?;
+        let leaders: Vec<i32> = topic.partitions.iter().map(|p| p.leader).collect();
+        tracing::info!(
+            topic = name,
+            partitions,
+            ?leaders,
+            revision,
+            "created topic in the cluster"
+        );
+        return Ok(meta);
+    }
     if validate_only {
         return Ok(meta);
     }
@@ -64,6 +101,13 @@ pub(crate) async fn create_topic(
     blocking(move || data.create_topic(m)).await?;
     tracing::info!(topic = name, partitions, "created topic");
     Ok(meta)
+}
+
+fn already_exists(name: &str) -> AdminError {
+    (
+        ResponseError::TopicAlreadyExists,
+        format!("topic `{name}` already exists"),
+    )
 }
 
 /// Runs a data-plane change of a topic on a blocking thread; a failure is
@@ -127,11 +171,17 @@ pub async fn create_topics(
         let outcome = match outcome {
             // Counted only where partitions are created (not under
             // validate_only).
-            Ok((partitions, _)) if !req.validate_only && !quota.admit(partitions, now_ms()) => {
-                Err(throttled())
-            }
-            Ok((partitions, configs)) => {
-                create_topic(broker, &name, partitions, configs, req.validate_only).await
+            Ok(asked) if !req.validate_only && !quota.admit(asked.partitions, now_ms()) => Err(throttled()),
+            Ok(asked) => {
+                create_topic(
+                    broker,
+                    &name,
+                    asked.partitions,
+                    asked.configs,
+                    asked.assignment,
+                    req.validate_only,
+                )
+                .await
             }
             Err(e) => Err(e),
         };
@@ -159,13 +209,25 @@ pub async fn create_topics(
     CreateTopicsResponse::default().with_topics(results)
 }
 
-/// Partition count and configs of one CreateTopics entry, with Kafka's
-/// defaults (-1) resolved and single-node constraints checked.
+/// What one CreateTopics entry asks for.
+struct TopicAsked {
+    partitions: i32,
+    configs: BTreeMap<String, String>,
+    /// The broker of each partition, where the request names them.
+    assignment: Option<Vec<i32>>,
+}
+
+/// Partition count, configs and placement of one CreateTopics entry, with
+/// Kafka's defaults (-1) resolved. A partition's records are on one broker
+/// (in a cluster, the object store is their durable copy), so an
+/// assignment names one broker per partition: this one alone, or, in a
+/// cluster, any live one (checked when the topic is placed).
 fn topic_request(
     broker: &Broker,
     t: &create_topics_request::CreatableTopic,
-) -> Result<(i32, BTreeMap<String, String>), AdminError> {
+) -> Result<TopicAsked, AdminError> {
     let node = broker.config().node_id();
+    let mut assignment = None;
     if !t.assignments.is_empty() {
         if t.num_partitions != -1 || t.replication_factor != -1 {
             return Err((
@@ -173,15 +235,40 @@ fn topic_request(
                 "assignments given with a partition count or replication factor".into(),
             ));
         }
-        if t.assignments
+        if let Some(a) = t.assignments.iter().find(|a| a.broker_ids.len() > 1) {
+            return Err((
+                ResponseError::InvalidReplicationFactor,
+                format!(
+                    "partition {} is assigned {} brokers; a partition's records are on one broker",
+                    a.partition_index,
+                    a.broker_ids.len()
+                ),
+            ));
+        }
+        let mut nodes: Vec<(i32, i32)> = t
+            .assignments
             .iter()
-            .any(|a| a.broker_ids.iter().any(|b| b.0 != node))
+            .map(|a| (a.partition_index, a.broker_ids.first().map_or(-1, |b| b.0)))
+            .collect();
+        nodes.sort_unstable();
+        if nodes
+            .iter()
+            .enumerate()
+            .any(|(i, (p, _))| usize::try_from(*p).ok() != Some(i))
         {
+            return Err((
+                ResponseError::InvalidReplicaAssignment,
+                "partitions must be assigned 0, 1, 2, ... once each".into(),
+            ));
+        }
+        let nodes: Vec<i32> = nodes.into_iter().map(|(_, n)| n).collect();
+        if !broker.topics_shared() && nodes.iter().any(|n| *n != node) {
             return Err((
                 ResponseError::InvalidReplicaAssignment,
                 format!("this cluster has only broker {node}"),
             ));
         }
+        assignment = Some(nodes);
     }
     if !matches!(t.replication_factor, -1 | 1) {
         return Err((
@@ -214,7 +301,11 @@ fn topic_request(
         .iter()
         .filter_map(|c| Some((c.name.to_string(), c.value.as_ref()?.to_string())))
         .collect();
-    Ok((partitions, configs))
+    Ok(TopicAsked {
+        partitions,
+        configs,
+        assignment,
+    })
 }
 
 fn effective_configs(broker: &Broker, overrides: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {
@@ -296,13 +387,38 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
     let _admin = broker.admin.lock().await;
     // Another deletion (and maybe a creation under the same name) may have
     // run while this one waited for the lock: only this incarnation goes.
-    let current = broker.data.topics.get(&topic.meta.name);
-    if current.is_none_or(|t| t.meta.topic_id != topic.meta.topic_id) {
-        return Err((
+    let deleted_meanwhile = || {
+        (
             ResponseError::UnknownTopicOrPartition,
             format!("topic `{}` was deleted meanwhile", topic.meta.name),
-        ));
+        )
+    };
+    if broker.topics_shared() {
+        // Every broker (this one too) deletes its copy when it sees the
+        // cluster's topic go.
+        let stored = broker
+            .cluster
+            .topic(&topic.meta.name)
+            .filter(|s| s.topic.topic_id == topic.meta.topic_id)
+            .ok_or_else(deleted_meanwhile)?;
+        let revision = broker
+            .cluster
+            .delete_topic(&topic.meta.name, stored.revision)
+            .await
+            .map_err(catalog::store_error)?
+            .ok_or_else(deleted_meanwhile)?;
+        return catalog::settle_locked(broker, revision).await;
     }
+    let current = broker.data.topics.get(&topic.meta.name);
+    if current.is_none_or(|t| t.meta.topic_id != topic.meta.topic_id) {
+        return Err(deleted_meanwhile());
+    }
+    remove_topic(broker, topic).await
+}
+
+/// Deletes a topic from this broker's data plane (see `delete_topic`).
+/// The caller holds `broker.admin`.
+pub(crate) async fn remove_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), AdminError> {
     let data = Arc::clone(&broker.data);
     let t = Arc::clone(&topic);
     let tiered = blocking(move || data.delete_topic(&t)).await?;
@@ -360,18 +476,32 @@ async fn grow_topic(
         ResponseError::UnknownTopicOrPartition,
         format!("topic `{name}` does not exist"),
     ))?;
+    let increase = |current: i32| {
+        if count <= current || count > 100_000 {
+            return Err((
+                ResponseError::InvalidPartitions,
+                format!("topic has {current} partitions; {count} is not an increase"),
+            ));
+        }
+        Ok(usize::try_from(count - current).unwrap_or(0))
+    };
     let current = topic.meta.partitions;
-    if count <= current || count > 100_000 {
-        return Err((
-            ResponseError::InvalidPartitions,
-            format!("topic has {current} partitions; {count} is not an increase"),
-        ));
-    }
+    increase(current)?;
     if validate_only {
         return Ok(());
     }
     if !quota.admit(count - current, now_ms()) {
         return Err(throttled());
+    }
+    if broker.topics_shared() {
+        return catalog::update_topic_locked(broker, name, |t| {
+            let mut grown = t.clone();
+            grown
+                .partitions
+                .extend(catalog::placement(broker, increase(t.partition_count())?, None)?);
+            Ok(grown)
+        })
+        .await;
     }
     let data = Arc::clone(&broker.data);
     blocking(move || data.grow_topic(&topic, count)).await?;

@@ -29,6 +29,7 @@ use crate::Broker;
 use keel_config::kafka_configs::{foreign, kafka_broker_config, UpdateMode};
 use keel_config::{broker_config_type, is_dynamic, topic_def, ConfigChange, ConfigType};
 use keel_data::partition::Partition;
+use keel_data::topics::Topic;
 use keel_log::LogConfig;
 
 /// What a request asks of one resource.
@@ -488,14 +489,14 @@ async fn alter_group(
     Ok(())
 }
 
-/// Whether `configs` turn remote storage off for a topic with `current`;
-/// Kafka allows it only with the remote data deleted
+/// Refuses `configs` turning remote storage off for a topic with
+/// `current` unless the remote data goes too, as Kafka does
 /// (`remote.log.delete.on.disable=true` in the same change).
 fn disables_remote_storage(
     broker: &Broker,
     current: &BTreeMap<String, String>,
     configs: &BTreeMap<String, String>,
-) -> Result<bool, AdminError> {
+) -> Result<(), AdminError> {
     let flag = |c: &BTreeMap<String, String>, key: &str| {
         topic_def(key).is_some_and(|d| broker.config().topic_value(c, d) == "true")
     };
@@ -511,7 +512,7 @@ fn disables_remote_storage(
                 .into(),
         ));
     }
-    Ok(disabling)
+    Ok(())
 }
 
 /// The open logs of an altered topic take its new settings (an append in
@@ -575,7 +576,7 @@ async fn alter_topic(
         return Err(unknown_key(key));
     }
     let invalid = |e: String| (ResponseError::InvalidConfig, e);
-    let disabling_remote = disables_remote_storage(broker, &topic.meta.configs, &configs)?;
+    disables_remote_storage(broker, &topic.meta.configs, &configs)?;
     broker
         .config()
         .check_topic_overrides(&configs)
@@ -595,24 +596,63 @@ async fn alter_topic(
         .filter(|k| configs.get(*k) != topic.meta.configs.get(*k))
         .cloned()
         .collect();
+    if broker.topics_shared() {
+        // Every broker (this one too) takes them when it sees the change.
+        let topic_id = topic.meta.topic_id;
+        crate::broker::catalog::update_topic_locked(broker, name, |t| {
+            if t.topic_id != topic_id {
+                return Err((
+                    ResponseError::UnknownTopicOrPartition,
+                    format!("The topic '{name}' does not exist."),
+                ));
+            }
+            let mut altered = t.clone();
+            altered.configs = configs.clone();
+            Ok(altered)
+        })
+        .await?;
+    } else {
+        install_topic_configs(broker, topic, configs)
+            .await
+            .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    }
+    tracing::info!(topic = name, ?changed, "altered topic configs");
+    Ok(())
+}
+
+/// Gives `topic` the config overrides `configs` (checked by the caller):
+/// its description is saved, then its open logs take the settings (an
+/// append in progress finishes first); remote storage turned off marks
+/// the object store's copies for deletion.
+pub(crate) async fn install_topic_configs(
+    broker: &Arc<Broker>,
+    topic: Arc<Topic>,
+    configs: BTreeMap<String, String>,
+) -> Result<(), String> {
+    let flag = |c: &BTreeMap<String, String>, key: &str| {
+        topic_def(key).is_some_and(|d| broker.config().topic_value(c, d) == "true")
+    };
+    let disabling_remote =
+        flag(&topic.meta.configs, "remote.storage.enable") && !flag(&configs, "remote.storage.enable");
+    let mut log_config = broker
+        .config()
+        .topic_log_config(&configs)
+        .map_err(|e| e.to_string())?;
+    log_config.read_io = broker.data.read_io;
     let data = Arc::clone(&broker.data);
     let altered = tokio::task::spawn_blocking(move || data.set_topic_configs(&topic, configs))
         .await
         .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()))
-        .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+        .and_then(|r| r.map_err(|e| e.to_string()))?;
     let partitions = altered.partitions.clone();
-    // The open logs take the new settings; an append in progress finishes
-    // first.
-    let topic_name = name.to_string();
+    let topic_name = altered.meta.name.clone();
     let applied = tokio::task::spawn_blocking(move || {
         apply_to_open_logs(&topic_name, &partitions, &log_config, disabling_remote)
     })
     .await;
     if let Err(e) = applied {
-        tracing::warn!(topic = name, error = %e, "applying altered configs failed");
+        tracing::warn!(topic = %altered.meta.name, error = %e, "applying altered configs failed");
     }
-    tracing::info!(topic = name, ?changed, "altered topic configs");
     Ok(())
 }
 

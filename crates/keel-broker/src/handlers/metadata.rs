@@ -91,7 +91,7 @@ async fn requested_topic(
         return error_topic(Some(&name), Uuid::nil(), ResponseError::UnknownTopicOrPartition);
     }
     let partitions = broker.config().default_partitions();
-    match super::admin::create_topic(broker, &name, partitions, BTreeMap::new(), false).await {
+    match super::admin::create_topic(broker, &name, partitions, BTreeMap::new(), None, false).await {
         Ok(_) | Err((ResponseError::TopicAlreadyExists, _)) => match broker.data.topics.get(&name) {
             Some(topic) => describe_topic(broker, &topic),
             None => error_topic(Some(&name), Uuid::nil(), ResponseError::UnknownTopicOrPartition),

@@ -162,10 +162,14 @@ async fn by_timestamp(p: &Partition, t: i64) -> Result<(i64, i64), ResponseError
     Ok(found.unwrap_or((-1, -1)))
 }
 
-/// A single node's one leader epoch covers each partition's whole log, so
-/// the end offset of the epoch the client knows is the log end offset, and
-/// an epoch before it has none. (Leaders that change need each partition's
-/// epoch history here, Kafka's leader-epoch-checkpoint.)
+/// The end offset of the epoch the client knows. A partition's leader
+/// epoch rises when its broker leaves and comes back (see
+/// `keel_cluster::topics::elect`), but its log stays the one log that broker
+/// wrote: no epoch ever ended by truncation, so every epoch up to the
+/// current one ends, as far as a client can have read, at the high
+/// watermark, and no client is told to truncate. (Leaders that move between
+/// brokers need each partition's epoch history here, Kafka's
+/// leader-epoch-checkpoint.)
 pub fn offset_for_leader_epoch(
     broker: &Broker,
     req: OffsetForLeaderEpochRequest,
@@ -193,11 +197,9 @@ pub fn offset_for_leader_epoch(
                             .with_error_code(e.error().code())
                             .with_leader_epoch(-1)
                             .with_end_offset(-1),
-                        Ok((_, leader)) if p.leader_epoch < leader.epoch => {
-                            base.with_leader_epoch(-1).with_end_offset(-1)
-                        }
+                        Ok(_) if p.leader_epoch < 0 => base.with_leader_epoch(-1).with_end_offset(-1),
                         Ok((partition, leader)) => base
-                            .with_leader_epoch(leader.epoch)
+                            .with_leader_epoch(p.leader_epoch.min(leader.epoch))
                             .with_end_offset(partition.high_watermark()),
                     }
                 })

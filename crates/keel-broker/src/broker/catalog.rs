@@ -1,0 +1,358 @@
+//! A cluster's topics on this broker. In a cluster the topics are the
+//! cluster's, kept in the coordination store ([`keel_cluster::topics`]):
+//! any broker changes them there, and every broker brings its data plane
+//! to what the store holds (opens, grows, reconfigures and deletes its
+//! local copy of each topic) on every change it sees. Who leads each
+//! partition is read from the same view ([`ClusterLeadership`]).
+//!
+//! One node keeps its topics in its own data directory, as it always has.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_cluster::topics::{self, ClusterTopic, NO_LEADER};
+use keel_cluster::{Membership, StoreError};
+use keel_data::leadership::{Leader, Leadership};
+use keel_data::topics::{Topic, TopicMeta, META_DIR};
+use keel_protocol::ResponseError;
+use uuid::Uuid;
+
+use crate::handlers::admin::AdminError;
+use crate::Broker;
+
+/// The file, in the data dir's `__keel_meta`, that marks a directory whose
+/// topics are its cluster's: once it is there, a topic the directory holds
+/// and the cluster does not is one deleted while the broker was away.
+const JOINED_FILE: &str = "cluster-topics";
+
+/// How often the data plane is checked against the view even without a
+/// change (a local change that failed is tried again).
+const RESYNC: Duration = Duration::from_secs(5);
+
+/// Who leads each partition, from the cluster's view: the leader the
+/// controller elected while it is live, and this broker only while its own
+/// session is sure (a fenced broker leads nothing).
+pub struct ClusterLeadership {
+    pub membership: Arc<Membership>,
+}
+
+impl Leadership for ClusterLeadership {
+    fn node_id(&self) -> i32 {
+        self.membership.me().node_id
+    }
+
+    fn leader(&self, topic_id: Uuid, index: i32) -> Option<Leader> {
+        let p = self.membership.partition(topic_id, index)?;
+        if p.leader == NO_LEADER {
+            return None;
+        }
+        let live = if p.leader == self.node_id() {
+            !self.membership.is_fenced()
+        } else {
+            self.membership.live().contains(&p.leader)
+        };
+        live.then_some(Leader {
+            node_id: p.leader,
+            epoch: p.leader_epoch,
+        })
+    }
+
+    fn replicas(&self, topic_id: Uuid, index: i32) -> Vec<i32> {
+        self.membership
+            .partition(topic_id, index)
+            .map(|p| p.replicas)
+            .unwrap_or_default()
+    }
+}
+
+impl Broker {
+    /// Whether this broker's topics are a cluster's (kept in etcd).
+    pub fn topics_shared(&self) -> bool {
+        !self.config().etcd_endpoints().is_empty()
+    }
+
+    /// The leader and leader epoch the cluster holds for a partition
+    /// (leader -1 while none), for `/stats`; one node leads its own.
+    pub fn leadership_of(&self, topic: &Topic, index: i32) -> (i32, i32) {
+        if self.topics_shared() {
+            return self
+                .cluster
+                .partition(topic.meta.topic_id, index)
+                .map_or((NO_LEADER, -1), |p| (p.leader, p.leader_epoch));
+        }
+        self.data
+            .leader(topic, index)
+            .map_or((NO_LEADER, -1), |l| (l.node_id, l.epoch))
+    }
+}
+
+/// A coordination-store failure as an admin request's error.
+pub(crate) fn store_error(e: StoreError) -> AdminError {
+    (
+        ResponseError::RequestTimedOut,
+        format!("the cluster's metadata could not be changed: {e}"),
+    )
+}
+
+/// On joining: the topics of the data directory the cluster does not
+/// know are published to it if the directory has never been in a cluster
+/// (a broker's first start in one brings its topics along), set aside as
+/// strays otherwise (deleted while the broker was away; renamed, never
+/// deleted). Then the data plane takes the cluster's topics, and follows
+/// them from then on.
+pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
+    let cluster = &broker.cluster;
+    cluster.refresh().await.map_err(|e| e.to_string())?;
+    let marker = broker.data.data_dir.join(META_DIR).join(JOINED_FILE);
+    let storage = Arc::clone(&broker.data.storage);
+    let joined = storage.file_len(&marker).map_err(|e| e.to_string())?.is_some();
+    let mut published = 0;
+    {
+        let _admin = broker.admin.lock().await;
+        for local in broker.data.topics.all() {
+            if cluster.topic(&local.meta.name).is_some() {
+                continue; // the cluster's copy decides, in sync below
+            }
+            if !joined {
+                if let Some(revision) = publish(broker, &local).await? {
+                    published = published.max(revision);
+                    continue;
+                }
+            }
+            set_aside(broker, local).await;
+        }
+    }
+    // What was published must be in the view before the data plane is
+    // brought to it, or it would be taken for deleted.
+    let wait = cluster.settings().session_timeout;
+    if !cluster.wait_for(published, wait).await {
+        return Err(format!(
+            "the topics published to the cluster were not seen within {wait:?}"
+        ));
+    }
+    if !joined {
+        let id = broker.data.cluster_id.to_string();
+        let m = marker.clone();
+        tokio::task::spawn_blocking(move || {
+            keel_log::storage::write_atomically(storage.as_ref(), &m, id.as_bytes())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("{}: {e}", marker.display()))?;
+    }
+    {
+        let _admin = broker.admin.lock().await;
+        sync_locked(broker).await;
+    }
+    let b = Arc::clone(broker);
+    tokio::spawn(async move { follow(b).await });
+    Ok(())
+}
+
+/// Publishes a topic of this directory to the cluster, led here: the
+/// change's revision, `None` if the name is taken.
+async fn publish(broker: &Broker, local: &Topic) -> Result<Option<i64>, String> {
+    let me = broker.cluster.me().node_id;
+    let topic = ClusterTopic {
+        version: 1,
+        name: local.meta.name.clone(),
+        topic_id: local.meta.topic_id,
+        configs: local.meta.configs.clone(),
+        partitions: (0..local.meta.partitions)
+            .map(|_| topics::PartitionState {
+                leader: me,
+                leader_epoch: 0,
+                replicas: vec![me],
+            })
+            .collect(),
+    };
+    let created = broker
+        .cluster
+        .create_topic(&topic)
+        .await
+        .map_err(|e| format!("cannot publish topic `{}`: {e}", topic.name))?;
+    if created.is_some() {
+        tracing::info!(topic = %topic.name, partitions = topic.partitions.len(), "published this directory's topic to the cluster");
+    }
+    Ok(created)
+}
+
+/// Keeps the data plane at the cluster's view: on every change, and every
+/// RESYNC.
+async fn follow(broker: Arc<Broker>) {
+    let mut changes = broker.cluster.subscribe();
+    loop {
+        let _ = tokio::time::timeout(RESYNC, changes.changed()).await;
+        let _admin = broker.admin.lock().await;
+        sync_locked(&broker).await;
+    }
+}
+
+/// Waits for the view to hold the change at `revision`, then brings the
+/// data plane to it. The caller holds `broker.admin`.
+pub(crate) async fn settle_locked(broker: &Arc<Broker>, revision: i64) -> Result<(), AdminError> {
+    let wait = broker.cluster.settings().session_timeout;
+    if !broker.cluster.wait_for(revision, wait).await {
+        return Err((
+            ResponseError::RequestTimedOut,
+            format!("the change was made, but this broker did not see it within {wait:?}"),
+        ));
+    }
+    sync_locked(broker).await;
+    Ok(())
+}
+
+/// Brings the data plane's topics to the cluster's view: opens the
+/// topics it lacks, grows and reconfigures the ones it has, deletes the
+/// ones the cluster deleted. The caller holds `broker.admin`. A change
+/// that fails is logged and tried again at the next pass.
+pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
+    let view = broker.cluster.topics();
+    let names: BTreeSet<&str> = view.iter().map(|s| s.topic.name.as_str()).collect();
+    for local in broker.data.topics.all() {
+        if !names.contains(local.meta.name.as_str()) {
+            if let Err((_, why)) = crate::handlers::admin::remove_topic(broker, local.clone()).await {
+                tracing::error!(topic = %local.meta.name, error = %why, "cannot delete a topic the cluster deleted");
+            }
+        }
+    }
+    for stored in &view {
+        let t = &stored.topic;
+        let local = broker.data.topics.get(&t.name);
+        if let Some(old) = local.as_ref().filter(|l| l.meta.topic_id != t.topic_id) {
+            // The cluster's topic of this name is another incarnation.
+            set_aside(broker, Arc::clone(old)).await;
+        }
+        let outcome = match local.filter(|l| l.meta.topic_id == t.topic_id) {
+            None => open_local(broker, t).await,
+            Some(l) => update_local(broker, l, t).await,
+        };
+        if let Err(why) = outcome {
+            tracing::error!(topic = %t.name, error = %why, "cannot bring a topic to the cluster's view");
+        }
+    }
+}
+
+async fn open_local(broker: &Arc<Broker>, t: &ClusterTopic) -> Result<(), String> {
+    let meta = TopicMeta {
+        version: 1,
+        name: t.name.clone(),
+        topic_id: t.topic_id,
+        partitions: t.partition_count(),
+        configs: t.configs.clone(),
+        deleting: false,
+    };
+    let data = Arc::clone(&broker.data);
+    run_blocking(move || data.create_topic(meta)).await?;
+    tracing::info!(topic = %t.name, partitions = t.partitions.len(), "opened the cluster's topic");
+    Ok(())
+}
+
+async fn update_local(broker: &Arc<Broker>, local: Arc<Topic>, t: &ClusterTopic) -> Result<(), String> {
+    let mut local = local;
+    if t.partition_count() > local.meta.partitions {
+        let data = Arc::clone(&broker.data);
+        let (l, count) = (Arc::clone(&local), t.partition_count());
+        local = run_blocking(move || data.grow_topic(&l, count)).await?;
+        tracing::info!(topic = %t.name, partitions = count, "grew the cluster's topic");
+    }
+    if t.configs != local.meta.configs {
+        crate::handlers::alter_configs::install_topic_configs(broker, local, t.configs.clone()).await?;
+        tracing::info!(topic = %t.name, "took the cluster's configs of a topic");
+    }
+    Ok(())
+}
+
+/// Sets a local topic aside as a stray (see `DataPlane::set_aside_topic`).
+async fn set_aside(broker: &Broker, topic: Arc<Topic>) {
+    let data = Arc::clone(&broker.data);
+    let t = Arc::clone(&topic);
+    match run_blocking(move || data.set_aside_topic(&t)).await {
+        Ok(kept) => tracing::warn!(
+            topic = %topic.meta.name, topic_id = %topic.meta.topic_id, dirs = ?kept,
+            "this directory's topic is not the cluster's (deleted while this broker was away, or \
+             another incarnation): its partition directories are renamed to -stray, not deleted"
+        ),
+        Err(why) => tracing::error!(topic = %topic.meta.name, error = %why, "cannot set a topic aside"),
+    }
+}
+
+async fn run_blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Changes the cluster's topic `name` with `change`, retrying while
+/// other changes (the controller's, another broker's) land first, then
+/// waits for this broker's data plane to hold it. The caller holds
+/// `broker.admin`.
+pub(crate) async fn update_topic_locked(
+    broker: &Arc<Broker>,
+    name: &str,
+    change: impl Fn(&ClusterTopic) -> Result<ClusterTopic, AdminError>,
+) -> Result<(), AdminError> {
+    for _ in 0..50 {
+        let stored = broker.cluster.topic(name).ok_or((
+            ResponseError::UnknownTopicOrPartition,
+            format!("topic `{name}` does not exist"),
+        ))?;
+        let next = change(&stored.topic)?;
+        match broker.cluster.replace_topic(&next, stored.revision).await {
+            Ok(Some(revision)) => return settle_locked(broker, revision).await,
+            // Changed meanwhile: wait for the view to see it, then again.
+            Ok(None) => {
+                broker
+                    .cluster
+                    .wait_for(stored.revision + 1, Duration::from_millis(200))
+                    .await;
+            }
+            Err(e) => return Err(store_error(e)),
+        }
+    }
+    Err((
+        ResponseError::RequestTimedOut,
+        format!("topic `{name}` kept changing under this request"),
+    ))
+}
+
+/// Leaders for `count` new partitions on the live brokers, as
+/// [`topics::place`] puts them; or, where the request names them
+/// (`assignment`, one broker per partition), there.
+pub(crate) fn placement(
+    broker: &Broker,
+    count: usize,
+    assignment: Option<&[i32]>,
+) -> Result<Vec<topics::PartitionState>, AdminError> {
+    let live = broker.cluster.live();
+    if let Some(nodes) = assignment {
+        if let Some(n) = nodes.iter().find(|n| !live.contains(n)) {
+            return Err((
+                ResponseError::InvalidReplicaAssignment,
+                format!("broker {n} is not a live broker of this cluster"),
+            ));
+        }
+        return Ok(nodes
+            .iter()
+            .map(|n| topics::PartitionState {
+                leader: *n,
+                leader_epoch: 0,
+                replicas: vec![*n],
+            })
+            .collect());
+    }
+    let all = broker.cluster.topics();
+    let load: BTreeMap<i32, usize> = topics::load(all.iter().map(|s| &s.topic));
+    let placed = topics::place(count, &live, &load);
+    if placed.len() != count {
+        return Err((
+            ResponseError::BrokerNotAvailable,
+            "no live broker to place the partitions on".into(),
+        ));
+    }
+    Ok(placed)
+}

@@ -1,0 +1,258 @@
+//! The cluster's topics and who leads their partitions, in the
+//! coordination store: one key per topic, `<prefix>/topics/<name>`, holding
+//! its id, configs and, per partition, the leader, its leader epoch and the
+//! brokers holding the partition's records (JSON, see docs/cluster.md).
+//!
+//! Any broker creates, grows, reconfigures or deletes a topic with a
+//! compare-and-swap on that key; the controller alone changes leaders, with
+//! a compare on its own election too, so a deposed controller's decision
+//! never lands. What a change decides is computed here without I/O:
+//! [`place`] puts new partitions on the least loaded live brokers, and
+//! [`elect`] is the controller's rule for one topic.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::membership::Settings;
+use crate::store::{Compare, CoordStore, Op, StoreError};
+
+/// The leader of a partition that has none.
+pub const NO_LEADER: i32 = -1;
+
+/// One partition's leadership.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionState {
+    /// The leading broker, [`NO_LEADER`] while none does.
+    pub leader: i32,
+    /// Rises with every change of leader (KIP-320).
+    pub leader_epoch: i32,
+    /// The brokers holding the partition's records: only these may lead it.
+    pub replicas: Vec<i32>,
+}
+
+/// A topic as the cluster knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterTopic {
+    pub version: u32,
+    pub name: String,
+    pub topic_id: Uuid,
+    pub configs: BTreeMap<String, String>,
+    pub partitions: Vec<PartitionState>,
+}
+
+impl ClusterTopic {
+    pub fn partition_count(&self) -> i32 {
+        i32::try_from(self.partitions.len()).unwrap_or(i32::MAX)
+    }
+}
+
+/// A topic with the store's revision of its key (what a compare-and-swap
+/// of it names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredTopic {
+    pub topic: ClusterTopic,
+    pub revision: i64,
+}
+
+/// The store key of the topic `name`.
+pub fn topic_key(settings: &Settings, name: &str) -> String {
+    settings.key(&format!("topics/{name}"))
+}
+
+/// The topic name a key under `<prefix>/topics/` names.
+pub(crate) fn name_of<'a>(settings: &Settings, key: &'a str) -> Option<&'a str> {
+    key.strip_prefix(&settings.key("topics/"))
+}
+
+/// Leaders for `count` new partitions: each on the live broker leading the
+/// fewest partitions so far (`load`, counted over every topic), the lowest
+/// node id among equals. Empty if no broker is live.
+pub fn place(count: usize, live: &BTreeSet<i32>, load: &BTreeMap<i32, usize>) -> Vec<PartitionState> {
+    let mut load: BTreeMap<i32, usize> = live
+        .iter()
+        .map(|n| (*n, load.get(n).copied().unwrap_or(0)))
+        .collect();
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let Some((&node, _)) = load.iter().min_by_key(|(node, led)| (**led, **node)) else {
+            return Vec::new();
+        };
+        *load.entry(node).or_default() += 1;
+        out.push(PartitionState {
+            leader: node,
+            leader_epoch: 0,
+            replicas: vec![node],
+        });
+    }
+    out
+}
+
+/// How many partitions each broker leads or would lead (its first
+/// replica), over `topics`.
+pub fn load<'a>(topics: impl IntoIterator<Item = &'a ClusterTopic>) -> BTreeMap<i32, usize> {
+    let mut load = BTreeMap::new();
+    for t in topics {
+        for p in &t.partitions {
+            if let Some(first) = p.replicas.first() {
+                *load.entry(*first).or_default() += 1;
+            }
+        }
+    }
+    load
+}
+
+/// The controller's rule for one topic, given the live brokers: a leader
+/// that is no longer live gives its partition up (no leader, a new epoch);
+/// a partition without a leader is led by its first live replica (a new
+/// epoch). A partition's records are only on its replicas, so no other
+/// broker may lead it. `None` if nothing changes.
+pub fn elect(topic: &ClusterTopic, live: &BTreeSet<i32>) -> Option<ClusterTopic> {
+    let mut changed = topic.clone();
+    let mut any = false;
+    for p in &mut changed.partitions {
+        let next = if p.leader != NO_LEADER && !live.contains(&p.leader) {
+            NO_LEADER
+        } else if p.leader == NO_LEADER {
+            match p.replicas.iter().find(|r| live.contains(r)) {
+                Some(r) => *r,
+                None => continue,
+            }
+        } else {
+            continue;
+        };
+        p.leader = next;
+        p.leader_epoch = p.leader_epoch.saturating_add(1);
+        any = true;
+    }
+    any.then_some(changed)
+}
+
+/// Creates `topic` unless a topic of its name exists. The store's revision
+/// of the change, `None` if the name is taken.
+pub async fn create(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    topic: &ClusterTopic,
+) -> Result<Option<i64>, StoreError> {
+    let key = topic_key(settings, &topic.name);
+    store
+        .txn(vec![Compare::Absent(key.clone())], vec![put(key, topic)])
+        .await
+}
+
+/// Replaces a topic last changed at `revision` with `topic`, if it has not
+/// changed since and every compare in `also` holds. The change's revision,
+/// `None` if a compare failed.
+pub async fn replace(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    topic: &ClusterTopic,
+    revision: i64,
+    also: Vec<Compare>,
+) -> Result<Option<i64>, StoreError> {
+    let key = topic_key(settings, &topic.name);
+    let mut when = vec![Compare::ModRevision(key.clone(), revision)];
+    when.extend(also);
+    store.txn(when, vec![put(key, topic)]).await
+}
+
+/// Deletes the topic `name` last changed at `revision`, if it has not
+/// changed since. The change's revision, `None` if it had.
+pub async fn delete(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    name: &str,
+    revision: i64,
+) -> Result<Option<i64>, StoreError> {
+    let key = topic_key(settings, name);
+    store
+        .txn(
+            vec![Compare::ModRevision(key.clone(), revision)],
+            vec![Op::Delete(key)],
+        )
+        .await
+}
+
+fn put(key: String, topic: &ClusterTopic) -> Op {
+    Op::Put {
+        key,
+        value: serde_json::to_vec(topic).expect("a topic serializes"),
+        lease: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic(parts: &[(i32, i32, &[i32])]) -> ClusterTopic {
+        ClusterTopic {
+            version: 1,
+            name: "t".into(),
+            topic_id: Uuid::new_v4(),
+            configs: BTreeMap::new(),
+            partitions: parts
+                .iter()
+                .map(|(leader, epoch, replicas)| PartitionState {
+                    leader: *leader,
+                    leader_epoch: *epoch,
+                    replicas: replicas.to_vec(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn new_partitions_go_to_the_least_loaded_live_brokers() {
+        let live: BTreeSet<i32> = [1, 2, 3].into();
+        let leaders = |p: Vec<PartitionState>| p.iter().map(|p| p.leader).collect::<Vec<_>>();
+        assert_eq!(leaders(place(4, &live, &BTreeMap::new())), [1, 2, 3, 1]);
+        // Broker 1 already leads two, broker 4 (not live) is never chosen.
+        let load = BTreeMap::from([(1, 2), (2, 1), (4, 0)]);
+        assert_eq!(leaders(place(3, &live, &load)), [3, 2, 3]);
+        assert!(place(2, &BTreeSet::new(), &BTreeMap::new()).is_empty());
+        let placed = place(1, &live, &BTreeMap::new());
+        assert_eq!(placed[0].replicas, [1]);
+        assert_eq!(placed[0].leader_epoch, 0);
+    }
+
+    #[test]
+    fn the_load_counts_first_replicas_whatever_leads_now() {
+        let t = topic(&[(1, 0, &[1]), (NO_LEADER, 3, &[2]), (2, 0, &[2])]);
+        assert_eq!(load([&t]), BTreeMap::from([(1, 1), (2, 2)]));
+    }
+
+    #[test]
+    fn a_dead_leader_gives_up_its_partitions_and_takes_them_back_in_new_epochs() {
+        let t = topic(&[(1, 0, &[1]), (2, 4, &[2])]);
+        let all: BTreeSet<i32> = [1, 2].into();
+        assert_eq!(elect(&t, &all), None);
+        let without_1: BTreeSet<i32> = [2].into();
+        let gone = elect(&t, &without_1).expect("broker 1's partition changes");
+        assert_eq!(gone.partitions[0].leader, NO_LEADER);
+        assert_eq!(gone.partitions[0].leader_epoch, 1);
+        assert_eq!(gone.partitions[1], t.partitions[1]);
+        // Nobody else may lead it: its records are on broker 1 only.
+        assert_eq!(elect(&gone, &without_1), None);
+        let back = elect(&gone, &all).expect("broker 1 takes it back");
+        assert_eq!(back.partitions[0].leader, 1);
+        assert_eq!(back.partitions[0].leader_epoch, 2);
+    }
+
+    #[test]
+    fn topics_round_trip_through_json() {
+        let t = topic(&[(3, 7, &[3])]);
+        let json = serde_json::to_vec(&t).unwrap();
+        let back: ClusterTopic = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back, t);
+        let settings = Settings {
+            prefix: "/keel".into(),
+            session_timeout: std::time::Duration::from_secs(6),
+        };
+        let key = topic_key(&settings, "orders");
+        assert_eq!(key, "/keel/topics/orders");
+        assert_eq!(name_of(&settings, &key), Some("orders"));
+    }
+}

@@ -1,0 +1,208 @@
+"""A cluster's topics on a real etcd: a topic created, grown, reconfigured
+or deleted at any broker is every broker's; each partition is led by one
+broker the cluster chose (or the request named), which every broker
+names in Metadata, and only it takes the partition's reads and writes;
+a leader that dies leaves its partitions without a leader until it comes
+back, in a new leader epoch, with every record it held. Keel's own, so
+skipped under KEEL_TEST_IMPL=kafka."""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
+                                  NewPartitions, NewTopic)
+
+import kafka_tools
+import kafka_wire as w
+from conftest import IMPL, Broker, wait_until
+from test_cluster import TIMEOUT_S, member, start_cluster
+
+pytestmark = pytest.mark.skipif(IMPL != "keel", reason="cluster mode over etcd is Keel's")
+
+NOT_LEADER_OR_FOLLOWER = 6
+
+
+def leaders(b, topic):
+    """{partition: leader} as `b` answers Metadata (-1: none), or None if
+    it does not list the topic."""
+    md = AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=5)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        return None
+    return {p.id: p.leader for p in t.partitions.values()}
+
+
+def leadership(b, topic):
+    """{partition: (leader, leader epoch)} from `b`'s /stats."""
+    with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=5) as r:
+        parts = json.load(r)["partitions"]
+    return {p["partition"]: (p["leader"], p["leader_epoch"]) for p in parts if p["topic"] == topic}
+
+
+def create(b, topic, **kw):
+    a = AdminClient({"bootstrap.servers": b.bootstrap})
+    a.create_topics([NewTopic(topic, **kw)], operation_timeout=10)[topic].result(15)
+
+
+def produce(b, topic, n, partition=None, key_prefix="k"):
+    """n records through a client bootstrapped at `b`, acks=all and
+    idempotent; all must be acknowledged."""
+    p = Producer({"bootstrap.servers": b.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    errors = []
+    for i in range(n):
+        kw = {} if partition is None else {"partition": partition}
+        p.produce(topic, key=f"{key_prefix}{i}".encode(), value=f"{key_prefix}-{i}".encode(),
+                  on_delivery=lambda e, m: e and errors.append(e), **kw)
+        p.poll(0)
+    assert p.flush(30) == 0 and not errors, errors[:3]
+
+
+def consume(b, topic, partitions, expect):
+    """Every record of `partitions`, read from the start through a client
+    bootstrapped at `b` (assigned, no group): {partition: [values]}."""
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "unused", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in partitions])
+    got: dict[int, list[bytes]] = {p: [] for p in partitions}
+    try:
+        def done():
+            for m in c.consume(500, 1.0):
+                if m.error() is None:
+                    got[m.partition()].append(m.value())
+                elif m.error().code() != KafkaError._PARTITION_EOF:
+                    raise AssertionError(m.error())
+            return sum(len(v) for v in got.values()) >= expect
+        wait_until(done, 30, f"{expect} records")
+    finally:
+        c.close()
+    return got
+
+
+def test_a_topic_made_at_one_broker_is_every_brokers_and_each_partition_has_one_leader(etcd, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    try:
+        create(brokers[1], "orders", num_partitions=6)
+        # Every broker names the same leaders, two partitions each.
+        wait_until(lambda: all(leaders(b, "orders") is not None for b in brokers.values()),
+                   TIMEOUT_S, "every broker to list the topic")
+        seen = [leaders(b, "orders") for b in brokers.values()]
+        assert seen[0] == seen[1] == seen[2], seen
+        assert sorted(seen[0].values()) == [1, 1, 2, 2, 3, 3], seen[0]
+        for b in brokers.values():
+            assert leadership(b, "orders") == {p: (n, 0) for p, n in seen[0].items()}
+
+        # A client that knows one broker writes to and reads from every leader.
+        produce(brokers[2], "orders", 600)
+        got = consume(brokers[3], "orders", range(6), 600)
+        assert sum(len(v) for v in got.values()) == 600
+        for values in got.values():  # each partition in the order produced
+            assert values == sorted(values, key=lambda v: int(v.split(b"-")[1]))
+        # Only the leader serves a partition: the others answer
+        # NOT_LEADER_OR_FOLLOWER.
+        led_by_1 = next(p for p, n in seen[0].items() if n == 1)
+        batch = w.record_batch([(b"k", b"v")])
+        with w.Conn(brokers[2].bootstrap) as c:
+            c.send(w.produce_request(7, 1, "orders", led_by_1, batch))
+            _, body = c.recv_response()
+        assert w.parse_produce(body, 7)[0][2] == NOT_LEADER_OR_FOLLOWER
+        with w.Conn(brokers[1].bootstrap) as c:
+            c.send(w.produce_request(7, 2, "orders", led_by_1, batch))
+            _, body = c.recv_response()
+        assert w.parse_produce(body, 7)[0][2] == 0
+
+        # Apache Kafka's tool, asked at broker 3, shows each leader.
+        done = kafka_tools.run("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
+                               brokers[3].bootstrap, "--describe", "--topic", "orders")
+        assert done.returncode == 0, done.stderr[-3000:]
+        for p, n in seen[0].items():
+            assert f"Partition: {p}\tLeader: {n}\t" in done.stdout, done.stdout
+
+        # Configs altered at one broker are every broker's.
+        a2 = AdminClient({"bootstrap.servers": brokers[2].bootstrap})
+        res = ConfigResource("topic", "orders", incremental_configs=[
+            ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
+        a2.incremental_alter_configs([res])[res].result(15)
+
+        def retention(b):
+            a = AdminClient({"bootstrap.servers": b.bootstrap})
+            r = ConfigResource("topic", "orders")
+            return a.describe_configs([r])[r].result(10)["retention.ms"].value
+        wait_until(lambda: all(retention(b) == "3600000" for b in brokers.values()), TIMEOUT_S,
+                   "every broker to take the altered config")
+
+        # Partitions added at broker 3 are every broker's, placed evenly.
+        a3 = AdminClient({"bootstrap.servers": brokers[3].bootstrap})
+        a3.create_partitions([NewPartitions("orders", 9)])["orders"].result(15)
+        wait_until(lambda: all(len(leaders(b, "orders") or {}) == 9 for b in brokers.values()),
+                   TIMEOUT_S, "every broker to list nine partitions")
+        assert sorted(leaders(brokers[1], "orders").values()) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+        # Deleted at broker 2: gone from every broker, and from its disk.
+        a2.delete_topics(["orders"], operation_timeout=10)["orders"].result(15)
+        wait_until(lambda: all(leaders(b, "orders") is None for b in brokers.values()),
+                   TIMEOUT_S, "every broker to drop the topic")
+        wait_until(lambda: not any(d.name.startswith("orders-")
+                                   for b in brokers.values() for d in b.data_dir.iterdir()),
+                   TIMEOUT_S, "the partition directories to go")
+    finally:
+        for b in brokers.values():
+            b.close()
+
+
+def test_a_dead_leaders_partitions_wait_for_it_and_come_back_in_a_new_epoch(etcd, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    try:
+        # Placed where the request says: partition 0 on broker 2, 1 on 3.
+        create(brokers[1], "placed", num_partitions=2, replica_assignment=[[2], [3]])
+        wait_until(lambda: leaders(brokers[1], "placed") == {0: 2, 1: 3}, TIMEOUT_S, "the placement")
+        produce(brokers[1], "placed", 100, partition=0)
+
+        brokers[2].kill9()
+        # Its records are on broker 2 alone: nobody else may lead it.
+        wait_until(lambda: leaders(brokers[1], "placed") == {0: -1, 1: 3}, TIMEOUT_S,
+                   "partition 0 to lose its leader")
+        assert leadership(brokers[3], "placed") == {0: (-1, 1), 1: (3, 0)}
+
+        brokers[2].start()
+        wait_until(lambda: leaders(brokers[3], "placed") == {0: 2, 1: 3}, TIMEOUT_S,
+                   "broker 2 to lead partition 0 again")
+        assert leadership(brokers[1], "placed")[0] == (2, 2)
+        produce(brokers[3], "placed", 50, partition=0, key_prefix="after")
+        got = consume(brokers[1], "placed", [0], 150)[0]
+        assert got[:100] == [f"k-{i}".encode() for i in range(100)]
+        assert got[100:] == [f"after-{i}".encode() for i in range(50)]
+    finally:
+        for b in brokers.values():
+            b.close()
+
+
+def test_a_directory_brings_its_topics_into_a_cluster_and_sets_aside_ones_deleted_while_away(etcd, tmp_path):
+    # A broker that ran alone...
+    alone = Broker(tmp_path / "b1" / "data", tmp_path / "alone.log", sets={"node.id": "1"})
+    alone.start()
+    create(alone, "legacy", num_partitions=1)
+    produce(alone, "legacy", 20, partition=0)
+    alone.stop()
+    # ...joins a cluster on its directory: its topics become the cluster's.
+    brokers = start_cluster(etcd, tmp_path, [1, 2])
+    try:
+        wait_until(lambda: leaders(brokers[2], "legacy") == {0: 1}, TIMEOUT_S,
+                   "broker 2 to list broker 1's topic")
+        assert len(consume(brokers[2], "legacy", [0], 20)[0]) == 20
+
+        # Deleted while broker 1 is away: when it comes back, its copy is
+        # renamed aside, not deleted and not brought back.
+        brokers[1].stop()
+        a2 = AdminClient({"bootstrap.servers": brokers[2].bootstrap})
+        a2.delete_topics(["legacy"], operation_timeout=10)["legacy"].result(15)
+        brokers[1].start()
+        wait_until(lambda: any(d.name.startswith("legacy-0.") and d.name.endswith("-stray")
+                               for d in brokers[1].data_dir.iterdir()),
+                   TIMEOUT_S, "the deleted topic's directory to be set aside")
+        assert leaders(brokers[1], "legacy") is None and leaders(brokers[2], "legacy") is None
+        assert "not the cluster's" in brokers[1].log_tail()
+    finally:
+        for b in brokers.values():
+            b.close()
