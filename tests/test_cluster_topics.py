@@ -206,3 +206,55 @@ def test_a_directory_brings_its_topics_into_a_cluster_and_sets_aside_ones_delete
     finally:
         for b in brokers.values():
             b.close()
+
+
+def test_a_group_has_one_coordinator_whichever_broker_its_members_ask(etcd, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    try:
+        create(brokers[1], "shared", num_partitions=6)
+        produce(brokers[2], "shared", 300)
+        # Two members of one group, each knowing a different broker: one
+        # group (they split the partitions), not two (each reading all).
+        members = [Consumer({"bootstrap.servers": brokers[n].bootstrap, "group.id": "one-group",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                   for n in (1, 3)]
+        got: list[list[bytes]] = [[], []]
+        try:
+            for c in members:
+                c.subscribe(["shared"])
+
+            def settled():
+                for i, c in enumerate(members):
+                    for m in c.consume(100, 0.5):
+                        if m.error() is None:
+                            got[i].append(m.value())
+                return (sum(map(len, got)) >= 300 and all(c.assignment() for c in members)
+                        and sum(len(c.assignment()) for c in members) == 6)
+            wait_until(settled, 60, "both members to share the partitions and read every record")
+            for i, c in enumerate(members):
+                c.commit(asynchronous=False)
+        finally:
+            for c in members:
+                c.close()
+        assert sorted(got[0] + got[1]) == sorted(f"k-{i}".encode() for i in range(300))
+
+        # Asked at any broker, Apache Kafka's tool finds the same coordinator,
+        # and it holds the offsets both members committed.
+        coordinators = set()
+        for b in brokers.values():
+            done = kafka_tools.run("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                                   "--bootstrap-server", b.bootstrap, "--describe",
+                                   "--group", "one-group", "--state")
+            assert done.returncode == 0, done.stderr[-3000:]
+            line = next(l for l in done.stdout.splitlines() if l.startswith("one-group"))
+            coordinators.add(line.split("(")[1].split(")")[0])
+            offsets = kafka_tools.run("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                                      "--bootstrap-server", b.bootstrap, "--describe",
+                                      "--group", "one-group", "--offsets")
+            assert offsets.returncode == 0, offsets.stderr[-3000:]
+            committed = [l.split() for l in offsets.stdout.splitlines() if l.startswith("one-group")]
+            assert sum(int(cols[3]) for cols in committed) == 300, offsets.stdout
+        assert len(coordinators) == 1, coordinators
+    finally:
+        for b in brokers.values():
+            b.close()

@@ -473,11 +473,17 @@ async fn model_leadership_under_crashes_and_cuts() {
                 }
                 _ => {}
             }
-            settle(Duration::from_millis(rng.gen_range(0..TTL.as_millis() as u64 * 2))).await;
+            settle(Duration::from_millis(
+                rng.gen_range(0..TTL.as_millis() as u64 * 2),
+            ))
+            .await;
             store.expire();
             let now = stored_topic(&store).await;
             // A lost answer may hide a grow that landed: never fewer.
-            assert!(now.partitions.len() >= partitions, "seed={seed}: a partition lost");
+            assert!(
+                now.partitions.len() >= partitions,
+                "seed={seed}: a partition lost"
+            );
             partitions = now.partitions.len();
             for (p, state) in now.partitions.iter().enumerate() {
                 assert!(
@@ -487,7 +493,10 @@ async fn model_leadership_under_crashes_and_cuts() {
                     state.replicas
                 );
                 if let Some(before) = last.partitions.get(p) {
-                    assert!(state.leader_epoch >= before.leader_epoch, "seed={seed}: epoch fell");
+                    assert!(
+                        state.leader_epoch >= before.leader_epoch,
+                        "seed={seed}: epoch fell"
+                    );
                     if state.leader != before.leader {
                         assert!(
                             state.leader_epoch > before.leader_epoch,

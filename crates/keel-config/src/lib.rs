@@ -389,6 +389,11 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // How long a broker's session (its etcd lease) lives without renewal:
     // a broker that stops renewing leaves the cluster after it.
     ("keel.cluster.session.timeout.ms", "6000", ConfigType::Int),
+    // How many partitions of Kafka's internal topics place the group and
+    // transaction coordinators in a cluster (a key's coordinator is the
+    // leader of its partition); read when the cluster first places them.
+    ("offsets.topic.num.partitions", "50", ConfigType::Int),
+    ("transaction.state.log.num.partitions", "50", ConfigType::Int),
     // Tiers (see keel_tier::tiers). `log.dirs` is the fast tier, where all
     // writes land; sealed segments are copied to the capacity dirs, or to
     // the object store for topics with remote.storage.enable=true.
@@ -833,6 +838,17 @@ impl BrokerConfig {
                 key: "num.partitions".into(),
                 reason: "must be at least 1".into(),
             });
+        }
+        for key in [
+            "offsets.topic.num.partitions",
+            "transaction.state.log.num.partitions",
+        ] {
+            if self.num(key) < 1 {
+                return Err(ConfigError {
+                    key: key.into(),
+                    reason: "must be at least 1".into(),
+                });
+            }
         }
         let session = self.num("keel.cluster.session.timeout.ms");
         if !(2000..=300_000).contains(&session) {

@@ -208,7 +208,9 @@ pub(crate) async fn settle_locked(broker: &Arc<Broker>, revision: i64) -> Result
 /// ones the cluster deleted. The caller holds `broker.admin`. A change
 /// that fails is logged and tried again at the next pass.
 pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
-    let view = broker.cluster.topics();
+    let mut view = broker.cluster.topics();
+    // The coordinators' topics are placed, not opened (see GROUPS_TOPIC).
+    view.retain(|s| !is_internal(&s.topic.name));
     let names: BTreeSet<&str> = view.iter().map(|s| s.topic.name.as_str()).collect();
     for local in broker.data.topics.all() {
         if !names.contains(local.meta.name.as_str()) {
@@ -355,4 +357,119 @@ pub(crate) fn placement(
         ));
     }
     Ok(placed)
+}
+
+/// Kafka's internal topics whose partitions place the group coordinators
+/// (`__consumer_offsets`) and the transaction coordinators
+/// (`__transaction_state`). In a cluster they are kept with the other
+/// topics and led like them, but hold no records yet (each coordinator
+/// keeps its state in its broker's own logs), so brokers do not open them
+/// and Metadata does not list them.
+pub const GROUPS_TOPIC: &str = "__consumer_offsets";
+pub const TRANSACTIONS_TOPIC: &str = "__transaction_state";
+
+/// Whether `name` is one of the coordinators' internal topics.
+pub fn is_internal(name: &str) -> bool {
+    name == GROUPS_TOPIC || name == TRANSACTIONS_TOPIC
+}
+
+/// The partition of a coordinators' topic of `partitions` partitions that
+/// `key` (a group or transactional id) falls in: Kafka's
+/// `Utils.abs(key.hashCode()) % partitions` (Java's string hash; the
+/// absolute value, 0 for `i32::MIN`), so a key maps to the same partition
+/// as on Kafka.
+pub fn coordinator_partition(key: &str, partitions: i32) -> i32 {
+    let hash = key
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    let abs = if hash == i32::MIN { 0 } else { hash.abs() };
+    abs % partitions.max(1)
+}
+
+impl Broker {
+    /// The internal topic placing the coordinators of `transactions` (or
+    /// of groups) and its configured partition count.
+    fn coordinators_topic(&self, transactions: bool) -> (&'static str, i32) {
+        let (name, key) = if transactions {
+            (TRANSACTIONS_TOPIC, "transaction.state.log.num.partitions")
+        } else {
+            (GROUPS_TOPIC, "offsets.topic.num.partitions")
+        };
+        (name, i32::try_from(self.config().num(key)).unwrap_or(50).max(1))
+    }
+
+    /// In a cluster, creates the internal topic placing the coordinators
+    /// of `transactions` (or of groups) on the live brokers if it does not
+    /// exist yet, as Kafka does at the first FindCoordinator. A failure is
+    /// logged: FindCoordinator answers COORDINATOR_NOT_AVAILABLE meanwhile
+    /// and the client asks again.
+    pub(crate) async fn ensure_coordinators(self: &Arc<Self>, transactions: bool) {
+        let (name, partitions) = self.coordinators_topic(transactions);
+        if !self.topics_shared() || self.cluster.topic(name).is_some() {
+            return;
+        }
+        let placed = match placement(self, usize::try_from(partitions).unwrap_or(1), None) {
+            Ok(placed) => placed,
+            Err((_, why)) => return tracing::warn!(topic = name, %why, "cannot place the coordinators"),
+        };
+        let topic = ClusterTopic {
+            version: 1,
+            name: name.to_string(),
+            topic_id: Uuid::new_v4(),
+            configs: BTreeMap::new(),
+            partitions: placed,
+        };
+        match self.cluster.create_topic(&topic).await {
+            Ok(Some(revision)) => {
+                tracing::info!(topic = name, partitions, revision, "placed the coordinators");
+                self.cluster
+                    .wait_for(revision, self.cluster.settings().session_timeout)
+                    .await;
+            }
+            Ok(None) => {} // another broker placed them first
+            Err(e) => tracing::warn!(topic = name, error = %e, "cannot place the coordinators"),
+        }
+    }
+
+    /// The broker coordinating the group (or, with `transactions`, the
+    /// transactional id) `key`: this one for one node; in a cluster, the
+    /// live leader of the key's partition of the coordinators' topic
+    /// (COORDINATOR_NOT_AVAILABLE while there is none).
+    pub fn coordinator_of(&self, key: &str, transactions: bool) -> Result<i32, ResponseError> {
+        if !self.topics_shared() {
+            return Ok(self.config().node_id());
+        }
+        let (name, _) = self.coordinators_topic(transactions);
+        let stored = self
+            .cluster
+            .topic(name)
+            .ok_or(ResponseError::CoordinatorNotAvailable)?;
+        let index = coordinator_partition(key, stored.topic.partition_count());
+        let leadership = ClusterLeadership {
+            membership: Arc::clone(&self.cluster),
+        };
+        leadership
+            .leader(stored.topic.topic_id, index)
+            .map(|l| l.node_id)
+            .ok_or(ResponseError::CoordinatorNotAvailable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_fall_in_the_partitions_kafka_puts_them_in() {
+        // Kafka: Utils.abs(key.hashCode()) % 50.
+        assert_eq!(coordinator_partition("", 50), 0);
+        assert_eq!(coordinator_partition("a", 50), 97 % 50);
+        // "my-group".hashCode() == -1906497762 in Java.
+        assert_eq!(coordinator_partition("my-group", 50), 1_906_497_762 % 50);
+        // "polygenelubricants".hashCode() == Integer.MIN_VALUE: Utils.abs gives 0.
+        assert_eq!(coordinator_partition("polygenelubricants", 50), 0);
+        for key in ["x", "group-17", "transactional-id", "é"] {
+            assert!((0..7).contains(&coordinator_partition(key, 7)));
+        }
+    }
 }

@@ -64,6 +64,12 @@ pub(crate) async fn create_topic(
         deleting: false,
     };
     if broker.topics_shared() {
+        if catalog::is_internal(name) {
+            return Err((
+                ResponseError::InvalidRequest,
+                format!("Creation of internal topic {name} is prohibited."),
+            ));
+        }
         let count = usize::try_from(partitions).unwrap_or(0);
         let placed = catalog::placement(broker, count, assignment.as_deref())?;
         if validate_only {

@@ -28,7 +28,7 @@ use keel_protocol::messages::txn_offset_commit_response::{
 use keel_protocol::messages::*;
 use keel_protocol::{ResponseError, StrBytes};
 
-use super::{partition_of, str_bytes, topic_name};
+use super::{partition_exists, str_bytes, topic_name};
 use crate::Broker;
 use keel_coord::groups::group::JoinParams;
 use keel_coord::groups::records::CommittedOffset;
@@ -53,38 +53,42 @@ pub fn find_coordinator(
     version: i16,
     listener: &str,
 ) -> FindCoordinatorResponse {
-    // `Ok` names this broker; every group and transactional id is
-    // coordinated here.
-    let answer = |key: &str| -> Result<(), (ResponseError, String)> {
-        match req.key_type {
-            KEY_TYPE_GROUP if key.is_empty() => Err((ResponseError::InvalidGroupId, "empty group id".into())),
-            KEY_TYPE_GROUP => Ok(()),
-            KEY_TYPE_TRANSACTION if key.is_empty() => {
-                Err((ResponseError::InvalidRequest, "empty transactional id".into()))
+    // The coordinator of a key: this broker for one node; in a cluster,
+    // the leader of the key's partition of Kafka's internal topic.
+    let answer = |key: &str| -> Result<(i32, StrBytes, i32), (ResponseError, String)> {
+        let transactions = match req.key_type {
+            KEY_TYPE_GROUP if key.is_empty() => {
+                return Err((ResponseError::InvalidGroupId, "empty group id".into()))
             }
-            KEY_TYPE_TRANSACTION => Ok(()),
-            other => Err((
-                ResponseError::InvalidRequest,
-                format!("unsupported key type {other}"),
-            )),
-        }
+            KEY_TYPE_GROUP => false,
+            KEY_TYPE_TRANSACTION if key.is_empty() => {
+                return Err((ResponseError::InvalidRequest, "empty transactional id".into()))
+            }
+            KEY_TYPE_TRANSACTION => true,
+            other => {
+                return Err((
+                    ResponseError::InvalidRequest,
+                    format!("unsupported key type {other}"),
+                ))
+            }
+        };
+        let unavailable = |e: ResponseError| (e, "the coordinator is not available".to_string());
+        let node = broker.coordinator_of(key, transactions).map_err(unavailable)?;
+        let (host, port) = endpoint_of(broker, node, listener)
+            .ok_or_else(|| unavailable(ResponseError::CoordinatorNotAvailable))?;
+        Ok((node, str_bytes(host), port))
     };
-    let (host, port, node) = (
-        str_bytes(broker.endpoint(listener).0),
-        broker.endpoint(listener).1,
-        broker.config().node_id(),
-    );
+    let parts = |result: Result<(i32, StrBytes, i32), (ResponseError, String)>| match result {
+        Ok((node, host, port)) => (0, None, node, host, port),
+        Err((e, m)) => (e.code(), Some(str_bytes(m)), -1, str_bytes(""), -1),
+    };
     if version < 4 {
-        let result = answer(req.key.as_str());
-        let ok = result.is_ok();
-        let (error, message) = result
-            .err()
-            .map_or((0, None), |(e, m)| (e.code(), Some(str_bytes(m))));
+        let (error, message, node, host, port) = parts(answer(req.key.as_str()));
         let mut resp = FindCoordinatorResponse::default()
             .with_error_code(error)
-            .with_node_id(BrokerId(if ok { node } else { -1 }))
-            .with_host(if ok { host } else { str_bytes("") })
-            .with_port(if ok { port } else { -1 });
+            .with_node_id(BrokerId(node))
+            .with_host(host)
+            .with_port(port);
         if version >= 1 {
             resp = resp.with_error_message(message);
         }
@@ -94,21 +98,32 @@ pub fn find_coordinator(
         .coordinator_keys
         .iter()
         .map(|key| {
-            let result = answer(key.as_str());
-            let ok = result.is_ok();
-            let (error, message) = result
-                .err()
-                .map_or((0, None), |(e, m)| (e.code(), Some(str_bytes(m))));
+            let (error, message, node, host, port) = parts(answer(key.as_str()));
             Coordinator::default()
                 .with_key(key.clone())
-                .with_node_id(BrokerId(if ok { node } else { -1 }))
-                .with_host(if ok { host.clone() } else { str_bytes("") })
-                .with_port(if ok { port } else { -1 })
+                .with_node_id(BrokerId(node))
+                .with_host(host)
+                .with_port(port)
                 .with_error_code(error)
                 .with_error_message(message)
         })
         .collect();
     FindCoordinatorResponse::default().with_coordinators(coordinators)
+}
+
+/// Where clients of `listener` reach the live broker `node`.
+fn endpoint_of(broker: &Broker, node: i32, listener: &str) -> Option<(String, i32)> {
+    if node == broker.config().node_id() {
+        let (host, port) = broker.endpoint(listener);
+        return Some((host.to_string(), port));
+    }
+    let member = broker
+        .cluster
+        .members()
+        .into_iter()
+        .find(|m| m.registration.node_id == node)?;
+    let e = member.registration.endpoint(listener)?;
+    Some((e.host.clone(), e.port))
 }
 
 pub async fn join_group(
@@ -428,7 +443,7 @@ impl Commit {
         for (name, partitions) in topics {
             let mut row = Vec::with_capacity(partitions.len());
             for (index, offset, leader_epoch, metadata) in partitions {
-                if partition_of(broker, name.as_str(), index).is_ok() {
+                if partition_exists(broker, name.as_str(), index) {
                     offsets.push(OffsetToCommit {
                         topic: name.to_string(),
                         partition: index,
@@ -724,7 +739,7 @@ pub async fn offset_delete(broker: &Arc<Broker>, req: OffsetDeleteRequest) -> Of
                 .partitions
                 .iter()
                 .map(|p| {
-                    let known = partition_of(broker, t.name.as_str(), p.partition_index).is_ok();
+                    let known = partition_exists(broker, t.name.as_str(), p.partition_index);
                     let result = results.next().unwrap_or(Ok(()));
                     let error = if known {
                         code(result)

@@ -159,6 +159,17 @@ pub(crate) fn partition_of(
     broker.data.lead_by_name(topic, index).map_err(|e| e.error())
 }
 
+/// Whether partition `index` of the topic `topic` exists, wherever it is
+/// led: what a group's offset commit or a transaction's partitions are
+/// checked against.
+pub(crate) fn partition_exists(broker: &crate::Broker, topic: &str, index: i32) -> bool {
+    broker
+        .data
+        .topics
+        .get(topic)
+        .is_some_and(|t| t.partition(index).is_some())
+}
+
 pub(crate) fn str_bytes(s: impl Into<String>) -> StrBytes {
     StrBytes::from_string(s.into())
 }

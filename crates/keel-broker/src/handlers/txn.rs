@@ -12,7 +12,7 @@ use keel_protocol::messages::add_partitions_to_txn_response::{
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
-use super::partition_of;
+use super::partition_exists;
 use crate::Broker;
 use keel_coord::txn::{offsets_partition, EndOutcome};
 
@@ -84,7 +84,7 @@ async fn add_one(
         .collect();
     let unknown: Vec<bool> = requested
         .iter()
-        .map(|(t, p)| partition_of(broker, t, *p).is_err())
+        .map(|(t, p)| !partition_exists(broker, t, *p))
         .collect();
     let errors: Vec<Option<ResponseError>> = if verify_only {
         requested

@@ -11,6 +11,8 @@ pub(super) async fn find_coordinator(
     call: Call<'_>,
 ) -> Reply {
     let denied = handlers::authz::find_coordinator(b, call.client, &mut r, call.version);
+    // In a cluster, the first FindCoordinator places the coordinators.
+    b.ensure_coordinators(r.key_type == 1).await;
     let mut resp = match denied {
         handlers::authz::Coordinators::Refused(resp) => resp,
         handlers::authz::Coordinators::Keys(denied) => {

@@ -8,7 +8,7 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::{CLUSTER_DENIED, TOPIC_DENIED};
-use crate::handlers::partition_of;
+use crate::handlers::partition_exists;
 use crate::{Broker, ClientInfo};
 use keel_auth::acl::{Operation, ResourceType};
 
@@ -56,7 +56,7 @@ pub fn add_partitions_to_txn(
                     TXN_DENIED
                 } else if denied {
                     TOPIC_DENIED
-                } else if partition_of(broker, &t.name, p).is_err() {
+                } else if !partition_exists(broker, &t.name, p) {
                     ResponseError::UnknownTopicOrPartition
                 } else {
                     ResponseError::OperationNotAttempted
