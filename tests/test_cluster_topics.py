@@ -8,6 +8,7 @@ skipped under KEEL_TEST_IMPL=kafka."""
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 
 import pytest
@@ -80,6 +81,52 @@ def consume(b, topic, partitions, expect):
     return got
 
 
+def produce_v12_hints(b, topic, partition):
+    """Produce v12 of one record to a partition -> (error, current leader
+    hint (id, epoch) or None, {node: port} of the response's endpoints)."""
+    batch = w.record_batch([(b"k", b"v")])
+    parts = w.uvarint(2) + w.i32(partition) + w.uvarint(len(batch) + 1) + batch + w.EMPTY_TAGS
+    topics = w.uvarint(2) + w.compact_string(topic) + parts + w.EMPTY_TAGS
+    body = w.compact_string(None) + w.i16(-1) + w.i32(5000) + topics + w.EMPTY_TAGS
+    with w.Conn(b.bootstrap) as c:
+        c.send(w.frame(w.header_v2(w.PRODUCE, 12, 7) + body))
+        _cid, resp = c.recv_response_flexible()
+    r = w.Reader(resp)
+    assert r.uvarint() == 2
+    r.take(r.uvarint() - 1)  # topic name
+    assert r.uvarint() == 2
+    r.i32()
+    error = r.i16()
+    r.i64(), r.i64(), r.i64()  # base offset, log append time, log start offset
+    for _ in range(r.uvarint() - 1):  # record errors
+        r.i32()
+        r.compact_string()
+        r.skip_tags()
+    r.compact_string()  # error message
+    hint = None
+    for _ in range(r.uvarint()):
+        tag, size = r.uvarint(), r.uvarint()
+        if tag == 0:
+            hint = (r.i32(), r.i32())
+            r.skip_tags()
+        else:
+            r.take(size)
+    r.skip_tags()  # the topic's
+    r.i32()  # throttle
+    nodes = {}
+    for _ in range(r.uvarint()):
+        tag, size = r.uvarint(), r.uvarint()
+        if tag != 0:
+            r.take(size)
+            continue
+        for _ in range(r.uvarint() - 1):
+            node, _host, port = r.i32(), r.compact_string(), r.i32()
+            r.compact_string()  # rack
+            r.skip_tags()
+            nodes[node] = port
+    return error, hint, nodes
+
+
 def test_a_topic_made_at_one_broker_is_every_brokers_and_each_partition_has_one_leader(etcd, tmp_path):
     brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
     try:
@@ -111,6 +158,10 @@ def test_a_topic_made_at_one_broker_is_every_brokers_and_each_partition_has_one_
             c.send(w.produce_request(7, 2, "orders", led_by_1, batch))
             _, body = c.recv_response()
         assert w.parse_produce(body, 7)[0][2] == 0
+        # Produce v10+ tells the client who leads and where it is (KIP-951).
+        assert produce_v12_hints(brokers[3], "orders", led_by_1) == (
+            NOT_LEADER_OR_FOLLOWER, (1, 0), {1: brokers[1].port})
+        assert produce_v12_hints(brokers[1], "orders", led_by_1) == (0, None, {})
 
         # Apache Kafka's tool, asked at broker 3, shows each leader.
         done = kafka_tools.run("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
@@ -164,11 +215,27 @@ def test_a_dead_leaders_partitions_wait_for_it_and_come_back_in_a_new_epoch(etcd
         wait_until(lambda: leaders(brokers[1], "placed") == {0: -1, 1: 3}, TIMEOUT_S,
                    "partition 0 to lose its leader")
         assert leadership(brokers[3], "placed") == {0: (-1, 1), 1: (3, 0)}
+        # Operators see it: `keel stats` says why, /metrics counts it.
+        shown = subprocess.run([str(brokers[3].bin), "stats", "--admin", brokers[3].admin],
+                               capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert "none (1): its broker is away" in shown.stdout, shown.stdout
+        assert "3 (0)" in shown.stdout, shown.stdout
+        metrics = urllib.request.urlopen(f"http://{brokers[3].admin}/metrics", timeout=5).read().decode()
+        assert "keel_cluster_partitions_leaderless 1" in metrics
+        assert "keel_cluster_partitions_led 1" in metrics
 
         brokers[2].start()
         wait_until(lambda: leaders(brokers[3], "placed") == {0: 2, 1: 3}, TIMEOUT_S,
                    "broker 2 to lead partition 0 again")
         assert leadership(brokers[1], "placed")[0] == (2, 2)
+        # The controller made both changes: the partition given up, then back.
+        changes = 0
+        for b in (brokers[1], brokers[3]):
+            text = urllib.request.urlopen(f"http://{b.admin}/metrics", timeout=5).read().decode()
+            changes += sum(float(l.split()[-1]) for l in text.splitlines()
+                           if l.startswith("keel_cluster_leader_changes_total"))
+        assert changes == 2, changes
         produce(brokers[3], "placed", 50, partition=0, key_prefix="after")
         got = consume(brokers[1], "placed", [0], 150)[0]
         assert got[:100] == [f"k-{i}".encode() for i in range(100)]

@@ -165,6 +165,8 @@ struct View {
     topics: BTreeMap<String, StoredTopic>,
     /// Topic names by topic id.
     topic_ids: HashMap<uuid::Uuid, String>,
+    /// Topics whose keys this broker cannot read (another version's?).
+    unreadable_topics: BTreeSet<String>,
     /// The store's revision the view reflects.
     revision: i64,
 }
@@ -179,6 +181,8 @@ pub struct Membership {
     /// Bumped on every change of the view.
     changes: tokio::sync::watch::Sender<u64>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Partition leader changes this broker made as controller.
+    leader_changes: std::sync::atomic::AtomicU64,
 }
 
 impl Membership {
@@ -192,6 +196,7 @@ impl Membership {
             view: Mutex::new(View::default()),
             changes: tokio::sync::watch::channel(0).0,
             tasks: Mutex::new(Vec::new()),
+            leader_changes: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -344,12 +349,38 @@ impl Membership {
         self.view.lock().topics.get(name).cloned()
     }
 
+    /// Whether the store holds a topic `name` this broker cannot read: it
+    /// is neither known nor known to be gone.
+    pub fn topic_unreadable(&self, name: &str) -> bool {
+        self.view.lock().unreadable_topics.contains(name)
+    }
+
+    /// Waits until the view's topic `name` is no longer the one at
+    /// `revision` (changed or deleted), at most `timeout`.
+    pub async fn wait_for_topic_change(&self, name: &str, revision: i64, timeout: Duration) -> bool {
+        let mut changes = self.subscribe();
+        let changed = async {
+            while self.topic(name).is_some_and(|t| t.revision == revision) {
+                if changes.changed().await.is_err() {
+                    return false;
+                }
+            }
+            true
+        };
+        tokio::time::timeout(timeout, changed).await.unwrap_or(false)
+    }
+
     /// Partition `index` of the topic `topic_id`, as the view has it.
     pub fn partition(&self, topic_id: uuid::Uuid, index: i32) -> Option<PartitionState> {
         let view = self.view.lock();
         let name = view.topic_ids.get(&topic_id)?;
         let topic = &view.topics.get(name)?.topic;
         topic.partitions.get(usize::try_from(index).ok()?).cloned()
+    }
+
+    /// Partition leader changes this broker made as controller.
+    pub fn leader_changes(&self) -> u64 {
+        self.leader_changes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The store's revision the view reflects.
@@ -464,6 +495,8 @@ impl Membership {
                 Ok(Some(revision)) => {
                     for (i, (was, now)) in stored.topic.partitions.iter().zip(&next.partitions).enumerate() {
                         if was != now {
+                            self.leader_changes
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             tracing::info!(
                                 topic = %next.name, partition = i, leader = now.leader,
                                 leader_epoch = now.leader_epoch, previous = was.leader, revision,
@@ -713,6 +746,7 @@ impl Membership {
         view.controller = None;
         view.topics.clear();
         view.topic_ids.clear();
+        view.unreadable_topics.clear();
         for kv in &snapshot.kvs {
             self.put(&mut view, kv);
         }
@@ -721,26 +755,32 @@ impl Membership {
         self.changed();
     }
 
+    /// Applies a watch's changes newer than the view: a watch opened
+    /// before the view was last read whole replays older ones, which
+    /// must not undo what the read found.
     fn apply(&self, events: &[WatchEvent]) {
         let mut view = self.view.lock();
+        let base = view.revision;
         for event in events {
             match event {
-                WatchEvent::Put(kv) => {
+                WatchEvent::Put(kv) if kv.mod_revision > base => {
                     view.revision = view.revision.max(kv.mod_revision);
                     self.put(&mut view, kv)
                 }
-                WatchEvent::Delete { key, mod_revision } => {
+                WatchEvent::Delete { key, mod_revision } if *mod_revision > base => {
                     view.revision = view.revision.max(*mod_revision);
                     if *key == self.settings.key("controller") {
                         view.controller = None;
                     } else if let Some(id) = self.node_of(key) {
                         view.members.remove(&id);
                     } else if let Some(name) = topics::name_of(&self.settings, key) {
+                        view.unreadable_topics.remove(name);
                         if let Some(gone) = view.topics.remove(name) {
                             view.topic_ids.remove(&gone.topic.topic_id);
                         }
                     }
                 }
+                _ => {} // already in the view
             }
         }
         drop(view);
@@ -769,6 +809,7 @@ impl Membership {
         } else if let Some(name) = topics::name_of(&self.settings, &kv.key) {
             match decode::<ClusterTopic>(kv) {
                 Some(topic) if topic.name == name => {
+                    view.unreadable_topics.remove(name);
                     if let Some(old) = view.topics.get(name) {
                         view.topic_ids.remove(&old.topic.topic_id);
                     }
@@ -779,7 +820,12 @@ impl Membership {
                     };
                     view.topics.insert(name.to_string(), stored);
                 }
-                _ => tracing::warn!(key = %kv.key, "a topic Keel cannot read; ignored"),
+                _ => {
+                    // Neither the topic nor its absence: brokers keep what
+                    // they hold of it.
+                    tracing::warn!(key = %kv.key, "a topic Keel cannot read; ignored");
+                    view.unreadable_topics.insert(name.to_string());
+                }
             }
         }
     }

@@ -43,6 +43,8 @@ struct Link {
     store: Arc<LocalStore>,
     up: AtomicBool,
     lossy: AtomicBool,
+    /// How late its watches deliver each change, in ms.
+    lag_ms: std::sync::atomic::AtomicU64,
     cuts: tokio::sync::watch::Sender<u64>,
 }
 
@@ -52,6 +54,7 @@ impl Link {
             store: Arc::clone(store),
             up: AtomicBool::new(true),
             lossy: AtomicBool::new(false),
+            lag_ms: std::sync::atomic::AtomicU64::new(0),
             cuts: tokio::sync::watch::channel(0).0,
         })
     }
@@ -124,10 +127,12 @@ impl CoordStore for Link {
     fn txn(&self, when: Vec<Compare>, ops: Vec<Op>) -> StoreFuture<'_, Option<i64>> {
         through!(self, self.lose(self.store.txn(when, ops)))
     }
-    /// A watch that a cut ends.
+    /// A watch that a cut ends, and that delivers each change `lag_ms`
+    /// late.
     fn watch(&self, prefix: &str, from: i64) -> StoreFuture<'_, Watch> {
         let mut cuts = self.cuts.subscribe();
         let prefix = prefix.to_string();
+        let lag = Duration::from_millis(self.lag_ms.load(Ordering::SeqCst));
         through!(
             self,
             Box::pin(async move {
@@ -138,6 +143,7 @@ impl CoordStore for Link {
                         tokio::select! {
                             next = inner.recv() => {
                                 let Some(batch) = next else { return };
+                                tokio::time::sleep(lag).await;
                                 if tx.send(batch).await.is_err() {
                                     return;
                                 }
@@ -382,12 +388,12 @@ const TOPIC: &str = "model";
 
 /// The cluster's copy of [`TOPIC`], read from the store itself.
 async fn stored_topic(store: &LocalStore) -> ClusterTopic {
-    let kv = store
-        .get(&format!("/keel/topics/{TOPIC}"))
-        .await
-        .unwrap()
-        .expect("the topic exists");
-    serde_json::from_slice(&kv.value).unwrap()
+    stored_topic_if_any(store).await.expect("the topic exists")
+}
+
+async fn stored_topic_if_any(store: &LocalStore) -> Option<ClusterTopic> {
+    let kv = store.get(&format!("/keel/topics/{TOPIC}")).await.unwrap()?;
+    Some(serde_json::from_slice(&kv.value).unwrap())
 }
 
 /// Adds one partition to [`TOPIC`] through `m`, as an admin request does:
@@ -414,6 +420,60 @@ async fn grow(m: &Membership) -> bool {
     false
 }
 
+/// Watches `m`'s view of [`TOPIC`] at every change, noting in
+/// `violations` any step back: a topic's revision in the view never falls.
+fn monitor(m: &Arc<Membership>, violations: &Arc<parking_lot::Mutex<Vec<String>>>) {
+    let (m, violations) = (Arc::clone(m), Arc::clone(violations));
+    let mut changes = m.subscribe();
+    tokio::spawn(async move {
+        let mut seen = 0;
+        while changes.changed().await.is_ok() {
+            if let Some(t) = m.topic(TOPIC) {
+                if t.revision < seen {
+                    violations.lock().push(format!(
+                        "broker {}: topic at revision {} after {seen}",
+                        m.me().node_id,
+                        t.revision
+                    ));
+                }
+                seen = seen.max(t.revision);
+            }
+        }
+    });
+}
+
+/// A watch that lags behind a whole read of the view replays changes the
+/// read already holds: the view never goes back to them.
+#[tokio::test(start_paused = true)]
+async fn a_lagging_watch_never_takes_the_view_back() {
+    let store = shared_store();
+    let (a, b) = (Link::new(&store), Link::new(&store));
+    b.lag_ms.store(1000, Ordering::SeqCst);
+    let one = join(&a, 1).await;
+    let two = join(&b, 2).await;
+    let violations = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    monitor(&two, &violations);
+    settle(Duration::from_millis(10)).await; // its watch is open
+    let mut topic = ClusterTopic {
+        version: 1,
+        name: TOPIC.into(),
+        topic_id: uuid::Uuid::new_v4(),
+        configs: Default::default(),
+        partitions: topics::place(2, &one.live(), &Default::default()),
+    };
+    let created = one.create_topic(&topic).await.unwrap().unwrap();
+    topic.configs.insert("retention.ms".into(), "1000".into());
+    let altered = one.replace_topic(&topic, created).await.unwrap().unwrap();
+    two.refresh().await.unwrap();
+    assert_eq!(two.topic(TOPIC).map(|t| t.revision), Some(altered));
+    settle(Duration::from_secs(5)).await;
+    assert_eq!(violations.lock().as_slice(), &[] as &[String]);
+    assert_eq!(
+        two.topic(TOPIC).map(|t| (t.topic, t.revision)),
+        Some((topic, altered))
+    );
+}
+
 /// Leadership under random crashes, restarts, cuts, lost answers and
 /// partitions added by any broker while the controller moves leaders. At
 /// every step, in the store: every partition is led by one of its
@@ -432,9 +492,12 @@ async fn model_leadership_under_crashes_and_cuts() {
         let n = rng.gen_range(2..=4usize);
         let node = |i: usize| i as i32 + 1;
         let links: Vec<_> = (0..n).map(|_| Link::new(&store)).collect();
+        let violations = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let mut running: Vec<Option<Arc<Membership>>> = Vec::new();
         for (i, link) in links.iter().enumerate() {
-            running.push(Some(join(link, node(i)).await));
+            let m = join(link, node(i)).await;
+            monitor(&m, &violations);
+            running.push(Some(m));
         }
         settle(Duration::from_millis(10)).await;
         let first = running[0].as_ref().unwrap();
@@ -450,14 +513,16 @@ async fn model_leadership_under_crashes_and_cuts() {
         let mut last = stored_topic(&store).await;
         for _ in 0..40 {
             let i = rng.gen_range(0..n);
-            match rng.gen_range(0..7) {
+            match rng.gen_range(0..10) {
                 0 => {
                     if let Some(m) = running[i].take() {
                         m.abandon();
                     } else {
                         links[i].heal();
                         links[i].lossy.store(false, Ordering::SeqCst);
-                        running[i] = Some(join(&links[i], node(i)).await);
+                        let m = join(&links[i], node(i)).await;
+                        monitor(&m, &violations);
+                        running[i] = Some(m);
                     }
                 }
                 1 => links[i].cut(),
@@ -471,6 +536,33 @@ async fn model_leadership_under_crashes_and_cuts() {
                         }
                     }
                 }
+                // A whole read while a watch opened earlier replays older
+                // changes: they must not undo it.
+                6 => {
+                    if let Some(m) = running[i].as_ref().filter(|_| links[i].up.load(Ordering::SeqCst)) {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), m.refresh()).await;
+                    }
+                }
+                // Its next watches lag.
+                8 => links[i].lag_ms.store(rng.gen_range(0..3) * 700, Ordering::SeqCst),
+                // Deleted and created again: another incarnation, new epochs.
+                7 => {
+                    if let Some(m) = running[i]
+                        .as_ref()
+                        .filter(|_| !links[i].lossy.load(Ordering::SeqCst))
+                    {
+                        if let Some(stored) = m.topic(TOPIC) {
+                            if let Ok(Some(_)) = m.delete_topic(TOPIC, stored.revision).await {
+                                let again = ClusterTopic {
+                                    topic_id: uuid::Uuid::new_v4(),
+                                    partitions: topics::place(n, &m.live(), &Default::default()),
+                                    ..stored.topic
+                                };
+                                m.create_topic(&again).await.ok();
+                            }
+                        }
+                    }
+                }
                 _ => {}
             }
             settle(Duration::from_millis(
@@ -478,7 +570,13 @@ async fn model_leadership_under_crashes_and_cuts() {
             ))
             .await;
             store.expire();
-            let now = stored_topic(&store).await;
+            assert_eq!(violations.lock().as_slice(), &[] as &[String], "seed={seed}");
+            let Some(now) = stored_topic_if_any(&store).await else {
+                continue; // deleted, and its creation again did not land
+            };
+            if now.topic_id != last.topic_id {
+                (last, partitions) = (now.clone(), now.partitions.len());
+            }
             // A lost answer may hide a grow that landed: never fewer.
             assert!(
                 now.partitions.len() >= partitions,
@@ -505,6 +603,23 @@ async fn model_leadership_under_crashes_and_cuts() {
                     }
                 }
             }
+            // A view as new as the store is the store.
+            let revision = store.range("/keel/").await.unwrap().revision;
+            let stored = store
+                .get("/keel/topics/model")
+                .await
+                .unwrap()
+                .map(|kv| kv.mod_revision);
+            for m in running.iter().flatten() {
+                if m.revision() >= revision {
+                    assert_eq!(
+                        m.topic(TOPIC).map(|t| (t.topic, t.revision)),
+                        Some((now.clone(), stored.unwrap())),
+                        "seed={seed}: broker {} at revision {revision} sees another topic",
+                        m.me().node_id
+                    );
+                }
+            }
             for m in running.iter().flatten().filter(|m| !m.is_fenced()) {
                 for p in 0..now.partitions.len() as i32 {
                     if let Some(view) = m.partition(now.topic_id, p) {
@@ -528,7 +643,12 @@ async fn model_leadership_under_crashes_and_cuts() {
             }
         }
         settle(TTL * 3).await;
-        let now = stored_topic(&store).await;
+        let Some(now) = stored_topic_if_any(&store).await else {
+            for m in running.iter().flatten() {
+                m.leave().await;
+            }
+            continue; // deleted last, and not created again
+        };
         for (p, state) in now.partitions.iter().enumerate() {
             assert_eq!(
                 Some(state.leader),

@@ -216,7 +216,10 @@ pub fn render(stats: &Value) -> String {
         out.push_str("\nno partitions\n");
         return out;
     };
-    render_partitions(partitions, &mut out);
+    let clustered = stats["cluster"]["store"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("etcd"));
+    render_partitions(partitions, clustered, &mut out);
     render_cleaner(stats, partitions, &mut out);
     out
 }
@@ -336,37 +339,55 @@ fn render_tiers(stats: &Value, out: &mut String) {
 
 /// A row per partition: its offsets, what its reads came from and where
 /// its data is.
-fn render_partitions(partitions: &[Value], out: &mut String) {
+/// One row per partition; in a cluster, with its leader (and epoch).
+fn render_partitions(partitions: &[Value], clustered: bool, out: &mut String) {
     let rows: Vec<Vec<String>> = partitions
         .iter()
         .map(|p| {
             let field = |key| num(p, &[key]);
-            vec![
+            let mut row = vec![
                 p.get("topic").and_then(Value::as_str).unwrap_or("-").to_string(),
                 count(field("partition")),
+            ];
+            if clustered {
+                row.push(leader(p));
+            }
+            row.extend([
                 count(field("log_start_offset")),
                 count(field("high_watermark")),
                 bytes(field("cache_read_bytes")),
                 bytes(field("cold_read_bytes")),
                 bytes(num(p, &["tiers", "local_bytes"])),
                 bytes(num(p, &["tiers", "cold_bytes"])),
-            ]
+            ]);
+            row
         })
         .collect();
+    let mut headers = vec!["topic", "partition"];
+    if clustered {
+        headers.push("leader (epoch)");
+    }
+    headers.extend([
+        "log start",
+        "high watermark",
+        "cache read",
+        "cold read",
+        "local",
+        "in colder tier",
+    ]);
     out.push('\n');
-    out.push_str(&table(
-        &[
-            "topic",
-            "partition",
-            "log start",
-            "high watermark",
-            "cache read",
-            "cold read",
-            "local",
-            "in colder tier",
-        ],
-        &rows,
-    ));
+    out.push_str(&table(&headers, &rows));
+}
+
+/// A partition's leader as the cluster holds it: the broker and epoch, or
+/// none while the brokers holding its records are away.
+fn leader(p: &Value) -> String {
+    let epoch = p["leader_epoch"].as_i64().unwrap_or(-1);
+    match p["leader"].as_i64() {
+        Some(id) if id >= 0 => format!("{id} ({epoch})"),
+        Some(_) => format!("none ({epoch}): its broker is away"),
+        None => "-".into(),
+    }
 }
 
 /// The cleaner's totals and a row per compacted partition, when there are

@@ -87,12 +87,34 @@ impl Broker {
     }
 }
 
-/// A coordination-store failure as an admin request's error.
+/// A coordination-store failure as an admin request's error: retriable
+/// unless the store refused the change itself.
 pub(crate) fn store_error(e: StoreError) -> AdminError {
-    (
-        ResponseError::RequestTimedOut,
-        format!("the cluster's metadata could not be changed: {e}"),
-    )
+    let error = match e {
+        StoreError::Refused(_) => ResponseError::InvalidRequest,
+        _ => ResponseError::RequestTimedOut,
+    };
+    (error, format!("the cluster's metadata could not be changed: {e}"))
+}
+
+/// The largest a topic's description in the store may be: etcd refuses
+/// requests over 1.5 MiB.
+const MAX_TOPIC_BYTES: usize = 1 << 20;
+
+/// Refuses a topic too large to keep in the store (about 20,000
+/// partitions).
+pub(crate) fn check_size(topic: &ClusterTopic) -> Result<(), AdminError> {
+    let size = serde_json::to_vec(topic).map_or(usize::MAX, |v| v.len());
+    if size > MAX_TOPIC_BYTES {
+        return Err((
+            ResponseError::InvalidPartitions,
+            format!(
+                "{} partitions make a description of {size} bytes, over the {MAX_TOPIC_BYTES} a cluster keeps per topic",
+                topic.partitions.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// On joining: the topics of the data directory the cluster does not
@@ -146,7 +168,8 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
         sync_locked(broker).await;
     }
     let b = Arc::clone(broker);
-    tokio::spawn(async move { follow(b).await });
+    let following = tokio::spawn(async move { follow(b).await });
+    broker.tasks.lock().push(following);
     Ok(())
 }
 
@@ -213,7 +236,8 @@ pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
     view.retain(|s| !is_internal(&s.topic.name));
     let names: BTreeSet<&str> = view.iter().map(|s| s.topic.name.as_str()).collect();
     for local in broker.data.topics.all() {
-        if !names.contains(local.meta.name.as_str()) {
+        let name = local.meta.name.as_str();
+        if !names.contains(name) && !broker.cluster.topic_unreadable(name) {
             if let Err((_, why)) = crate::handlers::admin::remove_topic(broker, local.clone()).await {
                 tracing::error!(topic = %local.meta.name, error = %why, "cannot delete a topic the cluster deleted");
             }
@@ -304,15 +328,54 @@ pub(crate) async fn update_topic_locked(
             format!("topic `{name}` does not exist"),
         ))?;
         let next = change(&stored.topic)?;
+        if next == stored.topic {
+            return Ok(());
+        }
+        check_size(&next)?;
         match broker.cluster.replace_topic(&next, stored.revision).await {
             Ok(Some(revision)) => return settle_locked(broker, revision).await,
             // Changed meanwhile: wait for the view to see it, then again.
-            Ok(None) => {
-                broker
-                    .cluster
-                    .wait_for(stored.revision + 1, Duration::from_millis(200))
-                    .await;
-            }
+            Ok(None) => wait_for_change(broker, name, stored.revision).await,
+            Err(e) => return Err(store_error(e)),
+        }
+    }
+    Err((
+        ResponseError::RequestTimedOut,
+        format!("topic `{name}` kept changing under this request"),
+    ))
+}
+
+/// Waits (a little) for the view to see the change that made a
+/// compare-and-swap of the topic `name` at `revision` fail.
+pub(crate) async fn wait_for_change(broker: &Broker, name: &str, revision: i64) {
+    broker
+        .cluster
+        .wait_for_topic_change(name, revision, Duration::from_secs(1))
+        .await;
+}
+
+/// Deletes the cluster's topic `name` of id `topic_id`, retrying while
+/// other changes of it land first, then waits for this broker's data plane
+/// to drop it. The caller holds `broker.admin`.
+pub(crate) async fn delete_topic_locked(
+    broker: &Arc<Broker>,
+    name: &str,
+    topic_id: Uuid,
+) -> Result<(), AdminError> {
+    for _ in 0..50 {
+        let stored = broker
+            .cluster
+            .topic(name)
+            .filter(|s| s.topic.topic_id == topic_id)
+            .ok_or_else(|| {
+                (
+                    ResponseError::UnknownTopicOrPartition,
+                    format!("topic `{name}` was deleted meanwhile"),
+                )
+            })?;
+        match broker.cluster.delete_topic(name, stored.revision).await {
+            Ok(Some(revision)) => return settle_locked(broker, revision).await,
+            Ok(None) => wait_for_change(broker, name, stored.revision).await,
             Err(e) => return Err(store_error(e)),
         }
     }
@@ -352,8 +415,8 @@ pub(crate) fn placement(
     let placed = topics::place(count, &live, &load);
     if placed.len() != count {
         return Err((
-            ResponseError::BrokerNotAvailable,
-            "no live broker to place the partitions on".into(),
+            ResponseError::InvalidReplicationFactor,
+            "Unable to replicate the partition 1 time(s): no broker is registered".into(),
         ));
     }
     Ok(placed)

@@ -169,6 +169,9 @@ pub struct Broker {
     /// The clients already told, in the log, that an API they asked for is
     /// not served.
     pub(crate) refused_apis: refused::RefusedApis,
+    /// Background tasks that end with the broker (following the
+    /// cluster's topics).
+    pub(crate) tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Broker {
@@ -274,6 +277,7 @@ impl Broker {
             group_configs,
             refused_apis: refused::RefusedApis::default(),
             metrics,
+            tasks: parking_lot::Mutex::new(Vec::new()),
         };
         broker.data.load_topics().map_err(StartError::Topics)?;
         Ok(Arc::new(broker))
@@ -437,6 +441,9 @@ impl Broker {
 
     /// Flushes every log and marks it cleanly closed. Blocking.
     pub fn shutdown(&self) {
+        for task in self.tasks.lock().drain(..) {
+            task.abort();
+        }
         self.data.cleaner.stop();
         let t = self.data.tail_cache.stats();
         tracing::info!(

@@ -350,6 +350,39 @@ fn register_cluster(r: &mut Registry, broker: &Broker) {
         g.set(value);
         r.register(name, help, g);
     }
+    if !broker.topics_shared() {
+        return;
+    }
+    let (mut led, mut leaderless) = (0i64, 0i64);
+    let me = c.me().node_id;
+    for topic in broker.data.topics.all() {
+        for p in &topic.partitions {
+            match broker.data.leader(&topic, p.index) {
+                Some(l) if l.node_id == me => led += 1,
+                Some(_) => {}
+                None => leaderless += 1,
+            }
+        }
+    }
+    for (name, help, value) in [
+        ("keel_cluster_partitions_led", "Partitions this broker leads", led),
+        (
+            "keel_cluster_partitions_leaderless",
+            "Partitions without a live leader, as this broker sees them",
+            leaderless,
+        ),
+    ] {
+        let g = Gauge::<i64>::default();
+        g.set(value);
+        r.register(name, help, g);
+    }
+    let changes = Counter::<u64>::default();
+    changes.inc_by(c.leader_changes());
+    r.register(
+        "keel_cluster_leader_changes",
+        "Partition leader changes this broker made as controller",
+        changes,
+    );
 }
 
 /// Groups by state.

@@ -82,6 +82,7 @@ pub(crate) async fn create_topic(
             configs: meta.configs.clone(),
             partitions: placed,
         };
+        catalog::check_size(&topic)?;
         let revision = broker
             .cluster
             .create_topic(&topic)
@@ -402,18 +403,7 @@ async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), Adm
     if broker.topics_shared() {
         // Every broker (this one too) deletes its copy when it sees the
         // cluster's topic go.
-        let stored = broker
-            .cluster
-            .topic(&topic.meta.name)
-            .filter(|s| s.topic.topic_id == topic.meta.topic_id)
-            .ok_or_else(deleted_meanwhile)?;
-        let revision = broker
-            .cluster
-            .delete_topic(&topic.meta.name, stored.revision)
-            .await
-            .map_err(catalog::store_error)?
-            .ok_or_else(deleted_meanwhile)?;
-        return catalog::settle_locked(broker, revision).await;
+        return catalog::delete_topic_locked(broker, &topic.meta.name, topic.meta.topic_id).await;
     }
     let current = broker.data.topics.get(&topic.meta.name);
     if current.is_none_or(|t| t.meta.topic_id != topic.meta.topic_id) {

@@ -243,7 +243,7 @@ async fn alter(
     kind: i8,
     name: &str,
     validate_only: bool,
-    change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
+    change: impl Fn(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
 ) -> Result<(), AdminError> {
     match kind {
         RESOURCE_TOPIC => alter_topic(broker, name, validate_only, change).await,
@@ -555,7 +555,7 @@ async fn alter_topic(
     broker: &Arc<Broker>,
     name: &str,
     validate_only: bool,
-    change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
+    change: impl Fn(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
 ) -> Result<(), AdminError> {
     // One admin change at a time: no create, delete or other alter of the
     // topic runs in between.
@@ -571,12 +571,60 @@ async fn alter_topic(
                 format!("The topic '{name}' does not exist."),
             )
         })?;
-    let configs = change(&topic.meta.configs)?;
+    if broker.topics_shared() {
+        // The change applies to the cluster's configs (which this broker's
+        // copy may not hold yet); every broker, this one too, takes the
+        // result when it sees it.
+        let topic_id = topic.meta.topic_id;
+        let mut changed = BTreeSet::new();
+        crate::broker::catalog::update_topic_locked(broker, name, |t| {
+            if t.topic_id != topic_id {
+                return Err((
+                    ResponseError::UnknownTopicOrPartition,
+                    format!("The topic '{name}' does not exist."),
+                ));
+            }
+            let configs = checked_topic_configs(broker, &t.configs, &change)?;
+            let mut altered = t.clone();
+            if !validate_only {
+                altered.configs = configs;
+            }
+            Ok(altered)
+        })
+        .await?;
+        if let Some(now) = broker.cluster.topic(name) {
+            changed = diff(&topic.meta.configs, &now.topic.configs);
+        }
+        if !validate_only {
+            tracing::info!(topic = name, ?changed, "altered topic configs in the cluster");
+        }
+        return Ok(());
+    }
+    let configs = checked_topic_configs(broker, &topic.meta.configs, &change)?;
+    if validate_only || configs == topic.meta.configs {
+        return Ok(());
+    }
+    let changed = diff(&topic.meta.configs, &configs);
+    install_topic_configs(broker, topic, configs)
+        .await
+        .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    tracing::info!(topic = name, ?changed, "altered topic configs");
+    Ok(())
+}
+
+/// A topic's overrides after `change` of `current`, checked as Kafka
+/// checks them.
+fn checked_topic_configs(
+    broker: &Broker,
+    current: &BTreeMap<String, String>,
+    change: impl Fn(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
+) -> Result<BTreeMap<String, String>, AdminError> {
+    let configs = change(current)?;
     if let Some(key) = configs.keys().find(|k| topic_def(k).is_none()) {
         return Err(unknown_key(key));
     }
     let invalid = |e: String| (ResponseError::InvalidConfig, e);
-    disables_remote_storage(broker, &topic.meta.configs, &configs)?;
+    disables_remote_storage(broker, current, &configs)?;
     broker
         .config()
         .check_topic_overrides(&configs)
@@ -587,37 +635,16 @@ async fn alter_topic(
         .map_err(|e| invalid(e.to_string()))?;
     log_config.read_io = broker.data.read_io;
     log_config.check().map_err(|e| invalid(e.to_string()))?;
-    if validate_only || configs == topic.meta.configs {
-        return Ok(());
-    }
-    let changed: BTreeSet<String> = configs
-        .keys()
-        .chain(topic.meta.configs.keys())
-        .filter(|k| configs.get(*k) != topic.meta.configs.get(*k))
+    Ok(configs)
+}
+
+/// The keys whose values differ between `a` and `b`.
+fn diff(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> BTreeSet<String> {
+    a.keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
         .cloned()
-        .collect();
-    if broker.topics_shared() {
-        // Every broker (this one too) takes them when it sees the change.
-        let topic_id = topic.meta.topic_id;
-        crate::broker::catalog::update_topic_locked(broker, name, |t| {
-            if t.topic_id != topic_id {
-                return Err((
-                    ResponseError::UnknownTopicOrPartition,
-                    format!("The topic '{name}' does not exist."),
-                ));
-            }
-            let mut altered = t.clone();
-            altered.configs = configs.clone();
-            Ok(altered)
-        })
-        .await?;
-    } else {
-        install_topic_configs(broker, topic, configs)
-            .await
-            .map_err(|e| (ResponseError::KafkaStorageError, e))?;
-    }
-    tracing::info!(topic = name, ?changed, "altered topic configs");
-    Ok(())
+        .collect()
 }
 
 /// Gives `topic` the config overrides `configs` (checked by the caller):

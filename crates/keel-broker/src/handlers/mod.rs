@@ -11,6 +11,7 @@ pub mod consumer_groups;
 pub mod elect;
 pub mod fetch;
 pub mod groups;
+pub mod leader_hints;
 pub mod log_dirs;
 pub mod markers;
 pub mod metadata;

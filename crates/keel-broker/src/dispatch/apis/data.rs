@@ -32,6 +32,7 @@ pub(super) async fn produce(b: &Arc<Broker>, mut r: ProduceRequest, call: Call<'
     let acks = r.acks;
     let denied = handlers::authz::produce(b, call.client, &mut r);
     let mut resp = handlers::produce::produce(b, r, call.version).await;
+    handlers::leader_hints::produce(b, &mut resp, &call.client.listener);
     resp.responses.extend(denied);
     // Kafka counts the whole request against producer_byte_rate.
     resp.throttle_time_ms = b.quota_throttle(PRODUCER_BYTE_RATE, call.client_id, call.request_bytes, false);
@@ -62,8 +63,10 @@ pub(super) async fn fetch(b: &Arc<Broker>, mut r: FetchRequest, call: Call<'_>) 
         let empty = keel_protocol::messages::FetchResponse::default().with_throttle_time_ms(throttle);
         return respond(ApiKey::Fetch, call.version, call.id, &empty);
     }
+    let (broker, listener) = (Arc::clone(b), call.client.listener.clone());
     let response = move || {
         let mut resp = answer.into_response();
+        handlers::leader_hints::fetch(&broker, &mut resp, &listener);
         resp.responses.extend(denied);
         resp
     };
