@@ -313,76 +313,88 @@ async fn run_blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
         .map_err(|e| e.to_string())
 }
 
-/// Changes the cluster's topic `name` with `change`, retrying while
-/// other changes (the controller's, another broker's) land first, then
-/// waits for this broker's data plane to hold it. The caller holds
-/// `broker.admin`.
+/// What a change makes of a cluster's topic.
+enum Change {
+    Replace(ClusterTopic),
+    Delete,
+    Nothing,
+}
+
+/// Changes the cluster's topic `name` as `decide` says from what the view
+/// holds of it, retrying while other changes (the controller's, another
+/// broker's) land first, then waits for this broker's data plane to hold
+/// the change. The caller holds `broker.admin`.
+async fn change_topic_locked(
+    broker: &Arc<Broker>,
+    name: &str,
+    decide: impl Fn(Option<&ClusterTopic>) -> Result<Change, AdminError>,
+) -> Result<(), AdminError> {
+    for _ in 0..50 {
+        let stored = broker.cluster.topic(name);
+        let revision = stored.as_ref().map_or(0, |s| s.revision);
+        let written = match decide(stored.as_ref().map(|s| &s.topic))? {
+            Change::Nothing => return Ok(()),
+            Change::Replace(next) => {
+                check_size(&next)?;
+                broker.cluster.replace_topic(&next, revision).await
+            }
+            Change::Delete => broker.cluster.delete_topic(name, revision).await,
+        };
+        match written {
+            Ok(Some(revision)) => return settle_locked(broker, revision).await,
+            // Changed meanwhile: wait for the view to see it, then again.
+            Ok(None) => {
+                broker
+                    .cluster
+                    .wait_for_topic_change(name, revision, Duration::from_secs(1))
+                    .await;
+            }
+            Err(e) => return Err(store_error(e)),
+        }
+    }
+    Err((
+        ResponseError::RequestTimedOut,
+        format!("topic `{name}` kept changing under this request"),
+    ))
+}
+
+/// Changes the cluster's topic `name` with `change` (see
+/// [`change_topic_locked`]).
 pub(crate) async fn update_topic_locked(
     broker: &Arc<Broker>,
     name: &str,
     change: impl Fn(&ClusterTopic) -> Result<ClusterTopic, AdminError>,
 ) -> Result<(), AdminError> {
-    for _ in 0..50 {
-        let stored = broker.cluster.topic(name).ok_or((
+    change_topic_locked(broker, name, |stored| {
+        let stored = stored.ok_or((
             ResponseError::UnknownTopicOrPartition,
             format!("topic `{name}` does not exist"),
         ))?;
-        let next = change(&stored.topic)?;
-        if next == stored.topic {
-            return Ok(());
-        }
-        check_size(&next)?;
-        match broker.cluster.replace_topic(&next, stored.revision).await {
-            Ok(Some(revision)) => return settle_locked(broker, revision).await,
-            // Changed meanwhile: wait for the view to see it, then again.
-            Ok(None) => wait_for_change(broker, name, stored.revision).await,
-            Err(e) => return Err(store_error(e)),
-        }
-    }
-    Err((
-        ResponseError::RequestTimedOut,
-        format!("topic `{name}` kept changing under this request"),
-    ))
+        let next = change(stored)?;
+        Ok(if next == *stored {
+            Change::Nothing
+        } else {
+            Change::Replace(next)
+        })
+    })
+    .await
 }
 
-/// Waits (a little) for the view to see the change that made a
-/// compare-and-swap of the topic `name` at `revision` fail.
-pub(crate) async fn wait_for_change(broker: &Broker, name: &str, revision: i64) {
-    broker
-        .cluster
-        .wait_for_topic_change(name, revision, Duration::from_secs(1))
-        .await;
-}
-
-/// Deletes the cluster's topic `name` of id `topic_id`, retrying while
-/// other changes of it land first, then waits for this broker's data plane
-/// to drop it. The caller holds `broker.admin`.
+/// Deletes the cluster's topic `name` of id `topic_id` (see
+/// [`change_topic_locked`]).
 pub(crate) async fn delete_topic_locked(
     broker: &Arc<Broker>,
     name: &str,
     topic_id: Uuid,
 ) -> Result<(), AdminError> {
-    for _ in 0..50 {
-        let stored = broker
-            .cluster
-            .topic(name)
-            .filter(|s| s.topic.topic_id == topic_id)
-            .ok_or_else(|| {
-                (
-                    ResponseError::UnknownTopicOrPartition,
-                    format!("topic `{name}` was deleted meanwhile"),
-                )
-            })?;
-        match broker.cluster.delete_topic(name, stored.revision).await {
-            Ok(Some(revision)) => return settle_locked(broker, revision).await,
-            Ok(None) => wait_for_change(broker, name, stored.revision).await,
-            Err(e) => return Err(store_error(e)),
-        }
-    }
-    Err((
-        ResponseError::RequestTimedOut,
-        format!("topic `{name}` kept changing under this request"),
-    ))
+    change_topic_locked(broker, name, |stored| match stored {
+        Some(t) if t.topic_id == topic_id => Ok(Change::Delete),
+        _ => Err((
+            ResponseError::UnknownTopicOrPartition,
+            format!("topic `{name}` was deleted meanwhile"),
+        )),
+    })
+    .await
 }
 
 /// Leaders for `count` new partitions on the live brokers, as
