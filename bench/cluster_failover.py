@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
-"""Membership failover of a Keel cluster on etcd: how long after a broker
-is killed the others drop it and elect a new controller, and how long a
-broker restarted on its data dir takes to be listed again.
+"""Failover of a Keel cluster on etcd: how long after a broker is killed
+the others drop it, elect a new controller and take its partition's
+leader away, and how long a broker restarted on its data dir takes to be
+listed again, lead its partition again and acknowledge a write.
 
 Starts one etcd (Debian's etcd-server) and `--brokers` Keel brokers on
-loopback, then `--kills` times kills the controller with SIGKILL, times
-(from the kill, polling a survivor's /stats every 10 ms) when it is
-dropped and when another controller is elected, restarts it and times
-until a survivor lists it again. Prints a table (p50, p90, max) and,
-with --json, the samples. A benchmark, not a test: it asserts nothing.
+loopback and a topic with one partition on each broker, then `--kills`
+times kills the controller with SIGKILL, times (from the kill, polling a
+survivor's /stats every 10 ms) when it is dropped, when another
+controller is elected and when its partition has no leader, restarts it
+and times (from the restart) until a survivor lists it, names it the
+partition's leader again, and a produce (acks=all, through a client that
+knows only a survivor) to that partition is acknowledged. Prints a table
+(p50, p90, max) and, with --json, the samples. A benchmark, not a test:
+it asserts nothing.
 
-What it measures is membership only: partition leadership and data
-failover come with later steps of cluster mode (docs/cluster.md).
+Until acknowledged records are durable in the object store, a partition
+is led only by the broker holding it (docs/cluster.md): a killed leader's
+partition waits for it, so what this measures is how fast the cluster
+notices and hands it back.
 
 usage: bench/cluster_failover.py [--kills N] [--brokers B]
                                  [--session-ms MS] [--json FILE]
@@ -114,8 +121,18 @@ class Keel:
         self.proc.wait()
 
     def cluster(self) -> dict:
+        return self.stats()["cluster"]
+
+    def stats(self) -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/stats", timeout=2) as r:
-            return json.load(r)["cluster"]
+            return json.load(r)
+
+    def leader(self, topic: str, partition: int) -> int | None:
+        """The partition's leader as this broker's /stats has it."""
+        for p in self.stats()["partitions"]:
+            if p["topic"] == topic and p["partition"] == partition:
+                return p["leader"]
+        return None
 
     def close(self):
         if self.proc and self.proc.poll() is None:
@@ -139,10 +156,19 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="keel-failover-"))
     etcd = Etcd(base)
     brokers = {n: Keel(base, n, etcd, args.session_ms) for n in range(1, args.brokers + 1)}
-    samples = {"dropped": [], "controller": [], "rejoined": []}
+    samples = {"dropped": [], "controller": [], "leaderless": [], "rejoined": [], "leads": [],
+               "acknowledged": []}
+    topic = "failover"
     try:
         for b in brokers.values():
             b.start()
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+        first = next(iter(brokers.values()))
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{first.port}"})
+        # Partition n-1 on broker n.
+        admin.create_topics([NewTopic(topic, num_partitions=len(brokers),
+                                      replica_assignment=[[n] for n in brokers])])[topic].result(30)
         for i in range(args.kills):
             controller = next(iter(brokers.values())).cluster()["controller"]["node_id"]
             victim = brokers[controller]
@@ -153,17 +179,35 @@ def main() -> None:
                            [m["node_id"] for m in survivor.cluster()["brokers"]], 60, "the drop")
             elected = wait(lambda: (survivor.cluster()["controller"] or {}).get("node_id")
                            not in (None, controller), 60, "a new controller")
+            mine = controller - 1
+            leaderless = wait(lambda: survivor.leader(topic, mine) == -1, 60, "no leader")
             t1 = time.monotonic()
             victim.proc = subprocess.Popen(victim.cmd, stdout=open(victim.log, "ab"),
                                            stderr=subprocess.STDOUT)
             rejoined = wait(lambda: controller in
                             [m["node_id"] for m in survivor.cluster()["brokers"]], 60, "the rejoin")
+            leads = wait(lambda: survivor.leader(topic, mine) == controller, 60, "its lead again")
+            producer = Producer({"bootstrap.servers": f"127.0.0.1:{survivor.port}", "acks": "all",
+                                 "enable.idempotence": True, "message.timeout.ms": 60000,
+                                 "log_level": 0})
+            acked = []
+            producer.produce(topic, value=b"after a kill", partition=mine,
+                             on_delivery=lambda e, m: acked.append(e))
+            producer.flush(60)
+            acknowledged = time.monotonic()
+            if acked != [None]:
+                raise SystemExit(f"the write after kill {i + 1} failed: {acked}")
             samples["dropped"].append(dropped - t0)
             samples["controller"].append(elected - t0)
+            samples["leaderless"].append(leaderless - t0)
             samples["rejoined"].append(rejoined - t1)
+            samples["leads"].append(leads - t1)
+            samples["acknowledged"].append(acknowledged - t1)
             print(f"kill {i + 1:2}: broker {controller} dropped after {dropped - t0:.2f}s, "
-                  f"controller after {elected - t0:.2f}s, restarted one listed after "
-                  f"{rejoined - t1:.2f}s", flush=True)
+                  f"controller after {elected - t0:.2f}s, its partition leaderless after "
+                  f"{leaderless - t0:.2f}s; restarted, listed after {rejoined - t1:.2f}s, leads "
+                  f"again after {leads - t1:.2f}s, a write acknowledged after "
+                  f"{acknowledged - t1:.2f}s", flush=True)
             wait(lambda: not victim.cluster()["fenced"], 30, "the restarted broker's session")
     finally:
         for b in brokers.values():
@@ -171,12 +215,15 @@ def main() -> None:
         etcd.close()
     print(f"\n{args.kills} kills of the controller, {args.brokers} brokers, "
           f"keel.cluster.session.timeout.ms={args.session_ms} (etcd leases count whole seconds)")
-    print(f"{'seconds from the kill (restart for rejoin)':44} {'p50':>6} {'p90':>6} {'max':>6}")
+    print(f"{'seconds from the kill (from the restart below)':48} {'p50':>6} {'p90':>6} {'max':>6}")
     for name, what in [("dropped", "killed broker dropped from Metadata"),
                        ("controller", "new controller elected"),
-                       ("rejoined", "restarted broker listed again")]:
+                       ("leaderless", "its partition without a leader"),
+                       ("rejoined", "restarted broker listed again"),
+                       ("leads", "restarted broker leads its partition"),
+                       ("acknowledged", "a write to it acknowledged")]:
         p50, p90, most = summary(samples[name])
-        print(f"{what:44} {p50:>6} {p90:>6} {most:>6}")
+        print(f"{what:48} {p50:>6} {p90:>6} {most:>6}")
     if args.json:
         args.json.write_text(json.dumps({"session_ms": args.session_ms, "brokers": args.brokers,
                                          "samples_s": samples}, indent=2))
