@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import urllib.request
 
 import pytest
@@ -323,5 +324,48 @@ def test_a_group_has_one_coordinator_whichever_broker_its_members_ask(etcd, tmp_
             assert sum(int(cols[3]) for cols in committed) == 300, offsets.stdout
         assert len(coordinators) == 1, coordinators
     finally:
+        for b in brokers.values():
+            b.close()
+
+
+def test_the_java_consumer_reads_on_across_its_leaders_new_epochs(etcd, tmp_path):
+    """Apache Kafka's Java consumer checks its position against the
+    leader's epochs (OffsetForLeaderEpoch) whenever the epoch rises: a
+    leader that goes and comes back must not look like a truncated log."""
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    consumer = None
+    try:
+        create(brokers[1], "bounce", num_partitions=1, replica_assignment=[[2]])
+        produce(brokers[1], "bounce", 50, partition=0, key_prefix="before")
+        cmd = ["java", "-Xmx256m", "-cp", kafka_tools.classpath(),
+               f"-Dlog4j2.configurationFile={kafka_tools.LOG4J}",
+               "org.apache.kafka.tools.consumer.ConsoleConsumer",
+               "--bootstrap-server", brokers[1].bootstrap, "--topic", "bounce",
+               "--partition", "0", "--offset", "earliest", "--max-messages", "100",
+               "--timeout-ms", "60000"]
+        errors = tmp_path / "consumer.err"
+        consumer = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(errors, "w"), text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(consumer.stdout), daemon=True)
+        reader.start()
+        wait_until(lambda: len(lines) >= 50, 60, "the consumer to read the first 50")
+
+        brokers[2].kill9()
+        wait_until(lambda: leaders(brokers[1], "bounce") == {0: -1}, TIMEOUT_S, "no leader")
+        brokers[2].start()
+        wait_until(lambda: leadership(brokers[1], "bounce") == {0: (2, 2)}, TIMEOUT_S,
+                   "broker 2 to lead again, in epoch 2")
+        produce(brokers[3], "bounce", 50, partition=0, key_prefix="after")
+
+        consumer.wait(timeout=90)
+        reader.join(10)
+        err = errors.read_text()
+        assert consumer.returncode == 0, err[-3000:]
+        assert [l.strip() for l in lines] == (
+            [f"before-{i}" for i in range(50)] + [f"after-{i}" for i in range(50)]), lines
+        assert "Truncation" not in err and "OutOfRange" not in err, err[-3000:]
+    finally:
+        if consumer and consumer.poll() is None:
+            consumer.kill()
         for b in brokers.values():
             b.close()
