@@ -369,3 +369,34 @@ def test_the_java_consumer_reads_on_across_its_leaders_new_epochs(etcd, tmp_path
             consumer.kill()
         for b in brokers.values():
             b.close()
+
+
+def test_group_configs_are_the_clusters(etcd, tmp_path):
+    """A group's configs altered at one broker are in force at whichever
+    broker coordinates the group, and every broker describes them."""
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    try:
+        done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                               brokers[1].bootstrap, "--alter", "--entity-type", "groups",
+                               "--entity-name", "slow-group", "--add-config",
+                               "consumer.session.timeout.ms=50000")
+        assert done.returncode == 0, done.stderr[-3000:]
+        for b in brokers.values():
+            shown = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                                    b.bootstrap, "--describe", "--entity-type", "groups",
+                                    "--entity-name", "slow-group")
+            assert shown.returncode == 0, shown.stderr[-3000:]
+            assert "consumer.session.timeout.ms=50000" in shown.stdout, shown.stdout
+        # Removed at another broker: gone everywhere.
+        done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                               brokers[3].bootstrap, "--alter", "--entity-type", "groups",
+                               "--entity-name", "slow-group", "--delete-config",
+                               "consumer.session.timeout.ms")
+        assert done.returncode == 0, done.stderr[-3000:]
+        shown = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                                brokers[2].bootstrap, "--describe", "--entity-type", "groups",
+                                "--entity-name", "slow-group")
+        assert "consumer.session.timeout.ms=50000" not in shown.stdout, shown.stdout
+    finally:
+        for b in brokers.values():
+            b.close()

@@ -11,6 +11,10 @@
 //! temporary file, fsynced, renamed: the commit point), and then in force:
 //! a member's next heartbeat takes them. Kafka's share and streams group
 //! configs are refused: Keel has neither kind of group.
+//!
+//! In a cluster, group configs are the cluster's: kept in the coordination
+//! store (`<prefix>/configs/groups/<group id>`, the group's JSON map), so
+//! a change made at any broker is in force at the group's coordinator.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -41,13 +45,26 @@ const FILE: &str = "group-configs.json";
 #[derive(Debug, Default)]
 pub struct GroupConfigs {
     by_group: parking_lot::RwLock<BTreeMap<String, BTreeMap<String, String>>>,
+    /// In a cluster, where they are kept instead of the file.
+    shared: Option<std::sync::Arc<keel_cluster::Membership>>,
 }
+
+/// The kind of the cluster's configs groups' are.
+const KIND: &str = "groups";
 
 fn path(meta_dir: &Path) -> PathBuf {
     meta_dir.join(FILE)
 }
 
 impl GroupConfigs {
+    /// The cluster's group configs, kept in its coordination store.
+    pub fn shared(cluster: std::sync::Arc<keel_cluster::Membership>) -> GroupConfigs {
+        GroupConfigs {
+            by_group: Default::default(),
+            shared: Some(cluster),
+        }
+    }
+
     /// The stored configs (none if the file is not there).
     pub fn load(storage: &dyn Storage, meta_dir: &Path) -> io::Result<GroupConfigs> {
         let path = path(meta_dir);
@@ -59,25 +76,40 @@ impl GroupConfigs {
         };
         Ok(GroupConfigs {
             by_group: parking_lot::RwLock::new(by_group),
+            shared: None,
         })
+    }
+
+    /// Whether they are the cluster's.
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
     }
 
     /// What `group` sets.
     pub fn get(&self, group: &str) -> BTreeMap<String, String> {
-        self.by_group.read().get(group).cloned().unwrap_or_default()
+        match &self.shared {
+            Some(cluster) => cluster
+                .config(KIND, group)
+                .and_then(|json| serde_json::from_slice(&json).ok())
+                .unwrap_or_default(),
+            None => self.by_group.read().get(group).cloned().unwrap_or_default(),
+        }
     }
 
     /// The groups that set any config, by name.
     pub fn groups(&self) -> Vec<String> {
-        self.by_group.read().keys().cloned().collect()
+        match &self.shared {
+            Some(cluster) => cluster.config_names(KIND),
+            None => self.by_group.read().keys().cloned().collect(),
+        }
     }
 
     /// `group`'s values of the configs its members follow.
     pub fn overrides(&self, group: &str) -> GroupOverrides {
-        let all = self.by_group.read();
-        let Some(set) = all.get(group) else {
+        let set = self.get(group);
+        if set.is_empty() {
             return GroupOverrides::default();
-        };
+        }
         let value = |key: &str| set.get(key).and_then(|v| v.trim().parse().ok());
         GroupOverrides {
             session_timeout_ms: value(SESSION_TIMEOUT_MS),
@@ -104,6 +136,27 @@ impl GroupConfigs {
         let json = serde_json::to_vec_pretty(&all).map_err(io::Error::other)?;
         write_atomically(storage, &path(meta_dir), &json)?;
         *self.by_group.write() = all;
+        Ok(())
+    }
+
+    /// Makes `next` `group`'s configs in the cluster (see
+    /// [`GroupConfigs::shared`]), and waits for this broker to see it.
+    pub async fn set_shared(&self, group: &str, next: &BTreeMap<String, String>) -> Result<(), String> {
+        let cluster = self
+            .shared
+            .as_ref()
+            .ok_or("group configs are this broker's own")?;
+        let value = (!next.is_empty()).then(|| serde_json::to_vec(next).expect("a map serializes"));
+        let revision = cluster
+            .put_config(KIND, group, value)
+            .await
+            .map_err(|e| format!("the cluster's group configs could not be changed: {e}"))?;
+        let wait = cluster.settings().session_timeout;
+        if !cluster.wait_for(revision, wait).await {
+            return Err(format!(
+                "the change was made, but this broker did not see it within {wait:?}"
+            ));
+        }
         Ok(())
     }
 }

@@ -12,6 +12,7 @@
 //! <prefix>/controller          the controller's node id (JSON), on its lease
 //! <prefix>/producer_ids        the next producer id no broker has taken
 //! <prefix>/topics/<name>       a topic and its partitions' leaders (see [`crate::topics`])
+//! <prefix>/configs/<kind>/<name> a config the cluster shares (a group's: `groups/<group id>`)
 //! ```
 //!
 //! A session ends when its lease does: the broker stopped renewing it for
@@ -167,6 +168,9 @@ struct View {
     topic_ids: HashMap<uuid::Uuid, String>,
     /// Topics whose keys this broker cannot read (another version's?).
     unreadable_topics: BTreeSet<String>,
+    /// The cluster's configs (`<prefix>/configs/<kind>/<name>`), by
+    /// `<kind>/<name>`.
+    configs: BTreeMap<String, Vec<u8>>,
     /// The store's revision the view reflects.
     revision: i64,
 }
@@ -376,6 +380,44 @@ impl Membership {
         let name = view.topic_ids.get(&topic_id)?;
         let topic = &view.topics.get(name)?.topic;
         topic.partitions.get(usize::try_from(index).ok()?).cloned()
+    }
+
+    /// The cluster's config of kind `kind` (`groups`, ...) for `name`,
+    /// as stored.
+    pub fn config(&self, kind: &str, name: &str) -> Option<Vec<u8>> {
+        self.view.lock().configs.get(&format!("{kind}/{name}")).cloned()
+    }
+
+    /// The names that have a config of kind `kind`.
+    pub fn config_names(&self, kind: &str) -> Vec<String> {
+        let prefix = format!("{kind}/");
+        let view = self.view.lock();
+        view.configs
+            .keys()
+            .filter_map(|k| k.strip_prefix(&prefix))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Sets (or, with `None`, removes) the cluster's config of kind
+    /// `kind` for `name`: the change's revision.
+    pub async fn put_config(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Option<Vec<u8>>,
+    ) -> Result<i64, StoreError> {
+        let key = self.settings.key(&format!("configs/{kind}/{name}"));
+        let op = match value {
+            Some(value) => Op::Put {
+                key,
+                value,
+                lease: None,
+            },
+            None => Op::Delete(key),
+        };
+        let revision = self.store.txn(Vec::new(), vec![op]).await?;
+        Ok(revision.unwrap_or_else(|| self.revision()))
     }
 
     /// Partition leader changes this broker made as controller.
@@ -747,6 +789,7 @@ impl Membership {
         view.topics.clear();
         view.topic_ids.clear();
         view.unreadable_topics.clear();
+        view.configs.clear();
         for kv in &snapshot.kvs {
             self.put(&mut view, kv);
         }
@@ -773,6 +816,8 @@ impl Membership {
                         view.controller = None;
                     } else if let Some(id) = self.node_of(key) {
                         view.members.remove(&id);
+                    } else if let Some(config) = key.strip_prefix(&self.settings.key("configs/")) {
+                        view.configs.remove(config);
                     } else if let Some(name) = topics::name_of(&self.settings, key) {
                         view.unreadable_topics.remove(name);
                         if let Some(gone) = view.topics.remove(name) {
@@ -806,6 +851,8 @@ impl Membership {
                 }
                 _ => tracing::warn!(key = %kv.key, "a registration Keel cannot read; ignored"),
             }
+        } else if let Some(config) = kv.key.strip_prefix(&self.settings.key("configs/")) {
+            view.configs.insert(config.to_string(), kv.value.clone());
         } else if let Some(name) = topics::name_of(&self.settings, &kv.key) {
             match decode::<ClusterTopic>(kv) {
                 Some(topic) if topic.name == name => {

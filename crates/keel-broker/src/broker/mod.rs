@@ -232,8 +232,12 @@ impl Broker {
         let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
             .map_err(io_error(&meta_dir))?;
         let config = crate::dynamic_config::start(config, stored);
-        let group_configs = crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir)
-            .map_err(io_error(&meta_dir))?;
+        let group_configs = if config.etcd_endpoints().is_empty() {
+            crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir)
+                .map_err(io_error(&meta_dir))?
+        } else {
+            crate::group_configs::GroupConfigs::shared(Arc::clone(&membership))
+        };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         // In a cluster, the ACLs, SCRAM credentials and quotas are the
         // cluster's, in the coordination store.

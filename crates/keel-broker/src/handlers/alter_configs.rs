@@ -475,6 +475,15 @@ async fn alter_group(
     if validate_only || next == current {
         return Ok(());
     }
+    if broker.group_configs.is_shared() {
+        broker
+            .group_configs
+            .set_shared(name, &next)
+            .await
+            .map_err(|e| (ResponseError::RequestTimedOut, e))?;
+        tracing::info!(group = name, configs = ?next, "altered group configs in the cluster");
+        return Ok(());
+    }
     let (b, group, configs) = (Arc::clone(broker), name.to_string(), next.clone());
     tokio::task::spawn_blocking(move || {
         let meta_dir = b.config().data_dir().join(keel_data::topics::META_DIR);
