@@ -400,3 +400,33 @@ def test_group_configs_are_the_clusters(etcd, tmp_path):
     finally:
         for b in brokers.values():
             b.close()
+
+
+def test_the_default_broker_configs_are_the_clusters(etcd, tmp_path):
+    """`kafka-configs --entity-type brokers --entity-default` at one broker
+    is in force at every broker, and at one that starts later."""
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+
+    def effective(b, node):
+        shown = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server", b.bootstrap,
+                                "--describe", "--entity-type", "brokers", "--entity-name",
+                                str(node), "--all")
+        assert shown.returncode == 0, shown.stderr[-3000:]
+        return shown.stdout
+
+    try:
+        done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                               brokers[1].bootstrap, "--alter", "--entity-type", "brokers",
+                               "--entity-default", "--add-config", "log.retention.ms=7200000")
+        assert done.returncode == 0, done.stderr[-3000:]
+        for node, b in brokers.items():
+            wait_until(lambda: "log.retention.ms=7200000" in effective(b, node), TIMEOUT_S,
+                       f"broker {node} to take the cluster default")
+        brokers[3].stop()
+        brokers[3].start()
+        wait_until(lambda: "log.retention.ms=7200000" in effective(brokers[3], 3), TIMEOUT_S,
+                   "a restarted broker to take it")
+        assert "altered dynamic broker configs" in brokers[2].log_tail()
+    finally:
+        for b in brokers.values():
+            b.close()

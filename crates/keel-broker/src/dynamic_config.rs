@@ -22,7 +22,9 @@
 //!
 //! At start-up the file's values go over the config file's, as Kafka's
 //! dynamic configs do over `server.properties`; a stored value the broker
-//! no longer accepts is logged and left out.
+//! no longer accepts is logged and left out. In a cluster the cluster
+//! default is the cluster's (`handlers::broker_configs`): the file's is
+//! replaced by it once the broker has joined.
 
 use std::collections::BTreeMap;
 use std::io;

@@ -5,6 +5,9 @@
 //! local copy of each topic) on every change it sees. Who leads each
 //! partition is read from the same view ([`ClusterLeadership`]).
 //!
+//! The same task follows the cluster's default broker configs
+//! (`handlers::broker_configs`).
+//!
 //! One node keeps its topics in its own data directory, as it always has.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -154,6 +157,7 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
         ));
     }
     if !joined {
+        crate::handlers::broker_configs::publish_default(broker).await?;
         let id = broker.data.cluster_id.to_string();
         let m = marker.clone();
         tokio::task::spawn_blocking(move || {
@@ -166,6 +170,7 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
     {
         let _admin = broker.admin.lock().await;
         sync_locked(broker).await;
+        crate::handlers::broker_configs::follow_cluster_default_locked(broker).await;
     }
     let b = Arc::clone(broker);
     let following = tokio::spawn(async move { follow(b).await });
@@ -209,6 +214,7 @@ async fn follow(broker: Arc<Broker>) {
         let _ = tokio::time::timeout(RESYNC, changes.changed()).await;
         let _admin = broker.admin.lock().await;
         sync_locked(&broker).await;
+        crate::handlers::broker_configs::follow_cluster_default_locked(&broker).await;
     }
 }
 

@@ -172,6 +172,9 @@ pub struct Broker {
     /// Background tasks that end with the broker (following the
     /// cluster's topics).
     pub(crate) tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// In a cluster, the cluster's default broker configs last put in
+    /// force here (or found wanting).
+    pub(crate) seen_cluster_default: parking_lot::Mutex<Option<std::collections::BTreeMap<String, String>>>,
 }
 
 impl Broker {
@@ -282,6 +285,7 @@ impl Broker {
             refused_apis: refused::RefusedApis::default(),
             metrics,
             tasks: parking_lot::Mutex::new(Vec::new()),
+            seen_cluster_default: parking_lot::Mutex::new(None),
         };
         broker.data.load_topics().map_err(StartError::Topics)?;
         Ok(Arc::new(broker))

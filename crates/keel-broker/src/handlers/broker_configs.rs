@@ -2,6 +2,13 @@
 //! change of the dynamic broker configs checked against every topic,
 //! persisted (`crate::dynamic_config`), put in force, and its budgets and
 //! topic defaults handed to their owners.
+//!
+//! In a cluster the cluster-wide default (`--entity-default`) is the
+//! cluster's, kept in the coordination store
+//! (`<prefix>/configs/brokers/default`): a change made at any broker is
+//! put there, and every broker puts it in force when it sees it
+//! ([`follow_cluster_default_locked`]). A broker's own values stay in its
+//! data directory: clients send them to that broker.
 
 use std::sync::Arc;
 
@@ -34,6 +41,9 @@ pub(crate) async fn alter(
     if validate_only || new.dynamic() == old.dynamic() {
         return Ok(());
     }
+    if broker.topics_shared() && new.dynamic().default != old.dynamic().default {
+        share_default(broker, &new.dynamic().default).await?;
+    }
     let b = Arc::clone(broker);
     let to_save = new.dynamic().clone();
     tokio::task::spawn_blocking(move || {
@@ -44,6 +54,85 @@ pub(crate) async fn alter(
     .map_err(|e| e.to_string())
     .and_then(|r| r.map_err(|e| e.to_string()))
     .map_err(|e| (ResponseError::KafkaStorageError, e))?;
+    put_in_force(broker, &old, new).await;
+    Ok(())
+}
+
+/// The kind and name of the cluster default among the cluster's configs.
+const DEFAULT: (&str, &str) = ("brokers", "default");
+
+/// Puts the cluster default `default` in the coordination store and waits
+/// for this broker to see it.
+async fn share_default(
+    broker: &Broker,
+    default: &std::collections::BTreeMap<String, String>,
+) -> Result<(), AdminError> {
+    let value = (!default.is_empty()).then(|| serde_json::to_vec(default).expect("a map serializes"));
+    let revision = broker
+        .cluster
+        .put_config(DEFAULT.0, DEFAULT.1, value)
+        .await
+        .map_err(crate::broker::catalog::store_error)?;
+    broker
+        .cluster
+        .wait_for(revision, broker.cluster.settings().session_timeout)
+        .await;
+    Ok(())
+}
+
+/// On a directory's first join: its cluster default, if it has one and
+/// the cluster none yet, becomes the cluster's (as its topics do).
+pub(crate) async fn publish_default(broker: &Broker) -> Result<(), String> {
+    let default = broker.config().dynamic().default.clone();
+    if default.is_empty() || broker.cluster.config(DEFAULT.0, DEFAULT.1).is_some() {
+        return Ok(());
+    }
+    share_default(broker, &default).await.map_err(|(_, why)| why)?;
+    tracing::info!(
+        ?default,
+        "published this directory's default broker configs to the cluster"
+    );
+    Ok(())
+}
+
+/// The cluster default as the coordination store holds it.
+fn cluster_default(broker: &Broker) -> std::collections::BTreeMap<String, String> {
+    broker
+        .cluster
+        .config(DEFAULT.0, DEFAULT.1)
+        .and_then(|json| serde_json::from_slice(&json).ok())
+        .unwrap_or_default()
+}
+
+/// In a cluster, puts the cluster default the store holds in force here
+/// if it is not already (at start-up, and when another broker changed
+/// it). A value this broker refuses is left out with a warning, as at
+/// start-up. The caller holds the broker's admin lock.
+pub(crate) async fn follow_cluster_default_locked(broker: &Arc<Broker>) {
+    let default = cluster_default(broker);
+    let old = broker.config();
+    if old.dynamic().default == default || broker.seen_cluster_default.lock().as_ref() == Some(&default) {
+        return;
+    }
+    *broker.seen_cluster_default.lock() = Some(default.clone());
+    let layers = DynamicLayers {
+        default,
+        broker: old.dynamic().broker.clone(),
+    };
+    let new = crate::dynamic_config::start((*old).clone(), layers);
+    if let Err(e) = check_topics(broker, &new) {
+        tracing::warn!(error = %e, "the cluster's default broker configs are not applied here");
+        return;
+    }
+    if new.dynamic() != old.dynamic() {
+        put_in_force(broker, &old, new).await;
+    }
+}
+
+/// Puts `new` in force in place of `old`: the configuration every
+/// request reads, the budgets, and the open logs' settings where a topic
+/// default changed.
+async fn put_in_force(broker: &Arc<Broker>, old: &BrokerConfig, new: BrokerConfig) {
     let changed: Vec<String> = new
         .entries()
         .filter(|(k, v)| old.get(k) != *v)
@@ -63,7 +152,6 @@ pub(crate) async fn alter(
             tracing::warn!(error = %e, "applying new topic defaults failed");
         }
     }
-    Ok(())
 }
 
 /// Every topic's settings must hold under the new defaults, so that no

@@ -5,7 +5,7 @@ pub mod acls;
 pub mod admin;
 pub mod alter_configs;
 pub mod authz;
-mod broker_configs;
+pub(crate) mod broker_configs;
 pub mod configs;
 pub mod consumer_groups;
 pub mod elect;
