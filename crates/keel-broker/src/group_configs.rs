@@ -87,19 +87,29 @@ impl GroupConfigs {
 
     /// What `group` sets.
     pub fn get(&self, group: &str) -> BTreeMap<String, String> {
+        self.get_at(group).0
+    }
+
+    /// What `group` sets, and in a cluster the revision of its key (what a
+    /// change of it compares against; `None`: there is none).
+    pub fn get_at(&self, group: &str) -> (BTreeMap<String, String>, Option<i64>) {
         match &self.shared {
-            Some(cluster) => cluster
-                .config(KIND, group)
-                .and_then(|json| serde_json::from_slice(&json).ok())
-                .unwrap_or_default(),
-            None => self.by_group.read().get(group).cloned().unwrap_or_default(),
+            Some(cluster) => match cluster.config(KIND, group) {
+                Some((json, revision)) => (serde_json::from_slice(&json).unwrap_or_default(), Some(revision)),
+                None => (BTreeMap::new(), None),
+            },
+            None => (self.by_group.read().get(group).cloned().unwrap_or_default(), None),
         }
     }
 
     /// The groups that set any config, by name.
     pub fn groups(&self) -> Vec<String> {
         match &self.shared {
-            Some(cluster) => cluster.config_names(KIND),
+            Some(cluster) => cluster
+                .config_names(KIND)
+                .into_iter()
+                .filter(|g| !self.get(g).is_empty())
+                .collect(),
             None => self.by_group.read().keys().cloned().collect(),
         }
     }
@@ -140,24 +150,36 @@ impl GroupConfigs {
     }
 
     /// Makes `next` `group`'s configs in the cluster (see
-    /// [`GroupConfigs::shared`]), and waits for this broker to see it.
-    pub async fn set_shared(&self, group: &str, next: &BTreeMap<String, String>) -> Result<(), String> {
+    /// [`GroupConfigs::shared`]) if they are still those of `revision`
+    /// ([`GroupConfigs::get_at`]), and waits for this broker to see the
+    /// outcome. Whether it landed (false: they changed meanwhile).
+    pub async fn set_shared(
+        &self,
+        group: &str,
+        next: &BTreeMap<String, String>,
+        revision: Option<i64>,
+    ) -> Result<bool, String> {
         let cluster = self
             .shared
             .as_ref()
             .ok_or("group configs are this broker's own")?;
-        let value = (!next.is_empty()).then(|| serde_json::to_vec(next).expect("a map serializes"));
-        let revision = cluster
-            .put_config(KIND, group, value)
+        // None left is kept as `{}`, so the key's revision goes on rising.
+        let value = serde_json::to_vec(next).expect("a map serializes");
+        let landed = cluster
+            .put_config(KIND, group, value, revision)
             .await
             .map_err(|e| format!("the cluster's group configs could not be changed: {e}"))?;
         let wait = cluster.settings().session_timeout;
-        if !cluster.wait_for(revision, wait).await {
+        let seen = match landed {
+            Some(at) => cluster.wait_for(at, wait).await,
+            None => cluster.wait_for_config_change(KIND, group, revision, wait).await,
+        };
+        if !seen {
             return Err(format!(
-                "the change was made, but this broker did not see it within {wait:?}"
+                "this broker did not see the cluster's group configs within {wait:?}"
             ));
         }
-        Ok(())
+        Ok(landed.is_some())
     }
 }
 

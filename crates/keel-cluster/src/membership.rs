@@ -169,8 +169,8 @@ struct View {
     /// Topics whose keys this broker cannot read (another version's?).
     unreadable_topics: BTreeSet<String>,
     /// The cluster's configs (`<prefix>/configs/<kind>/<name>`), by
-    /// `<kind>/<name>`.
-    configs: BTreeMap<String, Vec<u8>>,
+    /// `<kind>/<name>`, with the revisions of their keys.
+    configs: BTreeMap<String, (Vec<u8>, i64)>,
     /// The store's revision the view reflects.
     revision: i64,
 }
@@ -383,9 +383,30 @@ impl Membership {
     }
 
     /// The cluster's config of kind `kind` (`groups`, ...) for `name`,
-    /// as stored.
-    pub fn config(&self, kind: &str, name: &str) -> Option<Vec<u8>> {
+    /// as stored, with the revision of its key.
+    pub fn config(&self, kind: &str, name: &str) -> Option<(Vec<u8>, i64)> {
         self.view.lock().configs.get(&format!("{kind}/{name}")).cloned()
+    }
+
+    /// Waits until the view's config of kind `kind` for `name` is no
+    /// longer the one at `revision` (`None`: none), at most `timeout`.
+    pub async fn wait_for_config_change(
+        &self,
+        kind: &str,
+        name: &str,
+        revision: Option<i64>,
+        timeout: Duration,
+    ) -> bool {
+        let mut changes = self.subscribe();
+        let changed = async {
+            while self.config(kind, name).map(|(_, r)| r) == revision {
+                if changes.changed().await.is_err() {
+                    return false;
+                }
+            }
+            true
+        };
+        tokio::time::timeout(timeout, changed).await.unwrap_or(false)
     }
 
     /// The names that have a config of kind `kind`.
@@ -399,25 +420,27 @@ impl Membership {
             .collect()
     }
 
-    /// Sets (or, with `None`, removes) the cluster's config of kind
-    /// `kind` for `name`: the change's revision.
+    /// Sets the cluster's config of kind `kind` for `name` to `value` if
+    /// its key is still at `revision` (`None`: if there is none): the
+    /// change's revision, `None` if it changed meanwhile.
     pub async fn put_config(
         &self,
         kind: &str,
         name: &str,
-        value: Option<Vec<u8>>,
-    ) -> Result<i64, StoreError> {
+        value: Vec<u8>,
+        revision: Option<i64>,
+    ) -> Result<Option<i64>, StoreError> {
         let key = self.settings.key(&format!("configs/{kind}/{name}"));
-        let op = match value {
-            Some(value) => Op::Put {
-                key,
-                value,
-                lease: None,
-            },
-            None => Op::Delete(key),
+        let when = match revision {
+            Some(r) => Compare::ModRevision(key.clone(), r),
+            None => Compare::Absent(key.clone()),
         };
-        let revision = self.store.txn(Vec::new(), vec![op]).await?;
-        Ok(revision.unwrap_or_else(|| self.revision()))
+        let put = Op::Put {
+            key,
+            value,
+            lease: None,
+        };
+        self.store.txn(vec![when], vec![put]).await
     }
 
     /// Partition leader changes this broker made as controller.
@@ -852,7 +875,8 @@ impl Membership {
                 _ => tracing::warn!(key = %kv.key, "a registration Keel cannot read; ignored"),
             }
         } else if let Some(config) = kv.key.strip_prefix(&self.settings.key("configs/")) {
-            view.configs.insert(config.to_string(), kv.value.clone());
+            view.configs
+                .insert(config.to_string(), (kv.value.clone(), kv.mod_revision));
         } else if let Some(name) = topics::name_of(&self.settings, &kv.key) {
             match decode::<ClusterTopic>(kv) {
                 Some(topic) if topic.name == name => {
@@ -872,6 +896,9 @@ impl Membership {
                     // they hold of it.
                     tracing::warn!(key = %kv.key, "a topic Keel cannot read; ignored");
                     view.unreadable_topics.insert(name.to_string());
+                    if let Some(old) = view.topics.remove(name) {
+                        view.topic_ids.remove(&old.topic.topic_id);
+                    }
                 }
             }
         }

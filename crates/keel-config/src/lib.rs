@@ -394,6 +394,11 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // leader of its partition); read when the cluster first places them.
     ("offsets.topic.num.partitions", "50", ConfigType::Int),
     ("transaction.state.log.num.partitions", "50", ConfigType::Int),
+    // How many brokers must be live before they are placed, so that they
+    // spread over the cluster (Kafka's: internal topics are not created
+    // until the cluster has this many brokers).
+    ("offsets.topic.replication.factor", "3", ConfigType::Int),
+    ("transaction.state.log.replication.factor", "3", ConfigType::Int),
     // Tiers (see keel_tier::tiers). `log.dirs` is the fast tier, where all
     // writes land; sealed segments are copied to the capacity dirs, or to
     // the object store for topics with remote.storage.enable=true.
@@ -842,6 +847,8 @@ impl BrokerConfig {
         for key in [
             "offsets.topic.num.partitions",
             "transaction.state.log.num.partitions",
+            "offsets.topic.replication.factor",
+            "transaction.state.log.replication.factor",
         ] {
             if self.num(key) < 1 {
                 return Err(ConfigError {

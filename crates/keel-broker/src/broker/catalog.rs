@@ -136,7 +136,8 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
     {
         let _admin = broker.admin.lock().await;
         for local in broker.data.topics.all() {
-            if cluster.topic(&local.meta.name).is_some() {
+            let name = local.meta.name.as_str();
+            if cluster.topic(name).is_some() || cluster.topic_unreadable(name) {
                 continue; // the cluster's copy decides, in sync below
             }
             if !joined {
@@ -156,8 +157,8 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
             "the topics published to the cluster were not seen within {wait:?}"
         ));
     }
+    crate::handlers::broker_configs::publish_default(broker).await?;
     if !joined {
-        crate::handlers::broker_configs::publish_default(broker).await?;
         let id = broker.data.cluster_id.to_string();
         let m = marker.clone();
         tokio::task::spawn_blocking(move || {
@@ -336,6 +337,12 @@ async fn change_topic_locked(
     decide: impl Fn(Option<&ClusterTopic>) -> Result<Change, AdminError>,
 ) -> Result<(), AdminError> {
     for _ in 0..50 {
+        if broker.cluster.topic_unreadable(name) {
+            return Err((
+                ResponseError::InvalidRequest,
+                format!("the cluster's description of topic `{name}` cannot be read by this broker"),
+            ));
+        }
         let stored = broker.cluster.topic(name);
         let revision = stored.as_ref().map_or(0, |s| s.revision);
         let written = match decide(stored.as_ref().map(|s| &s.topic))? {
@@ -479,6 +486,16 @@ impl Broker {
         (name, i32::try_from(self.config().num(key)).unwrap_or(50).max(1))
     }
 
+    /// How many brokers must be live before the coordinators are placed.
+    fn coordinators_brokers(&self, transactions: bool) -> usize {
+        let key = if transactions {
+            "transaction.state.log.replication.factor"
+        } else {
+            "offsets.topic.replication.factor"
+        };
+        usize::try_from(self.config().num(key)).unwrap_or(3).max(1)
+    }
+
     /// In a cluster, creates the internal topic placing the coordinators
     /// of `transactions` (or of groups) on the live brokers if it does not
     /// exist yet, as Kafka does at the first FindCoordinator. A failure is
@@ -488,6 +505,16 @@ impl Broker {
         let (name, partitions) = self.coordinators_topic(transactions);
         if !self.topics_shared() || self.cluster.topic(name).is_some() {
             return;
+        }
+        let (live, needed) = (self.cluster.live().len(), self.coordinators_brokers(transactions));
+        if live < needed {
+            return tracing::warn!(
+                topic = name,
+                live,
+                needed,
+                "not placing the coordinators until enough brokers are live \
+                 (offsets.topic.replication.factor / transaction.state.log.replication.factor)"
+            );
         }
         let placed = match placement(self, usize::try_from(partitions).unwrap_or(1), None) {
             Ok(placed) => placed,

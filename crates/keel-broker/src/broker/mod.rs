@@ -172,9 +172,9 @@ pub struct Broker {
     /// Background tasks that end with the broker (following the
     /// cluster's topics).
     pub(crate) tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// In a cluster, the cluster's default broker configs last put in
-    /// force here (or found wanting).
-    pub(crate) seen_cluster_default: parking_lot::Mutex<Option<std::collections::BTreeMap<String, String>>>,
+    /// In a cluster, the revision of the cluster's default broker configs
+    /// this broker last put in force (or found wanting).
+    pub(crate) seen_cluster_default: parking_lot::Mutex<Option<i64>>,
 }
 
 impl Broker {

@@ -423,6 +423,12 @@ async fn alter_broker(
     // One admin change at a time: topic changes check against the defaults.
     let _admin = broker.admin.lock().await;
     let mut layers = broker.config().dynamic().clone();
+    let shared_default = broker.topics_shared() && !per_broker;
+    if shared_default {
+        // The cluster's default, not what this broker has in force of it
+        // (it may not have seen a change yet).
+        layers.default = super::broker_configs::cluster_default(broker).0;
+    }
     let layer = if per_broker {
         &mut layers.broker
     } else {
@@ -455,7 +461,7 @@ async fn alter_broker(
     }
     check_foreign(&next, &touched, per_broker)?;
     *layer = next;
-    super::broker_configs::alter(broker, layers, validate_only).await
+    super::broker_configs::alter(broker, layers, shared_default, validate_only).await
 }
 
 /// Alters a consumer group's configs (`crate::group_configs`). The group
@@ -464,26 +470,45 @@ async fn alter_group(
     broker: &Arc<Broker>,
     name: &str,
     validate_only: bool,
-    change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
+    change: impl Fn(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, AdminError>,
 ) -> Result<(), AdminError> {
     // One admin change at a time: the file is written in the order the
     // configs change.
     let _admin = broker.admin.lock().await;
-    let current = broker.group_configs.get(name);
-    let next = change(&current)?;
-    crate::group_configs::check(&broker.config(), &next).map_err(|m| (ResponseError::InvalidConfig, m))?;
-    if validate_only || next == current {
-        return Ok(());
-    }
-    if broker.group_configs.is_shared() {
-        broker
+    // In a cluster, a change made at another broker meanwhile is seen and
+    // this one made again over it.
+    for _ in 0..20 {
+        let (current, revision) = broker.group_configs.get_at(name);
+        let next = change(&current)?;
+        crate::group_configs::check(&broker.config(), &next)
+            .map_err(|m| (ResponseError::InvalidConfig, m))?;
+        if validate_only || next == current {
+            return Ok(());
+        }
+        if !broker.group_configs.is_shared() {
+            return set_group_locally(broker, name, next).await;
+        }
+        let landed = broker
             .group_configs
-            .set_shared(name, &next)
+            .set_shared(name, &next, revision)
             .await
             .map_err(|e| (ResponseError::RequestTimedOut, e))?;
-        tracing::info!(group = name, configs = ?next, "altered group configs in the cluster");
-        return Ok(());
+        if landed {
+            tracing::info!(group = name, configs = ?next, "altered group configs in the cluster");
+            return Ok(());
+        }
     }
+    Err((
+        ResponseError::RequestTimedOut,
+        format!("group `{name}`'s configs kept changing under this request"),
+    ))
+}
+
+async fn set_group_locally(
+    broker: &Arc<Broker>,
+    name: &str,
+    next: BTreeMap<String, String>,
+) -> Result<(), AdminError> {
     let (b, group, configs) = (Arc::clone(broker), name.to_string(), next.clone());
     tokio::task::spawn_blocking(move || {
         let meta_dir = b.config().data_dir().join(keel_data::topics::META_DIR);

@@ -12,6 +12,8 @@
 
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use keel_config::{BrokerConfig, DynamicLayers, TOPIC_CONFIGS};
 use keel_protocol::ResponseError;
 use keel_tier::IoClass;
@@ -21,11 +23,13 @@ use crate::dynamic_config::save;
 use crate::Broker;
 
 /// Puts `layers` in force in place of the current ones: checks them,
-/// persists them, applies them. `validate_only` checks only. The caller
-/// holds the broker's admin lock.
+/// persists them (with `shared_default`, their default as the cluster's
+/// too), applies them. `validate_only` checks only. The caller holds the
+/// broker's admin lock.
 pub(crate) async fn alter(
     broker: &Arc<Broker>,
     layers: DynamicLayers,
+    shared_default: bool,
     validate_only: bool,
 ) -> Result<(), AdminError> {
     let old = broker.config();
@@ -38,11 +42,14 @@ pub(crate) async fn alter(
         })
     })?;
     check_topics(broker, &new).map_err(invalid)?;
-    if validate_only || new.dynamic() == old.dynamic() {
+    if validate_only {
         return Ok(());
     }
-    if broker.topics_shared() && new.dynamic().default != old.dynamic().default {
+    if shared_default && cluster_default(broker).0 != new.dynamic().default {
         share_default(broker, &new.dynamic().default).await?;
+    }
+    if new.dynamic() == old.dynamic() {
+        return Ok(());
     }
     let b = Arc::clone(broker);
     let to_save = new.dynamic().clone();
@@ -61,65 +68,96 @@ pub(crate) async fn alter(
 /// The kind and name of the cluster default among the cluster's configs.
 const DEFAULT: (&str, &str) = ("brokers", "default");
 
-/// Puts the cluster default `default` in the coordination store and waits
-/// for this broker to see it.
-async fn share_default(
-    broker: &Broker,
-    default: &std::collections::BTreeMap<String, String>,
-) -> Result<(), AdminError> {
-    let value = (!default.is_empty()).then(|| serde_json::to_vec(default).expect("a map serializes"));
-    let revision = broker
+/// Puts the cluster default `default` in the coordination store if it is
+/// still the one the view holds (another broker may have changed it
+/// meanwhile: then a retriable error, and the client asks again), and
+/// waits for this broker to see it.
+async fn share_default(broker: &Broker, default: &BTreeMap<String, String>) -> Result<(), AdminError> {
+    let (_, revision) = cluster_default(broker);
+    // None left is kept as `{}`: a directory joining later brings none back.
+    let value = serde_json::to_vec(default).expect("a map serializes");
+    let landed = broker
         .cluster
-        .put_config(DEFAULT.0, DEFAULT.1, value)
+        .put_config(DEFAULT.0, DEFAULT.1, value, revision)
         .await
         .map_err(crate::broker::catalog::store_error)?;
+    let Some(at) = landed else {
+        return Err((
+            ResponseError::RequestTimedOut,
+            "the cluster's default broker configs changed meanwhile; ask again".into(),
+        ));
+    };
     broker
         .cluster
-        .wait_for(revision, broker.cluster.settings().session_timeout)
+        .wait_for(at, broker.cluster.settings().session_timeout)
         .await;
+    *broker.seen_cluster_default.lock() = Some(at);
     Ok(())
 }
 
-/// On a directory's first join: its cluster default, if it has one and
-/// the cluster none yet, becomes the cluster's (as its topics do).
+/// When the cluster has no default broker configs yet, this broker's
+/// become the cluster's (a directory that ran alone brings its own, as it
+/// brings its topics).
 pub(crate) async fn publish_default(broker: &Broker) -> Result<(), String> {
-    let default = broker.config().dynamic().default.clone();
-    if default.is_empty() || broker.cluster.config(DEFAULT.0, DEFAULT.1).is_some() {
+    if cluster_default(broker).1.is_some() {
         return Ok(());
     }
-    share_default(broker, &default).await.map_err(|(_, why)| why)?;
-    tracing::info!(
-        ?default,
-        "published this directory's default broker configs to the cluster"
-    );
-    Ok(())
+    let default = broker.config().dynamic().default.clone();
+    match share_default(broker, &default).await {
+        Ok(()) => {
+            tracing::info!(
+                ?default,
+                "published this broker's default broker configs to the cluster"
+            );
+            Ok(())
+        }
+        // Another broker published first: its are the cluster's.
+        Err((ResponseError::RequestTimedOut, _)) if cluster_default(broker).1.is_some() => Ok(()),
+        Err((_, why)) => Err(why),
+    }
 }
 
-/// The cluster default as the coordination store holds it.
-fn cluster_default(broker: &Broker) -> std::collections::BTreeMap<String, String> {
-    broker
-        .cluster
-        .config(DEFAULT.0, DEFAULT.1)
-        .and_then(|json| serde_json::from_slice(&json).ok())
-        .unwrap_or_default()
+/// The cluster default as the coordination store holds it, and the
+/// revision of its key (`None`: there is none yet).
+pub(crate) fn cluster_default(broker: &Broker) -> (BTreeMap<String, String>, Option<i64>) {
+    match broker.cluster.config(DEFAULT.0, DEFAULT.1) {
+        Some((json, revision)) => (serde_json::from_slice(&json).unwrap_or_default(), Some(revision)),
+        None => (BTreeMap::new(), None),
+    }
 }
 
 /// In a cluster, puts the cluster default the store holds in force here
-/// if it is not already (at start-up, and when another broker changed
-/// it). A value this broker refuses is left out with a warning, as at
-/// start-up. The caller holds the broker's admin lock.
+/// if this broker has not yet (at start-up, and when another broker
+/// changed it). A value this broker refuses is left out of the default
+/// with a warning, as at start-up; its own values are kept. The caller
+/// holds the broker's admin lock.
 pub(crate) async fn follow_cluster_default_locked(broker: &Arc<Broker>) {
-    let default = cluster_default(broker);
-    let old = broker.config();
-    if old.dynamic().default == default || broker.seen_cluster_default.lock().as_ref() == Some(&default) {
+    let (default, Some(revision)) = cluster_default(broker) else {
+        return;
+    };
+    if *broker.seen_cluster_default.lock() == Some(revision) {
         return;
     }
-    *broker.seen_cluster_default.lock() = Some(default.clone());
-    let layers = DynamicLayers {
+    *broker.seen_cluster_default.lock() = Some(revision);
+    let old = broker.config();
+    if old.dynamic().default == default {
+        return;
+    }
+    let mut layers = DynamicLayers {
         default,
         broker: old.dynamic().broker.clone(),
     };
-    let new = crate::dynamic_config::start((*old).clone(), layers);
+    let new = loop {
+        match old.with_dynamic(layers.clone()) {
+            Ok(new) => break new,
+            Err(e) if layers.default.remove(&e.key).is_some() => {
+                tracing::warn!(key = %e.key, error = %e, "a cluster default broker config is not applied here");
+            }
+            Err(e) => {
+                return tracing::warn!(error = %e, "the cluster's default broker configs are not applied here");
+            }
+        }
+    };
     if let Err(e) = check_topics(broker, &new) {
         tracing::warn!(error = %e, "the cluster's default broker configs are not applied here");
         return;

@@ -1,6 +1,6 @@
 //! KIP-951: a Produce or Fetch for a partition this broker does not lead is
-//! answered NOT_LEADER_OR_FOLLOWER with the partition's current leader and
-//! epoch, and the response lists where that broker is, so the client goes
+//! answered NOT_LEADER_OR_FOLLOWER (a Fetch in an old epoch,
+//! FENCED_LEADER_EPOCH) with the partition's current leader and epoch, and the response lists where that broker is, so the client goes
 //! there without first asking for Metadata. (Produce v10+ and Fetch v16+
 //! carry them; older versions leave them out when encoding.)
 
@@ -14,6 +14,7 @@ use super::str_bytes;
 use crate::Broker;
 
 const NOT_LEADER: i16 = ResponseError::NotLeaderOrFollower.code();
+const FENCED: i16 = ResponseError::FencedLeaderEpoch.code();
 
 /// The live leader of a partition, by topic name or id.
 fn leader_of(broker: &Broker, name: &str, id: Uuid, index: i32) -> Option<(i32, i32)> {
@@ -77,7 +78,11 @@ pub fn produce(broker: &Broker, resp: &mut ProduceResponse, listener: &str) {
 pub fn fetch(broker: &Broker, resp: &mut FetchResponse, listener: &str) {
     let mut nodes = BTreeSet::new();
     for t in &mut resp.responses {
-        for p in t.partitions.iter_mut().filter(|p| p.error_code == NOT_LEADER) {
+        for p in t
+            .partitions
+            .iter_mut()
+            .filter(|p| p.error_code == NOT_LEADER || p.error_code == FENCED)
+        {
             if let Some((node, epoch)) = leader_of(broker, t.topic.0.as_str(), t.topic_id, p.partition_index)
             {
                 p.current_leader = fetch_response::LeaderIdAndEpoch::default()

@@ -11,11 +11,19 @@ pub(super) async fn find_coordinator(
     call: Call<'_>,
 ) -> Reply {
     let denied = handlers::authz::find_coordinator(b, call.client, &mut r, call.version);
-    // In a cluster, the first FindCoordinator places the coordinators.
-    b.ensure_coordinators(r.key_type == 1).await;
     let mut resp = match denied {
         handlers::authz::Coordinators::Refused(resp) => resp,
         handlers::authz::Coordinators::Keys(denied) => {
+            // In a cluster, the first FindCoordinator for a key the client
+            // may ask about places the coordinators.
+            let asked = if call.version < 4 {
+                !r.key.is_empty()
+            } else {
+                !r.coordinator_keys.is_empty()
+            };
+            if asked && matches!(r.key_type, 0 | 1) {
+                b.ensure_coordinators(r.key_type == 1).await;
+            }
             let mut resp = handlers::groups::find_coordinator(b, r, call.version, &call.client.listener);
             resp.coordinators.extend(denied);
             resp
