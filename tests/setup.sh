@@ -129,8 +129,8 @@ have cargo && cargo --version
 have go && go version
 have kcat && kcat -V | grep -i version
 have protoc && protoc --version
-have etcd && etcd --version | head -1
-have prometheus && prometheus --version 2>&1 | head -1
-have java && java -version 2>&1 | head -1
+have etcd && etcd --version | sed -n 1p
+have prometheus && prometheus --version 2>&1 | sed -n 1p
+have java && java -version 2>&1 | sed -n 1p
 have go && echo "versitygw $(versitygw_version) at $(versitygw_bin)"
 "$PYTHON" -c 'import confluent_kafka, kafka; print("confluent-kafka", confluent_kafka.__version__, "librdkafka", confluent_kafka.libversion()[0], "kafka-python", kafka.__version__)'
