@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
                                   NewPartitions, NewTopic)
 
+import group_wire as gw
 import kafka_tools
 import kafka_wire as w
 from conftest import IMPL, Broker, wait_until
@@ -26,6 +27,7 @@ from test_cluster import TIMEOUT_S, member, start_cluster
 pytestmark = pytest.mark.skipif(IMPL != "keel", reason="cluster mode over etcd is Keel's")
 
 NOT_LEADER_OR_FOLLOWER = 6
+NOT_COORDINATOR = 16
 
 
 def leaders(b, topic):
@@ -324,6 +326,13 @@ def test_a_group_has_one_coordinator_whichever_broker_its_members_ask(etcd, tmp_
             committed = [l.split() for l in offsets.stdout.splitlines() if l.startswith("one-group")]
             assert sum(int(cols[3]) for cols in committed) == 300, offsets.stdout
         assert len(coordinators) == 1, coordinators
+        # Only the coordinator serves the group; the others send the client
+        # back to FindCoordinator.
+        coordinator = int(coordinators.pop())
+        for node, b in brokers.items():
+            with gw.GroupConn(b.bootstrap) as c:
+                error = c.heartbeat("one-group", 1, "nobody")
+            assert (error == NOT_COORDINATOR) == (node != coordinator), (node, coordinator, error)
     finally:
         for b in brokers.values():
             b.close()

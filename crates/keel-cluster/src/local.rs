@@ -158,6 +158,10 @@ impl State {
 }
 
 impl CoordStore for LocalStore {
+    fn is_shared(&self) -> bool {
+        false
+    }
+
     fn describe(&self) -> String {
         "in-process (one node)".into()
     }

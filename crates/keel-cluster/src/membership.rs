@@ -187,12 +187,16 @@ pub struct Membership {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Partition leader changes this broker made as controller.
     leader_changes: std::sync::atomic::AtomicU64,
+    /// Whether the store is another process's (etcd), shared with other
+    /// brokers.
+    shared_store: bool,
 }
 
 impl Membership {
     /// Membership of `me` through `store`; nothing is registered until
     /// [`Membership::start`].
     pub fn new(store: Arc<dyn CoordStore>, settings: Settings, me: Registration) -> Arc<Membership> {
+        let shared_store = store.is_shared();
         Arc::new(Membership {
             store,
             settings,
@@ -201,6 +205,7 @@ impl Membership {
             changes: tokio::sync::watch::channel(0).0,
             tasks: Mutex::new(Vec::new()),
             leader_changes: std::sync::atomic::AtomicU64::new(0),
+            shared_store,
         })
     }
 
@@ -288,6 +293,12 @@ impl Membership {
     /// The coordination store.
     pub fn store(&self) -> Arc<dyn CoordStore> {
         Arc::clone(&self.store)
+    }
+
+    /// Whether the store is shared with other brokers (etcd), not this
+    /// process's alone.
+    pub fn store_is_shared(&self) -> bool {
+        self.shared_store
     }
 
     /// Where the coordination store is, for logs and stats.

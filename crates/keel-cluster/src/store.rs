@@ -109,6 +109,11 @@ impl std::error::Error for StoreError {}
 pub trait CoordStore: Send + Sync + fmt::Debug + 'static {
     /// Where it is, for logs.
     fn describe(&self) -> String;
+    /// Whether other brokers share it (a store inside this process alone
+    /// is one node's).
+    fn is_shared(&self) -> bool {
+        true
+    }
     /// A new lease that lives `ttl` unless kept alive.
     fn grant(&self, ttl: Duration) -> StoreFuture<'_, LeaseId>;
     /// Renews `lease` for its whole TTL.

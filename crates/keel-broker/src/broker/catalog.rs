@@ -72,7 +72,7 @@ impl Leadership for ClusterLeadership {
 impl Broker {
     /// Whether this broker's topics are a cluster's (kept in etcd).
     pub fn topics_shared(&self) -> bool {
-        !self.config().etcd_endpoints().is_empty()
+        self.cluster.store_is_shared()
     }
 
     /// The leader and leader epoch the cluster holds for a partition

@@ -4,6 +4,7 @@
 //! API's answer shares (the throttle times, the SASL outcome).
 
 pub(crate) mod apis;
+mod coordinator;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +56,9 @@ impl Broker {
             return Reply::Close(format!("no handler for {key:?}"));
         };
         if let Some(reply) = self.group_denied(&decoded.body, version, id, client_id, client) {
+            return reply;
+        }
+        if let Some(reply) = self.not_coordinator(&decoded.body, version, id) {
             return reply;
         }
         let call = Call {

@@ -1,0 +1,96 @@
+//! In a cluster, a group's or transactional id's requests are served only
+//! by its coordinator (`Broker::coordinator_of`); any other broker answers
+//! NOT_COORDINATOR (COORDINATOR_NOT_AVAILABLE while there is none), and the
+//! client finds the coordinator again, as with Kafka. Requests naming
+//! several groups (DescribeGroups, DeleteGroups, OffsetFetch v8+) are
+//! answered for what this broker holds.
+
+use keel_protocol::messages::*;
+use keel_protocol::{Request, ResponseError, StrBytes};
+
+use super::respond;
+use crate::broker::{Broker, Reply};
+use crate::handlers;
+
+impl Broker {
+    /// The answer to a request for a group or transactional id another
+    /// broker coordinates; `None` if this broker serves it (or is one node).
+    pub(super) fn not_coordinator(&self, body: &Request, version: i16, id: i32) -> Option<Reply> {
+        if !self.topics_shared() {
+            return None;
+        }
+        let me = self.config().node_id();
+        let refused = |key: &str, transactions: bool| match self.coordinator_of(key, transactions) {
+            Ok(node) if node == me => None,
+            Ok(_) => Some(ResponseError::NotCoordinator),
+            Err(e) => Some(e),
+        };
+        let group = |g: &StrBytes| refused(g.as_str(), false);
+        let txn = |t: &StrBytes| refused(t.as_str(), true);
+        let reply = match body {
+            Request::JoinGroup(r) => {
+                let resp = JoinGroupResponse::default()
+                    .with_error_code(group(&r.group_id)?.code())
+                    .with_generation_id(-1);
+                respond(ApiKey::JoinGroup, version, id, &resp)
+            }
+            Request::SyncGroup(r) => {
+                let resp = SyncGroupResponse::default().with_error_code(group(&r.group_id)?.code());
+                respond(ApiKey::SyncGroup, version, id, &resp)
+            }
+            Request::Heartbeat(r) => {
+                let resp = HeartbeatResponse::default().with_error_code(group(&r.group_id)?.code());
+                respond(ApiKey::Heartbeat, version, id, &resp)
+            }
+            Request::LeaveGroup(r) => {
+                let resp = LeaveGroupResponse::default().with_error_code(group(&r.group_id)?.code());
+                respond(ApiKey::LeaveGroup, version, id, &resp)
+            }
+            Request::OffsetCommit(r) => {
+                let e = group(&r.group_id)?;
+                let topics = r
+                    .topics
+                    .iter()
+                    .map(|t| handlers::authz::offset_commit_refused(t, e))
+                    .collect();
+                respond(
+                    ApiKey::OffsetCommit,
+                    version,
+                    id,
+                    &OffsetCommitResponse::default().with_topics(topics),
+                )
+            }
+            Request::OffsetFetch(r) if version < 8 => {
+                let resp = OffsetFetchResponse::default().with_error_code(group(&r.group_id)?.code());
+                respond(ApiKey::OffsetFetch, version, id, &resp)
+            }
+            Request::ConsumerGroupHeartbeat(r) => {
+                let resp =
+                    ConsumerGroupHeartbeatResponse::default().with_error_code(group(&r.group_id)?.code());
+                respond(ApiKey::ConsumerGroupHeartbeat, version, id, &resp)
+            }
+            Request::InitProducerId(r) => {
+                let e = r.transactional_id.as_ref().and_then(|t| txn(t))?;
+                let resp = InitProducerIdResponse::default()
+                    .with_error_code(e.code())
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1);
+                respond(ApiKey::InitProducerId, version, id, &resp)
+            }
+            Request::AddOffsetsToTxn(r) => {
+                let resp =
+                    AddOffsetsToTxnResponse::default().with_error_code(txn(&r.transactional_id)?.code());
+                respond(ApiKey::AddOffsetsToTxn, version, id, &resp)
+            }
+            Request::EndTxn(r) => {
+                let resp = EndTxnResponse::default()
+                    .with_error_code(txn(&r.transactional_id)?.code())
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1);
+                respond(ApiKey::EndTxn, version, id, &resp)
+            }
+            _ => return None,
+        };
+        Some(reply)
+    }
+}
