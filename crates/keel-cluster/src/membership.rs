@@ -364,6 +364,14 @@ impl Membership {
         self.view.lock().topics.get(name).cloned()
     }
 
+    /// The id and partition count of the topic `name` (without copying
+    /// its partitions).
+    pub fn topic_shape(&self, name: &str) -> Option<(uuid::Uuid, i32)> {
+        let view = self.view.lock();
+        let t = &view.topics.get(name)?.topic;
+        Some((t.topic_id, t.partition_count()))
+    }
+
     /// Whether the store holds a topic `name` this broker cannot read: it
     /// is neither known nor known to be gone.
     pub fn topic_unreadable(&self, name: &str) -> bool {
@@ -373,24 +381,44 @@ impl Membership {
     /// Waits until the view's topic `name` is no longer the one at
     /// `revision` (changed or deleted), at most `timeout`.
     pub async fn wait_for_topic_change(&self, name: &str, revision: i64, timeout: Duration) -> bool {
-        let mut changes = self.subscribe();
-        let changed = async {
-            while self.topic(name).is_some_and(|t| t.revision == revision) {
-                if changes.changed().await.is_err() {
-                    return false;
-                }
-            }
-            true
-        };
-        tokio::time::timeout(timeout, changed).await.unwrap_or(false)
+        self.wait_until(
+            || self.topic(name).is_none_or(|t| t.revision != revision),
+            timeout,
+        )
+        .await
     }
 
     /// Partition `index` of the topic `topic_id`, as the view has it.
     pub fn partition(&self, topic_id: uuid::Uuid, index: i32) -> Option<PartitionState> {
+        self.with_partition(topic_id, index, PartitionState::clone)
+    }
+
+    /// The live leader of partition `index` of the topic `topic_id` and
+    /// its leader epoch: none while it has no leader, or its leader's
+    /// session has ended (this broker's own: while it is fenced). Every
+    /// request for a partition asks it, so it copies nothing.
+    pub fn live_leader(&self, topic_id: uuid::Uuid, index: i32) -> Option<(i32, i32)> {
+        let (leader, epoch) = self.with_partition(topic_id, index, |p| (p.leader, p.leader_epoch))?;
+        let live = if leader == topics::NO_LEADER {
+            false
+        } else if leader == self.me.node_id {
+            !self.is_fenced()
+        } else {
+            self.view.lock().members.contains_key(&leader)
+        };
+        live.then_some((leader, epoch))
+    }
+
+    fn with_partition<T>(
+        &self,
+        topic_id: uuid::Uuid,
+        index: i32,
+        f: impl FnOnce(&PartitionState) -> T,
+    ) -> Option<T> {
         let view = self.view.lock();
         let name = view.topic_ids.get(&topic_id)?;
         let topic = &view.topics.get(name)?.topic;
-        topic.partitions.get(usize::try_from(index).ok()?).cloned()
+        topic.partitions.get(usize::try_from(index).ok()?).map(f)
     }
 
     /// The cluster's config of kind `kind` (`groups`, ...) for `name`,
@@ -408,16 +436,8 @@ impl Membership {
         revision: Option<i64>,
         timeout: Duration,
     ) -> bool {
-        let mut changes = self.subscribe();
-        let changed = async {
-            while self.config(kind, name).map(|(_, r)| r) == revision {
-                if changes.changed().await.is_err() {
-                    return false;
-                }
-            }
-            true
-        };
-        tokio::time::timeout(timeout, changed).await.unwrap_or(false)
+        self.wait_until(|| self.config(kind, name).map(|(_, r)| r) != revision, timeout)
+            .await
     }
 
     /// The names that have a config of kind `kind`.
@@ -467,16 +487,22 @@ impl Membership {
     /// Waits until the view reflects the store's `revision` (a change this
     /// broker made), at most `timeout`. Whether it does.
     pub async fn wait_for(&self, revision: i64, timeout: Duration) -> bool {
+        self.wait_until(|| self.revision() >= revision, timeout).await
+    }
+
+    /// Waits until `done` holds of the view, checked at every change of
+    /// it, at most `timeout`. Whether it does.
+    async fn wait_until(&self, done: impl Fn() -> bool, timeout: Duration) -> bool {
         let mut changes = self.subscribe();
-        let caught_up = async {
-            while self.revision() < revision {
+        let waited = async {
+            while !done() {
                 if changes.changed().await.is_err() {
                     return false;
                 }
             }
             true
         };
-        tokio::time::timeout(timeout, caught_up).await.unwrap_or(false)
+        tokio::time::timeout(timeout, waited).await.unwrap_or(false)
     }
 
     /// Reads the whole view again now, waiting for a store that does not

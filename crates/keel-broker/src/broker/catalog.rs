@@ -46,19 +46,8 @@ impl Leadership for ClusterLeadership {
     }
 
     fn leader(&self, topic_id: Uuid, index: i32) -> Option<Leader> {
-        let p = self.membership.partition(topic_id, index)?;
-        if p.leader == NO_LEADER {
-            return None;
-        }
-        let live = if p.leader == self.node_id() {
-            !self.membership.is_fenced()
-        } else {
-            self.membership.live().contains(&p.leader)
-        };
-        live.then_some(Leader {
-            node_id: p.leader,
-            epoch: p.leader_epoch,
-        })
+        let (node_id, epoch) = self.membership.live_leader(topic_id, index)?;
+        Some(Leader { node_id, epoch })
     }
 
     fn replicas(&self, topic_id: Uuid, index: i32) -> Vec<i32> {
@@ -128,7 +117,11 @@ pub(crate) fn check_size(topic: &ClusterTopic) -> Result<(), AdminError> {
 /// them from then on.
 pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
     let cluster = &broker.cluster;
-    cluster.refresh().await.map_err(|e| e.to_string())?;
+    // What follows needs a view known whole: the one membership read at
+    // its start, unless that read failed.
+    if cluster.revision() == 0 {
+        cluster.refresh().await.map_err(|e| e.to_string())?;
+    }
     let marker = broker.data.data_dir.join(META_DIR).join(JOINED_FILE);
     let storage = Arc::clone(&broker.data.storage);
     let joined = storage.file_len(&marker).map_err(|e| e.to_string())?.is_some();
@@ -311,13 +304,12 @@ async fn set_aside(broker: &Broker, topic: Arc<Topic>) {
     }
 }
 
+/// A data-plane change on a blocking thread (see `handlers::admin::blocking`),
+/// its failure as a message.
 async fn run_blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
     f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+    crate::handlers::admin::blocking(f).await.map_err(|(_, why)| why)
 }
 
 /// What a change makes of a cluster's topic.
@@ -548,17 +540,13 @@ impl Broker {
             return Ok(self.config().node_id());
         }
         let (name, _) = self.coordinators_topic(transactions);
-        let stored = self
+        let (topic_id, partitions) = self
             .cluster
-            .topic(name)
+            .topic_shape(name)
             .ok_or(ResponseError::CoordinatorNotAvailable)?;
-        let index = coordinator_partition(key, stored.topic.partition_count());
-        let leadership = ClusterLeadership {
-            membership: Arc::clone(&self.cluster),
-        };
-        leadership
-            .leader(stored.topic.topic_id, index)
-            .map(|l| l.node_id)
+        self.cluster
+            .live_leader(topic_id, coordinator_partition(key, partitions))
+            .map(|(node, _)| node)
             .ok_or(ResponseError::CoordinatorNotAvailable)
     }
 }

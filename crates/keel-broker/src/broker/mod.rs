@@ -230,21 +230,21 @@ impl Broker {
         let ids_path = meta_dir.join("producer-ids");
         let local_ids =
             ProducerIdAllocator::open_with(Arc::clone(&storage), &ids_path).map_err(io_error(&ids_path))?;
-        let producer_ids =
-            producer_ids::ProducerIds::new(local_ids, &membership, !config.etcd_endpoints().is_empty());
+        // In a cluster (a store the brokers share), producer ids, the ACLs,
+        // SCRAM credentials, quotas, group configs, topics and leaders are
+        // the cluster's, in the coordination store.
+        let clustered = membership.store_is_shared();
+        let producer_ids = producer_ids::ProducerIds::new(local_ids, &membership, clustered);
         let stored = crate::dynamic_config::load(storage.as_ref(), &meta_dir, config.node_id())
             .map_err(io_error(&meta_dir))?;
         let config = crate::dynamic_config::start(config, stored);
-        let group_configs = if config.etcd_endpoints().is_empty() {
+        let group_configs = if clustered {
+            crate::group_configs::GroupConfigs::shared(Arc::clone(&membership))
+        } else {
             crate::group_configs::GroupConfigs::load(storage.as_ref(), &meta_dir)
                 .map_err(io_error(&meta_dir))?
-        } else {
-            crate::group_configs::GroupConfigs::shared(Arc::clone(&membership))
         };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        // In a cluster, the ACLs, SCRAM credentials and quotas are the
-        // cluster's, in the coordination store.
-        let clustered = !config.etcd_endpoints().is_empty();
         let shared = clustered.then(|| (membership.store(), membership.settings().prefix.clone()));
         let shared = shared.as_ref().map(|(store, prefix)| (store, prefix.as_str()));
         let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock, shared)?;

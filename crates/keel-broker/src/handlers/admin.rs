@@ -119,7 +119,7 @@ fn already_exists(name: &str) -> AdminError {
 
 /// Runs a data-plane change of a topic on a blocking thread; a failure is
 /// KAFKA_STORAGE_ERROR.
-async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
     change: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, AdminError> {
     tokio::task::spawn_blocking(change)

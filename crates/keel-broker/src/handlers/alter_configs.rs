@@ -610,7 +610,6 @@ async fn alter_topic(
         // copy may not hold yet); every broker, this one too, takes the
         // result when it sees it.
         let topic_id = topic.meta.topic_id;
-        let mut changed = BTreeSet::new();
         crate::broker::catalog::update_topic_locked(broker, name, |t| {
             if t.topic_id != topic_id {
                 return Err((
@@ -626,10 +625,13 @@ async fn alter_topic(
             Ok(altered)
         })
         .await?;
-        if let Some(now) = broker.cluster.topic(name) {
-            changed = diff(&topic.meta.configs, &now.topic.configs);
-        }
         if !validate_only {
+            let now = broker
+                .cluster
+                .topic(name)
+                .map(|s| s.topic.configs)
+                .unwrap_or_default();
+            let changed = diff(&topic.meta.configs, &now);
             tracing::info!(topic = name, ?changed, "altered topic configs in the cluster");
         }
         return Ok(());

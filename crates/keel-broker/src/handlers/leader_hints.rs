@@ -45,6 +45,32 @@ fn endpoints(
         .collect()
 }
 
+/// The current leader of a partition, and where the hinted brokers are,
+/// in the message types of one response (Produce's and Fetch's have the
+/// same fields).
+macro_rules! current_leader {
+    ($module:ident, $node:expr, $epoch:expr) => {
+        $module::LeaderIdAndEpoch::default()
+            .with_leader_id(BrokerId($node))
+            .with_leader_epoch($epoch)
+    };
+}
+
+macro_rules! node_endpoints {
+    ($module:ident, $broker:expr, $nodes:expr, $listener:expr) => {
+        endpoints($broker, $nodes, $listener)
+            .into_iter()
+            .map(|(node, host, port, rack)| {
+                $module::NodeEndpoint::default()
+                    .with_node_id(BrokerId(node))
+                    .with_host(str_bytes(host))
+                    .with_port(port)
+                    .with_rack(rack.map(str_bytes))
+            })
+            .collect()
+    };
+}
+
 /// Adds the leader hints to a Produce response.
 pub fn produce(broker: &Broker, resp: &mut ProduceResponse, listener: &str) {
     let mut nodes = BTreeSet::new();
@@ -55,23 +81,12 @@ pub fn produce(broker: &Broker, resp: &mut ProduceResponse, listener: &str) {
             .filter(|p| p.error_code == NOT_LEADER)
         {
             if let Some((node, epoch)) = leader_of(broker, t.name.0.as_str(), t.topic_id, p.index) {
-                p.current_leader = produce_response::LeaderIdAndEpoch::default()
-                    .with_leader_id(BrokerId(node))
-                    .with_leader_epoch(epoch);
+                p.current_leader = current_leader!(produce_response, node, epoch);
                 nodes.insert(node);
             }
         }
     }
-    resp.node_endpoints = endpoints(broker, &nodes, listener)
-        .into_iter()
-        .map(|(node, host, port, rack)| {
-            produce_response::NodeEndpoint::default()
-                .with_node_id(BrokerId(node))
-                .with_host(str_bytes(host))
-                .with_port(port)
-                .with_rack(rack.map(str_bytes))
-        })
-        .collect();
+    resp.node_endpoints = node_endpoints!(produce_response, broker, &nodes, listener);
 }
 
 /// Adds the leader hints to a Fetch response.
@@ -85,21 +100,10 @@ pub fn fetch(broker: &Broker, resp: &mut FetchResponse, listener: &str) {
         {
             if let Some((node, epoch)) = leader_of(broker, t.topic.0.as_str(), t.topic_id, p.partition_index)
             {
-                p.current_leader = fetch_response::LeaderIdAndEpoch::default()
-                    .with_leader_id(BrokerId(node))
-                    .with_leader_epoch(epoch);
+                p.current_leader = current_leader!(fetch_response, node, epoch);
                 nodes.insert(node);
             }
         }
     }
-    resp.node_endpoints = endpoints(broker, &nodes, listener)
-        .into_iter()
-        .map(|(node, host, port, rack)| {
-            fetch_response::NodeEndpoint::default()
-                .with_node_id(BrokerId(node))
-                .with_host(str_bytes(host))
-                .with_port(port)
-                .with_rack(rack.map(str_bytes))
-        })
-        .collect();
+    resp.node_endpoints = node_endpoints!(fetch_response, broker, &nodes, listener);
 }
