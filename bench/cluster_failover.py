@@ -109,7 +109,8 @@ class Keel:
                     "--set", f"node.id={node}",
                     "--set", f"keel.admin.listen=127.0.0.1:{self.admin}",
                     "--set", f"keel.cluster.etcd.endpoints={etcd.endpoint}",
-                    "--set", f"keel.cluster.session.timeout.ms={session_ms}"]
+                    "--set", f"keel.cluster.session.timeout.ms={session_ms}",
+                    "--set", f"keel.tier.remote=file://{base / 'objects'}"]
         self.proc = None
 
     def start(self):

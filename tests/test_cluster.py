@@ -53,6 +53,8 @@ def member(etcd, tmp_path, node, prefix="/keel-test", data=None):
         "keel.cluster.etcd.endpoints": etcd.endpoint,
         "keel.cluster.etcd.prefix": prefix,
         "keel.cluster.session.timeout.ms": str(SESSION_MS),
+        # The object store the cluster's brokers share: a directory here.
+        "keel.tier.remote": f"file://{tmp_path / 'objects'}",
     })
     b.log_name = f"broker {node}"
     _live_brokers.append(b)

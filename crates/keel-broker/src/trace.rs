@@ -57,6 +57,9 @@ pub enum Stage {
     /// From the writer's answer to the request running again on a request
     /// thread.
     Reply,
+    /// In a cluster, an acks=all produce waiting for its batches' WAL
+    /// object to be written to the object store and committed.
+    Commit,
     /// A transactional produce waiting for its transaction's coordinator.
     Coordinator,
     /// A fetch's long poll: waiting for data to arrive.
@@ -80,7 +83,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 22] = [
+    pub const ALL: [Stage; 23] = [
         Stage::Socket,
         Stage::Receive,
         Stage::Connection,
@@ -93,6 +96,7 @@ impl Stage {
         Stage::Flush,
         Stage::Publish,
         Stage::Reply,
+        Stage::Commit,
         Stage::Coordinator,
         Stage::Wait,
         Stage::ReadCache,
@@ -120,6 +124,7 @@ impl Stage {
             Stage::Flush => "flush",
             Stage::Publish => "publish",
             Stage::Reply => "reply",
+            Stage::Commit => "commit",
             Stage::Coordinator => "coordinator",
             Stage::Wait => "wait",
             Stage::ReadCache => "read_cache",

@@ -7,12 +7,15 @@
 //! other brokers and elects the controller, the same code on either store.
 //! [`producer_ids`] hands a cluster's brokers disjoint blocks of producer
 //! ids. [`topics`] keeps the cluster's topics and their partitions'
-//! leaders, which the controller elects.
+//! leaders, which the controller elects. [`logs`] commits partitions'
+//! logs (the WAL objects their batches are in, and their high watermarks)
+//! and fences their earlier leaders.
 //!
 //! Does not know: Kafka requests, partitions, the data directory.
 
 pub mod etcd;
 pub mod local;
+pub mod logs;
 pub mod membership;
 pub mod producer_ids;
 pub mod store;

@@ -474,6 +474,47 @@ impl Membership {
         self.store.txn(vec![when], vec![put]).await
     }
 
+    /// This broker's session for commits ([`crate::logs`]), `None` before
+    /// it registers or while it is fenced.
+    pub fn log_session(&self) -> Option<crate::logs::Session> {
+        let epoch = self.broker_epoch();
+        (epoch >= 0 && !self.is_fenced()).then_some(crate::logs::Session {
+            node_id: self.me.node_id,
+            epoch,
+        })
+    }
+
+    /// Claims a partition's log for this broker in `leader_epoch`, its
+    /// local log ending at `local_end` ([`crate::logs::claim`]): `None` if
+    /// a newer epoch holds it or this broker's session is not confirmed.
+    pub async fn claim_log(
+        &self,
+        partition: (uuid::Uuid, i32),
+        leader_epoch: i32,
+        local_end: i64,
+    ) -> Result<Option<crate::logs::Claimed>, StoreError> {
+        let Some(session) = self.log_session() else {
+            return Ok(None);
+        };
+        let store = self.store.as_ref();
+        crate::logs::claim(store, &self.settings, session, partition, leader_epoch, local_end).await
+    }
+
+    /// Commits the WAL object `object`, `id` among this broker's
+    /// ([`crate::logs::commit`]): `None` if this broker's session has ended
+    /// or is not confirmed.
+    pub async fn commit_wal(
+        &self,
+        object: &str,
+        id: &str,
+        parts: &[crate::logs::CommitPart],
+    ) -> Result<Option<Vec<crate::logs::PartOutcome>>, StoreError> {
+        let Some(session) = self.log_session() else {
+            return Ok(None);
+        };
+        crate::logs::commit(self.store.as_ref(), &self.settings, session, (object, id), parts).await
+    }
+
     /// Partition leader changes this broker made as controller.
     pub fn leader_changes(&self) -> u64 {
         self.leader_changes.load(std::sync::atomic::Ordering::Relaxed)

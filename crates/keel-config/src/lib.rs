@@ -389,6 +389,13 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // How long a broker's session (its etcd lease) lives without renewal:
     // a broker that stops renewing leaves the cluster after it.
     ("keel.cluster.session.timeout.ms", "6000", ConfigType::Int),
+    // A cluster's write-ahead log in the object store (docs/cluster.md):
+    // how long a WAL object gathers writes, how large it grows before it
+    // is written, and how many bytes of writes may wait for the object
+    // store before appends are refused (NOT_ENOUGH_REPLICAS).
+    ("keel.cluster.wal.linger.ms", "5", ConfigType::Int),
+    ("keel.cluster.wal.object.bytes", "4194304", ConfigType::Int),
+    ("keel.cluster.wal.buffer.max.bytes", "67108864", ConfigType::Int),
     // How many partitions of Kafka's internal topics place the group and
     // transaction coordinators in a cluster (a key's coordinator is the
     // leader of its partition); read when the cluster first places them.
@@ -863,6 +870,26 @@ impl BrokerConfig {
                 key: "keel.cluster.session.timeout.ms".into(),
                 reason: "must be between 2000 and 300000 (etcd counts leases in whole seconds)".into(),
             });
+        }
+        if !self.etcd_endpoints().is_empty() && self.get("keel.tier.remote").is_empty() {
+            return Err(ConfigError {
+                key: "keel.tier.remote".into(),
+                reason: "a cluster (keel.cluster.etcd.endpoints) keeps acknowledged records in the \
+                         object store: set keel.tier.remote to the store all its brokers share"
+                    .into(),
+            });
+        }
+        for (key, min) in [
+            ("keel.cluster.wal.linger.ms", 0),
+            ("keel.cluster.wal.object.bytes", 1024),
+            ("keel.cluster.wal.buffer.max.bytes", 1 << 20),
+        ] {
+            if self.num(key) < min {
+                return Err(ConfigError {
+                    key: key.into(),
+                    reason: format!("must be at least {min}"),
+                });
+            }
         }
         let prefix = self.get("keel.cluster.etcd.prefix");
         if !prefix.starts_with('/') || prefix.ends_with('/') || prefix.contains("//") {
@@ -1404,6 +1431,16 @@ impl BrokerConfig {
         std::time::Duration::from_millis(
             u64::try_from(self.num("keel.cluster.session.timeout.ms")).unwrap_or(6000),
         )
+    }
+
+    /// `keel.cluster.wal.*`.
+    pub fn wal_settings(&self) -> keel_data::wal::WalSettings {
+        let num = |key: &str| u64::try_from(self.num(key)).unwrap_or(0);
+        keel_data::wal::WalSettings {
+            linger: std::time::Duration::from_millis(num("keel.cluster.wal.linger.ms")),
+            object_bytes: usize::try_from(num("keel.cluster.wal.object.bytes")).unwrap_or(usize::MAX),
+            buffer_max_bytes: usize::try_from(num("keel.cluster.wal.buffer.max.bytes")).unwrap_or(usize::MAX),
+        }
     }
 
     /// The object store settings, if `keel.tier.remote` is set.

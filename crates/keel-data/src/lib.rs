@@ -19,6 +19,9 @@
 //! * [`leadership`]: who leads each partition, in which epoch (one node:
 //!   this broker, epoch 0); every partition a request reaches goes through
 //!   [`plane::DataPlane::lead`].
+//! * [`wal`], [`replica`]: in a cluster, writes made durable in the object
+//!   store and committed in the coordination store before the high
+//!   watermark moves past them.
 //! * [`plane`]: all of it as one value, [`plane::DataPlane`], which the
 //!   broker holds.
 //!
@@ -38,4 +41,6 @@ pub mod plane;
 pub mod policy;
 pub mod producers;
 pub mod readers;
+pub mod replica;
 pub mod topics;
+pub mod wal;

@@ -7,6 +7,10 @@ use keel_log::marker::Marker;
 use keel_protocol::ResponseError;
 
 use crate::plane::DataPlane;
+use crate::replica::NotDurable;
+
+/// How long a marker's commit is waited for between checks.
+const COMMIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Waits between retries: from 100 ms, doubling up to 5 s.
 #[derive(Debug)]
@@ -46,7 +50,15 @@ impl DataPlane {
                 return;
             };
             match partition.write_marker(producer_id, producer_epoch, marker).await {
-                Ok(_) => return,
+                // In a cluster the marker counts once committed; a term
+                // that ends first cut it, so it is written again.
+                Ok(a) => loop {
+                    match partition.wait_durable(&a, COMMIT_WAIT).await {
+                        Ok(()) => return,
+                        Err(NotDurable::TimedOut) => continue,
+                        Err(NotDurable::Fenced) => break,
+                    }
+                },
                 Err(f) if f.error == ResponseError::UnknownTopicOrPartition => return,
                 Err(f) if f.error == ResponseError::InvalidProducerEpoch => {
                     // A newer epoch already wrote here: this transaction's

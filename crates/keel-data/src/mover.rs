@@ -165,6 +165,10 @@ fn targets(data: &DataPlane) -> Vec<Target> {
     for topic in data.topics.all() {
         let policy = data.policies.tier_policy(&topic.meta.configs);
         for p in &topic.partitions {
+            // In a cluster, a partition's segments are its leader's to move.
+            if data.wal.is_some() && p.claimed_epoch().is_none() {
+                continue;
+            }
             out.push(Target {
                 topic: Arc::clone(&topic),
                 partition: Arc::clone(p),
@@ -525,7 +529,8 @@ async fn sweep_orphans(data: &DataPlane) -> std::io::Result<()> {
         // younger than the grace.
         let mut known = std::collections::HashSet::new();
         let mut unread = Vec::new();
-        for t in targets(data) {
+        let held = targets(data);
+        for t in &held {
             let names = on_log(&t.partition, move |log| {
                 log.tiered_segments()
                     .iter()
@@ -542,10 +547,21 @@ async fn sweep_orphans(data: &DataPlane) -> std::io::Result<()> {
                 Err(StepError::Failed(e)) => return Err(e),
             }
         }
+        // In a cluster, the copies of partitions other brokers lead are
+        // theirs to sweep.
+        let mine: Option<Vec<String>> = data.wal.is_some().then(|| {
+            held.iter()
+                .map(|t| partition_prefix(&data.cluster_id, &t.topic, t.partition.index))
+                .collect()
+        });
         let grace_ms = data.mover.orphan_grace.as_millis() as u64;
         for (object, age_ms) in listed {
+            let others = mine
+                .as_ref()
+                .is_some_and(|mine| !mine.iter().any(|prefix| object.starts_with(prefix.as_str())));
             if known.contains(&object)
                 || age_ms < grace_ms
+                || others
                 || unread.iter().any(|prefix| object.starts_with(prefix.as_str()))
             {
                 continue;

@@ -33,11 +33,12 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::health::DirHealth;
 use crate::producers::{ProducerInfo, ProducerSnapshot, ProducerStates, SequenceCheck};
+use crate::replica::{NotDurable, Replica, Term};
+use crate::wal::{Group, Wal};
 use keel_log::clock::Clock;
 
-/// The leader epoch appended batches are stamped with: the one this
-/// broker leads the partition in (a single node's, see
-/// [`crate::leadership`]).
+/// The leader epoch a single node's batches are stamped with (see
+/// [`crate::leadership`]); in a cluster, the epoch of the claim.
 const LEADER_EPOCH: i32 = crate::leadership::SINGLE_NODE_EPOCH;
 
 /// Offsets of an append as acknowledged to the producer.
@@ -46,6 +47,9 @@ pub struct Appended {
     pub base_offset: i64,
     pub log_start_offset: i64,
     pub trace: AppendTrace,
+    /// In a cluster, the term it was written in: acks=all waits for its
+    /// commit ([`Partition::wait_durable`]).
+    pub term: Option<Term>,
 }
 
 /// Where an append's time went, and where its batches were written.
@@ -202,6 +206,7 @@ impl PublishedProducers {
 
 pub struct Partition {
     pub topic: Arc<str>,
+    pub topic_id: uuid::Uuid,
     pub index: i32,
     dir: PathBuf,
     /// The log's settings: the topic's configs over the broker's defaults.
@@ -255,6 +260,10 @@ pub struct Partition {
     /// Who read this partition recently, and where.
     pub readers: Readers,
     clock: Arc<dyn Clock>,
+    /// In a cluster: where written groups go to be made durable, and the
+    /// claim they are written under. `None` for one node.
+    wal: Option<Arc<Wal>>,
+    replica: Replica,
 }
 
 /// The read-ahead slot of one partition.
@@ -290,6 +299,7 @@ pub enum ReadSource {
 /// What a partition is made of: where it lives and the broker's shared parts.
 pub struct PartitionParts {
     pub topic: Arc<str>,
+    pub topic_id: uuid::Uuid,
     pub index: i32,
     pub dir: PathBuf,
     pub config: LogConfig,
@@ -301,6 +311,9 @@ pub struct PartitionParts {
     pub tiers: Arc<Tiers>,
     /// The time appends, markers and producer state are stamped with.
     pub clock: Arc<dyn Clock>,
+    /// In a cluster, the broker's WAL: the high watermark is the committed
+    /// offset, and nothing is written until the partition is claimed.
+    pub wal: Option<Arc<Wal>>,
 }
 
 /// An append in its partition's queue, its place in the write order
@@ -331,7 +344,11 @@ impl Partition {
         let lso = stable_offset(&producers, hw);
         let p = Partition::assemble(parts, Some(log), producers, None);
         *p.reader.write() = Some(reader);
-        p.store_offsets(hw, lso, start);
+        match p.wal {
+            // Nothing is known committed until the partition is claimed.
+            Some(_) => p.store_offsets(start, start, start),
+            None => p.store_offsets(hw, lso, start),
+        }
         Ok(p)
     }
 
@@ -351,6 +368,7 @@ impl Partition {
         published.replace(&producers);
         Partition {
             topic: parts.topic,
+            topic_id: parts.topic_id,
             index: parts.index,
             dir: parts.dir,
             config: Mutex::new(parts.config),
@@ -382,6 +400,8 @@ impl Partition {
             cleaning: Mutex::new(crate::cleaning::Cleaning::default()),
             readers: Readers::default(),
             clock: parts.clock,
+            wal: parts.wal,
+            replica: Replica::default(),
         }
     }
 
@@ -515,8 +535,9 @@ impl Partition {
                 std::mem::take(&mut q.items)
             };
             for group in split_by_offsets(items) {
-                let written =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.write_group(group)));
+                let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Arc::clone(&self).write_group(group)
+                }));
                 if written.is_err() {
                     self.reload("a panic while appending");
                 }
@@ -526,11 +547,13 @@ impl Partition {
     }
 
     /// Writes one group of pending appends and replies to each.
-    fn write_group(&self, group: Vec<PendingAppend>) {
+    fn write_group(self: Arc<Self>, group: Vec<PendingAppend>) {
         let picked = Instant::now();
         let mut st = self.writer.lock();
         let locked = Instant::now();
-        if let Some(why) = self.refusal(&st) {
+        let refused = self.refusal(&st);
+        let term = self.replica.term();
+        if let Some(why) = refused.or_else(|| self.cluster_refusal(term)) {
             drop(st);
             for item in group {
                 let _ = item.reply.send(Err(why.clone()));
@@ -543,12 +566,21 @@ impl Partition {
         // One time for the group: its producer state and its write.
         let now = self.clock.now_ms();
         let mut plan = plan_group(producers, group, first_offset, now, (picked, locked));
-        stamp_leader_epoch(&mut plan.buf, &plan.headers);
+        let epoch = term.map_or(LEADER_EPOCH, |t| t.epoch);
+        stamp_leader_epoch(&mut plan.buf, &plan.headers, epoch);
         let (failure, written, written_at) = self.write_planned(log, producers, &mut plan, first_offset, now);
-        let (hw, start) = (log.log_end_offset(), log.log_start_offset());
-        let lso = stable_offset(producers, hw);
+        let (end, start) = (log.log_end_offset(), log.log_start_offset());
+        let lso = stable_offset(producers, end);
         self.published_producers.update(producers, &plan.named);
-        self.store_offsets(hw, lso, start);
+        match (term, plan.written.take()) {
+            (None, _) => self.store_offsets(end, lso, start),
+            (Some(term), written) => {
+                self.store_log_start(start);
+                if let Some(records) = written.filter(|_| self.replica.written(term.generation, end, lso)) {
+                    self.hand_to_wal(term, first_offset, end, records);
+                }
+            }
+        }
         drop(st);
         self.wake_waiters();
         let answered = Instant::now();
@@ -559,6 +591,7 @@ impl Partition {
                 (_, r) => r.map(|(base_offset, at)| Appended {
                     base_offset,
                     log_start_offset: start,
+                    term,
                     trace: AppendTrace {
                         // This append's own batches start `at` bytes into
                         // the group's write.
@@ -604,12 +637,15 @@ impl Partition {
                     info.base_offset, first_offset,
                     "log assigned offsets the plan did not expect"
                 );
-                let buf = std::mem::take(&mut plan.buf);
+                let buf = Bytes::from(std::mem::take(&mut plan.buf));
                 self.io.budget(IoClass::Live).count(buf.len() as u64);
                 // Cached before the high watermark moves, so a fetch woken
                 // by this append finds the batches in memory.
                 self.tail
-                    .insert(cached_batches(Bytes::from(buf), &plan.headers, first_offset));
+                    .insert(cached_batches(buf.clone(), &plan.headers, first_offset));
+                if self.wal.is_some() {
+                    plan.written = Some(buf);
+                }
                 self.index_appended(log, producers, &info, &plan.undo, &plan.aborted);
                 (None, Some(written), written_at)
             }
@@ -623,6 +659,43 @@ impl Partition {
                 (Some(storage_failure(e.to_string())), None, written_at)
             }
         }
+    }
+
+    /// In a cluster, why appends are refused now: the partition is not
+    /// claimed (NOT_LEADER_OR_FOLLOWER; the client asks for metadata and
+    /// tries again), or the WAL is full of writes the object store has not
+    /// taken (NOT_ENOUGH_REPLICAS, retriable).
+    fn cluster_refusal(&self, term: Option<Term>) -> Option<AppendFailure> {
+        let wal = self.wal.as_ref()?;
+        if term.is_none() {
+            return Some(AppendFailure {
+                error: ResponseError::NotLeaderOrFollower,
+                message: "this broker has not taken the partition's leadership yet".into(),
+            });
+        }
+        (!wal.has_room()).then(|| AppendFailure {
+            error: ResponseError::NotEnoughReplicas,
+            message: format!(
+                "{} bytes of writes are waiting for the object store",
+                wal.unwritten_bytes()
+            ),
+        })
+    }
+
+    /// Hands a written group to the WAL (see [`crate::wal`]).
+    fn hand_to_wal(self: &Arc<Self>, term: Term, base_offset: i64, end_offset: i64, records: Bytes) {
+        let Some(wal) = &self.wal else {
+            return;
+        };
+        wal.push(Group {
+            partition: Arc::clone(self),
+            topic_id: self.topic_id,
+            generation: term.generation,
+            epoch: term.epoch,
+            base_offset,
+            end_offset,
+            records,
+        });
     }
 
     /// Why appends are refused now, if they are.
@@ -705,7 +778,16 @@ impl Partition {
                 self.published_producers.replace(&producers);
                 st.producers = producers;
                 *self.reader.write() = Some(reader);
-                self.store_offsets(hw, lso, start);
+                match self.replica.term() {
+                    // What the panic left uncommitted is cut by the next
+                    // claim; until then the partition takes no write.
+                    Some(term) if self.wal.is_some() => {
+                        self.replica.end_term(term.generation);
+                        self.store_log_start(start);
+                    }
+                    _ if self.wal.is_some() => self.store_log_start(start),
+                    _ => self.store_offsets(hw, lso, start),
+                }
                 drop(st);
                 *self.scan_hint.lock() = None;
                 self.wake_waiters();
@@ -801,6 +883,112 @@ impl Partition {
             self.topic,
             self.index
         );
+    }
+
+    /// Publishes a new log start offset alone (in a cluster, where the high
+    /// watermark moves with commits).
+    fn store_log_start(&self, log_start_offset: i64) {
+        self.log_start_offset
+            .fetch_max(log_start_offset, Ordering::AcqRel);
+    }
+
+    /// Whether this broker may serve the partition as its leader in
+    /// `epoch`: always for one node; in a cluster once it has claimed the
+    /// partition in that epoch.
+    pub fn serves_in(&self, epoch: i32) -> bool {
+        self.wal.is_none() || self.replica.term().is_some_and(|t| t.epoch == epoch)
+    }
+
+    /// The leader epoch this broker has claimed the partition in, if any.
+    pub fn claimed_epoch(&self) -> Option<i32> {
+        self.replica.term().map(|t| t.epoch)
+    }
+
+    /// Takes the partition's leadership in `epoch`, its log committed up
+    /// to `committed` (the claim in the coordination store, made by the
+    /// caller at `revision`): what the local log holds past it was never
+    /// committed, never read and never acknowledged, and is cut; then the
+    /// committed offset becomes the high watermark and appends are taken.
+    /// Refused if the local log ends below the committed offset (its
+    /// records are only in the object store). Blocking.
+    pub fn take_leadership(&self, epoch: i32, committed: i64, revision: i64) -> Result<(), String> {
+        let mut st = self.writer.lock();
+        if let Some(why) = self.refusal(&st) {
+            return Err(why.message);
+        }
+        let log = st.log.as_mut().expect("refusal() checked the log is open");
+        let end = log.log_end_offset();
+        if end < committed {
+            return Err(format!(
+                "the local log ends at {end}, below the committed offset {committed}: \
+                 its records after {end} are in the object store only"
+            ));
+        }
+        if end > committed {
+            tracing::warn!(
+                topic = %self.topic, partition = self.index, from = committed, to = end, epoch,
+                "cutting uncommitted records from the local log before leading"
+            );
+            log.truncate_to(committed).map_err(|e| e.to_string())?;
+            // Producer state as of the cut: reopened from the log.
+            let config = self.config.lock().clone();
+            let (log, producers) = open_log(&self.storage, &self.dir, &config, self.clock.now_ms())
+                .map_err(|e| e.to_string())?;
+            self.tail.clear();
+            *self.reader.write() = Some(log.reader().clone());
+            self.published_producers.replace(&producers);
+            st.log = Some(log);
+            st.producers = producers;
+            *self.scan_hint.lock() = None;
+        }
+        let Writer { log, producers, .. } = &*st;
+        let start = log.as_ref().map_or(0, |l| l.log_start_offset());
+        let lso = stable_offset(producers, committed);
+        self.replica
+            .claim(epoch, revision, || self.store_offsets(committed, lso, start));
+        drop(st);
+        self.wake_waiters();
+        Ok(())
+    }
+
+    /// Ends this broker's leadership term, if it has one: nothing written
+    /// past the committed offset will be acknowledged (see
+    /// [`crate::replica`]).
+    pub fn give_up_leadership(&self) {
+        if let Some(term) = self.replica.term() {
+            self.replica.end_term(term.generation);
+        }
+    }
+
+    /// Waits until the append `a` is committed (the high watermark passed
+    /// it), at most `timeout`: acks=all in a cluster. At once for one node,
+    /// whose appends are durable as written.
+    pub async fn wait_durable(&self, a: &Appended, timeout: Duration) -> Result<(), NotDurable> {
+        let Some(term) = a.term else {
+            return Ok(());
+        };
+        let offset = a.base_offset;
+        self.replica
+            .wait(term.generation, || self.high_watermark() > offset, timeout)
+            .await
+    }
+
+    pub(crate) fn replica_revision(&self, generation: u64) -> Option<i64> {
+        self.replica.revision(generation)
+    }
+
+    /// The WAL committed this partition's groups of `generation` up to
+    /// `end`, at `revision`.
+    pub(crate) fn on_committed(&self, generation: u64, end: i64, revision: i64) {
+        self.replica.committed(generation, end, revision, |hw, lso| {
+            self.store_offsets(hw, lso, self.log_start_offset())
+        });
+        self.wake_waiters();
+    }
+
+    /// The cluster refused this partition's commits of `generation`.
+    pub(crate) fn on_fenced(&self, generation: u64) -> bool {
+        self.replica.end_term(generation)
     }
 
     /// Registers a fetch to be woken by the next append. Entries of fetches
@@ -1179,8 +1367,13 @@ impl Partition {
             self.health.take_offline(&why);
         }
         let (hw, start) = (log.log_end_offset(), log.log_start_offset());
-        let lso = stable_offset(&st.producers, hw);
-        self.store_offsets(hw, lso, start);
+        if self.wal.is_some() {
+            // The high watermark is the committed offset.
+            self.store_log_start(start);
+        } else {
+            let lso = stable_offset(&st.producers, hw);
+            self.store_offsets(hw, lso, start);
+        }
         drop(st);
         Ok(out)
     }
@@ -1389,6 +1582,8 @@ struct GroupPlan {
     /// Each append's reply, its base offset and byte position in `buf`
     /// (none when nothing of it is written) or its refusal, and its waits.
     replies: Vec<(GroupReply, PlannedAnswer, AppendTrace)>,
+    /// The batches as written, kept for the WAL in a cluster.
+    written: Option<Bytes>,
 }
 
 type GroupReply = oneshot::Sender<Result<Appended, AppendFailure>>;
@@ -1414,6 +1609,7 @@ fn plan_group(
         aborted: Vec::new(),
         named: Vec::new(),
         replies: Vec::with_capacity(group.len()),
+        written: None,
     };
     let mut next_offset = first_offset;
     for mut item in group {
@@ -1632,10 +1828,10 @@ fn cached_batches(buf: Bytes, headers: &[BatchHeader], first_offset: i64) -> Vec
 
 /// Sets the partition leader epoch of every batch, as a Kafka leader does
 /// (producers send -1). The field is outside the CRC.
-fn stamp_leader_epoch(buf: &mut [u8], headers: &[BatchHeader]) {
+fn stamp_leader_epoch(buf: &mut [u8], headers: &[BatchHeader], epoch: i32) {
     let mut at = 0;
     for h in headers {
-        keel_log::batch::set_partition_leader_epoch(&mut buf[at..], LEADER_EPOCH);
+        keel_log::batch::set_partition_leader_epoch(&mut buf[at..], epoch);
         at += h.total_len();
     }
 }

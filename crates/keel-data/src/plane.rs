@@ -53,6 +53,8 @@ pub struct DataPlane {
     pub cleaner: Cleaner,
     /// Which broker leads each partition, in which epoch.
     pub leadership: Arc<dyn Leadership>,
+    /// In a cluster, where partitions make their writes durable.
+    pub wal: Option<Arc<crate::wal::Wal>>,
 }
 
 /// Why partitions could not be opened.
@@ -96,6 +98,11 @@ impl DataPlane {
         match leader {
             Some(l) if l.node_id == self.leadership.node_id() => {
                 check_epoch(current_epoch, l)?;
+                // In a cluster, a leader serves once it has claimed the
+                // partition in its epoch (until then, clients retry).
+                if !partition.serves_in(l.epoch) {
+                    return Err(Unserved::NotLeader(Some(l)));
+                }
                 Ok((Arc::clone(partition), l))
             }
             other => Err(Unserved::NotLeader(other)),
@@ -124,13 +131,14 @@ impl DataPlane {
     /// `dir`, under `config`.
     pub fn partition_parts(
         &self,
-        topic: &Arc<str>,
+        (topic, topic_id): (&Arc<str>, uuid::Uuid),
         index: i32,
         dir: PathBuf,
         config: LogConfig,
     ) -> PartitionParts {
         PartitionParts {
             topic: Arc::clone(topic),
+            topic_id,
             index,
             dir,
             config,
@@ -141,6 +149,7 @@ impl DataPlane {
             io: Arc::clone(&self.io),
             tiers: Arc::clone(&self.tiers),
             clock: Arc::clone(&self.clock),
+            wal: self.wal.clone(),
         }
     }
 
@@ -181,7 +190,7 @@ impl DataPlane {
         let name: Arc<str> = Arc::from(meta.name.as_str());
         let parts = |p: i32| {
             let dir = self.store.partition_dir(&meta.name, p);
-            self.partition_parts(&name, p, dir, log_config.clone())
+            self.partition_parts((&name, meta.topic_id), p, dir, log_config.clone())
         };
         let mut out = Vec::new();
         for p in from..meta.partitions {

@@ -42,6 +42,7 @@ fn parts(
 ) -> PartitionParts {
     PartitionParts {
         topic: Arc::from("t"),
+        topic_id: uuid::Uuid::nil(),
         index: 0,
         dir: dir.to_path_buf(),
         config,
@@ -52,6 +53,7 @@ fn parts(
         io: Arc::new(keel_tier::IoScheduler::new(keel_tier::Budgets::default())),
         tiers: no_tiers(),
         clock: Arc::new(keel_log::clock::SystemClock),
+        wal: None,
     }
 }
 

@@ -410,6 +410,23 @@ impl Tiers {
         Ok(copies)
     }
 
+    /// Writes `bytes` as the whole object `name` in the object store
+    /// (`keel.tier.remote`), durably: a WAL object of a cluster.
+    pub async fn put_remote(&self, name: &str, bytes: Bytes) -> io::Result<()> {
+        self.store(Tier::Remote)?.put(name, bytes).await
+    }
+
+    /// `len` bytes at `pos` of the object `name` in the object store.
+    pub async fn read_remote(&self, name: &str, pos: u64, len: u64) -> io::Result<Bytes> {
+        self.store(Tier::Remote)?.get_range(name, pos, len).await
+    }
+
+    /// Deletes the object `name` from the object store; one that is gone
+    /// already is not an error.
+    pub async fn delete_remote(&self, name: &str) -> io::Result<()> {
+        self.store(Tier::Remote)?.delete(name).await
+    }
+
     /// Deletes the files of a copy no manifest names.
     pub async fn delete_orphan(&self, tier: Tier, object: &str) -> io::Result<()> {
         let store = self.store(tier)?;

@@ -161,6 +161,10 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("{}: {e}", marker.display()))?;
     }
+    if let Some(wal) = &broker.data.wal {
+        let writing = tokio::spawn(Arc::clone(wal).run());
+        broker.tasks.lock().push(writing);
+    }
     {
         let _admin = broker.admin.lock().await;
         sync_locked(broker).await;
@@ -258,6 +262,53 @@ pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
             tracing::error!(topic = %t.name, error = %why, "cannot bring a topic to the cluster's view");
         }
     }
+    take_leaderships(broker).await;
+}
+
+/// Claims the partitions the view says this broker leads and it has not
+/// claimed in their epoch, and gives up those it no longer leads (see
+/// `keel_data::replica`). A claim that fails is tried again at the next
+/// pass.
+async fn take_leaderships(broker: &Arc<Broker>) {
+    let me = broker.cluster.me().node_id;
+    for topic in broker.data.topics.all() {
+        for partition in &topic.partitions {
+            let (id, index) = (topic.meta.topic_id, partition.index);
+            let claimed = partition.claimed_epoch();
+            match broker.cluster.live_leader(id, index) {
+                Some((leader, epoch)) if leader == me && claimed != Some(epoch) => {
+                    if let Err(why) = take_leadership(broker, partition, epoch).await {
+                        tracing::warn!(topic = %topic.meta.name, partition = index, epoch, error = %why, "cannot take the partition's leadership yet");
+                    }
+                }
+                Some((leader, _)) if leader == me => {}
+                _ if claimed.is_some() => partition.give_up_leadership(),
+                _ => {}
+            }
+        }
+    }
+}
+
+async fn take_leadership(
+    broker: &Arc<Broker>,
+    partition: &Arc<keel_data::partition::Partition>,
+    epoch: i32,
+) -> Result<(), String> {
+    partition.give_up_leadership();
+    let local_end = partition
+        .reader()
+        .ok_or("the partition's log is not open")?
+        .log_end_offset();
+    let claimed = broker
+        .cluster
+        .claim_log((partition.topic_id, partition.index), epoch, local_end)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("a newer leader holds it, or this broker's session is not confirmed")?;
+    let p = Arc::clone(partition);
+    run_blocking(move || p.take_leadership(epoch, claimed.end_offset, claimed.revision)).await?;
+    tracing::info!(topic = %partition.topic, partition = partition.index, epoch, committed = claimed.end_offset, "leading the partition");
+    Ok(())
 }
 
 async fn open_local(broker: &Arc<Broker>, t: &ClusterTopic) -> Result<(), String> {

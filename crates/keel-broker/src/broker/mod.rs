@@ -263,7 +263,14 @@ impl Broker {
                 node_id: live.get().node_id(),
             })
         };
-        let data = open_data_plane(&live, &memory, storage, Arc::from(cluster_id), clock, leadership)?;
+        let parts = PlaneParts {
+            storage,
+            cluster_id: Arc::from(cluster_id),
+            clock,
+            leadership,
+            wal_membership: clustered.then(|| Arc::clone(&membership)),
+        };
+        let data = open_data_plane(&live, &memory, parts)?;
         let broker = Broker {
             config: live,
             memory,
@@ -644,14 +651,28 @@ impl Coordinators {
 /// tail cache and cold reads sized to `memory`, the I/O classes' budgets,
 /// the colder tiers, the mover and the cleaner; this node leads every
 /// partition.
-fn open_data_plane(
-    live: &Arc<LiveConfig>,
-    memory: &MemoryLimit,
+/// What the data plane is built on besides the configs.
+struct PlaneParts {
     storage: Arc<dyn Storage>,
     cluster_id: Arc<str>,
     clock: Arc<dyn Clock>,
     leadership: Arc<dyn Leadership>,
+    /// In a cluster, the membership its WAL commits through.
+    wal_membership: Option<Arc<keel_cluster::Membership>>,
+}
+
+fn open_data_plane(
+    live: &Arc<LiveConfig>,
+    memory: &MemoryLimit,
+    parts: PlaneParts,
 ) -> Result<DataPlane, StartError> {
+    let PlaneParts {
+        storage,
+        cluster_id,
+        clock,
+        leadership,
+        wal_membership,
+    } = parts;
     let config = live.get();
     let data_dir = config.data_dir();
     let num = |key: &str| u64::try_from(config.num(key)).unwrap_or(0);
@@ -673,6 +694,7 @@ fn open_data_plane(
         config.remote_settings().as_ref(),
     )
     .map_err(io_error(std::path::Path::new(config.get("keel.tier.remote"))))?;
+    let tiers = Arc::new(tiers);
     for tier in [keel_log::Tier::Capacity, keel_log::Tier::Remote] {
         if tiers.has(tier) {
             tracing::info!(tier = tier.name(), at = %tiers.describe(tier), "colder tier");
@@ -696,7 +718,15 @@ fn open_data_plane(
         read_io,
         cold: Arc::new(cold),
         io,
-        tiers: Arc::new(tiers),
+        wal: wal_membership.map(|m| {
+            Arc::new(keel_data::wal::Wal::new(
+                m,
+                Arc::clone(&tiers),
+                &cluster_id,
+                config.wal_settings(),
+            ))
+        }),
+        tiers,
         clock,
         data_dir,
         cluster_id,

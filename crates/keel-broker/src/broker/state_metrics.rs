@@ -58,6 +58,7 @@ pub(crate) fn state_registry(broker: &Broker) -> Registry {
     register_io(&mut r, broker);
     register_groups(&mut r, broker);
     register_cluster(&mut r, broker);
+    register_wal(&mut r, broker);
     register_partitions(&mut r, broker);
     let dirs = Family::<DirLabels, Gauge>::default();
     dirs.get_or_create(&DirLabels {
@@ -382,6 +383,72 @@ fn register_cluster(r: &mut Registry, broker: &Broker) {
         "keel_cluster_leader_changes",
         "Partition leader changes this broker made as controller",
         changes,
+    );
+}
+
+/// A cluster's WAL: objects written to the object store and their
+/// commits (see `keel_data::wal`).
+fn register_wal(r: &mut Registry, broker: &Broker) {
+    let Some(wal) = &broker.data.wal else {
+        return;
+    };
+    let w = &wal.stats;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let counters = [
+        (
+            "keel_cluster_wal_objects",
+            "WAL objects written to the object store",
+            &w.objects,
+        ),
+        (
+            "keel_cluster_wal_bytes",
+            "Bytes of WAL objects written to the object store",
+            &w.bytes,
+        ),
+        (
+            "keel_cluster_wal_write_failures",
+            "WAL object writes the object store failed (each retried)",
+            &w.write_failures,
+        ),
+        (
+            "keel_cluster_wal_commit_failures",
+            "WAL commits the coordination store did not answer (each retried)",
+            &w.commit_failures,
+        ),
+        (
+            "keel_cluster_wal_fenced_groups",
+            "Written groups never committed: their partition's leadership term ended first",
+            &w.fenced_groups,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let c = Counter::<u64>::default();
+        c.inc_by(load(value));
+        r.register(name, help, c);
+    }
+    let seconds = [
+        (
+            "keel_cluster_wal_write_seconds",
+            "Time spent writing WAL objects to the object store (successful writes)",
+            &w.write_nanos,
+        ),
+        (
+            "keel_cluster_wal_commit_seconds",
+            "Time spent committing WAL objects in the coordination store",
+            &w.commit_nanos,
+        ),
+    ];
+    for (name, help, value) in seconds {
+        let c = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        c.inc_by(load(value) as f64 / 1e9);
+        r.register(name, help, c);
+    }
+    let unwritten = Gauge::<i64>::default();
+    unwritten.set(i64::try_from(wal.unwritten_bytes()).unwrap_or(i64::MAX));
+    r.register(
+        "keel_cluster_wal_pending_bytes",
+        "Bytes written by partitions and not yet committed",
+        unwritten,
     );
 }
 

@@ -1,7 +1,7 @@
 //! Produce and InitProducerId.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use keel_log::batch::{validate_batches, validate_records, validate_section, BatchError, BatchHeader};
@@ -16,7 +16,8 @@ use super::str_bytes;
 use crate::metrics::APPEND;
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
-use keel_data::partition::{AppendFailure, AppendTrace, Partition, Verify};
+use keel_data::partition::{AppendFailure, AppendTrace, Appended, Partition, Verify};
+use keel_data::replica::NotDurable;
 use keel_data::topics::Topic;
 use keel_log::clock::now_ms;
 
@@ -54,7 +55,9 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
             // One partition, the common case: appended in this task, with
             // no task of its own to schedule and join.
             let topic = broker.data.topics.resolve(t.name.0.as_str(), t.topic_id);
-            let result = produce_partition(broker, topic, p.index, p.records.clone(), txn, version).await;
+            let acks = Acks::of(&req);
+            let result =
+                produce_partition(broker, (topic, p.index), p.records.clone(), txn, (version, acks)).await;
             let response = TopicProduceResponse::default()
                 .with_name(t.name.clone())
                 .with_topic_id(t.topic_id)
@@ -65,13 +68,15 @@ pub async fn produce(broker: &Arc<Broker>, req: ProduceRequest, version: i16) ->
     // Partitions are appended concurrently: a slow write on one does not
     // hold back the others in the same request.
     let mut pending = Vec::new();
+    let acks = Acks::of(&req);
     for t in req.topic_data {
         let topic = broker.data.topics.resolve(t.name.0.as_str(), t.topic_id);
         for p in t.partition_data {
             let topic = topic.clone();
             let b = Arc::clone(broker);
             let txn = txn.clone();
-            let work = async move { produce_partition(&b, topic, p.index, p.records, txn, version).await };
+            let work =
+                async move { produce_partition(&b, (topic, p.index), p.records, txn, (version, acks)).await };
             let task = tokio::spawn(trace::within(trace::current(), work));
             pending.push((t.name.clone(), t.topic_id, p.index, task));
         }
@@ -117,13 +122,29 @@ pub fn acks_zero_failure(response: &ProduceResponse) -> Option<String> {
     })
 }
 
+/// What a Produce asks of its acknowledgement: acks=all, and how long
+/// it may wait for it (the request's `timeout_ms`).
+#[derive(Debug, Clone, Copy)]
+struct Acks {
+    all: bool,
+    timeout: Duration,
+}
+
+impl Acks {
+    fn of(req: &ProduceRequest) -> Acks {
+        Acks {
+            all: req.acks == -1,
+            timeout: Duration::from_millis(u64::try_from(req.timeout_ms).unwrap_or(0)),
+        }
+    }
+}
+
 async fn produce_partition(
     broker: &Broker,
-    topic: Result<Arc<Topic>, ResponseError>,
-    index: i32,
+    (topic, index): (Result<Arc<Topic>, ResponseError>, i32),
     records: Option<Bytes>,
     txn: Option<TxnCheck>,
-    version: i16,
+    (version, acks): (i16, Acks),
 ) -> PartitionProduceResponse {
     let topic = match topic {
         Ok(t) => t,
@@ -179,6 +200,7 @@ async fn produce_partition(
         &partition,
         rules.timestamps.stamp(records, vec![header], now_ms),
         verify,
+        acks,
     )
     .await
 }
@@ -514,6 +536,7 @@ async fn append(
     partition: &Arc<Partition>,
     stamped: Stamped,
     verify: Option<Verify>,
+    acks: Acks,
 ) -> PartitionProduceResponse {
     let bytes = stamped.records.len() as u64;
     let appended = match partition.queue(stamped.records, stamped.headers, verify) {
@@ -528,12 +551,42 @@ async fn append(
     if let Ok(a) = &appended {
         trace::partition(append_trace(partition, bytes, &a.trace));
     }
+    let appended = match appended {
+        Ok(a) if acks.all => durable(partition, a, acks.timeout).await,
+        other => other,
+    };
     match appended {
         Ok(a) => PartitionProduceResponse::default()
             .with_base_offset(a.base_offset)
             .with_log_append_time_ms(stamped.log_append_time_ms)
             .with_log_start_offset(a.log_start_offset),
         Err(AppendFailure { error, message }) => failed(error, message),
+    }
+}
+
+/// In a cluster, waits for an acks=all write to be committed (see
+/// `keel_data::replica`); one node's writes are acknowledged once written.
+pub(crate) async fn durable(
+    partition: &Partition,
+    a: Appended,
+    timeout: Duration,
+) -> Result<Appended, AppendFailure> {
+    if a.term.is_none() {
+        return Ok(a);
+    }
+    let waiting = Instant::now();
+    let outcome = partition.wait_durable(&a, timeout).await;
+    trace::longest(Stage::Commit, waiting.elapsed());
+    match outcome {
+        Ok(()) => Ok(a),
+        Err(NotDurable::Fenced) => Err(AppendFailure {
+            error: ResponseError::NotLeaderOrFollower,
+            message: "this broker lost the partition's leadership before the write was committed".into(),
+        }),
+        Err(NotDurable::TimedOut) => Err(AppendFailure {
+            error: ResponseError::RequestTimedOut,
+            message: format!("the write was not committed to the object store within {timeout:?}"),
+        }),
     }
 }
 

@@ -21,6 +21,9 @@ use crate::Broker;
 use keel_coord::txn::state::{ListFilter, TxnState, TxnStatus};
 use keel_coord::txn::COORDINATOR_EPOCH;
 
+/// How long a WriteTxnMarkers marker waits for its commit in a cluster.
+const MARKER_COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub fn describe_transactions(
     broker: &Broker,
     req: DescribeTransactionsRequest,
@@ -179,11 +182,12 @@ pub async fn write_txn_markers(broker: &Arc<Broker>, req: WriteTxnMarkersRequest
                     // fence the coordinator's own markers out of the
                     // partition.
                     Ok(_) if m.coordinator_epoch > COORDINATOR_EPOCH => Err(ResponseError::InvalidRequest),
-                    Ok(p) => p
-                        .write_marker(m.producer_id.0, m.producer_epoch, marker)
-                        .await
-                        .map(|_| ())
-                        .map_err(|f| {
+                    Ok(p) => match p.write_marker(m.producer_id.0, m.producer_epoch, marker).await {
+                        Ok(a) => super::produce::durable(&p, a, MARKER_COMMIT_WAIT).await,
+                        Err(f) => Err(f),
+                    }
+                    .map(|_| ())
+                    .map_err(|f| {
                             tracing::warn!(topic = %t.name.as_str(), partition = index, message = %f.message, "a WriteTxnMarkers marker was refused");
                             f.error
                         }),

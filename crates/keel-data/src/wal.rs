@@ -1,0 +1,351 @@
+//! The broker's write-ahead log in the object store, in a cluster.
+//!
+//! Partitions hand every group of batches they write (after the local
+//! write) to the broker's one [`Wal`]. It gathers them for
+//! `keel.cluster.wal.linger.ms` or until `keel.cluster.wal.object.bytes`,
+//! writes them as one object, `<cluster id>/wal/<node.id>/<run>-<n>.wal`
+//! (the batches as the partitions' logs hold them, one partition's run
+//! after another), then commits it in the coordination store
+//! ([`keel_cluster::logs`]): the object's index and each partition's new
+//! high watermark, in one transaction that every partition's claim and the
+//! broker's session guard. Only then do the partitions publish the new high
+//! watermark and answer their acks=all producers. Objects are written and
+//! committed one at a time, in order, so a partition's commits never
+//! overtake each other; what arrives meanwhile goes into the next one.
+//!
+//! A write or commit that fails is retried until it lands, or until the
+//! partitions' terms end (their producers are then told to go elsewhere);
+//! while the object store is away, appends wait, and past
+//! `keel.cluster.wal.buffer.max.bytes` of unwritten groups they are
+//! refused (NOT_ENOUGH_REPLICAS) rather than held in memory.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use keel_cluster::logs::{CommitPart, PartOutcome, WalRange};
+use keel_cluster::Membership;
+use keel_tier::Tiers;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::partition::Partition;
+
+/// Backoff between attempts of a failed write or commit.
+const RETRY_MIN: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// `keel.cluster.wal.*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalSettings {
+    /// How long the first group of an object waits for others.
+    pub linger: Duration,
+    /// An object is written once it holds this many bytes.
+    pub object_bytes: usize,
+    /// Appends are refused while this many bytes are unwritten.
+    pub buffer_max_bytes: usize,
+}
+
+/// A group of batches one partition wrote, waiting for its object.
+pub(crate) struct Group {
+    pub partition: Arc<Partition>,
+    pub topic_id: uuid::Uuid,
+    pub generation: u64,
+    pub epoch: i32,
+    pub base_offset: i64,
+    pub end_offset: i64,
+    pub records: Bytes,
+}
+
+#[derive(Default)]
+struct Gathering {
+    groups: Vec<Group>,
+    bytes: usize,
+    since: Option<Instant>,
+}
+
+/// Counters since start-up, for `/stats` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct WalStats {
+    pub objects: AtomicU64,
+    pub bytes: AtomicU64,
+    pub write_failures: AtomicU64,
+    pub commit_failures: AtomicU64,
+    /// Total time of successful object writes and of commits.
+    pub write_nanos: AtomicU64,
+    pub commit_nanos: AtomicU64,
+    /// Groups whose term ended before their commit.
+    pub fenced_groups: AtomicU64,
+}
+
+pub struct Wal {
+    membership: Arc<Membership>,
+    tiers: Arc<Tiers>,
+    prefix: String,
+    /// Names this process's objects apart from those of its earlier runs.
+    run: u64,
+    next: AtomicU64,
+    settings: Mutex<WalSettings>,
+    gathering: Mutex<Gathering>,
+    /// Bytes handed in and not yet committed (or dropped).
+    unwritten: AtomicU64,
+    wake: Notify,
+    pub stats: WalStats,
+}
+
+impl Wal {
+    pub fn new(
+        membership: Arc<Membership>,
+        tiers: Arc<Tiers>,
+        cluster_id: &str,
+        settings: WalSettings,
+    ) -> Wal {
+        let node = membership.me().node_id;
+        Wal {
+            membership,
+            tiers,
+            prefix: format!("{cluster_id}/wal/{node}/"),
+            run: keel_log::clock::now_ms().max(0) as u64,
+            next: AtomicU64::new(0),
+            settings: Mutex::new(settings),
+            gathering: Mutex::new(Gathering::default()),
+            unwritten: AtomicU64::new(0),
+            wake: Notify::new(),
+            stats: WalStats::default(),
+        }
+    }
+
+    pub fn set_settings(&self, settings: WalSettings) {
+        *self.settings.lock() = settings;
+        self.wake.notify_one();
+    }
+
+    /// Whether another append may be written now: false while the groups
+    /// not yet in the object store exceed the buffer.
+    pub fn has_room(&self) -> bool {
+        self.unwritten.load(Ordering::Acquire) < self.settings.lock().buffer_max_bytes as u64
+    }
+
+    /// Bytes written by partitions and not yet committed.
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.unwritten.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn push(&self, group: Group) {
+        let n = group.records.len();
+        self.unwritten.fetch_add(n as u64, Ordering::AcqRel);
+        let full = {
+            let mut g = self.gathering.lock();
+            g.since.get_or_insert_with(Instant::now);
+            g.bytes += n;
+            g.groups.push(group);
+            g.bytes >= self.settings.lock().object_bytes || g.groups.len() == 1
+        };
+        if full {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Writes and commits objects until the task is dropped.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            let groups = self.next_object().await;
+            let bytes: u64 = groups.iter().map(|g| g.records.len() as u64).sum();
+            self.write_and_commit(groups).await;
+            self.unwritten.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
+
+    /// The groups of the next object: waits for a first group, then for the
+    /// linger or a full object.
+    async fn next_object(&self) -> Vec<Group> {
+        loop {
+            let wake = self.wake.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
+            let (since, bytes) = {
+                let g = self.gathering.lock();
+                (g.since, g.bytes)
+            };
+            let settings = *self.settings.lock();
+            match since {
+                Some(at) if bytes >= settings.object_bytes || at.elapsed() >= settings.linger => {
+                    let mut g = self.gathering.lock();
+                    g.since = None;
+                    g.bytes = 0;
+                    return std::mem::take(&mut g.groups);
+                }
+                Some(at) => {
+                    let _ = tokio::time::timeout(settings.linger.saturating_sub(at.elapsed()), wake).await;
+                }
+                None => wake.await,
+            }
+        }
+    }
+
+    async fn write_and_commit(&self, groups: Vec<Group>) {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{:020}-{seq:020}", self.run);
+        let object = format!("{}{id}.wal", self.prefix);
+        let mut parts = merge(groups);
+        let body = layout(&mut parts);
+        let mut backoff = RETRY_MIN;
+        loop {
+            parts.retain(|p| self.still_current(p));
+            if parts.is_empty() {
+                return;
+            }
+            let started = Instant::now();
+            match self.tiers.put_remote(&object, body.clone()).await {
+                Ok(()) => {
+                    self.stats
+                        .write_nanos
+                        .fetch_add(nanos(started), Ordering::Relaxed);
+                    self.stats.objects.fetch_add(1, Ordering::Relaxed);
+                    self.stats.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) => {
+                    self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(object = %object, error = %e, "cannot write a WAL object; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+            }
+        }
+        loop {
+            let commits: Vec<(usize, CommitPart)> = parts
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| {
+                    let revision = p.partition.replica_revision(p.generation)?;
+                    Some((
+                        i,
+                        CommitPart {
+                            range: p.range.clone(),
+                            revision,
+                        },
+                    ))
+                })
+                .collect();
+            if commits.is_empty() {
+                return;
+            }
+            let started = Instant::now();
+            let asked: Vec<CommitPart> = commits.iter().map(|(_, c)| c.clone()).collect();
+            match self.membership.commit_wal(&object, &id, &asked).await {
+                Ok(Some(outcomes)) => {
+                    self.stats
+                        .commit_nanos
+                        .fetch_add(nanos(started), Ordering::Relaxed);
+                    for ((i, _), outcome) in commits.iter().zip(outcomes) {
+                        let p = &parts[*i];
+                        match outcome {
+                            PartOutcome::Committed(revision) => {
+                                p.partition
+                                    .on_committed(p.generation, p.range.end_offset, revision)
+                            }
+                            PartOutcome::Fenced => self.fence(p, "another leader claimed the partition"),
+                        }
+                    }
+                    return;
+                }
+                Ok(None) => {
+                    for p in &parts {
+                        self.fence(p, "this broker's session is not confirmed");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(object = %object, error = %e, "cannot commit a WAL object; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    fn still_current(&self, p: &Part) -> bool {
+        let current = p.partition.replica_revision(p.generation).is_some();
+        if !current {
+            self.stats.fenced_groups.fetch_add(1, Ordering::Relaxed);
+        }
+        current
+    }
+
+    fn fence(&self, p: &Part, why: &str) {
+        self.stats.fenced_groups.fetch_add(1, Ordering::Relaxed);
+        if p.partition.on_fenced(p.generation) {
+            tracing::warn!(
+                topic = %p.partition.topic, partition = p.partition.index, epoch = p.range.leader_epoch,
+                why, "the partition's writes since its last commit will not be acknowledged"
+            );
+        }
+    }
+}
+
+/// One partition's groups of one term in an object, merged.
+struct Part {
+    partition: Arc<Partition>,
+    generation: u64,
+    range: WalRange,
+    records: Vec<Bytes>,
+}
+
+/// Merges each partition's groups (consecutive, in one term) into one
+/// part, in the order partitions first appear.
+fn merge(groups: Vec<Group>) -> Vec<Part> {
+    let mut parts: Vec<Part> = Vec::new();
+    let mut at: HashMap<(*const Partition, u64), usize> = HashMap::new();
+    for g in groups {
+        let key = (Arc::as_ptr(&g.partition), g.generation);
+        match at.get(&key) {
+            Some(&i)
+                if parts[i].range.end_offset == g.base_offset && parts[i].range.leader_epoch == g.epoch =>
+            {
+                let p = &mut parts[i];
+                p.range.end_offset = g.end_offset;
+                p.range.length += g.records.len() as u64;
+                p.records.push(g.records);
+            }
+            _ => {
+                at.insert(key, parts.len());
+                parts.push(Part {
+                    range: WalRange {
+                        topic_id: g.topic_id,
+                        partition: g.partition.index,
+                        leader_epoch: g.epoch,
+                        base_offset: g.base_offset,
+                        end_offset: g.end_offset,
+                        position: 0,
+                        length: g.records.len() as u64,
+                    },
+                    partition: g.partition,
+                    generation: g.generation,
+                    records: vec![g.records],
+                });
+            }
+        }
+    }
+    parts
+}
+
+/// The object's bytes: each part's batches in turn, its position set.
+fn layout(parts: &mut [Part]) -> Bytes {
+    let total: u64 = parts.iter().map(|p| p.range.length).sum();
+    let mut body = BytesMut::with_capacity(total as usize);
+    for p in parts.iter_mut() {
+        p.range.position = body.len() as u64;
+        for r in p.records.drain(..) {
+            body.extend_from_slice(&r);
+        }
+    }
+    body.freeze()
+}
+
+fn nanos(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}

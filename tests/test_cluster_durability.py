@@ -1,0 +1,139 @@
+"""A cluster's acks=all writes are durable in the object store before
+they are acknowledged: each leader writes its partitions' batches into
+WAL objects in the object store (a real S3 server here, versitygw) and
+commits them in etcd, and only then answers the producer and lets
+consumers read them (the high watermark is the committed offset). While
+the object store is away, produce is never acknowledged, and what the
+producer sent is committed exactly once when it is back. Keel's own, so
+skipped under KEEL_TEST_IMPL=kafka."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from conftest import IMPL, wait_until
+from test_cluster import TIMEOUT_S, start_cluster
+from test_cluster_topics import consume, create, leaders
+
+pytestmark = pytest.mark.skipif(IMPL != "keel", reason="cluster mode over etcd is Keel's")
+
+PREFIX = "/keel-test"
+
+
+def s3_sets(s3):
+    return {
+        "keel.tier.remote": f"s3://{s3.bucket}",
+        "keel.tier.remote.endpoint": s3.endpoint,
+        "keel.tier.remote.region": s3.region,
+        "keel.tier.remote.access.key.id": s3.access_key,
+        "keel.tier.remote.secret.access.key": s3.secret_key,
+    }
+
+
+def etcd_range(etcd, prefix: str) -> dict[str, dict]:
+    """Every key under `prefix` in etcd (its JSON gateway), decoded."""
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
+                       "range_end": base64.b64encode(end.encode()).decode()}).encode()
+    req = urllib.request.Request(f"{etcd.endpoint}/v3/kv/range", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        kvs = json.load(r).get("kvs", [])
+    return {base64.b64decode(kv["key"]).decode(): json.loads(base64.b64decode(kv["value"])) for kv in kvs}
+
+
+def metric(b, name: str) -> float:
+    with urllib.request.urlopen(f"http://{b.admin}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def high_watermark(b, topic, partition) -> int:
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "hw"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)[1]
+    finally:
+        c.close()
+
+
+def test_acknowledged_records_are_in_wal_objects_committed_in_etcd(etcd, s3server, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra=s3_sets(s3server))
+    b1 = brokers[1]
+    create(b1, "orders", num_partitions=3, replication_factor=1)
+    wait_until(lambda: all(v >= 0 for v in (leaders(b1, "orders") or {0: -1}).values()), TIMEOUT_S,
+               "leaders for orders")
+    p = Producer({"bootstrap.servers": b1.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    acked = []
+    for i in range(300):
+        p.produce("orders", key=str(i).encode(), value=f"v{i}".encode(), partition=i % 3,
+                  on_delivery=lambda e, m: e is None and acked.append((m.partition(), m.offset())))
+        p.poll(0)
+    assert p.flush(30) == 0 and len(acked) == 300
+    # Each partition's commit in etcd ends where its acknowledged records do.
+    commits = etcd_range(etcd, f"{PREFIX}.logs/")
+    ends = {}
+    for key, c in commits.items():
+        ends[int(key.rsplit("/", 1)[1])] = (c["end_offset"], c["leader"])
+    assert {part: end for part, (end, _) in ends.items()} == {0: 100, 1: 100, 2: 100}, commits
+    # The WAL objects the index keys name hold the committed ranges.
+    indexes = etcd_range(etcd, f"{PREFIX}.wal/")
+    assert indexes, "no WAL object was committed"
+    objects = set(s3server.object_keys())
+    covered = {0: 0, 1: 0, 2: 0}
+    for index in indexes.values():
+        assert index["object"] in objects, (index["object"], sorted(objects)[:5])
+        for r in index["ranges"]:
+            covered[r["partition"]] += r["end_offset"] - r["base_offset"]
+            # The bytes at the range are the partition's batches: base offset first.
+            data = s3server.object_path(index["object"]).read_bytes()
+            chunk = data[r["position"]:r["position"] + r["length"]]
+            assert int.from_bytes(chunk[:8], "big") == r["base_offset"]
+    assert covered == {0: 100, 1: 100, 2: 100}
+    written = sum(metric(b, "keel_cluster_wal_objects_total") for b in brokers.values())
+    assert written >= len(indexes) > 0
+    got = consume(b1, "orders", [0, 1, 2], 300)
+    assert all(v == [f"v{i}".encode() for i in range(part, 300, 3)] for part, v in got.items())
+
+
+def test_produce_waits_for_the_object_store_and_commits_exactly_once(etcd, s3server, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2], extra=s3_sets(s3server))
+    b1 = brokers[1]
+    create(b1, "events", num_partitions=1, replication_factor=1)
+    wait_until(lambda: (leaders(b1, "events") or {0: -1})[0] >= 0, TIMEOUT_S, "a leader for events")
+    leader = brokers[leaders(b1, "events")[0]]
+    p = Producer({"bootstrap.servers": b1.bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                  "message.timeout.ms": 120000, "request.timeout.ms": 3000})
+    acked, errors = [], []
+
+    def send(values):
+        for v in values:
+            p.produce("events", value=v, partition=0,
+                      on_delivery=lambda e, m: errors.append(e) if e else acked.append(m.value()))
+            p.poll(0)
+
+    send([f"before-{i}".encode() for i in range(50)])
+    assert p.flush(30) == 0 and len(acked) == 50
+    assert high_watermark(leader, "events", 0) == 50
+    s3server.stop()
+    send([f"during-{i}".encode() for i in range(50)])
+    # No acknowledgement while the object store is away, and consumers
+    # see nothing past what was committed.
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        p.poll(0.2)
+    assert len(acked) == 50 and not errors, (len(acked), errors[:3])
+    assert high_watermark(leader, "events", 0) == 50
+    assert metric(leader, "keel_cluster_wal_write_failures_total") > 0
+    s3server.start()
+    assert p.flush(60) == 0, "the producer's records were not acknowledged once the store was back"
+    assert len(acked) == 100 and not errors, errors[:3]
+    got = consume(b1, "events", [0], 100)[0]
+    expected = [f"before-{i}".encode() for i in range(50)] + [f"during-{i}".encode() for i in range(50)]
+    assert got == expected, "records lost, duplicated or out of order"
