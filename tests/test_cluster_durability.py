@@ -137,3 +137,47 @@ def test_produce_waits_for_the_object_store_and_commits_exactly_once(etcd, s3ser
     got = consume(b1, "events", [0], 100)[0]
     expected = [f"before-{i}".encode() for i in range(50)] + [f"during-{i}".encode() for i in range(50)]
     assert got == expected, "records lost, duplicated or out of order"
+
+
+def test_a_zombie_leader_acknowledges_nothing_it_could_not_commit(etcd, s3server, tmp_path):
+    """The leader holds writes it could not commit (the object store is
+    away), then stops (SIGSTOP) past its session: the other broker takes
+    its partition away. When it runs again, with the store back, its
+    commits fail against etcd (its session ended), so none of those writes
+    is acknowledged in that term; it leads again in a new epoch, cuts them
+    from its log, and the producer's retries commit each record once."""
+    import signal
+    brokers = start_cluster(etcd, tmp_path, [1, 2], extra=s3_sets(s3server))
+    b1 = brokers[1]
+    create(b1, "zombie", num_partitions=1, replica_assignment=[[1]])
+    wait_until(lambda: (leaders(b1, "zombie") or {0: -1})[0] == 1, TIMEOUT_S, "broker 1 to lead")
+    p = Producer({"bootstrap.servers": brokers[2].bootstrap, "enable.idempotence": True,
+                  "linger.ms": 5, "message.timeout.ms": 120000, "request.timeout.ms": 3000})
+    acked, errors = [], []
+
+    def send(values):
+        for v in values:
+            p.produce("zombie", value=v, partition=0,
+                      on_delivery=lambda e, m: errors.append(e) if e else acked.append(m.value()))
+            p.poll(0)
+
+    send([f"a-{i}".encode() for i in range(20)])
+    assert p.flush(30) == 0 and len(acked) == 20
+    s3server.stop()
+    send([f"b-{i}".encode() for i in range(20)])
+    wait_until(lambda: metric(b1, "keel_cluster_wal_pending_bytes") > 0, TIMEOUT_S,
+               "writes waiting for the object store")
+    b1.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: (leaders(brokers[2], "zombie") or {0: 1})[0] == -1, TIMEOUT_S,
+                   "the stopped leader to lose the partition")
+        s3server.start()
+    finally:
+        b1.proc.send_signal(signal.SIGCONT)
+    assert p.flush(60) == 0, "the producer's records were not acknowledged after the leader came back"
+    assert metric(b1, "keel_cluster_wal_fenced_groups_total") > 0, "no write was fenced"
+    assert len(acked) == 40 and not errors, errors[:3]
+    got = consume(brokers[2], "zombie", [0], 40)[0]
+    assert got == [f"a-{i}".encode() for i in range(20)] + [f"b-{i}".encode() for i in range(20)]
+    commits = etcd_range(etcd, f"{PREFIX}.logs/")
+    assert [(c["leader_epoch"], c["end_offset"]) for c in commits.values()] == [(2, 40)], commits

@@ -216,6 +216,7 @@ impl Wal {
             }
         }
         loop {
+            parts.retain(|p| self.still_current(p));
             let commits: Vec<(usize, CommitPart)> = parts
                 .iter()
                 .enumerate()
