@@ -242,7 +242,7 @@ impl Model {
             &self.settings,
             session,
             (&object, &object),
-            &[part.clone()],
+            std::slice::from_ref(&part),
         )
         .await;
         let broker = &mut self.brokers[b];
