@@ -7,6 +7,15 @@ a confluent-kafka assign() consumer and kcat (when installed) against it,
 and prints a table with the
 Keel/Kafka ratio. A benchmark, not a test: it prints numbers, asserts none.
 
+With `--cluster`, a third broker joins the comparison: a Keel cluster of
+three brokers on one etcd (Debian's etcd-server) and one object store
+(versitygw, as the tests run it), where acks=all is acknowledged only once
+the batches are in a WAL object in the object store and committed in etcd
+(docs/cluster.md). All of it shares this machine's two cores with the
+clients, so its ratio to one node is the cost of that durability here,
+not a cluster's throughput on machines of its own. Use `--acks all` and
+`--partitions 3` (one partition per broker).
+
 With `--security ssl` (or `both`) each broker also has an SSL listener
 (a PEM keystore made for the run, Kafka's `ssl.*` keys on both brokers)
 and the clients use it; the table then compares each broker over TLS with
@@ -15,7 +24,7 @@ the other over TLS, and with itself over plaintext.
 usage: bench/throughput.py [--records N] [--record-size B] [--acks A]
                            [--partitions P] [--compression C]
                            [--rounds R] [--json FILE]
-                           [--security plaintext|ssl|both]
+                           [--security plaintext|ssl|both] [--cluster]
 The keel binary defaults to target/release/keel (build it with
 `cargo build --release -p keel-server`).
 """
@@ -167,6 +176,48 @@ def with_keel(args, fn, tls: Tls | None = None):
         shutil.rmtree(data, ignore_errors=True)
 
 
+def with_keel_cluster(args, fn, tls: Tls | None = None):
+    """Three Keel brokers on one etcd and one versitygw (see the module docs)."""
+    if tls:
+        raise SystemExit("--cluster runs plaintext only")
+    sys.path.insert(0, str(REPO / "tests"))
+    from cluster_failover import Etcd  # noqa: E402 (bench/, beside this file)
+    from s3server import S3Server  # noqa: E402
+    base = Path(tempfile.mkdtemp(prefix="keel-cluster-bench-"))
+    etcd = Etcd(base)
+    s3 = S3Server(base / "s3")
+    s3.start()
+    procs, ports = [], []
+    try:
+        for node in (1, 2, 3):
+            port = free_port()
+            ports.append(port)
+            sets = {
+                "node.id": str(node),
+                "keel.admin.listen": "",
+                "keel.cluster.etcd.endpoints": etcd.endpoint,
+                "keel.tier.remote": f"s3://{s3.bucket}",
+                "keel.tier.remote.endpoint": s3.endpoint,
+                "keel.tier.remote.region": s3.region,
+                "keel.tier.remote.access.key.id": s3.access_key,
+                "keel.tier.remote.secret.access.key": s3.secret_key,
+            }
+            cmd = [args.keel, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(base / f"keel-{node}")]
+            procs.append(subprocess.Popen(cmd + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+                                          stderr=open(base / f"keel-{node}.log", "wb")))
+        for port in ports:
+            wait_port(port)
+        time.sleep(2)  # every broker registered and sees the others
+        return fn(",".join(f"127.0.0.1:{p}" for p in ports))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+        s3.stop()
+        etcd.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def table(best: dict, columns: list[tuple[str, str]], ratios: list[tuple[str, str, str]]) -> str:
     """Each metric's best value per column, then each ratio (a / b)."""
     metrics = list(best[columns[0][0]])
@@ -192,6 +243,7 @@ def main() -> int:
                     help="the producer's compression.type")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--security", choices=["plaintext", "ssl", "both"], default="plaintext")
+    ap.add_argument("--cluster", action="store_true", help="also a 3-broker Keel cluster (etcd, versitygw)")
     ap.add_argument("--keel", default=str(REPO / "target" / "release" / "keel"))
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -200,7 +252,10 @@ def main() -> int:
     results: dict[str, list] = {}
     for mode in modes:
         for r in range(args.rounds):
-            for name, runner in (("kafka", with_kafka), ("keel", with_keel)):
+            runners = [("kafka", with_kafka), ("keel", with_keel)]
+            if args.cluster:
+                runners.append(("keelcluster", with_keel_cluster))
+            for name, runner in runners:
                 key = f"{name}-{mode}"
                 res = runner(args, lambda bs: run_perf(bs, f"perf-{r}", args, tls if mode == "ssl" else None),
                              tls if mode == "ssl" else None)
@@ -210,8 +265,12 @@ def main() -> int:
             for k, v in results.items()}
     print(f"\n{args.records} records x {args.record_size} B, acks={args.acks}, "
           f"compression={args.compression}, {args.partitions} partition(s), best of {args.rounds} rounds")
-    columns = [(f"{n}-{m}", f"{n} {m}") for m in modes for n in ("kafka", "keel")]
+    names = ("kafka", "keel", "keelcluster") if args.cluster else ("kafka", "keel")
+    columns = [(f"{n}-{m}", f"{n} {m}") for m in modes for n in names]
     ratios = [(f"keel/kafka {m[:5]}", f"keel-{m}", f"kafka-{m}") for m in modes]
+    if args.cluster:
+        ratios += [("cluster/kafka", "keelcluster-plaintext", "kafka-plaintext"),
+                   ("cluster/keel", "keelcluster-plaintext", "keel-plaintext")]
     if len(modes) == 2:
         ratios += [(f"{n} ssl/plain", f"{n}-ssl", f"{n}-plaintext") for n in ("kafka", "keel")]
     print(table(best, columns, ratios))
