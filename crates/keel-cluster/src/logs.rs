@@ -114,10 +114,13 @@ fn decode(kv: &KeyValue) -> Option<LogCommit> {
 }
 
 /// Claims a partition for `session`'s broker in `leader_epoch`: its key
-/// then names this broker and epoch, so commits of any earlier leader fail.
-/// `None` if a newer epoch holds it or this session has ended. A partition
-/// never committed before (a topic a directory brought into the cluster)
-/// starts committed at `local_end`, where the claiming broker's log ends.
+/// then names this broker and epoch at a new revision, so commits of any
+/// earlier term fail, this broker's own included (a claim always writes).
+/// `None` if a newer epoch holds it, this session has ended, or the
+/// committed log ends past `local_end`, where the claiming broker's log
+/// ends (it does not hold every committed record, so it must not fence
+/// the leader that does). A partition never committed before (a topic a
+/// directory brought into the cluster) starts committed at `local_end`.
 pub async fn claim(
     store: &dyn CoordStore,
     settings: &Settings,
@@ -137,13 +140,8 @@ pub async fn claim(
                     "{key} does not hold a commit Keel can read"
                 )))
             }
-            Some((Some(c), _)) if c.leader_epoch > leader_epoch => return Ok(None),
-            // Claimed already: a retry after an answer that was lost.
-            Some((Some(c), revision)) if c.leader_epoch == leader_epoch && c.leader == session.node_id => {
-                return Ok(Some(Claimed {
-                    end_offset: c.end_offset,
-                    revision: *revision,
-                }))
+            Some((Some(c), _)) if c.leader_epoch > leader_epoch || c.end_offset > local_end => {
+                return Ok(None)
             }
             Some((Some(c), _)) => c.end_offset,
         };
@@ -364,7 +362,9 @@ mod tests {
         };
         // Broker 2 takes the partition over in epoch 1 and sees offset 5.
         let two = register(&store, 2).await;
-        let taken = claim(&store, &s, two, (topic, 0), 1, 0).await.unwrap().unwrap();
+        // A broker whose log ends short of the commit may not take it.
+        assert_eq!(claim(&store, &s, two, (topic, 0), 1, 4).await.unwrap(), None);
+        let taken = claim(&store, &s, two, (topic, 0), 1, 5).await.unwrap().unwrap();
         assert_eq!(taken.end_offset, 5);
         // Broker 1's next commit is refused; an older epoch cannot claim.
         let stale = commit(&store, &s, one, ("o2", "2"), &[part(topic, 5, 9, 0, rev)])

@@ -66,8 +66,10 @@ impl DataPlane {
                 if p.unavailable().is_some() {
                     continue;
                 }
+                // In a cluster, nothing past the committed offset goes.
+                let ceiling = p.retention_ceiling();
                 let applied = p
-                    .with_log(|log| log.apply_retention(now))
+                    .with_log(|log| log.apply_retention_below(now, ceiling))
                     .map_err(std::io::Error::from)
                     .and_then(|r| r);
                 if let Err(e) = applied {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use keel_log::marker::Marker;
 use keel_protocol::ResponseError;
 
+use crate::leadership::Unserved;
 use crate::plane::DataPlane;
 use crate::replica::NotDurable;
 
@@ -46,8 +47,15 @@ impl DataPlane {
     ) {
         let mut backoff = Backoff::default();
         loop {
-            let Ok(partition) = self.lead_by_name(topic, index) else {
-                return;
+            let partition = match self.lead_by_name(topic, index) {
+                Ok(p) => p,
+                // Led here, not claimed yet in this epoch (a cluster's term
+                // ended and the next has not begun): wait for it.
+                Err(Unserved::NotLeader(Some(l))) if l.node_id == self.leadership.node_id() => {
+                    backoff.wait().await;
+                    continue;
+                }
+                Err(_) => return,
             };
             match partition.write_marker(producer_id, producer_epoch, marker).await {
                 // In a cluster the marker counts once committed; a term

@@ -308,7 +308,9 @@ async fn delete_marked(
 /// copies after each.
 async fn copy_partition(data: &DataPlane, targets: &[Target], t: &Target, tier: Tier) -> StepResult<()> {
     let candidates = on_log(&t.partition, |log| log.copy_candidates()).await?;
-    for segment in candidates {
+    // In a cluster, only what is committed is copied (and so released).
+    let ceiling = t.partition.retention_ceiling();
+    for segment in candidates.into_iter().take_while(|s| s.next_offset <= ceiling) {
         if !copies_now(data, t) {
             break;
         }

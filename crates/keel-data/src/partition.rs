@@ -856,6 +856,19 @@ impl Partition {
     /// too) rather than show consumers a log that shrank or records that
     /// were deleted.
     fn store_offsets(&self, high_watermark: i64, last_stable_offset: i64, log_start_offset: i64) {
+        self.store_watermarks(high_watermark, last_stable_offset);
+        let was = self.log_start_offset.swap(log_start_offset, Ordering::AcqRel);
+        assert!(
+            log_start_offset >= was,
+            "{}-{}: the log start offset would move back from {was} to {log_start_offset}",
+            self.topic,
+            self.index
+        );
+    }
+
+    /// The high watermark and last stable offset alone (see
+    /// [`Partition::store_offsets`]).
+    fn store_watermarks(&self, high_watermark: i64, last_stable_offset: i64) {
         assert!(
             last_stable_offset <= high_watermark,
             "{}-{}: last stable offset {last_stable_offset} above the high watermark {high_watermark}",
@@ -876,13 +889,6 @@ impl Partition {
             self.topic,
             self.index
         );
-        let was = self.log_start_offset.swap(log_start_offset, Ordering::AcqRel);
-        assert!(
-            log_start_offset >= was,
-            "{}-{}: the log start offset would move back from {was} to {log_start_offset}",
-            self.topic,
-            self.index
-        );
     }
 
     /// Publishes a new log start offset alone (in a cluster, where the high
@@ -890,6 +896,16 @@ impl Partition {
     fn store_log_start(&self, log_start_offset: i64) {
         self.log_start_offset
             .fetch_max(log_start_offset, Ordering::AcqRel);
+    }
+
+    /// The offset retention, the mover and DeleteRecords must not pass: the
+    /// committed offset in a cluster; none for one node, whose every
+    /// written record is the log's.
+    pub fn retention_ceiling(&self) -> i64 {
+        match self.wal {
+            Some(_) => self.high_watermark(),
+            None => i64::MAX,
+        }
     }
 
     /// Whether this broker may serve the partition as its leader in
@@ -918,6 +934,12 @@ impl Partition {
         }
         let log = st.log.as_mut().expect("refusal() checked the log is open");
         let end = log.log_end_offset();
+        if committed < log.log_start_offset() {
+            return Err(format!(
+                "the committed offset {committed} is below the local log's start {}",
+                log.log_start_offset()
+            ));
+        }
         if end < committed {
             return Err(format!(
                 "the local log ends at {end}, below the committed offset {committed}: \
@@ -944,8 +966,10 @@ impl Partition {
         let Writer { log, producers, .. } = &*st;
         let start = log.as_ref().map_or(0, |l| l.log_start_offset());
         let lso = stable_offset(producers, committed);
-        self.replica
-            .claim(epoch, revision, || self.store_offsets(committed, lso, start));
+        self.replica.claim(epoch, (committed, revision), || {
+            self.store_log_start(start);
+            self.store_watermarks(committed, lso);
+        });
         drop(st);
         self.wake_waiters();
         Ok(())
@@ -967,10 +991,7 @@ impl Partition {
         let Some(term) = a.term else {
             return Ok(());
         };
-        let offset = a.base_offset;
-        self.replica
-            .wait(term.generation, || self.high_watermark() > offset, timeout)
-            .await
+        self.replica.wait(term.generation, a.base_offset, timeout).await
     }
 
     pub(crate) fn replica_revision(&self, generation: u64) -> Option<i64> {
@@ -981,7 +1002,7 @@ impl Partition {
     /// `end`, at `revision`.
     pub(crate) fn on_committed(&self, generation: u64, end: i64, revision: i64) {
         self.replica.committed(generation, end, revision, |hw, lso| {
-            self.store_offsets(hw, lso, self.log_start_offset())
+            self.store_watermarks(hw, lso)
         });
         self.wake_waiters();
     }

@@ -45,9 +45,36 @@ struct State {
     generation: u64,
     /// The partition's key revision the next commit compares against.
     revision: i64,
+    /// Where the current term's committed log ends.
+    committed: i64,
+    /// The last term that ended, and where its committed log ended then:
+    /// its waiters learn whether their write made it.
+    ended: Option<(u64, i64)>,
     /// Written, not yet committed: each group's end offset and the last
     /// stable offset the partition has once it is committed.
     pending: VecDeque<(i64, i64)>,
+}
+
+impl State {
+    fn end(&mut self) {
+        if self.epoch.take().is_some() {
+            self.ended = Some((self.generation, self.committed));
+        }
+        self.generation += 1;
+        self.pending.clear();
+    }
+
+    /// Whether a write at `offset` in term `generation` is committed
+    /// (`Some(true)`), never will be (`Some(false)`), or may yet be.
+    fn decided(&self, generation: u64, offset: i64) -> Option<bool> {
+        if generation == self.generation && self.epoch.is_some() {
+            return (self.committed > offset).then_some(true);
+        }
+        match self.ended {
+            Some((g, committed)) if g == generation => Some(committed > offset),
+            _ => Some(false),
+        }
+    }
 }
 
 /// The cluster side of one partition (see the module docs).
@@ -68,15 +95,16 @@ impl Replica {
         })
     }
 
-    /// Starts a term in `epoch`: the local log ends at the committed
-    /// offset, which `publish` makes the high watermark (called under the
-    /// state's lock, so publications keep their order).
-    pub fn claim(&self, epoch: i32, revision: i64, publish: impl FnOnce()) -> Term {
+    /// Starts a term in `epoch`, the log committed up to `committed` at
+    /// `revision` (ending the current term, if any): `publish` makes the
+    /// committed offset the high watermark, under the state's lock, so
+    /// publications keep their order.
+    pub fn claim(&self, epoch: i32, (committed, revision): (i64, i64), publish: impl FnOnce()) -> Term {
         let mut st = self.state.lock();
-        st.generation += 1;
+        st.end();
         st.epoch = Some(epoch);
         st.revision = revision;
-        st.pending.clear();
+        st.committed = committed;
         publish();
         let term = Term {
             epoch,
@@ -94,9 +122,7 @@ impl Replica {
         if st.generation != generation || st.epoch.is_none() {
             return false;
         }
-        st.generation += 1;
-        st.epoch = None;
-        st.pending.clear();
+        st.end();
         drop(st);
         self.changed.notify_waiters();
         true
@@ -107,7 +133,7 @@ impl Replica {
     /// (the caller does not hand the group to the WAL).
     pub fn written(&self, generation: u64, end: i64, lso: i64) -> bool {
         let mut st = self.state.lock();
-        if st.generation != generation {
+        if st.generation != generation || st.epoch.is_none() {
             return false;
         }
         st.pending.push_back((end, lso));
@@ -135,30 +161,26 @@ impl Replica {
             last = st.pending.pop_front();
         }
         if let Some((end, lso)) = last {
+            st.committed = st.committed.max(end);
             publish(end, lso);
         }
         drop(st);
         self.changed.notify_waiters();
     }
 
-    /// Waits until `durable()` holds (the high watermark passed the
-    /// write), the term `generation` ends, or `timeout` passes.
-    pub async fn wait(
-        &self,
-        generation: u64,
-        durable: impl Fn() -> bool,
-        timeout: Duration,
-    ) -> Result<(), NotDurable> {
+    /// Waits until the write at `offset` made in term `generation` is
+    /// committed, is known never to be (its term ended before its commit),
+    /// or `timeout` passes.
+    pub async fn wait(&self, generation: u64, offset: i64, timeout: Duration) -> Result<(), NotDurable> {
         let waited = async {
             loop {
                 let changed = self.changed.notified();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
-                if durable() {
-                    return Ok(());
-                }
-                if self.state.lock().generation != generation {
-                    return Err(NotDurable::Fenced);
+                match self.state.lock().decided(generation, offset) {
+                    Some(true) => return Ok(()),
+                    Some(false) => return Err(NotDurable::Fenced),
+                    None => {}
                 }
                 changed.await;
             }
@@ -180,18 +202,11 @@ mod tests {
         let replica = Arc::new(Replica::default());
         let hw = Arc::new(AtomicI64::new(0));
         assert_eq!(replica.term(), None);
-        let term = replica.claim(3, 10, || {});
+        let term = replica.claim(3, (0, 10), || {});
         assert!(replica.written(term.generation, 5, 5));
         assert!(replica.written(term.generation, 9, 7));
-        let (r, h) = (Arc::clone(&replica), Arc::clone(&hw));
-        let waiter = tokio::spawn(async move {
-            r.wait(
-                term.generation,
-                || h.load(Ordering::SeqCst) > 6,
-                Duration::from_secs(5),
-            )
-            .await
-        });
+        let r = Arc::clone(&replica);
+        let waiter = tokio::spawn(async move { r.wait(term.generation, 6, Duration::from_secs(5)).await });
         let publish = |end: i64, lso: i64| {
             assert!(lso <= end);
             hw.store(end, Ordering::SeqCst);
@@ -201,20 +216,31 @@ mod tests {
         replica.committed(term.generation, 9, 12, publish);
         assert_eq!(waiter.await.unwrap(), Ok(()));
         assert_eq!(replica.revision(term.generation), Some(12));
-        // The term ends: its waiters are told, later commits change nothing.
+        // The term ends: its waiters past the commit are told, the ones
+        // below it are not misled, later commits change nothing.
         assert!(replica.written(term.generation, 12, 12));
         let r = Arc::clone(&replica);
-        let late =
-            tokio::spawn(async move { r.wait(term.generation, || false, Duration::from_secs(5)).await });
+        let late = tokio::spawn(async move { r.wait(term.generation, 10, Duration::from_secs(5)).await });
         tokio::task::yield_now().await;
         assert!(replica.end_term(term.generation));
         assert_eq!(late.await.unwrap(), Err(NotDurable::Fenced));
         replica.committed(term.generation, 12, 13, |_, _| panic!("an ended term published"));
         assert_eq!(replica.revision(term.generation), None);
         assert!(!replica.written(term.generation, 13, 13));
-        let timed = replica.wait(term.generation + 2, || false, Duration::from_millis(10));
-        let next = replica.claim(4, 20, || {});
-        assert_eq!(next.generation, term.generation + 2);
-        assert_eq!(timed.await, Err(NotDurable::TimedOut));
+        // A new term commits past the old one's offsets with other records:
+        // a late waiter of the old term is not told its write made it.
+        let next = replica.claim(4, (9, 20), || {});
+        assert!(next.generation > term.generation);
+        assert!(replica.written(next.generation, 15, 15));
+        replica.committed(next.generation, 15, 21, |_, _| {});
+        let wait = |g, o| replica.wait(g, o, Duration::from_millis(10));
+        assert_eq!(wait(term.generation, 12).await, Err(NotDurable::Fenced));
+        assert_eq!(
+            wait(term.generation, 8).await,
+            Ok(()),
+            "committed before its term ended"
+        );
+        assert_eq!(wait(next.generation, 14).await, Ok(()));
+        assert_eq!(wait(next.generation, 15).await, Err(NotDurable::TimedOut));
     }
 }

@@ -133,6 +133,20 @@ impl Wal {
         self.unwritten.load(Ordering::Acquire)
     }
 
+    /// Waits until every group handed in is committed (or dropped), at
+    /// most `timeout`: a clean shutdown's last writes. Whether it is.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.unwritten_bytes() > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.wake.notify_one();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
     pub(crate) fn push(&self, group: Group) {
         let n = group.records.len();
         self.unwritten.fetch_add(n as u64, Ordering::AcqRel);
@@ -215,27 +229,30 @@ impl Wal {
                 }
             }
         }
+        // The parts asked, fixed once: a retry asks exactly the same, so a
+        // transaction whose answer was lost is recognised by its index key.
+        // A part whose term ends meanwhile is refused by its compare.
+        parts.retain(|p| self.still_current(p));
+        let commits: Vec<(usize, CommitPart)> = parts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let revision = p.partition.replica_revision(p.generation)?;
+                Some((
+                    i,
+                    CommitPart {
+                        range: p.range.clone(),
+                        revision,
+                    },
+                ))
+            })
+            .collect();
+        if commits.is_empty() {
+            return;
+        }
+        let asked: Vec<CommitPart> = commits.iter().map(|(_, c)| c.clone()).collect();
         loop {
-            parts.retain(|p| self.still_current(p));
-            let commits: Vec<(usize, CommitPart)> = parts
-                .iter()
-                .enumerate()
-                .filter_map(|(i, p)| {
-                    let revision = p.partition.replica_revision(p.generation)?;
-                    Some((
-                        i,
-                        CommitPart {
-                            range: p.range.clone(),
-                            revision,
-                        },
-                    ))
-                })
-                .collect();
-            if commits.is_empty() {
-                return;
-            }
             let started = Instant::now();
-            let asked: Vec<CommitPart> = commits.iter().map(|(_, c)| c.clone()).collect();
             match self.membership.commit_wal(&object, &id, &asked).await {
                 Ok(Some(outcomes)) => {
                     self.stats

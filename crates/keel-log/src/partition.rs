@@ -870,6 +870,13 @@ impl PartitionLog {
     /// The whole log counts, oldest first: the segments whose only copy is
     /// in a colder tier, then the local ones.
     pub fn apply_retention(&mut self, now_ms: i64) -> io::Result<RetentionOutcome> {
+        self.apply_retention_below(now_ms, i64::MAX)
+    }
+
+    /// [`PartitionLog::apply_retention`], deleting no segment that ends
+    /// past `ceiling` (in a cluster, the committed offset: a segment not
+    /// yet committed is not the log's yet).
+    pub fn apply_retention_below(&mut self, now_ms: i64, ceiling: i64) -> io::Result<RetentionOutcome> {
         self.check_writable()?;
         self.prune_graveyard();
         let (candidates, cold_count, total, below_start) = {
@@ -877,7 +884,7 @@ impl PartitionLog {
             // (size, max timestamp) of every deletable segment, oldest first.
             let local = st.segments[..st.segments.len() - 1]
                 .iter()
-                .take_while(|s| s.durable);
+                .take_while(|s| s.durable && s.next_offset <= ceiling);
             let candidates: Vec<(u64, i64)> = st
                 .cold()
                 .map(|t| (t.size_bytes, t.max_timestamp_ms))

@@ -136,6 +136,16 @@ async fn run(config: BrokerConfig) -> Result<(), String> {
     if let Some(task) = admin_task {
         task.abort();
     }
+    // The writes already made are committed before the session ends, so a
+    // clean stop loses no acks=1 record either.
+    if let Some(wal) = &broker.data.wal {
+        if !wal.drain(std::time::Duration::from_secs(5)).await {
+            tracing::warn!(
+                pending_bytes = wal.unwritten_bytes(),
+                "stopping with writes not committed: they are cut from the log when this broker leads again"
+            );
+        }
+    }
     broker.cluster.leave().await;
     tokio::task::spawn_blocking(move || broker.shutdown())
         .await

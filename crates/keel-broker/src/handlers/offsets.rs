@@ -244,7 +244,9 @@ pub async fn delete_records(broker: &Arc<Broker>, req: DeleteRecordsRequest) -> 
 /// Advances the log start offset; -1 means "up to the high watermark".
 fn delete_before(p: &Partition, offset: i64) -> Result<i64, ResponseError> {
     let target = if offset == -1 { p.high_watermark() } else { offset };
-    if target < 0 {
+    // Past the high watermark is out of range, as in Kafka (in a cluster
+    // the log may hold records past it that are not committed).
+    if target < 0 || target > p.high_watermark() {
         return Err(ResponseError::OffsetOutOfRange);
     }
     p.with_log(|log| match log.delete_records_before(target) {
