@@ -205,8 +205,13 @@ def with_keel_cluster(args, fn, tls: Tls | None = None):
             cmd = [args.keel, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(base / f"keel-{node}")]
             procs.append(subprocess.Popen(cmd + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
                                           stderr=open(base / f"keel-{node}.log", "wb")))
-        for port in ports:
-            wait_port(port)
+        try:
+            for port in ports:
+                wait_port(port)
+        except SystemExit:
+            for node in (1, 2, 3):
+                print(f"--- keel-{node}.log", (base / f"keel-{node}.log").read_text()[-1500:], file=sys.stderr)
+            raise
         time.sleep(2)  # every broker registered and sees the others
         return fn(",".join(f"127.0.0.1:{p}" for p in ports))
     finally:
@@ -221,14 +226,14 @@ def with_keel_cluster(args, fn, tls: Tls | None = None):
 def table(best: dict, columns: list[tuple[str, str]], ratios: list[tuple[str, str, str]]) -> str:
     """Each metric's best value per column, then each ratio (a / b)."""
     metrics = list(best[columns[0][0]])
-    head = f"{'metric':<28}" + "".join(f"{label:>18}" for _, label in columns) \
-        + "".join(f"{label:>18}" for label, _, _ in ratios)
+    head = f"{'metric':<28}" + "".join(f"{label:>22}" for _, label in columns) \
+        + "".join(f"{label:>22}" for label, _, _ in ratios)
     lines = [head]
     for m in metrics:
-        row = f"{m:<28}" + "".join(f"{best[key].get(m, float('nan')):>18.1f}" for key, _ in columns)
+        row = f"{m:<28}" + "".join(f"{best[key].get(m, float('nan')):>22.1f}" for key, _ in columns)
         for _, a, b in ratios:
             x, y = best[a].get(m), best[b].get(m)
-            row += f"{(x / y if x is not None and y else float('nan')):>18.2f}"
+            row += f"{(x / y if x is not None and y else float('nan')):>22.2f}"
         lines.append(row)
     return "\n".join(lines)
 

@@ -1,7 +1,8 @@
 //! The broker's write-ahead log in the object store, in a cluster.
 //!
 //! Partitions hand every group of batches they write (after the local
-//! write) to the broker's one [`Wal`]. It gathers them for
+//! write) to the broker's one [`Wal`]. While no object is being written or
+//! committed it writes them at once; else it gathers them for
 //! `keel.cluster.wal.linger.ms` or until `keel.cluster.wal.object.bytes`,
 //! writes them as one object, `<cluster id>/wal/<node.id>/<run>-<n>.wal`
 //! (the batches as the partitions' logs hold them, one partition's run
@@ -9,9 +10,9 @@
 //! ([`keel_cluster::logs`]): the object's index and each partition's new
 //! high watermark, in one transaction that every partition's claim and the
 //! broker's session guard. Only then do the partitions publish the new high
-//! watermark and answer their acks=all producers. Objects are written and
-//! committed one at a time, in order, so a partition's commits never
-//! overtake each other; what arrives meanwhile goes into the next one.
+//! watermark and answer their acks=all producers. Up to four objects are
+//! written at once, and committed one at a time in the order they were
+//! gathered, so a partition's commits never overtake each other.
 //!
 //! A write or commit that fails is retried until it lands, or until the
 //! partitions' terms end (their producers are then told to go elsewhere);
@@ -20,7 +21,7 @@
 //! refused (NOT_ENOUGH_REPLICAS) rather than held in memory.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,8 @@ use crate::partition::Partition;
 /// Backoff between attempts of a failed write or commit.
 const RETRY_MIN: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Objects being written to the object store at once.
+const IN_FLIGHT: usize = 4;
 
 /// `keel.cluster.wal.*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +94,8 @@ pub struct Wal {
     gathering: Mutex<Gathering>,
     /// Bytes handed in and not yet committed (or dropped).
     unwritten: AtomicU64,
+    /// Objects gathered and not yet committed.
+    writing: AtomicUsize,
     wake: Notify,
     pub stats: WalStats,
 }
@@ -112,6 +117,7 @@ impl Wal {
             settings: Mutex::new(settings),
             gathering: Mutex::new(Gathering::default()),
             unwritten: AtomicU64::new(0),
+            writing: AtomicUsize::new(0),
             wake: Notify::new(),
             stats: WalStats::default(),
         }
@@ -162,13 +168,32 @@ impl Wal {
         }
     }
 
-    /// Writes and commits objects until the task is dropped.
+    /// Writes and commits objects until the task is dropped: up to
+    /// [`IN_FLIGHT`] objects are written at once, and committed in the
+    /// order they were gathered, one at a time.
     pub async fn run(self: Arc<Self>) {
+        let (queue, mut written) =
+            tokio::sync::mpsc::channel::<(tokio::task::JoinHandle<Option<Written>>, u64)>(IN_FLIGHT);
+        let me = Arc::clone(&self);
+        tokio::spawn(async move {
+            while let Some((writing, bytes)) = written.recv().await {
+                if let Ok(Some(object)) = writing.await {
+                    me.commit(object).await;
+                }
+                me.unwritten.fetch_sub(bytes, Ordering::AcqRel);
+                me.writing.fetch_sub(1, Ordering::AcqRel);
+                me.wake.notify_one();
+            }
+        });
         loop {
             let groups = self.next_object().await;
             let bytes: u64 = groups.iter().map(|g| g.records.len() as u64).sum();
-            self.write_and_commit(groups).await;
-            self.unwritten.fetch_sub(bytes, Ordering::AcqRel);
+            let me = Arc::clone(&self);
+            self.writing.fetch_add(1, Ordering::AcqRel);
+            let writing = tokio::spawn(async move { me.write(groups).await });
+            if queue.send((writing, bytes)).await.is_err() {
+                return;
+            }
         }
     }
 
@@ -185,7 +210,13 @@ impl Wal {
             };
             let settings = *self.settings.lock();
             match since {
-                Some(at) if bytes >= settings.object_bytes || at.elapsed() >= settings.linger => {
+                // Nothing being written or committed: no reason to wait
+                // for company.
+                Some(at)
+                    if bytes >= settings.object_bytes
+                        || at.elapsed() >= settings.linger
+                        || self.writing.load(Ordering::Acquire) == 0 =>
+                {
                     let mut g = self.gathering.lock();
                     g.since = None;
                     g.bytes = 0;
@@ -199,7 +230,9 @@ impl Wal {
         }
     }
 
-    async fn write_and_commit(&self, groups: Vec<Group>) {
+    /// Writes one object to the object store, retrying until it lands or
+    /// none of its parts' terms is current any more.
+    async fn write(&self, groups: Vec<Group>) -> Option<Written> {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!("{:020}-{seq:020}", self.run);
         let object = format!("{}{id}.wal", self.prefix);
@@ -209,7 +242,7 @@ impl Wal {
         loop {
             parts.retain(|p| self.still_current(p));
             if parts.is_empty() {
-                return;
+                return None;
             }
             let started = Instant::now();
             match self.tiers.put_remote(&object, body.clone()).await {
@@ -229,6 +262,18 @@ impl Wal {
                 }
             }
         }
+        Some(Written { object, id, parts })
+    }
+
+    /// Commits a written object (see [`keel_cluster::logs::commit`]),
+    /// retrying while the coordination store does not answer.
+    async fn commit(&self, written: Written) {
+        let Written {
+            object,
+            id,
+            mut parts,
+        } = written;
+        let mut backoff = RETRY_MIN;
         // The parts asked, fixed once: a retry asks exactly the same, so a
         // transaction whose answer was lost is recognised by its index key.
         // A part whose term ends meanwhile is refused by its compare.
@@ -303,6 +348,13 @@ impl Wal {
             );
         }
     }
+}
+
+/// An object in the object store, not yet committed.
+struct Written {
+    object: String,
+    id: String,
+    parts: Vec<Part>,
 }
 
 /// One partition's groups of one term in an object, merged.

@@ -258,6 +258,21 @@ fn render_cluster(stats: &Value, out: &mut String) {
         },
         brokers.join(", "),
     );
+    let wal = &cluster["wal"];
+    if wal.is_object() {
+        let n = |key: &str| wal[key].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "wal          {} objects ({}) written to the object store, {} waiting; \
+             {} write failures, {} commit failures, {} groups fenced",
+            n("objects"),
+            bytes(wal["bytes"].as_u64()),
+            bytes(wal["pending_bytes"].as_u64()),
+            n("write_failures"),
+            n("commit_failures"),
+            n("fenced_groups"),
+        );
+    }
 }
 
 /// The tail cache's use, and how much of what was fetched it served.

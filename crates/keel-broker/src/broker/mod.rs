@@ -338,6 +338,17 @@ impl Broker {
                     .map(|e| format!("{}://{}:{}", e.listener, e.host, e.port))
                     .collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
+            "wal": self.data.wal.as_ref().map(|w| {
+                let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                serde_json::json!({
+                    "objects": n(&w.stats.objects),
+                    "bytes": n(&w.stats.bytes),
+                    "write_failures": n(&w.stats.write_failures),
+                    "commit_failures": n(&w.stats.commit_failures),
+                    "fenced_groups": n(&w.stats.fenced_groups),
+                    "pending_bytes": w.unwritten_bytes(),
+                })
+            }),
         })
     }
 
@@ -364,6 +375,11 @@ impl Broker {
                 let (leader, leader_epoch) = self.leadership_of(&topic, p.index);
                 json["leader"] = leader.into();
                 json["leader_epoch"] = leader_epoch.into();
+                if self.data.wal.is_some() {
+                    // The epoch this broker claimed it in (null: it does
+                    // not write it).
+                    json["claimed_epoch"] = p.claimed_epoch().into();
+                }
                 partitions.push(json);
             }
         }

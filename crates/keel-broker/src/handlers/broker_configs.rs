@@ -111,8 +111,15 @@ pub(crate) async fn publish_default(broker: &Broker) -> Result<(), String> {
             );
             Ok(())
         }
-        // Another broker published first: its are the cluster's.
-        Err((ResponseError::RequestTimedOut, _)) if cluster_default(broker).1.is_some() => Ok(()),
+        // Another broker published first (brokers starting together):
+        // its are the cluster's, once this broker's view has them.
+        Err((ResponseError::RequestTimedOut, why)) => {
+            broker.cluster.refresh().await.map_err(|e| e.to_string())?;
+            match cluster_default(broker).1 {
+                Some(_) => Ok(()),
+                None => Err(why),
+            }
+        }
         Err((_, why)) => Err(why),
     }
 }
