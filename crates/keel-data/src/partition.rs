@@ -552,7 +552,8 @@ impl Partition {
         let mut st = self.writer.lock();
         let locked = Instant::now();
         let refused = self.refusal(&st);
-        let term = self.replica.term();
+        // One node has no terms: no lock taken for it on the append path.
+        let term = self.wal.as_ref().and_then(|_| self.replica.term());
         if let Some(why) = refused.or_else(|| self.cluster_refusal(term)) {
             drop(st);
             for item in group {
