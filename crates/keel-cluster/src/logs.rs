@@ -9,9 +9,15 @@
 //! them):
 //!
 //! ```text
-//! <prefix>.logs/<topic id>/<partition>   the partition's commit: leader, leader epoch, end offset
-//! <prefix>.wal/<node.id>/<object seq>    a committed WAL object's index
+//! <prefix>.logs/<topic id>/<partition>      the partition's commit: leader, leader epoch, end offset
+//! <prefix>.wal/<node.id>/<object seq>       a committed WAL object's index
+//! <prefix>.segments/<topic id>/<p>/<base>   a sealed segment the leader copied to the object store
 //! ```
+//!
+//! Together they say where every committed record is: in a sealed
+//! segment in the object store, or past the last one, in WAL objects. A
+//! broker taking a partition over rebuilds its log from them
+//! ([`partition_log`]).
 //!
 //! Fencing. A leader claims a partition's key for its leader epoch before
 //! it takes a write ([`claim`]), with a compare on its own registration
@@ -39,6 +45,48 @@ pub struct LogCommit {
     pub leader: i32,
     pub leader_epoch: i32,
     pub end_offset: i64,
+    /// The partition's log start offset as its leader last knew it.
+    #[serde(default)]
+    pub log_start: i64,
+    /// The broker whose term committed the newest records (or whose
+    /// directory brought the partition in): its own log holds every
+    /// committed record, unless it lost its disk. -1 in a commit written
+    /// before this field: the leader then.
+    #[serde(default = "unknown_writer")]
+    pub writer: i32,
+}
+
+fn unknown_writer() -> i32 {
+    -1
+}
+
+impl LogCommit {
+    /// The broker whose log holds every committed record.
+    pub fn writer(&self) -> i32 {
+        match self.writer {
+            -1 => self.leader,
+            w => w,
+        }
+    }
+}
+
+/// A sealed segment its leader copied to the object store, in Kafka's
+/// format (`<object>.log`, `.index`, `.timeindex`, and `.txnindex` when
+/// `aborted` is not empty), as any later leader adopts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSegment {
+    pub version: u32,
+    pub base_offset: i64,
+    /// One past its last offset.
+    pub next_offset: i64,
+    pub size_bytes: u64,
+    pub max_timestamp_ms: i64,
+    pub offset_of_max_timestamp: i64,
+    pub object: String,
+    /// Its aborted transactions: producer id, first offset, last offset
+    /// (the ABORT marker's), last stable offset.
+    #[serde(default)]
+    pub aborted: Vec<[i64; 4]>,
 }
 
 /// One partition's batches in a WAL object: offsets `base_offset ..
@@ -78,6 +126,10 @@ pub struct Session {
 pub struct Claimed {
     pub end_offset: i64,
     pub revision: i64,
+    /// The log start offset the commit held.
+    pub log_start: i64,
+    /// The broker whose log holds every committed record ([`LogCommit::writer`]).
+    pub writer: i32,
 }
 
 /// What a commit of one WAL object decided for each of its partitions,
@@ -102,6 +154,23 @@ pub fn wal_key(settings: &Settings, node_id: i32, id: &str, part: usize) -> Stri
     format!("{}.wal/{node_id}/{id}.{part}", settings.prefix)
 }
 
+/// The prefix of every committed WAL object's index.
+pub fn wal_prefix(settings: &Settings) -> String {
+    format!("{}.wal/", settings.prefix)
+}
+
+/// The prefix of a partition's segment keys.
+pub fn segments_prefix(settings: &Settings, topic_id: Uuid, partition: i32) -> String {
+    format!("{}.segments/{}/{partition}/", settings.prefix, topic_id.simple())
+}
+
+fn segment_key(settings: &Settings, topic_id: Uuid, partition: i32, base_offset: i64) -> String {
+    format!(
+        "{}{base_offset:020}",
+        segments_prefix(settings, topic_id, partition)
+    )
+}
+
 fn registration(settings: &Settings, session: Session) -> Compare {
     Compare::ModRevision(
         settings.key(&format!("brokers/{}", session.node_id)),
@@ -116,34 +185,37 @@ fn decode(kv: &KeyValue) -> Option<LogCommit> {
 /// Claims a partition for `session`'s broker in `leader_epoch`: its key
 /// then names this broker and epoch at a new revision, so commits of any
 /// earlier term fail, this broker's own included (a claim always writes).
-/// `None` if a newer epoch holds it, this session has ended, or the
-/// committed log ends past `local_end`, where the claiming broker's log
-/// ends (it does not hold every committed record, so it must not fence
-/// the leader that does). A partition never committed before (a topic a
-/// directory brought into the cluster) starts committed at `local_end`.
+/// `None` if a newer epoch holds it or this session has ended. A
+/// partition never committed before starts committed at the end of the
+/// claiming broker's log, `local` (its start and end offsets), with this
+/// broker as its writer; [`seed`] writes that for a topic a directory
+/// brings into the cluster, so only its broker's log counts.
+///
+/// The claimed partition's records are then those committed: the caller
+/// cuts its local log to the committed end if it is the writer, and
+/// rebuilds it from the object store ([`partition_log`]) if not.
 pub async fn claim(
     store: &dyn CoordStore,
     settings: &Settings,
     session: Session,
     (topic_id, partition): (Uuid, i32),
     leader_epoch: i32,
-    local_end: i64,
+    local: (i64, i64),
 ) -> Result<Option<Claimed>, StoreError> {
+    let (local_start, local_end) = local;
     let key = log_key(settings, topic_id, partition);
     loop {
         let current = store.get(&key).await?;
         let commit = current.as_ref().map(|kv| (decode(kv), kv.mod_revision));
-        let end_offset = match &commit {
-            None => local_end,
+        let (end_offset, log_start, writer) = match &commit {
+            None => (local_end, local_start, session.node_id),
             Some((None, _)) => {
                 return Err(StoreError::Refused(format!(
                     "{key} does not hold a commit Keel can read"
                 )))
             }
-            Some((Some(c), _)) if c.leader_epoch > leader_epoch || c.end_offset > local_end => {
-                return Ok(None)
-            }
-            Some((Some(c), _)) => c.end_offset,
+            Some((Some(c), _)) if c.leader_epoch > leader_epoch => return Ok(None),
+            Some((Some(c), _)) => (c.end_offset, c.log_start, c.writer()),
         };
         let when = match &commit {
             None => Compare::Absent(key.clone()),
@@ -154,6 +226,8 @@ pub async fn claim(
             leader: session.node_id,
             leader_epoch,
             end_offset,
+            log_start,
+            writer,
         };
         let put = Op::Put {
             key: key.clone(),
@@ -164,7 +238,12 @@ pub async fn claim(
             .txn(vec![registration(settings, session), when], vec![put])
             .await?
         {
-            return Ok(Some(Claimed { end_offset, revision }));
+            return Ok(Some(Claimed {
+                end_offset,
+                revision,
+                log_start,
+                writer,
+            }));
         }
         if !session_holds(store, settings, session).await? {
             return Ok(None);
@@ -191,6 +270,8 @@ async fn session_holds(
 pub struct CommitPart {
     pub range: WalRange,
     pub revision: i64,
+    /// The partition's log start offset now.
+    pub log_start: i64,
 }
 
 /// Commits the WAL object `object` (`id` among this broker's): for each
@@ -243,6 +324,8 @@ async fn commit_chunk(
                 leader: session.node_id,
                 leader_epoch: r.leader_epoch,
                 end_offset: r.end_offset,
+                log_start: chunk[i].log_start,
+                writer: session.node_id,
             };
             ops.push(Op::Put {
                 key,
@@ -302,6 +385,219 @@ fn landed(index: &KeyValue, chunk: &[CommitPart]) -> Vec<PartOutcome> {
         .collect()
 }
 
+/// Writes a partition's first commit for a topic a directory brings into
+/// the cluster: committed to the end of `session`'s log (`local`: its
+/// start and end), which is the writer. Nothing if the partition has a
+/// commit already. So a broker claiming it before the directory's broker
+/// does cannot take it with an empty log.
+pub async fn seed(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    session: Session,
+    (topic_id, partition): (Uuid, i32),
+    local: (i64, i64),
+) -> Result<(), StoreError> {
+    let key = log_key(settings, topic_id, partition);
+    let value = LogCommit {
+        version: 1,
+        leader: session.node_id,
+        leader_epoch: 0,
+        end_offset: local.1,
+        log_start: local.0,
+        writer: session.node_id,
+    };
+    let put = Op::Put {
+        key: key.clone(),
+        value: serde_json::to_vec(&value).expect("a commit serializes"),
+        lease: None,
+    };
+    store
+        .txn(
+            vec![registration(settings, session), Compare::Absent(key)],
+            vec![put],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Records a sealed segment the leader copied to the object store, if
+/// `session` holds and the partition's key is still at `revision` (the
+/// leader's last write): whether it did. A deposed leader's copy is
+/// never recorded; it is an orphan for the new leader's mover to sweep.
+pub async fn publish_segment(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    session: Session,
+    (topic_id, partition): (Uuid, i32),
+    revision: i64,
+    segment: &RemoteSegment,
+) -> Result<bool, StoreError> {
+    let when = vec![
+        registration(settings, session),
+        Compare::ModRevision(log_key(settings, topic_id, partition), revision),
+    ];
+    let put = Op::Put {
+        key: segment_key(settings, topic_id, partition, segment.base_offset),
+        value: serde_json::to_vec(segment).expect("a segment serializes"),
+        lease: None,
+    };
+    Ok(store.txn(when, vec![put]).await?.is_some())
+}
+
+/// Forgets a segment copy the leader is about to delete (retention,
+/// DeleteRecords), under the same conditions as [`publish_segment`]:
+/// whether the copy may be deleted (it is recorded nowhere now).
+pub async fn forget_segment(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    session: Session,
+    (topic_id, partition): (Uuid, i32),
+    revision: i64,
+    (base_offset, object): (i64, &str),
+) -> Result<bool, StoreError> {
+    let key = segment_key(settings, topic_id, partition, base_offset);
+    let Some(kv) = store.get(&key).await? else {
+        return Ok(true);
+    };
+    let names = serde_json::from_slice::<RemoteSegment>(&kv.value).is_ok_and(|s| s.object == object);
+    if !names {
+        return Ok(true);
+    }
+    let when = vec![
+        registration(settings, session),
+        Compare::ModRevision(log_key(settings, topic_id, partition), revision),
+        Compare::ModRevision(key.clone(), kv.mod_revision),
+    ];
+    Ok(store.txn(when, vec![Op::Delete(key)]).await?.is_some())
+}
+
+/// Where a claimed partition's committed records are, for a leader that
+/// rebuilds its log from the object store: sealed segments from the log
+/// start, then WAL ranges to the committed end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSources {
+    pub log_start: i64,
+    /// Sealed segments, each starting where the one before ends.
+    pub segments: Vec<RemoteSegment>,
+    /// Where the segments end (the log start if there are none) and the
+    /// WAL takes over.
+    pub wal_from: i64,
+    /// WAL ranges holding `wal_from .. end`, in order, with their objects'
+    /// names; the first may begin before `wal_from` (its batches below it
+    /// are skipped).
+    pub wal: Vec<(String, WalRange)>,
+    pub end: i64,
+}
+
+/// Reads where `claimed`'s records are ([`sources`]). The outer error is
+/// the store's; the inner one says which records the object store lacks.
+pub async fn partition_log(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    (topic_id, partition): (Uuid, i32),
+    claimed: &Claimed,
+) -> Result<Result<LogSources, String>, StoreError> {
+    let listed = store
+        .range(&segments_prefix(settings, topic_id, partition))
+        .await?;
+    let segments: Vec<RemoteSegment> = listed
+        .kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect();
+    let indexes = store.range(&wal_prefix(settings)).await?;
+    let mut ranges = Vec::new();
+    for kv in &indexes.kvs {
+        let Ok(index) = serde_json::from_slice::<WalIndex>(&kv.value) else {
+            continue;
+        };
+        for r in index.ranges {
+            if r.topic_id == topic_id && r.partition == partition {
+                ranges.push((index.object.clone(), r));
+            }
+        }
+    }
+    Ok(sources(claimed.log_start, claimed.end_offset, segments, ranges))
+}
+
+/// Chooses the sources of a log that starts at `log_start` (as its last
+/// commit knew it) and is committed to `end`: the segments that follow
+/// one another from the first, then the WAL ranges from where they end.
+/// Refused if some committed record is in neither: a gap between
+/// segments or ranges, or records below the WAL that no segment holds (a
+/// topic a directory brought in, whose older segments are not all
+/// copied yet).
+pub fn sources(
+    log_start: i64,
+    end: i64,
+    mut segments: Vec<RemoteSegment>,
+    mut ranges: Vec<(String, WalRange)>,
+) -> Result<LogSources, String> {
+    segments.retain(|s| s.next_offset > log_start && s.base_offset < s.next_offset);
+    segments.sort_by_key(|s| s.base_offset);
+    let mut chain: Vec<RemoteSegment> = Vec::new();
+    for s in segments {
+        match chain.last() {
+            None => chain.push(s),
+            Some(last) if s.base_offset == last.next_offset => chain.push(s),
+            Some(last) if s.next_offset <= last.next_offset => {} // covered already
+            Some(_) => break,                                     // a gap, or an overlap not on a boundary
+        }
+    }
+    if chain.last().is_some_and(|l| l.next_offset > end) {
+        return Err(format!(
+            "a segment in the object store ends past the committed offset {end}"
+        ));
+    }
+    let start = chain.first().map_or(log_start, |s| s.base_offset.max(log_start));
+    let wal_from = chain.last().map_or(log_start, |s| s.next_offset);
+    ranges.retain(|(_, r)| r.end_offset > wal_from && r.base_offset < r.end_offset);
+    ranges.sort_by_key(|(_, r)| r.base_offset);
+    // Without segments, the WAL must hold the log from its start: a
+    // directory's records from before it joined are in no WAL object.
+    if let Some((_, first)) = ranges.first().filter(|_| chain.is_empty()) {
+        if first.base_offset > log_start {
+            return Err(format!(
+                "records {log_start}..{} are on their first broker's disk only (not yet copied to the object store)",
+                first.base_offset
+            ));
+        }
+    }
+    let mut at = wal_from;
+    let mut wal = Vec::new();
+    for (object, r) in ranges {
+        if at >= end {
+            break;
+        }
+        if r.base_offset > at {
+            break;
+        }
+        if r.end_offset <= at {
+            continue;
+        }
+        if !wal.is_empty() && r.base_offset != at {
+            return Err(format!("WAL ranges overlap at offset {}", r.base_offset));
+        }
+        at = r.end_offset;
+        wal.push((object, r));
+    }
+    if at < end {
+        return Err(format!(
+            "records {at}..{end} are in no segment and no WAL object in the object store"
+        ));
+    }
+    if at > end {
+        return Err(format!("the WAL holds records past the committed offset {end}"));
+    }
+    Ok(LogSources {
+        log_start: start,
+        segments: chain,
+        wal_from,
+        wal,
+        end,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +633,7 @@ mod tests {
                 length: 10,
             },
             revision,
+            log_start: 0,
         }
     }
 
@@ -345,7 +642,10 @@ mod tests {
         let (store, s) = (LocalStore::new(), settings());
         let topic = Uuid::new_v4();
         let one = register(&store, 1).await;
-        let claimed = claim(&store, &s, one, (topic, 0), 0, 0).await.unwrap().unwrap();
+        let claimed = claim(&store, &s, one, (topic, 0), 0, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(claimed.end_offset, 0);
         let decided = commit(
             &store,
@@ -362,17 +662,20 @@ mod tests {
         };
         // Broker 2 takes the partition over in epoch 1 and sees offset 5.
         let two = register(&store, 2).await;
-        // A broker whose log ends short of the commit may not take it.
-        assert_eq!(claim(&store, &s, two, (topic, 0), 1, 4).await.unwrap(), None);
-        let taken = claim(&store, &s, two, (topic, 0), 1, 5).await.unwrap().unwrap();
-        assert_eq!(taken.end_offset, 5);
+        // Its log ends short of the commit: broker 1 wrote the records,
+        // so broker 2 is told to rebuild its log from the object store.
+        let taken = claim(&store, &s, two, (topic, 0), 1, (0, 4))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((taken.end_offset, taken.writer), (5, 1));
         // Broker 1's next commit is refused; an older epoch cannot claim.
         let stale = commit(&store, &s, one, ("o2", "2"), &[part(topic, 5, 9, 0, rev)])
             .await
             .unwrap()
             .unwrap();
         assert_eq!(stale, vec![PartOutcome::Fenced]);
-        assert_eq!(claim(&store, &s, one, (topic, 0), 0, 0).await.unwrap(), None);
+        assert_eq!(claim(&store, &s, one, (topic, 0), 0, (0, 0)).await.unwrap(), None);
         let kv = store.get(&log_key(&s, topic, 0)).await.unwrap().unwrap();
         assert_eq!(decode(&kv).unwrap().end_offset, 5);
     }
@@ -382,7 +685,10 @@ mod tests {
         let (store, s) = (LocalStore::new(), settings());
         let topic = Uuid::new_v4();
         let one = register(&store, 1).await;
-        let claimed = claim(&store, &s, one, (topic, 0), 3, 0).await.unwrap().unwrap();
+        let claimed = claim(&store, &s, one, (topic, 0), 3, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
         let p = part(topic, 0, 4, 3, claimed.revision);
         let first = commit(&store, &s, one, ("o1", "7"), std::slice::from_ref(&p))
             .await
@@ -404,7 +710,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(late, None);
-        assert_eq!(claim(&store, &s, one, (topic, 0), 4, 0).await.unwrap(), None);
+        assert_eq!(claim(&store, &s, one, (topic, 0), 4, (0, 0)).await.unwrap(), None);
     }
 
     #[tokio::test]
@@ -414,12 +720,15 @@ mod tests {
         let mut parts = Vec::new();
         for _ in 0..150 {
             let topic = Uuid::new_v4();
-            let claimed = claim(&store, &s, one, (topic, 0), 0, 0).await.unwrap().unwrap();
+            let claimed = claim(&store, &s, one, (topic, 0), 0, (0, 0))
+                .await
+                .unwrap()
+                .unwrap();
             parts.push(part(topic, 0, 1, 0, claimed.revision));
         }
         // One partition was claimed by another leader meanwhile.
         let two = register(&store, 2).await;
-        claim(&store, &s, two, (parts[70].range.topic_id, 0), 1, 0)
+        claim(&store, &s, two, (parts[70].range.topic_id, 0), 1, (0, 0))
             .await
             .unwrap()
             .unwrap();
@@ -436,5 +745,144 @@ mod tests {
         assert_eq!(committed, 149);
         let indexes = store.range("/k.wal/1/").await.unwrap();
         assert_eq!(indexes.kvs.len(), 3);
+    }
+
+    fn segment(base: i64, next: i64) -> RemoteSegment {
+        RemoteSegment {
+            version: 1,
+            base_offset: base,
+            next_offset: next,
+            size_bytes: 1,
+            max_timestamp_ms: -1,
+            offset_of_max_timestamp: -1,
+            object: format!("s{base}"),
+            aborted: Vec::new(),
+        }
+    }
+
+    fn range(base: i64, end: i64) -> (String, WalRange) {
+        let mut p = part(Uuid::nil(), base, end, 0, 0);
+        p.range.position = base as u64;
+        (format!("w{base}"), p.range)
+    }
+
+    #[test]
+    fn sources_take_segments_then_the_wal_past_them() {
+        let segments = vec![segment(10, 20), segment(0, 10), segment(20, 35)];
+        let ranges = vec![range(30, 40), range(0, 30), range(40, 41)];
+        let got = sources(0, 41, segments, ranges).unwrap();
+        assert_eq!(got.log_start, 0);
+        assert_eq!(got.wal_from, 35);
+        let bases: Vec<i64> = got.segments.iter().map(|s| s.base_offset).collect();
+        assert_eq!(bases, [0, 10, 20]);
+        let wal: Vec<i64> = got.wal.iter().map(|(_, r)| r.base_offset).collect();
+        assert_eq!(wal, [30, 40]);
+        // Segments past a gap are not used; the WAL covers from the gap.
+        let got = sources(
+            0,
+            41,
+            vec![segment(0, 10), segment(20, 35)],
+            vec![range(0, 30), range(30, 41)],
+        )
+        .unwrap();
+        assert_eq!((got.segments.len(), got.wal_from), (1, 10));
+        // Retention passed the first segment; DeleteRecords is inside the next.
+        let got = sources(12, 41, vec![segment(0, 10), segment(10, 20)], vec![range(15, 41)]).unwrap();
+        assert_eq!((got.log_start, got.wal_from), (12, 20));
+        // Nothing at all: an empty log at its start.
+        let got = sources(7, 7, vec![], vec![]).unwrap();
+        assert_eq!((got.log_start, got.wal_from, got.wal.len()), (7, 7, 0));
+    }
+
+    #[test]
+    fn sources_refuse_records_the_object_store_lacks() {
+        // A gap in the WAL.
+        assert!(sources(0, 40, vec![], vec![range(0, 10), range(20, 40)]).is_err());
+        // The WAL ends short of the commit.
+        assert!(sources(0, 40, vec![segment(0, 10)], vec![range(10, 30)]).is_err());
+        // A directory's records from before it joined are not copied yet.
+        let why = sources(0, 40, vec![], vec![range(25, 40)]).unwrap_err();
+        assert!(why.contains("0..25"), "{why}");
+        // Segments end where the WAL starts: nothing is missing.
+        assert!(sources(0, 40, vec![segment(0, 25)], vec![range(25, 40)]).is_ok());
+    }
+
+    #[tokio::test]
+    async fn segments_are_published_and_forgotten_by_the_claiming_leader_only() {
+        let (store, s) = (LocalStore::new(), settings());
+        let topic = Uuid::new_v4();
+        let one = register(&store, 1).await;
+        let claimed = claim(&store, &s, one, (topic, 0), 0, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
+        let seg = segment(0, 10);
+        assert!(
+            publish_segment(&store, &s, one, (topic, 0), claimed.revision, &seg)
+                .await
+                .unwrap()
+        );
+        let two = register(&store, 2).await;
+        let taken = claim(&store, &s, two, (topic, 0), 1, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
+        // Broker 1 is deposed: it may neither record nor forget a copy.
+        assert!(
+            !publish_segment(&store, &s, one, (topic, 0), claimed.revision, &segment(10, 20))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !forget_segment(&store, &s, one, (topic, 0), claimed.revision, (0, "s0"))
+                .await
+                .unwrap()
+        );
+        let listed = store.range(&segments_prefix(&s, topic, 0)).await.unwrap();
+        assert_eq!(listed.kvs.len(), 1);
+        // Broker 2 forgets it (another object's name forgets nothing).
+        assert!(
+            forget_segment(&store, &s, two, (topic, 0), taken.revision, (0, "other"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store
+                .range(&segments_prefix(&s, topic, 0))
+                .await
+                .unwrap()
+                .kvs
+                .len(),
+            1
+        );
+        assert!(
+            forget_segment(&store, &s, two, (topic, 0), taken.revision, (0, "s0"))
+                .await
+                .unwrap()
+        );
+        assert!(store
+            .range(&segments_prefix(&s, topic, 0))
+            .await
+            .unwrap()
+            .kvs
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_seeded_partition_keeps_its_directorys_broker_as_writer() {
+        let (store, s) = (LocalStore::new(), settings());
+        let topic = Uuid::new_v4();
+        let one = register(&store, 1).await;
+        seed(&store, &s, one, (topic, 0), (3, 50)).await.unwrap();
+        let two = register(&store, 2).await;
+        let taken = claim(&store, &s, two, (topic, 0), 1, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((taken.end_offset, taken.log_start, taken.writer), (50, 3, 1));
+        // Seeding again changes nothing.
+        seed(&store, &s, one, (topic, 0), (0, 0)).await.unwrap();
+        let kv = store.get(&log_key(&s, topic, 0)).await.unwrap().unwrap();
+        assert_eq!(decode(&kv).unwrap().leader, 2);
     }
 }

@@ -485,19 +485,85 @@ impl Membership {
     }
 
     /// Claims a partition's log for this broker in `leader_epoch`, its
-    /// local log ending at `local_end` ([`crate::logs::claim`]): `None` if
-    /// a newer epoch holds it or this broker's session is not confirmed.
+    /// local log spanning `local` ([`crate::logs::claim`]): `None` if a
+    /// newer epoch holds it or this broker's session is not confirmed.
     pub async fn claim_log(
         &self,
         partition: (uuid::Uuid, i32),
         leader_epoch: i32,
-        local_end: i64,
+        local: (i64, i64),
     ) -> Result<Option<crate::logs::Claimed>, StoreError> {
         let Some(session) = self.log_session() else {
             return Ok(None);
         };
         let store = self.store.as_ref();
-        crate::logs::claim(store, &self.settings, session, partition, leader_epoch, local_end).await
+        crate::logs::claim(store, &self.settings, session, partition, leader_epoch, local).await
+    }
+
+    /// Writes the first commit of a partition a directory brings in
+    /// ([`crate::logs::seed`]); nothing while the session is not confirmed.
+    pub async fn seed_log(&self, partition: (uuid::Uuid, i32), local: (i64, i64)) -> Result<(), StoreError> {
+        match self.log_session() {
+            Some(session) => {
+                crate::logs::seed(self.store.as_ref(), &self.settings, session, partition, local).await
+            }
+            None => Err(StoreError::Unavailable(
+                "this broker's session is not confirmed".into(),
+            )),
+        }
+    }
+
+    /// Where a claimed partition's records are ([`crate::logs::partition_log`]).
+    pub async fn partition_log(
+        &self,
+        partition: (uuid::Uuid, i32),
+        claimed: &crate::logs::Claimed,
+    ) -> Result<Result<crate::logs::LogSources, String>, StoreError> {
+        crate::logs::partition_log(self.store.as_ref(), &self.settings, partition, claimed).await
+    }
+
+    /// Records a segment copied to the object store
+    /// ([`crate::logs::publish_segment`]): whether it was.
+    pub async fn publish_segment(
+        &self,
+        partition: (uuid::Uuid, i32),
+        revision: i64,
+        segment: &crate::logs::RemoteSegment,
+    ) -> Result<bool, StoreError> {
+        let Some(session) = self.log_session() else {
+            return Ok(false);
+        };
+        crate::logs::publish_segment(
+            self.store.as_ref(),
+            &self.settings,
+            session,
+            partition,
+            revision,
+            segment,
+        )
+        .await
+    }
+
+    /// Forgets a segment copy about to be deleted
+    /// ([`crate::logs::forget_segment`]): whether it may be deleted.
+    pub async fn forget_segment(
+        &self,
+        partition: (uuid::Uuid, i32),
+        revision: i64,
+        segment: (i64, &str),
+    ) -> Result<bool, StoreError> {
+        let Some(session) = self.log_session() else {
+            return Ok(false);
+        };
+        crate::logs::forget_segment(
+            self.store.as_ref(),
+            &self.settings,
+            session,
+            partition,
+            revision,
+            segment,
+        )
+        .await
     }
 
     /// Commits the WAL object `object`, `id` among this broker's
@@ -622,8 +688,9 @@ impl Membership {
         };
         let mine = Compare::ModRevision(self.settings.key("controller"), controller.epoch);
         let mut settled = true;
+        let mut led = topics::load(topics.iter().map(|s| &s.topic));
         for stored in topics {
-            let Some(next) = topics::elect(&stored.topic, &live) else {
+            let Some(next) = topics::elect(&stored.topic, &live, &mut led) else {
                 continue;
             };
             let changed = topics::replace(

@@ -89,6 +89,21 @@ pub fn place(count: usize, live: &BTreeSet<i32>, load: &BTreeMap<i32, usize>) ->
     out
 }
 
+/// Kafka's internal topics whose partitions place the group coordinators
+/// (`__consumer_offsets`) and the transaction coordinators
+/// (`__transaction_state`). In a cluster they are kept with the other
+/// topics and led like them, but hold no records yet (each coordinator
+/// keeps its state in its broker's own logs), so brokers do not open them
+/// and Metadata does not list them, and the controller moves their
+/// leaders to no other broker (see [`elect`]).
+pub const GROUPS_TOPIC: &str = "__consumer_offsets";
+pub const TRANSACTIONS_TOPIC: &str = "__transaction_state";
+
+/// Whether `name` is one of the coordinators' internal topics.
+pub fn is_internal(name: &str) -> bool {
+    name == GROUPS_TOPIC || name == TRANSACTIONS_TOPIC
+}
+
 /// How many partitions each broker leads or would lead (its first
 /// replica), over `topics`.
 pub fn load<'a>(topics: impl IntoIterator<Item = &'a ClusterTopic>) -> BTreeMap<i32, usize> {
@@ -103,25 +118,49 @@ pub fn load<'a>(topics: impl IntoIterator<Item = &'a ClusterTopic>) -> BTreeMap<
     load
 }
 
-/// The controller's rule for one topic, given the live brokers: a leader
-/// that is no longer live gives its partition up (no leader, a new epoch);
-/// a partition without a leader is led by its first live replica (a new
-/// epoch). A partition's records are only on its replicas, so no other
-/// broker may lead it. `None` if nothing changes.
-pub fn elect(topic: &ClusterTopic, live: &BTreeSet<i32>) -> Option<ClusterTopic> {
+/// The controller's rule for one topic, given the live brokers and how
+/// many partitions each leads (`load`, kept up to date as leaders move):
+/// a partition whose leader is not live is led by its first live replica,
+/// else by the live broker leading the fewest partitions, which becomes
+/// its replica (any broker can rebuild a partition's log from the object
+/// store). Each change is a new leader epoch. With no broker live, it has
+/// no leader until one is. The coordinators' topics ([`is_internal`]) keep
+/// their state on their leader's disk, so only their replica may lead
+/// them. `None` if nothing changes.
+pub fn elect(
+    topic: &ClusterTopic,
+    live: &BTreeSet<i32>,
+    load: &mut BTreeMap<i32, usize>,
+) -> Option<ClusterTopic> {
     let mut changed = topic.clone();
     let mut any = false;
+    let anywhere = !is_internal(&topic.name);
     for p in &mut changed.partitions {
-        let next = if p.leader != NO_LEADER && !live.contains(&p.leader) {
-            NO_LEADER
-        } else if p.leader == NO_LEADER {
-            match p.replicas.iter().find(|r| live.contains(r)) {
-                Some(r) => *r,
-                None => continue,
-            }
-        } else {
+        if p.leader != NO_LEADER && live.contains(&p.leader) {
             continue;
+        }
+        let least_loaded = || {
+            live.iter()
+                .min_by_key(|n| (load.get(n).copied().unwrap_or(0), **n))
+                .copied()
         };
+        let next = match p.replicas.iter().find(|r| live.contains(r)) {
+            Some(r) => *r,
+            None if anywhere => least_loaded().unwrap_or(NO_LEADER),
+            None => NO_LEADER,
+        };
+        if next == p.leader {
+            continue;
+        }
+        if next != NO_LEADER && !p.replicas.contains(&next) {
+            for r in &p.replicas {
+                if let Some(n) = load.get_mut(r) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            p.replicas = vec![next];
+            *load.entry(next).or_default() += 1;
+        }
         p.leader = next;
         p.leader_epoch = p.leader_epoch.saturating_add(1);
         any = true;
@@ -225,20 +264,51 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_leader_gives_up_its_partitions_and_takes_them_back_in_new_epochs() {
-        let t = topic(&[(1, 0, &[1]), (2, 4, &[2])]);
-        let all: BTreeSet<i32> = [1, 2].into();
-        assert_eq!(elect(&t, &all), None);
-        let without_1: BTreeSet<i32> = [2].into();
-        let gone = elect(&t, &without_1).expect("broker 1's partition changes");
+    fn a_dead_leaders_partitions_go_to_the_least_loaded_live_brokers() {
+        let t = topic(&[(1, 0, &[1]), (2, 4, &[2]), (1, 2, &[1])]);
+        let all: BTreeSet<i32> = [1, 2, 3].into();
+        let mut led = load([&t]);
+        assert_eq!(elect(&t, &all, &mut led), None);
+        let without_1: BTreeSet<i32> = [2, 3].into();
+        let moved = elect(&t, &without_1, &mut led).expect("broker 1's partitions move");
+        // Broker 3 leads nothing, broker 2 one: 3 takes the first, then 2
+        // and 3 are even and the lower id takes the second.
+        assert_eq!(
+            (moved.partitions[0].leader, moved.partitions[0].leader_epoch),
+            (3, 1)
+        );
+        assert_eq!(moved.partitions[0].replicas, [3]);
+        assert_eq!(
+            (moved.partitions[2].leader, moved.partitions[2].leader_epoch),
+            (2, 3)
+        );
+        assert_eq!(moved.partitions[1], t.partitions[1]);
+        assert_eq!(led, BTreeMap::from([(1, 0), (2, 2), (3, 1)]));
+        // Broker 1 coming back changes nothing: its partitions moved.
+        assert_eq!(elect(&moved, &all, &mut led), None);
+        // With no broker live a partition has no leader, until one is.
+        let none = elect(&moved, &BTreeSet::new(), &mut led).unwrap();
+        assert!(none.partitions.iter().all(|p| p.leader == NO_LEADER));
+        let back = elect(&none, &[2].into(), &mut led).unwrap();
+        assert_eq!(
+            (back.partitions[1].leader, back.partitions[1].leader_epoch),
+            (2, 6)
+        );
+    }
+
+    #[test]
+    fn a_coordinators_partition_waits_for_its_broker() {
+        let mut t = topic(&[(1, 0, &[1])]);
+        t.name = GROUPS_TOPIC.into();
+        let mut led = load([&t]);
+        let gone = elect(&t, &[2].into(), &mut led).expect("its leader is gone");
         assert_eq!(gone.partitions[0].leader, NO_LEADER);
-        assert_eq!(gone.partitions[0].leader_epoch, 1);
-        assert_eq!(gone.partitions[1], t.partitions[1]);
-        // Nobody else may lead it: its records are on broker 1 only.
-        assert_eq!(elect(&gone, &without_1), None);
-        let back = elect(&gone, &all).expect("broker 1 takes it back");
-        assert_eq!(back.partitions[0].leader, 1);
-        assert_eq!(back.partitions[0].leader_epoch, 2);
+        assert_eq!(elect(&gone, &[2].into(), &mut led), None);
+        let back = elect(&gone, &[1, 2].into(), &mut led).unwrap();
+        assert_eq!(
+            (back.partitions[0].leader, back.partitions[0].leader_epoch),
+            (1, 2)
+        );
     }
 
     #[test]

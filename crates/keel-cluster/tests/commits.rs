@@ -181,18 +181,32 @@ impl Model {
             session,
             (self.topic, 0),
             epoch,
-            local_end,
+            (0, local_end),
         )
         .await;
-        let Ok(Some(Claimed { end_offset, revision })) = claimed else {
+        let Ok(Some(Claimed {
+            end_offset,
+            revision,
+            writer,
+            ..
+        })) = claimed
+        else {
             return;
         };
-        // Cut what was never committed, or take what others committed
-        // (a failover replaying the object store).
+        // The writer cuts what it never committed; any other broker takes
+        // what was committed (a failover replaying the object store).
         let committed = self.committed_log().await;
         let broker = &mut self.brokers[b];
-        if local_end > 0 || end_offset > 0 {
-            broker.log = committed[..end_offset as usize].to_vec();
+        let end = end_offset as usize;
+        if writer == b as i32 && local_end >= end_offset {
+            assert_eq!(
+                broker.log[..end],
+                committed[..end],
+                "broker {b}, the writer, holds records that were not committed"
+            );
+            broker.log.truncate(end);
+        } else {
+            broker.log = committed[..end].to_vec();
         }
         broker.term = Some((epoch, revision));
         broker.committed = end_offset;
@@ -234,7 +248,12 @@ impl Model {
                     position: 0,
                     length: 1,
                 };
-                (object, CommitPart { range, revision })
+                let part = CommitPart {
+                    range,
+                    revision,
+                    log_start: 0,
+                };
+                (object, part)
             }
         };
         let outcome = logs::commit(

@@ -1465,7 +1465,11 @@ impl BrokerConfig {
         let capacity = !self.get("keel.tier.capacity.dirs").trim().is_empty();
         let tier = if compact {
             capacity.then_some(keel_log::Tier::Capacity)
-        } else if value("remote.storage.enable") == "true" && !self.get("keel.tier.remote").is_empty() {
+        } else if (value("remote.storage.enable") == "true" || !self.etcd_endpoints().is_empty())
+            && !self.get("keel.tier.remote").is_empty()
+        {
+            // In a cluster every topic's sealed segments go to the object
+            // store: any broker may have to lead the partition next.
             Some(keel_log::Tier::Remote)
         } else if !self.get("keel.tier.capacity.dirs").trim().is_empty() {
             Some(keel_log::Tier::Capacity)

@@ -42,5 +42,6 @@ pub mod policy;
 pub mod producers;
 pub mod readers;
 pub mod replica;
+pub mod takeover;
 pub mod topics;
 pub mod wal;

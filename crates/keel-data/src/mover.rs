@@ -8,7 +8,10 @@
 //!    partition, partitions in turn, one segment at a time: `begin_copy`
 //!    (persisted) -> copy and verify (no partition lock held) ->
 //!    `finish_copy`, or `abort_copy` on failure;
-//! 3. after each copy, deletes local copies that are no longer needed:
+//! 3. in a cluster, records the partition's copies in the object store in
+//!    the coordination store, for the partition's next leader
+//!    ([`crate::takeover`]), and forgets a copy there before deleting it;
+//! 4. after each copy, deletes local copies that are no longer needed:
 //!    past the topic's `local.retention.bytes` / `local.retention.ms`, then,
 //!    oldest first across all partitions, while the fast tier holds more
 //!    than `keel.tier.fast.max.bytes`.
@@ -254,10 +257,13 @@ async fn pass_over(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> 
     // 2. Copies, each followed by releases.
     release(data, targets).await?;
     for t in available(targets) {
-        let Some(tier) = t.policy.tier.filter(|_| t.policy.copy) else {
-            continue;
-        };
-        settle(t, copy_partition(data, targets, t, tier).await)?;
+        if let Some(tier) = t.policy.tier.filter(|_| t.policy.copy) {
+            settle(t, copy_partition(data, targets, t, tier).await)?;
+        }
+        // In a cluster, the copies are recorded for the next leader.
+        if let Err(why) = crate::takeover::publish_copies(data, &t.partition).await {
+            first_error.get_or_insert(std::io::Error::other(why));
+        }
     }
     release(data, targets).await?;
     check_fast_space(data);
@@ -290,6 +296,14 @@ async fn delete_marked(
     for segment in pending {
         if !data.tiers.has(segment.tier) {
             continue; // A tier no longer configured: keep the record.
+        }
+        match crate::takeover::forget_copy(data, &t.partition, &segment).await {
+            Ok(true) => {}
+            Ok(false) => continue, // another leader's now
+            Err(why) => {
+                first_error.get_or_insert(std::io::Error::other(why));
+                continue;
+            }
         }
         match data.tiers.delete(&segment).await {
             Ok(()) => {
@@ -379,10 +393,13 @@ async fn copy_one(data: &DataPlane, t: &Target, tier: Tier, segment: &SealedSegm
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    let copied = data
+    let mut copied = data
         .tiers
         .copy(tier, segment, &object, data.io.budget(IoClass::TierMove))
         .await;
+    if copied.is_ok() && tier == Tier::Remote && data.wal.is_some() {
+        copied = put_producer_snapshot(data, t, segment, &object).await;
+    }
     let o = object.clone();
     match copied {
         Ok(()) => {
@@ -400,6 +417,32 @@ async fn copy_one(data: &DataPlane, t: &Target, tier: Tier, segment: &SealedSegm
             }
             Err(e.into())
         }
+    }
+}
+
+/// Puts the producer-state snapshot at the segment's end beside its copy
+/// in the object store (`<object>.snapshot`), for a leader that rebuilds
+/// the partition from there ([`crate::takeover`]). None if the log no
+/// longer has it (the rebuilt state then comes from the WAL alone).
+async fn put_producer_snapshot(
+    data: &DataPlane,
+    t: &Target,
+    segment: &SealedSegment,
+    object: &str,
+) -> std::io::Result<()> {
+    let end = segment.next_offset;
+    let snapshot = match on_log(&t.partition, move |log| log.read_producer_snapshot(end)).await {
+        Ok(read) => read?,
+        Err(StepError::Unavailable(why)) => return Err(std::io::Error::other(why.0)),
+        Err(StepError::Failed(e)) => return Err(e),
+    };
+    match snapshot {
+        Some(bytes) => {
+            data.tiers
+                .put_remote(&format!("{object}.snapshot"), bytes.into())
+                .await
+        }
+        None => Ok(()),
     }
 }
 

@@ -264,6 +264,9 @@ pub struct Partition {
     /// claim they are written under. `None` for one node.
     wal: Option<Arc<Wal>>,
     replica: Replica,
+    /// In a cluster: the copies in the object store this broker recorded
+    /// in the coordination store (see [`crate::takeover`]).
+    pub(crate) published: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The read-ahead slot of one partition.
@@ -402,6 +405,7 @@ impl Partition {
             clock: parts.clock,
             wal: parts.wal,
             replica: Replica::default(),
+            published: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -921,6 +925,15 @@ impl Partition {
         self.replica.term().map(|t| t.epoch)
     }
 
+    /// The revision of the partition's commit key this broker last wrote,
+    /// while it leads the partition: what its writes to the coordination
+    /// store compare.
+    pub fn claimed_revision(&self) -> Option<i64> {
+        self.replica
+            .term()
+            .and_then(|t| self.replica.revision(t.generation))
+    }
+
     /// Takes the partition's leadership in `epoch`, its log committed up
     /// to `committed` (the claim in the coordination store, made by the
     /// caller at `revision`): what the local log holds past it was never
@@ -928,7 +941,17 @@ impl Partition {
     /// committed offset becomes the high watermark and appends are taken.
     /// Refused if the local log ends below the committed offset (its
     /// records are only in the object store). Blocking.
-    pub fn take_leadership(&self, epoch: i32, committed: i64, revision: i64) -> Result<(), String> {
+    ///
+    /// `rebuilt`: the log was just rebuilt from the object store
+    /// ([`Partition::restart_log`], [`Partition::replay`]), so its producer
+    /// state is read from it again.
+    pub fn take_leadership(
+        &self,
+        epoch: i32,
+        committed: i64,
+        revision: i64,
+        rebuilt: bool,
+    ) -> Result<(), String> {
         let mut st = self.writer.lock();
         if let Some(why) = self.refusal(&st) {
             return Err(why.message);
@@ -947,12 +970,14 @@ impl Partition {
                  its records after {end} are in the object store only"
             ));
         }
-        if end > committed {
-            tracing::warn!(
-                topic = %self.topic, partition = self.index, from = committed, to = end, epoch,
-                "cutting uncommitted records from the local log before leading"
-            );
-            log.truncate_to(committed).map_err(|e| e.to_string())?;
+        if end > committed || rebuilt {
+            if end > committed {
+                tracing::warn!(
+                    topic = %self.topic, partition = self.index, from = committed, to = end, epoch,
+                    "cutting uncommitted records from the local log before leading"
+                );
+                log.truncate_to(committed).map_err(|e| e.to_string())?;
+            }
             // Producer state as of the cut: reopened from the log.
             let config = self.config.lock().clone();
             let (log, producers) = open_log(&self.storage, &self.dir, &config, self.clock.now_ms())
@@ -973,6 +998,77 @@ impl Partition {
         });
         drop(st);
         self.wake_waiters();
+        Ok(())
+    }
+
+    /// Empties the local log to rebuild it from the object store: it
+    /// starts at `start`, with `cold` (segments in the object store) up to
+    /// `offset`, where the records replayed from WAL objects
+    /// ([`Partition::replay`]) go. The partition must not be led here.
+    ///
+    /// `snapshot`: the producer-state snapshot at `offset`, if the object
+    /// store has one (else the state is read from the replayed records).
+    pub fn restart_log(
+        &self,
+        (start, offset): (i64, i64),
+        cold: Vec<keel_log::TieredSegment>,
+        snapshot: Option<Vec<u8>>,
+    ) -> Result<(), String> {
+        let mut st = self.writer.lock();
+        if let Some(why) = self.refusal(&st) {
+            return Err(why.message);
+        }
+        if self.replica.term().is_some() {
+            return Err("the partition is led here".into());
+        }
+        let log = st.log.as_mut().expect("refusal() checked the log is open");
+        log.restart_at(start, offset, cold).map_err(|e| e.to_string())?;
+        // Producer state below `offset` is the snapshot's (or none): the
+        // reopen at the claim reads the rest from `offset` on.
+        let snapshot = snapshot
+            .filter(|bytes| match ProducerStates::decode_snapshot(bytes) {
+                Ok(_) => true,
+                Err(why) => {
+                    tracing::warn!(topic = %self.topic, partition = self.index, offset, %why, "ignoring a producer snapshot from the object store");
+                    false
+                }
+            })
+            .unwrap_or_else(|| ProducerStates::default().encode_snapshot());
+        log.queue_producer_snapshot(offset, snapshot);
+        log.complete_seals().map_err(|e| e.to_string())?;
+        self.tail.clear();
+        *self.scan_hint.lock() = None;
+        Ok(())
+    }
+
+    /// Appends `batches` (whole batches in Kafka's format, offsets and
+    /// leader epochs as their leader wrote them) at the end of a log
+    /// being rebuilt; they must start where it ends.
+    pub fn replay(&self, batches: &[u8]) -> Result<(), String> {
+        let mut st = self.writer.lock();
+        if let Some(why) = self.refusal(&st) {
+            return Err(why.message);
+        }
+        if self.replica.term().is_some() {
+            return Err("the partition is led here".into());
+        }
+        let headers =
+            keel_log::batch::validate_batches(batches).map_err(|e| format!("a WAL object's batches: {e}"))?;
+        let log = st.log.as_mut().expect("refusal() checked the log is open");
+        let end = log.log_end_offset();
+        let mut next = end;
+        for h in &headers {
+            if h.base_offset != next {
+                return Err(format!(
+                    "a WAL batch at offset {} where the rebuilt log needs offset {next}",
+                    h.base_offset
+                ));
+            }
+            next = h.last_offset() + 1;
+        }
+        let mut records = batches.to_vec();
+        log.append(&mut records, &headers, self.clock.now_ms())
+            .map_err(|e| e.to_string())?;
         Ok(())
     }
 

@@ -123,6 +123,11 @@ impl Wal {
         }
     }
 
+    /// The cluster membership the WAL commits through.
+    pub fn membership(&self) -> &Arc<Membership> {
+        &self.membership
+    }
+
     pub fn set_settings(&self, settings: WalSettings) {
         *self.settings.lock() = settings;
         self.wake.notify_one();
@@ -288,6 +293,7 @@ impl Wal {
                     CommitPart {
                         range: p.range.clone(),
                         revision,
+                        log_start: p.partition.log_start_offset(),
                     },
                 ))
             })

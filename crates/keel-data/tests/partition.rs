@@ -968,3 +968,84 @@ async fn producer_times_come_from_the_partitions_clock() {
     let p = open(&clock);
     assert_eq!(last_writes(&p), vec![(8, 65_000)]);
 }
+
+/// A partition taken over from the object store: its own log is emptied
+/// and restarts where the segments there end, the WAL's batches are
+/// replayed at their own offsets, and producer state is read from them,
+/// so a producer's retry is recognised and its next batch goes on.
+#[tokio::test]
+async fn a_log_rebuilt_from_replayed_batches_keeps_offsets_and_producer_state() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = open(a_dir.path());
+    let (filler, h) = batch(None, 3);
+    a.append(filler, h).await.unwrap();
+    let (b0, h0) = batch(Some((42, 0)), 2);
+    assert_eq!(a.append(b0, h0).await.unwrap().base_offset, 3);
+    let (b1, h1) = batch(Some((42, 2)), 2);
+    assert_eq!(a.append(b1.clone(), h1.clone()).await.unwrap().base_offset, 5);
+    // What the WAL objects hold past offset 3: the batches as written.
+    let written = a.read_plan(3, 1 << 20).unwrap().execute().unwrap();
+    let first = validate_batches(&written).unwrap()[0].total_len();
+
+    let b = open(b_dir.path());
+    let (stale, hs) = batch(None, 2);
+    b.append(stale, hs).await.unwrap();
+    b.restart_log((3, 3), Vec::new(), None).unwrap();
+    // Batches that do not start where the log ends are refused.
+    let err = b.replay(&written[first..]).unwrap_err();
+    assert!(err.contains("offset 5"), "{err}");
+    b.replay(&written).unwrap();
+    b.take_leadership(1, 7, 1, true).unwrap();
+    assert_eq!((b.log_start_offset(), b.high_watermark()), (3, 7));
+    assert_eq!(log_contents(&b), log_contents(&a)[1..]);
+    // The producer's retry of its last batch, then its next one.
+    assert_eq!(b.append(b1, h1).await.unwrap().base_offset, 5);
+    let (next, hn) = batch(Some((42, 4)), 1);
+    assert_eq!(b.append(next, hn).await.unwrap().base_offset, 7);
+    // It survives a crash and reopen as rebuilt.
+    drop(b);
+    let b = open(b_dir.path());
+    assert_eq!((b.log_start_offset(), b.high_watermark()), (3, 8));
+}
+
+/// The producer-state snapshot the old leader wrote when its segment
+/// rolled (put beside the segment's copy in the object store) carries a
+/// producer whose last batches are below the replayed WAL: its retry of
+/// one of them is recognised, not written twice.
+#[tokio::test]
+async fn a_rebuilt_log_takes_producer_state_below_the_wal_from_the_snapshot() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = open(a_dir.path());
+    let mut seq = 0;
+    let mut batches = Vec::new();
+    // Producer 42's batches until the segment rolls (4 KiB segments): the
+    // batch that rolled it is the new segment's first.
+    while a.reader().unwrap().segment_base_offsets().len() < 2 {
+        let (b, h) = batch(Some((42, seq)), 2);
+        let at = a.append(b.clone(), h.clone()).await.unwrap().base_offset;
+        batches.push((b, h, at));
+        seq += 2;
+    }
+    let rolled = *a.reader().unwrap().segment_base_offsets().last().unwrap();
+    assert_eq!(batches.last().unwrap().2, rolled);
+    // Its batch before the roll: only the snapshot knows it.
+    let (retry, hr, retried_at) = batches[batches.len() - 2].clone();
+    let snapshot_file = a_dir.path().join(format!("{rolled:020}.snapshot"));
+    let snapshot = (0..200)
+        .find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::read(&snapshot_file).ok()
+        })
+        .expect("the roll's producer snapshot");
+    let wal = a.read_plan(rolled, 1 << 20).unwrap().execute().unwrap();
+    let end = a.high_watermark();
+
+    let b = open(b_dir.path());
+    b.restart_log((rolled, rolled), Vec::new(), Some(snapshot))
+        .unwrap();
+    b.replay(&wal).unwrap();
+    b.take_leadership(1, end, 1, true).unwrap();
+    assert_eq!(b.append(retry, hr).await.unwrap().base_offset, retried_at);
+    let (next, hn) = batch(Some((42, seq)), 1);
+    assert_eq!(b.append(next, hn).await.unwrap().base_offset, end);
+}

@@ -333,6 +333,12 @@ impl PartitionLog {
 
     /// The newest producer-state snapshot found at open (at or below the
     /// log end offset): `(offset, bytes)`. Taken once.
+    /// The producer-state snapshot file at `offset` (written when the
+    /// segment ending there rolled), if it is still on disk.
+    pub fn read_producer_snapshot(&self, offset: i64) -> io::Result<Option<Vec<u8>>> {
+        read_file(self.storage.as_ref(), &snapshot_path(&self.dir, offset))
+    }
+
     pub fn take_producer_snapshot(&mut self) -> Option<(i64, Vec<u8>)> {
         self.producer_snapshot.take()
     }
@@ -1200,12 +1206,53 @@ impl PartitionLog {
         for t in tiered.iter_mut() {
             t.state = TierState::Deleting;
         }
+        self.start_over(offset, offset, tiered)
+    }
+
+    /// Empties the local log and starts it again at `offset`, with `cold`
+    /// as its cold segments (copies another writer of the partition made
+    /// in a colder tier, following one another up to `offset`) and its
+    /// start at `start`: a partition whose log is rebuilt from the object
+    /// store. This log's own copies are deleted from their tiers, except
+    /// those `cold` names.
+    pub fn restart_at(&mut self, start: i64, offset: i64, cold: Vec<TieredSegment>) -> io::Result<()> {
+        self.check_writable()?;
+        let follows = cold.windows(2).all(|w| w[0].next_offset == w[1].base_offset);
+        let ends = cold.last().map_or(start, |c| c.next_offset);
+        if !follows || ends != offset || cold.first().is_some_and(|c| c.base_offset > start) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cold segments that do not run from {start} to {offset}"),
+            ));
+        }
+        self.sealer.run_pending()?;
+        let mut tiered: Vec<TieredSegment> = self
+            .view
+            .tiered_segments()
+            .into_iter()
+            .filter(|t| !cold.iter().any(|c| c.object == t.object))
+            .map(|mut t| {
+                t.state = TierState::Deleting;
+                t
+            })
+            .collect();
+        tiered.extend(cold.into_iter().map(|mut c| {
+            c.state = TierState::Cold;
+            c
+        }));
+        tiered.sort_by_key(|t| t.base_offset);
+        self.start_over(start, offset, tiered)
+    }
+
+    /// Replaces the manifest with `tiered`, then every local segment with
+    /// an empty one at `offset`, the log starting at `start`.
+    fn start_over(&mut self, start: i64, offset: i64, tiered: Vec<TieredSegment>) -> io::Result<()> {
         self.publish_manifest(tiered)?;
         let (meta, handle) = segment::create(&self.storage, &self.dir, offset, None)?;
         let old: Vec<SegMeta> = {
             let mut st = self.view.state.write();
             let old = std::mem::replace(&mut st.segments, vec![meta]);
-            st.log_start_offset = offset;
+            st.log_start_offset = start;
             old
         };
         self.active = handle;
@@ -1221,7 +1268,7 @@ impl PartitionLog {
         self.producer_snapshot = None;
         self.storage.sync_dir(&self.dir)?;
         let storage = Arc::clone(&self.storage);
-        let written = write_offset_file(storage.as_ref(), &self.dir.join(LOG_START_OFFSET_FILE), offset)
+        let written = write_offset_file(storage.as_ref(), &self.dir.join(LOG_START_OFFSET_FILE), start)
             .and_then(|()| write_offset_file(storage.as_ref(), &self.dir.join(RECOVERY_POINT_FILE), offset));
         self.durably(written)?;
         self.sealer.lower_durable(offset);

@@ -41,7 +41,10 @@ use crate::cold::ColdRead;
 use crate::io::Budget;
 
 /// The files a copy may have (`.txnindex` only with aborted transactions).
-const COPY_SUFFIXES: [&str; 4] = ["log", "index", "timeindex", "txnindex"];
+/// A copy's files. `snapshot` is the producer-state snapshot at the
+/// segment's end, which a cluster's leader puts beside each segment it
+/// copies to the object store (Kafka's remote storage keeps one too).
+const COPY_SUFFIXES: [&str; 5] = ["log", "index", "timeindex", "txnindex", "snapshot"];
 /// Bytes moved per step of a copy or verification (and per multipart part).
 const CHUNK: u64 = 8 << 20;
 /// Memory for cached indexes of colder-tier segments, broker-wide.
@@ -419,6 +422,15 @@ impl Tiers {
     /// `len` bytes at `pos` of the object `name` in the object store.
     pub async fn read_remote(&self, name: &str, pos: u64, len: u64) -> io::Result<Bytes> {
         self.store(Tier::Remote)?.get_range(name, pos, len).await
+    }
+
+    /// The whole object `name` in the object store, `None` if there is none.
+    pub async fn get_remote(&self, name: &str) -> io::Result<Option<Bytes>> {
+        match self.store(Tier::Remote)?.get(name).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Deletes the object `name` from the object store; one that is gone

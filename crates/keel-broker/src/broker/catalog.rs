@@ -180,6 +180,18 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
 /// change's revision, `None` if the name is taken.
 async fn publish(broker: &Broker, local: &Topic) -> Result<Option<i64>, String> {
     let me = broker.cluster.me().node_id;
+    // Its partitions' records are this broker's: no other may claim one
+    // with an empty log before it does.
+    for p in &local.partitions {
+        if let Some(log) = p.reader() {
+            let span = (log.log_start_offset(), log.log_end_offset());
+            broker
+                .cluster
+                .seed_log((local.meta.topic_id, p.index), span)
+                .await
+                .map_err(|e| format!("cannot publish topic `{}`: {e}", local.meta.name))?;
+        }
+    }
     let topic = ClusterTopic {
         version: 1,
         name: local.meta.name.clone(),
@@ -277,7 +289,9 @@ async fn take_leaderships(broker: &Arc<Broker>) {
             let claimed = partition.claimed_epoch();
             match broker.cluster.live_leader(id, index) {
                 Some((leader, epoch)) if leader == me && claimed != Some(epoch) => {
-                    if let Err(why) = take_leadership(broker, partition, epoch).await {
+                    if let Err(why) =
+                        keel_data::takeover::take_leadership(&broker.data, partition, epoch).await
+                    {
                         tracing::warn!(topic = %topic.meta.name, partition = index, epoch, error = %why, "cannot take the partition's leadership yet");
                     }
                 }
@@ -287,28 +301,6 @@ async fn take_leaderships(broker: &Arc<Broker>) {
             }
         }
     }
-}
-
-async fn take_leadership(
-    broker: &Arc<Broker>,
-    partition: &Arc<keel_data::partition::Partition>,
-    epoch: i32,
-) -> Result<(), String> {
-    partition.give_up_leadership();
-    let local_end = partition
-        .reader()
-        .ok_or("the partition's log is not open")?
-        .log_end_offset();
-    let claimed = broker
-        .cluster
-        .claim_log((partition.topic_id, partition.index), epoch, local_end)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or("a newer leader holds it, or this broker's session is not confirmed")?;
-    let p = Arc::clone(partition);
-    run_blocking(move || p.take_leadership(epoch, claimed.end_offset, claimed.revision)).await?;
-    tracing::info!(topic = %partition.topic, partition = partition.index, epoch, committed = claimed.end_offset, "leading the partition");
-    Ok(())
 }
 
 async fn open_local(broker: &Arc<Broker>, t: &ClusterTopic) -> Result<(), String> {
@@ -490,19 +482,7 @@ pub(crate) fn placement(
     Ok(placed)
 }
 
-/// Kafka's internal topics whose partitions place the group coordinators
-/// (`__consumer_offsets`) and the transaction coordinators
-/// (`__transaction_state`). In a cluster they are kept with the other
-/// topics and led like them, but hold no records yet (each coordinator
-/// keeps its state in its broker's own logs), so brokers do not open them
-/// and Metadata does not list them.
-pub const GROUPS_TOPIC: &str = "__consumer_offsets";
-pub const TRANSACTIONS_TOPIC: &str = "__transaction_state";
-
-/// Whether `name` is one of the coordinators' internal topics.
-pub fn is_internal(name: &str) -> bool {
-    name == GROUPS_TOPIC || name == TRANSACTIONS_TOPIC
-}
+pub use keel_cluster::topics::{is_internal, GROUPS_TOPIC, TRANSACTIONS_TOPIC};
 
 /// The partition of a coordinators' topic of `partitions` partitions that
 /// `key` (a group or transactional id) falls in: Kafka's

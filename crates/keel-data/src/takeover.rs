@@ -1,0 +1,304 @@
+//! Taking a partition's leadership in a cluster, and keeping the object
+//! store's record of its sealed segments.
+//!
+//! A broker the controller names leader claims the partition in the
+//! coordination store (`keel_cluster::logs::claim`), which fences every
+//! earlier leader. Then:
+//! * if this broker is the partition's writer (its term committed the
+//!   newest records) and its log holds them, it cuts what it wrote past
+//!   the committed offset and leads;
+//! * otherwise it rebuilds the log from the object store: the sealed
+//!   segments the earlier leaders copied there become its cold segments,
+//!   as they are (reads of their offsets go to the object store), and the
+//!   records past them are replayed from the WAL objects into a fresh
+//!   local segment. Producer state is the snapshot the old leader put
+//!   beside the last segment (`<object>.snapshot`, written when that
+//!   segment rolled) and then the replayed records, so an idempotent
+//!   producer's retry is recognised wherever its batch is; the leader-epoch
+//!   history is in the batches themselves.
+//!
+//! A leader records each segment the mover copies to the object store
+//! ([`publish_copies`]) and forgets a copy before deleting it
+//! ([`forget_copy`]), both fenced by its claim, so a later leader adopts
+//! exactly the copies that hold committed records.
+
+use std::sync::Arc;
+
+use keel_cluster::logs::{Claimed, LogSources, RemoteSegment};
+use keel_log::txnindex::AbortedTxn;
+use keel_log::{Tier, TierState, TieredSegment};
+
+use crate::partition::Partition;
+use crate::plane::DataPlane;
+
+/// WAL ranges read from the object store at once while replaying.
+const READS_AHEAD: usize = 8;
+
+/// Claims `partition` in `epoch` and makes this broker its leader, its
+/// log rebuilt from the object store if this broker's log does not hold
+/// every committed record. On an error the partition is not led here (the
+/// caller tries again later); its claim stays, fencing earlier leaders.
+pub async fn take_leadership(data: &DataPlane, partition: &Arc<Partition>, epoch: i32) -> Result<(), String> {
+    let wal = data.wal.as_ref().ok_or("this broker is not in a cluster")?;
+    let membership = wal.membership();
+    partition.give_up_leadership();
+    let reader = partition.reader().ok_or("the partition's log is not open")?;
+    let local = (reader.log_start_offset(), reader.log_end_offset());
+    let id = (partition.topic_id, partition.index);
+    let claimed = membership
+        .claim_log(id, epoch, local)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("a newer leader holds it, or this broker's session is not confirmed")?;
+    let holds_all = claimed.writer == membership.me().node_id && local.1 >= claimed.end_offset;
+    if !holds_all {
+        let sources = membership
+            .partition_log(id, &claimed)
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|why| format!("cannot rebuild its log from the object store: {why}"))?;
+        rebuild(data, partition, &claimed, &sources).await?;
+    }
+    let p = Arc::clone(partition);
+    let (end, revision) = (claimed.end_offset, claimed.revision);
+    blocking(move || p.take_leadership(epoch, end, revision, !holds_all)).await?;
+    tracing::info!(
+        topic = %partition.topic, partition = partition.index, epoch, committed = claimed.end_offset,
+        rebuilt = !holds_all, "leading the partition"
+    );
+    Ok(())
+}
+
+/// Replaces the local log with the one `sources` describe.
+async fn rebuild(
+    data: &DataPlane,
+    partition: &Arc<Partition>,
+    claimed: &Claimed,
+    sources: &LogSources,
+) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let cold: Vec<TieredSegment> = sources.segments.iter().map(tiered).collect();
+    let (start, from) = (sources.log_start, sources.wal_from);
+    let snapshot = match sources.segments.last() {
+        Some(last) => data
+            .tiers
+            .get_remote(&format!("{}.snapshot", last.object))
+            .await
+            .map_err(|e| format!("reading the producer snapshot of {}: {e}", last.object))?,
+        None => None,
+    };
+    let p = Arc::clone(partition);
+    blocking(move || p.restart_log((start, from), cold, snapshot.map(|b| b.to_vec()))).await?;
+    let mut bytes = 0u64;
+    for window in sources.wal.chunks(READS_AHEAD) {
+        let reads: Vec<_> = window
+            .iter()
+            .map(|(object, r)| {
+                let tiers = Arc::clone(&data.tiers);
+                let (object, position, length) = (object.clone(), r.position, r.length);
+                tokio::spawn(async move { tiers.read_remote(&object, position, length).await })
+            })
+            .collect();
+        for (read, (object, range)) in reads.into_iter().zip(window) {
+            let read = read
+                .await
+                .map_err(|e| format!("reading WAL object {object}: {e}"))?
+                .map_err(|e| format!("reading WAL object {object}: {e}"))?;
+            let batches = from_offset(read, range.base_offset, from)
+                .map_err(|why| format!("WAL object {object}: {why}"))?;
+            if batches.is_empty() {
+                continue;
+            }
+            bytes += batches.len() as u64;
+            let p = Arc::clone(partition);
+            blocking(move || p.replay(&batches)).await?;
+        }
+    }
+    let end = partition.reader().map_or(-1, |r| r.log_end_offset());
+    if end != claimed.end_offset {
+        return Err(format!(
+            "the rebuilt log ends at {end}, not at the committed offset {}",
+            claimed.end_offset
+        ));
+    }
+    tracing::info!(
+        topic = %partition.topic, partition = partition.index,
+        log_start = sources.log_start, segments = sources.segments.len(), wal_from = from,
+        wal_ranges = sources.wal.len(), replayed_bytes = bytes, end,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "rebuilt the partition's log from the object store"
+    );
+    Ok(())
+}
+
+/// The batches of `range` (whole batches, the first at `base`) from
+/// offset `from` on.
+fn from_offset(range: bytes::Bytes, base: i64, from: i64) -> Result<bytes::Bytes, String> {
+    let mut pos = 0;
+    let mut next = base;
+    while next < from {
+        let rest = range
+            .get(pos..)
+            .filter(|r| !r.is_empty())
+            .ok_or("it ends before the offset needed")?;
+        let header = keel_log::BatchHeader::parse(rest).map_err(|e| e.to_string())?;
+        pos += header.total_len();
+        next = header.last_offset() + 1;
+    }
+    if next != from || pos > range.len() {
+        return Err(format!("no batch boundary at offset {from}"));
+    }
+    Ok(range.slice(pos..))
+}
+
+/// A segment in the object store as this broker's manifest holds it.
+fn tiered(s: &RemoteSegment) -> TieredSegment {
+    TieredSegment {
+        base_offset: s.base_offset,
+        next_offset: s.next_offset,
+        size_bytes: s.size_bytes,
+        max_timestamp_ms: s.max_timestamp_ms,
+        offset_of_max_timestamp: s.offset_of_max_timestamp,
+        tier: Tier::Remote,
+        state: TierState::Cold,
+        object: s.object.clone(),
+        aborted: s
+            .aborted
+            .iter()
+            .map(
+                |[producer_id, first_offset, last_offset, last_stable_offset]| AbortedTxn {
+                    producer_id: *producer_id,
+                    first_offset: *first_offset,
+                    last_offset: *last_offset,
+                    last_stable_offset: *last_stable_offset,
+                },
+            )
+            .collect(),
+    }
+}
+
+/// A copy in this broker's manifest as the coordination store records it.
+fn remote(t: &TieredSegment) -> RemoteSegment {
+    RemoteSegment {
+        version: 1,
+        base_offset: t.base_offset,
+        next_offset: t.next_offset,
+        size_bytes: t.size_bytes,
+        max_timestamp_ms: t.max_timestamp_ms,
+        offset_of_max_timestamp: t.offset_of_max_timestamp,
+        object: t.object.clone(),
+        aborted: t
+            .aborted
+            .iter()
+            .map(|a| [a.producer_id, a.first_offset, a.last_offset, a.last_stable_offset])
+            .collect(),
+    }
+}
+
+/// Records in the coordination store the partition's complete copies in
+/// the object store that it has not recorded yet, while this broker leads
+/// it. A claim that moved on meanwhile (a commit) is read again; a
+/// deposed leader records nothing.
+pub async fn publish_copies(data: &DataPlane, partition: &Partition) -> Result<(), String> {
+    let Some(wal) = &data.wal else {
+        return Ok(());
+    };
+    let Some(reader) = partition.reader() else {
+        return Ok(());
+    };
+    let copies: Vec<TieredSegment> = reader
+        .tiered_segments()
+        .into_iter()
+        .filter(|t| t.tier == Tier::Remote && matches!(t.state, TierState::Both | TierState::Cold))
+        .filter(|t| !partition.published.lock().contains(&t.object))
+        .collect();
+    let id = (partition.topic_id, partition.index);
+    for copy in copies {
+        let segment = remote(&copy);
+        let mut recorded = false;
+        for _ in 0..20 {
+            let Some(revision) = partition.claimed_revision() else {
+                return Ok(());
+            };
+            if wal
+                .membership()
+                .publish_segment(id, revision, &segment)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                recorded = true;
+                break;
+            }
+        }
+        if !recorded {
+            return Ok(()); // deposed, or committing without pause: next pass
+        }
+        partition.published.lock().insert(copy.object);
+    }
+    Ok(())
+}
+
+/// Whether the leader may delete its copy `segment` from the object
+/// store: in a cluster, once the coordination store no longer records it
+/// (a deposed leader may not; the copy may be another leader's now).
+pub async fn forget_copy(
+    data: &DataPlane,
+    partition: &Partition,
+    segment: &TieredSegment,
+) -> Result<bool, String> {
+    let Some(wal) = &data.wal else {
+        return Ok(true);
+    };
+    if segment.tier != Tier::Remote {
+        return Ok(true);
+    }
+    let id = (partition.topic_id, partition.index);
+    for _ in 0..20 {
+        let Some(revision) = partition.claimed_revision() else {
+            return Ok(false);
+        };
+        let forgotten = wal
+            .membership()
+            .forget_segment(id, revision, (segment.base_offset, &segment.object))
+            .await
+            .map_err(|e| e.to_string())?;
+        if forgotten {
+            partition.published.lock().remove(&segment.object);
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A data-plane change on a blocking thread, its failure as a message.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| e.to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_round_trip_between_the_manifest_and_the_store() {
+        let t = TieredSegment {
+            base_offset: 10,
+            next_offset: 20,
+            size_bytes: 300,
+            max_timestamp_ms: 5,
+            offset_of_max_timestamp: 12,
+            tier: Tier::Remote,
+            state: TierState::Cold,
+            object: "c/t-x/0/00000000000000000010-ab".into(),
+            aborted: vec![AbortedTxn {
+                producer_id: 7,
+                first_offset: 11,
+                last_offset: 14,
+                last_stable_offset: 11,
+            }],
+        };
+        assert_eq!(tiered(&remote(&t)), t);
+    }
+}
