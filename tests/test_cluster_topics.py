@@ -212,11 +212,12 @@ def test_a_dead_leaders_partitions_move_to_live_brokers_with_every_record(etcd, 
     later: the controller gives each to the live broker leading the
     fewest, in a new leader epoch, and that broker rebuilds the log from
     the object store (the sealed segments the dead leader copied there and
-    recorded in etcd, then the WAL objects past them). Every acknowledged
+    recorded in etcd, then the WAL objects past them; the controller has
+    deleted the WAL objects the segments cover). Every acknowledged
     record is read back in order, writes go on at once, and the dead
     broker, back, leads nothing."""
-    from test_cluster_durability import PREFIX, etcd_range
-    brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    from test_cluster_durability import PREFIX, etcd_range, metric
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"keel.cluster.wal.gc.interval.ms": "300"})
     try:
         # Placed where the request says: partition 0 on broker 2, 1 on 3.
         create(brokers[1], "placed", num_partitions=2, replica_assignment=[[2], [3]],
@@ -229,6 +230,11 @@ def test_a_dead_leaders_partitions_move_to_live_brokers_with_every_record(etcd, 
                    "sealed segments recorded in etcd")
         # Each beside its producer-state snapshot, for the next leader.
         assert list((tmp_path / "objects").rglob("*.snapshot")), "no producer snapshot in the object store"
+        # The WAL objects the segments cover go, with their index keys.
+        wal_objects = lambda: list((tmp_path / "objects").rglob("*.wal"))
+        wait_until(lambda: len(wal_objects()) <= 2, TIMEOUT_S, "covered WAL objects deleted")
+        assert len(etcd_range(etcd, f"{PREFIX}.wal/")) == len(wal_objects())
+        assert sum(metric(b, "keel_cluster_wal_collected_objects_total") for b in brokers.values()) >= 3
 
         brokers[2].kill9()
         # Broker 1 leads nothing, broker 3 one partition: broker 1 takes it.

@@ -110,6 +110,10 @@ pub struct WalIndex {
     pub version: u32,
     pub object: String,
     pub ranges: Vec<WalRange>,
+    /// How many parts (transactions) the object is committed in; 0 in an
+    /// index written before this field (never collected).
+    #[serde(default)]
+    pub parts: usize,
 }
 
 /// The broker committing: its node id and the epoch of its session (the
@@ -290,8 +294,9 @@ pub async fn commit(
     parts: &[CommitPart],
 ) -> Result<Option<Vec<PartOutcome>>, StoreError> {
     let mut outcomes = Vec::with_capacity(parts.len());
+    let count = parts.len().div_ceil(PARTS_PER_TXN);
     for (n, chunk) in parts.chunks(PARTS_PER_TXN).enumerate() {
-        match commit_chunk(store, settings, session, (object, id, n), chunk).await? {
+        match commit_chunk(store, settings, session, (object, id, (n, count)), chunk).await? {
             Some(decided) => outcomes.extend(decided),
             None => return Ok(None),
         }
@@ -303,7 +308,7 @@ async fn commit_chunk(
     store: &dyn CoordStore,
     settings: &Settings,
     session: Session,
-    (object, id, part): (&str, &str, usize),
+    (object, id, (part, parts)): (&str, &str, (usize, usize)),
     chunk: &[CommitPart],
 ) -> Result<Option<Vec<PartOutcome>>, StoreError> {
     let index_key = wal_key(settings, session.node_id, id, part);
@@ -337,6 +342,7 @@ async fn commit_chunk(
             version: 1,
             object: object.to_string(),
             ranges: live.iter().map(|&i| chunk[i].range.clone()).collect(),
+            parts,
         };
         ops.push(Op::Put {
             key: index_key.clone(),
@@ -530,20 +536,10 @@ pub async fn partition_log(
 pub fn sources(
     log_start: i64,
     end: i64,
-    mut segments: Vec<RemoteSegment>,
+    segments: Vec<RemoteSegment>,
     mut ranges: Vec<(String, WalRange)>,
 ) -> Result<LogSources, String> {
-    segments.retain(|s| s.next_offset > log_start && s.base_offset < s.next_offset);
-    segments.sort_by_key(|s| s.base_offset);
-    let mut chain: Vec<RemoteSegment> = Vec::new();
-    for s in segments {
-        match chain.last() {
-            None => chain.push(s),
-            Some(last) if s.base_offset == last.next_offset => chain.push(s),
-            Some(last) if s.next_offset <= last.next_offset => {} // covered already
-            Some(_) => break,                                     // a gap, or an overlap not on a boundary
-        }
-    }
+    let chain = chain(log_start, segments);
     if chain.last().is_some_and(|l| l.next_offset > end) {
         return Err(format!(
             "a segment in the object store ends past the committed offset {end}"
@@ -596,6 +592,140 @@ pub fn sources(
         wal,
         end,
     })
+}
+
+/// What the coordination store records that nothing needs any more.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Garbage {
+    /// WAL objects every range of which is below its partition's sealed
+    /// segments or log start, or of a deleted topic: the object's name,
+    /// its ranges' bytes, and its index keys.
+    pub wal: Vec<(String, u64, Vec<String>)>,
+    /// Segment copies of deleted topics: the copy and its key.
+    pub segments: Vec<(RemoteSegment, String)>,
+    /// Commit keys of deleted topics.
+    pub commits: Vec<String>,
+}
+
+/// Finds [`Garbage`]. `topics`: the ids of the topics the cluster has, as
+/// the view at `revision` holds them (`None` if some topic cannot be
+/// read: nothing is taken for deleted then). A key written after
+/// `revision` never counts as a deleted topic's (its topic may be newer
+/// than the view).
+pub async fn garbage(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    topics: Option<&std::collections::HashSet<Uuid>>,
+    revision: i64,
+) -> Result<Garbage, StoreError> {
+    use std::collections::BTreeMap;
+    let commits = store.range(&format!("{}.logs/", settings.prefix)).await?;
+    let segments = store.range(&format!("{}.segments/", settings.prefix)).await?;
+    let indexes = store.range(&wal_prefix(settings)).await?;
+    let deleted =
+        |id: &Uuid, kv: &KeyValue| topics.is_some_and(|t| !t.contains(id)) && kv.mod_revision <= revision;
+    let mut out = Garbage::default();
+    // Each partition's log start, and its recorded segments.
+    let mut starts: BTreeMap<(Uuid, i32), i64> = BTreeMap::new();
+    for kv in &commits.kvs {
+        let Some((id, p)) = partition_of(&kv.key) else {
+            continue;
+        };
+        if deleted(&id, kv) {
+            out.commits.push(kv.key.clone());
+        } else if let Some(c) = decode(kv) {
+            starts.insert((id, p), c.log_start);
+        }
+    }
+    let mut recorded: BTreeMap<(Uuid, i32), Vec<RemoteSegment>> = BTreeMap::new();
+    for kv in &segments.kvs {
+        let Some((id, p)) = partition_of(&kv.key) else {
+            continue;
+        };
+        let Ok(segment) = serde_json::from_slice::<RemoteSegment>(&kv.value) else {
+            continue;
+        };
+        if deleted(&id, kv) {
+            out.segments.push((segment, kv.key.clone()));
+        } else {
+            recorded.entry((id, p)).or_default().push(segment);
+        }
+    }
+    // Below this offset a partition's records are in sealed segments (or
+    // gone): the WAL ranges there are covered.
+    let covered = |id: Uuid, p: i32| -> i64 {
+        let start = starts.get(&(id, p)).copied().unwrap_or(0);
+        let segs = recorded.get(&(id, p)).cloned().unwrap_or_default();
+        chain(start, segs)
+            .last()
+            .map_or(start, |s| s.next_offset.max(start))
+    };
+    let mut objects: BTreeMap<String, (usize, Vec<String>, u64, bool)> = BTreeMap::new();
+    for kv in &indexes.kvs {
+        let Ok(index) = serde_json::from_slice::<WalIndex>(&kv.value) else {
+            continue;
+        };
+        let entry = objects
+            .entry(index.object.clone())
+            .or_insert((index.parts, Vec::new(), 0, true));
+        entry.1.push(kv.key.clone());
+        for r in &index.ranges {
+            entry.2 += r.length;
+            let gone = topics.is_some_and(|t| !t.contains(&r.topic_id)) && kv.mod_revision <= revision;
+            if !gone && r.end_offset > covered(r.topic_id, r.partition) {
+                entry.3 = false;
+            }
+        }
+    }
+    for (object, (parts, keys, bytes, all_covered)) in objects {
+        // Every part committed (one still committing may name live records).
+        if all_covered && parts > 0 && keys.len() == parts {
+            out.wal.push((object, bytes, keys));
+        }
+    }
+    Ok(out)
+}
+
+/// The segments of a log starting at `log_start` that follow one
+/// another from the first: those past a gap are not used.
+fn chain(log_start: i64, mut segments: Vec<RemoteSegment>) -> Vec<RemoteSegment> {
+    segments.retain(|s| s.next_offset > log_start && s.base_offset < s.next_offset);
+    segments.sort_by_key(|s| s.base_offset);
+    let mut chain: Vec<RemoteSegment> = Vec::new();
+    for s in segments {
+        match chain.last() {
+            None => chain.push(s),
+            Some(last) if s.base_offset == last.next_offset => chain.push(s),
+            Some(last) if s.next_offset <= last.next_offset => {} // covered already
+            Some(_) => break,                                     // a gap, or an overlap not on a boundary
+        }
+    }
+    chain
+}
+
+/// The partition a `.logs/` or `.segments/` key names.
+fn partition_of(key: &str) -> Option<(Uuid, i32)> {
+    let mut parts = key.rsplit('/');
+    let last = parts.next()?;
+    let (id, p) = match last.parse::<i32>() {
+        // `.logs/<id>/<p>`
+        Ok(p) if !key.contains(".segments/") => (parts.next()?, p),
+        // `.segments/<id>/<p>/<base>`
+        _ => {
+            let p = parts.next()?.parse().ok()?;
+            (parts.next()?, p)
+        }
+    };
+    Some((Uuid::parse_str(id).ok()?, p))
+}
+
+/// Deletes `keys`, many to a transaction.
+pub async fn delete_keys(store: &dyn CoordStore, keys: &[String]) -> Result<(), StoreError> {
+    for chunk in keys.chunks(100) {
+        let ops = chunk.iter().map(|k| Op::Delete(k.clone())).collect();
+        store.txn(Vec::new(), ops).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -884,5 +1014,108 @@ mod tests {
         seed(&store, &s, one, (topic, 0), (0, 0)).await.unwrap();
         let kv = store.get(&log_key(&s, topic, 0)).await.unwrap().unwrap();
         assert_eq!(decode(&kv).unwrap().leader, 2);
+    }
+
+    async fn put(store: &LocalStore, key: String, value: Vec<u8>) -> i64 {
+        let op = Op::Put {
+            key,
+            value,
+            lease: None,
+        };
+        store.txn(vec![], vec![op]).await.unwrap().unwrap()
+    }
+
+    async fn index(store: &LocalStore, s: &Settings, name: &str, parts: usize, ranges: Vec<WalRange>) {
+        for part in 0..parts.max(1) {
+            let index = WalIndex {
+                version: 1,
+                object: name.into(),
+                ranges: ranges.clone(),
+                parts,
+            };
+            put(
+                store,
+                wal_key(s, 1, name, part),
+                serde_json::to_vec(&index).unwrap(),
+            )
+            .await;
+        }
+    }
+
+    fn on(topic: Uuid, base: i64, end: i64) -> WalRange {
+        let mut r = part(topic, base, end, 0, 0).range;
+        r.length = (end - base) as u64;
+        r
+    }
+
+    #[tokio::test]
+    async fn garbage_is_the_wal_below_sealed_segments_and_what_deleted_topics_left() {
+        let (store, s) = (LocalStore::new(), settings());
+        let (kept, gone) = (Uuid::new_v4(), Uuid::new_v4());
+        let one = register(&store, 1).await;
+        let claimed = claim(&store, &s, one, (kept, 0), 0, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
+        publish_segment(&store, &s, one, (kept, 0), claimed.revision, &segment(0, 10))
+            .await
+            .unwrap();
+        claim(&store, &s, one, (gone, 0), 0, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
+        let gone_segment = RemoteSegment {
+            object: "g0".into(),
+            ..segment(0, 4)
+        };
+        let gone_key = segment_key(&s, gone, 0, 0);
+        put(
+            &store,
+            gone_key.clone(),
+            serde_json::to_vec(&gone_segment).unwrap(),
+        )
+        .await;
+        index(&store, &s, "covered", 1, vec![on(kept, 0, 10)]).await;
+        index(&store, &s, "live", 1, vec![on(kept, 10, 20)]).await;
+        index(&store, &s, "mixed", 1, vec![on(kept, 5, 10), on(gone, 0, 6)]).await;
+        // Part 1 of 2 only: the other part may still be committing.
+        index(&store, &s, "partial", 0, vec![on(kept, 0, 3)]).await;
+        let key = wal_key(&s, 1, "partial", 0);
+        let half = WalIndex {
+            version: 1,
+            object: "partial".into(),
+            ranges: vec![on(kept, 0, 3)],
+            parts: 2,
+        };
+        put(&store, key, serde_json::to_vec(&half).unwrap()).await;
+        let revision = store.range("/k").await.unwrap().revision;
+
+        let topics: std::collections::HashSet<Uuid> = [kept].into();
+        let g = garbage(&store, &s, Some(&topics), revision).await.unwrap();
+        let objects: Vec<(&str, u64)> = g.wal.iter().map(|(o, b, _)| (o.as_str(), *b)).collect();
+        assert_eq!(objects, [("covered", 10), ("mixed", 11)]);
+        assert_eq!(g.segments, vec![(gone_segment, gone_key)]);
+        assert_eq!(g.commits, vec![log_key(&s, gone, 0)]);
+        // A view older than the keys, or one with an unreadable topic,
+        // takes no topic for deleted.
+        let g = garbage(&store, &s, Some(&topics), 1).await.unwrap();
+        assert_eq!(g.wal.len(), 1);
+        assert!(g.segments.is_empty() && g.commits.is_empty());
+        let g = garbage(&store, &s, None, revision).await.unwrap();
+        assert_eq!(
+            g.wal.iter().map(|(o, ..)| o.as_str()).collect::<Vec<_>>(),
+            ["covered"]
+        );
+        // Deleting the keys leaves the live ones.
+        delete_keys(&store, &g.wal[0].2).await.unwrap();
+        assert_eq!(store.range("/k.wal/").await.unwrap().kvs.len(), 3);
+    }
+
+    #[test]
+    fn keys_name_their_partitions() {
+        let s = settings();
+        let id = Uuid::new_v4();
+        assert_eq!(partition_of(&log_key(&s, id, 7)), Some((id, 7)));
+        assert_eq!(partition_of(&segment_key(&s, id, 3, 120)), Some((id, 3)));
     }
 }

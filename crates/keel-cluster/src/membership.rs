@@ -522,6 +522,22 @@ impl Membership {
         crate::logs::partition_log(self.store.as_ref(), &self.settings, partition, claimed).await
     }
 
+    /// What the coordination store records that nothing needs any more
+    /// ([`crate::logs::garbage`]), judged against this broker's view.
+    pub async fn garbage(&self) -> Result<crate::logs::Garbage, StoreError> {
+        let (topics, revision) = {
+            let view = self.view.lock();
+            let ids: std::collections::HashSet<uuid::Uuid> = view.topic_ids.keys().copied().collect();
+            (view.unreadable_topics.is_empty().then_some(ids), view.revision)
+        };
+        crate::logs::garbage(self.store.as_ref(), &self.settings, topics.as_ref(), revision).await
+    }
+
+    /// Deletes keys of [`Membership::garbage`].
+    pub async fn delete_keys(&self, keys: &[String]) -> Result<(), StoreError> {
+        crate::logs::delete_keys(self.store.as_ref(), keys).await
+    }
+
     /// Records a segment copied to the object store
     /// ([`crate::logs::publish_segment`]): whether it was.
     pub async fn publish_segment(

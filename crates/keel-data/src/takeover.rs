@@ -152,7 +152,7 @@ fn from_offset(range: bytes::Bytes, base: i64, from: i64) -> Result<bytes::Bytes
 }
 
 /// A segment in the object store as this broker's manifest holds it.
-fn tiered(s: &RemoteSegment) -> TieredSegment {
+pub(crate) fn tiered(s: &RemoteSegment) -> TieredSegment {
     TieredSegment {
         base_offset: s.base_offset,
         next_offset: s.next_offset,

@@ -19,6 +19,14 @@
 //! while the object store is away, appends wait, and past
 //! `keel.cluster.wal.buffer.max.bytes` of unwritten groups they are
 //! refused (NOT_ENOUGH_REPLICAS) rather than held in memory.
+//!
+//! The controller collects what nobody needs any more, every
+//! `keel.cluster.wal.gc.interval.ms` ([`Wal::collect_garbage`]): a WAL
+//! object every range of which is below its partition's sealed segments in
+//! the object store (or its log start), or of a deleted topic, is deleted
+//! with its index keys; so are a deleted topic's commit keys and segment
+//! copies. An object with one partition whose records are not in a sealed
+//! segment yet is kept whole.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -49,6 +57,8 @@ pub struct WalSettings {
     pub object_bytes: usize,
     /// Appends are refused while this many bytes are unwritten.
     pub buffer_max_bytes: usize,
+    /// How often the controller deletes what the WAL no longer needs.
+    pub gc_interval: Duration,
 }
 
 /// A group of batches one partition wrote, waiting for its object.
@@ -81,6 +91,11 @@ pub struct WalStats {
     pub commit_nanos: AtomicU64,
     /// Groups whose term ended before their commit.
     pub fenced_groups: AtomicU64,
+    /// What garbage collection deleted (this broker, as controller):
+    /// WAL objects and their bytes, and the coordination store's keys.
+    pub collected_objects: AtomicU64,
+    pub collected_bytes: AtomicU64,
+    pub collected_keys: AtomicU64,
 }
 
 pub struct Wal {
@@ -171,6 +186,67 @@ impl Wal {
         if full {
             self.wake.notify_one();
         }
+    }
+
+    /// Collects garbage every `keel.cluster.wal.gc.interval.ms` while this
+    /// broker is the controller, until the task is dropped.
+    pub async fn collect_garbage_forever(self: Arc<Self>) {
+        loop {
+            let interval = self.settings.lock().gc_interval;
+            tokio::time::sleep(interval).await;
+            if let Err(why) = self.collect_garbage().await {
+                tracing::warn!(error = %why, "WAL garbage collection failed; trying again later");
+            }
+        }
+    }
+
+    /// One pass of garbage collection, if this broker is the controller
+    /// (see the module docs). Each object is deleted before its keys, so a
+    /// failure leaves keys naming a deleted object, below every range a
+    /// rebuild reads, never an object no key names.
+    pub async fn collect_garbage(&self) -> Result<(), String> {
+        let m = &self.membership;
+        if m.controller().map(|c| c.node_id) != Some(m.me().node_id) || m.is_fenced() {
+            return Ok(());
+        }
+        let garbage = m.garbage().await.map_err(|e| e.to_string())?;
+        let count = |keys: usize| {
+            self.stats
+                .collected_keys
+                .fetch_add(keys as u64, Ordering::Relaxed)
+        };
+        for (object, bytes, keys) in &garbage.wal {
+            self.tiers
+                .delete_remote(object)
+                .await
+                .map_err(|e| format!("deleting WAL object {object}: {e}"))?;
+            m.delete_keys(keys).await.map_err(|e| e.to_string())?;
+            self.stats.collected_objects.fetch_add(1, Ordering::Relaxed);
+            self.stats.collected_bytes.fetch_add(*bytes, Ordering::Relaxed);
+            count(keys.len());
+        }
+        for (segment, key) in &garbage.segments {
+            let copy = crate::takeover::tiered(segment);
+            self.tiers
+                .delete(&copy)
+                .await
+                .map_err(|e| format!("deleting a deleted topic's segment {}: {e}", copy.object))?;
+            m.delete_keys(std::slice::from_ref(key))
+                .await
+                .map_err(|e| e.to_string())?;
+            count(1);
+        }
+        m.delete_keys(&garbage.commits).await.map_err(|e| e.to_string())?;
+        count(garbage.commits.len());
+        if !garbage.wal.is_empty() || !garbage.segments.is_empty() {
+            tracing::debug!(
+                objects = garbage.wal.len(),
+                segments = garbage.segments.len(),
+                commits = garbage.commits.len(),
+                "collected WAL garbage"
+            );
+        }
+        Ok(())
     }
 
     /// Writes and commits objects until the task is dropped: up to

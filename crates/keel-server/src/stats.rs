@@ -264,13 +264,16 @@ fn render_cluster(stats: &Value, out: &mut String) {
         let _ = writeln!(
             out,
             "wal          {} objects ({}) written to the object store, {} waiting; \
-             {} write failures, {} commit failures, {} groups fenced",
+             {} write failures, {} commit failures, {} groups fenced; \
+             {} objects ({}) collected",
             n("objects"),
             bytes(wal["bytes"].as_u64()),
             bytes(wal["pending_bytes"].as_u64()),
             n("write_failures"),
             n("commit_failures"),
             n("fenced_groups"),
+            n("collected_objects"),
+            bytes(wal["collected_bytes"].as_u64()),
         );
     }
 }

@@ -163,7 +163,8 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
     }
     if let Some(wal) = &broker.data.wal {
         let writing = tokio::spawn(Arc::clone(wal).run());
-        broker.tasks.lock().push(writing);
+        let collecting = tokio::spawn(Arc::clone(wal).collect_garbage_forever());
+        broker.tasks.lock().extend([writing, collecting]);
     }
     {
         let _admin = broker.admin.lock().await;

@@ -420,6 +420,21 @@ fn register_wal(r: &mut Registry, broker: &Broker) {
             "Written groups never committed: their partition's leadership term ended first",
             &w.fenced_groups,
         ),
+        (
+            "keel_cluster_wal_collected_objects",
+            "WAL objects this broker deleted as controller: every range below sealed segments, or of deleted topics",
+            &w.collected_objects,
+        ),
+        (
+            "keel_cluster_wal_collected_bytes",
+            "Bytes of the WAL objects this broker deleted as controller",
+            &w.collected_bytes,
+        ),
+        (
+            "keel_cluster_wal_collected_keys",
+            "Coordination store keys this broker deleted as controller (WAL indexes, deleted topics' commits and segments)",
+            &w.collected_keys,
+        ),
     ];
     for (name, help, value) in counters {
         let c = Counter::<u64>::default();
