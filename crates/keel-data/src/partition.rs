@@ -978,6 +978,9 @@ impl Partition {
                 );
                 log.truncate_to(committed).map_err(|e| e.to_string())?;
             }
+            // Seals the replay's rolls queued: done before the log's files
+            // are read again.
+            log.complete_seals().map_err(|e| e.to_string())?;
             // Producer state as of the cut: reopened from the log.
             let config = self.config.lock().clone();
             let (log, producers) = open_log(&self.storage, &self.dir, &config, self.clock.now_ms())

@@ -104,8 +104,12 @@ async fn rebuild(
                 .await
                 .map_err(|e| format!("reading WAL object {object}: {e}"))?
                 .map_err(|e| format!("reading WAL object {object}: {e}"))?;
-            let batches = from_offset(read, range.base_offset, from)
-                .map_err(|why| format!("WAL object {object}: {why}"))?;
+            let batches = from_offset(read, range.base_offset, from).map_err(|why| {
+                format!(
+                    "WAL object {object}, offsets {}..{} at bytes {}+{}: {why}",
+                    range.base_offset, range.end_offset, range.position, range.length
+                )
+            })?;
             if batches.is_empty() {
                 continue;
             }
@@ -134,6 +138,9 @@ async fn rebuild(
 /// The batches of `range` (whole batches, the first at `base`) from
 /// offset `from` on.
 fn from_offset(range: bytes::Bytes, base: i64, from: i64) -> Result<bytes::Bytes, String> {
+    if base >= from {
+        return Ok(range);
+    }
     let mut pos = 0;
     let mut next = base;
     while next < from {
@@ -146,7 +153,12 @@ fn from_offset(range: bytes::Bytes, base: i64, from: i64) -> Result<bytes::Bytes
         next = header.last_offset() + 1;
     }
     if next != from || pos > range.len() {
-        return Err(format!("no batch boundary at offset {from}"));
+        let first = keel_log::BatchHeader::parse(&range)
+            .map(|h| h.base_offset)
+            .unwrap_or(-1);
+        return Err(format!(
+            "no batch boundary at offset {from} (its first batch is at {first})"
+        ));
     }
     Ok(range.slice(pos..))
 }
@@ -280,6 +292,28 @@ async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_is_cut_at_the_first_offset_needed() {
+        let batch = |base: i64, records: usize| {
+            let mut b = keel_log::testing::BatchBuilder::new(0);
+            for _ in 0..records {
+                b = b.record(None, Some(b"v"));
+            }
+            let mut bytes = b.build();
+            keel_log::batch::set_base_offset(&mut bytes, base);
+            bytes
+        };
+        let (first, second) = (batch(10, 3), batch(13, 2));
+        let range = bytes::Bytes::from([first.clone(), second.clone()].concat());
+        assert_eq!(from_offset(range.clone(), 10, 10).unwrap(), range);
+        assert_eq!(from_offset(range.clone(), 10, 13).unwrap(), &second[..]);
+        assert_eq!(from_offset(range.clone(), 10, 15).unwrap(), &[][..]);
+        // A range after the offset is taken whole.
+        assert_eq!(from_offset(range.clone(), 10, 4).unwrap(), range);
+        // No batch starts at 12.
+        assert!(from_offset(range, 10, 12).is_err());
+    }
 
     #[test]
     fn segments_round_trip_between_the_manifest_and_the_store() {

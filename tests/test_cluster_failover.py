@@ -1,0 +1,179 @@
+"""The kill -9 loop: while an idempotent acks=all producer (librdkafka),
+Apache Kafka's Java console producer and a consumer group run, the
+leader of their partition is killed (SIGKILL) and restarted again and
+again. Each time another broker takes the partition over, rebuilding its
+log from the object store, and the clients go on. At the end every
+acknowledged record is in the log exactly once, in the order it was
+produced, and the group has read them all. Prints the failover time of
+every kill. Keel's own, so skipped under KEEL_TEST_IMPL=kafka."""
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+import kafka_tools
+from conftest import IMPL, wait_until
+from test_cluster import TIMEOUT_S, start_cluster, stats
+from test_cluster_topics import create, leadership
+
+pytestmark = pytest.mark.skipif(IMPL != "keel", reason="cluster mode over etcd is Keel's")
+
+KILLS = 4
+
+
+class Writer(threading.Thread):
+    """librdkafka, idempotent, acks=all: `r-<n>` to partition 0, in order."""
+
+    def __init__(self, bootstrap):
+        super().__init__(daemon=True)
+        self.p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2,
+                           "message.timeout.ms": 120000, "request.timeout.ms": 5000, "log_level": 0})
+        self.sent = 0
+        self.acked: list[bytes] = []
+        self.errors: list = []
+        self.running = True
+
+    def run(self):
+        while self.running:
+            self.p.produce("loop", value=f"r-{self.sent}".encode() + b"." * 200, partition=0,
+                           on_delivery=self._delivered)
+            self.sent += 1
+            self.p.poll(0.003)
+
+    def _delivered(self, e, m):
+        if e:
+            self.errors.append(e)
+        else:
+            self.acked.append(m.value().rstrip(b"."))
+
+
+class Reader(threading.Thread):
+    """A consumer group member reading everything it is assigned."""
+
+    def __init__(self, bootstrap):
+        super().__init__(daemon=True)
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": "loop-readers",
+                           "auto.offset.reset": "earliest", "log_level": 0})
+        self.seen: set[bytes] = set()
+        self.running = True
+
+    def run(self):
+        self.c.subscribe(["loop"])
+        while self.running:
+            for m in self.c.consume(500, 0.2):
+                if m.error() is None:
+                    self.seen.add(m.value().rstrip(b"."))
+        self.c.close()
+
+
+def read_all(bootstrap, expect) -> dict[int, list[bytes]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check", "enable.auto.commit": False})
+    c.assign([TopicPartition("loop", p, 0) for p in (0, 1)])
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    try:
+        def done():
+            for m in c.consume(1000, 1.0):
+                if m.error() is None:
+                    got[m.partition()].append(m.value().rstrip(b"."))
+                elif m.error().code() != KafkaError._PARTITION_EOF:
+                    raise AssertionError(m.error())
+            return sum(len(v) for v in got.values()) >= expect
+        wait_until(done, 60, f"{expect} records")
+        time.sleep(1)  # nothing more than acknowledged, no duplicate after them
+        for m in c.consume(1000, 1.0):
+            if m.error() is None:
+                got[m.partition()].append(m.value().rstrip(b"."))
+    finally:
+        c.close()
+    return got
+
+
+def test_kill9_loop_loses_and_duplicates_no_acknowledged_record(etcd, tmp_path):
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"keel.cluster.wal.gc.interval.ms": "500"})
+    java = None
+    try:
+        create(brokers[1], "loop", num_partitions=2, config={"segment.bytes": "100000"})
+        bootstrap = ",".join(b.bootstrap for b in brokers.values())
+        writer, reader = Writer(bootstrap), Reader(bootstrap)
+        writer.start()
+        reader.start()
+        java = subprocess.Popen(
+            ["java", "-Xmx256m", "-cp", kafka_tools.classpath(),
+             f"-Dlog4j2.configurationFile={kafka_tools.LOG4J}",
+             "org.apache.kafka.tools.ConsoleProducer", "--bootstrap-server", bootstrap, "--topic", "loop",
+             "--producer-property", "acks=all", "--producer-property", "enable.idempotence=true",
+             "--producer-property", "linger.ms=5", "--producer-property", "retries=2147483647"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "java.err", "w"), text=True)
+        java_lines = []
+
+        def feed():
+            n = 0
+            while java.poll() is None and not getattr(feed, "stop", False):
+                line = f"j-{n}"
+                java.stdin.write(line + "\n")
+                java.stdin.flush()
+                java_lines.append(line.encode())
+                n += 1
+                time.sleep(0.01)
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        wait_until(lambda: len(writer.acked) > 200, TIMEOUT_S, "the first acknowledged records")
+
+        for kill in range(1, KILLS + 1):
+            live = next(iter(brokers.values()))
+            victim_id, epoch = leadership(live, "loop")[0]
+            victim = brokers[victim_id]
+            survivor = next(b for n, b in brokers.items() if n != victim_id)
+            time.sleep(1.5)
+            acked_before = len(writer.acked)
+            t0 = time.monotonic()
+            victim.kill9()
+            wait_until(lambda: leadership(survivor, "loop")[0][0] not in (-1, victim_id), TIMEOUT_S,
+                       f"partition 0 led again after kill {kill}")
+            led = time.monotonic() - t0
+            wait_until(lambda: len(writer.acked) > acked_before + 50, TIMEOUT_S,
+                       f"writes acknowledged after kill {kill}")
+            acked = time.monotonic() - t0
+            new_leader, new_epoch = leadership(survivor, "loop")[0]
+            print(f"kill {kill}: broker {victim_id} (epoch {epoch}) killed; broker {new_leader} leads "
+                  f"in epoch {new_epoch} after {led:.2f}s, writes acknowledged again after {acked:.2f}s",
+                  flush=True)
+            assert new_epoch > epoch
+            victim.start()
+            wait_until(lambda: not stats(victim)["fenced"], TIMEOUT_S, f"broker {victim_id} to register")
+
+        time.sleep(1)
+        writer.running = False
+        writer.join(10)
+        assert writer.p.flush(60) == 0, "records still unacknowledged"
+        feed.stop = True
+        feeder.join(10)
+        java.stdin.close()
+        assert java.wait(timeout=120) == 0, (tmp_path / "java.err").read_text()[-3000:]
+        java_err = (tmp_path / "java.err").read_text()
+        assert "Error when sending" not in java_err, java_err[-3000:]
+        assert not writer.errors, writer.errors[:3]
+
+        expect = len(writer.acked) + len(java_lines)
+        got = read_all(bootstrap, expect)
+        mine = [v for v in got[0] if v.startswith(b"r-")]
+        # Every acknowledged record once, in the order produced (none lost,
+        # none written twice).
+        assert mine == writer.acked, (len(mine), len(writer.acked))
+        assert mine == [f"r-{i}".encode() for i in range(len(mine))]
+        theirs = sorted(v for p in got.values() for v in p if v.startswith(b"j-"))
+        assert theirs == sorted(java_lines), (len(theirs), len(java_lines))
+        # The group went on through the kills and read everything.
+        wait_until(lambda: reader.seen >= set(writer.acked) | set(java_lines), 60,
+                   "the group to read every record")
+        reader.running = False
+        reader.join(10)
+    finally:
+        if java and java.poll() is None:
+            java.kill()
+        for b in brokers.values():
+            b.close()
