@@ -213,11 +213,13 @@ def test_a_dead_leaders_partitions_move_to_live_brokers_with_every_record(etcd, 
     fewest, in a new leader epoch, and that broker rebuilds the log from
     the object store (the sealed segments the dead leader copied there and
     recorded in etcd, then the WAL objects past them; the controller has
-    deleted the WAL objects the segments cover). Every acknowledged
+    deleted the WAL objects the segments cover, and once idle segments
+    roll, all of them). Every acknowledged
     record is read back in order, writes go on at once, and the dead
     broker, back, leads nothing."""
     from test_cluster_durability import PREFIX, etcd_range, metric
-    brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"keel.cluster.wal.gc.interval.ms": "300"})
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"keel.cluster.wal.gc.interval.ms": "300",
+                                                               "keel.cluster.wal.segment.roll.ms": "3000"})
     try:
         # Placed where the request says: partition 0 on broker 2, 1 on 3.
         create(brokers[1], "placed", num_partitions=2, replica_assignment=[[2], [3]],
@@ -260,6 +262,11 @@ def test_a_dead_leaders_partitions_move_to_live_brokers_with_every_record(etcd, 
             changes += sum(float(l.split()[-1]) for l in text.splitlines()
                            if l.startswith("keel_cluster_leader_changes_total"))
         assert changes == 1, changes
+
+        # Idle, the active segments roll (keel.cluster.wal.segment.roll.ms)
+        # and reach the object store: no WAL object is needed any more.
+        wait_until(lambda: not wal_objects(), TIMEOUT_S, "every WAL object collected")
+        assert not etcd_range(etcd, f"{PREFIX}.wal/")
 
         brokers[2].start()
         wait_until(lambda: not stats(brokers[2])["fenced"], TIMEOUT_S, "broker 2 to register")

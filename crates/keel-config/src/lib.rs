@@ -397,6 +397,7 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("keel.cluster.wal.object.bytes", "4194304", ConfigType::Int),
     ("keel.cluster.wal.buffer.max.bytes", "67108864", ConfigType::Int),
     ("keel.cluster.wal.gc.interval.ms", "30000", ConfigType::Long),
+    ("keel.cluster.wal.segment.roll.ms", "600000", ConfigType::Long),
     // How many partitions of Kafka's internal topics place the group and
     // transaction coordinators in a cluster (a key's coordinator is the
     // leader of its partition); read when the cluster first places them.
@@ -885,6 +886,7 @@ impl BrokerConfig {
             ("keel.cluster.wal.object.bytes", 1024),
             ("keel.cluster.wal.buffer.max.bytes", 1 << 20),
             ("keel.cluster.wal.gc.interval.ms", 100),
+            ("keel.cluster.wal.segment.roll.ms", 100),
         ] {
             if self.num(key) < min {
                 return Err(ConfigError {
@@ -1443,6 +1445,7 @@ impl BrokerConfig {
             object_bytes: usize::try_from(num("keel.cluster.wal.object.bytes")).unwrap_or(usize::MAX),
             buffer_max_bytes: usize::try_from(num("keel.cluster.wal.buffer.max.bytes")).unwrap_or(usize::MAX),
             gc_interval: std::time::Duration::from_millis(num("keel.cluster.wal.gc.interval.ms")),
+            segment_roll: std::time::Duration::from_millis(num("keel.cluster.wal.segment.roll.ms")),
         }
     }
 

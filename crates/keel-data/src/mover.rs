@@ -257,6 +257,16 @@ async fn pass_over(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> 
     // 2. Copies, each followed by releases.
     release(data, targets).await?;
     for t in available(targets) {
+        // In a cluster, records wait in the WAL until a sealed segment in
+        // the object store holds them: an old active segment is rolled.
+        if let Some(wal) = &data.wal {
+            let age = i64::try_from(wal.settings().segment_roll.as_millis()).unwrap_or(i64::MAX);
+            let p = Arc::clone(&t.partition);
+            let rolled = tokio::task::spawn_blocking(move || p.roll_if_older(age)).await;
+            if let Ok(Err(why)) = rolled {
+                tracing::debug!(topic = %t.topic.meta.name, partition = t.partition.index, %why, "tier mover: no roll");
+            }
+        }
         if let Some(tier) = t.policy.tier.filter(|_| t.policy.copy) {
             settle(t, copy_partition(data, targets, t, tier).await)?;
         }

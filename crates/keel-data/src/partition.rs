@@ -1044,6 +1044,27 @@ impl Partition {
         Ok(())
     }
 
+    /// Rolls the active segment once it is `max_age_ms` old, writing the
+    /// producer snapshot at the roll: in a cluster, so that the mover
+    /// copies its records to the object store and the WAL objects holding
+    /// them can be deleted. Whether it rolled.
+    pub fn roll_if_older(&self, max_age_ms: i64) -> Result<bool, String> {
+        let mut st = self.writer.lock();
+        if let Some(why) = self.refusal(&st) {
+            return Err(why.message);
+        }
+        let Writer { log, producers, .. } = &mut *st;
+        let log = log.as_mut().expect("refusal() checked the log is open");
+        let end = log.log_end_offset();
+        let rolled = log
+            .roll_if_older(self.clock.now_ms(), max_age_ms)
+            .map_err(|e| e.to_string())?;
+        if rolled {
+            log.queue_producer_snapshot(end, producers.encode_snapshot());
+        }
+        Ok(rolled)
+    }
+
     /// Appends `batches` (whole batches in Kafka's format, offsets and
     /// leader epochs as their leader wrote them) at the end of a log
     /// being rebuilt; they must start where it ends.

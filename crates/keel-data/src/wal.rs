@@ -59,6 +59,9 @@ pub struct WalSettings {
     pub buffer_max_bytes: usize,
     /// How often the controller deletes what the WAL no longer needs.
     pub gc_interval: Duration,
+    /// A led partition's active segment is rolled once this old, so that
+    /// its records reach a sealed segment in the object store.
+    pub segment_roll: Duration,
 }
 
 /// A group of batches one partition wrote, waiting for its object.
@@ -141,6 +144,10 @@ impl Wal {
     /// The cluster membership the WAL commits through.
     pub fn membership(&self) -> &Arc<Membership> {
         &self.membership
+    }
+
+    pub fn settings(&self) -> WalSettings {
+        *self.settings.lock()
     }
 
     pub fn set_settings(&self, settings: WalSettings) {

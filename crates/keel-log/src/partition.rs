@@ -582,6 +582,27 @@ impl PartitionLog {
         Ok(should_roll)
     }
 
+    /// Rolls the active segment if it holds records and was created at
+    /// least `max_age_ms` ago (one loaded at start-up counts from its first
+    /// check): a cluster's leader seals it so that it goes to the object
+    /// store. Whether it rolled.
+    pub fn roll_if_older(&mut self, now_ms: i64, max_age_ms: i64) -> io::Result<bool> {
+        self.check_writable()?;
+        let due = {
+            let mut st = self.view.state.write();
+            let active = st.active_mut();
+            if active.is_empty() {
+                return Ok(false);
+            }
+            let created = *active.created_ms.get_or_insert(now_ms);
+            now_ms.saturating_sub(created) >= max_age_ms
+        };
+        if due {
+            self.roll(now_ms)?;
+        }
+        Ok(due)
+    }
+
     /// Creates the next segment at the log end offset, then seals the
     /// active one: its final time entry, and its index files and fsync
     /// queued for the sealer. If the new segment cannot be created, nothing
