@@ -441,7 +441,13 @@ async fn put_producer_snapshot(
     object: &str,
 ) -> std::io::Result<()> {
     let end = segment.next_offset;
-    let snapshot = match on_log(&t.partition, move |log| log.read_producer_snapshot(end)).await {
+    // The roll queued the snapshot after the segment's seal: run what is
+    // queued, so a segment sealed a moment ago has its snapshot written.
+    let read = move |log: &mut PartitionLog| {
+        log.complete_seals()?;
+        log.read_producer_snapshot(end)
+    };
+    let snapshot = match on_log(&t.partition, read).await {
         Ok(read) => read?,
         Err(StepError::Unavailable(why)) => return Err(std::io::Error::other(why.0)),
         Err(StepError::Failed(e)) => return Err(e),

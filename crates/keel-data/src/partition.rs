@@ -985,6 +985,10 @@ impl Partition {
             let config = self.config.lock().clone();
             let (log, producers) = open_log(&self.storage, &self.dir, &config, self.clock.now_ms())
                 .map_err(|e| e.to_string())?;
+            if let Some(old) = st.log.take() {
+                // The old log's seals must not run beside the new one.
+                old.sealer().fence();
+            }
             self.tail.clear();
             *self.reader.write() = Some(log.reader().clone());
             self.published_producers.replace(&producers);

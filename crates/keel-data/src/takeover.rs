@@ -50,7 +50,12 @@ pub async fn take_leadership(data: &DataPlane, partition: &Arc<Partition>, epoch
         .await
         .map_err(|e| e.to_string())?
         .ok_or("a newer leader holds it, or this broker's session is not confirmed")?;
-    let holds_all = claimed.writer == membership.me().node_id && local.1 >= claimed.end_offset;
+    partition.published.lock().clear();
+    // The writer's log holds every committed record, unless it lost them,
+    // or a leader since moved the log start past its own.
+    let holds_all = claimed.writer == membership.me().node_id
+        && local.1 >= claimed.end_offset
+        && claimed.log_start <= local.0;
     if !holds_all {
         let sources = membership
             .partition_log(id, &claimed)
@@ -87,8 +92,7 @@ async fn rebuild(
             .map_err(|e| format!("reading the producer snapshot of {}: {e}", last.object))?,
         None => None,
     };
-    let p = Arc::clone(partition);
-    blocking(move || p.restart_log((start, from), cold, snapshot.map(|b| b.to_vec()))).await?;
+    let mut restart = Some((cold, snapshot.map(|b| b.to_vec())));
     let mut bytes = 0u64;
     for window in sources.wal.chunks(READS_AHEAD) {
         let reads: Vec<_> = window
@@ -104,12 +108,18 @@ async fn rebuild(
                 .await
                 .map_err(|e| format!("reading WAL object {object}: {e}"))?
                 .map_err(|e| format!("reading WAL object {object}: {e}"))?;
-            let batches = from_offset(read, range.base_offset, from).map_err(|why| {
+            let (batches, first) = from_offset(read, range.base_offset, from).map_err(|why| {
                 format!(
                     "WAL object {object}, offsets {}..{} at bytes {}+{}: {why}",
                     range.base_offset, range.end_offset, range.position, range.length
                 )
             })?;
+            if let Some((cold, snapshot)) = restart.take() {
+                // The log restarts at the first replayed batch (it may hold
+                // the log start, which DeleteRecords can put inside a batch).
+                let p = Arc::clone(partition);
+                blocking(move || p.restart_log((start, first), cold, snapshot)).await?;
+            }
             if batches.is_empty() {
                 continue;
             }
@@ -117,6 +127,10 @@ async fn rebuild(
             let p = Arc::clone(partition);
             blocking(move || p.replay(&batches)).await?;
         }
+    }
+    if let Some((cold, snapshot)) = restart.take() {
+        let p = Arc::clone(partition);
+        blocking(move || p.restart_log((start, from), cold, snapshot)).await?;
     }
     let end = partition.reader().map_or(-1, |r| r.log_end_offset());
     if end != claimed.end_offset {
@@ -135,32 +149,23 @@ async fn rebuild(
     Ok(())
 }
 
-/// The batches of `range` (whole batches, the first at `base`) from
-/// offset `from` on.
-fn from_offset(range: bytes::Bytes, base: i64, from: i64) -> Result<bytes::Bytes, String> {
-    if base >= from {
-        return Ok(range);
-    }
+/// The batches of `range` (whole batches, the first at `base`) from the
+/// one holding offset `from` on, and where the first of them starts.
+fn from_offset(range: bytes::Bytes, base: i64, from: i64) -> Result<(bytes::Bytes, i64), String> {
     let mut pos = 0;
-    let mut next = base;
-    while next < from {
-        let rest = range
-            .get(pos..)
-            .filter(|r| !r.is_empty())
-            .ok_or("it ends before the offset needed")?;
-        let header = keel_log::BatchHeader::parse(rest).map_err(|e| e.to_string())?;
+    let mut first = base;
+    while pos < range.len() {
+        let header = keel_log::BatchHeader::parse(&range[pos..]).map_err(|e| e.to_string())?;
+        if header.last_offset() >= from {
+            break;
+        }
         pos += header.total_len();
-        next = header.last_offset() + 1;
+        first = header.last_offset() + 1;
     }
-    if next != from || pos > range.len() {
-        let first = keel_log::BatchHeader::parse(&range)
-            .map(|h| h.base_offset)
-            .unwrap_or(-1);
-        return Err(format!(
-            "no batch boundary at offset {from} (its first batch is at {first})"
-        ));
+    if pos > range.len() {
+        return Err(format!("its batches overrun it before offset {from}"));
     }
-    Ok(range.slice(pos..))
+    Ok((range.slice(pos..), first))
 }
 
 /// A segment in the object store as this broker's manifest holds it.
@@ -294,7 +299,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_range_is_cut_at_the_first_offset_needed() {
+    fn a_range_is_cut_at_the_batch_holding_the_first_offset_needed() {
         let batch = |base: i64, records: usize| {
             let mut b = keel_log::testing::BatchBuilder::new(0);
             for _ in 0..records {
@@ -306,13 +311,18 @@ mod tests {
         };
         let (first, second) = (batch(10, 3), batch(13, 2));
         let range = bytes::Bytes::from([first.clone(), second.clone()].concat());
-        assert_eq!(from_offset(range.clone(), 10, 10).unwrap(), range);
-        assert_eq!(from_offset(range.clone(), 10, 13).unwrap(), &second[..]);
-        assert_eq!(from_offset(range.clone(), 10, 15).unwrap(), &[][..]);
+        let cut = |from| from_offset(range.clone(), 10, from).unwrap();
+        assert_eq!(cut(10), (range.clone(), 10));
+        assert_eq!(cut(13), (bytes::Bytes::from(second.clone()), 13));
+        assert_eq!(cut(15), (bytes::Bytes::new(), 15));
         // A range after the offset is taken whole.
-        assert_eq!(from_offset(range.clone(), 10, 4).unwrap(), range);
-        // No batch starts at 12.
-        assert!(from_offset(range, 10, 12).is_err());
+        assert_eq!(cut(4), (range.clone(), 10));
+        // An offset inside a batch (a log start DeleteRecords set): from
+        // that batch on.
+        assert_eq!(cut(14), (bytes::Bytes::from(second), 13));
+        assert_eq!(cut(11), (range.clone(), 10));
+        // Bytes that are not batches.
+        assert!(from_offset(bytes::Bytes::from_static(b"not a batch at all, no"), 0, 5).is_err());
     }
 
     #[test]

@@ -1006,6 +1006,19 @@ async fn a_log_rebuilt_from_replayed_batches_keeps_offsets_and_producer_state() 
     drop(b);
     let b = open(b_dir.path());
     assert_eq!((b.log_start_offset(), b.high_watermark()), (3, 8));
+
+    // A log start inside the first replayed batch (DeleteRecords to 4).
+    let c_dir = tempfile::tempdir().unwrap();
+    let c = open(c_dir.path());
+    assert!(
+        c.restart_log((2, 3), Vec::new(), None).is_err(),
+        "a start below the first batch"
+    );
+    c.restart_log((4, 3), Vec::new(), None).unwrap();
+    c.replay(&written).unwrap();
+    c.take_leadership(1, 7, 1, true).unwrap();
+    assert_eq!((c.log_start_offset(), c.high_watermark()), (4, 7));
+    assert_eq!(log_contents(&c), log_contents(&a)[1..]);
 }
 
 /// The producer-state snapshot the old leader wrote when its segment

@@ -1233,14 +1233,17 @@ impl PartitionLog {
     /// Empties the local log and starts it again at `offset`, with `cold`
     /// as its cold segments (copies another writer of the partition made
     /// in a colder tier, following one another up to `offset`) and its
-    /// start at `start`: a partition whose log is rebuilt from the object
-    /// store. This log's own copies are deleted from their tiers, except
+    /// start at `start` (at or past `offset` when there are none): a
+    /// partition whose log is rebuilt from the object store. This log's own copies are deleted from their tiers, except
     /// those `cold` names.
     pub fn restart_at(&mut self, start: i64, offset: i64, cold: Vec<TieredSegment>) -> io::Result<()> {
         self.check_writable()?;
         let follows = cold.windows(2).all(|w| w[0].next_offset == w[1].base_offset);
-        let ends = cold.last().map_or(start, |c| c.next_offset);
-        if !follows || ends != offset || cold.first().is_some_and(|c| c.base_offset > start) {
+        // Without cold segments the log may start inside its first batch
+        // (a DeleteRecords offset).
+        let ends = cold.last().map_or(offset, |c| c.next_offset);
+        let starts_in = cold.first().map_or(start >= offset, |c| c.base_offset <= start);
+        if !follows || ends != offset || !starts_in {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("cold segments that do not run from {start} to {offset}"),
