@@ -14,7 +14,7 @@ import threading
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
                                   NewPartitions, NewTopic)
 
@@ -70,7 +70,7 @@ def consume(b, topic, partitions, expect):
     """Every record of `partitions`, read from the start through a client
     bootstrapped at `b` (assigned, no group): {partition: [values]}."""
     c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "unused", "enable.auto.commit": False})
-    c.assign([TopicPartition(topic, p, 0) for p in partitions])
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     got: dict[int, list[bytes]] = {p: [] for p in partitions}
     try:
         def done():
@@ -238,14 +238,24 @@ def test_a_dead_leaders_partitions_move_to_live_brokers_with_every_record(etcd, 
         assert len(etcd_range(etcd, f"{PREFIX}.wal/")) == len(wal_objects())
         assert sum(metric(b, "keel_cluster_wal_collected_objects_total") for b in brokers.values()) >= 3
 
+        # DeleteRecords inside a batch: its log start is recorded in etcd
+        # before the answer, so the new leader starts the log there too.
+        a = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+        [deleted] = a.delete_records([TopicPartition("placed", 0, 45)]).values()
+        assert deleted.result(15).low_watermark == 45
+
         brokers[2].kill9()
         # Broker 1 leads nothing, broker 3 one partition: broker 1 takes it.
         wait_until(lambda: leadership(brokers[3], "placed") == {0: (1, 1), 1: (3, 0)}, TIMEOUT_S,
                    "broker 1 to lead partition 0 in epoch 1")
         produce(brokers[3], "placed", 50, partition=0, key_prefix="after")
-        got = consume(brokers[3], "placed", [0], 150)[0]
-        assert [v.rstrip(b".") for v in got[:100]] == [f"k{r}-{i}".encode() for r in range(5) for i in range(20)]
-        assert got[100:] == [f"after-{i}".encode() for i in range(50)]
+        got = consume(brokers[3], "placed", [0], 105)[0]
+        expected = [f"k{r}-{i}".encode() for r in range(5) for i in range(20)][45:]
+        assert [v.rstrip(b".") for v in got[:55]] == expected
+        assert got[55:] == [f"after-{i}".encode() for i in range(50)]
+        c = Consumer({"bootstrap.servers": brokers[3].bootstrap, "group.id": "marks"})
+        assert c.get_watermark_offsets(TopicPartition("placed", 0), timeout=10) == (45, 150)
+        c.close()
         log = brokers[1].log_tail()
         assert "rebuilt the partition's log from the object store" in log, log
         assert re.search(r"segments=[1-9]", log), log

@@ -12,7 +12,14 @@
 //! <prefix>.logs/<topic id>/<partition>      the partition's commit: leader, leader epoch, end offset
 //! <prefix>.wal/<node.id>/<object seq>       a committed WAL object's index
 //! <prefix>.segments/<topic id>/<p>/<base>   a sealed segment the leader copied to the object store
+//! <prefix>.claims/<topic id>/<p>            the partition's claim: leader, leader epoch
+//! <prefix>.starts/<topic id>/<p>            the partition's log start, as its leader last recorded it
 //! ```
+//!
+//! A claim writes the commit key and the claim key in one transaction;
+//! commits then change only the commit key, so the leader's records of
+//! segments and log starts compare the claim key, which moves only when
+//! another claim fences them.
 //!
 //! Together they say where every committed record is: in a sealed
 //! segment in the object store, or past the last one, in WAL objects. A
@@ -158,6 +165,31 @@ pub fn wal_key(settings: &Settings, node_id: i32, id: &str, part: usize) -> Stri
     format!("{}.wal/{node_id}/{id}.{part}", settings.prefix)
 }
 
+/// The key of a partition's claim.
+pub fn claim_key(settings: &Settings, topic_id: Uuid, partition: i32) -> String {
+    format!("{}.claims/{}/{partition}", settings.prefix, topic_id.simple())
+}
+
+/// The key of a partition's recorded log start.
+pub fn start_key(settings: &Settings, topic_id: Uuid, partition: i32) -> String {
+    format!("{}.starts/{}/{partition}", settings.prefix, topic_id.simple())
+}
+
+/// A partition's claim, as its claim key holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogClaim {
+    pub version: u32,
+    pub leader: i32,
+    pub leader_epoch: i32,
+}
+
+/// A partition's log start, as its leader recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogStart {
+    pub version: u32,
+    pub log_start: i64,
+}
+
 /// The prefix of every committed WAL object's index.
 pub fn wal_prefix(settings: &Settings) -> String {
     format!("{}.wal/", settings.prefix)
@@ -238,8 +270,18 @@ pub async fn claim(
             value: serde_json::to_vec(&value).expect("a commit serializes"),
             lease: None,
         };
+        let claim = LogClaim {
+            version: 1,
+            leader: session.node_id,
+            leader_epoch,
+        };
+        let put_claim = Op::Put {
+            key: claim_key(settings, topic_id, partition),
+            value: serde_json::to_vec(&claim).expect("a claim serializes"),
+            lease: None,
+        };
         if let Some(revision) = store
-            .txn(vec![registration(settings, session), when], vec![put])
+            .txn(vec![registration(settings, session), when], vec![put, put_claim])
             .await?
         {
             return Ok(Some(Claimed {
@@ -427,9 +469,9 @@ pub async fn seed(
 }
 
 /// Records a sealed segment the leader copied to the object store, if
-/// `session` holds and the partition's key is still at `revision` (the
-/// leader's last write): whether it did. A deposed leader's copy is
-/// never recorded; it is an orphan for the new leader's mover to sweep.
+/// `session` holds and the partition's claim is still the one made at
+/// `revision`: whether it did. A deposed leader's copy is never recorded;
+/// it is an orphan for the new leader's mover to sweep.
 pub async fn publish_segment(
     store: &dyn CoordStore,
     settings: &Settings,
@@ -440,7 +482,7 @@ pub async fn publish_segment(
 ) -> Result<bool, StoreError> {
     let when = vec![
         registration(settings, session),
-        Compare::ModRevision(log_key(settings, topic_id, partition), revision),
+        Compare::ModRevision(claim_key(settings, topic_id, partition), revision),
     ];
     let put = Op::Put {
         key: segment_key(settings, topic_id, partition, segment.base_offset),
@@ -451,15 +493,17 @@ pub async fn publish_segment(
 }
 
 /// Forgets a segment copy the leader is about to delete (retention,
-/// DeleteRecords), under the same conditions as [`publish_segment`]:
-/// whether the copy may be deleted (it is recorded nowhere now).
+/// DeleteRecords), under the same conditions as [`publish_segment`], and
+/// records the log start (`log_start`, past the copy) in the same
+/// transaction, so the recorded segments never seem to leave a gap below
+/// it. Whether the copy may be deleted (it is recorded nowhere now).
 pub async fn forget_segment(
     store: &dyn CoordStore,
     settings: &Settings,
     session: Session,
     (topic_id, partition): (Uuid, i32),
     revision: i64,
-    (base_offset, object): (i64, &str),
+    (base_offset, object, log_start): (i64, &str, i64),
 ) -> Result<bool, StoreError> {
     let key = segment_key(settings, topic_id, partition, base_offset);
     let Some(kv) = store.get(&key).await? else {
@@ -469,12 +513,82 @@ pub async fn forget_segment(
     if !names {
         return Ok(true);
     }
+    let (start_when, start_put) = start_update(store, settings, (topic_id, partition), log_start).await?;
     let when = vec![
         registration(settings, session),
-        Compare::ModRevision(log_key(settings, topic_id, partition), revision),
+        Compare::ModRevision(claim_key(settings, topic_id, partition), revision),
         Compare::ModRevision(key.clone(), kv.mod_revision),
+        start_when,
     ];
-    Ok(store.txn(when, vec![Op::Delete(key)]).await?.is_some())
+    let mut ops = vec![Op::Delete(key)];
+    ops.extend(start_put);
+    Ok(store.txn(when, ops).await?.is_some())
+}
+
+/// Records the partition's log start, if it is past the one recorded,
+/// under the same conditions as [`publish_segment`]: whether it holds
+/// now. A new leader rebuilding the log starts it there at least.
+pub async fn record_log_start(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    session: Session,
+    (topic_id, partition): (Uuid, i32),
+    revision: i64,
+    log_start: i64,
+) -> Result<bool, StoreError> {
+    let (start_when, start_put) = start_update(store, settings, (topic_id, partition), log_start).await?;
+    let Some(put) = start_put else {
+        return Ok(true);
+    };
+    let when = vec![
+        registration(settings, session),
+        Compare::ModRevision(claim_key(settings, topic_id, partition), revision),
+        start_when,
+    ];
+    Ok(store.txn(when, vec![put]).await?.is_some())
+}
+
+/// The compare on a partition's start key as it is now, and the put that
+/// moves it to `log_start` (none if it is there already or past it).
+async fn start_update(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    (topic_id, partition): (Uuid, i32),
+    log_start: i64,
+) -> Result<(Compare, Option<Op>), StoreError> {
+    let key = start_key(settings, topic_id, partition);
+    let current = store.get(&key).await?;
+    let recorded = current
+        .as_ref()
+        .and_then(|kv| serde_json::from_slice::<LogStart>(&kv.value).ok())
+        .map_or(-1, |s| s.log_start);
+    let when = match &current {
+        Some(kv) => Compare::ModRevision(key.clone(), kv.mod_revision),
+        None => Compare::Absent(key.clone()),
+    };
+    let put = (log_start > recorded).then(|| Op::Put {
+        key,
+        value: serde_json::to_vec(&LogStart {
+            version: 1,
+            log_start,
+        })
+        .expect("a log start serializes"),
+        lease: None,
+    });
+    Ok((when, put))
+}
+
+/// The log start a partition's leader last recorded, -1 if none.
+async fn recorded_start(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    (topic_id, partition): (Uuid, i32),
+) -> Result<i64, StoreError> {
+    Ok(store
+        .get(&start_key(settings, topic_id, partition))
+        .await?
+        .and_then(|kv| serde_json::from_slice::<LogStart>(&kv.value).ok())
+        .map_or(-1, |s| s.log_start))
 }
 
 /// Where a claimed partition's committed records are, for a leader that
@@ -523,7 +637,10 @@ pub async fn partition_log(
             }
         }
     }
-    Ok(sources(claimed.log_start, claimed.end_offset, segments, ranges))
+    let log_start = claimed
+        .log_start
+        .max(recorded_start(store, settings, (topic_id, partition)).await?);
+    Ok(sources(log_start, claimed.end_offset, segments, ranges))
 }
 
 /// Chooses the sources of a log that starts at `log_start` (as its last
@@ -543,6 +660,14 @@ pub fn sources(
     if chain.last().is_some_and(|l| l.next_offset > end) {
         return Err(format!(
             "a segment in the object store ends past the committed offset {end}"
+        ));
+    }
+    // The recorded log start moves with every copy forgotten, so the
+    // first segment starts at or below it: records between are in none.
+    if let Some(first) = chain.first().filter(|f| f.base_offset > log_start) {
+        return Err(format!(
+            "records {log_start}..{} are in no segment in the object store (not copied there)",
+            first.base_offset
         ));
     }
     let start = chain.first().map_or(log_start, |s| s.base_offset.max(log_start));
@@ -603,7 +728,7 @@ pub struct Garbage {
     pub wal: Vec<(String, u64, Vec<String>)>,
     /// Segment copies of deleted topics: the copy and its key.
     pub segments: Vec<(RemoteSegment, String)>,
-    /// Commit keys of deleted topics.
+    /// Commit, claim and log start keys of deleted topics.
     pub commits: Vec<String>,
 }
 
@@ -620,6 +745,8 @@ pub async fn garbage(
 ) -> Result<Garbage, StoreError> {
     use std::collections::BTreeMap;
     let commits = store.range(&format!("{}.logs/", settings.prefix)).await?;
+    let claims = store.range(&format!("{}.claims/", settings.prefix)).await?;
+    let recorded_starts = store.range(&format!("{}.starts/", settings.prefix)).await?;
     let segments = store.range(&format!("{}.segments/", settings.prefix)).await?;
     let indexes = store.range(&wal_prefix(settings)).await?;
     let deleted =
@@ -635,6 +762,22 @@ pub async fn garbage(
             out.commits.push(kv.key.clone());
         } else if let Some(c) = decode(kv) {
             starts.insert((id, p), c.log_start);
+        }
+    }
+    for kv in &claims.kvs {
+        if partition_of(&kv.key).is_some_and(|(id, _)| deleted(&id, kv)) {
+            out.commits.push(kv.key.clone());
+        }
+    }
+    for kv in &recorded_starts.kvs {
+        let Some((id, p)) = partition_of(&kv.key) else {
+            continue;
+        };
+        if deleted(&id, kv) {
+            out.commits.push(kv.key.clone());
+        } else if let Ok(s) = serde_json::from_slice::<LogStart>(&kv.value) {
+            let start = starts.entry((id, p)).or_insert(s.log_start);
+            *start = (*start).max(s.log_start);
         }
     }
     let mut recorded: BTreeMap<(Uuid, i32), Vec<RemoteSegment>> = BTreeMap::new();
@@ -933,6 +1076,9 @@ mod tests {
         // A directory's records from before it joined are not copied yet.
         let why = sources(0, 40, vec![], vec![range(25, 40)]).unwrap_err();
         assert!(why.contains("0..25"), "{why}");
+        // Nor are those below the first segment copied.
+        let why = sources(0, 40, vec![segment(10, 25)], vec![range(25, 40)]).unwrap_err();
+        assert!(why.contains("0..10"), "{why}");
         // Segments end where the WAL starts: nothing is missing.
         assert!(sources(0, 40, vec![segment(0, 25)], vec![range(25, 40)]).is_ok());
     }
@@ -964,7 +1110,7 @@ mod tests {
                 .unwrap()
         );
         assert!(
-            !forget_segment(&store, &s, one, (topic, 0), claimed.revision, (0, "s0"))
+            !forget_segment(&store, &s, one, (topic, 0), claimed.revision, (0, "s0", 10))
                 .await
                 .unwrap()
         );
@@ -972,7 +1118,7 @@ mod tests {
         assert_eq!(listed.kvs.len(), 1);
         // Broker 2 forgets it (another object's name forgets nothing).
         assert!(
-            forget_segment(&store, &s, two, (topic, 0), taken.revision, (0, "other"))
+            forget_segment(&store, &s, two, (topic, 0), taken.revision, (0, "other", 10))
                 .await
                 .unwrap()
         );
@@ -986,7 +1132,7 @@ mod tests {
             1
         );
         assert!(
-            forget_segment(&store, &s, two, (topic, 0), taken.revision, (0, "s0"))
+            forget_segment(&store, &s, two, (topic, 0), taken.revision, (0, "s0", 10))
                 .await
                 .unwrap()
         );
@@ -1095,7 +1241,7 @@ mod tests {
         let objects: Vec<(&str, u64)> = g.wal.iter().map(|(o, b, _)| (o.as_str(), *b)).collect();
         assert_eq!(objects, [("covered", 10), ("mixed", 11)]);
         assert_eq!(g.segments, vec![(gone_segment, gone_key)]);
-        assert_eq!(g.commits, vec![log_key(&s, gone, 0)]);
+        assert_eq!(g.commits, vec![log_key(&s, gone, 0), claim_key(&s, gone, 0)]);
         // A view older than the keys, or one with an unreadable topic,
         // takes no topic for deleted.
         let g = garbage(&store, &s, Some(&topics), 1).await.unwrap();

@@ -566,7 +566,7 @@ impl Membership {
         &self,
         partition: (uuid::Uuid, i32),
         revision: i64,
-        segment: (i64, &str),
+        segment: (i64, &str, i64),
     ) -> Result<bool, StoreError> {
         let Some(session) = self.log_session() else {
             return Ok(false);
@@ -578,6 +578,28 @@ impl Membership {
             partition,
             revision,
             segment,
+        )
+        .await
+    }
+
+    /// Records a partition's log start ([`crate::logs::record_log_start`]):
+    /// whether it holds.
+    pub async fn record_log_start(
+        &self,
+        partition: (uuid::Uuid, i32),
+        revision: i64,
+        log_start: i64,
+    ) -> Result<bool, StoreError> {
+        let Some(session) = self.log_session() else {
+            return Ok(false);
+        };
+        crate::logs::record_log_start(
+            self.store.as_ref(),
+            &self.settings,
+            session,
+            partition,
+            revision,
+            log_start,
         )
         .await
     }

@@ -307,12 +307,14 @@ async fn delete_marked(
         if !data.tiers.has(segment.tier) {
             continue; // A tier no longer configured: keep the record.
         }
+        // Copies are forgotten in order, so the recorded ones never leave
+        // a gap: one that cannot be forgotten stops this partition's.
         match crate::takeover::forget_copy(data, &t.partition, &segment).await {
             Ok(true) => {}
-            Ok(false) => continue, // another leader's now
+            Ok(false) => break, // another leader's now
             Err(why) => {
                 first_error.get_or_insert(std::io::Error::other(why));
-                continue;
+                break;
             }
         }
         match data.tiers.delete(&segment).await {

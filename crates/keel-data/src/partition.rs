@@ -267,6 +267,8 @@ pub struct Partition {
     /// In a cluster: the copies in the object store this broker recorded
     /// in the coordination store (see [`crate::takeover`]).
     pub(crate) published: Mutex<std::collections::HashSet<String>>,
+    /// In a cluster: the log start this broker last recorded there.
+    pub(crate) recorded_start: AtomicI64,
 }
 
 /// The read-ahead slot of one partition.
@@ -406,6 +408,7 @@ impl Partition {
             wal: parts.wal,
             replica: Replica::default(),
             published: Mutex::new(std::collections::HashSet::new()),
+            recorded_start: AtomicI64::new(-1),
         }
     }
 
@@ -925,13 +928,11 @@ impl Partition {
         self.replica.term().map(|t| t.epoch)
     }
 
-    /// The revision of the partition's commit key this broker last wrote,
-    /// while it leads the partition: what its writes to the coordination
-    /// store compare.
+    /// The revision of this broker's claim of the partition, while it
+    /// leads it: what its records of segment copies and log starts in the
+    /// coordination store compare.
     pub fn claimed_revision(&self) -> Option<i64> {
-        self.replica
-            .term()
-            .and_then(|t| self.replica.revision(t.generation))
+        self.replica.claimed_at()
     }
 
     /// Takes the partition's leadership in `epoch`, its log committed up

@@ -45,6 +45,9 @@ struct State {
     generation: u64,
     /// The partition's key revision the next commit compares against.
     revision: i64,
+    /// The revision of the claim that started the term: what records of
+    /// segment copies and log starts compare against.
+    claimed_at: i64,
     /// Where the current term's committed log ends.
     committed: i64,
     /// The last term that ended, and where its committed log ended then:
@@ -104,6 +107,7 @@ impl Replica {
         st.end();
         st.epoch = Some(epoch);
         st.revision = revision;
+        st.claimed_at = revision;
         st.committed = committed;
         publish();
         let term = Term {
@@ -145,6 +149,12 @@ impl Replica {
     pub fn revision(&self, generation: u64) -> Option<i64> {
         let st = self.state.lock();
         (st.generation == generation && st.epoch.is_some()).then_some(st.revision)
+    }
+
+    /// The revision of the current term's claim, `None` without a term.
+    pub fn claimed_at(&self) -> Option<i64> {
+        let st = self.state.lock();
+        st.epoch.is_some().then_some(st.claimed_at)
     }
 
     /// The groups of `generation` up to `end` are committed at `revision`:

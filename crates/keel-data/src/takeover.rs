@@ -19,8 +19,10 @@
 //!
 //! A leader records each segment the mover copies to the object store
 //! ([`publish_copies`]) and forgets a copy before deleting it
-//! ([`forget_copy`]), both fenced by its claim, so a later leader adopts
-//! exactly the copies that hold committed records.
+//! ([`forget_copy`]), and records its log start as it moves
+//! ([`record_log_start`]), all fenced by its claim, so a later leader
+//! adopts exactly the copies that hold committed records and starts the
+//! log where it was.
 
 use std::sync::Arc;
 
@@ -51,6 +53,9 @@ pub async fn take_leadership(data: &DataPlane, partition: &Arc<Partition>, epoch
         .map_err(|e| e.to_string())?
         .ok_or("a newer leader holds it, or this broker's session is not confirmed")?;
     partition.published.lock().clear();
+    partition
+        .recorded_start
+        .store(-1, std::sync::atomic::Ordering::Release);
     // The writer's log holds every committed record, unless it lost them,
     // or a leader since moved the log start past its own.
     let holds_all = claimed.writer == membership.me().node_id
@@ -231,28 +236,53 @@ pub async fn publish_copies(data: &DataPlane, partition: &Partition) -> Result<(
         .collect();
     let id = (partition.topic_id, partition.index);
     for copy in copies {
-        let segment = remote(&copy);
-        let mut recorded = false;
-        for _ in 0..20 {
-            let Some(revision) = partition.claimed_revision() else {
-                return Ok(());
-            };
-            if wal
-                .membership()
-                .publish_segment(id, revision, &segment)
-                .await
-                .map_err(|e| e.to_string())?
-            {
-                recorded = true;
-                break;
-            }
-        }
+        let Some(revision) = partition.claimed_revision() else {
+            return Ok(());
+        };
+        let recorded = wal
+            .membership()
+            .publish_segment(id, revision, &remote(&copy))
+            .await
+            .map_err(|e| e.to_string())?;
         if !recorded {
-            return Ok(()); // deposed, or committing without pause: next pass
+            return Ok(()); // deposed: the next leader's copies count
         }
         partition.published.lock().insert(copy.object);
     }
-    Ok(())
+    record_log_start(data, partition).await.map(|_| ())
+}
+
+/// Records in the coordination store the partition's log start, if it
+/// moved past the one recorded, while this broker leads it: a leader that
+/// rebuilds the log then starts it there (retention, DeleteRecords).
+/// Whether it is recorded (false: this broker no longer leads it).
+pub async fn record_log_start(data: &DataPlane, partition: &Partition) -> Result<bool, String> {
+    let Some(wal) = &data.wal else {
+        return Ok(true);
+    };
+    let start = partition.log_start_offset();
+    if partition
+        .recorded_start
+        .load(std::sync::atomic::Ordering::Acquire)
+        >= start
+    {
+        return Ok(true);
+    }
+    let Some(revision) = partition.claimed_revision() else {
+        return Ok(false);
+    };
+    let id = (partition.topic_id, partition.index);
+    let recorded = wal
+        .membership()
+        .record_log_start(id, revision, start)
+        .await
+        .map_err(|e| e.to_string())?;
+    if recorded {
+        partition
+            .recorded_start
+            .fetch_max(start, std::sync::atomic::Ordering::AcqRel);
+    }
+    Ok(recorded)
 }
 
 /// Whether the leader may delete its copy `segment` from the object
@@ -269,22 +299,23 @@ pub async fn forget_copy(
     if segment.tier != Tier::Remote {
         return Ok(true);
     }
+    let Some(revision) = partition.claimed_revision() else {
+        return Ok(false);
+    };
     let id = (partition.topic_id, partition.index);
-    for _ in 0..20 {
-        let Some(revision) = partition.claimed_revision() else {
-            return Ok(false);
-        };
-        let forgotten = wal
-            .membership()
-            .forget_segment(id, revision, (segment.base_offset, &segment.object))
-            .await
-            .map_err(|e| e.to_string())?;
-        if forgotten {
-            partition.published.lock().remove(&segment.object);
-            return Ok(true);
-        }
+    let forgotten = wal
+        .membership()
+        .forget_segment(
+            id,
+            revision,
+            (segment.base_offset, &segment.object, partition.log_start_offset()),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if forgotten {
+        partition.published.lock().remove(&segment.object);
     }
-    Ok(false)
+    Ok(forgotten)
 }
 
 /// A data-plane change on a blocking thread, its failure as a message.

@@ -221,9 +221,25 @@ pub async fn delete_records(broker: &Arc<Broker>, req: DeleteRecordsRequest) -> 
             let result = match partition_of(broker, t.name.0.as_str(), p.partition_index) {
                 Ok(partition) => {
                     let offset = p.offset;
-                    tokio::task::spawn_blocking(move || delete_before(&partition, offset))
+                    let part = Arc::clone(&partition);
+                    let deleted = tokio::task::spawn_blocking(move || delete_before(&part, offset))
                         .await
-                        .unwrap_or(Err(ResponseError::UnknownServerError))
+                        .unwrap_or(Err(ResponseError::UnknownServerError));
+                    // In a cluster the new log start is recorded before the
+                    // answer, so a failover cannot bring the records back.
+                    match deleted {
+                        Ok(low) => {
+                            match keel_data::takeover::record_log_start(&broker.data, &partition).await {
+                                Ok(true) => Ok(low),
+                                Ok(false) => Err(ResponseError::NotLeaderOrFollower),
+                                Err(why) => {
+                                    tracing::warn!(error = %why, "cannot record a log start in the cluster");
+                                    Err(ResponseError::RequestTimedOut)
+                                }
+                            }
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
                 Err(e) => Err(e),
             };
