@@ -538,6 +538,19 @@ impl Membership {
         crate::logs::delete_keys(self.store.as_ref(), keys).await
     }
 
+    /// Runs one of a leader's records (`crate::logs`) under this broker's
+    /// session: false without a confirmed one.
+    async fn as_leader<'a, F, Fut>(&'a self, record: F) -> Result<bool, StoreError>
+    where
+        F: FnOnce(&'a dyn CoordStore, &'a Settings, crate::logs::Session) -> Fut,
+        Fut: std::future::Future<Output = Result<bool, StoreError>>,
+    {
+        match self.log_session() {
+            Some(session) => record(self.store.as_ref(), &self.settings, session).await,
+            None => Ok(false),
+        }
+    }
+
     /// Records a segment copied to the object store
     /// ([`crate::logs::publish_segment`]): whether it was.
     pub async fn publish_segment(
@@ -546,17 +559,9 @@ impl Membership {
         revision: i64,
         segment: &crate::logs::RemoteSegment,
     ) -> Result<bool, StoreError> {
-        let Some(session) = self.log_session() else {
-            return Ok(false);
-        };
-        crate::logs::publish_segment(
-            self.store.as_ref(),
-            &self.settings,
-            session,
-            partition,
-            revision,
-            segment,
-        )
+        self.as_leader(|store, settings, session| {
+            crate::logs::publish_segment(store, settings, session, partition, revision, segment)
+        })
         .await
     }
 
@@ -568,17 +573,9 @@ impl Membership {
         revision: i64,
         segment: (i64, &str, i64),
     ) -> Result<bool, StoreError> {
-        let Some(session) = self.log_session() else {
-            return Ok(false);
-        };
-        crate::logs::forget_segment(
-            self.store.as_ref(),
-            &self.settings,
-            session,
-            partition,
-            revision,
-            segment,
-        )
+        self.as_leader(|store, settings, session| {
+            crate::logs::forget_segment(store, settings, session, partition, revision, segment)
+        })
         .await
     }
 
@@ -590,17 +587,9 @@ impl Membership {
         revision: i64,
         log_start: i64,
     ) -> Result<bool, StoreError> {
-        let Some(session) = self.log_session() else {
-            return Ok(false);
-        };
-        crate::logs::record_log_start(
-            self.store.as_ref(),
-            &self.settings,
-            session,
-            partition,
-            revision,
-            log_start,
-        )
+        self.as_leader(|store, settings, session| {
+            crate::logs::record_log_start(store, settings, session, partition, revision, log_start)
+        })
         .await
     }
 
