@@ -190,3 +190,36 @@ def test_a_zombie_leader_acknowledges_nothing_it_could_not_commit(etcd, s3server
     assert got == [f"a-{i}".encode() for i in range(20)] + [f"b-{i}".encode() for i in range(20)]
     commits = etcd_range(etcd, f"{PREFIX}.logs/")
     assert [(c["leader_epoch"], c["end_offset"], c["writer"]) for c in commits.values()] == [(1, 40, 2)], commits
+
+
+def test_etcd_restarted_under_produce_acknowledges_nothing_it_did_not_commit(etcd, tmp_path):
+    """etcd stopped while an idempotent producer writes: commits cannot
+    land, so nothing more is acknowledged and the high watermark stays
+    (the brokers fence themselves after a session timeout); when etcd is
+    back the cluster leads again and every record the producer sent is
+    committed once, in order."""
+    brokers = start_cluster(etcd, tmp_path, [1, 2])
+    b1 = brokers[1]
+    create(b1, "steady", num_partitions=1, replica_assignment=[[1]])
+    wait_until(lambda: (leaders(b1, "steady") or {0: -1})[0] == 1, TIMEOUT_S, "broker 1 to lead")
+    s = Sender(brokers[2], "steady")
+    p, acked, errors, send = s.p, s.acked, s.errors, s.send
+    send([f"a-{i}".encode() for i in range(50)])
+    assert p.flush(30) == 0 and len(acked) == 50
+    etcd.stop()
+    try:
+        send([f"b-{i}".encode() for i in range(50)])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            p.poll(0.2)
+        assert len(acked) == 50 and not errors, (len(acked), errors[:3])
+        # Written, not committed: the leader's high watermark stays.
+        with urllib.request.urlopen(f"http://{b1.admin}/stats", timeout=5) as r:
+            [hw] = [q["high_watermark"] for q in json.load(r)["partitions"] if q["topic"] == "steady"]
+        assert hw == 50, hw
+    finally:
+        etcd.start()
+    assert p.flush(90) == 0, "the producer's records were not acknowledged once etcd was back"
+    assert len(acked) == 100 and not errors, errors[:3]
+    got = consume(brokers[2], "steady", [0], 100)[0]
+    assert got == [f"a-{i}".encode() for i in range(50)] + [f"b-{i}".encode() for i in range(50)]
