@@ -137,8 +137,12 @@ pub struct Session {
 pub struct Claimed {
     pub end_offset: i64,
     pub revision: i64,
-    /// The log start offset the commit held.
+    /// The log start offset: the commit's, or the one its last leader
+    /// recorded, whichever is further.
     pub log_start: i64,
+    /// The broker that claimed the partition before (this one, for a
+    /// partition never claimed).
+    pub previous: i32,
     /// The broker whose log holds every committed record ([`LogCommit::writer`]).
     pub writer: i32,
 }
@@ -243,15 +247,15 @@ pub async fn claim(
     loop {
         let current = store.get(&key).await?;
         let commit = current.as_ref().map(|kv| (decode(kv), kv.mod_revision));
-        let (end_offset, log_start, writer) = match &commit {
-            None => (local_end, local_start, session.node_id),
+        let (end_offset, log_start, writer, previous) = match &commit {
+            None => (local_end, local_start, session.node_id, session.node_id),
             Some((None, _)) => {
                 return Err(StoreError::Refused(format!(
                     "{key} does not hold a commit Keel can read"
                 )))
             }
             Some((Some(c), _)) if c.leader_epoch > leader_epoch => return Ok(None),
-            Some((Some(c), _)) => (c.end_offset, c.log_start, c.writer()),
+            Some((Some(c), _)) => (c.end_offset, c.log_start, c.writer(), c.leader),
         };
         let when = match &commit {
             None => Compare::Absent(key.clone()),
@@ -284,11 +288,13 @@ pub async fn claim(
             .txn(vec![registration(settings, session), when], vec![put, put_claim])
             .await?
         {
+            let recorded = recorded_start(store, settings, (topic_id, partition)).await?;
             return Ok(Some(Claimed {
                 end_offset,
                 revision,
-                log_start,
+                log_start: log_start.max(recorded),
                 writer,
+                previous,
             }));
         }
         if !session_holds(store, settings, session).await? {
@@ -356,7 +362,7 @@ async fn commit_chunk(
     let index_key = wal_key(settings, session.node_id, id, part);
     let mut live: Vec<usize> = (0..chunk.len()).collect();
     let mut outcomes = vec![PartOutcome::Fenced; chunk.len()];
-    while !live.is_empty() {
+    loop {
         let mut when = vec![
             registration(settings, session),
             Compare::Absent(index_key.clone()),
@@ -405,6 +411,12 @@ async fn commit_chunk(
         if !session_holds(store, settings, session).await? {
             return Ok(None);
         }
+        if live.is_empty() {
+            // Every partition of this part was fenced, and its index (no
+            // ranges) is written: garbage collection counts the object's
+            // parts by their keys.
+            return Ok(Some(outcomes));
+        }
         let mut still = Vec::with_capacity(live.len());
         for &i in &live {
             let r = &chunk[i].range;
@@ -415,7 +427,6 @@ async fn commit_chunk(
         }
         live = still;
     }
-    Ok(Some(outcomes))
 }
 
 /// The outcomes of a part whose transaction landed: the partitions its
@@ -492,11 +503,23 @@ pub async fn publish_segment(
     Ok(store.txn(when, vec![put]).await?.is_some())
 }
 
+/// Whether a copy about to be deleted may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forget {
+    /// Recorded nowhere (now): delete it.
+    Gone,
+    /// Recorded, and holding records at or past the log start (a copy the
+    /// cleaner or a tier change replaced): a rebuild may need it, keep it.
+    Needed,
+    /// This broker's claim or session has ended: leave it to the leader.
+    Fenced,
+}
+
 /// Forgets a segment copy the leader is about to delete (retention,
 /// DeleteRecords), under the same conditions as [`publish_segment`], and
 /// records the log start (`log_start`, past the copy) in the same
 /// transaction, so the recorded segments never seem to leave a gap below
-/// it. Whether the copy may be deleted (it is recorded nowhere now).
+/// it. A recorded copy not wholly below `log_start` is not forgotten.
 pub async fn forget_segment(
     store: &dyn CoordStore,
     settings: &Settings,
@@ -504,14 +527,19 @@ pub async fn forget_segment(
     (topic_id, partition): (Uuid, i32),
     revision: i64,
     (base_offset, object, log_start): (i64, &str, i64),
-) -> Result<bool, StoreError> {
+) -> Result<Forget, StoreError> {
     let key = segment_key(settings, topic_id, partition, base_offset);
     let Some(kv) = store.get(&key).await? else {
-        return Ok(true);
+        return Ok(Forget::Gone);
     };
-    let names = serde_json::from_slice::<RemoteSegment>(&kv.value).is_ok_and(|s| s.object == object);
-    if !names {
-        return Ok(true);
+    let Some(recorded) = serde_json::from_slice::<RemoteSegment>(&kv.value)
+        .ok()
+        .filter(|s| s.object == object)
+    else {
+        return Ok(Forget::Gone);
+    };
+    if recorded.next_offset > log_start {
+        return Ok(Forget::Needed);
     }
     let (start_when, start_put) = start_update(store, settings, (topic_id, partition), log_start).await?;
     let when = vec![
@@ -522,7 +550,10 @@ pub async fn forget_segment(
     ];
     let mut ops = vec![Op::Delete(key)];
     ops.extend(start_put);
-    Ok(store.txn(when, ops).await?.is_some())
+    Ok(match store.txn(when, ops).await? {
+        Some(_) => Forget::Gone,
+        None => Forget::Fenced,
+    })
 }
 
 /// Records the partition's log start, if it is past the one recorded,
@@ -536,16 +567,30 @@ pub async fn record_log_start(
     revision: i64,
     log_start: i64,
 ) -> Result<bool, StoreError> {
-    let (start_when, start_put) = start_update(store, settings, (topic_id, partition), log_start).await?;
-    let Some(put) = start_put else {
-        return Ok(true);
-    };
-    let when = vec![
-        registration(settings, session),
-        Compare::ModRevision(claim_key(settings, topic_id, partition), revision),
-        start_when,
-    ];
-    Ok(store.txn(when, vec![put]).await?.is_some())
+    loop {
+        let (start_when, start_put) = start_update(store, settings, (topic_id, partition), log_start).await?;
+        let Some(put) = start_put else {
+            return Ok(true);
+        };
+        let claim = claim_key(settings, topic_id, partition);
+        let when = vec![
+            registration(settings, session),
+            Compare::ModRevision(claim.clone(), revision),
+            start_when,
+        ];
+        if store.txn(when, vec![put]).await?.is_some() {
+            return Ok(true);
+        }
+        // Another record of this leader's moved the start meanwhile; a
+        // changed claim or an ended session is final.
+        let claimed = store
+            .get(&claim)
+            .await?
+            .is_some_and(|kv| kv.mod_revision == revision);
+        if !claimed || !session_holds(store, settings, session).await? {
+            return Ok(false);
+        }
+    }
 }
 
 /// The compare on a partition's start key as it is now, and the put that
@@ -732,16 +777,13 @@ pub struct Garbage {
     pub commits: Vec<String>,
 }
 
-/// Finds [`Garbage`]. `topics`: the ids of the topics the cluster has, as
-/// the view at `revision` holds them (`None` if some topic cannot be
-/// read: nothing is taken for deleted then). A key written after
-/// `revision` never counts as a deleted topic's (its topic may be newer
-/// than the view).
+/// Finds [`Garbage`]. `removed`: the ids of topics the caller saw
+/// deleted (topic ids are never reused, so none of them comes back; a
+/// topic it never saw is never taken for deleted).
 pub async fn garbage(
     store: &dyn CoordStore,
     settings: &Settings,
-    topics: Option<&std::collections::HashSet<Uuid>>,
-    revision: i64,
+    removed: &std::collections::HashSet<Uuid>,
 ) -> Result<Garbage, StoreError> {
     use std::collections::BTreeMap;
     let commits = store.range(&format!("{}.logs/", settings.prefix)).await?;
@@ -749,8 +791,7 @@ pub async fn garbage(
     let recorded_starts = store.range(&format!("{}.starts/", settings.prefix)).await?;
     let segments = store.range(&format!("{}.segments/", settings.prefix)).await?;
     let indexes = store.range(&wal_prefix(settings)).await?;
-    let deleted =
-        |id: &Uuid, kv: &KeyValue| topics.is_some_and(|t| !t.contains(id)) && kv.mod_revision <= revision;
+    let deleted = |id: &Uuid, _: &KeyValue| removed.contains(id);
     let mut out = Garbage::default();
     // Each partition's log start, and its recorded segments.
     let mut starts: BTreeMap<(Uuid, i32), i64> = BTreeMap::new();
@@ -796,12 +837,19 @@ pub async fn garbage(
     }
     // Below this offset a partition's records are in sealed segments (or
     // gone): the WAL ranges there are covered.
-    let covered = |id: Uuid, p: i32| -> i64 {
-        let start = starts.get(&(id, p)).copied().unwrap_or(0);
-        let segs = recorded.get(&(id, p)).cloned().unwrap_or_default();
-        chain(start, segs)
-            .last()
-            .map_or(start, |s| s.next_offset.max(start))
+    // As a rebuild sees it (`sources`): segments that do not reach down
+    // to the log start cover nothing.
+    let mut covered_at: BTreeMap<(Uuid, i32), i64> = BTreeMap::new();
+    let mut covered = |id: Uuid, p: i32| -> i64 {
+        *covered_at.entry((id, p)).or_insert_with(|| {
+            let start = starts.get(&(id, p)).copied().unwrap_or(0);
+            let segs = recorded.get(&(id, p)).cloned().unwrap_or_default();
+            let chain = chain(start, segs);
+            match (chain.first(), chain.last()) {
+                (Some(first), Some(last)) if first.base_offset <= start => last.next_offset.max(start),
+                _ => start,
+            }
+        })
     };
     let mut objects: BTreeMap<String, (usize, Vec<String>, u64, bool)> = BTreeMap::new();
     for kv in &indexes.kvs {
@@ -814,7 +862,7 @@ pub async fn garbage(
         entry.1.push(kv.key.clone());
         for r in &index.ranges {
             entry.2 += r.length;
-            let gone = topics.is_some_and(|t| !t.contains(&r.topic_id)) && kv.mod_revision <= revision;
+            let gone = removed.contains(&r.topic_id);
             if !gone && r.end_offset > covered(r.topic_id, r.partition) {
                 entry.3 = false;
             }
@@ -1109,18 +1157,17 @@ mod tests {
                 .await
                 .unwrap()
         );
-        assert!(
-            !forget_segment(&store, &s, one, (topic, 0), claimed.revision, (0, "s0", 10))
-                .await
-                .unwrap()
+        let forget = |who, revision, seg| forget_segment(&store, &s, who, (topic, 0), revision, seg);
+        assert_eq!(
+            forget(one, claimed.revision, (0, "s0", 10)).await.unwrap(),
+            Forget::Fenced
         );
         let listed = store.range(&segments_prefix(&s, topic, 0)).await.unwrap();
         assert_eq!(listed.kvs.len(), 1);
         // Broker 2 forgets it (another object's name forgets nothing).
-        assert!(
-            forget_segment(&store, &s, two, (topic, 0), taken.revision, (0, "other", 10))
-                .await
-                .unwrap()
+        assert_eq!(
+            forget(two, taken.revision, (0, "other", 10)).await.unwrap(),
+            Forget::Gone
         );
         assert_eq!(
             store
@@ -1131,10 +1178,14 @@ mod tests {
                 .len(),
             1
         );
-        assert!(
-            forget_segment(&store, &s, two, (topic, 0), taken.revision, (0, "s0", 10))
-                .await
-                .unwrap()
+        // Not while its records are at or past the log start.
+        assert_eq!(
+            forget(two, taken.revision, (0, "s0", 9)).await.unwrap(),
+            Forget::Needed
+        );
+        assert_eq!(
+            forget(two, taken.revision, (0, "s0", 10)).await.unwrap(),
+            Forget::Gone
         );
         assert!(store
             .range(&segments_prefix(&s, topic, 0))
@@ -1234,20 +1285,16 @@ mod tests {
             parts: 2,
         };
         put(&store, key, serde_json::to_vec(&half).unwrap()).await;
-        let revision = store.range("/k").await.unwrap().revision;
 
-        let topics: std::collections::HashSet<Uuid> = [kept].into();
-        let g = garbage(&store, &s, Some(&topics), revision).await.unwrap();
+        let removed: std::collections::HashSet<Uuid> = [gone].into();
+        let g = garbage(&store, &s, &removed).await.unwrap();
         let objects: Vec<(&str, u64)> = g.wal.iter().map(|(o, b, _)| (o.as_str(), *b)).collect();
         assert_eq!(objects, [("covered", 10), ("mixed", 11)]);
         assert_eq!(g.segments, vec![(gone_segment, gone_key)]);
         assert_eq!(g.commits, vec![log_key(&s, gone, 0), claim_key(&s, gone, 0)]);
-        // A view older than the keys, or one with an unreadable topic,
-        // takes no topic for deleted.
-        let g = garbage(&store, &s, Some(&topics), 1).await.unwrap();
-        assert_eq!(g.wal.len(), 1);
+        // A topic not seen deleted is not taken for deleted.
+        let g = garbage(&store, &s, &Default::default()).await.unwrap();
         assert!(g.segments.is_empty() && g.commits.is_empty());
-        let g = garbage(&store, &s, None, revision).await.unwrap();
         assert_eq!(
             g.wal.iter().map(|(o, ..)| o.as_str()).collect::<Vec<_>>(),
             ["covered"]

@@ -168,6 +168,10 @@ struct View {
     topic_ids: HashMap<uuid::Uuid, String>,
     /// Topics whose keys this broker cannot read (another version's?).
     unreadable_topics: BTreeSet<String>,
+    /// Ids of topics this view saw deleted (or replaced by another
+    /// incarnation of their name): what garbage collection may delete
+    /// the keys and copies of.
+    removed_topics: std::collections::HashSet<uuid::Uuid>,
     /// The cluster's configs (`<prefix>/configs/<kind>/<name>`), by
     /// `<kind>/<name>`, with the revisions of their keys.
     configs: BTreeMap<String, (Vec<u8>, i64)>,
@@ -525,12 +529,8 @@ impl Membership {
     /// What the coordination store records that nothing needs any more
     /// ([`crate::logs::garbage`]), judged against this broker's view.
     pub async fn garbage(&self) -> Result<crate::logs::Garbage, StoreError> {
-        let (topics, revision) = {
-            let view = self.view.lock();
-            let ids: std::collections::HashSet<uuid::Uuid> = view.topic_ids.keys().copied().collect();
-            (view.unreadable_topics.is_empty().then_some(ids), view.revision)
-        };
-        crate::logs::garbage(self.store.as_ref(), &self.settings, topics.as_ref(), revision).await
+        let removed = self.view.lock().removed_topics.clone();
+        crate::logs::garbage(self.store.as_ref(), &self.settings, &removed).await
     }
 
     /// Deletes keys of [`Membership::garbage`].
@@ -572,11 +572,15 @@ impl Membership {
         partition: (uuid::Uuid, i32),
         revision: i64,
         segment: (i64, &str, i64),
-    ) -> Result<bool, StoreError> {
-        self.as_leader(|store, settings, session| {
-            crate::logs::forget_segment(store, settings, session, partition, revision, segment)
-        })
-        .await
+    ) -> Result<crate::logs::Forget, StoreError> {
+        match self.log_session() {
+            Some(session) => {
+                let store = self.store.as_ref();
+                crate::logs::forget_segment(store, &self.settings, session, partition, revision, segment)
+                    .await
+            }
+            None => Ok(crate::logs::Forget::Fenced),
+        }
     }
 
     /// Records a partition's log start ([`crate::logs::record_log_start`]):
@@ -979,6 +983,7 @@ impl Membership {
         if snapshot.revision < view.revision {
             return; // read before what the view already holds
         }
+        let before: Vec<uuid::Uuid> = view.topic_ids.keys().copied().collect();
         view.members.clear();
         view.controller = None;
         view.topics.clear();
@@ -987,6 +992,13 @@ impl Membership {
         view.configs.clear();
         for kv in &snapshot.kvs {
             self.put(&mut view, kv);
+        }
+        if view.unreadable_topics.is_empty() {
+            for id in before {
+                if !view.topic_ids.contains_key(&id) {
+                    view.removed_topics.insert(id);
+                }
+            }
         }
         view.revision = snapshot.revision;
         drop(view);
@@ -1017,6 +1029,7 @@ impl Membership {
                         view.unreadable_topics.remove(name);
                         if let Some(gone) = view.topics.remove(name) {
                             view.topic_ids.remove(&gone.topic.topic_id);
+                            view.removed_topics.insert(gone.topic.topic_id);
                         }
                     }
                 }
@@ -1054,7 +1067,11 @@ impl Membership {
                 Some(topic) if topic.name == name => {
                     view.unreadable_topics.remove(name);
                     if let Some(old) = view.topics.get(name) {
-                        view.topic_ids.remove(&old.topic.topic_id);
+                        let old_id = old.topic.topic_id;
+                        view.topic_ids.remove(&old_id);
+                        if old_id != topic.topic_id {
+                            view.removed_topics.insert(old_id);
+                        }
                     }
                     view.topic_ids.insert(topic.topic_id, topic.name.clone());
                     let stored = StoredTopic {

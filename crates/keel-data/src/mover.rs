@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use keel_cluster::logs::Forget;
 use keel_log::{PartitionLog, SealedSegment, Tier};
 use keel_tier::IoClass;
 use parking_lot::Mutex;
@@ -310,8 +311,11 @@ async fn delete_marked(
         // Copies are forgotten in order, so the recorded ones never leave
         // a gap: one that cannot be forgotten stops this partition's.
         match crate::takeover::forget_copy(data, &t.partition, &segment).await {
-            Ok(true) => {}
-            Ok(false) => break, // another leader's now
+            Ok(Forget::Gone) => {}
+            // Replaced (the cleaner, a tier change) while its records are
+            // still in the log: a rebuild may need this copy, so it stays.
+            Ok(Forget::Needed) => continue,
+            Ok(Forget::Fenced) => break, // another leader's now
             Err(why) => {
                 first_error.get_or_insert(std::io::Error::other(why));
                 break;

@@ -26,7 +26,7 @@
 
 use std::sync::Arc;
 
-use keel_cluster::logs::{Claimed, LogSources, RemoteSegment};
+use keel_cluster::logs::{Claimed, Forget, LogSources, RemoteSegment};
 use keel_log::txnindex::AbortedTxn;
 use keel_log::{Tier, TierState, TieredSegment};
 
@@ -57,8 +57,11 @@ pub async fn take_leadership(data: &DataPlane, partition: &Arc<Partition>, epoch
         .recorded_start
         .store(-1, std::sync::atomic::Ordering::Release);
     // The writer's log holds every committed record, unless it lost them,
-    // or a leader since moved the log start past its own.
-    let holds_all = claimed.writer == membership.me().node_id
+    // or another broker claimed the partition since (it may have moved the
+    // log start, or copied and recorded segments this log does not know).
+    let me = membership.me().node_id;
+    let holds_all = claimed.writer == me
+        && claimed.previous == me
         && local.1 >= claimed.end_offset
         && claimed.log_start <= local.0;
     if !holds_all {
@@ -287,20 +290,21 @@ pub async fn record_log_start(data: &DataPlane, partition: &Partition) -> Result
 
 /// Whether the leader may delete its copy `segment` from the object
 /// store: in a cluster, once the coordination store no longer records it
-/// (a deposed leader may not; the copy may be another leader's now).
+/// ([`keel_cluster::logs::forget_segment`]; a deposed leader may not, the
+/// copy may be another leader's now).
 pub async fn forget_copy(
     data: &DataPlane,
     partition: &Partition,
     segment: &TieredSegment,
-) -> Result<bool, String> {
+) -> Result<Forget, String> {
     let Some(wal) = &data.wal else {
-        return Ok(true);
+        return Ok(Forget::Gone);
     };
     if segment.tier != Tier::Remote {
-        return Ok(true);
+        return Ok(Forget::Gone);
     }
     let Some(revision) = partition.claimed_revision() else {
-        return Ok(false);
+        return Ok(Forget::Fenced);
     };
     let id = (partition.topic_id, partition.index);
     let forgotten = wal
@@ -312,7 +316,7 @@ pub async fn forget_copy(
         )
         .await
         .map_err(|e| e.to_string())?;
-    if forgotten {
+    if forgotten == Forget::Gone {
         partition.published.lock().remove(&segment.object);
     }
     Ok(forgotten)

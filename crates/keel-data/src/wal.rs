@@ -222,11 +222,13 @@ impl Wal {
                 .collected_keys
                 .fetch_add(keys as u64, Ordering::Relaxed)
         };
+        let mut failed = None;
         for (object, bytes, keys) in &garbage.wal {
-            self.tiers
-                .delete_remote(object)
-                .await
-                .map_err(|e| format!("deleting WAL object {object}: {e}"))?;
+            // One object the store will not delete does not hold the others up.
+            if let Err(e) = self.tiers.delete_remote(object).await {
+                failed.get_or_insert(format!("deleting WAL object {object}: {e}"));
+                continue;
+            }
             m.delete_keys(keys).await.map_err(|e| e.to_string())?;
             self.stats.collected_objects.fetch_add(1, Ordering::Relaxed);
             self.stats.collected_bytes.fetch_add(*bytes, Ordering::Relaxed);
@@ -234,10 +236,10 @@ impl Wal {
         }
         for (segment, key) in &garbage.segments {
             let copy = crate::takeover::tiered(segment);
-            self.tiers
-                .delete(&copy)
-                .await
-                .map_err(|e| format!("deleting a deleted topic's segment {}: {e}", copy.object))?;
+            if let Err(e) = self.tiers.delete(&copy).await {
+                failed.get_or_insert(format!("deleting a deleted topic's segment {}: {e}", copy.object));
+                continue;
+            }
             m.delete_keys(std::slice::from_ref(key))
                 .await
                 .map_err(|e| e.to_string())?;
@@ -245,6 +247,9 @@ impl Wal {
         }
         m.delete_keys(&garbage.commits).await.map_err(|e| e.to_string())?;
         count(garbage.commits.len());
+        if let Some(why) = failed {
+            return Err(why);
+        }
         if !garbage.wal.is_empty() || !garbage.segments.is_empty() {
             tracing::debug!(
                 objects = garbage.wal.len(),
