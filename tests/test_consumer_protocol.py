@@ -298,8 +298,10 @@ def test_a_group_moves_between_the_classic_and_consumer_protocols_with_its_offse
 def test_a_static_member_restarts_into_its_place_without_a_rebalance(broker_factory):
     """A console consumer with `group.instance.id` leaves for a while (on
     close, with epoch -2) and comes back under a new member id: it gets its
-    partitions back, and the group epoch does not move."""
-    b = broker_factory(FAST)
+    partitions back, and the group epoch does not move. Its session is
+    long enough that a JVM starting slowly on a loaded machine still finds
+    its place kept."""
+    b = broker_factory({**FAST, "group.consumer.session.timeout.ms": "30000"})
     topic, group = "static", "static-group"
     create_topic(b.bootstrap, topic, partitions=4)
     static = ("--command-property", "group.instance.id=host-a")
