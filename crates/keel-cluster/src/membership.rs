@@ -539,15 +539,15 @@ impl Membership {
     }
 
     /// Runs one of a leader's records (`crate::logs`) under this broker's
-    /// session: false without a confirmed one.
-    async fn as_leader<'a, F, Fut>(&'a self, record: F) -> Result<bool, StoreError>
+    /// session: `fenced` without a confirmed one.
+    async fn as_leader<'a, T, F, Fut>(&'a self, fenced: T, record: F) -> Result<T, StoreError>
     where
         F: FnOnce(&'a dyn CoordStore, &'a Settings, crate::logs::Session) -> Fut,
-        Fut: std::future::Future<Output = Result<bool, StoreError>>,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
         match self.log_session() {
             Some(session) => record(self.store.as_ref(), &self.settings, session).await,
-            None => Ok(false),
+            None => Ok(fenced),
         }
     }
 
@@ -559,7 +559,7 @@ impl Membership {
         revision: i64,
         segment: &crate::logs::RemoteSegment,
     ) -> Result<bool, StoreError> {
-        self.as_leader(|store, settings, session| {
+        self.as_leader(false, |store, settings, session| {
             crate::logs::publish_segment(store, settings, session, partition, revision, segment)
         })
         .await
@@ -573,14 +573,10 @@ impl Membership {
         revision: i64,
         segment: (i64, &str, i64),
     ) -> Result<crate::logs::Forget, StoreError> {
-        match self.log_session() {
-            Some(session) => {
-                let store = self.store.as_ref();
-                crate::logs::forget_segment(store, &self.settings, session, partition, revision, segment)
-                    .await
-            }
-            None => Ok(crate::logs::Forget::Fenced),
-        }
+        self.as_leader(crate::logs::Forget::Fenced, |store, settings, session| {
+            crate::logs::forget_segment(store, settings, session, partition, revision, segment)
+        })
+        .await
     }
 
     /// Records a partition's log start ([`crate::logs::record_log_start`]):
@@ -591,7 +587,7 @@ impl Membership {
         revision: i64,
         log_start: i64,
     ) -> Result<bool, StoreError> {
-        self.as_leader(|store, settings, session| {
+        self.as_leader(false, |store, settings, session| {
             crate::logs::record_log_start(store, settings, session, partition, revision, log_start)
         })
         .await
