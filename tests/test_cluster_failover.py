@@ -14,11 +14,12 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 import kafka_tools
 from conftest import IMPL, wait_until
 from test_cluster import TIMEOUT_S, start_cluster, stats
-from test_cluster_topics import create, leadership
+from test_cluster_topics import create, leadership, produce
 
 pytestmark = pytest.mark.skipif(IMPL != "keel", reason="cluster mode over etcd is Keel's")
 
@@ -175,5 +176,106 @@ def test_kill9_loop_loses_and_duplicates_no_acknowledged_record(etcd, tmp_path):
     finally:
         if java and java.poll() is None:
             java.kill()
+        for b in brokers.values():
+            b.close()
+
+
+def offsets_partition(group: str, partitions: int = 50) -> int:
+    """The partition of __consumer_offsets a group falls in: Kafka's
+    abs(group.hashCode()) % partitions."""
+    h = 0
+    for unit in (group.encode("utf-16-be")[i:i + 2] for i in range(0, len(group.encode("utf-16-be")), 2)):
+        h = (31 * h + int.from_bytes(unit, "big")) & 0xFFFFFFFF
+    h = h - (1 << 32) if h >= 1 << 31 else h
+    return 0 if h == -(1 << 31) else abs(h) % partitions
+
+
+def group_state(b, group):
+    """(coordinator node id, {(topic, partition): committed offset}) as an
+    admin client bootstrapped at `b` finds them; None while the group's
+    coordinator is away or loading."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    a = AdminClient({"bootstrap.servers": b.bootstrap})
+    try:
+        described = a.describe_consumer_groups([group], request_timeout=5)[group].result(10)
+        listed = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
+                                               request_timeout=5)[group].result(10)
+    except Exception:  # noqa: BLE001 (a coordinator moving: asked again)
+        return None
+    return described.coordinator.id, {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions}
+
+
+def test_a_groups_coordinator_fails_over_with_its_offsets(etcd, tmp_path):
+    """A group's records are in its partition of __consumer_offsets: when
+    the coordinator's broker is killed, another leads the partition (its
+    log rebuilt from the object store, bounded by snapshots) and the group
+    is there with every offset it committed; its next member goes on from
+    them."""
+    # Tiny snapshots: the group's partition is snapshotted and its log
+    # start moved many times before the kill.
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"offsets.topic.segment.bytes": "1024"})
+    try:
+        create(brokers[1], "orders", num_partitions=3)
+        produce(brokers[2], "orders", 300)
+        bootstrap = ",".join(b.bootstrap for b in brokers.values())
+        group = "failing-over"
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False})
+        got = []
+        try:
+            c.subscribe(["orders"])
+
+            def read_and_commit():
+                for m in c.consume(10, 0.5):
+                    if m.error() is None:
+                        got.append(m.value())
+                        c.commit(message=m, asynchronous=False)
+                return len(got) >= 300
+            wait_until(read_and_commit, 90, "the group to read and commit every record")
+        finally:
+            c.close()
+        assert sorted(got) == sorted(f"k-{i}".encode() for i in range(300))
+        before = group_state(brokers[1], group)
+        assert before is not None
+        coordinator, committed = before
+        assert sum(committed.values()) == 300, committed
+        # The group's partition was snapshotted: its log starts past 0.
+        index = offsets_partition(group)
+        probe = Consumer({"bootstrap.servers": brokers[coordinator].bootstrap, "group.id": "probe"})
+        low, high = probe.get_watermark_offsets(TopicPartition("__consumer_offsets", index), timeout=10)
+        probe.close()
+        assert 0 < low < high, (low, high)
+
+        brokers[coordinator].kill9()
+        survivor = next(b for n, b in brokers.items() if n != coordinator)
+        t0 = time.monotonic()
+        wait_until(lambda: (s := group_state(survivor, group)) is not None and s[0] != coordinator,
+                   TIMEOUT_S * 2, "another broker to coordinate the group")
+        moved, offsets = group_state(survivor, group)
+        print(f"group coordinator {coordinator} killed: broker {moved} coordinates the group after "
+              f"{time.monotonic() - t0:.2f}s", flush=True)
+        assert offsets == committed
+
+        # The group's next member starts where the last one committed.
+        produce(survivor, "orders", 30, key_prefix="late")
+        live = ",".join(b.bootstrap for n, b in brokers.items() if n != coordinator)
+        c = Consumer({"bootstrap.servers": live, "group.id": group, "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False})
+        later = []
+        try:
+            c.subscribe(["orders"])
+
+            def read_new():
+                for m in c.consume(50, 0.5):
+                    if m.error() is None:
+                        later.append(m.value())
+                return len(later) >= 30
+            wait_until(read_new, 60, "the new records")
+            time.sleep(1)
+            later.extend(m.value() for m in c.consume(50, 1.0) if m.error() is None)
+        finally:
+            c.close()
+        assert sorted(later) == sorted(f"late-{i}".encode() for i in range(30))
+    finally:
         for b in brokers.values():
             b.close()

@@ -92,10 +92,12 @@ pub fn place(count: usize, live: &BTreeSet<i32>, load: &BTreeMap<i32, usize>) ->
 /// Kafka's internal topics whose partitions place the group coordinators
 /// (`__consumer_offsets`) and the transaction coordinators
 /// (`__transaction_state`). In a cluster they are kept with the other
-/// topics and led like them, but hold no records yet (each coordinator
-/// keeps its state in its broker's own logs), so brokers do not open them
-/// and Metadata does not list them, and the controller moves their
-/// leaders to no other broker (see [`elect`]).
+/// topics and led like them. `__consumer_offsets` holds the groups'
+/// records, so a group fails over with its partition;
+/// `__transaction_state` holds no records yet (the transaction
+/// coordinator keeps its state in its broker's own log), so brokers do not
+/// open it and the controller moves its leaders to no other broker (see
+/// [`elect`]).
 pub const GROUPS_TOPIC: &str = "__consumer_offsets";
 pub const TRANSACTIONS_TOPIC: &str = "__transaction_state";
 
@@ -124,9 +126,9 @@ pub fn load<'a>(topics: impl IntoIterator<Item = &'a ClusterTopic>) -> BTreeMap<
 /// else by the live broker leading the fewest partitions, which becomes
 /// its replica (any broker can rebuild a partition's log from the object
 /// store). Each change is a new leader epoch. With no broker live, it has
-/// no leader until one is. The coordinators' topics ([`is_internal`]) keep
-/// their state on their leader's disk, so only their replica may lead
-/// them. `None` if nothing changes.
+/// no leader until one is. The transaction coordinators' topic keeps its
+/// state on its leader's disk, so only its replica may lead it. `None` if
+/// nothing changes.
 pub fn elect(
     topic: &ClusterTopic,
     live: &BTreeSet<i32>,
@@ -134,7 +136,7 @@ pub fn elect(
 ) -> Option<ClusterTopic> {
     let mut changed = topic.clone();
     let mut any = false;
-    let anywhere = !is_internal(&topic.name);
+    let anywhere = topic.name != TRANSACTIONS_TOPIC;
     for p in &mut changed.partitions {
         if p.leader != NO_LEADER && live.contains(&p.leader) {
             continue;
@@ -297,9 +299,9 @@ mod tests {
     }
 
     #[test]
-    fn a_coordinators_partition_waits_for_its_broker() {
+    fn a_transaction_coordinators_partition_waits_for_its_broker() {
         let mut t = topic(&[(1, 0, &[1])]);
-        t.name = GROUPS_TOPIC.into();
+        t.name = TRANSACTIONS_TOPIC.into();
         let mut led = load([&t]);
         let gone = elect(&t, &[2].into(), &mut led).expect("its leader is gone");
         assert_eq!(gone.partitions[0].leader, NO_LEADER);
@@ -308,6 +310,18 @@ mod tests {
         assert_eq!(
             (back.partitions[0].leader, back.partitions[0].leader_epoch),
             (1, 2)
+        );
+    }
+
+    #[test]
+    fn a_group_coordinators_partition_fails_over() {
+        let mut t = topic(&[(1, 0, &[1])]);
+        t.name = GROUPS_TOPIC.into();
+        let mut led = load([&t]);
+        let moved = elect(&t, &[2].into(), &mut led).expect("its leader is gone");
+        assert_eq!(
+            (moved.partitions[0].leader, moved.partitions[0].leader_epoch),
+            (2, 1)
         );
     }
 

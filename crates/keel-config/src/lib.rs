@@ -328,6 +328,7 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("offsets.retention.check.interval.ms", "600000", ConfigType::Long),
     ("offset.metadata.max.bytes", "4096", ConfigType::Int),
     ("offsets.topic.segment.bytes", "104857600", ConfigType::Int),
+    ("offsets.commit.timeout.ms", "5000", ConfigType::Int),
     // The transaction coordinator: the longest timeout a producer may ask
     // for, how often open transactions are checked against theirs, how
     // long an idle transactional id is remembered, and the transaction
@@ -920,6 +921,7 @@ impl BrokerConfig {
             ("offsets.retention.check.interval.ms", 1),
             ("offset.metadata.max.bytes", 0),
             ("offsets.topic.segment.bytes", 1024),
+            ("offsets.commit.timeout.ms", 1),
             ("keel.tail.cache.bytes", -1),
             ("keel.cold.read.bytes.per.sec", 0),
             ("keel.cold.read.max.concurrent", 1),

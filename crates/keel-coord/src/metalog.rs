@@ -179,9 +179,21 @@ impl std::error::Error for OpenError {}
 /// Acknowledges one write once it is in the log and applied.
 type WriteAck = oneshot::Sender<Result<(), StoreError>>;
 
-enum Command<R> {
-    Write { entry: Entry<R>, reply: WriteAck },
-    Close { done: mpsc::Sender<()> },
+/// A change to the table made outside the log, in the writer's order.
+type Update<T> = Box<dyn FnOnce(&mut T) + Send>;
+
+enum Command<T: Table> {
+    Write {
+        entry: Entry<T::Record>,
+        reply: WriteAck,
+    },
+    Update {
+        change: Update<T>,
+        done: oneshot::Sender<()>,
+    },
+    Close {
+        done: mpsc::Sender<()>,
+    },
 }
 
 /// A coordinator log's partition settings: segments of `segment_bytes`,
@@ -208,9 +220,26 @@ pub enum Durability {
     Synced,
 }
 
+/// Where a coordinator log's writes go, on the log's writer thread (its
+/// only writer). [`MetaLog::open_with`] keeps them in a partition log of
+/// Keel's own with snapshot files ([`LocalSink`]); a broker of a cluster
+/// gives its group coordinator one that writes them into the partitions
+/// of `__consumer_offsets`, which fail over with their leaders.
+pub trait Sink<T: Table>: Send + 'static {
+    /// Writes `entries`, in order, as durably as the log promises; blocking.
+    /// `table` is the state before them (applied once this returns Ok). It
+    /// may be locked only briefly: readers wait on it.
+    fn append(&mut self, entries: &[Entry<T::Record>], table: &Mutex<T>) -> Result<(), StoreError>;
+    /// Called when no write came for a while, and after each group of
+    /// writes (applied): flushes that are due, snapshots.
+    fn tend(&mut self, table: &Mutex<T>);
+    /// Flushes and closes.
+    fn close(&mut self);
+}
+
 /// A coordinator's log: records of `T`, applied to a `T` in memory.
 pub struct MetaLog<T: Table> {
-    commands: Mutex<Option<mpsc::Sender<Command<T::Record>>>>,
+    commands: Mutex<Option<mpsc::Sender<Command<T>>>>,
     table: Arc<Mutex<T>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -288,16 +317,25 @@ impl<T: Table> MetaLog<T> {
             replayed,
             "loaded a coordinator log"
         );
-        let table = Arc::new(Mutex::new(table));
-        let (tx, rx) = mpsc::channel();
-        let mut writer = Writer {
+        let sink = LocalSink {
             log,
             storage,
             snapshots,
-            table: Arc::clone(&table),
             bytes_since_snapshot: 0,
             snapshot_bytes,
             durability,
+        };
+        MetaLog::with_sink(table, Box::new(sink))
+    }
+
+    /// A log of `table` whose writes go to `sink`: starts the writer
+    /// thread.
+    pub fn with_sink(table: T, sink: Box<dyn Sink<T>>) -> Result<MetaLog<T>, OpenError> {
+        let table = Arc::new(Mutex::new(table));
+        let (tx, rx) = mpsc::channel();
+        let mut writer = Writer {
+            sink,
+            table: Arc::clone(&table),
         };
         let handle = std::thread::Builder::new()
             .name(format!("keel-{}", T::NAME))
@@ -357,6 +395,27 @@ impl<T: Table> MetaLog<T> {
         f(&self.table.lock())
     }
 
+    /// Changes the table outside the log, after every write queued
+    /// before it is applied: for a sink whose log holds parts of the table
+    /// that come and go (a cluster's group log loads and drops the groups
+    /// of the partitions its broker leads). Resolves once it is made
+    /// (at once if the log is closed).
+    pub fn update(
+        &self,
+        change: impl FnOnce(&mut T) + Send + 'static,
+    ) -> impl std::future::Future<Output = ()> {
+        let (done, rx) = oneshot::channel();
+        if let Some(tx) = &*self.commands.lock() {
+            let _ = tx.send(Command::Update {
+                change: Box::new(change),
+                done,
+            });
+        }
+        async move {
+            let _ = rx.await;
+        }
+    }
+
     /// Flushes and closes the log and stops the writer. Blocking.
     pub fn close(&self) {
         let Some(tx) = self.commands.lock().take() else {
@@ -378,23 +437,20 @@ impl<T: Table> Drop for MetaLog<T> {
     }
 }
 
+/// The writer thread: takes the queued writes in groups, has the sink
+/// write each group, then applies it to the table and answers.
 struct Writer<T: Table> {
-    log: PartitionLog,
-    storage: Arc<dyn Storage>,
-    snapshots: PathBuf,
+    sink: Box<dyn Sink<T>>,
     table: Arc<Mutex<T>>,
-    bytes_since_snapshot: u64,
-    snapshot_bytes: u64,
-    durability: Durability,
 }
 
 impl<T: Table> Writer<T> {
-    fn run(&mut self, rx: mpsc::Receiver<Command<T::Record>>) {
+    fn run(&mut self, rx: mpsc::Receiver<Command<T>>) {
         loop {
             let first = match rx.recv_timeout(FLUSH_CHECK) {
                 Ok(c) => c,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    self.flush_if_due();
+                    self.sink.tend(&self.table);
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return self.close(None),
@@ -404,6 +460,11 @@ impl<T: Table> Writer<T> {
             for command in std::iter::once(first).chain(rx.try_iter()) {
                 match command {
                     Command::Write { entry, reply } => writes.push((entry, reply)),
+                    Command::Update { change, done } => {
+                        self.write(std::mem::take(&mut writes));
+                        change(&mut self.table.lock());
+                        let _ = done.send(());
+                    }
                     Command::Close { done } => close = Some(done),
                 }
             }
@@ -411,12 +472,7 @@ impl<T: Table> Writer<T> {
             if close.is_some() {
                 return self.close(close);
             }
-            self.flush_if_due();
-            if self.bytes_since_snapshot >= self.snapshot_bytes {
-                if let Err(e) = self.snapshot() {
-                    tracing::error!(log = T::NAME, error = %e, "cannot snapshot a coordinator log; it keeps growing");
-                }
-            }
+            self.sink.tend(&self.table);
         }
     }
 
@@ -425,7 +481,7 @@ impl<T: Table> Writer<T> {
             return;
         }
         let (entries, replies): (Vec<_>, Vec<_>) = writes.into_iter().unzip();
-        let result = self.append(&entries);
+        let result = self.sink.append(&entries, &self.table);
         if result.is_ok() {
             let mut table = self.table.lock();
             for entry in entries {
@@ -437,7 +493,27 @@ impl<T: Table> Writer<T> {
         }
     }
 
-    fn append(&mut self, entries: &[Entry<T::Record>]) -> Result<(), StoreError> {
+    fn close(&mut self, done: Option<mpsc::Sender<()>>) {
+        self.sink.close();
+        if let Some(done) = done {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// A coordinator log in a partition log of Keel's own (under
+/// `__keel_meta/`), bounded by snapshot files.
+pub struct LocalSink {
+    log: PartitionLog,
+    storage: Arc<dyn Storage>,
+    snapshots: PathBuf,
+    bytes_since_snapshot: u64,
+    snapshot_bytes: u64,
+    durability: Durability,
+}
+
+impl<T: Table> Sink<T> for LocalSink {
+    fn append(&mut self, entries: &[Entry<T::Record>], _table: &Mutex<T>) -> Result<(), StoreError> {
         let mut buf = encode_entries::<T>(entries, now_ms()).map_err(StoreError)?;
         let headers = validate_batches(&buf).map_err(|e| StoreError(e.to_string()))?;
         let info = self
@@ -457,14 +533,27 @@ impl<T: Table> Writer<T> {
         Ok(())
     }
 
-    fn flush_if_due(&mut self) {
+    fn tend(&mut self, table: &Mutex<T>) {
         if self.log.needs_time_flush(now_ms()) {
             if let Err(e) = self.log.flush() {
                 tracing::error!(log = T::NAME, error = %e, "cannot flush a coordinator log");
             }
         }
+        if self.bytes_since_snapshot >= self.snapshot_bytes {
+            if let Err(e) = self.snapshot(table) {
+                tracing::error!(log = T::NAME, error = %e, "cannot snapshot a coordinator log; it keeps growing");
+            }
+        }
     }
 
+    fn close(&mut self) {
+        if let Err(e) = self.log.close() {
+            tracing::error!(log = T::NAME, error = %e, "cannot close a coordinator log");
+        }
+    }
+}
+
+impl LocalSink {
     /// Writes the whole table as of the log end offset to a snapshot file,
     /// then drops the log below that offset.
     ///
@@ -473,26 +562,17 @@ impl<T: Table> Writer<T> {
     /// after the restart would get offsets the snapshot already covers,
     /// and the next start (loading the snapshot, replaying from S) would
     /// skip them.
-    fn snapshot(&mut self) -> io::Result<()> {
+    fn snapshot<T: Table>(&mut self, table: &Mutex<T>) -> io::Result<()> {
         self.log.flush()?;
         let offset = self.log.log_end_offset();
         // This thread is the only writer: the table cannot change while
         // the snapshot is written. Open transactions stay transactional,
         // for the markers after the snapshot's offset.
         let (records, open) = {
-            let table = self.table.lock();
+            let table = table.lock();
             (table.records(), table.transactional_records())
         };
-        let mut contents = Vec::new();
-        for chunk in records.chunks(SNAPSHOT_BATCH_RECORDS) {
-            let batch = encode_batch::<T>(chunk.iter(), None, now_ms()).map_err(io::Error::other)?;
-            contents.extend_from_slice(&batch);
-        }
-        for (producer_id, producer_epoch, records) in open {
-            let producer = Some((producer_id, producer_epoch));
-            let batch = encode_batch::<T>(records.iter(), producer, now_ms()).map_err(io::Error::other)?;
-            contents.extend_from_slice(&batch);
-        }
+        let contents = encode_snapshot::<T>(&records, open, now_ms()).map_err(io::Error::other)?;
         let storage = self.storage.as_ref();
         write_atomically(storage, &snapshot_path(&self.snapshots, offset), &contents)?;
         for (older, path) in list_snapshots(storage, &self.snapshots)? {
@@ -510,15 +590,25 @@ impl<T: Table> Writer<T> {
         );
         Ok(())
     }
+}
 
-    fn close(&mut self, done: Option<mpsc::Sender<()>>) {
-        if let Err(e) = self.log.close() {
-            tracing::error!(log = T::NAME, error = %e, "cannot close a coordinator log");
-        }
-        if let Some(done) = done {
-            let _ = done.send(());
-        }
+/// The batches that rebuild a table: its records, then each open
+/// transaction's records as a transactional batch of its producer (so the
+/// markers after them still end them).
+pub fn encode_snapshot<T: Table>(
+    records: &[T::Record],
+    open: Vec<(i64, i16, Vec<T::Record>)>,
+    now_ms: i64,
+) -> Result<Vec<u8>, String> {
+    let mut contents = Vec::new();
+    for chunk in records.chunks(SNAPSHOT_BATCH_RECORDS) {
+        contents.extend_from_slice(&encode_batch::<T>(chunk.iter(), None, now_ms)?);
     }
+    for (producer_id, producer_epoch, records) in open {
+        let producer = Some((producer_id, producer_epoch));
+        contents.extend_from_slice(&encode_batch::<T>(records.iter(), producer, now_ms)?);
+    }
+    Ok(contents)
 }
 
 fn snapshot_path(dir: &Path, offset: i64) -> PathBuf {
@@ -603,11 +693,11 @@ fn replay<T: Table>(log: &PartitionLog, from: i64, table: &mut T) -> Result<usiz
 }
 
 /// One record or marker of a coordinator log, at its offset.
-type Decoded<T> = (i64, Entry<<T as Table>::Record>);
+pub type Decoded<T> = (i64, Entry<<T as Table>::Record>);
 
 /// Decodes whole record batches into `(offset, entry)` pairs, one record
 /// or marker each.
-fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<Decoded<T>>, String> {
+pub fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<Decoded<T>>, String> {
     let sets = RecordBatchDecoder::decode_all(&mut bytes).map_err(|e| format!("{} batch: {e}", T::NAME))?;
     let mut out = Vec::new();
     for record in sets.into_iter().flat_map(|s| s.records) {
@@ -645,7 +735,7 @@ fn decode_records<T: Table>(mut bytes: Bytes) -> Result<Vec<Decoded<T>>, String>
 
 /// The batches of `entries`, in order: consecutive plain writes share one
 /// batch, each transactional write and marker has its own.
-fn encode_entries<T: Table>(entries: &[Entry<T::Record>], now_ms: i64) -> Result<Vec<u8>, String> {
+pub fn encode_entries<T: Table>(entries: &[Entry<T::Record>], now_ms: i64) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     let mut plain: Vec<&T::Record> = Vec::new();
     for entry in entries {

@@ -111,6 +111,9 @@ struct PendingAppend {
     marker: Option<Marker>,
     /// Set for a transactional batch: checked before it is planned.
     verify: Option<Verify>,
+    /// Set for a coordinator's own records (see [`Partition::append_unchecked`]):
+    /// written without the producer checks.
+    unchecked: bool,
     reply: oneshot::Sender<Result<Appended, AppendFailure>>,
     enqueued: Instant,
 }
@@ -473,7 +476,20 @@ impl Partition {
         headers: Vec<BatchHeader>,
         verify: Option<Verify>,
     ) -> Result<Queued, AppendFailure> {
-        self.enqueue(records, headers, None, verify)
+        self.enqueue(records, headers, None, verify, false)
+    }
+
+    /// Appends a coordinator's own batches to a partition of its internal
+    /// topic (`__consumer_offsets`): the coordinator orders and checks its
+    /// writes itself (its transactional records and markers are its
+    /// table's, not a producer's sequence), so they take offsets without
+    /// the producer checks and leave the partition's producer state alone.
+    pub async fn append_unchecked(
+        self: &Arc<Self>,
+        records: Bytes,
+        headers: Vec<BatchHeader>,
+    ) -> Result<Appended, AppendFailure> {
+        self.enqueue(records, headers, None, None, true)?.outcome().await
     }
 
     /// Appends the marker that ends `producer_id`'s transaction here
@@ -489,7 +505,7 @@ impl Partition {
             error: ResponseError::UnknownServerError,
             message: format!("a marker batch does not validate: {e}"),
         })?;
-        self.enqueue(Bytes::from(batch), headers, Some(marker), None)?
+        self.enqueue(Bytes::from(batch), headers, Some(marker), None, false)?
             .outcome()
             .await
     }
@@ -500,6 +516,7 @@ impl Partition {
         headers: Vec<BatchHeader>,
         marker: Option<Marker>,
         verify: Option<Verify>,
+        unchecked: bool,
     ) -> Result<Queued, AppendFailure> {
         if let Some(why) = self.unavailable() {
             return Err(AppendFailure {
@@ -515,6 +532,7 @@ impl Partition {
                 headers,
                 marker,
                 verify,
+                unchecked,
                 reply,
                 enqueued: Instant::now(),
             });
@@ -1300,6 +1318,24 @@ impl Partition {
         }
     }
 
+    /// Reads whole batches from `offset`, about `max_bytes` of them (empty
+    /// at the log end), from the local log or the colder tier that holds
+    /// them. Blocking: for a coordinator loading its partition's records.
+    pub fn read_blocking(&self, offset: i64, max_bytes: usize) -> Result<Bytes, String> {
+        let plan = self.read_plan(offset, max_bytes).map_err(|e| match e {
+            ReadFailure::OffsetOutOfRange => {
+                format!("{}-{}: offset {offset} is out of range", self.topic, self.index)
+            }
+            ReadFailure::Storage(why) => why,
+        })?;
+        if plan.is_empty() {
+            return Ok(Bytes::new());
+        }
+        self.read_planned(&plan)
+            .map(|read| read.bytes)
+            .map_err(|e| format!("{}-{}: {e}", self.topic, self.index))
+    }
+
     /// The blocking read of one plan: the local file, or the colder tier.
     fn read_planned(&self, plan: &ReadPlan) -> std::io::Result<ColdRead> {
         match plan.tiered_segment() {
@@ -1765,6 +1801,7 @@ fn plan_group(
         let verified = item.verify.take().map_or(Ok(()), |verify| verify());
         let planned = match (verified, item.marker) {
             (Err(refused), _) => Err(refused),
+            (Ok(()), None) if item.unchecked => Ok(Planned::Append(item.offsets())),
             (Ok(()), Some(marker)) => {
                 plan_marker(producers, &item.headers, marker, next_offset, now, &mut plan.undo).map(|p| {
                     match p {

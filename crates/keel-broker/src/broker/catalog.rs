@@ -21,6 +21,7 @@ use keel_data::topics::{Topic, TopicMeta, META_DIR};
 use keel_protocol::ResponseError;
 use uuid::Uuid;
 
+use super::group_log;
 use crate::handlers::admin::AdminError;
 use crate::Broker;
 
@@ -249,8 +250,9 @@ pub(crate) async fn settle_locked(broker: &Arc<Broker>, revision: i64) -> Result
 /// that fails is logged and tried again at the next pass.
 pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
     let mut view = broker.cluster.topics();
-    // The coordinators' topics are placed, not opened (see GROUPS_TOPIC).
-    view.retain(|s| !is_internal(&s.topic.name));
+    // The transaction coordinators' topic is placed, not opened (see
+    // TRANSACTIONS_TOPIC); the group log is in `__consumer_offsets`.
+    view.retain(|s| s.topic.name != TRANSACTIONS_TOPIC);
     let names: BTreeSet<&str> = view.iter().map(|s| s.topic.name.as_str()).collect();
     for local in broker.data.topics.all() {
         let name = local.meta.name.as_str();
@@ -285,23 +287,63 @@ pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
 async fn take_leaderships(broker: &Arc<Broker>) {
     let me = broker.cluster.me().node_id;
     for topic in broker.data.topics.all() {
+        let groups = topic.meta.name == GROUPS_TOPIC;
         for partition in &topic.partitions {
             let (id, index) = (topic.meta.topic_id, partition.index);
             let claimed = partition.claimed_epoch();
-            match broker.cluster.live_leader(id, index) {
+            let leads = match broker.cluster.live_leader(id, index) {
                 Some((leader, epoch)) if leader == me && claimed != Some(epoch) => {
-                    if let Err(why) =
-                        keel_data::takeover::take_leadership(&broker.data, partition, epoch).await
-                    {
-                        tracing::warn!(topic = %topic.meta.name, partition = index, epoch, error = %why, "cannot take the partition's leadership yet");
+                    if groups {
+                        // The groups loaded from the old term are stale.
+                        group_log::unload(broker, index).await;
+                    }
+                    match keel_data::takeover::take_leadership(&broker.data, partition, epoch).await {
+                        Ok(()) => true,
+                        Err(why) => {
+                            tracing::warn!(topic = %topic.meta.name, partition = index, epoch, error = %why, "cannot take the partition's leadership yet");
+                            false
+                        }
                     }
                 }
-                Some((leader, _)) if leader == me => {}
-                _ if claimed.is_some() => partition.give_up_leadership(),
-                _ => {}
+                Some((leader, _)) if leader == me => true,
+                _ => {
+                    if claimed.is_some() {
+                        partition.give_up_leadership();
+                    }
+                    false
+                }
+            };
+            if !groups {
+                continue;
+            }
+            match leads {
+                true if !broker.group_log.is_loaded(index) => {
+                    if let Err(why) = group_log::load(broker, partition, index, topic.meta.partitions).await {
+                        tracing::warn!(partition = index, error = %why, "cannot load the groups of a partition of __consumer_offsets yet");
+                    }
+                }
+                false => group_log::unload(broker, index).await,
+                true => {}
             }
         }
     }
+}
+
+/// The configs the data plane gives a cluster's topic: its own, and for
+/// `__consumer_offsets` (the group log) no retention: its snapshots bound
+/// it (see `group_log`).
+fn local_configs(t: &ClusterTopic) -> BTreeMap<String, String> {
+    let mut configs = t.configs.clone();
+    if t.name == GROUPS_TOPIC {
+        for (key, value) in [
+            ("cleanup.policy", "delete"),
+            ("retention.ms", "-1"),
+            ("retention.bytes", "-1"),
+        ] {
+            configs.insert(key.to_string(), value.to_string());
+        }
+    }
+    configs
 }
 
 async fn open_local(broker: &Arc<Broker>, t: &ClusterTopic) -> Result<(), String> {
@@ -310,7 +352,7 @@ async fn open_local(broker: &Arc<Broker>, t: &ClusterTopic) -> Result<(), String
         name: t.name.clone(),
         topic_id: t.topic_id,
         partitions: t.partition_count(),
-        configs: t.configs.clone(),
+        configs: local_configs(t),
         deleting: false,
     };
     let data = Arc::clone(&broker.data);
@@ -327,8 +369,9 @@ async fn update_local(broker: &Arc<Broker>, local: Arc<Topic>, t: &ClusterTopic)
         local = run_blocking(move || data.grow_topic(&l, count)).await?;
         tracing::info!(topic = %t.name, partitions = count, "grew the cluster's topic");
     }
-    if t.configs != local.meta.configs {
-        crate::handlers::alter_configs::install_topic_configs(broker, local, t.configs.clone()).await?;
+    let configs = local_configs(t);
+    if configs != local.meta.configs {
+        crate::handlers::alter_configs::install_topic_configs(broker, local, configs).await?;
         tracing::info!(topic = %t.name, "took the cluster's configs of a topic");
     }
     Ok(())
@@ -561,6 +604,17 @@ impl Broker {
             Ok(None) => {} // another broker placed them first
             Err(e) => tracing::warn!(topic = name, error = %e, "cannot place the coordinators"),
         }
+    }
+
+    /// Whether this broker has loaded the groups of `group`'s partition of
+    /// `__consumer_offsets` (see `group_log`): always for one node.
+    pub fn groups_loaded(&self, group: &str) -> bool {
+        if !self.topics_shared() {
+            return true;
+        }
+        self.cluster
+            .topic_shape(GROUPS_TOPIC)
+            .is_some_and(|(_, partitions)| self.group_log.is_loaded(coordinator_partition(group, partitions)))
     }
 
     /// The broker coordinating the group (or, with `transactions`, the

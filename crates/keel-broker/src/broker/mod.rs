@@ -1,6 +1,7 @@
 //! The broker: topics, producer ids and request dispatch.
 
 pub mod catalog;
+pub mod group_log;
 pub mod identity;
 pub mod producer_ids;
 pub(crate) mod refused;
@@ -143,6 +144,9 @@ pub struct Broker {
     /// Where fresh producer ids come from.
     pub producer_ids: producer_ids::ProducerIds,
     pub groups: Arc<GroupCoordinator>,
+    /// In a cluster, where the group coordinator's records go: the
+    /// partitions of `__consumer_offsets` this broker leads.
+    pub group_log: Arc<group_log::GroupLog>,
     /// The transaction coordinator.
     pub txns: Arc<keel_coord::txn::TxnCoordinator>,
     /// Client quotas: what is set, and the rates held to them.
@@ -247,7 +251,14 @@ impl Broker {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let shared = clustered.then(|| (membership.store(), membership.settings().prefix.clone()));
         let shared = shared.as_ref().map(|(store, prefix)| (store, prefix.as_str()));
-        let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock, shared)?;
+        let group_log = group_log::GroupLog::new(
+            config.coordinator_config().log_segment_bytes,
+            std::time::Duration::from_millis(
+                u64::try_from(config.num("offsets.commit.timeout.ms")).unwrap_or(5000),
+            ),
+        );
+        let groups_sink = clustered.then(|| group_log.sink());
+        let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock, shared, groups_sink)?;
         let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
         let features_epoch = clock.now_ms();
@@ -280,6 +291,7 @@ impl Broker {
             failpoints,
             producer_ids,
             groups: Arc::new(coordinators.groups),
+            group_log,
             txns: Arc::new(coordinators.txns),
             quotas: coordinators.quotas,
             scram: Arc::new(coordinators.scram),
@@ -313,6 +325,8 @@ impl Broker {
             .map_err(|e| read("SCRAM credentials", e))?;
         self.quotas.load().await.map_err(|e| read("client quotas", e))?;
         if self.topics_shared() {
+            self.group_log
+                .start(tokio::runtime::Handle::current(), Arc::clone(&self.data));
             catalog::join(self).await?;
         }
         Ok(())
@@ -620,20 +634,25 @@ impl Coordinators {
     /// The coordinators and stores under `meta_dir`; with `shared` (a
     /// cluster's coordination store and key prefix), the stores every
     /// broker shares are there instead, not yet read (see
-    /// [`Broker::start_cluster`]).
+    /// [`Broker::start_cluster`]), and the group log goes to
+    /// `groups_sink` (the cluster's `__consumer_offsets`).
     fn open(
         config: &BrokerConfig,
         storage: &Arc<dyn Storage>,
         meta_dir: &std::path::Path,
         clock: &Arc<dyn Clock>,
         shared: Option<(&Arc<dyn keel_cluster::CoordStore>, &str)>,
+        groups_sink: Option<Box<dyn keel_coord::metalog::Sink<keel_coord::groups::store::GroupTable>>>,
     ) -> Result<Coordinators, StartError> {
-        let groups = GroupCoordinator::open_with(
-            Arc::clone(storage),
-            &meta_dir.join("groups"),
-            config.coordinator_config(),
-            Arc::clone(clock),
-        )
+        let groups = match groups_sink {
+            Some(sink) => GroupCoordinator::open_sink(sink, config.coordinator_config(), Arc::clone(clock)),
+            None => GroupCoordinator::open_with(
+                Arc::clone(storage),
+                &meta_dir.join("groups"),
+                config.coordinator_config(),
+                Arc::clone(clock),
+            ),
+        }
         .map_err(StartError::Groups)?;
         let txns = keel_coord::txn::TxnCoordinator::open_with(
             Arc::clone(storage),

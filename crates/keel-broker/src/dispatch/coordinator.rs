@@ -1,7 +1,9 @@
 //! In a cluster, a group's or transactional id's requests are served only
 //! by its coordinator (`Broker::coordinator_of`); any other broker answers
 //! NOT_COORDINATOR (COORDINATOR_NOT_AVAILABLE while there is none), and the
-//! client finds the coordinator again, as with Kafka. Requests naming
+//! client finds the coordinator again, as with Kafka. The coordinator
+//! answers COORDINATOR_LOAD_IN_PROGRESS (retriable) while it reads its
+//! group's partition of `__consumer_offsets`. Requests naming
 //! several groups (DescribeGroups, DeleteGroups, OffsetFetch v8+) are
 //! answered for what this broker holds.
 
@@ -21,6 +23,10 @@ impl Broker {
         }
         let me = self.config().node_id();
         let refused = |key: &str, transactions: bool| match self.coordinator_of(key, transactions) {
+            // Its partition's groups are still being read.
+            Ok(node) if node == me && !transactions && !self.groups_loaded(key) => {
+                Some(ResponseError::CoordinatorLoadInProgress)
+            }
             Ok(node) if node == me => None,
             Ok(_) => Some(ResponseError::NotCoordinator),
             Err(e) => Some(e),

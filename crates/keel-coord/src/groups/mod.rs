@@ -40,7 +40,7 @@ use consumer::{ConsumerGroup, ConsumerGroupConfig, ConsumerGroupState, Heartbeat
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
 use keel_log::marker::Marker;
 use records::{CommittedOffset, GroupRecord};
-use store::{GroupStore, StoreError};
+use store::{GroupStore, GroupTable, StoreError};
 
 /// What a JoinGroup to a group id that is (or was) a consumer group comes
 /// to; `W` is a queued write of the group log.
@@ -162,31 +162,27 @@ impl GroupCoordinator {
             config.log_segment_bytes,
             Durability::Written,
         )?;
-        let now = clock.now_ms();
-        let mut groups = HashMap::new();
-        let mut consumer_groups = HashMap::new();
-        store.with_table(|table| {
-            for (id, view) in &table.consumer {
-                let g = ConsumerGroup::restore(id, view, config.consumer.clone(), now);
-                consumer_groups.insert(id.clone(), g);
-            }
-            for meta in table
-                .groups
-                .values()
-                .filter(|m| !consumer_groups.contains_key(&m.group))
-            {
-                groups.insert(meta.group.clone(), Group::restore(meta, config.group, now));
-            }
-            for id in table
-                .offsets
-                .keys()
-                .filter(|id| !consumer_groups.contains_key(*id))
-            {
-                groups
-                    .entry(id.clone())
-                    .or_insert_with(|| Group::new(id, config.group, now));
-            }
-        });
+        GroupCoordinator::with_store(store, config, clock)
+    }
+
+    /// A coordinator whose group log goes to `sink` (a cluster's
+    /// partitions of `__consumer_offsets`), holding no group until
+    /// [`GroupCoordinator::load`] brings a partition's.
+    pub fn open_sink(
+        sink: Box<dyn crate::metalog::Sink<GroupTable>>,
+        config: CoordinatorConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<GroupCoordinator, crate::metalog::OpenError> {
+        let store = GroupStore::with_sink(GroupTable::default(), sink)?;
+        GroupCoordinator::with_store(store, config, clock)
+    }
+
+    fn with_store(
+        store: GroupStore,
+        config: CoordinatorConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<GroupCoordinator, crate::metalog::OpenError> {
+        let (groups, consumer_groups) = store.with_table(|table| restore(table, &config, clock.now_ms()));
         Ok(GroupCoordinator {
             groups: ClassicMutex::new(groups),
             consumer_groups: Mutex::new(consumer_groups),
@@ -195,6 +191,42 @@ impl GroupCoordinator {
             clock,
             timer: Notify::new(),
         })
+    }
+
+    /// Takes in the groups of one partition of a cluster's group log, as
+    /// its records rebuild them (`table`): they replace whatever this
+    /// coordinator held of the groups `owns` says are that partition's.
+    /// Members go on at their epochs and generations, with fresh session
+    /// deadlines, as after a restart.
+    pub async fn load(&self, table: GroupTable, owns: Arc<dyn Fn(&str) -> bool + Send + Sync>) {
+        let (loaded, loaded_consumer) = restore(&table, &self.config, self.now_ms());
+        let keep = Arc::clone(&owns);
+        self.store
+            .update(move |t| {
+                t.retain_groups(|g| !keep(g));
+                t.merge(table);
+            })
+            .await;
+        let mut groups = self.groups.lock();
+        let mut consumer_groups = self.consumer_groups.lock();
+        drop_groups(&mut groups, &mut consumer_groups, &*owns);
+        groups.extend(loaded);
+        consumer_groups.extend(loaded_consumer);
+        drop(consumer_groups);
+        drop(groups);
+        self.timer.notify_one();
+    }
+
+    /// Lets go of the groups `owns` says: their partition of a cluster's
+    /// group log is led by another broker now. Requests waiting on them
+    /// are dropped (their clients find the new coordinator).
+    pub async fn unload(&self, owns: Arc<dyn Fn(&str) -> bool + Send + Sync>) {
+        {
+            let mut groups = self.groups.lock();
+            let mut consumer_groups = self.consumer_groups.lock();
+            drop_groups(&mut groups, &mut consumer_groups, &*owns);
+        }
+        self.store.update(move |t| t.retain_groups(|g| !owns(g))).await;
     }
 
     fn now_ms(&self) -> i64 {
@@ -670,6 +702,7 @@ impl GroupCoordinator {
                 return (results, written);
             }
         }
+        let was_empty = groups.get(group_id).map(|g| g.state() == GroupState::Empty);
         let results = members
             .iter()
             .map(|(member_id, instance_id)| match groups.get_mut(group_id) {
@@ -677,9 +710,21 @@ impl GroupCoordinator {
                 Some(group) => group.leave(member_id, instance_id.as_deref(), now),
             })
             .collect();
+        // The last member gone, the group is Empty: persisted as the timer
+        // persists a group its sessions emptied, or after a restart (or a
+        // failover) the members would be back, and a new member would wait
+        // out their sessions.
+        let records = match (was_empty, groups.get(group_id)) {
+            (Some(false), Some(g)) if g.state() == GroupState::Empty => vec![GroupRecord::Group {
+                group: group_id.to_string(),
+                value: Some(g.metadata()),
+            }],
+            _ => Vec::new(),
+        };
+        let written = self.store.submit(Entry::Records(records));
         drop(groups);
         self.timer.notify_one();
-        (results, self.store.submit(Entry::Records(Vec::new())))
+        (results, written)
     }
 
     /// Handles OffsetCommit for partitions of existing topics. `Err` is a
@@ -1270,6 +1315,52 @@ fn expire(
         }
     }
     remaining
+}
+
+/// The groups a group log's table holds, as live groups: consumer groups
+/// where it has their records, classic groups for the rest (and for every
+/// group with offsets only).
+fn restore(
+    table: &GroupTable,
+    config: &CoordinatorConfig,
+    now: i64,
+) -> (HashMap<String, Group>, HashMap<String, ConsumerGroup>) {
+    let mut groups = HashMap::new();
+    let mut consumer_groups = HashMap::new();
+    for (id, view) in &table.consumer {
+        let g = ConsumerGroup::restore(id, view, config.consumer.clone(), now);
+        consumer_groups.insert(id.to_string(), g);
+    }
+    for meta in table
+        .groups
+        .values()
+        .filter(|m| !consumer_groups.contains_key(&m.group))
+    {
+        groups.insert(meta.group.clone(), Group::restore(meta, config.group, now));
+    }
+    for id in table
+        .offsets
+        .keys()
+        .filter(|id| !consumer_groups.contains_key(*id))
+    {
+        groups
+            .entry(id.clone())
+            .or_insert_with(|| Group::new(id, config.group, now));
+    }
+    (groups, consumer_groups)
+}
+
+/// Removes the groups `owns` says from the live groups.
+fn drop_groups(
+    groups: &mut ClassicGroups,
+    consumer_groups: &mut HashMap<String, ConsumerGroup>,
+    owns: &dyn Fn(&str) -> bool,
+) {
+    let classic: Vec<String> = groups.keys().filter(|g| owns(g)).cloned().collect();
+    for id in classic {
+        groups.remove_group(&id);
+    }
+    consumer_groups.retain(|g, _| !owns(g));
 }
 
 #[cfg(test)]

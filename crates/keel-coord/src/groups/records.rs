@@ -76,6 +76,15 @@ pub enum GroupRecord {
 }
 
 impl GroupRecord {
+    /// The group the record belongs to.
+    pub fn group(&self) -> &str {
+        match self {
+            GroupRecord::Offset { group, .. }
+            | GroupRecord::Group { group, .. }
+            | GroupRecord::Consumer { group, .. } => group,
+        }
+    }
+
     pub fn encode_key(&self) -> Bytes {
         let mut b = BytesMut::new();
         match self {

@@ -8,7 +8,7 @@
 //! pending until the transaction's marker: a commit makes them the
 //! group's committed offsets, an abort drops them.
 
-use std::collections::{btree_map, BTreeMap};
+use std::collections::{btree_map, BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 
@@ -16,7 +16,7 @@ use super::consumer_records::ConsumerGroupView;
 use super::records::{CommittedOffset, GroupMetadata, GroupRecord};
 use crate::codec::RecordError;
 pub use crate::metalog::StoreError;
-use crate::metalog::{MetaLog, Table};
+use crate::metalog::{decode_records, Entry, MetaLog, Table};
 
 /// Committed offsets of one group, by `(topic, partition)`.
 pub type GroupOffsets = BTreeMap<(String, i32), CommittedOffset>;
@@ -44,6 +44,43 @@ pub struct PendingOffsets {
 }
 
 impl GroupTable {
+    /// Keeps only the groups `keep` says: their offsets, metadata,
+    /// consumer-group records and transactional offsets.
+    pub fn retain_groups(&mut self, keep: impl Fn(&str) -> bool) {
+        self.offsets.retain(|g, _| keep(g));
+        self.groups.retain(|g, _| keep(g));
+        self.consumer.retain(|g, _| keep(g));
+        for pending in self.pending.values_mut() {
+            pending.offsets.retain(|(g, _, _), _| keep(g));
+        }
+        self.pending.retain(|_, p| !p.offsets.is_empty());
+    }
+
+    /// Takes in the groups of `other`, which this table does not hold.
+    pub fn merge(&mut self, other: GroupTable) {
+        self.offsets.extend(other.offsets);
+        self.groups.extend(other.groups);
+        self.consumer.extend(other.consumer);
+        for (producer_id, theirs) in other.pending {
+            match self.pending.entry(producer_id) {
+                btree_map::Entry::Vacant(v) => {
+                    v.insert(theirs);
+                }
+                // Offsets of an older epoch are stale, as a newer
+                // transaction's first record makes them (see
+                // `apply_transactional`).
+                btree_map::Entry::Occupied(mut o) => match o.get().producer_epoch.cmp(&theirs.producer_epoch)
+                {
+                    std::cmp::Ordering::Less => {
+                        o.insert(theirs);
+                    }
+                    std::cmp::Ordering::Equal => o.get_mut().offsets.extend(theirs.offsets),
+                    std::cmp::Ordering::Greater => {}
+                },
+            }
+        }
+    }
+
     /// Whether an open transaction holds an offset of this partition for
     /// the group (OffsetFetch's UNSTABLE_OFFSET_COMMIT).
     pub fn has_pending(&self, group: &str, topic: &str, partition: i32) -> bool {
@@ -189,6 +226,114 @@ impl Table for GroupTable {
             })
             .collect()
     }
+}
+
+/// The entries of one write to a group log kept in the partitions of
+/// `__consumer_offsets`, by the partition (`partition_of`) of the groups
+/// they concern, each partition's in write order. A marker goes to every
+/// partition holding offsets of its producer's transaction: in `table`
+/// (the state before the write) or in the write's own earlier entries.
+pub fn split_by_partition(
+    entries: &[Entry<GroupRecord>],
+    table: &GroupTable,
+    partition_of: &dyn Fn(&str) -> i32,
+) -> BTreeMap<i32, Vec<Entry<GroupRecord>>> {
+    let mut out: BTreeMap<i32, Vec<Entry<GroupRecord>>> = BTreeMap::new();
+    // Each producer's open transaction as of the entries so far: its epoch
+    // and the partitions holding its offsets (as `apply_transactional` and
+    // `end_transaction` change the table).
+    let mut open: BTreeMap<i64, (i16, BTreeSet<i32>)> = BTreeMap::new();
+    let state = |open: &mut BTreeMap<i64, (i16, BTreeSet<i32>)>, producer_id: i64| {
+        open.remove(&producer_id)
+            .unwrap_or_else(|| match table.pending.get(&producer_id) {
+                Some(p) => (
+                    p.producer_epoch,
+                    p.offsets.keys().map(|(g, _, _)| partition_of(g)).collect(),
+                ),
+                None => (i16::MIN, BTreeSet::new()),
+            })
+    };
+    for entry in entries {
+        match entry {
+            Entry::Records(records) => {
+                for (p, records) in by_partition(records, partition_of) {
+                    out.entry(p).or_default().push(Entry::Records(records));
+                }
+            }
+            Entry::Transactional {
+                producer_id,
+                producer_epoch,
+                records,
+            } => {
+                let (epoch, mut holding) = state(&mut open, *producer_id);
+                // A newer epoch's first record drops the offsets an older
+                // one left (see `apply_transactional`): in each partition
+                // holding them, an abort of the older epoch drops them too.
+                if epoch < *producer_epoch {
+                    for p in std::mem::take(&mut holding) {
+                        out.entry(p).or_default().push(Entry::Marker {
+                            producer_id: *producer_id,
+                            producer_epoch: epoch,
+                            marker: keel_log::marker::Marker {
+                                commit: false,
+                                coordinator_epoch: 0,
+                            },
+                        });
+                    }
+                }
+                for (p, records) in by_partition(records, partition_of) {
+                    holding.insert(p);
+                    out.entry(p).or_default().push(Entry::Transactional {
+                        producer_id: *producer_id,
+                        producer_epoch: *producer_epoch,
+                        records,
+                    });
+                }
+                open.insert(*producer_id, (*producer_epoch, holding));
+            }
+            Entry::Marker {
+                producer_id,
+                producer_epoch,
+                ..
+            } => {
+                let (epoch, holding) = state(&mut open, *producer_id);
+                for p in &holding {
+                    out.entry(*p).or_default().push(entry.clone());
+                }
+                // A marker older than the offsets does not end them.
+                if epoch > *producer_epoch {
+                    open.insert(*producer_id, (epoch, holding));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn by_partition(
+    records: &[GroupRecord],
+    partition_of: &dyn Fn(&str) -> i32,
+) -> BTreeMap<i32, Vec<GroupRecord>> {
+    let mut out: BTreeMap<i32, Vec<GroupRecord>> = BTreeMap::new();
+    for r in records {
+        out.entry(partition_of(r.group())).or_default().push(r.clone());
+    }
+    out
+}
+
+/// Applies the records at or after `from` of a group log's batches (whole
+/// record batches, in log order) to `table`: how a partition of
+/// `__consumer_offsets` is loaded. Returns the last offset the batches
+/// hold, if any.
+pub fn apply_batches(table: &mut GroupTable, bytes: Bytes, from: i64) -> Result<Option<i64>, String> {
+    let mut last = None;
+    for (offset, entry) in decode_records::<GroupTable>(bytes)? {
+        last = last.max(Some(offset));
+        if offset >= from {
+            entry.apply_to(table);
+        }
+    }
+    Ok(last)
 }
 
 #[cfg(test)]
@@ -395,5 +540,114 @@ mod tests {
         store.with_table(|t| assert_eq!(t.offsets["g"][&("t".to_string(), 0)].offset, 10));
         rt.block_on(store.write(vec![offset_record("g", 0, 11)])).unwrap();
         store.close();
+    }
+
+    /// A group log split over the partitions its groups fall in (as a
+    /// cluster keeps it in `__consumer_offsets`), each partition now and
+    /// then snapshotted (its log replaced by its groups' records, open
+    /// transactions included), then each replayed alone: the partitions'
+    /// tables merged are the table the whole log gives. Random commits,
+    /// tombstones, transactional offsets across partitions, new producer
+    /// epochs and markers.
+    #[test]
+    fn a_group_log_split_over_partitions_and_snapshotted_rebuilds_the_same_table() {
+        use crate::metalog::{encode_entries, encode_snapshot};
+        use keel_log::marker::Marker;
+        use rand::{rngs::SmallRng, Rng, SeedableRng};
+        let seed = keel_log::testing::test_seed();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let partition_of = |g: &str| i32::from(g.as_bytes()[1] - b'0') % 4;
+        let offset = |rng: &mut SmallRng, group: String| GroupRecord::Offset {
+            group,
+            topic: "t".into(),
+            partition: rng.gen_range(0..3),
+            value: rng.gen_ratio(9, 10).then(|| CommittedOffset {
+                offset: rng.gen_range(0..1000),
+                leader_epoch: -1,
+                metadata: String::new(),
+                commit_timestamp_ms: 1,
+            }),
+        };
+        for round in 0..100 {
+            let mut whole = GroupTable::default();
+            let mut logs: BTreeMap<i32, Vec<u8>> = BTreeMap::new();
+            let mut epochs: BTreeMap<i64, i16> = BTreeMap::new();
+            for _ in 0..150 {
+                let mut entries = Vec::new();
+                for _ in 0..rng.gen_range(1..4) {
+                    let group = format!("g{}", rng.gen_range(0..10));
+                    let producer_id = rng.gen_range(1..4);
+                    let epoch = epochs.entry(producer_id).or_insert(0);
+                    entries.push(match rng.gen_range(0..10) {
+                        0..=3 => Entry::Records(vec![offset(&mut rng, group)]),
+                        4..=6 => {
+                            if rng.gen_ratio(1, 6) {
+                                *epoch += 1;
+                            }
+                            let producer_epoch = *epoch;
+                            let records = (0..rng.gen_range(1..4))
+                                .map(|i| {
+                                    let g = format!("g{}", (rng.gen_range(0..10) + i) % 10);
+                                    match offset(&mut rng, g) {
+                                        GroupRecord::Offset {
+                                            value: None, group, ..
+                                        } => GroupRecord::Offset {
+                                            group,
+                                            topic: "t".into(),
+                                            partition: 0,
+                                            value: Some(CommittedOffset {
+                                                offset: 1,
+                                                leader_epoch: -1,
+                                                metadata: String::new(),
+                                                commit_timestamp_ms: 1,
+                                            }),
+                                        },
+                                        r => r,
+                                    }
+                                })
+                                .collect();
+                            Entry::Transactional {
+                                producer_id,
+                                producer_epoch,
+                                records,
+                            }
+                        }
+                        _ => Entry::Marker {
+                            producer_id,
+                            producer_epoch: *epoch,
+                            marker: Marker {
+                                commit: rng.gen(),
+                                coordinator_epoch: 0,
+                            },
+                        },
+                    });
+                }
+                for (p, part) in split_by_partition(&entries, &whole, &partition_of) {
+                    logs.entry(p)
+                        .or_default()
+                        .extend(encode_entries::<GroupTable>(&part, 1).unwrap());
+                }
+                for entry in entries {
+                    entry.apply_to(&mut whole);
+                }
+                if rng.gen_ratio(1, 15) {
+                    let p = rng.gen_range(0..4);
+                    let mut part = whole.clone();
+                    part.retain_groups(|g| partition_of(g) == p);
+                    let snapshot =
+                        encode_snapshot::<GroupTable>(&part.records(), part.transactional_records(), 1)
+                            .unwrap();
+                    logs.insert(p, snapshot);
+                }
+            }
+            let mut rebuilt = GroupTable::default();
+            for log in logs.into_values() {
+                let mut t = GroupTable::default();
+                apply_batches(&mut t, Bytes::from(log), 0).unwrap();
+                rebuilt.merge(t);
+            }
+            let view = |t: &GroupTable| format!("{:?} {:?}", t.offsets, t.pending);
+            assert_eq!(view(&rebuilt), view(&whole), "seed {seed}, round {round}");
+        }
     }
 }

@@ -1,0 +1,321 @@
+//! A cluster's group log: the group coordinator's records (committed
+//! offsets, group metadata, consumer groups, transactional offsets and
+//! their markers) in the partitions of `__consumer_offsets`, as Kafka keeps
+//! them. A group's records go to the partition its id falls in
+//! (`catalog::coordinator_partition`), which the data plane leads like any
+//! other partition: a write is acknowledged once the WAL committed it, and
+//! when its broker dies the partition, rebuilt from the object store,
+//! brings the group to its new leader.
+//!
+//! The broker loads a partition's groups when it takes the partition's
+//! leadership (its records, read from the log start, rebuild them:
+//! [`load`]) and lets go of them when it loses it ([`unload`]). Until a
+//! partition is loaded its groups' requests are answered
+//! COORDINATOR_LOAD_IN_PROGRESS, and the log refuses writes to it.
+//!
+//! A partition's log is bounded as the one-node group log is: after
+//! `offsets.topic.segment.bytes` of writes, the groups it holds are
+//! written again (a snapshot, in the same record schemas) and the log
+//! start is moved to the snapshot's first offset (recorded in the
+//! cluster, as DeleteRecords does), so the WAL and segment copies below it
+//! are collected.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use keel_coord::groups::store::{apply_batches, split_by_partition, GroupTable};
+use keel_coord::metalog::{encode_entries, encode_snapshot, Entry, Sink, StoreError, Table};
+use keel_data::partition::Partition;
+use keel_data::plane::DataPlane;
+use keel_log::clock::now_ms;
+use parking_lot::{Mutex, RwLock};
+
+use super::catalog::{coordinator_partition, GROUPS_TOPIC};
+use crate::Broker;
+
+/// How much of a partition a load reads at a time.
+const LOAD_CHUNK: usize = 1 << 20;
+
+/// The partitions of `__consumer_offsets` this broker has loaded.
+pub struct GroupLog {
+    started: OnceLock<Started>,
+    /// `__consumer_offsets`'s partition count, once known.
+    partitions: AtomicI32,
+    loaded: RwLock<BTreeMap<i32, Arc<Partition>>>,
+    /// Bytes written to each loaded partition since its last snapshot
+    /// (its size when loaded).
+    written: Mutex<BTreeMap<i32, u64>>,
+    snapshot_bytes: u64,
+    /// How long a write waits for its commit (`offsets.commit.timeout.ms`).
+    timeout: Duration,
+}
+
+struct Started {
+    handle: tokio::runtime::Handle,
+    data: Arc<DataPlane>,
+}
+
+impl GroupLog {
+    pub fn new(snapshot_bytes: u64, timeout: Duration) -> Arc<GroupLog> {
+        Arc::new(GroupLog {
+            started: OnceLock::new(),
+            partitions: AtomicI32::new(0),
+            loaded: RwLock::new(BTreeMap::new()),
+            written: Mutex::new(BTreeMap::new()),
+            snapshot_bytes: snapshot_bytes.max(1),
+            timeout,
+        })
+    }
+
+    /// Called once the broker runs: writes go through `data` on `handle`.
+    pub fn start(&self, handle: tokio::runtime::Handle, data: Arc<DataPlane>) {
+        let _ = self.started.set(Started { handle, data });
+    }
+
+    /// The partition of `__consumer_offsets` the group falls in.
+    pub fn partition_of(&self, group: &str) -> i32 {
+        coordinator_partition(group, self.partitions.load(Ordering::Acquire))
+    }
+
+    /// Whether this broker has loaded partition `index`'s groups.
+    pub fn is_loaded(&self, index: i32) -> bool {
+        self.loaded.read().contains_key(&index)
+    }
+
+    /// The loaded partitions, for `/stats`.
+    pub fn loaded(&self) -> Vec<i32> {
+        self.loaded.read().keys().copied().collect()
+    }
+
+    /// The sink the group coordinator writes through.
+    pub fn sink(self: &Arc<Self>) -> Box<dyn Sink<GroupTable>> {
+        Box::new(ClusterSink {
+            log: Arc::clone(self),
+        })
+    }
+
+    fn owns(self: &Arc<Self>, index: i32) -> Arc<dyn Fn(&str) -> bool + Send + Sync> {
+        let log = Arc::clone(self);
+        Arc::new(move |group: &str| log.partition_of(group) == index)
+    }
+}
+
+/// Loads the groups of `partition` (index `index` of `__consumer_offsets`,
+/// of `count` partitions), which this broker just took the leadership of:
+/// reads its records from the log start to the high watermark, hands the
+/// groups to the coordinator, and then takes its groups' requests.
+pub async fn load(
+    broker: &Arc<Broker>,
+    partition: &Arc<Partition>,
+    index: i32,
+    count: i32,
+) -> Result<(), String> {
+    let log = &broker.group_log;
+    log.partitions.store(count, Ordering::Release);
+    let part = Arc::clone(partition);
+    let started = std::time::Instant::now();
+    let (table, bytes) = tokio::task::spawn_blocking(move || read_table(&part))
+        .await
+        .map_err(|e| e.to_string())??;
+    let groups = table.groups.len() + table.consumer.len();
+    broker.groups.load(table, log.owns(index)).await;
+    log.written.lock().insert(index, bytes);
+    log.loaded.write().insert(index, Arc::clone(partition));
+    tracing::info!(
+        partition = index,
+        groups,
+        bytes,
+        ms = started.elapsed().as_millis() as u64,
+        "loaded the groups of a partition of __consumer_offsets"
+    );
+    Ok(())
+}
+
+/// Lets go of the groups of partition `index`, which another broker leads
+/// now (or this one's session ended).
+pub async fn unload(broker: &Arc<Broker>, index: i32) {
+    let log = &broker.group_log;
+    if log.loaded.write().remove(&index).is_none() {
+        return;
+    }
+    log.written.lock().remove(&index);
+    broker.groups.unload(log.owns(index)).await;
+    tracing::info!(
+        partition = index,
+        "let go of the groups of a partition of __consumer_offsets"
+    );
+}
+
+/// The table a partition's records rebuild, and how many bytes they take.
+fn read_table(partition: &Partition) -> Result<(GroupTable, u64), String> {
+    let mut table = GroupTable::default();
+    let (mut next, end) = (partition.log_start_offset(), partition.high_watermark());
+    let mut bytes = 0;
+    while next < end {
+        let read = partition.read_blocking(next, LOAD_CHUNK)?;
+        if read.is_empty() {
+            break;
+        }
+        bytes += read.len() as u64;
+        match apply_batches(&mut table, read, next)? {
+            Some(last) if last >= next => next = last + 1,
+            _ => return Err(format!("{GROUPS_TOPIC}: no progress reading at offset {next}")),
+        }
+    }
+    Ok((table, bytes))
+}
+
+/// The group coordinator's writes, on its log's writer thread.
+struct ClusterSink {
+    log: Arc<GroupLog>,
+}
+
+impl ClusterSink {
+    fn started(&self) -> Result<&Started, StoreError> {
+        self.log
+            .started
+            .get()
+            .ok_or_else(|| StoreError("the broker has not started".into()))
+    }
+
+    fn partition(&self, index: i32) -> Result<Arc<Partition>, StoreError> {
+        self.log.loaded.read().get(&index).cloned().ok_or_else(|| {
+            StoreError(format!(
+                "partition {index} of {GROUPS_TOPIC} is not led by this broker"
+            ))
+        })
+    }
+
+    /// Writes a partition's snapshot and moves its log start to it.
+    fn snapshot(&self, index: i32, table: &Mutex<GroupTable>) -> Result<(), StoreError> {
+        let started = self.started()?;
+        let partition = self.partition(index)?;
+        let (records, open) = {
+            let mut part = table.lock().clone();
+            part.retain_groups(|g| self.log.partition_of(g) == index);
+            (part.records(), part.transactional_records())
+        };
+        let buf = encode_snapshot::<GroupTable>(&records, open, now_ms()).map_err(StoreError)?;
+        let bytes = buf.len() as u64;
+        let timeout = self.log.timeout;
+        let data = &started.data;
+        let start = started.handle.block_on(async {
+            let start = if buf.is_empty() {
+                partition.high_watermark()
+            } else {
+                write_durably(&partition, buf, timeout).await?
+            };
+            let part = Arc::clone(&partition);
+            tokio::task::spawn_blocking(move || {
+                part.with_log(|log| log.delete_records_before(start).map_err(|e| e.to_string()))
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r)
+            })
+            .await
+            .map_err(|e| StoreError(e.to_string()))?
+            .map_err(StoreError)?;
+            match keel_data::takeover::record_log_start(data, &partition).await {
+                Ok(true) => Ok(start),
+                Ok(false) => Err(StoreError("this broker no longer leads the partition".into())),
+                Err(why) => Err(StoreError(why)),
+            }
+        })?;
+        self.log.written.lock().insert(index, bytes);
+        tracing::info!(
+            partition = index,
+            offset = start,
+            bytes,
+            "wrote a snapshot of a partition of __consumer_offsets"
+        );
+        Ok(())
+    }
+}
+
+/// Appends a coordinator's batches and waits for their commit: their base
+/// offset.
+async fn write_durably(
+    partition: &Arc<Partition>,
+    buf: Vec<u8>,
+    timeout: Duration,
+) -> Result<i64, StoreError> {
+    let headers = keel_log::batch::validate_batches(&buf).map_err(|e| StoreError(e.to_string()))?;
+    let appended = partition
+        .append_unchecked(Bytes::from(buf), headers)
+        .await
+        .map_err(|f| StoreError(f.message))?;
+    partition
+        .wait_durable(&appended, timeout)
+        .await
+        .map_err(|e| StoreError(format!("not committed: {e:?}")))?;
+    Ok(appended.base_offset)
+}
+
+impl Sink<GroupTable> for ClusterSink {
+    fn append(
+        &mut self,
+        entries: &[Entry<<GroupTable as Table>::Record>],
+        table: &Mutex<GroupTable>,
+    ) -> Result<(), StoreError> {
+        let started = self.started()?;
+        let split = {
+            let table = table.lock();
+            split_by_partition(entries, &table, &|g| self.log.partition_of(g))
+        };
+        let mut writes = Vec::with_capacity(split.len());
+        for (index, entries) in split {
+            let partition = self.partition(index)?;
+            let buf = encode_entries::<GroupTable>(&entries, now_ms()).map_err(StoreError)?;
+            writes.push((index, partition, buf));
+        }
+        let timeout = self.log.timeout;
+        // The partitions' writes go together; each is answered once all are.
+        let results = started.handle.block_on(async {
+            let tasks: Vec<_> = writes
+                .into_iter()
+                .map(|(index, partition, buf)| {
+                    let len = buf.len() as u64;
+                    let task = tokio::spawn(async move { write_durably(&partition, buf, timeout).await });
+                    (index, len, task)
+                })
+                .collect();
+            let mut results = Vec::with_capacity(tasks.len());
+            for (index, len, task) in tasks {
+                let result = task.await.unwrap_or_else(|e| Err(StoreError(e.to_string())));
+                results.push((index, len, result));
+            }
+            results
+        });
+        let mut written = self.log.written.lock();
+        let mut failure = None;
+        for (index, len, result) in results {
+            match result {
+                Ok(_) => *written.entry(index).or_default() += len,
+                Err(e) => failure = Some(e),
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    fn tend(&mut self, table: &Mutex<GroupTable>) {
+        let due: Vec<i32> = self
+            .log
+            .written
+            .lock()
+            .iter()
+            .filter(|(_, bytes)| **bytes >= self.log.snapshot_bytes)
+            .map(|(index, _)| *index)
+            .collect();
+        for index in due {
+            if let Err(e) = self.snapshot(index, table) {
+                // Tried again once as many bytes were written again.
+                self.log.written.lock().insert(index, 0);
+                tracing::warn!(partition = index, error = %e, "cannot snapshot a partition of __consumer_offsets");
+            }
+        }
+    }
+
+    fn close(&mut self) {}
+}
