@@ -191,9 +191,9 @@ def offsets_partition(group: str, partitions: int = 50) -> int:
 
 
 def group_state(b, group):
-    """(coordinator node id, {(topic, partition): committed offset}) as an
-    admin client bootstrapped at `b` finds them; None while the group's
-    coordinator is away or loading."""
+    """(coordinator node id, {(topic, partition): committed offset}, group
+    type, members) as an admin client bootstrapped at `b` finds them; None
+    while the group's coordinator is away or loading."""
     from confluent_kafka import ConsumerGroupTopicPartitions
     a = AdminClient({"bootstrap.servers": b.bootstrap})
     try:
@@ -202,15 +202,18 @@ def group_state(b, group):
                                                request_timeout=5)[group].result(10)
     except Exception:  # noqa: BLE001 (a coordinator moving: asked again)
         return None
-    return described.coordinator.id, {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions}
+    offsets = {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions}
+    return described.coordinator.id, offsets, described.type, len(described.members)
 
 
-def test_a_groups_coordinator_fails_over_with_its_offsets(etcd, tmp_path):
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_groups_coordinator_fails_over_with_its_offsets(etcd, tmp_path, protocol):
     """A group's records are in its partition of __consumer_offsets: when
     the coordinator's broker is killed, another leads the partition (its
     log rebuilt from the object store, bounded by snapshots) and the group
-    is there with every offset it committed; its next member goes on from
-    them."""
+    is there with every offset it committed. Its member goes on across the
+    kill, and the next member starts from its last commit. Both group
+    protocols (classic, and KIP-848's consumer groups)."""
     # Tiny snapshots: the group's partition is snapshotted and its log
     # start moved many times before the kill.
     brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"offsets.topic.segment.bytes": "1024"})
@@ -218,64 +221,74 @@ def test_a_groups_coordinator_fails_over_with_its_offsets(etcd, tmp_path):
         create(brokers[1], "orders", num_partitions=3)
         produce(brokers[2], "orders", 300)
         bootstrap = ",".join(b.bootstrap for b in brokers.values())
-        group = "failing-over"
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                      "enable.auto.commit": False})
+        group = f"failing-over-{protocol}"
+        config = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "group.protocol": protocol}
+        c = Consumer(config)
         got = []
-        try:
-            c.subscribe(["orders"])
 
-            def read_and_commit():
+        def read(n, commit):
+            def done():
                 for m in c.consume(10, 0.5):
                     if m.error() is None:
                         got.append(m.value())
-                        c.commit(message=m, asynchronous=False)
-                return len(got) >= 300
-            wait_until(read_and_commit, 90, "the group to read and commit every record")
-        finally:
-            c.close()
-        assert sorted(got) == sorted(f"k-{i}".encode() for i in range(300))
-        before = group_state(brokers[1], group)
-        assert before is not None
-        coordinator, committed = before
-        assert sum(committed.values()) == 300, committed
-        # The group's partition was snapshotted: its log starts past 0.
-        index = offsets_partition(group)
-        probe = Consumer({"bootstrap.servers": brokers[coordinator].bootstrap, "group.id": "probe"})
-        low, high = probe.get_watermark_offsets(TopicPartition("__consumer_offsets", index), timeout=10)
-        probe.close()
-        assert 0 < low < high, (low, high)
-
-        brokers[coordinator].kill9()
-        survivor = next(b for n, b in brokers.items() if n != coordinator)
-        t0 = time.monotonic()
-        wait_until(lambda: (s := group_state(survivor, group)) is not None and s[0] != coordinator,
-                   TIMEOUT_S * 2, "another broker to coordinate the group")
-        moved, offsets = group_state(survivor, group)
-        print(f"group coordinator {coordinator} killed: broker {moved} coordinates the group after "
-              f"{time.monotonic() - t0:.2f}s", flush=True)
-        assert offsets == committed
-
-        # The group's next member starts where the last one committed.
-        produce(survivor, "orders", 30, key_prefix="late")
-        live = ",".join(b.bootstrap for n, b in brokers.items() if n != coordinator)
-        c = Consumer({"bootstrap.servers": live, "group.id": group, "auto.offset.reset": "earliest",
-                      "enable.auto.commit": False})
-        later = []
+                        if commit:
+                            c.commit(message=m, asynchronous=False)
+                return len(got) >= n
+            return done
         try:
             c.subscribe(["orders"])
+            wait_until(read(300, True), 90, "the group to read and commit every record")
+            assert sorted(got) == sorted(f"k-{i}".encode() for i in range(300))
+            before = group_state(brokers[1], group)
+            assert before is not None
+            coordinator, committed, kind, members = before
+            assert sum(committed.values()) == 300, committed
+            assert (kind.name.lower(), members) == (protocol, 1)
+            # The group's partition was snapshotted: its log starts past 0.
+            index = offsets_partition(group)
+            probe = Consumer({"bootstrap.servers": brokers[coordinator].bootstrap, "group.id": "probe"})
+            low, high = probe.get_watermark_offsets(TopicPartition("__consumer_offsets", index), timeout=10)
+            probe.close()
+            assert 0 < low < high, (low, high)
 
-            def read_new():
-                for m in c.consume(50, 0.5):
-                    if m.error() is None:
-                        later.append(m.value())
-                return len(later) >= 30
-            wait_until(read_new, 60, "the new records")
+            brokers[coordinator].kill9()
+            survivor = next(b for n, b in brokers.items() if n != coordinator)
+            t0 = time.monotonic()
+            wait_until(lambda: (s := group_state(survivor, group)) is not None and s[0] != coordinator,
+                       TIMEOUT_S * 2, "another broker to coordinate the group")
+            moved, offsets, kind, members = group_state(survivor, group)
+            print(f"{protocol} group's coordinator {coordinator} killed: broker {moved} coordinates it "
+                  f"after {time.monotonic() - t0:.2f}s", flush=True)
+            # Every offset, and the member, which goes on at its generation
+            # or epoch.
+            assert (offsets, kind.name.lower(), members) == (committed, protocol, 1)
+            loaded = stats(brokers[moved])["group_log"]
+            assert index in loaded["partitions"] and loaded["loads"] >= 1, loaded
+
+            # The member goes on: it reads what is produced now, and commits.
+            produce(survivor, "orders", 30, key_prefix="late")
+            del got[:]
+            wait_until(read(30, False), 60, "the member to read the new records")
+            c.commit(asynchronous=False)
             time.sleep(1)
-            later.extend(m.value() for m in c.consume(50, 1.0) if m.error() is None)
+            got.extend(m.value() for m in c.consume(50, 1.0) if m.error() is None)
+            assert sorted(got) == sorted(f"late-{i}".encode() for i in range(30))
         finally:
             c.close()
-        assert sorted(later) == sorted(f"late-{i}".encode() for i in range(30))
+        # The group's next member starts where the last one committed.
+        produce(survivor, "orders", 10, key_prefix="last")
+        config["bootstrap.servers"] = ",".join(b.bootstrap for n, b in brokers.items() if n != coordinator)
+        c = Consumer(config)
+        del got[:]
+        try:
+            c.subscribe(["orders"])
+            wait_until(read(10, False), 60, "the next member to read the last records")
+            time.sleep(1)
+            got.extend(m.value() for m in c.consume(50, 1.0) if m.error() is None)
+        finally:
+            c.close()
+        assert sorted(got) == sorted(f"last-{i}".encode() for i in range(10))
     finally:
         for b in brokers.values():
             b.close()

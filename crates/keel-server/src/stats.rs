@@ -258,6 +258,19 @@ fn render_cluster(stats: &Value, out: &mut String) {
         },
         brokers.join(", "),
     );
+    let groups = &cluster["group_log"];
+    if groups.is_object() {
+        let n = |key: &str| groups[key].as_u64().unwrap_or(0);
+        let partitions = groups["partitions"].as_array().map_or(0, Vec::len);
+        let _ = writeln!(
+            out,
+            "groups       coordinating the groups of {partitions} partitions of __consumer_offsets; \
+             {} loads, {} snapshots, {} write failures",
+            n("loads"),
+            n("snapshots"),
+            n("write_failures"),
+        );
+    }
     let wal = &cluster["wal"];
     if wal.is_object() {
         let n = |key: &str| wal[key].as_u64().unwrap_or(0);

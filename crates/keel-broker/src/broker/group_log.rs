@@ -21,7 +21,7 @@
 //! are collected.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -51,6 +51,19 @@ pub struct GroupLog {
     snapshot_bytes: u64,
     /// How long a write waits for its commit (`offsets.commit.timeout.ms`).
     timeout: Duration,
+    pub stats: GroupLogStats,
+}
+
+/// What the group log did, for `/stats` and `/metrics`.
+#[derive(Default)]
+pub struct GroupLogStats {
+    /// Partitions loaded (their groups read from their log).
+    pub loads: AtomicU64,
+    /// Snapshots written.
+    pub snapshots: AtomicU64,
+    /// Writes to a partition that failed (answered
+    /// COORDINATOR_NOT_AVAILABLE).
+    pub write_failures: AtomicU64,
 }
 
 struct Started {
@@ -67,6 +80,7 @@ impl GroupLog {
             written: Mutex::new(BTreeMap::new()),
             snapshot_bytes: snapshot_bytes.max(1),
             timeout,
+            stats: GroupLogStats::default(),
         })
     }
 
@@ -124,6 +138,7 @@ pub async fn load(
     broker.groups.load(table, log.owns(index)).await;
     log.written.lock().insert(index, bytes);
     log.loaded.write().insert(index, Arc::clone(partition));
+    log.stats.loads.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         partition = index,
         groups,
@@ -224,6 +239,7 @@ impl ClusterSink {
             }
         })?;
         self.log.written.lock().insert(index, bytes);
+        self.log.stats.snapshots.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             partition = index,
             offset = start,
@@ -293,7 +309,10 @@ impl Sink<GroupTable> for ClusterSink {
         for (index, len, result) in results {
             match result {
                 Ok(_) => *written.entry(index).or_default() += len,
-                Err(e) => failure = Some(e),
+                Err(e) => {
+                    self.log.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                    failure = Some(e);
+                }
             }
         }
         failure.map_or(Ok(()), Err)

@@ -352,6 +352,16 @@ impl Broker {
                     .map(|e| format!("{}://{}:{}", e.listener, e.host, e.port))
                     .collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
+            "group_log": self.topics_shared().then(|| {
+                let g = &self.group_log;
+                let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                serde_json::json!({
+                    "partitions": g.loaded(),
+                    "loads": n(&g.stats.loads),
+                    "snapshots": n(&g.stats.snapshots),
+                    "write_failures": n(&g.stats.write_failures),
+                })
+            }),
             "wal": self.data.wal.as_ref().map(|w| {
                 let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
                 serde_json::json!({

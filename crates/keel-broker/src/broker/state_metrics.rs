@@ -384,6 +384,35 @@ fn register_cluster(r: &mut Registry, broker: &Broker) {
         "Partition leader changes this broker made as controller",
         changes,
     );
+    let g = &broker.group_log;
+    let loaded = Gauge::<i64>::default();
+    loaded.set(i64::try_from(g.loaded().len()).unwrap_or(i64::MAX));
+    r.register(
+        "keel_cluster_group_partitions",
+        "Partitions of __consumer_offsets whose groups this broker coordinates",
+        loaded,
+    );
+    for (name, help, value) in [
+        (
+            "keel_cluster_group_loads",
+            "Partitions of __consumer_offsets this broker loaded (their groups read from their log)",
+            &g.stats.loads,
+        ),
+        (
+            "keel_cluster_group_snapshots",
+            "Snapshots this broker wrote to partitions of __consumer_offsets",
+            &g.stats.snapshots,
+        ),
+        (
+            "keel_cluster_group_write_failures",
+            "Group writes to partitions of __consumer_offsets that failed (answered COORDINATOR_NOT_AVAILABLE)",
+            &g.stats.write_failures,
+        ),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value.load(std::sync::atomic::Ordering::Relaxed));
+        r.register(name, help, counter);
+    }
 }
 
 /// A cluster's WAL: objects written to the object store and their
