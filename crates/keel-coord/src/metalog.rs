@@ -227,12 +227,14 @@ pub enum Durability {
 /// of `__consumer_offsets`, which fail over with their leaders.
 pub trait Sink<T: Table>: Send + 'static {
     /// Writes `entries`, in order, as durably as the log promises; blocking.
-    /// `table` is the state before them (applied once this returns Ok). It
-    /// may be locked only briefly: readers wait on it.
-    fn append(&mut self, entries: &[Entry<T::Record>], table: &Mutex<T>) -> Result<(), StoreError>;
-    /// Called when no write came for a while, and after each group of
-    /// writes (applied): flushes that are due, snapshots.
-    fn tend(&mut self, table: &Mutex<T>);
+    /// `table` is the state before them. It may be locked only briefly:
+    /// readers wait on it. Returns each entry's outcome: the written ones
+    /// are applied to the table, in order, and each entry's writer gets
+    /// its own answer.
+    fn append(&mut self, entries: &[Entry<T::Record>], table: &Mutex<T>) -> Vec<Result<(), StoreError>>;
+    /// Called after each group of writes (applied, `wrote`) and when no
+    /// write came for a while: flushes that are due, snapshots.
+    fn tend(&mut self, table: &Mutex<T>, wrote: bool);
     /// Flushes and closes.
     fn close(&mut self);
 }
@@ -450,7 +452,7 @@ impl<T: Table> Writer<T> {
             let first = match rx.recv_timeout(FLUSH_CHECK) {
                 Ok(c) => c,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    self.sink.tend(&self.table);
+                    self.sink.tend(&self.table, false);
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return self.close(None),
@@ -472,7 +474,7 @@ impl<T: Table> Writer<T> {
             if close.is_some() {
                 return self.close(close);
             }
-            self.sink.tend(&self.table);
+            self.sink.tend(&self.table, true);
         }
     }
 
@@ -481,15 +483,17 @@ impl<T: Table> Writer<T> {
             return;
         }
         let (entries, replies): (Vec<_>, Vec<_>) = writes.into_iter().unzip();
-        let result = self.sink.append(&entries, &self.table);
-        if result.is_ok() {
+        let results = self.sink.append(&entries, &self.table);
+        {
             let mut table = self.table.lock();
-            for entry in entries {
-                entry.apply_to(&mut *table);
+            for (entry, result) in entries.into_iter().zip(&results) {
+                if result.is_ok() {
+                    entry.apply_to(&mut *table);
+                }
             }
         }
-        for reply in replies {
-            let _ = reply.send(result.clone());
+        for (reply, result) in replies.into_iter().zip(results) {
+            let _ = reply.send(result);
         }
     }
 
@@ -513,7 +517,33 @@ pub struct LocalSink {
 }
 
 impl<T: Table> Sink<T> for LocalSink {
-    fn append(&mut self, entries: &[Entry<T::Record>], _table: &Mutex<T>) -> Result<(), StoreError> {
+    fn append(&mut self, entries: &[Entry<T::Record>], _table: &Mutex<T>) -> Vec<Result<(), StoreError>> {
+        // One batch for the lot: all of them are written, or none.
+        vec![self.append_all::<T>(entries); entries.len()]
+    }
+
+    fn tend(&mut self, table: &Mutex<T>, wrote: bool) {
+        if self.log.needs_time_flush(now_ms()) {
+            if let Err(e) = self.log.flush() {
+                tracing::error!(log = T::NAME, error = %e, "cannot flush a coordinator log");
+            }
+        }
+        if wrote && self.bytes_since_snapshot >= self.snapshot_bytes {
+            if let Err(e) = self.snapshot(table) {
+                tracing::error!(log = T::NAME, error = %e, "cannot snapshot a coordinator log; it keeps growing");
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        if let Err(e) = self.log.close() {
+            tracing::error!(log = T::NAME, error = %e, "cannot close a coordinator log");
+        }
+    }
+}
+
+impl LocalSink {
+    fn append_all<T: Table>(&mut self, entries: &[Entry<T::Record>]) -> Result<(), StoreError> {
         let mut buf = encode_entries::<T>(entries, now_ms()).map_err(StoreError)?;
         let headers = validate_batches(&buf).map_err(|e| StoreError(e.to_string()))?;
         let info = self
@@ -533,27 +563,6 @@ impl<T: Table> Sink<T> for LocalSink {
         Ok(())
     }
 
-    fn tend(&mut self, table: &Mutex<T>) {
-        if self.log.needs_time_flush(now_ms()) {
-            if let Err(e) = self.log.flush() {
-                tracing::error!(log = T::NAME, error = %e, "cannot flush a coordinator log");
-            }
-        }
-        if self.bytes_since_snapshot >= self.snapshot_bytes {
-            if let Err(e) = self.snapshot(table) {
-                tracing::error!(log = T::NAME, error = %e, "cannot snapshot a coordinator log; it keeps growing");
-            }
-        }
-    }
-
-    fn close(&mut self) {
-        if let Err(e) = self.log.close() {
-            tracing::error!(log = T::NAME, error = %e, "cannot close a coordinator log");
-        }
-    }
-}
-
-impl LocalSink {
     /// Writes the whole table as of the log end offset to a snapshot file,
     /// then drops the log below that offset.
     ///

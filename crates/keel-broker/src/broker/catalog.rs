@@ -606,15 +606,34 @@ impl Broker {
         }
     }
 
-    /// Whether this broker has loaded the groups of `group`'s partition of
-    /// `__consumer_offsets` (see `group_log`): always for one node.
-    pub fn groups_loaded(&self, group: &str) -> bool {
+    /// Why this broker cannot serve `group` now, if it cannot: another
+    /// broker coordinates it (NOT_COORDINATOR; COORDINATOR_NOT_AVAILABLE
+    /// while none does), or this one still reads its partition of
+    /// `__consumer_offsets` (COORDINATOR_LOAD_IN_PROGRESS, see
+    /// `group_log`). One node serves every group.
+    pub fn group_refused(&self, group: &str) -> Option<ResponseError> {
         if !self.topics_shared() {
-            return true;
+            return None;
         }
-        self.cluster
-            .topic_shape(GROUPS_TOPIC)
-            .is_some_and(|(_, partitions)| self.group_log.is_loaded(coordinator_partition(group, partitions)))
+        match self.coordinator_of(group, false) {
+            Ok(node) if node != self.config().node_id() => Some(ResponseError::NotCoordinator),
+            Ok(_) if !self.group_log.is_loaded(self.offsets_partition_of(group).1) => {
+                Some(ResponseError::CoordinatorLoadInProgress)
+            }
+            Ok(_) => None,
+            Err(e) => Some(e),
+        }
+    }
+
+    /// The partition of `__consumer_offsets` a transaction takes in to
+    /// commit `group`'s offsets, as Kafka's does: the group's. One node
+    /// keeps every group in one log, its partition 0.
+    pub fn offsets_partition_of(&self, group: &str) -> (String, i32) {
+        if !self.topics_shared() {
+            return keel_coord::txn::offsets_partition();
+        }
+        let partitions = self.cluster.topic_shape(GROUPS_TOPIC).map_or(1, |(_, n)| n);
+        (GROUPS_TOPIC.to_string(), coordinator_partition(group, partitions))
     }
 
     /// The broker coordinating the group (or, with `transactions`, the

@@ -20,12 +20,13 @@
 //! cluster, as DeleteRecords does), so the WAL and segment copies below it
 //! are collected.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use keel_coord::groups::records::GroupRecord;
 use keel_coord::groups::store::{apply_batches, split_by_partition, GroupTable};
 use keel_coord::metalog::{encode_entries, encode_snapshot, Entry, Sink, StoreError, Table};
 use keel_data::partition::Partition;
@@ -108,6 +109,7 @@ impl GroupLog {
     pub fn sink(self: &Arc<Self>) -> Box<dyn Sink<GroupTable>> {
         Box::new(ClusterSink {
             log: Arc::clone(self),
+            doubtful: BTreeMap::new(),
         })
     }
 
@@ -136,8 +138,8 @@ pub async fn load(
         .map_err(|e| e.to_string())??;
     let groups = table.groups.len() + table.consumer.len();
     broker.groups.load(table, log.owns(index)).await;
-    log.written.lock().insert(index, bytes);
     log.loaded.write().insert(index, Arc::clone(partition));
+    log.written.lock().insert(index, bytes);
     log.stats.loads.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         partition = index,
@@ -172,7 +174,10 @@ fn read_table(partition: &Partition) -> Result<(GroupTable, u64), String> {
     while next < end {
         let read = partition.read_blocking(next, LOAD_CHUNK)?;
         if read.is_empty() {
-            break;
+            return Err(format!(
+                "{GROUPS_TOPIC}-{}: nothing to read at offset {next}, below the high watermark {end}",
+                partition.index
+            ));
         }
         bytes += read.len() as u64;
         match apply_batches(&mut table, read, next)? {
@@ -186,6 +191,10 @@ fn read_table(partition: &Partition) -> Result<(GroupTable, u64), String> {
 /// The group coordinator's writes, on its log's writer thread.
 struct ClusterSink {
     log: Arc<GroupLog>,
+    /// By producer, the partitions a write of its transactional offsets
+    /// failed in: they may hold them all the same (a commit that timed
+    /// out, then came through), so its marker goes there too.
+    doubtful: BTreeMap<i64, BTreeSet<i32>>,
 }
 
 impl ClusterSink {
@@ -209,8 +218,7 @@ impl ClusterSink {
         let started = self.started()?;
         let partition = self.partition(index)?;
         let (records, open) = {
-            let mut part = table.lock().clone();
-            part.retain_groups(|g| self.log.partition_of(g) == index);
+            let part = table.lock().part(|g| self.log.partition_of(g) == index);
             (part.records(), part.transactional_records())
         };
         let buf = encode_snapshot::<GroupTable>(&records, open, now_ms()).map_err(StoreError)?;
@@ -238,7 +246,6 @@ impl ClusterSink {
                 Err(why) => Err(StoreError(why)),
             }
         })?;
-        self.log.written.lock().insert(index, bytes);
         self.log.stats.snapshots.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             partition = index,
@@ -274,20 +281,43 @@ impl Sink<GroupTable> for ClusterSink {
         &mut self,
         entries: &[Entry<<GroupTable as Table>::Record>],
         table: &Mutex<GroupTable>,
-    ) -> Result<(), StoreError> {
-        let started = self.started()?;
-        let split = {
-            let table = table.lock();
-            split_by_partition(entries, &table, &|g| self.log.partition_of(g))
+    ) -> Vec<Result<(), StoreError>> {
+        let started = match self.started() {
+            Ok(started) => started,
+            Err(e) => return vec![Err(e); entries.len()],
         };
+        let (split, touched) = {
+            let table = table.lock();
+            split_by_partition(entries, &table, &|g| self.log.partition_of(g), &self.doubtful)
+        };
+        let producers_in = |part: &[Entry<GroupRecord>]| -> Vec<(i64, bool)> {
+            part.iter()
+                .filter_map(|e| match e {
+                    Entry::Transactional { producer_id, .. } => Some((*producer_id, false)),
+                    Entry::Marker { producer_id, .. } => Some((*producer_id, true)),
+                    Entry::Records(_) => None,
+                })
+                .collect()
+        };
+        let mut transactional: BTreeMap<i32, Vec<(i64, bool)>> = BTreeMap::new();
+        // Each partition's part is written on its own, all at once; an
+        // entry is written once every partition it went to took it.
+        let mut outcomes: BTreeMap<i32, Result<(), StoreError>> = BTreeMap::new();
         let mut writes = Vec::with_capacity(split.len());
-        for (index, entries) in split {
-            let partition = self.partition(index)?;
-            let buf = encode_entries::<GroupTable>(&entries, now_ms()).map_err(StoreError)?;
-            writes.push((index, partition, buf));
+        for (index, part) in split {
+            transactional.insert(index, producers_in(&part));
+            let prepared = self.partition(index).and_then(|partition| {
+                let buf = encode_entries::<GroupTable>(&part, now_ms()).map_err(StoreError)?;
+                Ok((partition, buf))
+            });
+            match prepared {
+                Ok((partition, buf)) => writes.push((index, partition, buf)),
+                Err(e) => {
+                    outcomes.insert(index, Err(e));
+                }
+            }
         }
         let timeout = self.log.timeout;
-        // The partitions' writes go together; each is answered once all are.
         let results = started.handle.block_on(async {
             let tasks: Vec<_> = writes
                 .into_iter()
@@ -304,21 +334,52 @@ impl Sink<GroupTable> for ClusterSink {
             }
             results
         });
-        let mut written = self.log.written.lock();
-        let mut failure = None;
-        for (index, len, result) in results {
-            match result {
-                Ok(_) => *written.entry(index).or_default() += len,
-                Err(e) => {
-                    self.log.stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                    failure = Some(e);
+        {
+            let mut written = self.log.written.lock();
+            for (index, len, result) in results {
+                match &result {
+                    Ok(_) => {
+                        if let Some(bytes) = written.get_mut(&index) {
+                            *bytes += len;
+                        }
+                    }
+                    Err(_) => {
+                        self.log.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                outcomes.insert(index, result.map(|_| ()));
+            }
+        }
+        for (index, outcome) in &outcomes {
+            for (producer_id, marker) in transactional.remove(index).unwrap_or_default() {
+                match (outcome, marker) {
+                    (Err(_), false) => {
+                        self.doubtful.entry(producer_id).or_default().insert(*index);
+                    }
+                    (Ok(()), true) => {
+                        if let Some(parts) = self.doubtful.get_mut(&producer_id) {
+                            parts.remove(index);
+                            if parts.is_empty() {
+                                self.doubtful.remove(&producer_id);
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
-        failure.map_or(Ok(()), Err)
+        touched
+            .iter()
+            .map(|partitions| {
+                partitions
+                    .iter()
+                    .find_map(|p| outcomes.get(p).and_then(|r| r.clone().err()))
+                    .map_or(Ok(()), Err)
+            })
+            .collect()
     }
 
-    fn tend(&mut self, table: &Mutex<GroupTable>) {
+    fn tend(&mut self, table: &Mutex<GroupTable>, _wrote: bool) {
         let due: Vec<i32> = self
             .log
             .written
@@ -328,9 +389,12 @@ impl Sink<GroupTable> for ClusterSink {
             .map(|(index, _)| *index)
             .collect();
         for index in due {
-            if let Err(e) = self.snapshot(index, table) {
-                // Tried again once as many bytes were written again.
-                self.log.written.lock().insert(index, 0);
+            let snapshot = self.snapshot(index, table);
+            // Next after as many bytes again (also when it failed).
+            if let Some(bytes) = self.log.written.lock().get_mut(&index) {
+                *bytes = 0;
+            }
+            if let Err(e) = snapshot {
                 tracing::warn!(partition = index, error = %e, "cannot snapshot a partition of __consumer_offsets");
             }
         }

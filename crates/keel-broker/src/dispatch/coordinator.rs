@@ -1,12 +1,17 @@
 //! In a cluster, a group's or transactional id's requests are served only
 //! by its coordinator (`Broker::coordinator_of`); any other broker answers
 //! NOT_COORDINATOR (COORDINATOR_NOT_AVAILABLE while there is none), and the
-//! client finds the coordinator again, as with Kafka. The coordinator
-//! answers COORDINATOR_LOAD_IN_PROGRESS (retriable) while it reads its
-//! group's partition of `__consumer_offsets`. Requests naming
-//! several groups (DescribeGroups, DeleteGroups, OffsetFetch v8+) are
-//! answered for what this broker holds.
+//! client finds the coordinator again, as with Kafka. While the
+//! coordinator reads its group's partition of `__consumer_offsets` it
+//! answers COORDINATOR_LOAD_IN_PROGRESS (a SyncGroup
+//! REBALANCE_IN_PROGRESS and a Heartbeat NONE, as Kafka does). Requests
+//! naming several groups (DescribeGroups, DeleteGroups, OffsetFetch v8+,
+//! ConsumerGroupDescribe) get these errors group by group, from their
+//! handlers.
 
+use keel_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
 use keel_protocol::messages::*;
 use keel_protocol::{Request, ResponseError, StrBytes};
 
@@ -22,17 +27,19 @@ impl Broker {
             return None;
         }
         let me = self.config().node_id();
-        let refused = |key: &str, transactions: bool| match self.coordinator_of(key, transactions) {
-            // Its partition's groups are still being read.
-            Ok(node) if node == me && !transactions && !self.groups_loaded(key) => {
-                Some(ResponseError::CoordinatorLoadInProgress)
-            }
+        let group = |g: &StrBytes| self.group_refused(g.as_str());
+        let txn = |t: &StrBytes| match self.coordinator_of(t.as_str(), true) {
             Ok(node) if node == me => None,
             Ok(_) => Some(ResponseError::NotCoordinator),
             Err(e) => Some(e),
         };
-        let group = |g: &StrBytes| refused(g.as_str(), false);
-        let txn = |t: &StrBytes| refused(t.as_str(), true);
+        // While its partition loads, Kafka answers a SyncGroup
+        // REBALANCE_IN_PROGRESS (the member joins again) and a Heartbeat
+        // NONE: clients take no other error there for a retriable one.
+        let loading = |e: ResponseError, instead: Option<ResponseError>| match e {
+            ResponseError::CoordinatorLoadInProgress => instead,
+            other => Some(other),
+        };
         let reply = match body {
             Request::JoinGroup(r) => {
                 let resp = JoinGroupResponse::default()
@@ -41,11 +48,13 @@ impl Broker {
                 respond(ApiKey::JoinGroup, version, id, &resp)
             }
             Request::SyncGroup(r) => {
-                let resp = SyncGroupResponse::default().with_error_code(group(&r.group_id)?.code());
+                let e = loading(group(&r.group_id)?, Some(ResponseError::RebalanceInProgress));
+                let resp = SyncGroupResponse::default().with_error_code(e.map_or(0, |e| e.code()));
                 respond(ApiKey::SyncGroup, version, id, &resp)
             }
             Request::Heartbeat(r) => {
-                let resp = HeartbeatResponse::default().with_error_code(group(&r.group_id)?.code());
+                let e = loading(group(&r.group_id)?, None);
+                let resp = HeartbeatResponse::default().with_error_code(e.map_or(0, |e| e.code()));
                 respond(ApiKey::Heartbeat, version, id, &resp)
             }
             Request::LeaveGroup(r) => {
@@ -65,6 +74,33 @@ impl Broker {
                     id,
                     &OffsetCommitResponse::default().with_topics(topics),
                 )
+            }
+            Request::TxnOffsetCommit(r) => {
+                let e = group(&r.group_id)?;
+                let topics = r
+                    .topics
+                    .iter()
+                    .map(|t| {
+                        let partitions = t
+                            .partitions
+                            .iter()
+                            .map(|p| {
+                                TxnOffsetCommitResponsePartition::default()
+                                    .with_partition_index(p.partition_index)
+                                    .with_error_code(e.code())
+                            })
+                            .collect();
+                        TxnOffsetCommitResponseTopic::default()
+                            .with_name(t.name.clone())
+                            .with_partitions(partitions)
+                    })
+                    .collect();
+                let resp = TxnOffsetCommitResponse::default().with_topics(topics);
+                respond(ApiKey::TxnOffsetCommit, version, id, &resp)
+            }
+            Request::OffsetDelete(r) => {
+                let resp = OffsetDeleteResponse::default().with_error_code(group(&r.group_id)?.code());
+                respond(ApiKey::OffsetDelete, version, id, &resp)
             }
             Request::OffsetFetch(r) if version < 8 => {
                 let resp = OffsetFetchResponse::default().with_error_code(group(&r.group_id)?.code());

@@ -385,7 +385,7 @@ pub async fn delete_topics(
 /// name), then its copies in colder tiers and every group's committed
 /// offsets of it, as Kafka does.
 async fn delete_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Result<(), AdminError> {
-    internal_refused(&topic.meta.name, "deleted")?;
+    internal_refused(broker, &topic.meta.name, "deleted")?;
     if broker.config().get("delete.topic.enable") != "true" {
         return Err((
             ResponseError::TopicDeletionDisabled,
@@ -443,11 +443,11 @@ pub(crate) async fn remove_topic(broker: &Arc<Broker>, topic: Arc<Topic>) -> Res
     Ok(())
 }
 
-/// The group log's topic (`__consumer_offsets`) is the coordinator's:
-/// clients read it, but may not write, delete, grow or truncate it (a
-/// group's partition is where its records are).
-pub(crate) fn internal_refused(name: &str, what: &str) -> Result<(), AdminError> {
-    if catalog::is_internal(name) {
+/// In a cluster the group log's topic (`__consumer_offsets`) is the
+/// coordinator's: clients read it, but may not write, delete, grow or
+/// truncate it (a group's partition is where its records are).
+pub(crate) fn internal_refused(broker: &Broker, name: &str, what: &str) -> Result<(), AdminError> {
+    if broker.topics_shared() && catalog::is_internal(name) {
         return Err((
             ResponseError::InvalidTopicException,
             format!("internal topic {name} cannot be {what}"),
@@ -481,7 +481,7 @@ async fn grow_topic(
     validate_only: bool,
     quota: &mut Mutations<'_>,
 ) -> Result<(), AdminError> {
-    internal_refused(name, "grown")?;
+    internal_refused(broker, name, "grown")?;
     let _admin = broker.admin.lock().await;
     let topic = broker.data.topics.get(name).ok_or((
         ResponseError::UnknownTopicOrPartition,

@@ -189,6 +189,9 @@ pub fn consumer_group_describe(
                     req.include_authorized_operations,
                     super::operations::GROUP,
                 ));
+            if let Some(e) = broker.group_refused(id.as_str()) {
+                return base.with_error_code(e.code());
+            }
             let g = match broker.groups.describe_consumer(id.as_str()) {
                 Ok(g) => g,
                 Err((error, message)) => {

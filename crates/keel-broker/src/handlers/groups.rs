@@ -350,12 +350,13 @@ pub async fn txn_offset_commit(
 ) -> TxnOffsetCommitResponse {
     let (offsets, commit) = Commit::split(broker, commit_rows!(req.topics, version >= 2));
     let producer = (req.producer_id.0, req.producer_epoch);
+    let offsets_partition = broker.offsets_partition_of(req.group_id.as_str());
     let verify = || {
         broker.txns.verify(
             req.transactional_id.as_str(),
             producer.0,
             producer.1,
-            &keel_coord::txn::offsets_partition(),
+            &offsets_partition,
         )
     };
     // From v5 (transactions v2) the commit takes the offsets partition
@@ -367,7 +368,7 @@ pub async fn txn_offset_commit(
                 req.transactional_id.as_str(),
                 producer.0,
                 producer.1,
-                &[keel_coord::txn::offsets_partition()],
+                std::slice::from_ref(&offsets_partition),
                 keel_coord::txn::state::TRANSACTION_VERSION_2,
                 ResponseError::ProducerFenced,
             )
@@ -555,10 +556,12 @@ pub fn offset_fetch(broker: &Broker, req: OffsetFetchRequest, version: i16) -> O
         .into_iter()
         .map(|g| {
             let member = g.member_id.as_ref().map(|m| m.as_str());
-            if let Err(e) = broker
-                .groups
-                .validate_consumer_fetch(g.group_id.as_str(), member, g.member_epoch)
-            {
+            let refused = broker.group_refused(g.group_id.as_str()).map_or(Ok(()), Err);
+            if let Err(e) = refused.and_then(|()| {
+                broker
+                    .groups
+                    .validate_consumer_fetch(g.group_id.as_str(), member, g.member_epoch)
+            }) {
                 return OffsetFetchResponseGroup::default()
                     .with_group_id(g.group_id)
                     .with_error_code(e.code());
@@ -657,6 +660,9 @@ pub fn describe_groups(broker: &Broker, req: DescribeGroupsRequest, version: i16
                     req.include_authorized_operations,
                     super::operations::GROUP,
                 ));
+            if let Some(e) = broker.group_refused(id.as_str()) {
+                return base.with_error_code(e.code());
+            }
             let Some(d) = broker.groups.describe(id.as_str()) else {
                 // Kafka: an unknown group is reported Dead; from v6 with
                 // GROUP_ID_NOT_FOUND.
@@ -698,13 +704,30 @@ pub fn describe_groups(broker: &Broker, req: DescribeGroupsRequest, version: i16
 }
 
 pub async fn delete_groups(broker: &Arc<Broker>, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
-    let ids: Vec<String> = req.groups_names.iter().map(|g| g.to_string()).collect();
-    let results = broker.groups.delete_groups(&ids).await;
+    // Groups another broker coordinates (or whose partition is loading)
+    // are answered with why; the rest are deleted here.
+    let refused: Vec<Option<ResponseError>> = req
+        .groups_names
+        .iter()
+        .map(|g| broker.group_refused(g.as_str()))
+        .collect();
+    let ids: Vec<String> = req
+        .groups_names
+        .iter()
+        .zip(&refused)
+        .filter(|(_, r)| r.is_none())
+        .map(|(g, _)| g.to_string())
+        .collect();
+    let mut deleted = broker.groups.delete_groups(&ids).await.into_iter();
     let results = req
         .groups_names
         .into_iter()
-        .zip(results)
-        .map(|(g, r)| {
+        .zip(refused)
+        .map(|(g, refused)| {
+            let r = match refused {
+                Some(e) => Err(e),
+                None => deleted.next().unwrap_or(Err(ResponseError::UnknownServerError)),
+            };
             DeletableGroupResult::default()
                 .with_group_id(g)
                 .with_error_code(code(r))

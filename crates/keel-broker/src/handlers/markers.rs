@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_coord::txn::state::{TxnState, TxnStatus};
-use keel_coord::txn::{COORDINATOR_EPOCH, OFFSETS_PARTITION, OFFSETS_TOPIC};
+use keel_coord::txn::{COORDINATOR_EPOCH, OFFSETS_TOPIC};
 use keel_data::markers::Backoff;
 use keel_log::marker::Marker;
 
@@ -38,21 +38,36 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
     });
 }
 
-/// Appends one marker (see `DataPlane::write_marker`); the offsets
-/// partition's marker goes to the group log, retried the same way.
+/// Appends one marker (see `DataPlane::write_marker`); a marker of a
+/// partition of `__consumer_offsets` goes to the group log, retried the
+/// same way. In a cluster that partition's groups must be loaded here: a
+/// marker cannot be written to a partition another broker leads yet
+/// (docs/cluster.md), so it waits for this broker to load it.
 async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &TxnState, marker: Marker) {
-    if (topic, index) != (OFFSETS_TOPIC, OFFSETS_PARTITION) {
+    if topic != OFFSETS_TOPIC {
         let (id, epoch) = (prepared.producer_id, prepared.producer_epoch);
         return broker.data.write_marker(topic, index, id, epoch, marker).await;
     }
     let mut backoff = Backoff::default();
-    while let Err(e) = broker
-        .groups
-        .end_transaction(prepared.producer_id, prepared.producer_epoch, marker)
-        .await
-    {
-        tracing::warn!(error = %e, "cannot write a transaction marker into the group log; retrying");
-        backoff.wait().await;
+    loop {
+        let written = if broker.topics_shared() && !broker.group_log.is_loaded(index) {
+            Err(format!(
+                "partition {index} of {OFFSETS_TOPIC} is not led by this broker"
+            ))
+        } else {
+            broker
+                .groups
+                .end_transaction(prepared.producer_id, prepared.producer_epoch, marker)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match written {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write a transaction marker into the group log; retrying");
+                backoff.wait().await;
+            }
+        }
     }
 }
 

@@ -190,7 +190,7 @@ fn describe_topic(broker: &Broker, topic: &Topic) -> MetadataResponseTopic {
     MetadataResponseTopic::default()
         .with_name(Some(topic_name(&topic.meta.name)))
         .with_topic_id(topic.meta.topic_id)
-        .with_is_internal(crate::broker::catalog::is_internal(&topic.meta.name))
+        .with_is_internal(broker.topics_shared() && crate::broker::catalog::is_internal(&topic.meta.name))
         .with_partitions(partitions)
         .with_topic_authorized_operations(operations::OMITTED)
 }

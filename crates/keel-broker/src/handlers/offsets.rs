@@ -218,7 +218,7 @@ pub async fn delete_records(broker: &Arc<Broker>, req: DeleteRecordsRequest) -> 
         let mut partitions = Vec::new();
         for p in t.partitions {
             let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
-            let refused = crate::handlers::admin::internal_refused(t.name.0.as_str(), "truncated");
+            let refused = crate::handlers::admin::internal_refused(broker, t.name.0.as_str(), "truncated");
             let result = match refused
                 .map_err(|(e, _)| e)
                 .and_then(|()| partition_of(broker, t.name.0.as_str(), p.partition_index))

@@ -150,7 +150,9 @@ async fn produce_partition(
         Ok(t) => t,
         Err(e) => return failed(e, String::new()),
     };
-    if let Err((error, message)) = crate::handlers::admin::internal_refused(&topic.meta.name, "written to") {
+    if let Err((error, message)) =
+        crate::handlers::admin::internal_refused(broker, &topic.meta.name, "written to")
+    {
         return failed(error, message);
     }
     let partition = match broker.data.lead(&topic, index, -1) {

@@ -14,7 +14,7 @@ use keel_protocol::ResponseError;
 
 use super::partition_exists;
 use crate::Broker;
-use keel_coord::txn::{offsets_partition, EndOutcome};
+use keel_coord::txn::EndOutcome;
 
 /// What a producer whose epoch is older gets: PRODUCER_FENCED from the
 /// versions that know it (KIP-588), INVALID_PRODUCER_EPOCH before.
@@ -127,8 +127,8 @@ async fn add_one(
 }
 
 /// AddOffsetsToTxn: the transaction will commit offsets of `group_id`,
-/// so it takes in the group log (Kafka's `__consumer_offsets` partition of
-/// the group; Keel's one group log is its partition 0).
+/// so it takes in the group's partition of `__consumer_offsets` (one
+/// node's one group log is its partition 0).
 pub async fn add_offsets_to_txn(
     broker: &Arc<Broker>,
     req: AddOffsetsToTxnRequest,
@@ -143,7 +143,7 @@ pub async fn add_offsets_to_txn(
                 req.transactional_id.as_str(),
                 req.producer_id.0,
                 req.producer_epoch,
-                &[offsets_partition()],
+                &[broker.offsets_partition_of(req.group_id.as_str())],
                 0,
                 fenced_error(version, 2),
             )

@@ -56,6 +56,52 @@ impl GroupTable {
         self.pending.retain(|_, p| !p.offsets.is_empty());
     }
 
+    /// A copy of the groups `keep` says, and only them.
+    pub fn part(&self, keep: impl Fn(&str) -> bool) -> GroupTable {
+        let pick = |g: &String| keep(g);
+        GroupTable {
+            offsets: self
+                .offsets
+                .iter()
+                .filter(|(g, _)| pick(g))
+                .map(|(g, v)| (g.clone(), v.clone()))
+                .collect(),
+            groups: self
+                .groups
+                .iter()
+                .filter(|(g, _)| pick(g))
+                .map(|(g, v)| (g.clone(), v.clone()))
+                .collect(),
+            consumer: self
+                .consumer
+                .iter()
+                .filter(|(g, _)| pick(g))
+                .map(|(g, v)| (g.clone(), v.clone()))
+                .collect(),
+            pending: self
+                .pending
+                .iter()
+                .filter_map(|(pid, p)| {
+                    let offsets: BTreeMap<_, _> = p
+                        .offsets
+                        .iter()
+                        .filter(|((g, _, _), _)| pick(g))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    (!offsets.is_empty()).then(|| {
+                        (
+                            *pid,
+                            PendingOffsets {
+                                producer_epoch: p.producer_epoch,
+                                offsets,
+                            },
+                        )
+                    })
+                })
+                .collect(),
+        }
+    }
+
     /// Takes in the groups of `other`, which this table does not hold.
     pub fn merge(&mut self, other: GroupTable) {
         self.offsets.extend(other.offsets);
@@ -228,17 +274,25 @@ impl Table for GroupTable {
     }
 }
 
+/// Entries of a group log by partition of `__consumer_offsets`.
+pub type ByPartition = BTreeMap<i32, Vec<Entry<GroupRecord>>>;
+
 /// The entries of one write to a group log kept in the partitions of
 /// `__consumer_offsets`, by the partition (`partition_of`) of the groups
-/// they concern, each partition's in write order. A marker goes to every
-/// partition holding offsets of its producer's transaction: in `table`
-/// (the state before the write) or in the write's own earlier entries.
+/// they concern, each partition's in write order; and for each entry, the
+/// partitions it went to (it is written once all of them took it). A
+/// marker goes to every partition holding offsets of its producer's
+/// transaction: in `table` (the state before the write), in the write's
+/// own earlier entries, or in `doubtful` (partitions whose write of the
+/// producer's offsets failed: they may hold them all the same).
 pub fn split_by_partition(
     entries: &[Entry<GroupRecord>],
     table: &GroupTable,
     partition_of: &dyn Fn(&str) -> i32,
-) -> BTreeMap<i32, Vec<Entry<GroupRecord>>> {
-    let mut out: BTreeMap<i32, Vec<Entry<GroupRecord>>> = BTreeMap::new();
+    doubtful: &BTreeMap<i64, BTreeSet<i32>>,
+) -> (ByPartition, Vec<BTreeSet<i32>>) {
+    let mut out = ByPartition::new();
+    let mut touched = Vec::with_capacity(entries.len());
     // Each producer's open transaction as of the entries so far: its epoch
     // and the partitions holding its offsets (as `apply_transactional` and
     // `end_transaction` change the table).
@@ -254,6 +308,7 @@ pub fn split_by_partition(
             })
     };
     for entry in entries {
+        let before: BTreeMap<i32, usize> = out.iter().map(|(p, e)| (*p, e.len())).collect();
         match entry {
             Entry::Records(records) => {
                 for (p, records) in by_partition(records, partition_of) {
@@ -297,7 +352,8 @@ pub fn split_by_partition(
                 ..
             } => {
                 let (epoch, holding) = state(&mut open, *producer_id);
-                for p in &holding {
+                let doubtful = doubtful.get(producer_id).into_iter().flatten();
+                for p in holding.iter().chain(doubtful).collect::<BTreeSet<_>>() {
                     out.entry(*p).or_default().push(entry.clone());
                 }
                 // A marker older than the offsets does not end them.
@@ -306,8 +362,14 @@ pub fn split_by_partition(
                 }
             }
         }
+        touched.push(
+            out.iter()
+                .filter(|(p, e)| before.get(p).copied().unwrap_or(0) < e.len())
+                .map(|(p, _)| *p)
+                .collect(),
+        );
     }
-    out
+    (out, touched)
 }
 
 fn by_partition(
@@ -622,7 +684,7 @@ mod tests {
                         },
                     });
                 }
-                for (p, part) in split_by_partition(&entries, &whole, &partition_of) {
+                for (p, part) in split_by_partition(&entries, &whole, &partition_of, &BTreeMap::new()).0 {
                     logs.entry(p)
                         .or_default()
                         .extend(encode_entries::<GroupTable>(&part, 1).unwrap());
@@ -632,8 +694,10 @@ mod tests {
                 }
                 if rng.gen_ratio(1, 15) {
                     let p = rng.gen_range(0..4);
-                    let mut part = whole.clone();
-                    part.retain_groups(|g| partition_of(g) == p);
+                    let part = whole.part(|g| partition_of(g) == p);
+                    let mut kept = whole.clone();
+                    kept.retain_groups(|g| partition_of(g) == p);
+                    assert_eq!(format!("{part:?}"), format!("{kept:?}"), "seed {seed}");
                     let snapshot =
                         encode_snapshot::<GroupTable>(&part.records(), part.transactional_records(), 1)
                             .unwrap();
