@@ -19,8 +19,16 @@ duplicated or out of order are counted. Prints a table (p50, p90, max)
 and, with --json, the samples. A benchmark, not a test: it asserts
 nothing but prints what it found.
 
+With `--target coordinator` a consumer group reads the topic all along,
+committing every 100 records, and each kill is of the group's
+coordinator instead: timed are when another broker coordinates the group
+(its partition of __consumer_offsets rebuilt and loaded) and when the
+member's commits are acknowledged again; commits acknowledged before a
+kill and missing after it are counted as lost.
+
 usage: bench/cluster_failover.py [--kills N] [--brokers B]
-                                 [--session-ms MS] [--json FILE]
+                                 [--session-ms MS] [--target leader|coordinator]
+                                 [--json FILE]
 The keel binary is KEEL_BIN, else the newer of target/release/keel and
 target/debug/keel (what is timed here is not the build's speed).
 """
@@ -182,6 +190,58 @@ class Writer(threading.Thread):
             self.acked.append(m.value().rstrip(b"."))
 
 
+class Reader(threading.Thread):
+    """A consumer group member reading every partition of `topic`,
+    committing synchronously every 100 records; what it committed and
+    when a commit was last acknowledged."""
+
+    GROUP = "failover-readers"
+
+    def __init__(self, bootstrap: str, topic: str):
+        super().__init__(daemon=True)
+        from confluent_kafka import Consumer
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": self.GROUP,
+                           "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 0})
+        self.topic = topic
+        self.committed: dict[int, int] = {}
+        self.last_commit = 0.0
+        self.running = True
+
+    def run(self):
+        self.c.subscribe([self.topic])
+        since = 0
+        while self.running:
+            for m in self.c.consume(100, 0.2):
+                if m.error() is None:
+                    since += 1
+            if since >= 100:
+                try:
+                    done = self.c.commit(asynchronous=False)
+                except Exception:  # noqa: BLE001 (the coordinator moving: committed again later)
+                    continue
+                for tp in done or []:
+                    if tp.error is None and tp.offset >= 0:
+                        self.committed[tp.partition] = max(self.committed.get(tp.partition, 0), tp.offset)
+                self.last_commit = time.monotonic()
+                since = 0
+        self.c.close()
+
+
+def group_coordinator(bootstrap: str) -> tuple[int, dict[int, int]] | None:
+    """The readers' coordinator and committed offsets, as a client
+    bootstrapped there finds them (None while there is none)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+    a = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        g = a.describe_consumer_groups([Reader.GROUP], request_timeout=2)[Reader.GROUP].result(3)
+        listed = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(Reader.GROUP)],
+                                               request_timeout=2)[Reader.GROUP].result(3)
+    except Exception:  # noqa: BLE001
+        return None
+    return g.coordinator.id, {tp.partition: tp.offset for tp in listed.topic_partitions}
+
+
 def read_back(bootstrap: str, topic: str, partition: int, expect: int) -> list[bytes]:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "failover-check", "enable.auto.commit": False,
@@ -206,12 +266,15 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--brokers", type=int, default=3)
     ap.add_argument("--session-ms", type=int, default=6000)
+    ap.add_argument("--target", choices=["leader", "coordinator"], default="leader")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="keel-failover-"))
     etcd = Etcd(base)
     brokers = {n: Keel(base, n, etcd, args.session_ms) for n in range(1, args.brokers + 1)}
-    samples = {"dropped": [], "leads": [], "acknowledged": [], "rebuild_ms": []}
+    samples = {"dropped": [], "leads": [], "acknowledged": [], "rebuild_ms": [],
+               "coordinated": [], "committing": []}
+    commits_lost = 0
     topic = "failover"
     found = {}
     try:
@@ -227,8 +290,16 @@ def main() -> None:
         writer = Writer(bootstrap, topic, 0)
         writer.start()
         wait(lambda: len(writer.acked) > 500, 60, "the first acknowledged writes")
+        reader = None
+        if args.target == "coordinator":
+            reader = Reader(bootstrap, topic)
+            reader.start()
+            wait(lambda: reader.committed, 60, "the group's first commit")
         for i in range(args.kills):
             time.sleep(2)
+            if reader is not None:
+                kill_coordinator(i, brokers, reader, samples)
+                continue
             leader = next(iter(brokers.values())).leader(topic, 0)
             victim = brokers[leader]
             survivor = next(b for b in brokers.values() if b is not victim)
@@ -253,6 +324,10 @@ def main() -> None:
                                            stderr=subprocess.STDOUT)
             wait(lambda: not victim.cluster()["fenced"], 60, "the restarted broker's session")
         time.sleep(1)
+        if reader is not None:
+            reader.running = False
+            reader.join(10)
+            commits_lost = sum(1 for n in samples["lost_commits"] if n) if "lost_commits" in samples else 0
         writer.running = False
         writer.join(10)
         writer.p.flush(300)
@@ -268,16 +343,23 @@ def main() -> None:
                                 if a in index and b in index and index[a] > index[b]),
             "producer_errors": len(writer.errors),
         }
+        if reader is not None:
+            found["kills_losing_commits"] = commits_lost
     finally:
         for b in brokers.values():
             b.close()
         etcd.close()
-    print(f"\n{args.kills} kills of partition 0's leader, {args.brokers} brokers, "
+    target = "partition 0's leader" if args.target == "leader" else "the group's coordinator"
+    print(f"\n{args.kills} kills of {target}, {args.brokers} brokers, "
           f"keel.cluster.session.timeout.ms={args.session_ms} (etcd leases count whole seconds)")
     print(f"{'seconds from the kill':48} {'p50':>6} {'p90':>6} {'max':>6}")
-    for name, what in [("dropped", "killed leader dropped from the cluster"),
+    for name, what in [("dropped", "killed broker dropped from the cluster"),
                        ("leads", "another broker leads the partition"),
-                       ("acknowledged", "the producer's writes acknowledged again")]:
+                       ("acknowledged", "the producer's writes acknowledged again"),
+                       ("coordinated", "another broker coordinates the group"),
+                       ("committing", "the member's commits acknowledged again")]:
+        if not samples[name]:
+            continue
         p50, p90, most = summary(samples[name])
         print(f"{what:48} {p50:>6} {p90:>6} {most:>6}")
     if samples["rebuild_ms"]:
@@ -288,6 +370,45 @@ def main() -> None:
         args.json.write_text(json.dumps({"session_ms": args.session_ms, "brokers": args.brokers,
                                          "samples_s": samples, "records": found}, indent=2))
     shutil.rmtree(base, ignore_errors=True)
+
+
+def kill_coordinator(i: int, brokers: dict, reader: Reader, samples: dict) -> None:
+    """Kills the readers' coordinator and times its failover."""
+    anyone = ",".join(f"127.0.0.1:{b.port}" for b in brokers.values())
+    before = None
+    while before is None:
+        before = group_coordinator(anyone)
+    victim_id, _ = before
+    committed = dict(reader.committed)
+    victim = brokers[victim_id]
+    survivor = next(b for b in brokers.values() if b is not victim)
+    t0 = time.monotonic()
+    victim.kill()
+    dropped = wait(lambda: victim_id not in [m["node_id"] for m in survivor.cluster()["brokers"]],
+                   60, "the drop")
+    at = f"127.0.0.1:{survivor.port}"
+    found: dict = {}
+
+    def moved():
+        now = group_coordinator(at)
+        if now is not None and now[0] != victim_id:
+            found["state"] = now
+            return True
+        return False
+    coordinated = wait(moved, 120, "a new coordinator", interval_s=0.05)
+    committing = wait(lambda: reader.last_commit > t0, 120, "a commit acknowledged")
+    new, offsets = found["state"]
+    lost = sum(1 for p, o in committed.items() if offsets.get(p, -1) < o)
+    samples["dropped"].append(dropped - t0)
+    samples["coordinated"].append(coordinated - t0)
+    samples["committing"].append(committing - t0)
+    samples.setdefault("lost_commits", []).append(lost)
+    print(f"kill {i + 1:2}: broker {victim_id} (coordinator) killed; dropped after {dropped - t0:.2f}s, "
+          f"broker {new} coordinates the group after {coordinated - t0:.2f}s, commits acknowledged "
+          f"again after {committing - t0:.2f}s; partitions whose acknowledged commit was lost: {lost}",
+          flush=True)
+    victim.proc = subprocess.Popen(victim.cmd, stdout=open(victim.log, "ab"), stderr=subprocess.STDOUT)
+    wait(lambda: not victim.cluster()["fenced"], 60, "the restarted broker's session")
 
 
 if __name__ == "__main__":
