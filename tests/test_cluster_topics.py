@@ -18,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
                                   NewPartitions, NewTopic)
 
+import consumer_group_wire as cg
 import group_wire as gw
 import kafka_tools
 import kafka_wire as w
@@ -374,6 +375,13 @@ def test_a_group_has_one_coordinator_whichever_broker_its_members_ask(etcd, tmp_
             with gw.GroupConn(b.bootstrap) as c:
                 error = c.heartbeat("one-group", 1, "nobody")
             assert (error == NOT_COORDINATOR) == (node != coordinator), (node, coordinator, error)
+            # OffsetFetch v9 names the group: the others refuse it too,
+            # rather than answer that it has no offsets.
+            error, offsets = cg._offset_fetch(b.bootstrap, "one-group", None, -1)
+            if node == coordinator:
+                assert error == 0 and sum(offsets.values()) == 300, (error, offsets)
+            else:
+                assert (error, offsets) == (NOT_COORDINATOR, {}), (node, error, offsets)
     finally:
         for b in brokers.values():
             b.close()

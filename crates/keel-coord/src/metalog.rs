@@ -180,7 +180,19 @@ impl std::error::Error for OpenError {}
 type WriteAck = oneshot::Sender<Result<(), StoreError>>;
 
 /// A change to the table made outside the log, in the writer's order.
-type Update<T> = Box<dyn FnOnce(&mut T) + Send>;
+pub type Update<T> = Box<dyn FnOnce(&mut T) + Send>;
+
+/// What became of one entry a sink was given.
+pub enum Outcome<T> {
+    /// Written: it is applied to the table.
+    Written,
+    /// Not written (or not known to be).
+    Failed(StoreError),
+    /// Written in part, by a sink that spreads an entry over several logs:
+    /// `apply` makes the written part's change to the table; the entry's
+    /// writer is answered `error`.
+    Partly { apply: Update<T>, error: StoreError },
+}
 
 enum Command<T: Table> {
     Write {
@@ -228,10 +240,10 @@ pub enum Durability {
 pub trait Sink<T: Table>: Send + 'static {
     /// Writes `entries`, in order, as durably as the log promises; blocking.
     /// `table` is the state before them. It may be locked only briefly:
-    /// readers wait on it. Returns each entry's outcome: the written ones
-    /// are applied to the table, in order, and each entry's writer gets
+    /// readers wait on it. Returns each entry's outcome: what was written
+    /// is applied to the table, in order, and each entry's writer gets
     /// its own answer.
-    fn append(&mut self, entries: &[Entry<T::Record>], table: &Mutex<T>) -> Vec<Result<(), StoreError>>;
+    fn append(&mut self, entries: &[Entry<T::Record>], table: &Mutex<T>) -> Vec<Outcome<T>>;
     /// Called after each group of writes (applied, `wrote`) and when no
     /// write came for a while: flushes that are due, snapshots.
     fn tend(&mut self, table: &Mutex<T>, wrote: bool);
@@ -483,17 +495,26 @@ impl<T: Table> Writer<T> {
             return;
         }
         let (entries, replies): (Vec<_>, Vec<_>) = writes.into_iter().unzip();
-        let results = self.sink.append(&entries, &self.table);
+        let outcomes = self.sink.append(&entries, &self.table);
+        let mut answers = Vec::with_capacity(outcomes.len());
         {
             let mut table = self.table.lock();
-            for (entry, result) in entries.into_iter().zip(&results) {
-                if result.is_ok() {
-                    entry.apply_to(&mut *table);
-                }
+            for (entry, outcome) in entries.into_iter().zip(outcomes) {
+                answers.push(match outcome {
+                    Outcome::Written => {
+                        entry.apply_to(&mut *table);
+                        Ok(())
+                    }
+                    Outcome::Failed(e) => Err(e),
+                    Outcome::Partly { apply, error } => {
+                        apply(&mut *table);
+                        Err(error)
+                    }
+                });
             }
         }
-        for (reply, result) in replies.into_iter().zip(results) {
-            let _ = reply.send(result);
+        for (reply, answer) in replies.into_iter().zip(answers) {
+            let _ = reply.send(answer);
         }
     }
 
@@ -517,9 +538,16 @@ pub struct LocalSink {
 }
 
 impl<T: Table> Sink<T> for LocalSink {
-    fn append(&mut self, entries: &[Entry<T::Record>], _table: &Mutex<T>) -> Vec<Result<(), StoreError>> {
+    fn append(&mut self, entries: &[Entry<T::Record>], _table: &Mutex<T>) -> Vec<Outcome<T>> {
         // One batch for the lot: all of them are written, or none.
-        vec![self.append_all::<T>(entries); entries.len()]
+        let result = self.append_all::<T>(entries);
+        entries
+            .iter()
+            .map(|_| match &result {
+                Ok(()) => Outcome::Written,
+                Err(e) => Outcome::Failed(e.clone()),
+            })
+            .collect()
     }
 
     fn tend(&mut self, table: &Mutex<T>, wrote: bool) {

@@ -625,6 +625,30 @@ impl Broker {
         }
     }
 
+    /// Whether the cluster says this broker leads partition `index` of
+    /// `__consumer_offsets`.
+    pub fn leads_group_partition(&self, index: i32) -> bool {
+        self.cluster
+            .topic_shape(GROUPS_TOPIC)
+            .and_then(|(id, _)| self.cluster.live_leader(id, index))
+            .is_some_and(|(node, _)| node == self.config().node_id())
+    }
+
+    /// Whether this broker leads a partition of `__consumer_offsets` it
+    /// has not loaded yet.
+    pub fn groups_loading(&self) -> bool {
+        let Some((id, partitions)) = self.cluster.topic_shape(GROUPS_TOPIC) else {
+            return false;
+        };
+        let me = self.config().node_id();
+        (0..partitions).any(|index| {
+            self.cluster
+                .live_leader(id, index)
+                .is_some_and(|(node, _)| node == me)
+                && !self.group_log.is_loaded(index)
+        })
+    }
+
     /// The partition of `__consumer_offsets` a transaction takes in to
     /// commit `group`'s offsets, as Kafka's does: the group's. One node
     /// keeps every group in one log, its partition 0.
@@ -632,7 +656,11 @@ impl Broker {
         if !self.topics_shared() {
             return keel_coord::txn::offsets_partition();
         }
-        let partitions = self.cluster.topic_shape(GROUPS_TOPIC).map_or(1, |(_, n)| n);
+        // Before the topic is placed: the partitions it will have.
+        let partitions = self
+            .cluster
+            .topic_shape(GROUPS_TOPIC)
+            .map_or_else(|| self.coordinators_topic(false).1, |(_, n)| n);
         (GROUPS_TOPIC.to_string(), coordinator_partition(group, partitions))
     }
 

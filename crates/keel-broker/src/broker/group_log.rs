@@ -26,9 +26,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use keel_coord::groups::records::GroupRecord;
-use keel_coord::groups::store::{apply_batches, split_by_partition, GroupTable};
-use keel_coord::metalog::{encode_entries, encode_snapshot, Entry, Sink, StoreError, Table};
+use keel_coord::groups::store::{apply_batches, apply_written, split_by_partition, GroupTable};
+use keel_coord::metalog::{encode_entries, encode_snapshot, Entry, Outcome, Sink, StoreError, Table};
 use keel_data::partition::Partition;
 use keel_data::plane::DataPlane;
 use keel_log::clock::now_ms;
@@ -65,6 +64,8 @@ pub struct GroupLogStats {
     /// Writes to a partition that failed (answered
     /// COORDINATOR_NOT_AVAILABLE).
     pub write_failures: AtomicU64,
+    /// Partitions read again after a failed write.
+    pub reloads: AtomicU64,
 }
 
 struct Started {
@@ -109,8 +110,22 @@ impl GroupLog {
     pub fn sink(self: &Arc<Self>) -> Box<dyn Sink<GroupTable>> {
         Box::new(ClusterSink {
             log: Arc::clone(self),
-            doubtful: BTreeMap::new(),
         })
+    }
+
+    /// Takes partition `index`'s groups for not loaded: its requests are
+    /// answered COORDINATOR_LOAD_IN_PROGRESS and writes to it refused
+    /// until the broker's next pass over its leaderships reads them again
+    /// from its log (`load` replaces what the coordinator held of them).
+    fn reload(&self, index: i32) {
+        if self.loaded.write().remove(&index).is_some() {
+            self.written.lock().remove(&index);
+            self.stats.reloads.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                partition = index,
+                "a write to a partition of __consumer_offsets failed: its groups are read again from its log"
+            );
+        }
     }
 
     fn owns(self: &Arc<Self>, index: i32) -> Arc<dyn Fn(&str) -> bool + Send + Sync> {
@@ -191,10 +206,6 @@ fn read_table(partition: &Partition) -> Result<(GroupTable, u64), String> {
 /// The group coordinator's writes, on its log's writer thread.
 struct ClusterSink {
     log: Arc<GroupLog>,
-    /// By producer, the partitions a write of its transactional offsets
-    /// failed in: they may hold them all the same (a commit that timed
-    /// out, then came through), so its marker goes there too.
-    doubtful: BTreeMap<i64, BTreeSet<i32>>,
 }
 
 impl ClusterSink {
@@ -281,31 +292,19 @@ impl Sink<GroupTable> for ClusterSink {
         &mut self,
         entries: &[Entry<<GroupTable as Table>::Record>],
         table: &Mutex<GroupTable>,
-    ) -> Vec<Result<(), StoreError>> {
-        let started = match self.started() {
-            Ok(started) => started,
-            Err(e) => return vec![Err(e); entries.len()],
+    ) -> Vec<Outcome<GroupTable>> {
+        let Some(started) = self.log.started.get() else {
+            let e = StoreError("the broker has not started".into());
+            return entries.iter().map(|_| Outcome::Failed(e.clone())).collect();
         };
         let (split, touched) = {
             let table = table.lock();
-            split_by_partition(entries, &table, &|g| self.log.partition_of(g), &self.doubtful)
+            split_by_partition(entries, &table, &|g| self.log.partition_of(g))
         };
-        let producers_in = |part: &[Entry<GroupRecord>]| -> Vec<(i64, bool)> {
-            part.iter()
-                .filter_map(|e| match e {
-                    Entry::Transactional { producer_id, .. } => Some((*producer_id, false)),
-                    Entry::Marker { producer_id, .. } => Some((*producer_id, true)),
-                    Entry::Records(_) => None,
-                })
-                .collect()
-        };
-        let mut transactional: BTreeMap<i32, Vec<(i64, bool)>> = BTreeMap::new();
-        // Each partition's part is written on its own, all at once; an
-        // entry is written once every partition it went to took it.
+        // Each partition's part is written on its own, all at once.
         let mut outcomes: BTreeMap<i32, Result<(), StoreError>> = BTreeMap::new();
         let mut writes = Vec::with_capacity(split.len());
         for (index, part) in split {
-            transactional.insert(index, producers_in(&part));
             let prepared = self.partition(index).and_then(|partition| {
                 let buf = encode_entries::<GroupTable>(&part, now_ms()).map_err(StoreError)?;
                 Ok((partition, buf))
@@ -334,6 +333,10 @@ impl Sink<GroupTable> for ClusterSink {
             }
             results
         });
+        // A partition whose write failed may hold it all the same (a
+        // commit that timed out, then came through): its groups are read
+        // again from its log (see `reload`), which is the truth.
+        let mut reload = BTreeSet::new();
         {
             let mut written = self.log.written.lock();
             for (index, len, result) in results {
@@ -345,38 +348,52 @@ impl Sink<GroupTable> for ClusterSink {
                     }
                     Err(_) => {
                         self.log.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                        reload.insert(index);
                     }
                 }
                 outcomes.insert(index, result.map(|_| ()));
             }
         }
-        for (index, outcome) in &outcomes {
-            for (producer_id, marker) in transactional.remove(index).unwrap_or_default() {
-                match (outcome, marker) {
-                    (Err(_), false) => {
-                        self.doubtful.entry(producer_id).or_default().insert(*index);
-                    }
-                    (Ok(()), true) => {
-                        if let Some(parts) = self.doubtful.get_mut(&producer_id) {
-                            parts.remove(index);
-                            if parts.is_empty() {
-                                self.doubtful.remove(&producer_id);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        touched
+        let answers = entries
             .iter()
-            .map(|partitions| {
-                partitions
+            .zip(touched)
+            .map(|(entry, partitions)| {
+                let failed: BTreeSet<i32> = partitions
+                    .iter()
+                    .filter(|p| outcomes.get(p).is_some_and(Result::is_err))
+                    .copied()
+                    .collect();
+                let Some(error) = failed
                     .iter()
                     .find_map(|p| outcomes.get(p).and_then(|r| r.clone().err()))
-                    .map_or(Ok(()), Err)
+                else {
+                    return Outcome::Written;
+                };
+                if failed.len() == partitions.len() {
+                    return Outcome::Failed(error);
+                }
+                if !matches!(entry, Entry::Records(_)) {
+                    // A transaction's part in some partitions only: the
+                    // table keeps one epoch per producer and cannot hold
+                    // that; the partitions that took it are read again.
+                    reload.extend(partitions.difference(&failed));
+                    return Outcome::Failed(error);
+                }
+                // Plain records: what reached the partitions that took it
+                // is in their logs, and the table takes that part.
+                let log = Arc::clone(&self.log);
+                let written = move |g: &str| !failed.contains(&log.partition_of(g));
+                let entry = entry.clone();
+                Outcome::Partly {
+                    apply: Box::new(move |table: &mut GroupTable| apply_written(table, entry, written)),
+                    error,
+                }
             })
-            .collect()
+            .collect();
+        for index in reload {
+            self.log.reload(index);
+        }
+        answers
     }
 
     fn tend(&mut self, table: &Mutex<GroupTable>, _wrote: bool) {

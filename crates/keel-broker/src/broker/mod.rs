@@ -360,6 +360,7 @@ impl Broker {
                     "loads": n(&g.stats.loads),
                     "snapshots": n(&g.stats.snapshots),
                     "write_failures": n(&g.stats.write_failures),
+                    "reloads": n(&g.stats.reloads),
                 })
             }),
             "wal": self.data.wal.as_ref().map(|w| {

@@ -408,6 +408,11 @@ fn register_cluster(r: &mut Registry, broker: &Broker) {
             "Group writes to partitions of __consumer_offsets that failed (answered COORDINATOR_NOT_AVAILABLE)",
             &g.stats.write_failures,
         ),
+        (
+            "keel_cluster_group_reloads",
+            "Partitions of __consumer_offsets read again from their log after a failed write",
+            &g.stats.reloads,
+        ),
     ] {
         let counter = Counter::<u64>::default();
         counter.inc_by(value.load(std::sync::atomic::Ordering::Relaxed));

@@ -4,14 +4,13 @@
 //! client finds the coordinator again, as with Kafka. While the
 //! coordinator reads its group's partition of `__consumer_offsets` it
 //! answers COORDINATOR_LOAD_IN_PROGRESS (a SyncGroup
-//! REBALANCE_IN_PROGRESS and a Heartbeat NONE, as Kafka does). Requests
-//! naming several groups (DescribeGroups, DeleteGroups, OffsetFetch v8+,
-//! ConsumerGroupDescribe) get these errors group by group, from their
-//! handlers.
+//! REBALANCE_IN_PROGRESS, as Kafka's classic coordinator did, and a
+//! Heartbeat NONE). Requests naming several groups (DescribeGroups,
+//! DeleteGroups, OffsetFetch v8+, ConsumerGroupDescribe) get these errors
+//! group by group, and TxnOffsetCommit and OffsetDelete once their ACLs
+//! are checked, from their handlers; ListGroups waits for every partition
+//! this broker leads to be loaded.
 
-use keel_protocol::messages::txn_offset_commit_response::{
-    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
-};
 use keel_protocol::messages::*;
 use keel_protocol::{Request, ResponseError, StrBytes};
 
@@ -33,9 +32,10 @@ impl Broker {
             Ok(_) => Some(ResponseError::NotCoordinator),
             Err(e) => Some(e),
         };
-        // While its partition loads, Kafka answers a SyncGroup
-        // REBALANCE_IN_PROGRESS (the member joins again) and a Heartbeat
-        // NONE: clients take no other error there for a retriable one.
+        // While its partition loads, a SyncGroup is answered
+        // REBALANCE_IN_PROGRESS (the member joins again, as Kafka's classic
+        // coordinator answered it: clients take COORDINATOR_LOAD_IN_PROGRESS
+        // there for fatal) and a Heartbeat NONE, as Kafka does.
         let loading = |e: ResponseError, instead: Option<ResponseError>| match e {
             ResponseError::CoordinatorLoadInProgress => instead,
             other => Some(other),
@@ -74,33 +74,6 @@ impl Broker {
                     id,
                     &OffsetCommitResponse::default().with_topics(topics),
                 )
-            }
-            Request::TxnOffsetCommit(r) => {
-                let e = group(&r.group_id)?;
-                let topics = r
-                    .topics
-                    .iter()
-                    .map(|t| {
-                        let partitions = t
-                            .partitions
-                            .iter()
-                            .map(|p| {
-                                TxnOffsetCommitResponsePartition::default()
-                                    .with_partition_index(p.partition_index)
-                                    .with_error_code(e.code())
-                            })
-                            .collect();
-                        TxnOffsetCommitResponseTopic::default()
-                            .with_name(t.name.clone())
-                            .with_partitions(partitions)
-                    })
-                    .collect();
-                let resp = TxnOffsetCommitResponse::default().with_topics(topics);
-                respond(ApiKey::TxnOffsetCommit, version, id, &resp)
-            }
-            Request::OffsetDelete(r) => {
-                let resp = OffsetDeleteResponse::default().with_error_code(group(&r.group_id)?.code());
-                respond(ApiKey::OffsetDelete, version, id, &resp)
             }
             Request::OffsetFetch(r) if version < 8 => {
                 let resp = OffsetFetchResponse::default().with_error_code(group(&r.group_id)?.code());

@@ -349,6 +349,14 @@ pub async fn txn_offset_commit(
     version: i16,
 ) -> TxnOffsetCommitResponse {
     let (offsets, commit) = Commit::split(broker, commit_rows!(req.topics, version >= 2));
+    if let Some(e) = broker.group_refused(req.group_id.as_str()) {
+        let topics = commit_response!(
+            commit.results(Err(e)),
+            TxnOffsetCommitResponseTopic,
+            TxnOffsetCommitResponsePartition
+        );
+        return TxnOffsetCommitResponse::default().with_topics(topics);
+    }
     let producer = (req.producer_id.0, req.producer_epoch);
     let offsets_partition = broker.offsets_partition_of(req.group_id.as_str());
     let verify = || {
@@ -616,6 +624,11 @@ fn committed_fields(v: Fetched, with_epoch: bool) -> (i64, i32, String, i16) {
 }
 
 pub fn list_groups(broker: &Broker, req: ListGroupsRequest, version: i16) -> ListGroupsResponse {
+    // Kafka lists groups only once every partition it leads is loaded.
+    if broker.groups_loading() {
+        return ListGroupsResponse::default()
+            .with_error_code(ResponseError::CoordinatorLoadInProgress.code());
+    }
     let states: Vec<String> = req.states_filter.iter().map(|s| s.to_lowercase()).collect();
     let types: Vec<String> = req.types_filter.iter().map(|s| s.to_lowercase()).collect();
     // (id, protocol type, state, group type)
@@ -737,6 +750,9 @@ pub async fn delete_groups(broker: &Arc<Broker>, req: DeleteGroupsRequest) -> De
 }
 
 pub async fn offset_delete(broker: &Arc<Broker>, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    if let Some(e) = broker.group_refused(req.group_id.as_str()) {
+        return OffsetDeleteResponse::default().with_error_code(e.code());
+    }
     let partitions: Vec<(String, i32)> = req
         .topics
         .iter()

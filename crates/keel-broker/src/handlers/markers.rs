@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_coord::txn::state::{TxnState, TxnStatus};
-use keel_coord::txn::{COORDINATOR_EPOCH, OFFSETS_TOPIC};
+use keel_coord::txn::{COORDINATOR_EPOCH, OFFSETS_PARTITION, OFFSETS_TOPIC};
 use keel_data::markers::Backoff;
 use keel_log::marker::Marker;
 
@@ -27,7 +27,14 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
             commit: prepared.status == TxnStatus::PrepareCommit,
             coordinator_epoch: COORDINATOR_EPOCH,
         };
-        for (topic, index) in &prepared.partitions {
+        // The data partitions' markers first: a group's offsets waiting
+        // for its partition to load here hold no other partition's
+        // transaction open.
+        let (offsets, data): (Vec<_>, Vec<_>) = prepared
+            .partitions
+            .iter()
+            .partition(|(topic, index)| in_group_log(&broker, topic, *index));
+        for (topic, index) in data.into_iter().chain(offsets) {
             write_marker(&broker, topic, *index, &prepared, marker).await;
         }
         let mut backoff = Backoff::default();
@@ -38,22 +45,36 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
     });
 }
 
-/// Appends one marker (see `DataPlane::write_marker`); a marker of a
-/// partition of `__consumer_offsets` goes to the group log, retried the
-/// same way. In a cluster that partition's groups must be loaded here: a
-/// marker cannot be written to a partition another broker leads yet
-/// (docs/cluster.md), so it waits for this broker to load it.
+/// Whether a transaction's partition is the group log's: one node's
+/// `__consumer_offsets` partition 0 (its one group log), a cluster's
+/// partitions of `__consumer_offsets`.
+fn in_group_log(broker: &Broker, topic: &str, index: i32) -> bool {
+    topic == OFFSETS_TOPIC && (broker.topics_shared() || index == OFFSETS_PARTITION)
+}
+
+/// Appends one marker (see `DataPlane::write_marker`); a marker of the
+/// group log goes to the group coordinator, retried the same way. In a
+/// cluster it waits while this broker leads the group's partition of
+/// `__consumer_offsets` and has not loaded it yet; a partition another
+/// broker leads is given up with a warning, as `DataPlane::write_marker`
+/// gives up a data partition (markers are not sent to other brokers yet:
+/// docs/cluster.md).
 async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &TxnState, marker: Marker) {
-    if topic != OFFSETS_TOPIC {
+    if !in_group_log(broker, topic, index) {
         let (id, epoch) = (prepared.producer_id, prepared.producer_epoch);
         return broker.data.write_marker(topic, index, id, epoch, marker).await;
     }
     let mut backoff = Backoff::default();
     loop {
         let written = if broker.topics_shared() && !broker.group_log.is_loaded(index) {
-            Err(format!(
-                "partition {index} of {OFFSETS_TOPIC} is not led by this broker"
-            ))
+            if !broker.leads_group_partition(index) {
+                return tracing::warn!(
+                    partition = index,
+                    producer_id = prepared.producer_id,
+                    "not writing a transaction marker to a partition of {OFFSETS_TOPIC} another broker leads"
+                );
+            }
+            Err(format!("partition {index} of {OFFSETS_TOPIC} is still loading"))
         } else {
             broker
                 .groups
