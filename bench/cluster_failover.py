@@ -375,10 +375,13 @@ def main() -> None:
 def kill_coordinator(i: int, brokers: dict, reader: Reader, samples: dict) -> None:
     """Kills the readers' coordinator and times its failover."""
     anyone = ",".join(f"127.0.0.1:{b.port}" for b in brokers.values())
-    before = None
-    while before is None:
-        before = group_coordinator(anyone)
-    victim_id, _ = before
+    found: dict = {}
+
+    def coordinated_now(at: str) -> bool:
+        found["state"] = group_coordinator(at)
+        return found["state"] is not None
+    wait(lambda: coordinated_now(anyone), 60, "the group's coordinator", interval_s=0.05)
+    victim_id, _ = found["state"]
     committed = dict(reader.committed)
     victim = brokers[victim_id]
     survivor = next(b for b in brokers.values() if b is not victim)
@@ -387,15 +390,8 @@ def kill_coordinator(i: int, brokers: dict, reader: Reader, samples: dict) -> No
     dropped = wait(lambda: victim_id not in [m["node_id"] for m in survivor.cluster()["brokers"]],
                    60, "the drop")
     at = f"127.0.0.1:{survivor.port}"
-    found: dict = {}
-
-    def moved():
-        now = group_coordinator(at)
-        if now is not None and now[0] != victim_id:
-            found["state"] = now
-            return True
-        return False
-    coordinated = wait(moved, 120, "a new coordinator", interval_s=0.05)
+    coordinated = wait(lambda: coordinated_now(at) and found["state"][0] != victim_id, 120,
+                       "a new coordinator", interval_s=0.05)
     committing = wait(lambda: reader.last_commit > t0, 120, "a commit acknowledged")
     new, offsets = found["state"]
     lost = sum(1 for p, o in committed.items() if offsets.get(p, -1) < o)

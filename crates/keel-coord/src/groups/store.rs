@@ -69,6 +69,7 @@ impl GroupTable {
         let Some(pending) = self.pending.get_mut(&producer_id) else {
             return;
         };
+        // A marker older than the offsets cannot end their transaction.
         if pending.producer_epoch > producer_epoch {
             return;
         }
@@ -99,43 +100,30 @@ impl GroupTable {
 
     /// A copy of the groups `keep` says, and only them.
     pub fn part(&self, keep: impl Fn(&str) -> bool) -> GroupTable {
-        let pick = |g: &String| keep(g);
-        GroupTable {
-            offsets: self
+        fn kept<V: Clone>(map: &BTreeMap<String, V>, keep: &impl Fn(&str) -> bool) -> BTreeMap<String, V> {
+            map.iter()
+                .filter(|(g, _)| keep(g))
+                .map(|(g, v)| (g.clone(), v.clone()))
+                .collect()
+        }
+        let pending = self.pending.iter().filter_map(|(pid, p)| {
+            let offsets: BTreeMap<_, _> = p
                 .offsets
                 .iter()
-                .filter(|(g, _)| pick(g))
-                .map(|(g, v)| (g.clone(), v.clone()))
-                .collect(),
-            groups: self
-                .groups
-                .iter()
-                .filter(|(g, _)| pick(g))
-                .map(|(g, v)| (g.clone(), v.clone()))
-                .collect(),
-            consumer: self
-                .consumer
-                .iter()
-                .filter(|(g, _)| pick(g))
-                .map(|(g, v)| (g.clone(), v.clone()))
-                .collect(),
-            pending: self
-                .pending
-                .iter()
-                .filter_map(|(pid, p)| {
-                    let offsets: BTreeMap<_, _> = p
-                        .offsets
-                        .iter()
-                        .filter(|((g, _, _), _)| pick(g))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect();
-                    let pending = PendingOffsets {
-                        producer_epoch: p.producer_epoch,
-                        offsets,
-                    };
-                    (!pending.offsets.is_empty()).then_some((*pid, pending))
-                })
-                .collect(),
+                .filter(|((g, _, _), _)| keep(g))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let pending = PendingOffsets {
+                producer_epoch: p.producer_epoch,
+                offsets,
+            };
+            (!pending.offsets.is_empty()).then_some((*pid, pending))
+        });
+        GroupTable {
+            offsets: kept(&self.offsets, &keep),
+            groups: kept(&self.groups, &keep),
+            consumer: kept(&self.consumer, &keep),
+            pending: pending.collect(),
         }
     }
 
@@ -273,22 +261,7 @@ impl Table for GroupTable {
     }
 
     fn end_transaction(&mut self, producer_id: i64, producer_epoch: i16, commit: bool) {
-        let btree_map::Entry::Occupied(entry) = self.pending.entry(producer_id) else {
-            return;
-        };
-        // A marker older than the offsets cannot end their transaction.
-        if entry.get().producer_epoch > producer_epoch {
-            return;
-        }
-        let pending = entry.remove();
-        if commit {
-            for ((group, topic, partition), v) in pending.offsets {
-                self.offsets
-                    .entry(group)
-                    .or_default()
-                    .insert((topic, partition), v);
-            }
-        }
+        self.end_transaction_where(producer_id, producer_epoch, commit, |_| true);
     }
 
     fn transactional_records(&self) -> Vec<(i64, i16, Vec<GroupRecord>)> {
