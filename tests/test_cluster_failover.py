@@ -16,7 +16,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+import consumer_group_wire as cg
 import kafka_tools
+import kafka_wire as w
 from conftest import IMPL, wait_until
 from test_cluster import TIMEOUT_S, start_cluster, stats
 from test_cluster_topics import create, leadership, produce
@@ -190,12 +192,35 @@ def offsets_partition(group: str, partitions: int = 50) -> int:
     return 0 if h == -(1 << 31) else abs(h) % partitions
 
 
+ADMINS: dict[str, AdminClient] = {}
+
+
+def coordinator_of(b, group) -> int | None:
+    """The group's coordinator as FindCoordinator v1 at `b` answers it
+    (None while there is none), on the wire: librdkafka's admin client
+    polled while a coordinator dies can abort the process."""
+    try:
+        with w.Conn(b.bootstrap) as c:
+            c.send(w.frame(w.header_v1(10, 1, 4) + w.string(group) + w.i8(0)))
+            _cid, resp = c.recv_response()
+    except OSError:
+        return None
+    r = w.Reader(resp)
+    r.i32()
+    error = r.i16()
+    r.string()
+    node = r.i32()
+    return node if error == 0 else None
+
+
 def group_state(b, group):
     """(coordinator node id, {(topic, partition): committed offset}, group
     type, members) as an admin client bootstrapped at `b` finds them; None
     while the group's coordinator is away or loading."""
     from confluent_kafka import ConsumerGroupTopicPartitions
-    a = AdminClient({"bootstrap.servers": b.bootstrap})
+    # One client per broker for the whole test: a client made for each
+    # poll and dropped with requests in flight can abort librdkafka.
+    a = ADMINS.setdefault(b.bootstrap, AdminClient({"bootstrap.servers": b.bootstrap}))
     try:
         described = a.describe_consumer_groups([group], request_timeout=5)[group].result(10)
         listed = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
@@ -255,9 +280,13 @@ def test_a_groups_coordinator_fails_over_with_its_offsets(etcd, tmp_path, protoc
             brokers[coordinator].kill9()
             survivor = next(b for n, b in brokers.items() if n != coordinator)
             t0 = time.monotonic()
-            wait_until(lambda: (s := group_state(survivor, group)) is not None and s[0] != coordinator,
+            # Polled on the wire; the admin client asks once it has moved
+            # and its partition is loaded.
+            wait_until(lambda: (n := coordinator_of(survivor, group)) not in (None, coordinator)
+                       and cg._offset_fetch(brokers[n].bootstrap, group, None, -1)[0] == 0,
                        TIMEOUT_S * 2, "another broker to coordinate the group")
-            moved, offsets, kind, members = group_state(survivor, group)
+            state = wait_until(lambda: group_state(survivor, group), TIMEOUT_S, "the group described")
+            moved, offsets, kind, members = state
             print(f"{protocol} group's coordinator {coordinator} killed: broker {moved} coordinates it "
                   f"after {time.monotonic() - t0:.2f}s", flush=True)
             # Every offset, and the member, which goes on at its generation
