@@ -26,8 +26,18 @@ coordinator instead: timed are when another broker coordinates the group
 member's commits are acknowledged again; commits acknowledged before a
 kill and missing after it are counted as lost.
 
+With `--target transactions` (two brokers) a transactional producer
+commits transactions of 10 records to partition 0 all along, and each
+kill is of its transactional id's coordinator, which also leads the
+partition (a transaction's markers do not reach other brokers yet):
+timed are when the other broker has loaded the id's partition of
+__transaction_state and when a transaction commits again. At the end the
+partition is read read_committed: every committed transaction's records
+must be there once and in order, and no aborted one's.
+
 usage: bench/cluster_failover.py [--kills N] [--brokers B]
-                                 [--session-ms MS] [--target leader|coordinator]
+                                 [--session-ms MS]
+                                 [--target leader|coordinator|transactions]
                                  [--json FILE]
 The keel binary is KEEL_BIN, else the newer of target/release/keel and
 target/debug/keel (what is timed here is not the build's speed).
@@ -107,7 +117,7 @@ class Etcd:
 
 
 class Keel:
-    def __init__(self, base: Path, node: int, etcd: Etcd, session_ms: int):
+    def __init__(self, base: Path, node: int, etcd: Etcd, session_ms: int, brokers: int):
         self.node = node
         self.port, self.admin = free_port(), free_port()
         self.data = base / f"keel-{node}"
@@ -118,6 +128,9 @@ class Keel:
                     "--set", f"keel.admin.listen=127.0.0.1:{self.admin}",
                     "--set", f"keel.cluster.etcd.endpoints={etcd.endpoint}",
                     "--set", f"keel.cluster.session.timeout.ms={session_ms}",
+                    # The coordinators are placed once this many are live.
+                    "--set", f"offsets.topic.replication.factor={min(3, brokers)}",
+                    "--set", f"transaction.state.log.replication.factor={min(3, brokers)}",
                     "--set", f"keel.tier.remote=file://{base / 'objects'}"]
         self.proc = None
 
@@ -266,14 +279,17 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--brokers", type=int, default=3)
     ap.add_argument("--session-ms", type=int, default=6000)
-    ap.add_argument("--target", choices=["leader", "coordinator"], default="leader")
+    ap.add_argument("--target", choices=["leader", "coordinator", "transactions"], default="leader")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.target == "transactions" and args.brokers != 2:
+        raise SystemExit("--target transactions needs --brokers 2: the partition and its transactions' "
+                         "coordinator must move to the same broker")
     base = Path(tempfile.mkdtemp(prefix="keel-failover-"))
     etcd = Etcd(base)
-    brokers = {n: Keel(base, n, etcd, args.session_ms) for n in range(1, args.brokers + 1)}
+    brokers = {n: Keel(base, n, etcd, args.session_ms, args.brokers) for n in range(1, args.brokers + 1)}
     samples = {"dropped": [], "leads": [], "acknowledged": [], "rebuild_ms": [],
-               "coordinated": [], "committing": []}
+               "coordinated": [], "committing": [], "txn_coordinated": [], "txn_committing": []}
     commits_lost = 0
     topic = "failover"
     found = {}
@@ -283,6 +299,10 @@ def main() -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
         bootstrap = ",".join(f"127.0.0.1:{b.port}" for b in brokers.values())
         admin = AdminClient({"bootstrap.servers": bootstrap})
+        if args.target == "transactions":
+            found = transactions(args.kills, brokers, bootstrap, admin, topic, samples)
+            return report(args, samples, found)
+        # The other targets.
         # Partition n-1 on broker n.
         admin.create_topics([NewTopic(topic, num_partitions=len(brokers),
                                       replica_assignment=[[n] for n in brokers],
@@ -349,7 +369,13 @@ def main() -> None:
         for b in brokers.values():
             b.close()
         etcd.close()
-    target = "partition 0's leader" if args.target == "leader" else "the group's coordinator"
+        shutil.rmtree(base, ignore_errors=True)
+    report(args, samples, found)
+
+
+def report(args, samples: dict, found: dict) -> None:
+    target = {"leader": "partition 0's leader", "coordinator": "the group's coordinator",
+              "transactions": "the transactional id's coordinator"}[args.target]
     print(f"\n{args.kills} kills of {target}, {args.brokers} brokers, "
           f"keel.cluster.session.timeout.ms={args.session_ms} (etcd leases count whole seconds)")
     print(f"{'seconds from the kill':48} {'p50':>6} {'p90':>6} {'max':>6}")
@@ -357,7 +383,9 @@ def main() -> None:
                        ("leads", "another broker leads the partition"),
                        ("acknowledged", "the producer's writes acknowledged again"),
                        ("coordinated", "another broker coordinates the group"),
-                       ("committing", "the member's commits acknowledged again")]:
+                       ("committing", "the member's commits acknowledged again"),
+                       ("txn_coordinated", "another broker has the id's transaction log"),
+                       ("txn_committing", "a transaction commits again")]:
         if not samples[name]:
             continue
         p50, p90, most = summary(samples[name])
@@ -368,8 +396,8 @@ def main() -> None:
     print("records: " + ", ".join(f"{k} {v}" for k, v in found.items()))
     if args.json:
         args.json.write_text(json.dumps({"session_ms": args.session_ms, "brokers": args.brokers,
-                                         "samples_s": samples, "records": found}, indent=2))
-    shutil.rmtree(base, ignore_errors=True)
+                                         "target": args.target, "samples_s": samples, "records": found},
+                                        indent=2))
 
 
 def kill_coordinator(i: int, brokers: dict, reader: Reader, samples: dict) -> None:
@@ -405,6 +433,143 @@ def kill_coordinator(i: int, brokers: dict, reader: Reader, samples: dict) -> No
           flush=True)
     victim.proc = subprocess.Popen(victim.cmd, stdout=open(victim.log, "ab"), stderr=subprocess.STDOUT)
     wait(lambda: not victim.cluster()["fenced"], 60, "the restarted broker's session")
+
+
+def java_hash_partition(key: str, partitions: int = 50) -> int:
+    """Kafka's abs(key.hashCode()) % partitions."""
+    h = 0
+    units = key.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
+    h = h - (1 << 32) if h >= 1 << 31 else h
+    return 0 if h == -(1 << 31) else abs(h) % partitions
+
+
+class Transactor(threading.Thread):
+    """A transactional producer committing transactions of 10 records
+    (`<k>-<j>`) to partition 0 of `topic`, one after another: which
+    committed, which aborted, which ended unknown (a commit that raised
+    may have landed), and when a commit last succeeded."""
+
+    ID = "failover-transactions"
+
+    def __init__(self, bootstrap: str, topic: str):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.committed, self.aborted, self.unknown, self.errors = [], [], [], []
+        self.last_commit = 0.0
+        self.running = True
+        self.p = self.producer()
+
+    def producer(self):
+        from confluent_kafka import Producer
+        p = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.ID, "linger.ms": 2,
+                      "transaction.timeout.ms": 120000, "log_level": 0})
+        p.init_transactions(120)
+        return p
+
+    def run(self):
+        from confluent_kafka import KafkaException
+        k = 0
+        while self.running:
+            try:
+                self.p.begin_transaction()
+                for j in range(10):
+                    self.p.produce(self.topic, value=f"{k}-{j}".encode(), partition=0)
+                self.p.commit_transaction(120)
+                self.committed.append(k)
+                self.last_commit = time.monotonic()
+            except KafkaException as e:
+                err = e.args[0]
+                self.errors.append(str(err))
+                try:
+                    if err.txn_requires_abort():
+                        self.p.abort_transaction(120)
+                        self.aborted.append(k)
+                    else:
+                        self.unknown.append(k)
+                        if err.fatal():
+                            self.p = self.producer()
+                except KafkaException as again:
+                    self.errors.append(str(again))
+                    self.unknown.append(k)
+            k += 1
+
+
+def transactions(kills: int, brokers: dict, bootstrap: str, admin, topic: str, samples: dict) -> dict:
+    """The `--target transactions` run: returns what the read back found."""
+    from confluent_kafka.admin import NewTopic
+    index = java_hash_partition(Transactor.ID)
+
+    def coordinator() -> int | None:
+        for n, b in brokers.items():
+            try:
+                if index in (b.cluster().get("txn_log") or {}).get("partitions", []):
+                    return n
+            except OSError:
+                continue
+        return None
+    transactor = Transactor(bootstrap, topic)
+    wait(lambda: coordinator() is not None, 60, "the id's coordinator")
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[coordinator()]],
+                                  config={"segment.bytes": "1048576"})])[topic].result(30)
+    transactor.start()
+    wait(lambda: len(transactor.committed) > 20, 60, "the first transactions")
+    for i in range(kills):
+        time.sleep(2)
+        victim_id = coordinator()
+        victim = brokers[victim_id]
+        survivor_id, survivor = next((n, b) for n, b in brokers.items() if n != victim_id)
+        t0 = time.monotonic()
+        victim.kill()
+        dropped = wait(lambda: victim_id not in [m["node_id"] for m in survivor.cluster()["brokers"]],
+                       60, "the drop")
+        coordinated = wait(lambda: coordinator() == survivor_id, 120, "the id's new coordinator")
+        committing = wait(lambda: transactor.last_commit > t0, 120, "a transaction committed")
+        samples["dropped"].append(dropped - t0)
+        samples["txn_coordinated"].append(coordinated - t0)
+        samples["txn_committing"].append(committing - t0)
+        print(f"kill {i + 1:2}: broker {victim_id} (transaction coordinator and leader) killed; dropped after "
+              f"{dropped - t0:.2f}s, broker {survivor_id} has the id's transaction log after "
+              f"{coordinated - t0:.2f}s, a transaction committed again after {committing - t0:.2f}s",
+              flush=True)
+        victim.proc = subprocess.Popen(victim.cmd, stdout=open(victim.log, "ab"), stderr=subprocess.STDOUT)
+        wait(lambda: not victim.cluster()["fenced"], 60, "the restarted broker's session")
+    time.sleep(1)
+    transactor.running = False
+    transactor.join(150)
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "failover-check", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "enable.partition.eof": True, "log_level": 0})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got: list[str] = []
+    deadline, eof = time.monotonic() + 120, False
+    try:
+        while time.monotonic() < deadline and not eof:
+            for m in c.consume(1000, 1.0):
+                if m.error() is None:
+                    got.append(m.value().decode())
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    eof = True
+    finally:
+        c.close()
+    by_txn: dict[int, list[str]] = {}
+    for v in got:
+        by_txn.setdefault(int(v.split("-")[0]), []).append(v)
+    committed, aborted = set(transactor.committed), set(transactor.aborted)
+    return {
+        "committed": len(committed),
+        "aborted": len(aborted),
+        "unknown": len(transactor.unknown),
+        "read_committed": len(got),
+        "committed_lost": sum(1 for k in committed if by_txn.get(k) != [f"{k}-{j}" for j in range(10)]),
+        "aborted_visible": sum(1 for k in aborted if k in by_txn),
+        "duplicated": len(got) - len(set(got)),
+        "partial": sum(1 for k, vs in by_txn.items() if sorted(vs) != sorted(f"{k}-{j}" for j in range(10))),
+        "out_of_order": sum(1 for a, b in zip(got, got[1:])
+                            if tuple(map(int, a.split("-"))) > tuple(map(int, b.split("-")))),
+        "producer_errors": len(transactor.errors),
+    }
 
 
 if __name__ == "__main__":

@@ -321,3 +321,94 @@ def test_a_groups_coordinator_fails_over_with_its_offsets(etcd, tmp_path, protoc
     finally:
         for b in brokers.values():
             b.close()
+
+
+def txn_coordinator_of(b, transactional_id) -> int | None:
+    """The transactional id's coordinator as FindCoordinator v1 (key type
+    1) at `b` answers it; None while there is none."""
+    try:
+        with w.Conn(b.bootstrap) as c:
+            c.send(w.frame(w.header_v1(10, 1, 5) + w.string(transactional_id) + w.i8(1)))
+            _cid, resp = c.recv_response()
+    except OSError:
+        return None
+    r = w.Reader(resp)
+    r.i32()
+    error = r.i16()
+    r.string()
+    node = r.i32()
+    return node if error == 0 else None
+
+
+def test_a_transactions_coordinator_fails_over_mid_transaction(etcd, tmp_path):
+    """A transactional id's state is in its partition of
+    __transaction_state: when the coordinator's broker is killed in the
+    middle of a transaction, the broker taking the partition over (its log
+    rebuilt from the object store, bounded by snapshots) has the open
+    transaction, with its partitions, and the producer commits it there
+    and goes on with the same producer id. A read_committed consumer sees
+    every committed record once. The data partition is placed on the
+    coordinator's broker, so both move to the one survivor (markers to
+    other brokers' partitions come later)."""
+    brokers = start_cluster(etcd, tmp_path, [1, 2], extra={
+        "transaction.state.log.replication.factor": "2",
+        "offsets.topic.replication.factor": "2",
+        # Tiny snapshots: the id's partition is snapshotted many times.
+        "transaction.state.log.segment.bytes": "512",
+    })
+    tid = "ledger-writer"
+    try:
+        coordinator = wait_until(lambda: txn_coordinator_of(brokers[1], tid), TIMEOUT_S,
+                                 "the transactional id's coordinator")
+        survivor = next(b for n, b in brokers.items() if n != coordinator)
+        create(brokers[1], "ledger", num_partitions=1, replica_assignment=[[coordinator]])
+        bootstrap = ",".join(b.bootstrap for b in brokers.values())
+        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
+                      "transaction.timeout.ms": 120000, "linger.ms": 5})
+        p.init_transactions(30)
+
+        def transaction(prefix, n, commit=True):
+            p.begin_transaction()
+            for i in range(n):
+                p.produce("ledger", key=f"{prefix}{i}".encode(), value=f"{prefix}-{i}".encode(), partition=0)
+            assert p.flush(30) == 0
+            if commit:
+                p.commit_transaction(60)
+
+        for t in range(5):
+            transaction(f"t{t}", 20)
+        transaction("open", 20, commit=False)
+        brokers[coordinator].kill9()
+        t0 = time.monotonic()
+        p.commit_transaction(90)
+        print(f"transaction coordinator {coordinator} killed: the open transaction committed at its "
+              f"successor after {time.monotonic() - t0:.2f}s", flush=True)
+        assert txn_coordinator_of(survivor, tid) not in (None, coordinator)
+        transaction("after", 20)
+        p.begin_transaction()
+        p.produce("ledger", value=b"aborted", partition=0)
+        assert p.flush(30) == 0
+        p.abort_transaction(30)
+        transaction("last", 20)
+
+        c = Consumer({"bootstrap.servers": survivor.bootstrap, "group.id": "unused",
+                      "isolation.level": "read_committed", "enable.auto.commit": False})
+        c.assign([TopicPartition("ledger", 0, 0)])
+        got = []
+        try:
+            def done():
+                got.extend(m.value() for m in c.consume(100, 0.5) if m.error() is None)
+                return len(got) >= 160
+            wait_until(done, 60, "the committed records")
+            time.sleep(1)
+            got.extend(m.value() for m in c.consume(100, 1.0) if m.error() is None)
+        finally:
+            c.close()
+        expect = [f"{prefix}-{i}".encode() for prefix in [f"t{t}" for t in range(5)] + ["open", "after", "last"]
+                  for i in range(20)]
+        assert got == expect
+        loaded = stats(survivor)["txn_log"]
+        assert loaded["loads"] >= 1 and loaded["snapshots"] >= 1, loaded
+    finally:
+        for b in brokers.values():
+            b.close()

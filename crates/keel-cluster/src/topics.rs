@@ -93,11 +93,8 @@ pub fn place(count: usize, live: &BTreeSet<i32>, load: &BTreeMap<i32, usize>) ->
 /// (`__consumer_offsets`) and the transaction coordinators
 /// (`__transaction_state`). In a cluster they are kept with the other
 /// topics and led like them. `__consumer_offsets` holds the groups'
-/// records, so a group fails over with its partition;
-/// `__transaction_state` holds no records yet (the transaction
-/// coordinator keeps its state in its broker's own log), so brokers do not
-/// open it and the controller moves its leaders to no other broker (see
-/// [`elect`]).
+/// records and `__transaction_state` the transactional ids' states, so a
+/// group or a transaction fails over with its partition.
 pub const GROUPS_TOPIC: &str = "__consumer_offsets";
 pub const TRANSACTIONS_TOPIC: &str = "__transaction_state";
 
@@ -126,9 +123,7 @@ pub fn load<'a>(topics: impl IntoIterator<Item = &'a ClusterTopic>) -> BTreeMap<
 /// else by the live broker leading the fewest partitions, which becomes
 /// its replica (any broker can rebuild a partition's log from the object
 /// store). Each change is a new leader epoch. With no broker live, it has
-/// no leader until one is. The transaction coordinators' topic keeps its
-/// state on its leader's disk, so only its replica may lead it. `None` if
-/// nothing changes.
+/// no leader until one is. `None` if nothing changes.
 pub fn elect(
     topic: &ClusterTopic,
     live: &BTreeSet<i32>,
@@ -136,7 +131,6 @@ pub fn elect(
 ) -> Option<ClusterTopic> {
     let mut changed = topic.clone();
     let mut any = false;
-    let anywhere = topic.name != TRANSACTIONS_TOPIC;
     for p in &mut changed.partitions {
         if p.leader != NO_LEADER && live.contains(&p.leader) {
             continue;
@@ -148,8 +142,7 @@ pub fn elect(
         };
         let next = match p.replicas.iter().find(|r| live.contains(r)) {
             Some(r) => *r,
-            None if anywhere => least_loaded().unwrap_or(NO_LEADER),
-            None => NO_LEADER,
+            None => least_loaded().unwrap_or(NO_LEADER),
         };
         if next == p.leader {
             continue;
@@ -299,30 +292,18 @@ mod tests {
     }
 
     #[test]
-    fn a_transaction_coordinators_partition_waits_for_its_broker() {
-        let mut t = topic(&[(1, 0, &[1])]);
-        t.name = TRANSACTIONS_TOPIC.into();
-        let mut led = load([&t]);
-        let gone = elect(&t, &[2].into(), &mut led).expect("its leader is gone");
-        assert_eq!(gone.partitions[0].leader, NO_LEADER);
-        assert_eq!(elect(&gone, &[2].into(), &mut led), None);
-        let back = elect(&gone, &[1, 2].into(), &mut led).unwrap();
-        assert_eq!(
-            (back.partitions[0].leader, back.partitions[0].leader_epoch),
-            (1, 2)
-        );
-    }
-
-    #[test]
-    fn a_group_coordinators_partition_fails_over() {
-        let mut t = topic(&[(1, 0, &[1])]);
-        t.name = GROUPS_TOPIC.into();
-        let mut led = load([&t]);
-        let moved = elect(&t, &[2].into(), &mut led).expect("its leader is gone");
-        assert_eq!(
-            (moved.partitions[0].leader, moved.partitions[0].leader_epoch),
-            (2, 1)
-        );
+    fn the_coordinators_partitions_fail_over() {
+        for name in [GROUPS_TOPIC, TRANSACTIONS_TOPIC] {
+            let mut t = topic(&[(1, 0, &[1])]);
+            t.name = name.into();
+            let mut led = load([&t]);
+            let moved = elect(&t, &[2].into(), &mut led).expect("its leader is gone");
+            assert_eq!(
+                (moved.partitions[0].leader, moved.partitions[0].leader_epoch),
+                (2, 1),
+                "{name}"
+            );
+        }
     }
 
     #[test]

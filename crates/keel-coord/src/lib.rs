@@ -14,5 +14,6 @@
 pub mod codec;
 pub mod groups;
 pub mod metalog;
+pub mod partitioned;
 pub mod shared;
 pub mod txn;

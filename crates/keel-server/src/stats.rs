@@ -258,18 +258,28 @@ fn render_cluster(stats: &Value, out: &mut String) {
         },
         brokers.join(", "),
     );
-    let groups = &cluster["group_log"];
-    if groups.is_object() {
-        let n = |key: &str| groups[key].as_u64().unwrap_or(0);
-        let partitions = groups["partitions"].as_array().map_or(0, Vec::len);
-        let _ = writeln!(
-            out,
-            "groups       coordinating the groups of {partitions} partitions of __consumer_offsets; \
-             {} loads, {} snapshots, {} write failures",
-            n("loads"),
-            n("snapshots"),
-            n("write_failures"),
-        );
+    for (key, line, keys, topic) in [
+        ("group_log", "groups      ", "groups", "__consumer_offsets"),
+        (
+            "txn_log",
+            "transactions",
+            "transactional ids",
+            "__transaction_state",
+        ),
+    ] {
+        let log = &cluster[key];
+        if log.is_object() {
+            let n = |key: &str| log[key].as_u64().unwrap_or(0);
+            let partitions = log["partitions"].as_array().map_or(0, Vec::len);
+            let _ = writeln!(
+                out,
+                "{line} coordinating the {keys} of {partitions} partitions of {topic}; \
+                 {} loads, {} snapshots, {} write failures",
+                n("loads"),
+                n("snapshots"),
+                n("write_failures"),
+            );
+        }
     }
     let wal = &cluster["wal"];
     if wal.is_object() {

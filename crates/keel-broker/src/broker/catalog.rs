@@ -21,7 +21,7 @@ use keel_data::topics::{Topic, TopicMeta, META_DIR};
 use keel_protocol::ResponseError;
 use uuid::Uuid;
 
-use super::group_log;
+use super::coord_log;
 use crate::handlers::admin::AdminError;
 use crate::Broker;
 
@@ -249,10 +249,7 @@ pub(crate) async fn settle_locked(broker: &Arc<Broker>, revision: i64) -> Result
 /// ones the cluster deleted. The caller holds `broker.admin`. A change
 /// that fails is logged and tried again at the next pass.
 pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
-    let mut view = broker.cluster.topics();
-    // The transaction coordinators' topic is placed, not opened (see
-    // TRANSACTIONS_TOPIC); the group log is in `__consumer_offsets`.
-    view.retain(|s| s.topic.name != TRANSACTIONS_TOPIC);
+    let view = broker.cluster.topics();
     let names: BTreeSet<&str> = view.iter().map(|s| s.topic.name.as_str()).collect();
     for local in broker.data.topics.all() {
         let name = local.meta.name.as_str();
@@ -287,15 +284,18 @@ pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
 async fn take_leaderships(broker: &Arc<Broker>) {
     let me = broker.cluster.me().node_id;
     for topic in broker.data.topics.all() {
-        let groups = topic.meta.name == GROUPS_TOPIC;
+        // The coordinators' topics: their partitions' keys are loaded
+        // where they are led (see `coord_log`).
+        let coordinators = is_internal(&topic.meta.name);
+        let name = topic.meta.name.as_str();
         for partition in &topic.partitions {
             let (id, index) = (topic.meta.topic_id, partition.index);
             let claimed = partition.claimed_epoch();
             let leads = match broker.cluster.live_leader(id, index) {
                 Some((leader, epoch)) if leader == me && claimed != Some(epoch) => {
-                    if groups {
-                        // The groups loaded from the old term are stale.
-                        group_log::unload(broker, index).await;
+                    if coordinators {
+                        // The keys loaded from the old term are stale.
+                        coord_log::unload(broker, name, index).await;
                     }
                     match keel_data::takeover::take_leadership(&broker.data, partition, epoch).await {
                         Ok(()) => true,
@@ -313,16 +313,18 @@ async fn take_leaderships(broker: &Arc<Broker>) {
                     false
                 }
             };
-            if !groups {
+            if !coordinators {
                 continue;
             }
             match leads {
-                true if !broker.group_log.is_loaded(index) => {
-                    if let Err(why) = group_log::load(broker, partition, index, topic.meta.partitions).await {
-                        tracing::warn!(partition = index, error = %why, "cannot load the groups of a partition of __consumer_offsets yet");
+                true if !broker.coordinator_loaded(name, index) => {
+                    if let Err(why) =
+                        coord_log::load(broker, name, partition, index, topic.meta.partitions).await
+                    {
+                        tracing::warn!(topic = name, partition = index, error = %why, "cannot load a coordinator's partition yet");
                     }
                 }
-                false => group_log::unload(broker, index).await,
+                false => coord_log::unload(broker, name, index).await,
                 true => {}
             }
         }
@@ -330,11 +332,11 @@ async fn take_leaderships(broker: &Arc<Broker>) {
 }
 
 /// The configs the data plane gives a cluster's topic: its own, and for
-/// `__consumer_offsets` (the group log) no retention: its snapshots bound
-/// it (see `group_log`).
+/// the coordinators' topics (the group and transaction logs) no
+/// retention: their snapshots bound them (see `coord_log`).
 fn local_configs(t: &ClusterTopic) -> BTreeMap<String, String> {
     let mut configs = t.configs.clone();
-    if t.name == GROUPS_TOPIC {
+    if is_internal(&t.name) {
         for (key, value) in [
             ("cleanup.policy", "delete"),
             ("retention.ms", "-1"),
@@ -622,6 +624,34 @@ impl Broker {
             }
             Ok(_) => None,
             Err(e) => Some(e),
+        }
+    }
+
+    /// Why this broker cannot serve transactional id `id` now, if it
+    /// cannot: as [`Broker::group_refused`], for its partition of
+    /// `__transaction_state`. One node serves every id.
+    pub fn txn_refused(&self, id: &str) -> Option<ResponseError> {
+        if !self.topics_shared() {
+            return None;
+        }
+        match self.coordinator_of(id, true) {
+            Ok(node) if node != self.config().node_id() => Some(ResponseError::NotCoordinator),
+            Ok(_) => {
+                let partitions = self.cluster.topic_shape(TRANSACTIONS_TOPIC).map_or(1, |(_, n)| n);
+                let index = coordinator_partition(id, partitions);
+                (!self.txn_log.is_loaded(index)).then_some(ResponseError::CoordinatorLoadInProgress)
+            }
+            Err(e) => Some(e),
+        }
+    }
+
+    /// Whether this broker has loaded partition `index` of the
+    /// coordinators' topic `topic`.
+    fn coordinator_loaded(&self, topic: &str, index: i32) -> bool {
+        if topic == GROUPS_TOPIC {
+            self.group_log.is_loaded(index)
+        } else {
+            self.txn_log.is_loaded(index)
         }
     }
 

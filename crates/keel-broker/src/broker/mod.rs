@@ -1,7 +1,7 @@
 //! The broker: topics, producer ids and request dispatch.
 
 pub mod catalog;
-pub mod group_log;
+pub mod coord_log;
 pub mod identity;
 pub mod producer_ids;
 pub(crate) mod refused;
@@ -146,9 +146,12 @@ pub struct Broker {
     pub groups: Arc<GroupCoordinator>,
     /// In a cluster, where the group coordinator's records go: the
     /// partitions of `__consumer_offsets` this broker leads.
-    pub group_log: Arc<group_log::GroupLog>,
+    pub group_log: Arc<coord_log::CoordinatorLog<keel_coord::groups::store::GroupTable>>,
     /// The transaction coordinator.
     pub txns: Arc<keel_coord::txn::TxnCoordinator>,
+    /// In a cluster, where the transaction coordinator's records go: the
+    /// partitions of `__transaction_state` this broker leads.
+    pub txn_log: Arc<coord_log::CoordinatorLog<keel_coord::txn::TxnTable>>,
     /// Client quotas: what is set, and the rates held to them.
     pub quotas: crate::quotas::ClientQuotas,
     /// The SCRAM credentials SASL listeners authenticate against.
@@ -251,14 +254,23 @@ impl Broker {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let shared = clustered.then(|| (membership.store(), membership.settings().prefix.clone()));
         let shared = shared.as_ref().map(|(store, prefix)| (store, prefix.as_str()));
-        let group_log = group_log::GroupLog::new(
-            config.coordinator_config().log_segment_bytes,
-            std::time::Duration::from_millis(
-                u64::try_from(config.num("offsets.commit.timeout.ms")).unwrap_or(5000),
-            ),
+        // A coordinator's write waits for its commit as long as an offset
+        // commit does.
+        let commit_timeout = std::time::Duration::from_millis(
+            u64::try_from(config.num("offsets.commit.timeout.ms")).unwrap_or(5000),
         );
-        let groups_sink = clustered.then(|| group_log.sink());
-        let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock, shared, groups_sink)?;
+        let group_log = coord_log::CoordinatorLog::new(
+            catalog::GROUPS_TOPIC,
+            config.coordinator_config().log_segment_bytes,
+            commit_timeout,
+        );
+        let txn_log = coord_log::CoordinatorLog::new(
+            catalog::TRANSACTIONS_TOPIC,
+            config.txn_config().log_segment_bytes,
+            commit_timeout,
+        );
+        let sinks = clustered.then(|| (group_log.sink(), txn_log.sink()));
+        let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock, shared, sinks)?;
         let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
         let features_epoch = clock.now_ms();
@@ -293,6 +305,7 @@ impl Broker {
             groups: Arc::new(coordinators.groups),
             group_log,
             txns: Arc::new(coordinators.txns),
+            txn_log,
             quotas: coordinators.quotas,
             scram: Arc::new(coordinators.scram),
             acls: coordinators.acls,
@@ -325,8 +338,9 @@ impl Broker {
             .map_err(|e| read("SCRAM credentials", e))?;
         self.quotas.load().await.map_err(|e| read("client quotas", e))?;
         if self.topics_shared() {
-            self.group_log
-                .start(tokio::runtime::Handle::current(), Arc::clone(&self.data));
+            let handle = tokio::runtime::Handle::current();
+            self.group_log.start(handle.clone(), Arc::clone(&self.data));
+            self.txn_log.start(handle, Arc::clone(&self.data));
             catalog::join(self).await?;
         }
         Ok(())
@@ -352,17 +366,8 @@ impl Broker {
                     .map(|e| format!("{}://{}:{}", e.listener, e.host, e.port))
                     .collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
-            "group_log": self.topics_shared().then(|| {
-                let g = &self.group_log;
-                let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-                serde_json::json!({
-                    "partitions": g.loaded(),
-                    "loads": n(&g.stats.loads),
-                    "snapshots": n(&g.stats.snapshots),
-                    "write_failures": n(&g.stats.write_failures),
-                    "reloads": n(&g.stats.reloads),
-                })
-            }),
+            "group_log": self.topics_shared().then(|| self.group_log.stats_json()),
+            "txn_log": self.topics_shared().then(|| self.txn_log.stats_json()),
             "wal": self.data.wal.as_ref().map(|w| {
                 let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
                 serde_json::json!({
@@ -632,6 +637,12 @@ fn open_storage(meta_dir: &std::path::Path) -> Result<(Arc<dyn Storage>, Option<
     Ok((storage, failpoints))
 }
 
+/// A cluster's group and transaction logs (see `coord_log`).
+type ClusterSinks = (
+    Box<dyn keel_coord::metalog::Sink<keel_coord::groups::store::GroupTable>>,
+    Box<dyn keel_coord::metalog::Sink<keel_coord::txn::TxnTable>>,
+);
+
 /// The coordinators and the stores on their own logs under `__keel_meta`.
 struct Coordinators {
     groups: GroupCoordinator,
@@ -645,16 +656,21 @@ impl Coordinators {
     /// The coordinators and stores under `meta_dir`; with `shared` (a
     /// cluster's coordination store and key prefix), the stores every
     /// broker shares are there instead, not yet read (see
-    /// [`Broker::start_cluster`]), and the group log goes to
-    /// `groups_sink` (the cluster's `__consumer_offsets`).
+    /// [`Broker::start_cluster`]), and the group and transaction logs go
+    /// to `sinks` (the cluster's `__consumer_offsets` and
+    /// `__transaction_state`).
     fn open(
         config: &BrokerConfig,
         storage: &Arc<dyn Storage>,
         meta_dir: &std::path::Path,
         clock: &Arc<dyn Clock>,
         shared: Option<(&Arc<dyn keel_cluster::CoordStore>, &str)>,
-        groups_sink: Option<Box<dyn keel_coord::metalog::Sink<keel_coord::groups::store::GroupTable>>>,
+        sinks: Option<ClusterSinks>,
     ) -> Result<Coordinators, StartError> {
+        let (groups_sink, txns_sink) = match sinks {
+            Some((g, t)) => (Some(g), Some(t)),
+            None => (None, None),
+        };
         let groups = match groups_sink {
             Some(sink) => GroupCoordinator::open_sink(sink, config.coordinator_config(), Arc::clone(clock)),
             None => GroupCoordinator::open_with(
@@ -665,12 +681,17 @@ impl Coordinators {
             ),
         }
         .map_err(StartError::Groups)?;
-        let txns = keel_coord::txn::TxnCoordinator::open_with(
-            Arc::clone(storage),
-            &meta_dir.join("transactions"),
-            config.txn_config(),
-            Arc::clone(clock),
-        )
+        let txns = match txns_sink {
+            Some(sink) => {
+                keel_coord::txn::TxnCoordinator::open_sink(sink, config.txn_config(), Arc::clone(clock))
+            }
+            None => keel_coord::txn::TxnCoordinator::open_with(
+                Arc::clone(storage),
+                &meta_dir.join("transactions"),
+                config.txn_config(),
+                Arc::clone(clock),
+            ),
+        }
         .map_err(StartError::Transactions)?;
         let table = |name: &str| (Arc::clone(storage), meta_dir.join(name));
         let (s, dir) = table("quotas");

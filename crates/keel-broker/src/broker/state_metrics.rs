@@ -384,40 +384,22 @@ fn register_cluster(r: &mut Registry, broker: &Broker) {
         "Partition leader changes this broker made as controller",
         changes,
     );
-    let g = &broker.group_log;
-    let loaded = Gauge::<i64>::default();
-    loaded.set(i64::try_from(g.loaded().len()).unwrap_or(i64::MAX));
-    r.register(
-        "keel_cluster_group_partitions",
-        "Partitions of __consumer_offsets whose groups this broker coordinates",
-        loaded,
+    coordinator_log_metrics(
+        r,
+        "group",
+        "__consumer_offsets",
+        "groups",
+        &broker.group_log.loaded(),
+        &broker.group_log.stats,
     );
-    for (name, help, value) in [
-        (
-            "keel_cluster_group_loads",
-            "Partitions of __consumer_offsets this broker loaded (their groups read from their log)",
-            &g.stats.loads,
-        ),
-        (
-            "keel_cluster_group_snapshots",
-            "Snapshots this broker wrote to partitions of __consumer_offsets",
-            &g.stats.snapshots,
-        ),
-        (
-            "keel_cluster_group_write_failures",
-            "Group writes to partitions of __consumer_offsets that failed (answered COORDINATOR_NOT_AVAILABLE)",
-            &g.stats.write_failures,
-        ),
-        (
-            "keel_cluster_group_reloads",
-            "Partitions of __consumer_offsets read again from their log after a failed write",
-            &g.stats.reloads,
-        ),
-    ] {
-        let counter = Counter::<u64>::default();
-        counter.inc_by(value.load(std::sync::atomic::Ordering::Relaxed));
-        r.register(name, help, counter);
-    }
+    coordinator_log_metrics(
+        r,
+        "txn",
+        "__transaction_state",
+        "transactional ids",
+        &broker.txn_log.loaded(),
+        &broker.txn_log.stats,
+    );
 }
 
 /// A cluster's WAL: objects written to the object store and their
@@ -590,4 +572,49 @@ fn register_partitions(r: &mut Registry, broker: &Broker) {
         "Bytes whose only copy is in a colder tier, by tier",
         tiers,
     );
+}
+
+/// A cluster's coordinator log's metrics: `keel_cluster_<what>_partitions`
+/// and its `_loads`, `_snapshots`, `_write_failures` and `_reloads`.
+fn coordinator_log_metrics(
+    r: &mut Registry,
+    what: &str,
+    topic: &str,
+    keys: &str,
+    loaded: &[i32],
+    stats: &super::coord_log::CoordinatorLogStats,
+) {
+    let partitions = Gauge::<i64>::default();
+    partitions.set(i64::try_from(loaded.len()).unwrap_or(i64::MAX));
+    r.register(
+        format!("keel_cluster_{what}_partitions"),
+        format!("Partitions of {topic} whose {keys} this broker coordinates"),
+        partitions,
+    );
+    for (name, help, value) in [
+        (
+            "loads",
+            format!("Partitions of {topic} this broker loaded (their {keys} read from their log)"),
+            &stats.loads,
+        ),
+        (
+            "snapshots",
+            format!("Snapshots this broker wrote to partitions of {topic}"),
+            &stats.snapshots,
+        ),
+        (
+            "write_failures",
+            format!("Writes to partitions of {topic} that failed (answered COORDINATOR_NOT_AVAILABLE)"),
+            &stats.write_failures,
+        ),
+        (
+            "reloads",
+            format!("Partitions of {topic} read again from their log after a failed write"),
+            &stats.reloads,
+        ),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value.load(std::sync::atomic::Ordering::Relaxed));
+        r.register(format!("keel_cluster_{what}_{name}"), help, counter);
+    }
 }

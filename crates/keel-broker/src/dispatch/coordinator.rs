@@ -2,8 +2,8 @@
 //! by its coordinator (`Broker::coordinator_of`); any other broker answers
 //! NOT_COORDINATOR (COORDINATOR_NOT_AVAILABLE while there is none), and the
 //! client finds the coordinator again, as with Kafka. While the
-//! coordinator reads its group's partition of `__consumer_offsets` it
-//! answers COORDINATOR_LOAD_IN_PROGRESS (a SyncGroup
+//! coordinator reads the key's partition of `__consumer_offsets` (or
+//! `__transaction_state`) it answers COORDINATOR_LOAD_IN_PROGRESS (a SyncGroup
 //! REBALANCE_IN_PROGRESS, as Kafka's classic coordinator did, and a
 //! Heartbeat NONE). Requests naming several groups (DescribeGroups,
 //! DeleteGroups, OffsetFetch v8+, ConsumerGroupDescribe) get these errors
@@ -25,13 +25,8 @@ impl Broker {
         if !self.topics_shared() {
             return None;
         }
-        let me = self.config().node_id();
         let group = |g: &StrBytes| self.group_refused(g.as_str());
-        let txn = |t: &StrBytes| match self.coordinator_of(t.as_str(), true) {
-            Ok(node) if node == me => None,
-            Ok(_) => Some(ResponseError::NotCoordinator),
-            Err(e) => Some(e),
-        };
+        let txn = |t: &StrBytes| self.txn_refused(t.as_str());
         // While its partition loads, a SyncGroup is answered
         // REBALANCE_IN_PROGRESS (the member joins again, as Kafka's classic
         // coordinator answered it: clients take COORDINATOR_LOAD_IN_PROGRESS

@@ -66,7 +66,9 @@ pub async fn add_partitions_to_txn(
     AddPartitionsToTxnResponse::default().with_results_by_transaction(out)
 }
 
-/// One transaction's partitions: unknown ones fail on their own and the
+/// One transaction's partitions: all fail with the id's coordinator
+/// error when this broker does not serve it; else unknown ones fail on
+/// their own and the
 /// others are OPERATION_NOT_ATTEMPTED, as in Kafka; verify-only requests
 /// check each partition is in the open transaction.
 async fn add_one(
@@ -86,7 +88,11 @@ async fn add_one(
         .iter()
         .map(|(t, p)| !partition_exists(broker, t, *p))
         .collect();
-    let errors: Vec<Option<ResponseError>> = if verify_only {
+    let errors: Vec<Option<ResponseError>> = if let Some(e) = broker.txn_refused(id) {
+        // In a cluster, another broker coordinates the id (or this one
+        // still loads it).
+        vec![Some(e); requested.len()]
+    } else if verify_only {
         requested
             .iter()
             .map(|p| broker.txns.verify(id, producer_id, epoch, p).err())

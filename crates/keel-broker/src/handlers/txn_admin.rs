@@ -34,6 +34,13 @@ pub fn describe_transactions(
         .map(|id| {
             let out =
                 describe_transactions_response::TransactionState::default().with_transactional_id(id.clone());
+            if let Some(e) = broker.txn_refused(id.as_str()) {
+                return out
+                    .with_error_code(e.code())
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1)
+                    .with_transaction_start_time_ms(-1);
+            }
             match broker.txns.describe(id.as_str()) {
                 None => out
                     .with_error_code(ResponseError::TransactionalIdNotFound.code())

@@ -16,7 +16,8 @@ use super::consumer_records::ConsumerGroupView;
 use super::records::{CommittedOffset, GroupMetadata, GroupRecord};
 use crate::codec::RecordError;
 pub use crate::metalog::StoreError;
-use crate::metalog::{decode_records, Entry, MetaLog, Table};
+use crate::metalog::{Entry, MetaLog, Table};
+use crate::partitioned::Partitioned;
 
 /// Committed offsets of one group, by `(topic, partition)`.
 pub type GroupOffsets = BTreeMap<(String, i32), CommittedOffset>;
@@ -285,7 +286,7 @@ impl Table for GroupTable {
 }
 
 /// Entries of a group log by partition of `__consumer_offsets`.
-pub type ByPartition = BTreeMap<i32, Vec<Entry<GroupRecord>>>;
+pub type ByPartition = crate::partitioned::ByPartition<GroupRecord>;
 
 /// The entries of one write to a group log kept in the partitions of
 /// `__consumer_offsets`, by the partition (`partition_of`) of the groups
@@ -406,6 +407,31 @@ pub fn apply_written(table: &mut GroupTable, entry: Entry<GroupRecord>, written:
     }
 }
 
+impl Partitioned for GroupTable {
+    fn split(
+        entries: &[Entry<GroupRecord>],
+        table: &GroupTable,
+        partition_of: &dyn Fn(&str) -> i32,
+    ) -> (ByPartition, Vec<BTreeSet<i32>>) {
+        split_by_partition(entries, table, partition_of)
+    }
+
+    fn apply_written(&mut self, entry: Entry<GroupRecord>, written: &dyn Fn(&str) -> bool) {
+        apply_written(self, entry, written)
+    }
+
+    fn part(&self, keep: &dyn Fn(&str) -> bool) -> GroupTable {
+        GroupTable::part(self, keep)
+    }
+
+    fn keys(&self) -> usize {
+        let mut ids: BTreeSet<&str> = self.groups.keys().map(String::as_str).collect();
+        ids.extend(self.consumer.keys().map(String::as_str));
+        ids.extend(self.offsets.keys().map(String::as_str));
+        ids.len()
+    }
+}
+
 fn by_partition(
     records: &[GroupRecord],
     partition_of: &dyn Fn(&str) -> i32,
@@ -417,25 +443,11 @@ fn by_partition(
     out
 }
 
-/// Applies the records at or after `from` of a group log's batches (whole
-/// record batches, in log order) to `table`: how a partition of
-/// `__consumer_offsets` is loaded. Returns the last offset the batches
-/// hold, if any.
-pub fn apply_batches(table: &mut GroupTable, bytes: Bytes, from: i64) -> Result<Option<i64>, String> {
-    let mut last = None;
-    for (offset, entry) in decode_records::<GroupTable>(bytes)? {
-        last = last.max(Some(offset));
-        if offset >= from {
-            entry.apply_to(table);
-        }
-    }
-    Ok(last)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metalog::{encode_batch, list_snapshots, Durability, Entry};
+    use crate::partitioned::apply_batches;
     use keel_log::LogConfig;
 
     fn offset_record(group: &str, partition: i32, offset: i64) -> GroupRecord {

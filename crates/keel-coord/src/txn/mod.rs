@@ -97,6 +97,46 @@ impl Table for TxnTable {
     }
 }
 
+impl crate::partitioned::Partitioned for TxnTable {
+    fn split(
+        entries: &[crate::metalog::Entry<TxnRecord>],
+        _table: &TxnTable,
+        partition_of: &dyn Fn(&str) -> i32,
+    ) -> (
+        crate::partitioned::ByPartition<TxnRecord>,
+        Vec<std::collections::BTreeSet<i32>>,
+    ) {
+        crate::partitioned::split_records(entries, |r| r.transactional_id.as_str(), partition_of)
+    }
+
+    fn apply_written(&mut self, entry: crate::metalog::Entry<TxnRecord>, written: &dyn Fn(&str) -> bool) {
+        if let crate::metalog::Entry::Records(records) = entry {
+            for r in records.into_iter().filter(|r| written(&r.transactional_id)) {
+                self.apply(r);
+            }
+        }
+    }
+
+    fn part(&self, keep: &dyn Fn(&str) -> bool) -> TxnTable {
+        TxnTable {
+            txns: self
+                .txns
+                .iter()
+                .filter(|(id, _)| keep(id))
+                .map(|(id, s)| (id.clone(), s.clone()))
+                .collect(),
+        }
+    }
+
+    fn keys(&self) -> usize {
+        self.txns.len()
+    }
+}
+
+/// Which transactional ids a cluster's broker coordinates: those in the
+/// partitions of `__transaction_state` it leads and has loaded.
+pub type Owns = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// What InitProducerId came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InitOutcome {
@@ -155,25 +195,66 @@ impl TxnCoordinator {
             config.log_segment_bytes,
             Durability::Written,
         )?;
-        let txns = store.with_table(|t| {
-            t.txns
-                .iter()
-                .map(|(id, s)| {
-                    let entry = TxnEntry {
-                        state: s.clone(),
-                        pending: false,
-                    };
-                    (id.clone(), entry)
-                })
-                .collect()
-        });
-        Ok(TxnCoordinator {
+        Ok(TxnCoordinator::with_store(store, config, clock))
+    }
+
+    /// A cluster's transaction coordinator, whose log goes to `sink` (the
+    /// partitions of `__transaction_state`); it holds no id until
+    /// [`TxnCoordinator::load`] hands it a partition's.
+    pub fn open_sink(
+        sink: Box<dyn crate::metalog::Sink<TxnTable>>,
+        config: TxnConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<TxnCoordinator, crate::metalog::OpenError> {
+        let store = MetaLog::with_sink(TxnTable::default(), sink)?;
+        Ok(TxnCoordinator::with_store(store, config, clock))
+    }
+
+    fn with_store(store: MetaLog<TxnTable>, config: TxnConfig, clock: Arc<dyn Clock>) -> TxnCoordinator {
+        let txns = store.with_table(|t| t.txns.iter().map(|(id, s)| (id.clone(), settled(s))).collect());
+        TxnCoordinator {
             txns: Mutex::new(txns),
             changed: Notify::new(),
             store,
             config,
             clock,
-        })
+        }
+    }
+
+    /// Takes in the ids of one partition of a cluster's transaction log,
+    /// as its records rebuild them (`table`): they replace whatever this
+    /// coordinator held of the ids `owns` says are that partition's.
+    /// Returns the transactions among them whose markers were not all
+    /// written (their last coordinator died or lost the partition while it
+    /// wrote them): the caller writes them again, as after a restart.
+    pub async fn load(&self, table: TxnTable, owns: Owns) -> Vec<(String, TxnState)> {
+        let loaded: Vec<(String, TxnState)> =
+            table.txns.iter().map(|(id, s)| (id.clone(), s.clone())).collect();
+        let keep = Arc::clone(&owns);
+        self.store
+            .update(move |t| {
+                t.txns.retain(|id, _| !keep(id));
+                t.txns.extend(table.txns);
+            })
+            .await;
+        {
+            let mut txns = self.txns.lock();
+            txns.retain(|id, _| !owns(id));
+            txns.extend(loaded.iter().map(|(id, s)| (id.clone(), settled(s))));
+        }
+        self.changed.notify_waiters();
+        loaded.into_iter().filter(|(_, s)| markers_due(s)).collect()
+    }
+
+    /// Lets go of the ids `owns` says: their partition of a cluster's
+    /// transaction log is led by another broker now. The table goes first
+    /// (in the log writer's order, after any write in flight), so a write
+    /// answered after this does not bring its id back (see `persist`).
+    pub async fn unload(&self, owns: Owns) {
+        let keep = Arc::clone(&owns);
+        self.store.update(move |t| t.txns.retain(|id, _| !keep(id))).await;
+        self.txns.lock().retain(|id, _| !owns(id));
+        self.changed.notify_waiters();
     }
 
     pub fn now_ms(&self) -> i64 {
@@ -197,6 +278,13 @@ impl TxnCoordinator {
         let applied = {
             let mut txns = self.txns.lock();
             match written {
+                // In a cluster the id's partition may have been let go
+                // while the write was answered (`unload`): its state is
+                // the next leader's now.
+                Ok(()) if !self.store.with_table(|t| t.txns.get(id) == Some(&next)) => {
+                    txns.remove(id);
+                    Err(ResponseError::NotCoordinator)
+                }
                 Ok(()) => {
                     txns.insert(
                         id.to_string(),
@@ -485,7 +573,7 @@ impl TxnCoordinator {
         self.txns
             .lock()
             .iter()
-            .filter(|(_, e)| matches!(e.state.status, TxnStatus::PrepareCommit | TxnStatus::PrepareAbort))
+            .filter(|(_, e)| markers_due(&e.state))
             .map(|(id, e)| (id.clone(), e.state.clone()))
             .collect()
     }
@@ -512,6 +600,19 @@ impl TxnCoordinator {
             .collect();
         out.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
         out
+    }
+}
+
+/// Whether a transaction is prepared and its markers are to be written.
+fn markers_due(state: &TxnState) -> bool {
+    matches!(state.status, TxnStatus::PrepareCommit | TxnStatus::PrepareAbort)
+}
+
+/// A persisted state, with no write in flight.
+fn settled(state: &TxnState) -> TxnEntry {
+    TxnEntry {
+        state: state.clone(),
+        pending: false,
     }
 }
 

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::*;
@@ -244,4 +245,122 @@ fn a_produce_add_waits_for_its_transaction_to_be_free() {
         "the ended transaction's epoch"
     );
     c.close();
+}
+
+/// A cluster's transaction log in miniature: each id's records go to its
+/// partition's log (of 4), and only the partitions this coordinator leads
+/// take writes.
+struct PartitionsSink {
+    logs: Arc<Mutex<BTreeMap<i32, Vec<u8>>>>,
+    led: Arc<Mutex<std::collections::BTreeSet<i32>>>,
+}
+
+fn partition_of(id: &str) -> i32 {
+    i32::from(id.as_bytes().first().copied().unwrap_or(0)) % 4
+}
+
+fn owns(index: i32) -> Owns {
+    Arc::new(move |id: &str| partition_of(id) == index)
+}
+
+impl crate::metalog::Sink<TxnTable> for PartitionsSink {
+    fn append(
+        &mut self,
+        entries: &[crate::metalog::Entry<TxnRecord>],
+        table: &Mutex<TxnTable>,
+    ) -> Vec<crate::metalog::Outcome<TxnTable>> {
+        use crate::partitioned::Partitioned;
+        let (split, touched) = TxnTable::split(entries, &table.lock(), &partition_of);
+        let led = self.led.lock().clone();
+        for (p, part) in split.iter().filter(|(p, _)| led.contains(p)) {
+            let bytes = crate::metalog::encode_entries::<TxnTable>(part, 0).unwrap();
+            self.logs.lock().entry(*p).or_default().extend(bytes);
+        }
+        touched
+            .into_iter()
+            .map(|ps| match ps.iter().find(|p| !led.contains(p)) {
+                Some(p) => {
+                    crate::metalog::Outcome::Failed(crate::metalog::StoreError(format!("{p} not led")))
+                }
+                None => crate::metalog::Outcome::Written,
+            })
+            .collect()
+    }
+
+    fn tend(&mut self, _table: &Mutex<TxnTable>, _wrote: bool) {}
+
+    fn close(&mut self) {}
+}
+
+#[test]
+fn a_partition_of_the_transaction_log_moves_to_another_coordinator_with_its_ids() {
+    let rt = runtime();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock(AtomicI64::new(1_000)));
+    let logs = Arc::new(Mutex::new(BTreeMap::new()));
+    let coordinator = |led: &[i32]| {
+        let led = Arc::new(Mutex::new(led.iter().copied().collect()));
+        let sink = PartitionsSink {
+            logs: Arc::clone(&logs),
+            led: Arc::clone(&led),
+        };
+        let c = TxnCoordinator::open_sink(Box::new(sink), config(), Arc::clone(&clock)).unwrap();
+        (c, led)
+    };
+    let (a, a_led) = coordinator(&[0, 1, 2, 3]);
+    let p = vec![("t".to_string(), 0)];
+    // "a" (97 % 4 == 1) is open, "b" (98 % 4 == 2) prepared, "f"
+    // (102 % 4 == 2) is in the same partition, "c" (99 % 4 == 3) another.
+    for (id, pid) in [("a", 1), ("b", 2), ("f", 3), ("c", 4)] {
+        assert_eq!(
+            rt.block_on(a.init_producer_id(id, 60_000, None, Some(pid), 2)),
+            Ok(InitOutcome::Ready(pid, 0))
+        );
+        rt.block_on(a.add_partitions(id, pid, 0, &p, 0, ResponseError::ProducerFenced))
+            .unwrap();
+    }
+    let Ok(EndOutcome::Prepared(prepared)) =
+        rt.block_on(a.end_txn("b", (2, 0), true, false, None, ResponseError::ProducerFenced))
+    else {
+        panic!("b is not prepared");
+    };
+
+    // Partition 2 moves to `b_side`: it reads the partition's log.
+    a_led.lock().remove(&2);
+    rt.block_on(a.unload(owns(2)));
+    assert_eq!((a.describe("b"), a.describe("f")), (None, None));
+    assert!(a.describe("a").is_some() && a.describe("c").is_some());
+    // It no longer knows them, and a write to their partition ("j",
+    // 106 % 4 == 2) is refused and leaves nothing behind.
+    assert_eq!(
+        rt.block_on(a.add_partitions("f", 3, 0, &[("t".into(), 1)], 0, ResponseError::ProducerFenced)),
+        Err(ResponseError::InvalidProducerIdMapping)
+    );
+    assert_eq!(
+        rt.block_on(a.init_producer_id("j", 60_000, None, Some(9), 2)),
+        Err(ResponseError::CoordinatorNotAvailable)
+    );
+    assert_eq!(a.describe("j"), None);
+    let (b_side, _) = coordinator(&[2]);
+    let mut table = TxnTable::default();
+    let log = logs.lock().get(&2).cloned().unwrap();
+    crate::partitioned::apply_batches(&mut table, Bytes::from(log), 0).unwrap();
+    let unfinished = rt.block_on(b_side.load(table, owns(2)));
+    // The prepared transaction's markers are the new coordinator's to write.
+    assert_eq!(unfinished, vec![("b".to_string(), prepared.clone())]);
+    assert_eq!(b_side.describe("b"), Some(prepared.clone()));
+    let f = b_side.describe("f").expect("f moved");
+    assert_eq!(
+        (f.producer_id, f.status, f.partitions.len()),
+        (3, TxnStatus::Ongoing, 1)
+    );
+    assert_eq!(b_side.describe("a"), None);
+    // It goes on from there: completes b, and b's producer comes back at
+    // its next epoch with its producer id.
+    rt.block_on(b_side.complete("b", &prepared)).unwrap();
+    assert_eq!(b_side.describe("b").unwrap().status, TxnStatus::CompleteCommit);
+    assert_eq!(
+        rt.block_on(b_side.init_producer_id("b", 60_000, None, None, 2)),
+        Ok(InitOutcome::Ready(2, 1))
+    );
+    assert!(b_side.unfinished().is_empty());
 }

@@ -1,24 +1,27 @@
-//! A cluster's group log: the group coordinator's records (committed
-//! offsets, group metadata, consumer groups, transactional offsets and
-//! their markers) in the partitions of `__consumer_offsets`, as Kafka keeps
-//! them. A group's records go to the partition its id falls in
+//! A cluster's coordinator logs: the group coordinator's records
+//! (committed offsets, group metadata, consumer groups, transactional
+//! offsets and their markers) in the partitions of `__consumer_offsets`,
+//! and the transaction coordinator's (each transactional id's state) in
+//! those of `__transaction_state`, as Kafka keeps them. A key's records
+//! (a group's, a transactional id's) go to the partition it falls in
 //! (`catalog::coordinator_partition`), which the data plane leads like any
 //! other partition: a write is acknowledged once the WAL committed it, and
 //! when its broker dies the partition, rebuilt from the object store,
-//! brings the group to its new leader.
+//! brings the key to its new leader.
 //!
-//! The broker loads a partition's groups when it takes the partition's
+//! The broker loads a partition's keys when it takes the partition's
 //! leadership (its records, read from the log start, rebuild them:
-//! [`load`]) and lets go of them when it loses it ([`unload`]). Until a
-//! partition is loaded its groups' requests are answered
-//! COORDINATOR_LOAD_IN_PROGRESS, and the log refuses writes to it.
+//! [`CoordinatorLog::read`], then the coordinator's `load`) and lets go of
+//! them when it loses it. Until a partition is loaded its keys' requests
+//! are answered COORDINATOR_LOAD_IN_PROGRESS, and the log refuses writes
+//! to it.
 //!
-//! A partition's log is bounded as the one-node group log is: after
-//! `offsets.topic.segment.bytes` of writes, the groups it holds are
-//! written again (a snapshot, in the same record schemas) and the log
-//! start is moved to the snapshot's first offset (recorded in the
-//! cluster, as DeleteRecords does), so the WAL and segment copies below it
-//! are collected.
+//! A partition's log is bounded as the one-node logs are: after
+//! `offsets.topic.segment.bytes` (`transaction.state.log.segment.bytes`)
+//! of writes, the keys it holds are written again (a snapshot, in the
+//! same record schemas) and the log start is moved to the snapshot's first
+//! offset (recorded in the cluster, as DeleteRecords does), so the WAL and
+//! segment copies below it are collected.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -26,23 +29,25 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use keel_coord::groups::store::{apply_batches, apply_written, split_by_partition, GroupTable};
-use keel_coord::metalog::{encode_entries, encode_snapshot, Entry, Outcome, Sink, StoreError, Table};
+use keel_coord::metalog::{encode_entries, encode_snapshot, Entry, Outcome, Sink, StoreError};
+use keel_coord::partitioned::{apply_batches, Partitioned};
 use keel_data::partition::Partition;
 use keel_data::plane::DataPlane;
 use keel_log::clock::now_ms;
 use parking_lot::{Mutex, RwLock};
 
-use super::catalog::{coordinator_partition, GROUPS_TOPIC};
+use super::catalog::{coordinator_partition, GROUPS_TOPIC, TRANSACTIONS_TOPIC};
 use crate::Broker;
 
 /// How much of a partition a load reads at a time.
 const LOAD_CHUNK: usize = 1 << 20;
 
-/// The partitions of `__consumer_offsets` this broker has loaded.
-pub struct GroupLog {
+/// The partitions of one coordinators' topic this broker has loaded.
+pub struct CoordinatorLog<T> {
+    /// `__consumer_offsets` or `__transaction_state`.
+    topic: &'static str,
     started: OnceLock<Started>,
-    /// `__consumer_offsets`'s partition count, once known.
+    /// The topic's partition count, once known.
     partitions: AtomicI32,
     loaded: RwLock<BTreeMap<i32, Arc<Partition>>>,
     /// Bytes written to each loaded partition since its last snapshot
@@ -51,13 +56,14 @@ pub struct GroupLog {
     snapshot_bytes: u64,
     /// How long a write waits for its commit (`offsets.commit.timeout.ms`).
     timeout: Duration,
-    pub stats: GroupLogStats,
+    pub stats: CoordinatorLogStats,
+    table: std::marker::PhantomData<fn() -> T>,
 }
 
-/// What the group log did, for `/stats` and `/metrics`.
+/// What a coordinator log did, for `/stats` and `/metrics`.
 #[derive(Default)]
-pub struct GroupLogStats {
-    /// Partitions loaded (their groups read from their log).
+pub struct CoordinatorLogStats {
+    /// Partitions loaded (their keys read from their log).
     pub loads: AtomicU64,
     /// Snapshots written.
     pub snapshots: AtomicU64,
@@ -73,16 +79,18 @@ struct Started {
     data: Arc<DataPlane>,
 }
 
-impl GroupLog {
-    pub fn new(snapshot_bytes: u64, timeout: Duration) -> Arc<GroupLog> {
-        Arc::new(GroupLog {
+impl<T: Partitioned> CoordinatorLog<T> {
+    pub fn new(topic: &'static str, snapshot_bytes: u64, timeout: Duration) -> Arc<CoordinatorLog<T>> {
+        Arc::new(CoordinatorLog {
+            topic,
             started: OnceLock::new(),
             partitions: AtomicI32::new(0),
             loaded: RwLock::new(BTreeMap::new()),
             written: Mutex::new(BTreeMap::new()),
             snapshot_bytes: snapshot_bytes.max(1),
             timeout,
-            stats: GroupLogStats::default(),
+            stats: CoordinatorLogStats::default(),
+            table: std::marker::PhantomData,
         })
     }
 
@@ -91,12 +99,12 @@ impl GroupLog {
         let _ = self.started.set(Started { handle, data });
     }
 
-    /// The partition of `__consumer_offsets` the group falls in.
-    pub fn partition_of(&self, group: &str) -> i32 {
-        coordinator_partition(group, self.partitions.load(Ordering::Acquire))
+    /// The partition the key (a group, a transactional id) falls in.
+    pub fn partition_of(&self, key: &str) -> i32 {
+        coordinator_partition(key, self.partitions.load(Ordering::Acquire))
     }
 
-    /// Whether this broker has loaded partition `index`'s groups.
+    /// Whether this broker has loaded partition `index`'s keys.
     pub fn is_loaded(&self, index: i32) -> bool {
         self.loaded.read().contains_key(&index)
     }
@@ -106,14 +114,14 @@ impl GroupLog {
         self.loaded.read().keys().copied().collect()
     }
 
-    /// The sink the group coordinator writes through.
-    pub fn sink(self: &Arc<Self>) -> Box<dyn Sink<GroupTable>> {
+    /// The sink the coordinator writes through.
+    pub fn sink(self: &Arc<Self>) -> Box<dyn Sink<T>> {
         Box::new(ClusterSink {
             log: Arc::clone(self),
         })
     }
 
-    /// Takes partition `index`'s groups for not loaded: its requests are
+    /// Takes partition `index`'s keys for not loaded: its requests are
     /// answered COORDINATOR_LOAD_IN_PROGRESS and writes to it refused
     /// until the broker's next pass over its leaderships reads them again
     /// from its log (`load` replaces what the coordinator held of them).
@@ -123,92 +131,110 @@ impl GroupLog {
             self.stats.reloads.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 partition = index,
-                "a write to a partition of __consumer_offsets failed: its groups are read again from its log"
+                topic = self.topic,
+                "a write to a coordinator's partition failed: its keys are read again from its log"
             );
         }
     }
 
-    fn owns(self: &Arc<Self>, index: i32) -> Arc<dyn Fn(&str) -> bool + Send + Sync> {
+    /// The log's partitions and counters, for `/stats`.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "partitions": self.loaded(),
+            "loads": n(&self.stats.loads),
+            "snapshots": n(&self.stats.snapshots),
+            "write_failures": n(&self.stats.write_failures),
+            "reloads": n(&self.stats.reloads),
+        })
+    }
+
+    /// Whether a key is partition `index`'s.
+    pub fn owns(self: &Arc<Self>, index: i32) -> Arc<dyn Fn(&str) -> bool + Send + Sync> {
         let log = Arc::clone(self);
-        Arc::new(move |group: &str| log.partition_of(group) == index)
+        Arc::new(move |key: &str| log.partition_of(key) == index)
     }
-}
 
-/// Loads the groups of `partition` (index `index` of `__consumer_offsets`,
-/// of `count` partitions), which this broker just took the leadership of:
-/// reads its records from the log start to the high watermark, hands the
-/// groups to the coordinator, and then takes its groups' requests.
-pub async fn load(
-    broker: &Arc<Broker>,
-    partition: &Arc<Partition>,
-    index: i32,
-    count: i32,
-) -> Result<(), String> {
-    let log = &broker.group_log;
-    log.partitions.store(count, Ordering::Release);
-    let part = Arc::clone(partition);
-    let started = std::time::Instant::now();
-    let (table, bytes) = tokio::task::spawn_blocking(move || read_table(&part))
-        .await
-        .map_err(|e| e.to_string())??;
-    let groups = table.groups.len() + table.consumer.len();
-    broker.groups.load(table, log.owns(index)).await;
-    log.loaded.write().insert(index, Arc::clone(partition));
-    log.written.lock().insert(index, bytes);
-    log.stats.loads.fetch_add(1, Ordering::Relaxed);
-    tracing::info!(
-        partition = index,
-        groups,
-        bytes,
-        ms = started.elapsed().as_millis() as u64,
-        "loaded the groups of a partition of __consumer_offsets"
-    );
-    Ok(())
-}
-
-/// Lets go of the groups of partition `index`, which another broker leads
-/// now (or this one's session ended).
-pub async fn unload(broker: &Arc<Broker>, index: i32) {
-    let log = &broker.group_log;
-    if log.loaded.write().remove(&index).is_none() {
-        return;
+    /// Reads partition `partition` (index `index` of `count`), which this
+    /// broker just took the leadership of, from its log start to its high
+    /// watermark: the table its records rebuild, for the coordinator's
+    /// `load`; then [`CoordinatorLog::loaded_now`].
+    pub async fn read(&self, partition: &Arc<Partition>, count: i32) -> Result<(T, u64), String> {
+        self.partitions.store(count, Ordering::Release);
+        let part = Arc::clone(partition);
+        let topic = self.topic;
+        tokio::task::spawn_blocking(move || read_table(topic, &part))
+            .await
+            .map_err(|e| e.to_string())?
     }
-    log.written.lock().remove(&index);
-    broker.groups.unload(log.owns(index)).await;
-    tracing::info!(
-        partition = index,
-        "let go of the groups of a partition of __consumer_offsets"
-    );
+
+    /// The coordinator has taken partition `index`'s keys in (`keys` of
+    /// them, `bytes` read, since `started`): the partition takes writes and
+    /// its keys' requests from now on.
+    pub fn loaded_now(
+        &self,
+        index: i32,
+        partition: &Arc<Partition>,
+        keys: usize,
+        bytes: u64,
+        started: std::time::Instant,
+    ) {
+        self.loaded.write().insert(index, Arc::clone(partition));
+        self.written.lock().insert(index, bytes);
+        self.stats.loads.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            topic = self.topic,
+            partition = index,
+            keys,
+            bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "loaded a coordinator's partition"
+        );
+    }
+
+    /// Marks partition `index` not loaded; false if it was not.
+    pub fn let_go(&self, index: i32) -> bool {
+        if self.loaded.write().remove(&index).is_none() {
+            return false;
+        }
+        self.written.lock().remove(&index);
+        tracing::info!(
+            topic = self.topic,
+            partition = index,
+            "let go of a coordinator's partition"
+        );
+        true
+    }
 }
 
 /// The table a partition's records rebuild, and how many bytes they take.
-fn read_table(partition: &Partition) -> Result<(GroupTable, u64), String> {
-    let mut table = GroupTable::default();
+fn read_table<T: Partitioned>(topic: &str, partition: &Partition) -> Result<(T, u64), String> {
+    let mut table = T::default();
     let (mut next, end) = (partition.log_start_offset(), partition.high_watermark());
     let mut bytes = 0;
     while next < end {
         let read = partition.read_blocking(next, LOAD_CHUNK)?;
         if read.is_empty() {
             return Err(format!(
-                "{GROUPS_TOPIC}-{}: nothing to read at offset {next}, below the high watermark {end}",
+                "{topic}-{}: nothing to read at offset {next}, below the high watermark {end}",
                 partition.index
             ));
         }
         bytes += read.len() as u64;
         match apply_batches(&mut table, read, next)? {
             Some(last) if last >= next => next = last + 1,
-            _ => return Err(format!("{GROUPS_TOPIC}: no progress reading at offset {next}")),
+            _ => return Err(format!("{topic}: no progress reading at offset {next}")),
         }
     }
     Ok((table, bytes))
 }
 
-/// The group coordinator's writes, on its log's writer thread.
-struct ClusterSink {
-    log: Arc<GroupLog>,
+/// A coordinator's writes, on its log's writer thread.
+struct ClusterSink<T> {
+    log: Arc<CoordinatorLog<T>>,
 }
 
-impl ClusterSink {
+impl<T: Partitioned> ClusterSink<T> {
     fn started(&self) -> Result<&Started, StoreError> {
         self.log
             .started
@@ -219,20 +245,23 @@ impl ClusterSink {
     fn partition(&self, index: i32) -> Result<Arc<Partition>, StoreError> {
         self.log.loaded.read().get(&index).cloned().ok_or_else(|| {
             StoreError(format!(
-                "partition {index} of {GROUPS_TOPIC} is not led by this broker"
+                "partition {index} of {} is not led by this broker",
+                self.log.topic
             ))
         })
     }
 
     /// Writes a partition's snapshot and moves its log start to it.
-    fn snapshot(&self, index: i32, table: &Mutex<GroupTable>) -> Result<(), StoreError> {
+    fn snapshot(&self, index: i32, table: &Mutex<T>) -> Result<(), StoreError> {
         let started = self.started()?;
         let partition = self.partition(index)?;
         let (records, open) = {
-            let part = table.lock().part(|g| self.log.partition_of(g) == index);
+            let part = table
+                .lock()
+                .part(&|key: &str| self.log.partition_of(key) == index);
             (part.records(), part.transactional_records())
         };
-        let buf = encode_snapshot::<GroupTable>(&records, open, now_ms()).map_err(StoreError)?;
+        let buf = encode_snapshot::<T>(&records, open, now_ms()).map_err(StoreError)?;
         let bytes = buf.len() as u64;
         let timeout = self.log.timeout;
         let data = &started.data;
@@ -259,10 +288,11 @@ impl ClusterSink {
         })?;
         self.log.stats.snapshots.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
+            topic = self.log.topic,
             partition = index,
             offset = start,
             bytes,
-            "wrote a snapshot of a partition of __consumer_offsets"
+            "wrote a snapshot of a coordinator's partition"
         );
         Ok(())
     }
@@ -287,26 +317,22 @@ async fn write_durably(
     Ok(appended.base_offset)
 }
 
-impl Sink<GroupTable> for ClusterSink {
-    fn append(
-        &mut self,
-        entries: &[Entry<<GroupTable as Table>::Record>],
-        table: &Mutex<GroupTable>,
-    ) -> Vec<Outcome<GroupTable>> {
+impl<T: Partitioned> Sink<T> for ClusterSink<T> {
+    fn append(&mut self, entries: &[Entry<T::Record>], table: &Mutex<T>) -> Vec<Outcome<T>> {
         let Some(started) = self.log.started.get() else {
             let e = StoreError("the broker has not started".into());
             return entries.iter().map(|_| Outcome::Failed(e.clone())).collect();
         };
         let (split, touched) = {
             let table = table.lock();
-            split_by_partition(entries, &table, &|g| self.log.partition_of(g))
+            T::split(entries, &table, &|key| self.log.partition_of(key))
         };
         // Each partition's part is written on its own, all at once.
         let mut outcomes: BTreeMap<i32, Result<(), StoreError>> = BTreeMap::new();
         let mut writes = Vec::with_capacity(split.len());
         for (index, part) in split {
             let prepared = self.partition(index).and_then(|partition| {
-                let buf = encode_entries::<GroupTable>(&part, now_ms()).map_err(StoreError)?;
+                let buf = encode_entries::<T>(&part, now_ms()).map_err(StoreError)?;
                 Ok((partition, buf))
             });
             match prepared {
@@ -334,7 +360,7 @@ impl Sink<GroupTable> for ClusterSink {
             results
         });
         // A partition whose write failed may hold it all the same (a
-        // commit that timed out, then came through): its groups are read
+        // commit that timed out, then came through): its keys are read
         // again from its log (see `reload`), which is the truth.
         let mut reload = BTreeSet::new();
         {
@@ -382,10 +408,10 @@ impl Sink<GroupTable> for ClusterSink {
                 // Plain records: what reached the partitions that took it
                 // is in their logs, and the table takes that part.
                 let log = Arc::clone(&self.log);
-                let written = move |g: &str| !failed.contains(&log.partition_of(g));
+                let written = move |key: &str| !failed.contains(&log.partition_of(key));
                 let entry = entry.clone();
                 Outcome::Partly {
-                    apply: Box::new(move |table: &mut GroupTable| apply_written(table, entry, written)),
+                    apply: Box::new(move |table: &mut T| table.apply_written(entry, &written)),
                     error,
                 }
             })
@@ -396,7 +422,7 @@ impl Sink<GroupTable> for ClusterSink {
         answers
     }
 
-    fn tend(&mut self, table: &Mutex<GroupTable>, _wrote: bool) {
+    fn tend(&mut self, table: &Mutex<T>, _wrote: bool) {
         let due: Vec<i32> = self
             .log
             .written
@@ -412,10 +438,58 @@ impl Sink<GroupTable> for ClusterSink {
                 *bytes = 0;
             }
             if let Err(e) = snapshot {
-                tracing::warn!(partition = index, error = %e, "cannot snapshot a partition of __consumer_offsets");
+                tracing::warn!(topic = self.log.topic, partition = index, error = %e, "cannot snapshot a coordinator's partition");
             }
         }
     }
 
     fn close(&mut self) {}
+}
+
+/// Loads partition `index` (of `count`) of the coordinators' topic
+/// `topic`, which this broker just took the leadership of: its keys go to
+/// their coordinator, and then the partition takes their requests. A
+/// transaction it holds prepared has its markers written again.
+pub async fn load(
+    broker: &Arc<Broker>,
+    topic: &str,
+    partition: &Arc<Partition>,
+    index: i32,
+    count: i32,
+) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    if topic == GROUPS_TOPIC {
+        let log = &broker.group_log;
+        let (table, bytes) = log.read(partition, count).await?;
+        let keys = table.keys();
+        broker.groups.load(table, log.owns(index)).await;
+        log.loaded_now(index, partition, keys, bytes, started);
+    } else if topic == TRANSACTIONS_TOPIC {
+        let log = &broker.txn_log;
+        let (table, bytes) = log.read(partition, count).await?;
+        let keys = table.keys();
+        let unfinished = broker.txns.load(table, log.owns(index)).await;
+        log.loaded_now(index, partition, keys, bytes, started);
+        for (id, prepared) in unfinished {
+            tracing::info!(transactional_id = %id, status = prepared.status.name(), "finishing a transaction its last coordinator prepared");
+            crate::handlers::markers::spawn_markers(broker, id, prepared);
+        }
+    }
+    Ok(())
+}
+
+/// Lets go of the keys of partition `index` of the coordinators' topic
+/// `topic`, which another broker leads now (or this one's session ended).
+pub async fn unload(broker: &Arc<Broker>, topic: &str, index: i32) {
+    if topic == GROUPS_TOPIC {
+        let log = &broker.group_log;
+        if log.let_go(index) {
+            broker.groups.unload(log.owns(index)).await;
+        }
+    } else if topic == TRANSACTIONS_TOPIC {
+        let log = &broker.txn_log;
+        if log.let_go(index) {
+            broker.txns.unload(log.owns(index)).await;
+        }
+    }
 }
