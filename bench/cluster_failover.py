@@ -134,13 +134,17 @@ class Keel:
                     "--set", f"keel.tier.remote=file://{base / 'objects'}"]
         self.proc = None
 
-    def start(self):
+    def start(self, timeout_s: float = 30):
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
-        wait(lambda: not self.cluster()["fenced"], 30, f"broker {self.node} to register")
+        wait(lambda: not self.cluster()["fenced"], timeout_s, f"broker {self.node} to register")
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+
+    def restart(self):
+        """Starts the killed broker again and waits for its session."""
+        self.start(60)
 
     def cluster(self) -> dict:
         return self.stats()["cluster"]
@@ -340,9 +344,7 @@ def main() -> None:
             print(f"kill {i + 1:2}: broker {leader} (leader) killed; dropped after {dropped - t0:.2f}s, "
                   f"broker {new} leads after {leads - t0:.2f}s (log rebuilt in {rebuilt} ms), "
                   f"writes acknowledged again after {acknowledged - t0:.2f}s", flush=True)
-            victim.proc = subprocess.Popen(victim.cmd, stdout=open(victim.log, "ab"),
-                                           stderr=subprocess.STDOUT)
-            wait(lambda: not victim.cluster()["fenced"], 60, "the restarted broker's session")
+            victim.restart()
         time.sleep(1)
         if reader is not None:
             reader.running = False
@@ -431,8 +433,7 @@ def kill_coordinator(i: int, brokers: dict, reader: Reader, samples: dict) -> No
           f"broker {new} coordinates the group after {coordinated - t0:.2f}s, commits acknowledged "
           f"again after {committing - t0:.2f}s; partitions whose acknowledged commit was lost: {lost}",
           flush=True)
-    victim.proc = subprocess.Popen(victim.cmd, stdout=open(victim.log, "ab"), stderr=subprocess.STDOUT)
-    wait(lambda: not victim.cluster()["fenced"], 60, "the restarted broker's session")
+    victim.restart()
 
 
 def java_hash_partition(key: str, partitions: int = 50) -> int:
@@ -480,20 +481,38 @@ class Transactor(threading.Thread):
                 self.committed.append(k)
                 self.last_commit = time.monotonic()
             except KafkaException as e:
-                err = e.args[0]
-                self.errors.append(str(err))
-                try:
-                    if err.txn_requires_abort():
-                        self.p.abort_transaction(120)
-                        self.aborted.append(k)
-                    else:
-                        self.unknown.append(k)
-                        if err.fatal():
-                            self.p = self.producer()
-                except KafkaException as again:
-                    self.errors.append(str(again))
-                    self.unknown.append(k)
+                self.errors.append(str(e.args[0]))
+                self.recover(k, e.args[0])
             k += 1
+
+    def recover(self, k: int, err) -> None:
+        """After transaction `k` failed with `err`: its commit is retried
+        while that may help, else it is aborted; after a fatal error its
+        outcome is unknown and a new producer takes over."""
+        from confluent_kafka import KafkaException
+        while True:
+            try:
+                if err.retriable():
+                    self.p.commit_transaction(120)
+                    self.committed.append(k)
+                    self.last_commit = time.monotonic()
+                elif err.txn_requires_abort():
+                    self.p.abort_transaction(120)
+                    self.aborted.append(k)
+                else:
+                    break
+                return
+            except KafkaException as again:
+                err = again.args[0]
+                self.errors.append(str(err))
+        self.unknown.append(k)
+        while True:
+            try:
+                self.p = self.producer()
+                return
+            except KafkaException as again:
+                self.errors.append(str(again.args[0]))
+                time.sleep(1)
 
 
 def transactions(kills: int, brokers: dict, bootstrap: str, admin, topic: str, samples: dict) -> dict:
@@ -533,8 +552,7 @@ def transactions(kills: int, brokers: dict, bootstrap: str, admin, topic: str, s
               f"{dropped - t0:.2f}s, broker {survivor_id} has the id's transaction log after "
               f"{coordinated - t0:.2f}s, a transaction committed again after {committing - t0:.2f}s",
               flush=True)
-        victim.proc = subprocess.Popen(victim.cmd, stdout=open(victim.log, "ab"), stderr=subprocess.STDOUT)
-        wait(lambda: not victim.cluster()["fenced"], 60, "the restarted broker's session")
+        victim.restart()
     time.sleep(1)
     transactor.running = False
     transactor.join(150)

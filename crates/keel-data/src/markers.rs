@@ -34,8 +34,9 @@ impl DataPlane {
     /// Appends the marker ending producer `producer_id`'s transaction at
     /// `producer_epoch` to partition `index` of `topic`, retrying while
     /// the partition cannot take it (a storage failure heals only with a
-    /// restart, which writes the markers again). A partition that no
-    /// longer exists, or that this broker does not lead, needs none here;
+    /// restart, which writes the markers again), or while no broker leads
+    /// it. A partition that no longer exists, or that another broker
+    /// leads, needs none here;
     /// one a newer epoch of the producer already ended refuses it.
     pub async fn write_marker(
         &self,
@@ -50,7 +51,13 @@ impl DataPlane {
             let partition = match self.lead_by_name(topic, index) {
                 Ok(p) => p,
                 // Led here, not claimed yet in this epoch (a cluster's term
-                // ended and the next has not begun): wait for it.
+                // ended and the next has not begun), or led by no broker
+                // yet (its leader died and the controller has not moved
+                // it): wait for it.
+                Err(Unserved::NotLeader(None)) => {
+                    backoff.wait().await;
+                    continue;
+                }
                 Err(Unserved::NotLeader(Some(l))) if l.node_id == self.leadership.node_id() => {
                     backoff.wait().await;
                     continue;

@@ -612,7 +612,7 @@ impl Broker {
     /// broker coordinates it (NOT_COORDINATOR; COORDINATOR_NOT_AVAILABLE
     /// while none does), or this one still reads its partition of
     /// `__consumer_offsets` (COORDINATOR_LOAD_IN_PROGRESS, see
-    /// `group_log`). One node serves every group.
+    /// `coord_log`). One node serves every group.
     pub fn group_refused(&self, group: &str) -> Option<ResponseError> {
         if !self.topics_shared() {
             return None;
@@ -655,13 +655,13 @@ impl Broker {
         }
     }
 
-    /// Whether the cluster says this broker leads partition `index` of
-    /// `__consumer_offsets`.
-    pub fn leads_group_partition(&self, index: i32) -> bool {
+    /// Whether the cluster says another live broker leads partition
+    /// `index` of `__consumer_offsets` (not while none does).
+    pub fn group_partition_led_elsewhere(&self, index: i32) -> bool {
         self.cluster
             .topic_shape(GROUPS_TOPIC)
             .and_then(|(id, _)| self.cluster.live_leader(id, index))
-            .is_some_and(|(node, _)| node == self.config().node_id())
+            .is_some_and(|(node, _)| node != self.config().node_id())
     }
 
     /// Whether this broker leads a partition of `__consumer_offsets` it

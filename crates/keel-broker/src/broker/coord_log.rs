@@ -50,6 +50,10 @@ pub struct CoordinatorLog<T> {
     /// The topic's partition count, once known.
     partitions: AtomicI32,
     loaded: RwLock<BTreeMap<i32, Arc<Partition>>>,
+    /// The partitions whose keys the coordinator holds: the loaded ones,
+    /// and those set to be read again (`reload`), whose keys it holds
+    /// until they are (or until they are let go).
+    held: Mutex<BTreeSet<i32>>,
     /// Bytes written to each loaded partition since its last snapshot
     /// (its size when loaded).
     written: Mutex<BTreeMap<i32, u64>>,
@@ -86,6 +90,7 @@ impl<T: Partitioned> CoordinatorLog<T> {
             started: OnceLock::new(),
             partitions: AtomicI32::new(0),
             loaded: RwLock::new(BTreeMap::new()),
+            held: Mutex::new(BTreeSet::new()),
             written: Mutex::new(BTreeMap::new()),
             snapshot_bytes: snapshot_bytes.max(1),
             timeout,
@@ -149,6 +154,12 @@ impl<T: Partitioned> CoordinatorLog<T> {
         })
     }
 
+    /// Whether the coordinator holds a key's partition (see `held`).
+    pub fn holds(self: &Arc<Self>) -> Arc<dyn Fn(&str) -> bool + Send + Sync> {
+        let log = Arc::clone(self);
+        Arc::new(move |key: &str| log.held.lock().contains(&log.partition_of(key)))
+    }
+
     /// Whether a key is partition `index`'s.
     pub fn owns(self: &Arc<Self>, index: i32) -> Arc<dyn Fn(&str) -> bool + Send + Sync> {
         let log = Arc::clone(self);
@@ -180,6 +191,7 @@ impl<T: Partitioned> CoordinatorLog<T> {
         started: std::time::Instant,
     ) {
         self.loaded.write().insert(index, Arc::clone(partition));
+        self.held.lock().insert(index);
         self.written.lock().insert(index, bytes);
         self.stats.loads.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
@@ -192,9 +204,11 @@ impl<T: Partitioned> CoordinatorLog<T> {
         );
     }
 
-    /// Marks partition `index` not loaded; false if it was not.
+    /// Marks partition `index` not loaded; false if the coordinator holds
+    /// none of its keys (it was neither loaded nor set to be read again).
     pub fn let_go(&self, index: i32) -> bool {
-        if self.loaded.write().remove(&index).is_none() {
+        self.loaded.write().remove(&index);
+        if !self.held.lock().remove(&index) {
             return false;
         }
         self.written.lock().remove(&index);

@@ -269,7 +269,7 @@ impl Broker {
             config.txn_config().log_segment_bytes,
             commit_timeout,
         );
-        let sinks = clustered.then(|| (group_log.sink(), txn_log.sink()));
+        let sinks = clustered.then(|| (group_log.sink(), txn_log.sink(), txn_log.holds()));
         let coordinators = Coordinators::open(&config, &storage, &meta_dir, &clock, shared, sinks)?;
         let authorizer = keel_auth::acl::settings(&config).map_err(StartError::Authorizer)?;
         let metrics = Metrics::new(config.slow_request());
@@ -641,6 +641,7 @@ fn open_storage(meta_dir: &std::path::Path) -> Result<(Arc<dyn Storage>, Option<
 type ClusterSinks = (
     Box<dyn keel_coord::metalog::Sink<keel_coord::groups::store::GroupTable>>,
     Box<dyn keel_coord::metalog::Sink<keel_coord::txn::TxnTable>>,
+    keel_coord::txn::Owns,
 );
 
 /// The coordinators and the stores on their own logs under `__keel_meta`.
@@ -668,7 +669,7 @@ impl Coordinators {
         sinks: Option<ClusterSinks>,
     ) -> Result<Coordinators, StartError> {
         let (groups_sink, txns_sink) = match sinks {
-            Some((g, t)) => (Some(g), Some(t)),
+            Some((g, t, holds)) => (Some(g), Some((t, holds))),
             None => (None, None),
         };
         let groups = match groups_sink {
@@ -682,9 +683,12 @@ impl Coordinators {
         }
         .map_err(StartError::Groups)?;
         let txns = match txns_sink {
-            Some(sink) => {
-                keel_coord::txn::TxnCoordinator::open_sink(sink, config.txn_config(), Arc::clone(clock))
-            }
+            Some((sink, holds)) => keel_coord::txn::TxnCoordinator::open_sink(
+                sink,
+                holds,
+                config.txn_config(),
+                Arc::clone(clock),
+            ),
             None => keel_coord::txn::TxnCoordinator::open_with(
                 Arc::clone(storage),
                 &meta_dir.join("transactions"),

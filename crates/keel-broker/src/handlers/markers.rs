@@ -35,6 +35,12 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
             .iter()
             .partition(|(topic, index)| in_group_log(&broker, topic, *index));
         for (topic, index) in data.into_iter().chain(offsets) {
+            // Another task may have finished the transaction meanwhile
+            // (one a load of its partition started while this one ran):
+            // a marker written after that could end the next one.
+            if broker.txns.describe(&id).as_ref() != Some(&prepared) {
+                return;
+            }
             write_marker(&broker, topic, *index, &prepared, marker).await;
         }
         let mut backoff = Backoff::default();
@@ -55,7 +61,8 @@ fn in_group_log(broker: &Broker, topic: &str, index: i32) -> bool {
 /// Appends one marker (see `DataPlane::write_marker`); a marker of the
 /// group log goes to the group coordinator, retried the same way. In a
 /// cluster it waits while this broker leads the group's partition of
-/// `__consumer_offsets` and has not loaded it yet; a partition another
+/// `__consumer_offsets` and has not loaded it yet, or no broker leads it;
+/// a partition another
 /// broker leads is given up with a warning, as `DataPlane::write_marker`
 /// gives up a data partition (markers are not sent to other brokers yet:
 /// docs/cluster.md).
@@ -67,7 +74,7 @@ async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &
     let mut backoff = Backoff::default();
     loop {
         let written = if broker.topics_shared() && !broker.group_log.is_loaded(index) {
-            if !broker.leads_group_partition(index) {
+            if broker.group_partition_led_elsewhere(index) {
                 return tracing::warn!(
                     partition = index,
                     producer_id = prepared.producer_id,

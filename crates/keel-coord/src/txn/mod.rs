@@ -177,6 +177,10 @@ pub struct TxnCoordinator {
     store: MetaLog<TxnTable>,
     config: TxnConfig,
     clock: Arc<dyn Clock>,
+    /// In a cluster, the ids whose partition this coordinator holds: an
+    /// id it knows nothing of is another coordinator's (NOT_COORDINATOR),
+    /// not an unknown one. One node holds every id.
+    holds: Option<Owns>,
 }
 
 impl TxnCoordinator {
@@ -195,22 +199,29 @@ impl TxnCoordinator {
             config.log_segment_bytes,
             Durability::Written,
         )?;
-        Ok(TxnCoordinator::with_store(store, config, clock))
+        Ok(TxnCoordinator::with_store(store, config, clock, None))
     }
 
     /// A cluster's transaction coordinator, whose log goes to `sink` (the
     /// partitions of `__transaction_state`); it holds no id until
-    /// [`TxnCoordinator::load`] hands it a partition's.
+    /// [`TxnCoordinator::load`] hands it a partition's, and `holds` says
+    /// which ids' partitions it holds.
     pub fn open_sink(
         sink: Box<dyn crate::metalog::Sink<TxnTable>>,
+        holds: Owns,
         config: TxnConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<TxnCoordinator, crate::metalog::OpenError> {
         let store = MetaLog::with_sink(TxnTable::default(), sink)?;
-        Ok(TxnCoordinator::with_store(store, config, clock))
+        Ok(TxnCoordinator::with_store(store, config, clock, Some(holds)))
     }
 
-    fn with_store(store: MetaLog<TxnTable>, config: TxnConfig, clock: Arc<dyn Clock>) -> TxnCoordinator {
+    fn with_store(
+        store: MetaLog<TxnTable>,
+        config: TxnConfig,
+        clock: Arc<dyn Clock>,
+        holds: Option<Owns>,
+    ) -> TxnCoordinator {
         let txns = store.with_table(|t| t.txns.iter().map(|(id, s)| (id.clone(), settled(s))).collect());
         TxnCoordinator {
             txns: Mutex::new(txns),
@@ -218,6 +229,21 @@ impl TxnCoordinator {
             store,
             config,
             clock,
+            holds,
+        }
+    }
+
+    /// `id`'s entry, if it has one; an id without one whose partition
+    /// another coordinator holds is NOT_COORDINATOR (its partition was let
+    /// go after the request was routed here).
+    fn entry<'a>(
+        &self,
+        txns: &'a HashMap<String, TxnEntry>,
+        id: &str,
+    ) -> Result<Option<&'a TxnEntry>, ResponseError> {
+        match txns.get(id) {
+            None if self.holds.as_ref().is_some_and(|holds| !holds(id)) => Err(ResponseError::NotCoordinator),
+            entry => Ok(entry),
         }
     }
 
@@ -340,7 +366,7 @@ impl TxnCoordinator {
         let decision = {
             let mut txns = self.txns.lock();
             let decision = state::init(
-                txns.get(id),
+                self.entry(&txns, id)?,
                 timeout_ms,
                 expected,
                 fresh_producer_id,
@@ -380,7 +406,7 @@ impl TxnCoordinator {
         let now = self.now_ms();
         let next = {
             let mut txns = self.txns.lock();
-            let entry = state::check_producer(txns.get(id), producer_id, epoch, fenced)?;
+            let entry = state::check_producer(self.entry(&txns, id)?, producer_id, epoch, fenced)?;
             let Some(next) = state::add_partitions(entry, partitions, client_version, now)? else {
                 return Ok(());
             };
@@ -444,7 +470,7 @@ impl TxnCoordinator {
     ) -> Result<(), ResponseError> {
         let txns = self.txns.lock();
         let entry = state::check_producer(
-            txns.get(id),
+            self.entry(&txns, id)?,
             producer_id,
             epoch,
             ResponseError::InvalidProducerEpoch,
@@ -472,9 +498,16 @@ impl TxnCoordinator {
         let next = {
             let mut txns = self.txns.lock();
             let decision = if v2 {
-                state::end_v2(txns.get(id), producer_id, epoch, commit, fresh_producer_id, now)?
+                state::end_v2(
+                    self.entry(&txns, id)?,
+                    producer_id,
+                    epoch,
+                    commit,
+                    fresh_producer_id,
+                    now,
+                )?
             } else {
-                let entry = state::check_producer(txns.get(id), producer_id, epoch, fenced)?;
+                let entry = state::check_producer(self.entry(&txns, id)?, producer_id, epoch, fenced)?;
                 state::end(entry, commit, now)?
             };
             match decision {

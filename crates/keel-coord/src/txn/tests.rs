@@ -303,7 +303,9 @@ fn a_partition_of_the_transaction_log_moves_to_another_coordinator_with_its_ids(
             logs: Arc::clone(&logs),
             led: Arc::clone(&led),
         };
-        let c = TxnCoordinator::open_sink(Box::new(sink), config(), Arc::clone(&clock)).unwrap();
+        let holds = Arc::clone(&led);
+        let holds: Owns = Arc::new(move |id: &str| holds.lock().contains(&partition_of(id)));
+        let c = TxnCoordinator::open_sink(Box::new(sink), holds, config(), Arc::clone(&clock)).unwrap();
         (c, led)
     };
     let (a, a_led) = coordinator(&[0, 1, 2, 3]);
@@ -329,15 +331,16 @@ fn a_partition_of_the_transaction_log_moves_to_another_coordinator_with_its_ids(
     rt.block_on(a.unload(owns(2)));
     assert_eq!((a.describe("b"), a.describe("f")), (None, None));
     assert!(a.describe("a").is_some() && a.describe("c").is_some());
-    // It no longer knows them, and a write to their partition ("j",
-    // 106 % 4 == 2) is refused and leaves nothing behind.
+    // It no longer knows them: their requests (and a new id's of their
+    // partition, "j", 106 % 4 == 2) are another coordinator's, and leave
+    // nothing behind.
     assert_eq!(
         rt.block_on(a.add_partitions("f", 3, 0, &[("t".into(), 1)], 0, ResponseError::ProducerFenced)),
-        Err(ResponseError::InvalidProducerIdMapping)
+        Err(ResponseError::NotCoordinator)
     );
     assert_eq!(
         rt.block_on(a.init_producer_id("j", 60_000, None, Some(9), 2)),
-        Err(ResponseError::CoordinatorNotAvailable)
+        Err(ResponseError::NotCoordinator)
     );
     assert_eq!(a.describe("j"), None);
     let (b_side, _) = coordinator(&[2]);
