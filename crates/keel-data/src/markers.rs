@@ -38,16 +38,24 @@ impl DataPlane {
     /// it. A partition that no longer exists, or that another broker
     /// leads, needs none here;
     /// one a newer epoch of the producer already ended refuses it.
+    ///
+    /// `still_due` is asked before every attempt: once it says no (the
+    /// transaction was finished by another marker writer, or its
+    /// coordinator let it go) the marker is not written, so a late one
+    /// cannot end the producer's next transaction.
     pub async fn write_marker(
         &self,
         topic: &str,
         index: i32,
-        producer_id: i64,
-        producer_epoch: i16,
+        (producer_id, producer_epoch): (i64, i16),
         marker: Marker,
+        still_due: &(dyn Fn() -> bool + Send + Sync),
     ) {
         let mut backoff = Backoff::default();
         loop {
+            if !still_due() {
+                return;
+            }
             let partition = match self.lead_by_name(topic, index) {
                 Ok(p) => p,
                 // Led here, not claimed yet in this epoch (a cluster's term

@@ -655,12 +655,16 @@ impl Broker {
         }
     }
 
-    /// Whether the cluster says another live broker leads partition
-    /// `index` of `__consumer_offsets` (not while none does).
-    pub fn group_partition_led_elsewhere(&self, index: i32) -> bool {
+    /// Whether a transaction marker for partition `index` of
+    /// `__consumer_offsets` is not this broker's to write: the topic does
+    /// not exist yet (so the partition holds no offsets), or another live
+    /// broker leads the partition. Not while no broker leads it.
+    pub fn group_marker_not_here(&self, index: i32) -> bool {
+        let Some((id, _)) = self.cluster.topic_shape(GROUPS_TOPIC) else {
+            return true;
+        };
         self.cluster
-            .topic_shape(GROUPS_TOPIC)
-            .and_then(|(id, _)| self.cluster.live_leader(id, index))
+            .live_leader(id, index)
             .is_some_and(|(node, _)| node != self.config().node_id())
     }
 

@@ -34,14 +34,19 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
             .partitions
             .iter()
             .partition(|(topic, index)| in_group_log(&broker, topic, *index));
+        // Another task may finish the transaction meanwhile (one a load
+        // of its partition started while this one waited), or its
+        // partition may be let go: a marker written after that could end
+        // the producer's next transaction, so each attempt asks first.
+        let still_due = {
+            let (broker, id, prepared) = (Arc::clone(&broker), id.clone(), prepared.clone());
+            move || broker.txns.describe(&id).as_ref() == Some(&prepared)
+        };
         for (topic, index) in data.into_iter().chain(offsets) {
-            // Another task may have finished the transaction meanwhile
-            // (one a load of its partition started while this one ran):
-            // a marker written after that could end the next one.
-            if broker.txns.describe(&id).as_ref() != Some(&prepared) {
-                return;
-            }
-            write_marker(&broker, topic, *index, &prepared, marker).await;
+            write_marker(&broker, topic, *index, &prepared, marker, &still_due).await;
+        }
+        if !still_due() {
+            return;
         }
         let mut backoff = Backoff::default();
         while let Err(e) = broker.txns.complete(&id, &prepared).await {
@@ -62,23 +67,34 @@ fn in_group_log(broker: &Broker, topic: &str, index: i32) -> bool {
 /// group log goes to the group coordinator, retried the same way. In a
 /// cluster it waits while this broker leads the group's partition of
 /// `__consumer_offsets` and has not loaded it yet, or no broker leads it;
-/// a partition another
-/// broker leads is given up with a warning, as `DataPlane::write_marker`
-/// gives up a data partition (markers are not sent to other brokers yet:
-/// docs/cluster.md).
-async fn write_marker(broker: &Arc<Broker>, topic: &str, index: i32, prepared: &TxnState, marker: Marker) {
+/// a partition another broker leads is given up with a warning, as
+/// `DataPlane::write_marker` gives up a data partition (markers are not
+/// sent to other brokers yet: docs/cluster.md), and so is one of a
+/// `__consumer_offsets` not created yet (no offsets can be there). Nothing
+/// is written once `still_due` says no.
+async fn write_marker(
+    broker: &Arc<Broker>,
+    topic: &str,
+    index: i32,
+    prepared: &TxnState,
+    marker: Marker,
+    still_due: &(dyn Fn() -> bool + Send + Sync),
+) {
+    let producer = (prepared.producer_id, prepared.producer_epoch);
     if !in_group_log(broker, topic, index) {
-        let (id, epoch) = (prepared.producer_id, prepared.producer_epoch);
-        return broker.data.write_marker(topic, index, id, epoch, marker).await;
+        return broker
+            .data
+            .write_marker(topic, index, producer, marker, still_due)
+            .await;
     }
     let mut backoff = Backoff::default();
-    loop {
+    while still_due() {
         let written = if broker.topics_shared() && !broker.group_log.is_loaded(index) {
-            if broker.group_partition_led_elsewhere(index) {
+            if broker.group_marker_not_here(index) {
                 return tracing::warn!(
                     partition = index,
                     producer_id = prepared.producer_id,
-                    "not writing a transaction marker to a partition of {OFFSETS_TOPIC} another broker leads"
+                    "not writing a transaction marker to a partition of {OFFSETS_TOPIC} another broker leads (or that does not exist)"
                 );
             }
             Err(format!("partition {index} of {OFFSETS_TOPIC} is still loading"))

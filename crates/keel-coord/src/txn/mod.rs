@@ -468,9 +468,12 @@ impl TxnCoordinator {
         epoch: i16,
         partition: &(String, i32),
     ) -> Result<(), ResponseError> {
+        // Asked by the partition's leader or the group's coordinator,
+        // which in a cluster need not be the id's coordinator: an id not
+        // held here is not in a transaction this broker can vouch for.
         let txns = self.txns.lock();
         let entry = state::check_producer(
-            self.entry(&txns, id)?,
+            txns.get(id),
             producer_id,
             epoch,
             ResponseError::InvalidProducerEpoch,
