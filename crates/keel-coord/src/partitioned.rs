@@ -13,6 +13,10 @@ use bytes::Bytes;
 
 use crate::metalog::{decode_records, Entry, Table};
 
+/// Which keys a coordinator holds, or a partition holds: a key (a group,
+/// a transactional id) is in one partition.
+pub type Owns = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// A write's entries by partition, each partition's in write order.
 pub type ByPartition<R> = BTreeMap<i32, Vec<Entry<R>>>;
 

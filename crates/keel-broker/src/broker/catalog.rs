@@ -614,32 +614,29 @@ impl Broker {
     /// `__consumer_offsets` (COORDINATOR_LOAD_IN_PROGRESS, see
     /// `coord_log`). One node serves every group.
     pub fn group_refused(&self, group: &str) -> Option<ResponseError> {
-        if !self.topics_shared() {
-            return None;
-        }
-        match self.coordinator_of(group, false) {
-            Ok(node) if node != self.config().node_id() => Some(ResponseError::NotCoordinator),
-            Ok(_) if !self.group_log.is_loaded(self.offsets_partition_of(group).1) => {
-                Some(ResponseError::CoordinatorLoadInProgress)
-            }
-            Ok(_) => None,
-            Err(e) => Some(e),
-        }
+        self.key_refused(group, false)
     }
 
     /// Why this broker cannot serve transactional id `id` now, if it
     /// cannot: as [`Broker::group_refused`], for its partition of
     /// `__transaction_state`. One node serves every id.
     pub fn txn_refused(&self, id: &str) -> Option<ResponseError> {
+        self.key_refused(id, true)
+    }
+
+    /// [`Broker::group_refused`] and [`Broker::txn_refused`]: the key's
+    /// coordinator is another broker, none, or this one still loading it.
+    fn key_refused(&self, key: &str, transactions: bool) -> Option<ResponseError> {
         if !self.topics_shared() {
             return None;
         }
-        match self.coordinator_of(id, true) {
+        let (name, _) = self.coordinators_topic(transactions);
+        match self.coordinator_of(key, transactions) {
             Ok(node) if node != self.config().node_id() => Some(ResponseError::NotCoordinator),
             Ok(_) => {
-                let partitions = self.cluster.topic_shape(TRANSACTIONS_TOPIC).map_or(1, |(_, n)| n);
-                let index = coordinator_partition(id, partitions);
-                (!self.txn_log.is_loaded(index)).then_some(ResponseError::CoordinatorLoadInProgress)
+                let partitions = self.cluster.topic_shape(name).map_or(1, |(_, n)| n);
+                let index = coordinator_partition(key, partitions);
+                (!self.coordinator_loaded(name, index)).then_some(ResponseError::CoordinatorLoadInProgress)
             }
             Err(e) => Some(e),
         }

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use keel_coord::metalog::{encode_entries, encode_snapshot, Entry, Outcome, Sink, StoreError};
-use keel_coord::partitioned::{apply_batches, Partitioned};
+use keel_coord::partitioned::{apply_batches, Owns, Partitioned};
 use keel_data::partition::Partition;
 use keel_data::plane::DataPlane;
 use keel_log::clock::now_ms;
@@ -155,13 +155,13 @@ impl<T: Partitioned> CoordinatorLog<T> {
     }
 
     /// Whether the coordinator holds a key's partition (see `held`).
-    pub fn holds(self: &Arc<Self>) -> Arc<dyn Fn(&str) -> bool + Send + Sync> {
+    pub fn holds(self: &Arc<Self>) -> Owns {
         let log = Arc::clone(self);
         Arc::new(move |key: &str| log.held.lock().contains(&log.partition_of(key)))
     }
 
     /// Whether a key is partition `index`'s.
-    pub fn owns(self: &Arc<Self>, index: i32) -> Arc<dyn Fn(&str) -> bool + Send + Sync> {
+    pub fn owns(self: &Arc<Self>, index: i32) -> Owns {
         let log = Arc::clone(self);
         Arc::new(move |key: &str| log.partition_of(key) == index)
     }

@@ -198,7 +198,7 @@ impl GroupCoordinator {
     /// coordinator held of the groups `owns` says are that partition's.
     /// Members go on at their epochs and generations, with fresh session
     /// deadlines, as after a restart.
-    pub async fn load(&self, table: GroupTable, owns: Arc<dyn Fn(&str) -> bool + Send + Sync>) {
+    pub async fn load(&self, table: GroupTable, owns: crate::partitioned::Owns) {
         let (loaded, loaded_consumer) = restore(&table, &self.config, self.now_ms());
         let keep = Arc::clone(&owns);
         self.store
@@ -220,7 +220,7 @@ impl GroupCoordinator {
     /// Lets go of the groups `owns` says: their partition of a cluster's
     /// group log is led by another broker now. Requests waiting on them
     /// are dropped (their clients find the new coordinator).
-    pub async fn unload(&self, owns: Arc<dyn Fn(&str) -> bool + Send + Sync>) {
+    pub async fn unload(&self, owns: crate::partitioned::Owns) {
         {
             let mut groups = self.groups.lock();
             let mut consumer_groups = self.consumer_groups.lock();

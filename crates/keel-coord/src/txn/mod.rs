@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 
 use crate::codec::RecordError;
 use crate::metalog::{Durability, MetaLog, Table};
+pub use crate::partitioned::Owns;
 use keel_log::clock::Clock;
 use records::TxnRecord;
 use state::{EndDecision, InitDecision, TxnEntry, TxnState, TxnStatus};
@@ -132,10 +133,6 @@ impl crate::partitioned::Partitioned for TxnTable {
         self.txns.len()
     }
 }
-
-/// Which transactional ids a cluster's broker coordinates: those in the
-/// partitions of `__transaction_state` it leads and has loaded.
-pub type Owns = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// What InitProducerId came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
