@@ -166,8 +166,8 @@ impl<T: Partitioned> CoordinatorLog<T> {
         Arc::new(move |key: &str| log.partition_of(key) == index)
     }
 
-    /// Reads partition `partition` (index `index` of `count`), which this
-    /// broker just took the leadership of, from its log start to its high
+    /// Reads `partition` (one of the topic's `count`), which this broker
+    /// just took the leadership of, from its log start to its high
     /// watermark: the table its records rebuild, for the coordinator's
     /// `load`; then [`CoordinatorLog::loaded_now`].
     pub async fn read(&self, partition: &Arc<Partition>, count: i32) -> Result<(T, u64), String> {
