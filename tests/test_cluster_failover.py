@@ -332,8 +332,7 @@ def test_a_transactions_coordinator_fails_over_mid_transaction(etcd, tmp_path):
     transaction, with its partitions, and the producer commits it there
     and goes on with the same producer id. A read_committed consumer sees
     every committed record once. The data partition is placed on the
-    coordinator's broker, so both move to the one survivor (markers to
-    other brokers' partitions come later)."""
+    coordinator's broker, so both move to the one survivor."""
     brokers = start_cluster(etcd, tmp_path, [1, 2], extra={
         "transaction.state.log.replication.factor": "2",
         "offsets.topic.replication.factor": "2",

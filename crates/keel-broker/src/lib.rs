@@ -20,6 +20,7 @@ mod handlers;
 pub mod loggers;
 mod maintenance;
 pub mod metrics;
+pub mod peers;
 pub mod quotas;
 #[cfg(test)]
 mod testing;

@@ -226,8 +226,8 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
         ConfigType::String,
     ),
-    // The inter-broker listener, as a copied Kafka config names it. Keel is
-    // one broker and sends no inter-broker traffic; the keys are checked
+    // The inter-broker listener, as a copied Kafka config names it: where
+    // a cluster's brokers send each other requests. The keys are checked
     // as Kafka checks them (`crate::listeners::inter_broker`).
     ("inter.broker.listener.name", "", ConfigType::String),
     ("security.inter.broker.protocol", "PLAINTEXT", ConfigType::String),
@@ -350,6 +350,9 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         "100",
         ConfigType::Int,
     ),
+    // How often a partition leader asks again a coordinator on another
+    // broker that answered CONCURRENT_TRANSACTIONS, up to the max above.
+    ("add.partitions.to.txn.retry.backoff.ms", "20", ConfigType::Int),
     (
         "transaction.state.log.segment.bytes",
         "104857600",

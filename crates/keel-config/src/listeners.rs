@@ -199,8 +199,8 @@ pub fn listeners(config: &BrokerConfig) -> Result<Vec<Listener>, ConfigError> {
 /// The inter-broker listener a copied Kafka config names, checked as Kafka
 /// checks it: `inter.broker.listener.name` or `security.inter.broker.protocol`
 /// (not both) names one of the listeners, and a SASL one enables
-/// `sasl.mechanism.inter.broker.protocol`. Keel sends no inter-broker
-/// traffic, so a config that names none needs no PLAINTEXT listener.
+/// `sasl.mechanism.inter.broker.protocol`. A config that names none
+/// needs no PLAINTEXT listener (see [`inter_broker_listener`]).
 pub fn inter_broker(config: &BrokerConfig, listeners: &[Listener]) -> Result<(), ConfigError> {
     const NAME: &str = "inter.broker.listener.name";
     const PROTOCOL: &str = "security.inter.broker.protocol";
@@ -223,8 +223,9 @@ pub fn inter_broker(config: &BrokerConfig, listeners: &[Listener]) -> Result<(),
             })?;
             (PROTOCOL, protocol.to_string())
         }
-        // Kafka's default, PLAINTEXT, needs no listener here: Keel sends
-        // no inter-broker traffic.
+        // Kafka's default, PLAINTEXT, needs no listener here: one Keel
+        // sends no inter-broker traffic, and a cluster's brokers find one
+        // (`inter_broker_listener`).
         (false, false) => return Ok(()),
     };
     // Listener names compare as Kafka normalises them (upper case).
@@ -251,6 +252,29 @@ pub fn inter_broker(config: &BrokerConfig, listeners: &[Listener]) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// The listener the brokers of a cluster reach each other on:
+/// `inter.broker.listener.name`, else the listener named after
+/// `security.inter.broker.protocol` (PLAINTEXT by default, as Kafka
+/// names it), else the first PLAINTEXT listener. `None`: no listener
+/// fits (checked already by [`inter_broker`] when either key is set).
+pub fn inter_broker_listener(config: &BrokerConfig, listeners: &[Listener]) -> Option<Listener> {
+    let named = |name: &str| {
+        listeners
+            .iter()
+            .find(|l| l.name.eq_ignore_ascii_case(name))
+            .cloned()
+    };
+    if config.is_explicit("inter.broker.listener.name") {
+        return named(config.get("inter.broker.listener.name"));
+    }
+    named(config.get("security.inter.broker.protocol")).or_else(|| {
+        listeners
+            .iter()
+            .find(|l| l.protocol == SecurityProtocol::Plaintext)
+            .cloned()
+    })
 }
 
 /// `advertised.listeners` for the listeners bound at `bound` (their real
@@ -487,6 +511,37 @@ mod tests {
             let e = BrokerConfig::from_map(&map).unwrap_err();
             assert!(e.reason.contains(reason), "{value}: {e}");
         }
+    }
+
+    #[test]
+    fn the_inter_broker_listener_is_the_named_one_else_a_plaintext_one() {
+        let listeners_of = |c: &BrokerConfig| listeners(c).unwrap();
+        let chosen = |pairs: &[(&str, &str)]| {
+            let c = config(pairs);
+            inter_broker_listener(&c, &listeners_of(&c)).map(|l| l.name)
+        };
+        let two = ("listeners", "CLIENT://127.0.0.1:0,INTERNAL://127.0.0.1:0");
+        let map = ("listener.security.protocol.map", "CLIENT:SSL,INTERNAL:PLAINTEXT");
+        let tls = [
+            ("listener.name.client.ssl.keystore.type", "PEM"),
+            ("listener.name.client.ssl.keystore.key", "k"),
+            ("listener.name.client.ssl.keystore.certificate.chain", "c"),
+        ];
+        let mut pairs = vec![two, map];
+        pairs.extend(tls);
+        // No key set: the first PLAINTEXT listener.
+        assert_eq!(chosen(&pairs).as_deref(), Some("INTERNAL"));
+        pairs.push(("inter.broker.listener.name", "client"));
+        assert_eq!(chosen(&pairs).as_deref(), Some("CLIENT"));
+        // The default protocol names the listener called PLAINTEXT.
+        let ssl_first = [
+            ("listeners", "SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0"),
+            ("listener.name.ssl.ssl.keystore.type", "PEM"),
+            ("listener.name.ssl.ssl.keystore.key", "k"),
+            ("listener.name.ssl.ssl.keystore.certificate.chain", "c"),
+        ];
+        assert_eq!(chosen(&ssl_first).as_deref(), Some("PLAINTEXT"));
+        assert_eq!(chosen(&[("listen", "127.0.0.1:0")]).as_deref(), Some("PLAINTEXT"));
     }
 
     #[test]

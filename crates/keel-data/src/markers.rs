@@ -35,9 +35,9 @@ impl DataPlane {
     /// `producer_epoch` to partition `index` of `topic`, retrying while
     /// the partition cannot take it (a storage failure heals only with a
     /// restart, which writes the markers again), or while no broker leads
-    /// it. A partition that no longer exists, or that another broker
-    /// leads, needs none here;
-    /// one a newer epoch of the producer already ended refuses it.
+    /// it. A partition that no longer exists needs none; one a newer epoch
+    /// of the producer already ended refuses it. One another broker leads
+    /// is that broker's to write: its node id is returned.
     ///
     /// `still_due` is asked before every attempt: once it says no (the
     /// transaction was finished by another marker writer, or its
@@ -50,11 +50,11 @@ impl DataPlane {
         (producer_id, producer_epoch): (i64, i16),
         marker: Marker,
         still_due: &(dyn Fn() -> bool + Send + Sync),
-    ) {
+    ) -> Option<i32> {
         let mut backoff = Backoff::default();
         loop {
             if !still_due() {
-                return;
+                return None;
             }
             let partition = match self.lead_by_name(topic, index) {
                 Ok(p) => p,
@@ -70,24 +70,25 @@ impl DataPlane {
                     backoff.wait().await;
                     continue;
                 }
-                Err(_) => return,
+                Err(Unserved::NotLeader(Some(l))) => return Some(l.node_id),
+                Err(_) => return None,
             };
             match partition.write_marker(producer_id, producer_epoch, marker).await {
                 // In a cluster the marker counts once committed; a term
                 // that ends first cut it, so it is written again.
                 Ok(a) => loop {
                     match partition.wait_durable(&a, COMMIT_WAIT).await {
-                        Ok(()) => return,
+                        Ok(()) => return None,
                         Err(NotDurable::TimedOut) => continue,
                         Err(NotDurable::Fenced) => break,
                     }
                 },
-                Err(f) if f.error == ResponseError::UnknownTopicOrPartition => return,
+                Err(f) if f.error == ResponseError::UnknownTopicOrPartition => return None,
                 Err(f) if f.error == ResponseError::InvalidProducerEpoch => {
                     // A newer epoch already wrote here: this transaction's
                     // data was ended by that producer's own marker.
                     tracing::warn!(topic, partition = index, message = %f.message, "a stale marker was refused");
-                    return;
+                    return None;
                 }
                 Err(f) => {
                     tracing::warn!(topic, partition = index, error = ?f.error, message = %f.message, "cannot write a transaction marker; retrying");

@@ -14,6 +14,7 @@
 //!   delays that partition's appends and nothing else: no request thread
 //!   waits on it.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -272,6 +273,43 @@ pub struct Partition {
     pub(crate) published: Mutex<std::collections::HashSet<String>>,
     /// In a cluster: the log start this broker last recorded there.
     pub(crate) recorded_start: AtomicI64,
+    /// Transactional batches being checked with a coordinator on another
+    /// broker, by guard token: the producer each is of. A marker queued
+    /// for the producer removes its guards (see [`VerificationGuard`]).
+    verifying: Mutex<HashMap<u64, i64>>,
+}
+
+/// Tokens of [`VerificationGuard`]s.
+static NEXT_GUARD: AtomicU64 = AtomicU64::new(1);
+
+/// Kafka's verification guard (KIP-890), for a transactional batch whose
+/// coordinator is another broker: taken before the coordinator is asked
+/// whether the batch's transaction holds this partition, and checked by
+/// the partition writer just before the batch is planned. A marker for
+/// the producer queued in between (the transaction ended, and its batch
+/// would open one here no coordinator ends) voids it.
+pub struct VerificationGuard {
+    partition: Arc<Partition>,
+    token: u64,
+}
+
+impl VerificationGuard {
+    /// The writer's check: the guard still holds, else `refused`.
+    pub fn into_verify(self, refused: AppendFailure) -> Verify {
+        Box::new(move || {
+            if self.partition.verifying.lock().contains_key(&self.token) {
+                Ok(())
+            } else {
+                Err(refused)
+            }
+        })
+    }
+}
+
+impl Drop for VerificationGuard {
+    fn drop(&mut self) {
+        self.partition.verifying.lock().remove(&self.token);
+    }
 }
 
 /// The read-ahead slot of one partition.
@@ -412,6 +450,7 @@ impl Partition {
             replica: Replica::default(),
             published: Mutex::new(std::collections::HashSet::new()),
             recorded_start: AtomicI64::new(-1),
+            verifying: Mutex::new(HashMap::new()),
         }
     }
 
@@ -492,14 +531,28 @@ impl Partition {
         self.enqueue(records, headers, None, None, true)?.outcome().await
     }
 
+    /// Takes a [`VerificationGuard`] for a transactional batch of
+    /// `producer_id`, before its coordinator is asked about it.
+    pub fn verification_guard(self: &Arc<Self>, producer_id: i64) -> VerificationGuard {
+        let token = NEXT_GUARD.fetch_add(1, Ordering::Relaxed);
+        self.verifying.lock().insert(token, producer_id);
+        VerificationGuard {
+            partition: Arc::clone(self),
+            token,
+        }
+    }
+
     /// Appends the marker that ends `producer_id`'s transaction here
-    /// (commit or abort), through the same queue as produce requests.
+    /// (commit or abort), through the same queue as produce requests. The
+    /// producer's verification guards are void from here on: a batch
+    /// queued behind the marker belongs to no transaction it checked.
     pub async fn write_marker(
         self: &Arc<Self>,
         producer_id: i64,
         producer_epoch: i16,
         marker: Marker,
     ) -> Result<Appended, AppendFailure> {
+        self.verifying.lock().retain(|_, p| *p != producer_id);
         let batch = keel_log::marker::marker_batch(producer_id, producer_epoch, marker, self.clock.now_ms());
         let headers = keel_log::batch::validate_batches(&batch).map_err(|e| AppendFailure {
             error: ResponseError::UnknownServerError,

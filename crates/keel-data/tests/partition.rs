@@ -847,6 +847,63 @@ async fn a_transactional_batch_is_verified_when_the_writer_takes_it() {
     assert_eq!(p.last_stable_offset(), 1, "no transaction was opened");
 }
 
+/// A verification guard (a transactional batch checked with a coordinator
+/// on another broker) holds until a marker for its producer is queued:
+/// a batch whose guard was taken before its transaction's marker is
+/// refused by the writer, one whose guard was taken after it is written,
+/// and another producer's marker voids nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_voids_the_verification_guards_of_its_producer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _, _) = faulty(dir.path(), LogConfig::default());
+    let txn = |producer: i64, sequence: i32, value: &[u8]| {
+        let bytes = BatchBuilder::new(1_000)
+            .producer(producer, 0, sequence)
+            .transactional(true)
+            .record(None, Some(value))
+            .build();
+        let headers = validate_batches(&bytes).unwrap();
+        (Bytes::from(bytes), headers)
+    };
+    let refusal = || keel_data::partition::AppendFailure {
+        error: ResponseError::InvalidTxnState,
+        message: "the transaction ended".into(),
+    };
+    let commit = Marker {
+        commit: true,
+        coordinator_epoch: 3,
+    };
+    // Producers 7 and 8 each wrote a transaction here.
+    for producer in [7, 8] {
+        let (b, h) = txn(producer, 0, b"first");
+        p.append(b, h).await.unwrap();
+    }
+    let stale = p.verification_guard(7);
+    let other = p.verification_guard(8);
+    p.write_marker(7, 0, commit).await.unwrap();
+    let (b, h) = txn(7, 1, b"stale");
+    let refused = p
+        .queue(b, h, Some(stale.into_verify(refusal())))
+        .unwrap()
+        .outcome()
+        .await
+        .unwrap_err();
+    assert_eq!(refused.error, ResponseError::InvalidTxnState, "{refused:?}");
+    let (b, h) = txn(8, 1, b"second");
+    let kept = p.queue(b, h, Some(other.into_verify(refusal()))).unwrap();
+    assert_eq!(kept.outcome().await.unwrap().base_offset, 3);
+    let fresh = p.verification_guard(7);
+    let (b, h) = txn(7, 1, b"next");
+    let next = p.queue(b, h, Some(fresh.into_verify(refusal()))).unwrap();
+    assert_eq!(next.outcome().await.unwrap().base_offset, 4);
+    assert_eq!(p.high_watermark(), 5);
+    // The partition keeps the coordinator epoch of the marker.
+    assert!(p
+        .describe_producers()
+        .iter()
+        .any(|i| i.producer_id == 7 && i.coordinator_epoch == 3));
+}
+
 /// A marker for a producer that never wrote to the partition ends nothing
 /// and fences nothing there, so it is not written: a late marker of a
 /// deleted topic (markers are addressed by name) leaves a re-created topic

@@ -11,12 +11,15 @@
 //!   the single source for the ApiVersions response and for refusing
 //!   unsupported requests;
 //! * response framing with the right header version ([`response`]);
+//! * request frames out and response frames in, for the requests one
+//!   broker sends another ([`client`]);
 //! * an allocator that keeps hostile array lengths in requests from
 //!   aborting the process ([`alloc_guard`]).
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod alloc_guard;
+pub mod client;
 pub mod frame;
 pub mod request;
 pub mod response;

@@ -6,6 +6,7 @@ mod config;
 mod connection;
 mod doctor;
 mod loggers;
+mod peers;
 mod receive_time;
 mod segment;
 mod server;

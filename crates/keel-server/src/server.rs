@@ -181,11 +181,16 @@ async fn open_broker(
     };
     let me = identity::registration(&config, &advertised, &identity.directory_id);
     let membership = Membership::new(store, settings, me);
+    let all = listeners::listeners(&config).map_err(|e| e.to_string())?;
+    let peers = crate::peers::TcpPeers::new(listeners::inter_broker_listener(&config, &all).as_ref());
     let broker =
         tokio::task::spawn_blocking(move || Broker::open_in(config, advertised, identity, membership))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
+    // Before the cluster starts: the transactions a load finds prepared
+    // send their markers at once.
+    let _ = broker.peers.set(Arc::new(peers));
     if let Err(e) = broker.start_cluster().await {
         broker.cluster.leave().await;
         let b = Arc::clone(&broker);

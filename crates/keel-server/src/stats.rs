@@ -281,6 +281,19 @@ fn render_cluster(stats: &Value, out: &mut String) {
             );
         }
     }
+    if let Some(peers) = cluster["peer_requests"].as_object().filter(|p| !p.is_empty()) {
+        let sent: Vec<String> = peers
+            .iter()
+            .map(|(api, n)| {
+                format!(
+                    "{} {api} ({} failed)",
+                    n["requests"].as_u64().unwrap_or(0),
+                    n["failures"].as_u64().unwrap_or(0)
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "peers        sent other brokers {}", sent.join(", "));
+    }
     let wal = &cluster["wal"];
     if wal.is_object() {
         let n = |key: &str| wal[key].as_u64().unwrap_or(0);
@@ -550,9 +563,15 @@ mod tests {
         let stats = serde_json::json!({
             "cluster": {"store": "etcd at http://10.0.0.5:2379", "node_id": 2, "broker_epoch": 41,
                         "fenced": true, "controller": {"node_id": 1, "epoch": 9},
-                        "brokers": [{"node_id": 1}, {"node_id": 2}, {"node_id": 3}]},
+                        "brokers": [{"node_id": 1}, {"node_id": 2}, {"node_id": 3}],
+                        "peer_requests": {"AddPartitionsToTxn": {"requests": 12, "failures": 0},
+                                          "WriteTxnMarkers": {"requests": 7, "failures": 2}}},
         });
         let text = render(&stats);
+        assert!(
+            text.contains("peers        sent other brokers 12 AddPartitionsToTxn (0 failed), 7 WriteTxnMarkers (2 failed)"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "cluster      node 2 epoch 41 (FENCED: its session is not confirmed) on etcd at \

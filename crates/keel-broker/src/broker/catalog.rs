@@ -530,6 +530,20 @@ pub(crate) fn placement(
 
 pub use keel_cluster::topics::{is_internal, GROUPS_TOPIC, TRANSACTIONS_TOPIC};
 
+/// Where a transaction marker for a partition of `__consumer_offsets`
+/// goes (see [`Broker::group_marker_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerAt {
+    /// The topic does not exist yet: the partition holds no offsets.
+    Nowhere,
+    /// This broker leads it.
+    Here,
+    /// Another live broker leads it.
+    Broker(i32),
+    /// No live broker leads it now.
+    NoLeader,
+}
+
 /// The partition of a coordinators' topic of `partitions` partitions that
 /// `key` (a group or transactional id) falls in: Kafka's
 /// `Utils.abs(key.hashCode()) % partitions` (Java's string hash; the
@@ -652,17 +666,36 @@ impl Broker {
         }
     }
 
-    /// Whether a transaction marker for partition `index` of
-    /// `__consumer_offsets` is not this broker's to write: the topic does
-    /// not exist yet (so the partition holds no offsets), or another live
-    /// broker leads the partition. Not while no broker leads it.
-    pub fn group_marker_not_here(&self, index: i32) -> bool {
+    /// Where a transaction marker for partition `index` of
+    /// `__consumer_offsets` goes, in a cluster.
+    pub fn group_marker_at(&self, index: i32) -> MarkerAt {
         let Some((id, _)) = self.cluster.topic_shape(GROUPS_TOPIC) else {
-            return true;
+            return MarkerAt::Nowhere;
         };
+        match self.cluster.live_leader(id, index) {
+            None => MarkerAt::NoLeader,
+            Some((node, _)) if node == self.config().node_id() => MarkerAt::Here,
+            Some((node, _)) => MarkerAt::Broker(node),
+        }
+    }
+
+    /// The epoch transactional id `id`'s coordinator writes its markers
+    /// with, which a partition fences older coordinators' markers by
+    /// (TRANSACTION_COORDINATOR_FENCED): in a cluster, the leader epoch
+    /// of the id's partition of `__transaction_state` here, as Kafka's.
+    pub fn coordinator_epoch(&self, id: &str) -> i32 {
+        if !self.topics_shared() {
+            return keel_coord::txn::COORDINATOR_EPOCH;
+        }
+        let (name, _) = self.coordinators_topic(true);
         self.cluster
-            .live_leader(id, index)
-            .is_some_and(|(node, _)| node != self.config().node_id())
+            .topic_shape(name)
+            .and_then(|(topic_id, partitions)| {
+                self.cluster
+                    .live_leader(topic_id, coordinator_partition(id, partitions))
+            })
+            .filter(|(node, _)| *node == self.config().node_id())
+            .map_or(keel_coord::txn::COORDINATOR_EPOCH, |(_, epoch)| epoch)
     }
 
     /// Whether this broker leads a partition of `__consumer_offsets` it

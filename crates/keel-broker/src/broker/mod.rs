@@ -171,6 +171,11 @@ pub struct Broker {
     /// The process's loggers (Kafka's BROKER_LOGGER), set by the binary
     /// that owns the log subscriber; unset, there are none to describe.
     pub loggers: std::sync::OnceLock<Arc<dyn crate::loggers::Loggers>>,
+    /// How requests reach the other brokers of a cluster, set by the
+    /// binary that owns the sockets; unset, none are sent.
+    pub peers: std::sync::OnceLock<Arc<dyn crate::peers::PeerTransport>>,
+    /// The requests sent to other brokers.
+    pub peer_stats: crate::peers::PeerStats,
     /// Consumer groups' own configs (`kafka-configs --entity-type groups`).
     pub group_configs: crate::group_configs::GroupConfigs,
     /// The clients already told, in the log, that an API they asked for is
@@ -313,6 +318,8 @@ impl Broker {
             admin: tokio::sync::Mutex::new(()),
             features_epoch,
             loggers: std::sync::OnceLock::new(),
+            peers: std::sync::OnceLock::new(),
+            peer_stats: crate::peers::PeerStats::default(),
             group_configs,
             refused_apis: refused::RefusedApis::default(),
             metrics,
@@ -368,6 +375,7 @@ impl Broker {
             })).collect::<Vec<_>>(),
             "group_log": self.topics_shared().then(|| self.group_log.stats_json()),
             "txn_log": self.topics_shared().then(|| self.txn_log.stats_json()),
+            "peer_requests": self.peer_stats.json(),
             "wal": self.data.wal.as_ref().map(|w| {
                 let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
                 serde_json::json!({

@@ -30,6 +30,11 @@ struct StateLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ApiLabels {
+    api: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct IoLabels {
     class: &'static str,
 }
@@ -399,6 +404,24 @@ fn register_cluster(r: &mut Registry, broker: &Broker) {
         "transactional ids",
         &broker.txn_log.loaded(),
         &broker.txn_log.stats,
+    );
+    let (requests, failures) = (
+        Family::<ApiLabels, Counter>::default(),
+        Family::<ApiLabels, Counter>::default(),
+    );
+    for (api, n, failed) in broker.peer_stats.snapshot() {
+        requests.get_or_create(&ApiLabels { api: api.clone() }).inc_by(n);
+        failures.get_or_create(&ApiLabels { api }).inc_by(failed);
+    }
+    r.register(
+        "keel_cluster_peer_requests",
+        "Requests this broker sent other brokers (transaction markers, a transaction's partitions), by API",
+        requests,
+    );
+    r.register(
+        "keel_cluster_peer_request_failures",
+        "Requests to other brokers that got no answer (unreachable, cut or timed out), by API",
+        failures,
     );
 }
 

@@ -359,27 +359,16 @@ pub async fn txn_offset_commit(
     }
     let producer = (req.producer_id.0, req.producer_epoch);
     let offsets_partition = broker.offsets_partition_of(req.group_id.as_str());
-    let verify = || {
-        broker.txns.verify(
-            req.transactional_id.as_str(),
-            producer.0,
-            producer.1,
-            &offsets_partition,
-        )
+    let txn = TxnOf {
+        id: req.transactional_id.as_str(),
+        producer,
+        offsets_partition: &offsets_partition,
+        elsewhere: super::txn::coordinated_elsewhere(broker, req.transactional_id.as_str()),
     };
     // From v5 (transactions v2) the commit takes the offsets partition
     // into the transaction itself, instead of an AddOffsetsToTxn before.
     let added = if version >= 5 {
-        broker
-            .txns
-            .add_partitions(
-                req.transactional_id.as_str(),
-                producer.0,
-                producer.1,
-                std::slice::from_ref(&offsets_partition),
-                keel_coord::txn::state::TRANSACTION_VERSION_2,
-                ResponseError::ProducerFenced,
-            )
+        txn.add(broker)
             .await
             // While the last transaction's markers are written: an error
             // every client retries at once.
@@ -390,7 +379,11 @@ pub async fn txn_offset_commit(
     } else {
         Ok(())
     };
-    let outcome = match added.and_then(|()| verify()) {
+    let verified = match added {
+        Ok(()) => txn.verify(broker).await,
+        Err(e) => Err(e),
+    };
+    let outcome = match verified {
         Err(e) => Err(e),
         Ok(()) => {
             let written = broker
@@ -404,11 +397,14 @@ pub async fn txn_offset_commit(
                     offsets,
                 )
                 .await;
-            match (written, verify()) {
+            match (written, txn.verify(broker).await) {
                 // The transaction ended (it timed out) while the offsets
                 // were written; its marker may be in the group log before
-                // them. End them here so they cannot stay pending.
-                (Ok(_), Err(e)) => {
+                // them. End them here so they cannot stay pending. (A
+                // coordinator that could not be asked says nothing: the
+                // client is told to retry, and the offsets stay pending
+                // for the marker.)
+                (Ok(_), Err(e)) if !unanswered(e) => {
                     let abort = Marker {
                         commit: false,
                         coordinator_epoch: keel_coord::txn::COORDINATOR_EPOCH,
@@ -418,6 +414,7 @@ pub async fn txn_offset_commit(
                     }
                     Err(e)
                 }
+                (Ok(_), Err(e)) => Err(e),
                 (written, _) => written,
             }
         }
@@ -428,6 +425,62 @@ pub async fn txn_offset_commit(
         TxnOffsetCommitResponsePartition
     );
     TxnOffsetCommitResponse::default().with_topics(topics)
+}
+
+/// The transaction a TxnOffsetCommit writes in, and where its coordinator
+/// is.
+struct TxnOf<'a> {
+    id: &'a str,
+    producer: (i64, i16),
+    offsets_partition: &'a (String, i32),
+    /// Another broker coordinates it: it is asked (AddPartitionsToTxn).
+    elsewhere: bool,
+}
+
+impl TxnOf<'_> {
+    /// Takes the group's offsets partition into the transaction.
+    async fn add(&self, broker: &Broker) -> Result<(), ResponseError> {
+        let partitions = std::slice::from_ref(self.offsets_partition);
+        if self.elsewhere {
+            let ask = super::txn::Ask::Add(std::time::Duration::ZERO);
+            return super::txn::ask_coordinator(broker, self.id, self.producer, partitions, ask).await;
+        }
+        broker
+            .txns
+            .add_partitions(
+                self.id,
+                self.producer.0,
+                self.producer.1,
+                partitions,
+                keel_coord::txn::state::TRANSACTION_VERSION_2,
+                ResponseError::ProducerFenced,
+            )
+            .await
+    }
+
+    /// Whether the group's offsets partition is in the open transaction.
+    async fn verify(&self, broker: &Broker) -> Result<(), ResponseError> {
+        if self.elsewhere {
+            let partitions = std::slice::from_ref(self.offsets_partition);
+            let ask = super::txn::Ask::Verify;
+            return super::txn::ask_coordinator(broker, self.id, self.producer, partitions, ask).await;
+        }
+        broker
+            .txns
+            .verify(self.id, self.producer.0, self.producer.1, self.offsets_partition)
+    }
+}
+
+/// Errors that say the coordinator was not reached or not ready, not
+/// that the transaction is over.
+fn unanswered(e: ResponseError) -> bool {
+    matches!(
+        e,
+        ResponseError::CoordinatorNotAvailable
+            | ResponseError::NotCoordinator
+            | ResponseError::CoordinatorLoadInProgress
+            | ResponseError::ConcurrentTransactions
+    )
 }
 
 /// One topic of a commit request: `(partition, offset, leader epoch,

@@ -178,10 +178,10 @@ async fn produce_partition(
     }
     // Checked here to refuse early, and again by the partition writer just
     // before the batch is planned (see `verifier`).
-    let verify = verifier(broker, &headers[0], txn.as_ref(), &topic, index);
-    if let Err((error, message)) = check_transaction(broker, &headers[0], txn, &topic, index) {
-        return failed(error, message);
-    }
+    let verify = match check_transaction(broker, &partition, &headers[0], txn, &topic, index).await {
+        Ok(verify) => verify,
+        Err((error, message)) => return failed(error, message),
+    };
     let rules = RecordRules::of(&config, &topic.meta.configs);
     let now_ms = now_ms();
     let check = RecordsCheck {
@@ -215,18 +215,11 @@ async fn produce_partition(
 /// (record checks, recompression) the transaction may end and its marker
 /// be written here, and the batch would then open a transaction no
 /// coordinator ends.
-fn verifier(
-    broker: &Broker,
-    h: &BatchHeader,
-    txn: Option<&TxnCheck>,
-    topic: &Topic,
-    index: i32,
-) -> Option<Verify> {
-    let txn = txn.filter(|_| h.is_transactional())?;
-    let (txns, id) = (Arc::clone(&broker.txns), Arc::clone(txn.id()));
+fn verifier(broker: &Broker, id: &Arc<str>, h: &BatchHeader, topic: &Topic, index: i32) -> Verify {
+    let (txns, id) = (Arc::clone(&broker.txns), Arc::clone(id));
     let (producer_id, epoch) = (h.producer_id, h.producer_epoch);
     let partition = (topic.meta.name.clone(), index);
-    Some(Box::new(move || {
+    Box::new(move || {
         txns.verify(&id, producer_id, epoch, &partition).map_err(|error| AppendFailure {
             error,
             message: format!(
@@ -234,7 +227,7 @@ fn verifier(
                 partition.0, partition.1
             ),
         })
-    }))
+    })
 }
 
 /// Batches this large (compressed, or to be compressed in the topic's
@@ -463,61 +456,100 @@ async fn add_to_transaction(
     };
     let max_wait_ms = broker.config().num("add.partitions.to.txn.retry.backoff.max.ms");
     let max_wait = std::time::Duration::from_millis(u64::try_from(max_wait_ms).unwrap_or(0));
-    broker
-        .txns
-        .add_for_produce(id, producer, &partitions, max_wait)
-        .await
-        .map_err(|e| {
-            let message = format!(
-                "cannot add {} partition(s) to the transaction of producer {} epoch {} ({id}): {e:?}",
-                partitions.len(),
-                producer.0,
-                producer.1
-            );
-            (produce_error(e), message)
-        })
+    let added = if super::txn::coordinated_elsewhere(broker, id) {
+        let ask = super::txn::Ask::Add(max_wait);
+        super::txn::ask_coordinator(broker, id, producer, &partitions, ask).await
+    } else {
+        broker
+            .txns
+            .add_for_produce(id, producer, &partitions, max_wait)
+            .await
+    };
+    added.map_err(|e| {
+        let message = format!(
+            "cannot add {} partition(s) to the transaction of producer {} epoch {} ({id}): {e:?}",
+            partitions.len(),
+            producer.0,
+            producer.1
+        );
+        (produce_error(e), message)
+    })
 }
 
 /// A transactional batch must come with its transactional id, from the
 /// producer id and epoch that own it, into a partition its open
 /// transaction added (Kafka's partition verification): a batch written
 /// outside its transaction would never get a marker and would hold the
-/// last stable offset back for good.
-fn check_transaction(
+/// last stable offset back for good. Checked here, and again by the
+/// partition writer with the returned check (see [`Verify`]).
+///
+/// Where another broker coordinates the transaction, that coordinator is
+/// asked (AddPartitionsToTxn, verify only) under the partition's
+/// verification guard, which a marker for the producer voids. A batch
+/// whose partition was added by its produce (transactions v2) needs no
+/// check in the writer then: every end of a v2 transaction bumps the
+/// producer's epoch, and the partition refuses the old epoch's batches
+/// once the marker is written.
+async fn check_transaction(
     broker: &Broker,
+    partition: &Arc<Partition>,
     h: &BatchHeader,
     txn: Option<TxnCheck>,
     topic: &Topic,
     index: i32,
-) -> Result<(), (ResponseError, String)> {
+) -> Result<Option<Verify>, (ResponseError, String)> {
     if !h.is_transactional() {
-        return Ok(());
+        return Ok(None);
     }
-    let id = match txn {
-        None => {
-            return Err((
-                ResponseError::InvalidRecord,
-                format!(
-                    "a transactional batch of producer {} without a transactional id",
-                    h.producer_id
-                ),
-            ))
-        }
-        // Its partition was in the add (see add_to_transaction).
-        Some(TxnCheck::Added(_, added)) => return added,
-        Some(TxnCheck::Verify(id)) => id,
+    let Some(txn) = txn else {
+        return Err((
+            ResponseError::InvalidRecord,
+            format!(
+                "a transactional batch of producer {} without a transactional id",
+                h.producer_id
+            ),
+        ));
     };
-    let partition = (topic.meta.name.clone(), index);
-    broker
-        .txns
-        .verify(&id, h.producer_id, h.producer_epoch, &partition)
-        .map_err(|e| {
-            let message = format!(
-                "producer {} epoch {} of transactional id {id} has no open transaction with {}-{index}",
-                h.producer_id, h.producer_epoch, topic.meta.name
-            );
-            (e, message)
-        })
+    let elsewhere = super::txn::coordinated_elsewhere(broker, txn.id());
+    let not_open = |id: &str| {
+        format!(
+            "producer {} epoch {} of transactional id {id} has no open transaction with {}-{index}",
+            h.producer_id, h.producer_epoch, topic.meta.name
+        )
+    };
+    let partition_name = (topic.meta.name.clone(), index);
+    match txn {
+        // Its partition was in the add (see add_to_transaction).
+        TxnCheck::Added(_, Err(refused)) => Err(refused),
+        TxnCheck::Added(_, Ok(())) if elsewhere => Ok(None),
+        TxnCheck::Added(id, Ok(())) => Ok(Some(verifier(broker, &id, h, topic, index))),
+        TxnCheck::Verify(id) if elsewhere => {
+            let guard = partition.verification_guard(h.producer_id);
+            super::txn::ask_coordinator(
+                broker,
+                &id,
+                (h.producer_id, h.producer_epoch),
+                std::slice::from_ref(&partition_name),
+                super::txn::Ask::Verify,
+            )
+            .await
+            .map_err(|e| (produce_error(e), not_open(&id)))?;
+            Ok(Some(guard.into_verify(AppendFailure {
+                error: ResponseError::InvalidTxnState,
+                message: format!(
+                    "the transaction of producer {} epoch {} ({id}) ended before its batch to {}-{index} was appended",
+                    h.producer_id, h.producer_epoch, topic.meta.name
+                ),
+            })))
+        }
+        TxnCheck::Verify(id) => {
+            broker
+                .txns
+                .verify(&id, h.producer_id, h.producer_epoch, &partition_name)
+                .map_err(|e| (e, not_open(&id)))?;
+            Ok(Some(verifier(broker, &id, h, topic, index)))
+        }
+    }
 }
 
 /// What a produce answers for the coordinator's refusal of its implicit

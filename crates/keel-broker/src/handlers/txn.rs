@@ -5,14 +5,16 @@
 
 use std::sync::Arc;
 
-use keel_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+use keel_protocol::messages::add_partitions_to_txn_request::{
+    AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
+};
 use keel_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult,
 };
 use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
-use super::partition_exists;
+use super::{partition_exists, str_bytes};
 use crate::Broker;
 use keel_coord::txn::EndOutcome;
 
@@ -36,11 +38,11 @@ pub async fn add_partitions_to_txn(
         let results = add_one(
             broker,
             req.v3_and_below_transactional_id.as_str(),
-            req.v3_and_below_producer_id.0,
-            req.v3_and_below_producer_epoch,
+            (req.v3_and_below_producer_id.0, req.v3_and_below_producer_epoch),
             false,
             &req.v3_and_below_topics,
             fenced,
+            version,
         )
         .await;
         return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results);
@@ -50,11 +52,11 @@ pub async fn add_partitions_to_txn(
         let results = add_one(
             broker,
             t.transactional_id.as_str(),
-            t.producer_id.0,
-            t.producer_epoch,
+            (t.producer_id.0, t.producer_epoch),
             t.verify_only,
             &t.topics,
             fenced,
+            version,
         )
         .await;
         out.push(
@@ -74,12 +76,19 @@ pub async fn add_partitions_to_txn(
 async fn add_one(
     broker: &Arc<Broker>,
     id: &str,
-    producer_id: i64,
-    epoch: i16,
+    (producer_id, epoch): (i64, i16),
     verify_only: bool,
     topics: &[AddPartitionsToTxnTopic],
     fenced: ResponseError,
+    version: i16,
 ) -> Vec<AddPartitionsToTxnTopicResult> {
+    // From v4 only brokers send it: a partition leader's implicit add for
+    // a produce under transactions v2.
+    let client_version = if version >= 4 {
+        keel_coord::txn::state::TRANSACTION_VERSION_2
+    } else {
+        0
+    };
     let requested: Vec<(String, i32)> = topics
         .iter()
         .flat_map(|t| t.partitions.iter().map(|p| (t.name.0.to_string(), *p)))
@@ -111,7 +120,7 @@ async fn add_one(
     } else {
         let result = broker
             .txns
-            .add_partitions(id, producer_id, epoch, &requested, 0, fenced)
+            .add_partitions(id, producer_id, epoch, &requested, client_version, fenced)
             .await;
         vec![result.err(); requested.len()]
     };
@@ -130,6 +139,113 @@ async fn add_one(
         }
     }
     results
+}
+
+/// What a partition leader or a group coordinator asks of a transaction's
+/// coordinator on another broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// Add the partitions (transactions v2's implicit add), retrying for
+    /// up to this long while the transaction is busy
+    /// (CONCURRENT_TRANSACTIONS), every
+    /// `add.partitions.to.txn.retry.backoff.ms`.
+    Add(std::time::Duration),
+    /// Whether the partitions are in the open transaction.
+    Verify,
+}
+
+/// Whether transactional id `id` is coordinated by another broker.
+pub(crate) fn coordinated_elsewhere(broker: &Broker, id: &str) -> bool {
+    broker.txn_refused(id) == Some(ResponseError::NotCoordinator)
+}
+
+/// How long a coordinator on another broker is waited for, per request.
+const ASK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The AddPartitionsToTxn version partition leaders send (KIP-890).
+const BROKER_ADD_VERSION: i16 = 5;
+
+/// Asks transactional id `id`'s coordinator, another broker, about
+/// `partitions` of producer `producer`'s transaction with AddPartitionsToTxn
+/// v5, as Kafka's partition leaders do: the first partition's error, if
+/// any. A coordinator this broker cannot reach is COORDINATOR_NOT_AVAILABLE.
+pub(crate) async fn ask_coordinator(
+    broker: &Broker,
+    id: &str,
+    (producer_id, epoch): (i64, i16),
+    partitions: &[(String, i32)],
+    ask: Ask,
+) -> Result<(), ResponseError> {
+    let node = broker.coordinator_of(id, true)?;
+    let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
+    for (topic, index) in partitions {
+        match topics.iter_mut().find(|t| t.name.0.as_str() == topic) {
+            Some(t) => t.partitions.push(*index),
+            None => topics.push(
+                AddPartitionsToTxnTopic::default()
+                    .with_name(TopicName(str_bytes(topic.as_str())))
+                    .with_partitions(vec![*index]),
+            ),
+        }
+    }
+    let req =
+        AddPartitionsToTxnRequest::default().with_transactions(vec![AddPartitionsToTxnTransaction::default(
+        )
+        .with_transactional_id(TransactionalId(str_bytes(id)))
+        .with_producer_id(ProducerId(producer_id))
+        .with_producer_epoch(epoch)
+        .with_verify_only(ask == Ask::Verify)
+        .with_topics(topics)]);
+    let max_wait = match ask {
+        Ask::Add(wait) => wait,
+        Ask::Verify => std::time::Duration::ZERO,
+    };
+    let deadline = tokio::time::Instant::now() + max_wait;
+    let backoff_ms = broker.config().num("add.partitions.to.txn.retry.backoff.ms");
+    let backoff = std::time::Duration::from_millis(u64::try_from(backoff_ms).unwrap_or(20).max(1));
+    loop {
+        let answer = broker
+            .peer_request(node, BROKER_ADD_VERSION, &req, ASK_WAIT)
+            .await
+            .map_err(|e| {
+                tracing::warn!(transactional_id = id, coordinator = node, error = %e, "cannot ask a transaction's coordinator");
+                ResponseError::CoordinatorNotAvailable
+            })?;
+        match first_error(&answer) {
+            None => return Ok(()),
+            Some(ResponseError::ConcurrentTransactions)
+                if tokio::time::Instant::now() + backoff < deadline =>
+            {
+                tokio::time::sleep(backoff).await;
+            }
+            Some(e) => return Err(e),
+        }
+    }
+}
+
+/// The error of an AddPartitionsToTxn answer: the request's, else the
+/// first partition's that is not OPERATION_NOT_ATTEMPTED (which only
+/// says another partition failed).
+fn first_error(answer: &AddPartitionsToTxnResponse) -> Option<ResponseError> {
+    let of = |code: i16| {
+        ResponseError::try_from_code(code).or((code != 0).then_some(ResponseError::UnknownServerError))
+    };
+    if let Some(e) = of(answer.error_code) {
+        return Some(e);
+    }
+    let codes: Vec<i16> = answer
+        .results_by_transaction
+        .iter()
+        .flat_map(|t| &t.topic_results)
+        .flat_map(|t| &t.results_by_partition)
+        .map(|p| p.partition_error_code)
+        .collect();
+    let not_attempted = ResponseError::OperationNotAttempted.code();
+    codes
+        .iter()
+        .find(|c| **c != 0 && **c != not_attempted)
+        .or(codes.iter().find(|c| **c != 0))
+        .and_then(|c| of(*c))
 }
 
 /// AddOffsetsToTxn: the transaction will commit offsets of `group_id`,

@@ -166,11 +166,14 @@ pub fn describe_producers(broker: &Broker, req: DescribeProducersRequest) -> Des
 }
 
 /// WriteTxnMarkers: writes each marker into its partitions, as a
-/// coordinator would. Operators send it (`kafka-transactions abort`) to
-/// end a transaction whose coordinator no longer will. A marker older
+/// coordinator would (a partition of `__consumer_offsets` ends the
+/// producer's offsets in the group log). A cluster's coordinators send it
+/// to the leaders of their transactions' partitions; operators send it
+/// (`kafka-transactions abort`) to end a transaction whose coordinator no
+/// longer will. A marker older
 /// than a partition's producer state is refused there
-/// (INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED), one claiming
-/// a coordinator newer than Keel's is INVALID_REQUEST.
+/// (INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED); on one node,
+/// one claiming a coordinator newer than Keel's is INVALID_REQUEST.
 pub async fn write_txn_markers(broker: &Arc<Broker>, req: WriteTxnMarkersRequest) -> WriteTxnMarkersResponse {
     let mut markers = Vec::with_capacity(req.markers.len());
     for m in req.markers {
@@ -182,13 +185,19 @@ pub async fn write_txn_markers(broker: &Arc<Broker>, req: WriteTxnMarkersRequest
         for t in m.topics {
             let mut partitions = Vec::with_capacity(t.partition_indexes.len());
             for index in t.partition_indexes {
-                let written = match partition_of(broker, t.name.as_str(), index) {
-                    Err(e) => Err(e),
-                    // Keel's one coordinator is at COORDINATOR_EPOCH: a
-                    // marker claiming a newer one is forged, and would
+                let one_node = !broker.topics_shared();
+                let written = if one_node && m.coordinator_epoch > COORDINATOR_EPOCH {
+                    // One node's one coordinator is at COORDINATOR_EPOCH:
+                    // a marker claiming a newer one is forged, and would
                     // fence the coordinator's own markers out of the
-                    // partition.
-                    Ok(_) if m.coordinator_epoch > COORDINATOR_EPOCH => Err(ResponseError::InvalidRequest),
+                    // partition. (A cluster's coordinators write at their
+                    // partitions' leader epochs.)
+                    Err(ResponseError::InvalidRequest)
+                } else if super::markers::in_group_log(broker, t.name.as_str(), index) {
+                    group_marker(broker, index, (m.producer_id.0, m.producer_epoch), marker).await
+                } else {
+                    match partition_of(broker, t.name.as_str(), index) {
+                    Err(e) => Err(e),
                     Ok(p) => match p.write_marker(m.producer_id.0, m.producer_epoch, marker).await {
                         Ok(a) => super::produce::durable(&p, a, MARKER_COMMIT_WAIT).await,
                         Err(f) => Err(f),
@@ -198,6 +207,7 @@ pub async fn write_txn_markers(broker: &Arc<Broker>, req: WriteTxnMarkersRequest
                             tracing::warn!(topic = %t.name.as_str(), partition = index, message = %f.message, "a WriteTxnMarkers marker was refused");
                             f.error
                         }),
+                    }
                 };
                 partitions.push(
                     WritableTxnMarkerPartitionResult::default()
@@ -218,4 +228,23 @@ pub async fn write_txn_markers(broker: &Arc<Broker>, req: WriteTxnMarkersRequest
         );
     }
     WriteTxnMarkersResponse::default().with_markers(markers)
+}
+
+/// A marker for a partition of the group log, as WriteTxnMarkers answers
+/// it: NOT_LEADER_OR_FOLLOWER where another broker leads the partition,
+/// COORDINATOR_LOAD_IN_PROGRESS while it loads here or has no leader.
+async fn group_marker(
+    broker: &Arc<Broker>,
+    index: i32,
+    producer: (i64, i16),
+    marker: Marker,
+) -> Result<(), ResponseError> {
+    match super::markers::group_marker(broker, index, producer, marker).await {
+        Ok(None) => Ok(()),
+        Ok(Some(_)) => Err(ResponseError::NotLeaderOrFollower),
+        Err(why) => {
+            tracing::warn!(partition = index, %why, "a WriteTxnMarkers marker for the group log waits");
+            Err(ResponseError::CoordinatorLoadInProgress)
+        }
+    }
 }
