@@ -15,9 +15,15 @@ transaction.version each broker finalized (2: the client ran transactions
 v2, KIP-890). A benchmark, not a
 test: it prints numbers, asserts none.
 
+With `--cluster`, a 3-broker Keel cluster (etcd, versitygw: as
+`bench/throughput.py --cluster`) runs too; with `--partitions 3` each
+transaction then spans partitions three brokers lead, its coordinator
+sending markers to the others and their leaders asking it about the
+batches (docs/cluster.md).
+
 usage: bench/transactions.py [--records N] [--record-size B]
                              [--transaction-duration-ms D] [--partitions P]
-                             [--rounds R] [--json FILE]
+                             [--rounds R] [--cluster] [--json FILE]
 The keel binary defaults to target/release/keel (build it with
 `cargo build --release -p keel-server`).
 """
@@ -31,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from throughput import HERE, REPO, with_kafka, with_keel
+from throughput import HERE, REPO, with_kafka, with_keel, with_keel_cluster
 
 PERF = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
                   r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th")
@@ -110,12 +116,16 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--keel", default=str(REPO / "target" / "release" / "keel"))
+    ap.add_argument("--cluster", action="store_true", help="also a 3-broker Keel cluster")
     ap.add_argument("--json")
     args = ap.parse_args()
     subprocess.run([str(HERE / "kafka" / "fetch.sh")], check=True, stdout=subprocess.DEVNULL)
-    runs = {"kafka": [], "keel": []}
+    runners = [("kafka", with_kafka), ("keel", with_keel)]
+    if args.cluster:
+        runners.append(("keelcluster", with_keel_cluster))
+    runs = {name: [] for name, _ in runners}
     for r in range(args.rounds):
-        for name, runner in (("kafka", with_kafka), ("keel", with_keel)):
+        for name, runner in runners:
             res = runner(args, lambda bs: run_broker(bs, r, args))
             print(f"round {r + 1} {name}: {json.dumps(res)}", flush=True)
             runs[name].append(res)
@@ -127,15 +137,19 @@ def main() -> int:
     b = {n: {mode: best(n, mode) for mode in ("idempotent", "transactional")} for n in runs}
     print(f"\n{args.records} records x {args.record_size} B, acks=all, {args.partitions} partition(s), "
           f"a transaction every {args.transaction_duration_ms} ms, best of {args.rounds} rounds")
-    header = ["metric", "kafka idem", "kafka txn", "keel idem", "keel txn", "keel/kafka txn",
-              "kafka txn/idem", "keel txn/idem"]
-    print("".join(f"{h:>16}" if i else f"{h:<24}" for i, h in enumerate(header)))
+    names = list(runs)
+    header = ["metric"] + [f"{n} {mode}" for n in names for mode in ("idem", "txn")] \
+        + [f"{n}/kafka txn" for n in names[1:]] + [f"{n} txn/idem" for n in names]
+    print("".join(f"{h:>20}" if i else f"{h:<24}" for i, h in enumerate(header)))
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else float("nan")
+
     for m in METRICS:
-        ki, kt = b["kafka"]["idempotent"][m], b["kafka"]["transactional"][m]
-        ei, et = b["keel"]["idempotent"][m], b["keel"]["transactional"][m]
-        cells = [ki, kt, ei, et, et / kt if kt else float("nan"), kt / ki if ki else float("nan"),
-                 et / ei if ei else float("nan")]
-        print(f"{m:<24}" + "".join(f"{c:>16.2f}" for c in cells))
+        cells = [b[n][mode][m] for n in names for mode in ("idempotent", "transactional")]
+        cells += [ratio(b[n]["transactional"][m], b["kafka"]["transactional"][m]) for n in names[1:]]
+        cells += [ratio(b[n]["transactional"][m], b[n]["idempotent"][m]) for n in names]
+        print(f"{m:<24}" + "".join(f"{c:>20.2f}" for c in cells))
     for n in runs:
         counts = [x["transactional"]["read_committed_records"] for x in runs[n]]
         levels = sorted({x["transactional"]["transaction_version"] for x in runs[n]})
