@@ -306,6 +306,16 @@ impl VerificationGuard {
     }
 }
 
+impl std::fmt::Debug for VerificationGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "VerificationGuard({}-{} #{})",
+            self.partition.topic, self.partition.index, self.token
+        )
+    }
+}
+
 impl Drop for VerificationGuard {
     fn drop(&mut self) {
         self.partition.verifying.lock().remove(&self.token);

@@ -1,9 +1,11 @@
 //! The sockets of requests to other brokers (`keel_broker::peers`): TCP
-//! connections to each broker's inter-broker listener, a few kept open per
-//! broker and used one exchange at a time, so that one slow answer holds
-//! up no other request.
+//! connections to each broker's inter-broker listener, up to
+//! [`CONNECTIONS_PER_BROKER`] per broker, kept open and used one exchange
+//! at a time, so that one slow answer holds up no other request (more
+//! requests at once wait for a connection).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_broker::peers::{Answer, PeerTransport};
@@ -12,10 +14,10 @@ use keel_protocol::frame::FRAME_PREFIX_BYTES;
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 
-/// Idle connections kept per broker; more are opened while that many are
-/// busy, and closed after their exchange.
-const IDLE_PER_BROKER: usize = 4;
+/// Connections per broker: exchanges beyond that many at once wait.
+const CONNECTIONS_PER_BROKER: usize = 16;
 
 /// The largest answer read: the requests sent are small, and so are their
 /// answers.
@@ -26,6 +28,8 @@ pub struct TcpPeers {
     /// Why requests cannot be sent on the listener, if they cannot.
     refused: Option<String>,
     idle: Mutex<HashMap<i32, Vec<Idle>>>,
+    /// Per broker, a permit per connection in use.
+    slots: Mutex<HashMap<i32, Arc<Semaphore>>>,
 }
 
 struct Idle {
@@ -54,6 +58,7 @@ impl TcpPeers {
             listener: listener.map_or_else(String::new, |l| l.name.clone()),
             refused,
             idle: Mutex::new(HashMap::new()),
+            slots: Mutex::new(HashMap::new()),
         }
     }
 
@@ -61,6 +66,13 @@ impl TcpPeers {
         if let Some(why) = &self.refused {
             return Err(why.clone());
         }
+        let slots = Arc::clone(
+            self.slots
+                .lock()
+                .entry(node_id)
+                .or_insert_with(|| Arc::new(Semaphore::new(CONNECTIONS_PER_BROKER))),
+        );
+        let _slot = slots.acquire_owned().await.map_err(|e| e.to_string())?;
         let address = (host.to_string(), port);
         let reused = {
             let mut idle = self.idle.lock();
@@ -69,47 +81,83 @@ impl TcpPeers {
             conns.retain(|c| c.address == address);
             conns.pop()
         };
-        let mut stream = match reused {
-            Some(c) => c.stream,
-            None => {
-                let port = u16::try_from(port).map_err(|_| format!("port {port} is out of range"))?;
-                let stream = TcpStream::connect((host, port))
-                    .await
-                    .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;
-                let _ = stream.set_nodelay(true);
-                stream
-            }
-        };
-        stream
-            .write_all(&frame)
-            .await
-            .map_err(|e| format!("cannot send to {host}:{port}: {e}"))?;
-        let mut prefix = [0u8; FRAME_PREFIX_BYTES];
-        stream
-            .read_exact(&mut prefix)
-            .await
-            .map_err(|e| format!("no answer from {host}:{port}: {e}"))?;
-        let size = usize::try_from(i32::from_be_bytes(prefix))
-            .ok()
-            .filter(|n| *n <= MAX_ANSWER_BYTES)
-            .ok_or_else(|| {
-                format!(
-                    "{host}:{port} answered a frame of {} bytes",
-                    i32::from_be_bytes(prefix)
-                )
-            })?;
-        let mut body = vec![0u8; size];
-        stream
-            .read_exact(&mut body)
-            .await
-            .map_err(|e| format!("a cut answer from {host}:{port}: {e}"))?;
+        let (stream, answer) = match reused {
+            Some(c) => match round_trip(c.stream, &frame, host, port).await {
+                // An idle connection the broker closed meanwhile
+                // (`connections.max.idle.ms`) fails before any answer:
+                // the request goes again on a new one. (Both requests
+                // sent are safe to repeat.)
+                Err(Failure::BeforeAnswer(_)) => {
+                    round_trip(connect(host, port).await?, &frame, host, port).await
+                }
+                other => other,
+            },
+            None => round_trip(connect(host, port).await?, &frame, host, port).await,
+        }
+        .map_err(Failure::into_message)?;
         let mut idle = self.idle.lock();
         let conns = idle.entry(node_id).or_default();
-        if conns.len() < IDLE_PER_BROKER {
+        if conns.len() < CONNECTIONS_PER_BROKER {
             conns.push(Idle { address, stream });
         }
-        Ok(Bytes::from(body))
+        Ok(answer)
     }
+}
+
+/// Why an exchange failed: before any byte of the answer came, or after.
+enum Failure {
+    BeforeAnswer(String),
+    AfterAnswer(String),
+}
+
+impl Failure {
+    fn into_message(self) -> String {
+        match self {
+            Failure::BeforeAnswer(m) | Failure::AfterAnswer(m) => m,
+        }
+    }
+}
+
+async fn connect(host: &str, port: i32) -> Result<TcpStream, String> {
+    let port = u16::try_from(port).map_err(|_| format!("port {port} is out of range"))?;
+    let stream = TcpStream::connect((host, port))
+        .await
+        .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// Sends one request frame and reads one answer frame.
+async fn round_trip(
+    mut stream: TcpStream,
+    frame: &[u8],
+    host: &str,
+    port: i32,
+) -> Result<(TcpStream, Bytes), Failure> {
+    stream
+        .write_all(frame)
+        .await
+        .map_err(|e| Failure::BeforeAnswer(format!("cannot send to {host}:{port}: {e}")))?;
+    let mut prefix = [0u8; FRAME_PREFIX_BYTES];
+    stream
+        .read_exact(&mut prefix)
+        .await
+        .map_err(|e| Failure::BeforeAnswer(format!("no answer from {host}:{port}: {e}")))?;
+    let size = usize::try_from(i32::from_be_bytes(prefix))
+        .ok()
+        .filter(|n| *n <= MAX_ANSWER_BYTES)
+        .ok_or_else(|| {
+            Failure::AfterAnswer(format!(
+                "{host}:{port} answered a frame of {} bytes",
+                i32::from_be_bytes(prefix)
+            ))
+        })?;
+    let mut body = vec![0u8; size];
+    stream
+        .read_exact(&mut body)
+        .await
+        .map_err(|e| Failure::AfterAnswer(format!("a cut answer from {host}:{port}: {e}")))?;
+    Ok((stream, Bytes::from(body)))
 }
 
 impl PeerTransport for TcpPeers {

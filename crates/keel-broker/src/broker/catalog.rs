@@ -682,20 +682,18 @@ impl Broker {
     /// The epoch transactional id `id`'s coordinator writes its markers
     /// with, which a partition fences older coordinators' markers by
     /// (TRANSACTION_COORDINATOR_FENCED): in a cluster, the leader epoch
-    /// of the id's partition of `__transaction_state` here, as Kafka's.
-    pub fn coordinator_epoch(&self, id: &str) -> i32 {
+    /// of the id's partition of `__transaction_state` while this broker
+    /// leads it (`None` while it does not), as Kafka's.
+    pub fn coordinator_epoch(&self, id: &str) -> Option<i32> {
         if !self.topics_shared() {
-            return keel_coord::txn::COORDINATOR_EPOCH;
+            return Some(keel_coord::txn::COORDINATOR_EPOCH);
         }
         let (name, _) = self.coordinators_topic(true);
+        let (topic_id, partitions) = self.cluster.topic_shape(name)?;
         self.cluster
-            .topic_shape(name)
-            .and_then(|(topic_id, partitions)| {
-                self.cluster
-                    .live_leader(topic_id, coordinator_partition(id, partitions))
-            })
+            .live_leader(topic_id, coordinator_partition(id, partitions))
             .filter(|(node, _)| *node == self.config().node_id())
-            .map_or(keel_coord::txn::COORDINATOR_EPOCH, |(_, epoch)| epoch)
+            .map(|(_, epoch)| epoch)
     }
 
     /// Whether this broker leads a partition of `__consumer_offsets` it

@@ -363,7 +363,7 @@ pub async fn txn_offset_commit(
         id: req.transactional_id.as_str(),
         producer,
         offsets_partition: &offsets_partition,
-        elsewhere: super::txn::coordinated_elsewhere(broker, req.transactional_id.as_str()),
+        at: super::txn::coordinator_at(broker, req.transactional_id.as_str()),
     };
     // From v5 (transactions v2) the commit takes the offsets partition
     // into the transaction itself, instead of an AddOffsetsToTxn before.
@@ -397,13 +397,13 @@ pub async fn txn_offset_commit(
                     offsets,
                 )
                 .await;
-            match (written, txn.verify(broker).await) {
+            match (written, txn.verify_after_write(broker).await) {
                 // The transaction ended (it timed out) while the offsets
                 // were written; its marker may be in the group log before
                 // them. End them here so they cannot stay pending. (A
-                // coordinator that could not be asked says nothing: the
-                // client is told to retry, and the offsets stay pending
-                // for the marker.)
+                // coordinator that could not be asked even then says
+                // nothing: the client is told to retry, and the offsets
+                // stay pending for the marker.)
                 (Ok(_), Err(e)) if !unanswered(e) => {
                     let abort = Marker {
                         commit: false,
@@ -433,41 +433,69 @@ struct TxnOf<'a> {
     id: &'a str,
     producer: (i64, i16),
     offsets_partition: &'a (String, i32),
-    /// Another broker coordinates it: it is asked (AddPartitionsToTxn).
-    elsewhere: bool,
+    /// Another broker is asked (AddPartitionsToTxn); none that can answer
+    /// is an error the client retries.
+    at: super::txn::CoordinatorAt,
 }
 
 impl TxnOf<'_> {
     /// Takes the group's offsets partition into the transaction.
     async fn add(&self, broker: &Broker) -> Result<(), ResponseError> {
         let partitions = std::slice::from_ref(self.offsets_partition);
-        if self.elsewhere {
-            let ask = super::txn::Ask::Add(std::time::Duration::ZERO);
-            return super::txn::ask_coordinator(broker, self.id, self.producer, partitions, ask).await;
+        match self.at {
+            super::txn::CoordinatorAt::Unavailable(e) => Err(e),
+            super::txn::CoordinatorAt::Elsewhere => {
+                let ask = super::txn::Ask::Add(std::time::Duration::ZERO);
+                super::txn::ask_coordinator(broker, self.id, self.producer, partitions, ask).await
+            }
+            super::txn::CoordinatorAt::Here => {
+                broker
+                    .txns
+                    .add_partitions(
+                        self.id,
+                        self.producer.0,
+                        self.producer.1,
+                        partitions,
+                        keel_coord::txn::state::TRANSACTION_VERSION_2,
+                        ResponseError::ProducerFenced,
+                    )
+                    .await
+            }
         }
-        broker
-            .txns
-            .add_partitions(
-                self.id,
-                self.producer.0,
-                self.producer.1,
-                partitions,
-                keel_coord::txn::state::TRANSACTION_VERSION_2,
-                ResponseError::ProducerFenced,
-            )
-            .await
     }
 
     /// Whether the group's offsets partition is in the open transaction.
     async fn verify(&self, broker: &Broker) -> Result<(), ResponseError> {
-        if self.elsewhere {
-            let partitions = std::slice::from_ref(self.offsets_partition);
-            let ask = super::txn::Ask::Verify;
-            return super::txn::ask_coordinator(broker, self.id, self.producer, partitions, ask).await;
+        match self.at {
+            super::txn::CoordinatorAt::Unavailable(e) => Err(e),
+            super::txn::CoordinatorAt::Elsewhere => {
+                let partitions = std::slice::from_ref(self.offsets_partition);
+                let ask = super::txn::Ask::Verify;
+                super::txn::ask_coordinator(broker, self.id, self.producer, partitions, ask).await
+            }
+            super::txn::CoordinatorAt::Here => {
+                broker
+                    .txns
+                    .verify(self.id, self.producer.0, self.producer.1, self.offsets_partition)
+            }
         }
-        broker
-            .txns
-            .verify(self.id, self.producer.0, self.producer.1, self.offsets_partition)
+    }
+
+    /// [`TxnOf::verify`] once the offsets are written, asked again for a
+    /// while (five times, 200 ms apart) while the coordinator on another
+    /// broker cannot be reached: offsets written after their transaction
+    /// ended must be ended at once, and only a definite answer says so.
+    async fn verify_after_write(&self, broker: &Broker) -> Result<(), ResponseError> {
+        let mut tries = 0;
+        loop {
+            match self.verify(broker).await {
+                Err(e) if unanswered(e) && self.at == super::txn::CoordinatorAt::Elsewhere && tries < 4 => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                other => return other,
+            }
+        }
     }
 }
 

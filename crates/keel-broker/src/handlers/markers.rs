@@ -26,10 +26,6 @@ use crate::Broker;
 pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
     let broker = Arc::clone(broker);
     tokio::spawn(async move {
-        let marker = Marker {
-            commit: prepared.status == TxnStatus::PrepareCommit,
-            coordinator_epoch: broker.coordinator_epoch(&id),
-        };
         // The data partitions' markers first: a group's offsets waiting
         // for its partition to load here hold no other partition's
         // transaction open.
@@ -54,10 +50,14 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
         let prepared = Arc::new(prepared);
         let mut writing = tokio::task::JoinSet::new();
         for (topic, index) in data {
-            let (broker, prepared, still_due) =
-                (Arc::clone(&broker), Arc::clone(&prepared), Arc::clone(&still_due));
+            let (broker, id, prepared, still_due) = (
+                Arc::clone(&broker),
+                id.clone(),
+                Arc::clone(&prepared),
+                Arc::clone(&still_due),
+            );
             writing.spawn(async move {
-                write_marker(&broker, &topic, index, &prepared, marker, &*still_due).await
+                write_marker(&broker, &id, (&topic, index), &prepared, &*still_due).await
             });
         }
         let mut lost = false;
@@ -70,7 +70,7 @@ pub fn spawn_markers(broker: &Arc<Broker>, id: String, prepared: TxnState) {
             return tracing::error!(transactional_id = %id, "a transaction marker task failed");
         }
         for (topic, index) in offsets {
-            write_marker(&broker, &topic, index, &prepared, marker, &*still_due).await;
+            write_marker(&broker, &id, (&topic, index), &prepared, &*still_due).await;
         }
         if !still_due() {
             return;
@@ -102,17 +102,32 @@ pub(crate) fn in_group_log(broker: &Broker, topic: &str, index: i32) -> bool {
 /// waited for; one of a `__consumer_offsets` not created yet needs none
 /// (no offsets can be there). Nothing is written once `still_due` says
 /// no.
+///
+/// Each attempt carries the coordinator epoch in force then
+/// (`Broker::coordinator_epoch`); while this broker's view does not show
+/// it leading the id's partition of `__transaction_state`, it waits.
 async fn write_marker(
     broker: &Arc<Broker>,
-    topic: &str,
-    index: i32,
+    id: &str,
+    (topic, index): (&str, i32),
     prepared: &TxnState,
-    marker: Marker,
     still_due: &(dyn Fn() -> bool + Send + Sync),
 ) {
     let producer = (prepared.producer_id, prepared.producer_epoch);
     let mut backoff = Backoff::default();
     while still_due() {
+        let Some(coordinator_epoch) = broker.coordinator_epoch(id) else {
+            tracing::warn!(
+                transactional_id = id,
+                "this broker does not lead the transactional id's partition now; its marker waits"
+            );
+            backoff.wait().await;
+            continue;
+        };
+        let marker = Marker {
+            commit: prepared.status == TxnStatus::PrepareCommit,
+            coordinator_epoch,
+        };
         let elsewhere = if in_group_log(broker, topic, index) {
             match group_marker(broker, index, producer, marker).await {
                 Ok(elsewhere) => elsewhere,
@@ -168,7 +183,9 @@ pub(crate) async fn group_marker(
 
 /// How long a marker sent to another broker is waited for: it answers
 /// once the marker is committed there.
-const MARKER_ANSWER_WAIT: Duration = Duration::from_secs(30);
+/// (Longer than the 30 s the leader waits for the commit, so its answer
+/// arrives.)
+const MARKER_ANSWER_WAIT: Duration = Duration::from_secs(40);
 
 /// Sends one marker to the broker leading its partition: `Ok` once it is
 /// written there or needs writing no more (the partition is gone, a newer

@@ -16,7 +16,10 @@ use super::str_bytes;
 use crate::metrics::APPEND;
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
-use keel_data::partition::{AppendFailure, AppendTrace, Appended, Partition, Verify};
+use keel_data::partition::{AppendFailure, AppendTrace, Appended, Partition, VerificationGuard, Verify};
+use std::collections::HashMap;
+
+use super::txn::CoordinatorAt;
 use keel_data::replica::NotDurable;
 use keel_data::topics::Topic;
 use keel_log::clock::now_ms;
@@ -405,17 +408,19 @@ enum TxnCheck {
     /// already (AddPartitionsToTxn).
     Verify(Arc<str>),
     /// Produce v12+ (transactions v2): the request's partitions were added
-    /// to the transaction, together, with this outcome.
-    Added(Arc<str>, Result<(), (ResponseError, String)>),
+    /// to the transaction, together, with this outcome; by a coordinator
+    /// on another broker, under these guards.
+    Added(Arc<str>, Result<Option<Guards>, (ResponseError, String)>),
 }
 
-impl TxnCheck {
-    fn id(&self) -> &Arc<str> {
-        match self {
-            TxnCheck::Verify(id) | TxnCheck::Added(id, _) => id,
-        }
-    }
-}
+/// The verification guards of a produce's partitions led here, taken
+/// before a coordinator on another broker was asked to add them: a
+/// marker for the producer queued meanwhile (the transaction ended: a
+/// timeout, or a new producer fenced it) voids them, so the writer
+/// refuses a batch that would open a transaction here no marker ends.
+/// (The marker's bumped epoch does not fence it where the producer had
+/// not written yet: such a marker is not written.)
+type Guards = Arc<parking_lot::Mutex<HashMap<(String, i32), VerificationGuard>>>;
 
 /// Transactions v2: adds every partition a request's transactional
 /// batches go to to the transaction, in one step before any is appended,
@@ -427,7 +432,7 @@ async fn add_to_transaction(
     broker: &Broker,
     id: &str,
     req: &ProduceRequest,
-) -> Result<(), (ResponseError, String)> {
+) -> Result<Option<Guards>, (ResponseError, String)> {
     let mut producer: Option<(i64, i16)> = None;
     let mut partitions = Vec::new();
     for t in &req.topic_data {
@@ -452,18 +457,32 @@ async fn add_to_transaction(
         }
     }
     let Some(producer) = producer else {
-        return Ok(());
+        return Ok(None);
     };
     let max_wait_ms = broker.config().num("add.partitions.to.txn.retry.backoff.max.ms");
     let max_wait = std::time::Duration::from_millis(u64::try_from(max_wait_ms).unwrap_or(0));
-    let added = if super::txn::coordinated_elsewhere(broker, id) {
-        let ask = super::txn::Ask::Add(max_wait);
-        super::txn::ask_coordinator(broker, id, producer, &partitions, ask).await
-    } else {
-        broker
+    let added = match super::txn::coordinator_at(broker, id) {
+        CoordinatorAt::Here => broker
             .txns
             .add_for_produce(id, producer, &partitions, max_wait)
             .await
+            .map(|()| None),
+        CoordinatorAt::Unavailable(e) => Err(e),
+        CoordinatorAt::Elsewhere => {
+            // Taken before the coordinator is asked: a marker for the
+            // producer queued after this voids them (see `Guards`).
+            let guards: HashMap<(String, i32), VerificationGuard> = partitions
+                .iter()
+                .filter_map(|(topic, index)| {
+                    let p = broker.data.lead_by_name(topic, *index).ok()?;
+                    Some(((topic.clone(), *index), p.verification_guard(producer.0)))
+                })
+                .collect();
+            let ask = super::txn::Ask::Add(max_wait);
+            super::txn::ask_coordinator(broker, id, producer, &partitions, ask)
+                .await
+                .map(|()| Some(Arc::new(parking_lot::Mutex::new(guards))))
+        }
     };
     added.map_err(|e| {
         let message = format!(
@@ -484,12 +503,10 @@ async fn add_to_transaction(
 /// partition writer with the returned check (see [`Verify`]).
 ///
 /// Where another broker coordinates the transaction, that coordinator is
-/// asked (AddPartitionsToTxn, verify only) under the partition's
-/// verification guard, which a marker for the producer voids. A batch
-/// whose partition was added by its produce (transactions v2) needs no
-/// check in the writer then: every end of a v2 transaction bumps the
-/// producer's epoch, and the partition refuses the old epoch's batches
-/// once the marker is written.
+/// asked (AddPartitionsToTxn: verify only, or the add of a produce v12+)
+/// under the partition's verification guard, which a marker for the
+/// producer voids; the writer checks the guard. While no coordinator can
+/// answer, the batch is refused with an error clients retry.
 async fn check_transaction(
     broker: &Broker,
     partition: &Arc<Partition>,
@@ -510,45 +527,54 @@ async fn check_transaction(
             ),
         ));
     };
-    let elsewhere = super::txn::coordinated_elsewhere(broker, txn.id());
     let not_open = |id: &str| {
         format!(
             "producer {} epoch {} of transactional id {id} has no open transaction with {}-{index}",
             h.producer_id, h.producer_epoch, topic.meta.name
         )
     };
+    let ended = |id: &str| {
+        AppendFailure {
+        error: ResponseError::InvalidTxnState,
+        message: format!(
+            "the transaction of producer {} epoch {} ({id}) ended before its batch to {}-{index} was appended",
+            h.producer_id, h.producer_epoch, topic.meta.name
+        ),
+    }
+    };
     let partition_name = (topic.meta.name.clone(), index);
     match txn {
         // Its partition was in the add (see add_to_transaction).
         TxnCheck::Added(_, Err(refused)) => Err(refused),
-        TxnCheck::Added(_, Ok(())) if elsewhere => Ok(None),
-        TxnCheck::Added(id, Ok(())) => Ok(Some(verifier(broker, &id, h, topic, index))),
-        TxnCheck::Verify(id) if elsewhere => {
-            let guard = partition.verification_guard(h.producer_id);
-            super::txn::ask_coordinator(
-                broker,
-                &id,
-                (h.producer_id, h.producer_epoch),
-                std::slice::from_ref(&partition_name),
-                super::txn::Ask::Verify,
-            )
-            .await
-            .map_err(|e| (produce_error(e), not_open(&id)))?;
-            Ok(Some(guard.into_verify(AppendFailure {
-                error: ResponseError::InvalidTxnState,
-                message: format!(
-                    "the transaction of producer {} epoch {} ({id}) ended before its batch to {}-{index} was appended",
-                    h.producer_id, h.producer_epoch, topic.meta.name
-                ),
-            })))
-        }
-        TxnCheck::Verify(id) => {
-            broker
-                .txns
-                .verify(&id, h.producer_id, h.producer_epoch, &partition_name)
-                .map_err(|e| (e, not_open(&id)))?;
-            Ok(Some(verifier(broker, &id, h, topic, index)))
-        }
+        TxnCheck::Added(id, Ok(None)) => Ok(Some(verifier(broker, &id, h, topic, index))),
+        TxnCheck::Added(id, Ok(Some(guards))) => match guards.lock().remove(&partition_name) {
+            Some(guard) => Ok(Some(guard.into_verify(ended(&id)))),
+            // Not led here when the add was asked.
+            None => Err((ResponseError::NotLeaderOrFollower, not_open(&id))),
+        },
+        TxnCheck::Verify(id) => match super::txn::coordinator_at(broker, &id) {
+            CoordinatorAt::Unavailable(e) => Err((produce_error(e), not_open(&id))),
+            CoordinatorAt::Elsewhere => {
+                let guard = partition.verification_guard(h.producer_id);
+                super::txn::ask_coordinator(
+                    broker,
+                    &id,
+                    (h.producer_id, h.producer_epoch),
+                    std::slice::from_ref(&partition_name),
+                    super::txn::Ask::Verify,
+                )
+                .await
+                .map_err(|e| (produce_error(e), not_open(&id)))?;
+                Ok(Some(guard.into_verify(ended(&id))))
+            }
+            CoordinatorAt::Here => {
+                broker
+                    .txns
+                    .verify(&id, h.producer_id, h.producer_epoch, &partition_name)
+                    .map_err(|e| (e, not_open(&id)))?;
+                Ok(Some(verifier(broker, &id, h, topic, index)))
+            }
+        },
     }
 }
 

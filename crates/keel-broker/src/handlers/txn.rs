@@ -82,9 +82,9 @@ async fn add_one(
     fenced: ResponseError,
     version: i16,
 ) -> Vec<AddPartitionsToTxnTopicResult> {
-    // From v4 only brokers send it: a partition leader's implicit add for
-    // a produce under transactions v2.
-    let client_version = if version >= 4 {
+    // v5 is what a partition leader sends for a produce under
+    // transactions v2 (its implicit add).
+    let client_version = if version >= 5 {
         keel_coord::txn::state::TRANSACTION_VERSION_2
     } else {
         0
@@ -154,9 +154,25 @@ pub(crate) enum Ask {
     Verify,
 }
 
-/// Whether transactional id `id` is coordinated by another broker.
-pub(crate) fn coordinated_elsewhere(broker: &Broker, id: &str) -> bool {
-    broker.txn_refused(id) == Some(ResponseError::NotCoordinator)
+/// Where transactional id `id`'s coordinator is, for a partition leader
+/// or group coordinator that must ask it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CoordinatorAt {
+    Here,
+    /// Another broker: asked with [`ask_coordinator`].
+    Elsewhere,
+    /// Nowhere that can answer now (no live coordinator, or this broker
+    /// still loads the id): COORDINATOR_NOT_AVAILABLE or
+    /// COORDINATOR_LOAD_IN_PROGRESS, which clients retry.
+    Unavailable(ResponseError),
+}
+
+pub(crate) fn coordinator_at(broker: &Broker, id: &str) -> CoordinatorAt {
+    match broker.txn_refused(id) {
+        None => CoordinatorAt::Here,
+        Some(ResponseError::NotCoordinator) => CoordinatorAt::Elsewhere,
+        Some(e) => CoordinatorAt::Unavailable(e),
+    }
 }
 
 /// How long a coordinator on another broker is waited for, per request.
@@ -211,22 +227,30 @@ pub(crate) async fn ask_coordinator(
                 tracing::warn!(transactional_id = id, coordinator = node, error = %e, "cannot ask a transaction's coordinator");
                 ResponseError::CoordinatorNotAvailable
             })?;
-        match first_error(&answer) {
+        match first_error(&answer, partitions.len()) {
             None => return Ok(()),
             Some(ResponseError::ConcurrentTransactions)
                 if tokio::time::Instant::now() + backoff < deadline =>
             {
                 tokio::time::sleep(backoff).await;
             }
-            Some(e) => return Err(e),
+            Some(e) if answers_client(e) => return Err(e),
+            Some(e) => {
+                // The coordinator refused this broker, not the client's
+                // transaction (its principal lacks CLUSTER_ACTION, say):
+                // an error the client retries, and a line for the operator.
+                tracing::error!(transactional_id = id, coordinator = node, error = ?e, "a transaction's coordinator refused this broker's AddPartitionsToTxn");
+                return Err(ResponseError::CoordinatorNotAvailable);
+            }
         }
     }
 }
 
 /// The error of an AddPartitionsToTxn answer: the request's, else the
 /// first partition's that is not OPERATION_NOT_ATTEMPTED (which only
-/// says another partition failed).
-fn first_error(answer: &AddPartitionsToTxnResponse) -> Option<ResponseError> {
+/// says another partition failed). An answer for fewer partitions than
+/// asked about is not a yes.
+fn first_error(answer: &AddPartitionsToTxnResponse, asked: usize) -> Option<ResponseError> {
     let of = |code: i16| {
         ResponseError::try_from_code(code).or((code != 0).then_some(ResponseError::UnknownServerError))
     };
@@ -240,12 +264,33 @@ fn first_error(answer: &AddPartitionsToTxnResponse) -> Option<ResponseError> {
         .flat_map(|t| &t.results_by_partition)
         .map(|p| p.partition_error_code)
         .collect();
+    if codes.len() < asked {
+        return Some(ResponseError::UnknownServerError);
+    }
     let not_attempted = ResponseError::OperationNotAttempted.code();
     codes
         .iter()
         .find(|c| **c != 0 && **c != not_attempted)
         .or(codes.iter().find(|c| **c != 0))
         .and_then(|c| of(*c))
+}
+
+/// The coordinator's answers that are about the client's transaction, as
+/// the client would get them from the coordinator itself.
+fn answers_client(e: ResponseError) -> bool {
+    matches!(
+        e,
+        ResponseError::ConcurrentTransactions
+            | ResponseError::InvalidProducerEpoch
+            | ResponseError::ProducerFenced
+            | ResponseError::InvalidTxnState
+            | ResponseError::InvalidProducerIdMapping
+            | ResponseError::UnknownTopicOrPartition
+            | ResponseError::TransactionalIdAuthorizationFailed
+            | ResponseError::NotCoordinator
+            | ResponseError::CoordinatorNotAvailable
+            | ResponseError::CoordinatorLoadInProgress
+    )
 }
 
 /// AddOffsetsToTxn: the transaction will commit offsets of `group_id`,
@@ -318,5 +363,53 @@ async fn end(broker: &Arc<Broker>, req: &EndTxnRequest, version: i16) -> Result<
                 return Ok(answer);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(codes: &[i16]) -> AddPartitionsToTxnResponse {
+        let partitions = codes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                AddPartitionsToTxnPartitionResult::default()
+                    .with_partition_index(i as i32)
+                    .with_partition_error_code(*c)
+            })
+            .collect();
+        AddPartitionsToTxnResponse::default().with_results_by_transaction(vec![
+            AddPartitionsToTxnResult::default().with_topic_results(vec![
+                AddPartitionsToTxnTopicResult::default().with_results_by_partition(partitions),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn a_coordinators_answer_is_read_as_its_first_real_error() {
+        let not_attempted = ResponseError::OperationNotAttempted.code();
+        let unknown = ResponseError::UnknownTopicOrPartition.code();
+        assert_eq!(first_error(&answer(&[0, 0]), 2), None);
+        assert_eq!(
+            first_error(&answer(&[not_attempted, unknown]), 2),
+            Some(ResponseError::UnknownTopicOrPartition)
+        );
+        assert_eq!(
+            first_error(&answer(&[not_attempted]), 1),
+            Some(ResponseError::OperationNotAttempted)
+        );
+        // An answer for fewer partitions than asked is no yes.
+        assert_eq!(
+            first_error(&answer(&[0]), 2),
+            Some(ResponseError::UnknownServerError)
+        );
+        let refused = answer(&[0]).with_error_code(ResponseError::ClusterAuthorizationFailed.code());
+        let e = first_error(&refused, 1).unwrap();
+        assert_eq!(e, ResponseError::ClusterAuthorizationFailed);
+        // Which a client is not shown as it is.
+        assert!(!answers_client(e));
+        assert!(answers_client(ResponseError::ConcurrentTransactions));
     }
 }
