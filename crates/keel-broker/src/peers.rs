@@ -95,16 +95,16 @@ impl Broker {
         req: &R,
         timeout: Duration,
     ) -> Result<R::Response, PeerError> {
-        let answer = self.exchange(node_id, version, req, timeout).await;
+        let answer = self.exchange(node_id, (version, req), timeout).await;
         self.peer_stats.count(R::KEY, answer.is_err());
         answer
     }
 
+    /// [`Broker::peer_request`], uncounted.
     async fn exchange<R: ApiRequest>(
         &self,
         node_id: i32,
-        version: i16,
-        req: &R,
+        (version, req): (i16, &R),
         timeout: Duration,
     ) -> Result<R::Response, PeerError> {
         let Some(transport) = self.peers.get() else {
