@@ -43,18 +43,22 @@ class Pki:
         path.write_bytes(data)
         return str(path)
 
-    def leaf(self, cn: str, server: bool, expired: bool = False, password: bytes | None = None) -> tuple[str, str]:
+    def leaf(self, cn: str, server: bool, expired: bool = False, password: bytes | None = None,
+             client_too: bool = False) -> tuple[str, str]:
         """-> (certificate file, key file); the server's also holds its key
         (Kafka's PEM keystore: key and chain in one file), encrypted with
-        `password` if given."""
+        `password` if given; `client_too`: a server's that is also a
+        client's (a broker's, which connects to other brokers)."""
         key = ec.generate_private_key(ec.SECP256R1())
         end = NOW - datetime.timedelta(hours=1) if expired else NOW + datetime.timedelta(days=1)
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        usage = [ExtendedKeyUsageOID.SERVER_AUTH] if server else [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server and client_too:
+            usage.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(self.cert.subject)
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(NOW - datetime.timedelta(days=1)).not_valid_after(end)
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+                   .add_extension(x509.ExtendedKeyUsage(usage), critical=False))
         if server:
             builder = builder.add_extension(x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)

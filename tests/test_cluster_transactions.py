@@ -10,7 +10,9 @@ coordinator as AddPartitionsToTxn v5, KIP-890).
   the coordinator on another broker;
 * Apache Kafka's Java client under transactions v2 (Produce v12 adds the
   partitions itself, TxnOffsetCommit v5 the offsets);
-* Kafka Streams exactly_once_v2 while a broker is killed with kill -9."""
+* Kafka Streams exactly_once_v2 while a broker is killed with kill -9;
+* an inter-broker listener secured as Kafka secures one (SASL_SSL with
+  SCRAM, SSL with client certificates)."""
 from __future__ import annotations
 
 import subprocess
@@ -19,12 +21,16 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from conftest import unique, wait_until
+import pytest
+
+from conftest import free_port, unique, wait_until
 from kclient import CLIENT_TIMEOUT_S
-from test_cluster import TIMEOUT_S, start_cluster, stats
+from pki import Pki
+from test_cluster import TIMEOUT_S, member, start_cluster, stats
 from test_cluster_failover import coordinator_of
 from test_cluster_topics import create
 from test_java_transactions import java, last_json
+from test_sasl import add_scram
 from test_transactions import _read_all
 
 NODES = [1, 2, 3]
@@ -218,3 +224,112 @@ def _committed_any(bootstrap: str, topic: str) -> bool:
         return False
     finally:
         c.close()
+
+
+SCRAM_JAAS = ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+              'username="broker" password="broker-secret";')
+
+
+def secured_listeners(pki: Pki, protocol: str) -> dict[str, str]:
+    """The settings of an INTERNAL inter-broker listener of `protocol`, as
+    a Kafka operator writes them: SASL_SSL with SCRAM-SHA-512 (the broker's
+    user is a SCRAM user like any other), or SSL requiring client
+    certificates (each broker's certificate, from one CA)."""
+    sets = {
+        "inter.broker.listener.name": "INTERNAL",
+        "listener.security.protocol.map": f"PLAINTEXT:PLAINTEXT,INTERNAL:{protocol}",
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": str(pki.dir / "broker.pem"),
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca,
+    }
+    if protocol == "SASL_SSL":
+        sets.update({
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "listener.name.internal.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.internal.scram-sha-512.sasl.jaas.config": SCRAM_JAAS,
+            # Sessions end: connections to other brokers are replaced.
+            "listener.name.internal.connections.max.reauth.ms": "1500",
+        })
+    else:
+        sets["listener.name.internal.ssl.client.auth"] = "required"
+    return sets
+
+
+def with_internal_listener(b, sets: dict[str, str]) -> None:
+    """Clients on PLAINTEXT at `b.bootstrap`, brokers on INTERNAL."""
+    internal = free_port()
+    while internal == b.port:
+        internal = free_port()
+    b.sets.update(sets)
+    b.sets["listeners"] = f"PLAINTEXT://{b.bootstrap},INTERNAL://127.0.0.1:{internal}"
+    b.sets["advertised.listeners"] = b.sets["listeners"]
+
+
+@pytest.mark.parametrize("protocol", ["SASL_SSL", "SSL"])
+def test_a_transaction_spans_brokers_over_a_secured_inter_broker_listener(etcd, tmp_path, protocol):
+    """The brokers reach each other only on an INTERNAL listener that is
+    SASL_SSL (SCRAM-SHA-512) or SSL with client certificates required: the
+    leaders' checks with the coordinator and the coordinator's markers go
+    through it, and a transaction over partitions every broker leads ends
+    as it should. A broker whose inter-broker listener lacks its
+    credentials does not start, and says which key to set."""
+    pki = Pki(tmp_path)
+    pki.leaf("broker", server=True, client_too=True)
+    sets = secured_listeners(pki, protocol)
+    brokers = {}
+    try:
+        for node in NODES:
+            brokers[node] = member(etcd, tmp_path, node)
+            with_internal_listener(brokers[node], sets)
+            brokers[node].start()
+        for b in brokers.values():
+            wait_until(lambda: not stats(b)["fenced"], TIMEOUT_S, f"{b.log_name} to register")
+        bootstrap = ",".join(b.bootstrap for b in brokers.values())
+        if protocol == "SASL_SSL":
+            # Kept in etcd: every broker authenticates the others with it.
+            add_scram(brokers[1].bootstrap, "broker", "broker-secret")
+        sink, tid = unique("secsink"), unique("secured")
+        spread(brokers, sink, 3)
+        coordinator = wait_until(lambda: coordinator_of(brokers[1], tid, 1), TIMEOUT_S,
+                                 "the transactional id's coordinator")
+
+        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 5})
+        p.init_transactions(CLIENT_TIMEOUT_S)
+        committed = []
+        for round_ in range(3):
+            p.begin_transaction()
+            values = [b"s%d-%d" % (round_, i) for i in range(6)]
+            for i, v in enumerate(values):
+                p.produce(sink, value=v, partition=i % 3)
+            if round_ != 1:
+                p.commit_transaction(CLIENT_TIMEOUT_S)
+                committed += values
+            else:
+                assert p.flush(CLIENT_TIMEOUT_S) == 0
+                p.abort_transaction(CLIENT_TIMEOUT_S)
+            time.sleep(2)  # past a SASL session's lifetime
+        assert sorted(_read_all(bootstrap, sink, "read_committed", partitions=3)) == sorted(committed)
+        assert sent_markers(brokers[coordinator]) > 0
+        # The other leaders asked the coordinator about their batches.
+        asked = sum(stats(b)["peer_requests"].get("AddPartitionsToTxn", {}).get("requests", 0)
+                    for n, b in brokers.items() if n != coordinator)
+        assert asked > 0
+        print({b.log_name: stats(b)["peer_requests"] for b in brokers.values()}, flush=True)
+    finally:
+        for b in brokers.values():
+            b.close()
+
+    # Without the broker's own credentials (or the truststore it checks the
+    # others with), a cluster's broker refuses to start.
+    lone = member(etcd, tmp_path, 9)
+    with_internal_listener(lone, sets)
+    if protocol == "SASL_SSL":
+        missing = "listener.name.internal.scram-sha-512.sasl.jaas.config"
+        del lone.sets[missing]
+    else:
+        # The listener itself no longer needs a truststore; its clients do.
+        missing = "ssl.truststore.location"
+        del lone.sets[missing], lone.sets["listener.name.internal.ssl.client.auth"]
+    lone.data_dir.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(lone.command(), capture_output=True, text=True, timeout=60)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and missing in said and "INTERNAL" in said, said[-2000:]

@@ -250,6 +250,13 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("ssl.enabled.protocols", "TLSv1.2,TLSv1.3", ConfigType::List),
     ("ssl.cipher.suites", "", ConfigType::List),
     ("ssl.principal.mapping.rules", "DEFAULT", ConfigType::String),
+    // A broker connecting to another's SSL inter-broker listener checks
+    // the name in its certificate (`https`), or not (empty).
+    (
+        "ssl.endpoint.identification.algorithm",
+        "https",
+        ConfigType::String,
+    ),
     // SASL (`keel_auth::sasl`): the mechanisms a SASL listener offers (Kafka's
     // default, GSSAPI, is refused with a message: Keel has PLAIN and
     // SCRAM), PLAIN's users in `listener.name.<l>.plain.sasl.jaas.config`,

@@ -351,6 +351,10 @@ pub struct SslSettings {
     pub cipher_suites: Vec<String>,
     /// `ssl.principal.mapping.rules`: a client certificate's name -> user.
     pub principal_mapper: PrincipalMapper,
+    /// `ssl.endpoint.identification.algorithm=https`: a broker connecting
+    /// to this listener on another broker checks that the certificate
+    /// names the host it connected to.
+    pub verify_hostname: bool,
 }
 
 /// The keys a listener may override (`listener.name.<name>.<key>`); a
@@ -371,6 +375,7 @@ pub const LISTENER_SCOPED: &[&str] = &[
     "ssl.enabled.protocols",
     "ssl.cipher.suites",
     "ssl.principal.mapping.rules",
+    "ssl.endpoint.identification.algorithm",
     "sasl.enabled.mechanisms",
     "connections.max.reauth.ms",
     "sasl.server.max.receive.size",
@@ -457,6 +462,19 @@ pub fn ssl_settings(config: &BrokerConfig, listener: &str) -> Result<SslSettings
         enabled_protocols: list("ssl.enabled.protocols"),
         cipher_suites: list("ssl.cipher.suites"),
         principal_mapper: PrincipalMapper::parse(&get("ssl.principal.mapping.rules"))?,
+        verify_hostname: match get("ssl.endpoint.identification.algorithm")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "https" => true,
+            "" => false,
+            other => {
+                return Err(error(
+                    "ssl.endpoint.identification.algorithm",
+                    format!("{other}: must be https, or empty to not check the host name"),
+                ))
+            }
+        },
     })
 }
 
@@ -685,5 +703,21 @@ mod tests {
         assert_eq!(internal.keystore_location, "/etc/keel/internal.pem");
         assert_eq!(internal.client_auth, ClientAuth::Required);
         assert_eq!(internal.enabled_protocols, vec!["TLSv1.2", "TLSv1.3"]);
+        assert!(internal.verify_hostname, "Kafka's default, https");
+    }
+
+    #[test]
+    fn the_host_name_check_is_https_or_nothing() {
+        let c = config(&[
+            ("listener.name.internal.ssl.endpoint.identification.algorithm", ""),
+            (
+                "listener.name.other.ssl.endpoint.identification.algorithm",
+                "ldap",
+            ),
+        ]);
+        assert!(ssl_settings(&c, "SSL").unwrap().verify_hostname);
+        assert!(!ssl_settings(&c, "INTERNAL").unwrap().verify_hostname);
+        let e = ssl_settings(&c, "OTHER").unwrap_err();
+        assert!(e.reason.contains("must be https"), "{e}");
     }
 }

@@ -182,7 +182,16 @@ async fn open_broker(
     let me = identity::registration(&config, &advertised, &identity.directory_id);
     let membership = Membership::new(store, settings, me);
     let all = listeners::listeners(&config).map_err(|e| e.to_string())?;
-    let peers = crate::peers::TcpPeers::new(listeners::inter_broker_listener(&config, &all).as_ref());
+    let inter_broker = listeners::inter_broker_listener(&config, &all);
+    let peers = match crate::peers::TcpPeers::new(&config, inter_broker.as_ref()) {
+        Ok(peers) => peers,
+        // One broker sends no requests to others: what the inter-broker
+        // listener lacks matters only in a cluster.
+        Err(why) if endpoints.is_empty() => {
+            crate::peers::TcpPeers::refusing(&config, inter_broker.as_ref(), why)
+        }
+        Err(why) => return Err(why),
+    };
     let broker =
         tokio::task::spawn_blocking(move || Broker::open_in(config, advertised, identity, membership))
             .await

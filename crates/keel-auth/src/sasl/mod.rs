@@ -25,6 +25,7 @@
 //! are PLAIN's from the listener's JAAS config ([`jaas`]) and SCRAM's from
 //! the credentials AlterUserScramCredentials keeps ([`credentials`]).
 
+pub mod client;
 pub mod credentials;
 pub mod jaas;
 

@@ -555,3 +555,114 @@ fn settings_refuse_what_keel_cannot_do() {
     assert_eq!(s.mechanisms, vec!["SCRAM-SHA-256"]);
     assert_eq!(s.reauth, Some(Duration::from_secs(1)));
 }
+
+/// Runs `login`'s client exchange against `auth` after a v1 handshake: the
+/// server's last answer, and what the client made of it.
+fn broker_login(auth: &mut Authenticator, login: &client::Login) -> (TokenAnswer, Result<(), String>) {
+    assert_eq!(auth.handshake(login.mechanism, 1).error, None);
+    let (mut exchange, mut token) = login.start().unwrap();
+    loop {
+        let answer = auth.token(&token, false, Instant::now());
+        if answer.error.is_some() {
+            return (answer, Ok(()));
+        }
+        match exchange.step(&answer.bytes) {
+            Ok(client::Step::Send(next)) => token = next,
+            Ok(client::Step::Done) => return (answer, Ok(())),
+            Err(e) => return (answer, Err(e)),
+        }
+    }
+}
+
+#[test]
+fn a_broker_logs_in_with_its_jaas_credentials_for_each_mechanism() {
+    let f = Fixture::new();
+    f.add_scram("broker", "broker-256", ScramMechanism::Sha256);
+    f.add_scram("broker", "broker-512", ScramMechanism::Sha512);
+    let listener = f.all_mechanisms();
+    let scram = |password: &str| {
+        format!(
+            r#"{} required username="broker" password="{password}";"#,
+            client::SCRAM_LOGIN_MODULE
+        )
+    };
+    let plain = r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="alice" password="alice-secret" user_alice="alice-secret";"#;
+    let config = listener_config(
+        &[
+            ("listener.name.internal.plain.sasl.jaas.config", plain),
+            (
+                "listener.name.internal.scram-sha-256.sasl.jaas.config",
+                &scram("broker-256"),
+            ),
+            (
+                "listener.name.internal.scram-sha-512.sasl.jaas.config",
+                &scram("broker-512"),
+            ),
+        ],
+        "INTERNAL",
+    );
+    for (mechanism, user) in [
+        ("PLAIN", "alice"),
+        ("SCRAM-SHA-256", "broker"),
+        ("SCRAM-SHA-512", "broker"),
+    ] {
+        let login = client::login(&config, "INTERNAL", mechanism).unwrap();
+        assert_eq!(login.user, user);
+        assert!(!format!("{login:?}").contains("secret"), "{login:?}");
+        let mut auth = Authenticator::new(Arc::clone(&listener));
+        let (answer, client) = broker_login(&mut auth, &login);
+        assert_eq!(answer.error, None, "{mechanism}");
+        assert_eq!(client, Ok(()), "{mechanism}");
+        assert_eq!(answer.next, Next::Authenticated);
+        assert_eq!(&*auth.session().unwrap().user, user);
+    }
+
+    // A wrong password: the server refuses it.
+    let wrong = listener_config(
+        &[(
+            "listener.name.internal.scram-sha-512.sasl.jaas.config",
+            &scram("nope"),
+        )],
+        "INTERNAL",
+    );
+    let login = client::login(&wrong, "INTERNAL", "SCRAM-SHA-512").unwrap();
+    let (answer, _) = broker_login(&mut Authenticator::new(Arc::clone(&listener)), &login);
+    assert_eq!(
+        answer.error.map(|e| e.0),
+        Some(ResponseError::SaslAuthenticationFailed)
+    );
+}
+
+#[test]
+fn a_brokers_missing_or_wrong_credentials_are_refused_with_the_key() {
+    let scram = client::SCRAM_LOGIN_MODULE;
+    for (pairs, mechanism, needle) in [
+        (
+            vec![],
+            "SCRAM-SHA-512",
+            "listener.name.internal.scram-sha-512.sasl.jaas.config",
+        ),
+        (vec![], "GSSAPI", "does not offer GSSAPI"),
+        (
+            vec![(
+                "listener.name.internal.plain.sasl.jaas.config",
+                format!(r#"{scram} required username="b" password="s3cret";"#),
+            )],
+            "PLAIN",
+            "PLAIN's login module",
+        ),
+        (
+            vec![(
+                "listener.name.internal.scram-sha-256.sasl.jaas.config",
+                format!(r#"{scram} required password="s3cret";"#),
+            )],
+            "SCRAM-SHA-256",
+            "username is not set",
+        ),
+    ] {
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let e = client::login(&listener_config(&pairs, "INTERNAL"), "INTERNAL", mechanism).unwrap_err();
+        assert!(e.to_string().contains(needle), "{mechanism}: {e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+}

@@ -13,6 +13,9 @@
 //! * `ssl.keystore.type=PKCS12` / `ssl.truststore.type=PKCS12` with
 //!   `ssl.keystore.password` / `ssl.truststore.password` ([`pkcs12`]).
 //!
+//! Connections to another broker's SSL inter-broker listener are
+//! [`client`]'s.
+//!
 //! An encrypted PKCS #8 key (`ENCRYPTED PRIVATE KEY`, PBES2) is decrypted
 //! with `ssl.key.password`. JKS stores are refused with how to convert
 //! them.
@@ -24,6 +27,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+pub mod client;
 mod pkcs12;
 
 use parking_lot::{Mutex, RwLock};
@@ -47,7 +51,7 @@ pub fn server_config(listener: &str, s: &SslSettings) -> Result<Arc<ServerConfig
     let builder = match s.client_auth {
         ClientAuth::None => builder.with_no_client_auth(),
         auth => {
-            let roots = truststore(s).map_err(fail)?;
+            let roots = truststore(s, "ssl.client.auth requested or required").map_err(fail)?;
             let verifier = WebPkiClientVerifier::builder(Arc::new(roots));
             let verifier = if auth == ClientAuth::Requested {
                 verifier.allow_unauthenticated()
@@ -98,17 +102,7 @@ impl Reloading {
     }
 
     fn stamps_now(&self) -> Vec<Option<(SystemTime, u64)>> {
-        [
-            &self.settings.keystore_location,
-            &self.settings.truststore_location,
-        ]
-        .into_iter()
-        .filter(|path| !path.is_empty())
-        .map(|path| {
-            let meta = std::fs::metadata(path).ok()?;
-            Some((meta.modified().ok()?, meta.len()))
-        })
-        .collect()
+        stamps(&self.settings)
     }
 
     /// Builds the configuration again if a file changed. Blocking (reads
@@ -145,6 +139,18 @@ impl Reloading {
             }
         });
     }
+}
+
+/// The modification time and size of the keystore and truststore files.
+fn stamps(s: &SslSettings) -> Vec<Option<(SystemTime, u64)>> {
+    [&s.keystore_location, &s.truststore_location]
+        .into_iter()
+        .filter(|path| !path.is_empty())
+        .map(|path| {
+            let meta = std::fs::metadata(path).ok()?;
+            Some((meta.modified().ok()?, meta.len()))
+        })
+        .collect()
 }
 
 /// Short names of attributes in a distinguished name (RFC 2253, as
@@ -338,14 +344,13 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// The CAs client certificates are checked against.
-fn truststore(s: &SslSettings) -> Result<RootCertStore, String> {
+/// The CAs certificates are checked against; `needed_by` says what needs
+/// them, for the error when none are set.
+fn truststore(s: &SslSettings, needed_by: &str) -> Result<RootCertStore, String> {
     if s.truststore_location.is_empty() && s.truststore_certificates.is_empty() {
-        return Err(
-            "ssl.client.auth requested or required needs ssl.truststore.location (or \
-                    ssl.truststore.certificates)"
-                .into(),
-        );
+        return Err(format!(
+            "{needed_by} needs ssl.truststore.location (or ssl.truststore.certificates)"
+        ));
     }
     let mut roots = RootCertStore::empty();
     if store_type("ssl.truststore.type", &s.truststore_type)? == StoreType::Pkcs12 {
@@ -432,7 +437,7 @@ fn provider(s: &SslSettings) -> Result<rustls::crypto::CryptoProvider, String> {
 mod tests {
     use super::*;
 
-    fn settings() -> SslSettings {
+    pub(super) fn settings() -> SslSettings {
         SslSettings {
             keystore_type: "PEM".into(),
             keystore_location: String::new(),
@@ -448,6 +453,7 @@ mod tests {
             enabled_protocols: vec!["TLSv1.2".into(), "TLSv1.3".into()],
             cipher_suites: vec![],
             principal_mapper: keel_auth::principal::PrincipalMapper::parse("DEFAULT").unwrap(),
+            verify_hostname: true,
         }
     }
 
@@ -479,7 +485,7 @@ mod tests {
             .contains("the encrypted key"));
     }
 
-    fn fixture(name: &str) -> String {
+    pub(super) fn fixture(name: &str) -> String {
         format!("{}/src/tls/testdata/{name}", env!("CARGO_MANIFEST_DIR"))
     }
 
@@ -574,12 +580,15 @@ mod tests {
         s.truststore_type = "PKCS12".into();
         s.truststore_location = fixture("truststore.p12");
         s.truststore_password = "keel-pass".into();
-        assert_eq!(truststore(&s).unwrap().len(), 1);
+        assert_eq!(truststore(&s, "a test").unwrap().len(), 1);
         s.truststore_password = String::new();
-        let e = truststore(&s).err().unwrap();
+        let e = truststore(&s, "a test").err().unwrap();
         assert!(e.contains("encrypted: set the password"), "{e}");
         s.truststore_password = "wrong".into();
-        assert!(truststore(&s).err().unwrap().contains("integrity check fails"));
+        assert!(truststore(&s, "a test")
+            .err()
+            .unwrap()
+            .contains("integrity check fails"));
     }
 
     /// A certificate section: the key is looked at after the chain is
