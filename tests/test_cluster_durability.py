@@ -223,3 +223,47 @@ def test_etcd_restarted_under_produce_acknowledges_nothing_it_did_not_commit(etc
     assert len(acked) == 100 and not errors, errors[:3]
     got = consume(brokers[2], "steady", [0], 100)[0]
     assert got == [f"a-{i}".encode() for i in range(50)] + [f"b-{i}".encode() for i in range(50)]
+
+
+@pytest.mark.parametrize("store", ["file", "s3"])
+def test_a_wal_object_no_commit_names_is_deleted_an_hour_after_its_write(etcd, tmp_path, request, store):
+    """A WAL object written and never committed (its broker crashed between
+    the write and the commit) is deleted by the controller once it is an
+    hour old (by the object store's clock: its files are dated two hours
+    back here); a younger one is left for its commit, and committed
+    objects, however old, stay while their records need them. In a
+    directory store and in S3 (versitygw, whose objects are files)."""
+    import os
+    from test_cluster_topics import produce
+    extra = {"keel.cluster.wal.gc.interval.ms": "300"}
+    if store == "s3":
+        s3 = request.getfixturevalue("s3server")
+        extra.update(s3_sets(s3))
+        objects = s3.bucket_dir
+    else:
+        objects = tmp_path / "objects"
+    brokers = start_cluster(etcd, tmp_path, [1], extra=extra)
+    try:
+        create(brokers[1], "orphans", num_partitions=1)
+        produce(brokers[1], "orphans", 20)
+        mine = wait_until(lambda: next(objects.glob("*/wal/1"), None), TIMEOUT_S, "the broker's WAL objects")
+        committed = sorted(mine.glob("*.wal"))
+        assert committed
+        # A crashed broker 7's objects: one written two hours ago, one now.
+        crashed = mine.parent / "7"
+        crashed.mkdir()
+        old, young = crashed / "00000000000000000001-00000000000000000001.wal", crashed / "00000000000000000001-00000000000000000002.wal"
+        old.write_bytes(b"x" * 100)
+        young.write_bytes(b"y" * 100)
+        two_hours_ago = time.time() - 7200
+        for f in [old, *committed]:
+            os.utime(f, (two_hours_ago, two_hours_ago))
+        wait_until(lambda: not old.exists(), TIMEOUT_S, "the old uncommitted object deleted")
+        time.sleep(1)  # more passes of the collector
+        assert young.exists()
+        assert all(f.exists() for f in committed)
+        assert metric(brokers[1], "keel_cluster_wal_collected_orphans_total") == 1
+        assert len(consume(brokers[1], "orphans", [0], 20)[0]) == 20
+    finally:
+        for b in brokers.values():
+            b.close()

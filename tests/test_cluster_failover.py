@@ -402,3 +402,101 @@ def test_a_transactions_coordinator_fails_over_mid_transaction(etcd, tmp_path):
     finally:
         for b in brokers.values():
             b.close()
+
+
+def led_counts(b, topic) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for leader, _epoch in leadership(b, topic).values():
+        counts[leader] = counts.get(leader, 0) + 1
+    return counts
+
+
+def test_a_broker_back_takes_its_share_of_leaders_and_no_record_is_lost(etcd, tmp_path):
+    """With `leader.imbalance.check.interval.seconds=1`: broker 3, killed,
+    loses its partitions to brokers 1 and 2; back, the controller moves
+    leaders (the topic's, and the group log's) to it until no broker leads
+    two more than another. The moved partitions' old leaders are alive:
+    they hand over while an idempotent producer writes to every partition
+    and a consumer group reads, and every acknowledged record is read back
+    once, in order."""
+    brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"leader.imbalance.check.interval.seconds": "1"})
+    try:
+        create(brokers[1], "spread", num_partitions=6, replica_assignment=[[1], [2], [3], [1], [2], [3]])
+        bootstrap = ",".join(b.bootstrap for b in brokers.values())
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2,
+                      "message.timeout.ms": 120000, "request.timeout.ms": 5000, "log_level": 0})
+        acked: dict[int, list[bytes]] = {i: [] for i in range(6)}
+        errors: list = []
+        running = True
+
+        def write():
+            n = 0
+            while running:
+                p.produce("spread", value=b"s-%d" % n, partition=n % 6,
+                          on_delivery=lambda e, m: errors.append(e) if e else acked[m.partition()].append(m.value()))
+                n += 1
+                p.poll(0.002)
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "spread-readers",
+                           "auto.offset.reset": "earliest", "log_level": 0})
+        reader.subscribe(["spread"])
+        seen: set[bytes] = set()
+        reading = [True]
+
+        def read():
+            while reading[0]:
+                for m in reader.consume(500, 0.2):
+                    if m.error() is None:
+                        seen.add(m.value())
+            reader.close()
+        reader_thread = threading.Thread(target=read, daemon=True)
+        reader_thread.start()
+        wait_until(lambda: sum(map(len, acked.values())) > 300, TIMEOUT_S, "the first acknowledged records")
+
+        brokers[3].kill9()
+        wait_until(lambda: set(led_counts(brokers[1], "spread")) == {1, 2}, TIMEOUT_S,
+                   "broker 3's partitions led by brokers 1 and 2")
+        brokers[3].start()
+        wait_until(lambda: not stats(brokers[3])["fenced"], TIMEOUT_S, "broker 3 to register")
+        t0 = time.monotonic()
+        wait_until(lambda: led_counts(brokers[1], "spread") == {1: 2, 2: 2, 3: 2}, TIMEOUT_S,
+                   "two of the topic's partitions led by each broker")
+        groups = wait_until(lambda: (lambda c: c if 3 in c else None)(led_counts(brokers[3], "__consumer_offsets")),
+                            TIMEOUT_S, "broker 3 to lead partitions of the group log")
+        print(f"balanced {time.monotonic() - t0:.2f}s after broker 3 registered; group log {groups}", flush=True)
+        assert max(groups.values()) - min(groups.values()) <= 1, groups
+        # Writes and reads go on where the partitions moved.
+        before = sum(map(len, acked.values()))
+        wait_until(lambda: sum(map(len, acked.values())) > before + 300, TIMEOUT_S, "writes after the moves")
+
+        running = False
+        writer.join(10)
+        assert p.flush(60) == 0 and not errors, errors[:3]
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "spread-check", "enable.auto.commit": False})
+        c.assign([TopicPartition("spread", i, 0) for i in range(6)])
+        got: dict[int, list[bytes]] = {i: [] for i in range(6)}
+        total = sum(map(len, acked.values()))
+        try:
+            def done():
+                for m in c.consume(1000, 1.0):
+                    if m.error() is None:
+                        got[m.partition()].append(m.value())
+                return sum(map(len, got.values())) >= total
+            wait_until(done, 60, f"{total} records")
+            time.sleep(1)
+            for m in c.consume(1000, 1.0):
+                if m.error() is None:
+                    got[m.partition()].append(m.value())
+        finally:
+            c.close()
+        # Every acknowledged record once, in the order produced.
+        assert got == acked, {i: (len(got[i]), len(acked[i])) for i in range(6)}
+        wait_until(lambda: seen >= {v for vs in acked.values() for v in vs}, 60, "the group to read every record")
+        reading[0] = False
+        reader_thread.join(10)
+        log = "".join(b.log_path.read_text(errors="replace") for b in brokers.values())
+        assert "partition leader moved to balance the brokers" in log
+    finally:
+        for b in brokers.values():
+            b.close()

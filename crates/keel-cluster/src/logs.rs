@@ -659,33 +659,109 @@ pub struct LogSources {
 pub async fn partition_log(
     store: &dyn CoordStore,
     settings: &Settings,
-    (topic_id, partition): (Uuid, i32),
+    partition: (Uuid, i32),
     claimed: &Claimed,
 ) -> Result<Result<LogSources, String>, StoreError> {
-    let listed = store
-        .range(&segments_prefix(settings, topic_id, partition))
-        .await?;
-    let segments: Vec<RemoteSegment> = listed
-        .kvs
-        .iter()
-        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-        .collect();
+    let wal = wal_ranges(store, settings).await?;
+    let (segments, ranges) = stored_sources(store, settings, partition, &wal).await?;
+    let log_start = claimed
+        .log_start
+        .max(recorded_start(store, settings, partition).await?);
+    Ok(sources(log_start, claimed.end_offset, segments, ranges))
+}
+
+/// Every committed WAL range, with its object's name.
+async fn wal_ranges(
+    store: &dyn CoordStore,
+    settings: &Settings,
+) -> Result<Vec<(String, WalRange)>, StoreError> {
     let indexes = store.range(&wal_prefix(settings)).await?;
     let mut ranges = Vec::new();
     for kv in &indexes.kvs {
         let Ok(index) = serde_json::from_slice::<WalIndex>(&kv.value) else {
             continue;
         };
-        for r in index.ranges {
-            if r.topic_id == topic_id && r.partition == partition {
-                ranges.push((index.object.clone(), r));
-            }
-        }
+        ranges.extend(index.ranges.into_iter().map(|r| (index.object.clone(), r)));
     }
-    let log_start = claimed
-        .log_start
-        .max(recorded_start(store, settings, (topic_id, partition)).await?);
-    Ok(sources(log_start, claimed.end_offset, segments, ranges))
+    Ok(ranges)
+}
+
+/// The objects every WAL index key names.
+pub async fn wal_objects(
+    store: &dyn CoordStore,
+    settings: &Settings,
+) -> Result<std::collections::BTreeSet<String>, StoreError> {
+    let indexes = store.range(&wal_prefix(settings)).await?;
+    Ok(indexes
+        .kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<WalIndex>(&kv.value).ok())
+        .map(|index| index.object)
+        .collect())
+}
+
+/// A partition's recorded segments, and its ranges among `wal`.
+async fn stored_sources(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    (topic_id, partition): (Uuid, i32),
+    wal: &[(String, WalRange)],
+) -> Result<(Vec<RemoteSegment>, Vec<(String, WalRange)>), StoreError> {
+    let listed = store
+        .range(&segments_prefix(settings, topic_id, partition))
+        .await?;
+    let segments = listed
+        .kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect();
+    let ranges = wal
+        .iter()
+        .filter(|(_, r)| r.topic_id == topic_id && r.partition == partition)
+        .cloned()
+        .collect();
+    Ok((segments, ranges))
+}
+
+/// For each of `partitions`, whether another broker could rebuild its log
+/// from the object store now ([`sources`] for its last commit), or why
+/// not. A partition never committed holds nothing to rebuild.
+pub async fn rebuildable(
+    store: &dyn CoordStore,
+    settings: &Settings,
+    partitions: &[(Uuid, i32)],
+) -> Result<Vec<Result<(), String>>, StoreError> {
+    // The commits first: a WAL index read after a commit holds every
+    // range it committed (both are written in one transaction).
+    let mut commits = Vec::with_capacity(partitions.len());
+    for &(topic_id, index) in partitions {
+        let commit = match store.get(&log_key(settings, topic_id, index)).await? {
+            None => None,
+            Some(kv) => Some(serde_json::from_slice::<LogCommit>(&kv.value).map_err(|_| ())),
+        };
+        commits.push(commit);
+    }
+    let wal = wal_ranges(store, settings).await?;
+    let mut out = Vec::with_capacity(partitions.len());
+    for (&(topic_id, index), commit) in partitions.iter().zip(commits) {
+        let commit = match commit {
+            None => {
+                out.push(Ok(()));
+                continue;
+            }
+            Some(Err(())) => {
+                out.push(Err("its commit is unreadable".to_string()));
+                continue;
+            }
+            Some(Ok(c)) => c,
+        };
+        let (segments, ranges) = stored_sources(store, settings, (topic_id, index), &wal).await?;
+        let log_start = commit
+            .log_start
+            .max(recorded_start(store, settings, (topic_id, index)).await?);
+        out.push(sources(log_start, commit.end_offset, segments, ranges).map(|_| ()));
+    }
+    Ok(out)
 }
 
 /// Chooses the sources of a log that starts at `log_start` (as its last
@@ -929,6 +1005,7 @@ mod tests {
         Settings {
             prefix: "/k".into(),
             session_timeout: Duration::from_secs(6),
+            leader_balance: None,
         }
     }
 

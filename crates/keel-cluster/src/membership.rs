@@ -90,6 +90,10 @@ pub struct Settings {
     /// How long a broker's lease lives without renewal
     /// (`keel.cluster.session.timeout.ms`).
     pub session_timeout: Duration,
+    /// How often the controller spreads leaders over the live brokers
+    /// ([`crate::topics::balance`]; `leader.imbalance.check.interval.seconds`),
+    /// `None` if it does not (`auto.leader.rebalance.enable=false`).
+    pub leader_balance: Option<Duration>,
 }
 
 impl Settings {
@@ -250,7 +254,8 @@ impl Membership {
         let session = tokio::spawn(Arc::clone(self).keep_session());
         let follow = tokio::spawn(Arc::clone(self).follow());
         let lead = tokio::spawn(Arc::clone(self).lead_partitions());
-        self.tasks.lock().extend([session, follow, lead]);
+        let balance = tokio::spawn(Arc::clone(self).balance_leaders());
+        self.tasks.lock().extend([session, follow, lead, balance]);
         Ok(())
     }
 
@@ -526,6 +531,12 @@ impl Membership {
         crate::logs::partition_log(self.store.as_ref(), &self.settings, partition, claimed).await
     }
 
+    /// The WAL objects the coordination store's index names
+    /// ([`crate::logs::wal_objects`]).
+    pub async fn wal_objects(&self) -> Result<BTreeSet<String>, StoreError> {
+        crate::logs::wal_objects(self.store.as_ref(), &self.settings).await
+    }
+
     /// What the coordination store records that nothing needs any more
     /// ([`crate::logs::garbage`]), judged against this broker's view.
     pub async fn garbage(&self) -> Result<crate::logs::Garbage, StoreError> {
@@ -720,28 +731,11 @@ impl Membership {
             let Some(next) = topics::elect(&stored.topic, &live, &mut led) else {
                 continue;
             };
-            let changed = topics::replace(
-                self.store.as_ref(),
-                &self.settings,
-                &next,
-                stored.revision,
-                vec![mine.clone()],
-            )
-            .await;
-            match changed {
-                Ok(Some(revision)) => {
-                    for (i, (was, now)) in stored.topic.partitions.iter().zip(&next.partitions).enumerate() {
-                        if was != now {
-                            self.leader_changes
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            tracing::info!(
-                                topic = %next.name, partition = i, leader = now.leader,
-                                leader_epoch = now.leader_epoch, previous = was.leader, revision,
-                                "partition leader changed"
-                            );
-                        }
-                    }
-                }
+            match self
+                .change_leaders(&stored, &next, &mine, "partition leader changed")
+                .await
+            {
+                Ok(Some(_)) => {}
                 Ok(None) => settled = false, // changed meanwhile: the watch brings it
                 Err(e) => {
                     tracing::debug!(topic = %next.name, error = %e, "changing leaders");
@@ -750,6 +744,123 @@ impl Membership {
             }
         }
         settled
+    }
+
+    /// While this broker is the controller, applies [`topics::balance`]
+    /// every `leader_balance`.
+    async fn balance_leaders(self: Arc<Self>) {
+        let Some(every) = self.settings.leader_balance else {
+            return;
+        };
+        let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if let Err(e) = self.balance_once().await {
+                tracing::debug!(error = %e, "balancing leaders");
+            }
+        }
+    }
+
+    /// One pass of the leader balance: how many partitions moved. Only
+    /// while every partition of a live broker's is led (the controller's
+    /// elections come first), and only partitions another broker could
+    /// rebuild from the object store now move.
+    pub async fn balance_once(&self) -> Result<usize, StoreError> {
+        let (controller, live, stored, fenced) = {
+            let view = self.view.lock();
+            (
+                view.controller,
+                view.members.keys().copied().collect::<BTreeSet<i32>>(),
+                view.topics.values().cloned().collect::<Vec<_>>(),
+                view.fenced,
+            )
+        };
+        let Some(controller) = controller.filter(|c| c.node_id == self.me.node_id && !fenced) else {
+            return Ok(0);
+        };
+        let unled = stored
+            .iter()
+            .flat_map(|s| &s.topic.partitions)
+            .any(|p| !live.contains(&p.leader));
+        if unled {
+            return Ok(0);
+        }
+        let topics: Vec<ClusterTopic> = stored.iter().map(|s| s.topic.clone()).collect();
+        let mut pinned = BTreeSet::new();
+        let plan = loop {
+            let plan = topics::balance(&topics, &live, &pinned);
+            let moved: Vec<(uuid::Uuid, i32)> = plan
+                .iter()
+                .flat_map(|next| {
+                    let was = topics.iter().find(|t| t.topic_id == next.topic_id);
+                    next.partitions.iter().enumerate().filter_map(move |(i, p)| {
+                        let before = was.and_then(|t| t.partitions.get(i))?;
+                        (before.leader != p.leader).then_some((next.topic_id, i32::try_from(i).ok()?))
+                    })
+                })
+                .collect();
+            let verdicts = crate::logs::rebuildable(self.store.as_ref(), &self.settings, &moved).await?;
+            let before = pinned.len();
+            for (id, verdict) in moved.into_iter().zip(verdicts) {
+                if let Err(why) = verdict {
+                    tracing::debug!(topic_id = %id.0, partition = id.1, %why, "a partition stays for the leader balance");
+                    pinned.insert(id);
+                }
+            }
+            if pinned.len() == before {
+                break plan;
+            }
+        };
+        let mine = Compare::ModRevision(self.settings.key("controller"), controller.epoch);
+        let mut moved = 0;
+        for next in plan {
+            let Some(stored) = stored.iter().find(|s| s.topic.topic_id == next.topic_id) else {
+                continue;
+            };
+            // A topic changed meanwhile: the next pass sees it.
+            let why = "partition leader moved to balance the brokers";
+            moved += self.change_leaders(stored, &next, &mine, why).await?.unwrap_or(0);
+        }
+        Ok(moved)
+    }
+
+    /// Replaces `stored` with `next`, whose leaders the controller
+    /// changed, if neither the topic nor the controller changed since;
+    /// logs each change with `why` and counts it. How many partitions
+    /// changed leader, `None` if the compare failed.
+    async fn change_leaders(
+        &self,
+        stored: &StoredTopic,
+        next: &ClusterTopic,
+        controller: &Compare,
+        why: &str,
+    ) -> Result<Option<usize>, StoreError> {
+        let changed = topics::replace(
+            self.store.as_ref(),
+            &self.settings,
+            next,
+            stored.revision,
+            vec![controller.clone()],
+        )
+        .await?;
+        let Some(revision) = changed else {
+            return Ok(None);
+        };
+        let mut count = 0;
+        for (i, (was, now)) in stored.topic.partitions.iter().zip(&next.partitions).enumerate() {
+            if was.leader != now.leader || was.leader_epoch != now.leader_epoch {
+                count += 1;
+                self.leader_changes
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(
+                    topic = %next.name, partition = i, leader = now.leader,
+                    leader_epoch = now.leader_epoch, previous = was.leader, revision,
+                    "{why}"
+                );
+            }
+        }
+        Ok(Some(count))
     }
 
     /// Puts this broker's registration on a new lease.

@@ -60,6 +60,7 @@ mod tests {
         Settings {
             prefix: "/keel".into(),
             session_timeout: Duration::from_secs(6),
+            leader_balance: None,
         }
     }
 

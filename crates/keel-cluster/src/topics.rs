@@ -7,8 +7,9 @@
 //! compare-and-swap on that key; the controller alone changes leaders, with
 //! a compare on its own election too, so a deposed controller's decision
 //! never lands. What a change decides is computed here without I/O:
-//! [`place`] puts new partitions on the least loaded live brokers, and
-//! [`elect`] is the controller's rule for one topic.
+//! [`place`] puts new partitions on the least loaded live brokers,
+//! [`elect`] is the controller's rule for one topic, and [`balance`] its
+//! periodic spreading of leaders over the live brokers.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -163,6 +164,111 @@ pub fn elect(
     any.then_some(changed)
 }
 
+/// The controller's leader balance (Kafka's `auto.leader.rebalance.enable`),
+/// over partitions that each have one replica, so that a broker that
+/// joins or comes back takes its share of leaders: first each topic's
+/// partitions, then all of them, are spread over the live brokers until
+/// no broker leads two more than another, each move going from the
+/// broker leading the most to the one leading the fewest (of the topic,
+/// then in all; ties to the most and least loaded in all, then the lower
+/// id). A move in the second round takes a partition of a topic the first
+/// broker leads more of than the second, so that no topic loses its
+/// spread. Partitions in `pinned` (their records are not all in the
+/// object store: no other broker could rebuild them) and partitions led
+/// by no live broker stay. A moved partition's replica becomes its new
+/// leader, in a new leader epoch. The changed topics, in `topics`' order.
+pub fn balance(
+    topics: &[ClusterTopic],
+    live: &BTreeSet<i32>,
+    pinned: &BTreeSet<(Uuid, i32)>,
+) -> Vec<ClusterTopic> {
+    if live.len() < 2 {
+        return Vec::new();
+    }
+    let mut next: Vec<ClusterTopic> = topics.to_vec();
+    // Partitions each live broker leads, in all and per topic.
+    let mut total: BTreeMap<i32, usize> = live.iter().map(|n| (*n, 0)).collect();
+    let mut per_topic: Vec<BTreeMap<i32, usize>> = Vec::with_capacity(next.len());
+    for t in &next {
+        let mut counts: BTreeMap<i32, usize> = live.iter().map(|n| (*n, 0)).collect();
+        for p in &t.partitions {
+            if let Some(n) = counts.get_mut(&p.leader) {
+                *n += 1;
+                *total.get_mut(&p.leader).expect("live") += 1;
+            }
+        }
+        per_topic.push(counts);
+    }
+    let movable = |t: &ClusterTopic, i: usize, from: i32| {
+        t.partitions[i].leader == from
+            && !pinned.contains(&(t.topic_id, i32::try_from(i).unwrap_or(i32::MAX)))
+    };
+    let mut changed = vec![false; next.len()];
+    let mut move_one = |next: &mut [ClusterTopic],
+                        per_topic: &mut [BTreeMap<i32, usize>],
+                        total: &mut BTreeMap<i32, usize>,
+                        (t, i): (usize, usize),
+                        (from, to): (i32, i32)| {
+        let p = &mut next[t].partitions[i];
+        p.leader = to;
+        p.leader_epoch = p.leader_epoch.saturating_add(1);
+        p.replicas = vec![to];
+        for counts in [&mut per_topic[t], total] {
+            *counts.get_mut(&from).expect("live") -= 1;
+            *counts.get_mut(&to).expect("live") += 1;
+        }
+        changed[t] = true;
+    };
+    // Each topic.
+    for t in 0..next.len() {
+        loop {
+            let counts = &per_topic[t];
+            let by = |n: &i32| (counts[n], total[n]);
+            let from = *live
+                .iter()
+                .max_by_key(|n| (by(n), std::cmp::Reverse(**n)))
+                .expect("live");
+            let to = *live.iter().min_by_key(|n| (by(n), **n)).expect("live");
+            if counts[&from] < counts[&to] + 2 {
+                break;
+            }
+            let Some(i) = (0..next[t].partitions.len()).find(|i| movable(&next[t], *i, from)) else {
+                break;
+            };
+            move_one(&mut next, &mut per_topic, &mut total, (t, i), (from, to));
+        }
+    }
+    // All of them.
+    loop {
+        let from = *live
+            .iter()
+            .max_by_key(|n| (total[*n], std::cmp::Reverse(**n)))
+            .expect("live");
+        let to = *live.iter().min_by_key(|n| (total[*n], **n)).expect("live");
+        if total[&from] < total[&to] + 2 {
+            break;
+        }
+        // A partition of the topic `from` leads most more of than `to`.
+        let mut skewed: Vec<usize> = (0..next.len())
+            .filter(|t| per_topic[*t][&from] > per_topic[*t][&to])
+            .collect();
+        skewed.sort_by_key(|t| (std::cmp::Reverse(per_topic[*t][&from] - per_topic[*t][&to]), *t));
+        let choice = skewed.into_iter().find_map(|t| {
+            (0..next[t].partitions.len())
+                .find(|i| movable(&next[t], *i, from))
+                .map(|i| (t, i))
+        });
+        let Some(at) = choice else {
+            break;
+        };
+        move_one(&mut next, &mut per_topic, &mut total, at, (from, to));
+    }
+    next.into_iter()
+        .zip(changed)
+        .filter_map(|(t, c)| c.then_some(t))
+        .collect()
+}
+
 /// Creates `topic` unless a topic of its name exists. The store's revision
 /// of the change, `None` if the name is taken.
 pub async fn create(
@@ -306,6 +412,105 @@ mod tests {
         }
     }
 
+    /// Leaders of `topics`' partitions after `changed` replaced some.
+    fn leaders_after(topics: &[ClusterTopic], changed: &[ClusterTopic]) -> Vec<Vec<i32>> {
+        topics
+            .iter()
+            .map(|t| {
+                let t = changed.iter().find(|c| c.topic_id == t.topic_id).unwrap_or(t);
+                t.partitions.iter().map(|p| p.leader).collect()
+            })
+            .collect()
+    }
+
+    fn led_by(leaders: &[Vec<i32>], node: i32) -> usize {
+        leaders.iter().flatten().filter(|l| **l == node).count()
+    }
+
+    #[test]
+    fn a_broker_back_takes_its_share_of_every_topic() {
+        let live: BTreeSet<i32> = [1, 2, 3].into();
+        // Broker 3 came back after its partitions went to 1 and 2.
+        let a = topic(&[
+            (1, 1, &[1]),
+            (2, 0, &[2]),
+            (1, 2, &[1]),
+            (2, 1, &[2]),
+            (1, 0, &[1]),
+            (2, 3, &[2]),
+        ]);
+        let b = topic(&[(1, 0, &[1]), (1, 4, &[1]), (2, 0, &[2])]);
+        let topics = [a, b];
+        let changed = balance(&topics, &live, &BTreeSet::new());
+        let leaders = leaders_after(&topics, &changed);
+        for (t, l) in topics.iter().zip(&leaders) {
+            let counts: Vec<usize> = (1..=3).map(|n| l.iter().filter(|x| **x == n).count()).collect();
+            assert!(
+                counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
+                "{} {l:?}",
+                t.name
+            );
+        }
+        assert_eq!([1, 2, 3].map(|n| led_by(&leaders, n)), [3, 3, 3]);
+        // Each moved partition is in a new epoch, its replica its leader.
+        for (before, after) in topics.iter().zip(&leaders) {
+            let after_t = changed.iter().find(|c| c.topic_id == before.topic_id).unwrap();
+            for (i, p) in before.partitions.iter().enumerate() {
+                let q = &after_t.partitions[i];
+                if p.leader == after[i] {
+                    assert_eq!(p, q);
+                } else {
+                    assert_eq!(
+                        (q.leader_epoch, q.replicas.clone()),
+                        (p.leader_epoch + 1, vec![after[i]])
+                    );
+                }
+            }
+        }
+        // Balanced: nothing more moves.
+        let again: Vec<ClusterTopic> = topics
+            .iter()
+            .map(|t| {
+                changed
+                    .iter()
+                    .find(|c| c.topic_id == t.topic_id)
+                    .unwrap_or(t)
+                    .clone()
+            })
+            .collect();
+        assert!(balance(&again, &live, &BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn single_partition_topics_spread_in_all() {
+        let live: BTreeSet<i32> = [1, 2, 3].into();
+        let topics: Vec<ClusterTopic> = (0..7).map(|_| topic(&[(1, 0, &[1])])).collect();
+        let changed = balance(&topics, &live, &BTreeSet::new());
+        let leaders = leaders_after(&topics, &changed);
+        assert_eq!([1, 2, 3].map(|n| led_by(&leaders, n)), [3, 2, 2]);
+    }
+
+    #[test]
+    fn pinned_partitions_and_partitions_of_dead_brokers_stay() {
+        let live: BTreeSet<i32> = [1, 2].into();
+        let t = topic(&[
+            (1, 0, &[1]),
+            (1, 0, &[1]),
+            (1, 0, &[1]),
+            (1, 0, &[1]),
+            (3, 0, &[3]),
+            (NO_LEADER, 2, &[]),
+        ]);
+        let pinned: BTreeSet<(Uuid, i32)> = [(t.topic_id, 0), (t.topic_id, 1)].into();
+        let changed = balance(std::slice::from_ref(&t), &live, &pinned);
+        let leaders = leaders_after(std::slice::from_ref(&t), &changed);
+        assert_eq!(leaders, vec![vec![1, 1, 2, 2, 3, NO_LEADER]]);
+        // Everything pinned: nothing moves; one live broker: nothing to do.
+        let all: BTreeSet<(Uuid, i32)> = (0..6).map(|i| (t.topic_id, i)).collect();
+        assert!(balance(std::slice::from_ref(&t), &live, &all).is_empty());
+        assert!(balance(std::slice::from_ref(&t), &[1].into(), &BTreeSet::new()).is_empty());
+    }
+
     #[test]
     fn topics_round_trip_through_json() {
         let t = topic(&[(3, 7, &[3])]);
@@ -315,6 +520,7 @@ mod tests {
         let settings = Settings {
             prefix: "/keel".into(),
             session_timeout: std::time::Duration::from_secs(6),
+            leader_balance: None,
         };
         let key = topic_key(&settings, "orders");
         assert_eq!(key, "/keel/topics/orders");

@@ -315,6 +315,7 @@ async fn committed_logs_never_overlap_and_keep_every_acknowledged_record() {
             settings: Settings {
                 prefix: "/m".into(),
                 session_timeout: Duration::from_secs(6),
+                leader_balance: None,
             },
             topic: Uuid::from_u64_pair(seed, round),
             brokers: (0..3).map(|_| Broker::default()).collect(),

@@ -175,6 +175,7 @@ fn settings() -> Settings {
     Settings {
         prefix: "/keel".into(),
         session_timeout: TTL,
+        leader_balance: None,
     }
 }
 

@@ -230,6 +230,10 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // a cluster's brokers send each other requests. The keys are checked
     // as Kafka checks them (`crate::listeners::inter_broker`).
     ("inter.broker.listener.name", "", ConfigType::String),
+    // A cluster's controller spreads partition leaders over the live
+    // brokers every `leader.imbalance.check.interval.seconds`.
+    ("auto.leader.rebalance.enable", "true", ConfigType::Boolean),
+    ("leader.imbalance.check.interval.seconds", "300", ConfigType::Long),
     ("security.inter.broker.protocol", "PLAINTEXT", ConfigType::String),
     (
         "sasl.mechanism.inter.broker.protocol",
@@ -869,6 +873,7 @@ impl BrokerConfig {
             "transaction.state.log.num.partitions",
             "offsets.topic.replication.factor",
             "transaction.state.log.replication.factor",
+            "leader.imbalance.check.interval.seconds",
         ] {
             if self.num(key) < 1 {
                 return Err(ConfigError {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::readers::{Reader, Readers};
 use bytes::Bytes;
 use keel_log::batch::BatchHeader;
-use keel_log::marker::Marker;
+use keel_log::marker::{Marker, TxnWrite};
 use keel_log::{
     AbortedTxn, AppendError, AppendTimes, LogConfig, LogReader, PartitionLog, ReadError, ReadPlan, Storage,
 };
@@ -274,9 +274,10 @@ pub struct Partition {
     /// In a cluster: the log start this broker last recorded there.
     pub(crate) recorded_start: AtomicI64,
     /// Transactional batches being checked with a coordinator on another
-    /// broker, by guard token: the producer each is of. A marker queued
-    /// for the producer removes its guards (see [`VerificationGuard`]).
-    verifying: Mutex<HashMap<u64, i64>>,
+    /// broker, by guard token. A marker queued for the producer that ends
+    /// the guarded batch's transaction removes its guard (see
+    /// [`VerificationGuard`]).
+    verifying: Mutex<HashMap<u64, TxnWrite>>,
 }
 
 /// Tokens of [`VerificationGuard`]s.
@@ -285,9 +286,10 @@ static NEXT_GUARD: AtomicU64 = AtomicU64::new(1);
 /// Kafka's verification guard (KIP-890), for a transactional batch whose
 /// coordinator is another broker: taken before the coordinator is asked
 /// whether the batch's transaction holds this partition, and checked by
-/// the partition writer just before the batch is planned. A marker for
-/// the producer queued in between (the transaction ended, and its batch
-/// would open one here no coordinator ends) voids it.
+/// the partition writer just before the batch is planned. A marker
+/// queued in between that ends the batch's transaction (its batch would
+/// open one here no coordinator ends) voids it; the marker of the
+/// producer's previous transaction, still on its way, does not.
 pub struct VerificationGuard {
     partition: Arc<Partition>,
     token: u64,
@@ -541,11 +543,11 @@ impl Partition {
         self.enqueue(records, headers, None, None, true)?.outcome().await
     }
 
-    /// Takes a [`VerificationGuard`] for a transactional batch of
-    /// `producer_id`, before its coordinator is asked about it.
-    pub fn verification_guard(self: &Arc<Self>, producer_id: i64) -> VerificationGuard {
+    /// Takes a [`VerificationGuard`] for a transactional batch, before its
+    /// coordinator is asked about it.
+    pub fn verification_guard(self: &Arc<Self>, batch: TxnWrite) -> VerificationGuard {
         let token = NEXT_GUARD.fetch_add(1, Ordering::Relaxed);
-        self.verifying.lock().insert(token, producer_id);
+        self.verifying.lock().insert(token, batch);
         VerificationGuard {
             partition: Arc::clone(self),
             token,
@@ -554,15 +556,18 @@ impl Partition {
 
     /// Appends the marker that ends `producer_id`'s transaction here
     /// (commit or abort), through the same queue as produce requests. The
-    /// producer's verification guards are void from here on: a batch
-    /// queued behind the marker belongs to no transaction it checked.
+    /// guards of the batches whose transaction it ends are void from here
+    /// on: such a batch queued behind the marker belongs to no transaction
+    /// it checked.
     pub async fn write_marker(
         self: &Arc<Self>,
         producer_id: i64,
         producer_epoch: i16,
         marker: Marker,
     ) -> Result<Appended, AppendFailure> {
-        self.verifying.lock().retain(|_, p| *p != producer_id);
+        self.verifying
+            .lock()
+            .retain(|_, g| !g.ended_by(producer_id, producer_epoch));
         let batch = keel_log::marker::marker_batch(producer_id, producer_epoch, marker, self.clock.now_ms());
         let headers = keel_log::batch::validate_batches(&batch).map_err(|e| AppendFailure {
             error: ResponseError::UnknownServerError,

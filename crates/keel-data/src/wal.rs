@@ -26,7 +26,12 @@
 //! the object store (or its log start), or of a deleted topic, is deleted
 //! with its index keys; so are a deleted topic's commit keys and segment
 //! copies. An object with one partition whose records are not in a sealed
-//! segment yet is kept whole.
+//! segment yet is kept whole. A WAL object no index names and older than
+//! [`ORPHAN_AGE`] is deleted too: its broker crashed between the write and
+//! the commit, or its partitions' terms ended first. No commit lands that
+//! late: a broker gives an object's commit up [`COMMIT_GIVE_UP`] after
+//! the write (its producers are told to go elsewhere, as when its term
+//! ends), and objects are listed before the index is read.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -47,6 +52,12 @@ const RETRY_MIN: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(1);
 /// Objects being written to the object store at once.
 const IN_FLIGHT: usize = 4;
+/// How long after its write an object's commit is tried.
+pub const COMMIT_GIVE_UP: Duration = Duration::from_secs(300);
+/// How old (by the object store's clock against this broker's) an object
+/// no index names must be to be deleted: well past [`COMMIT_GIVE_UP`],
+/// whatever the clocks' skew.
+pub const ORPHAN_AGE: Duration = Duration::from_secs(3600);
 
 /// `keel.cluster.wal.*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,11 +110,16 @@ pub struct WalStats {
     pub collected_objects: AtomicU64,
     pub collected_bytes: AtomicU64,
     pub collected_keys: AtomicU64,
+    /// WAL objects no index named, deleted past [`ORPHAN_AGE`].
+    pub collected_orphans: AtomicU64,
 }
 
 pub struct Wal {
     membership: Arc<Membership>,
     tiers: Arc<Tiers>,
+    /// Where every broker's objects are (`<cluster id>/wal/`).
+    cluster_prefix: String,
+    /// Where this broker's are.
     prefix: String,
     /// Names this process's objects apart from those of its earlier runs.
     run: u64,
@@ -129,6 +145,7 @@ impl Wal {
         Wal {
             membership,
             tiers,
+            cluster_prefix: format!("{cluster_id}/wal/"),
             prefix: format!("{cluster_id}/wal/{node}/"),
             run: keel_log::clock::now_ms().max(0) as u64,
             next: AtomicU64::new(0),
@@ -247,6 +264,9 @@ impl Wal {
         }
         m.delete_keys(&garbage.commits).await.map_err(|e| e.to_string())?;
         count(garbage.commits.len());
+        if let Err(why) = self.collect_orphans().await {
+            failed.get_or_insert(why);
+        }
         if let Some(why) = failed {
             return Err(why);
         }
@@ -257,6 +277,35 @@ impl Wal {
                 commits = garbage.commits.len(),
                 "collected WAL garbage"
             );
+        }
+        Ok(())
+    }
+
+    /// Deletes the WAL objects no index names that are older than
+    /// [`ORPHAN_AGE`]. Listed before the index is read: an object
+    /// committed meanwhile is in the index read after.
+    async fn collect_orphans(&self) -> Result<(), String> {
+        let listed = self
+            .tiers
+            .list_remote(&self.cluster_prefix)
+            .await
+            .map_err(|e| format!("listing WAL objects: {e}"))?;
+        let old: Vec<String> = listed
+            .into_iter()
+            .filter(|(name, age)| name.ends_with(".wal") && *age >= ORPHAN_AGE.as_millis() as u64)
+            .map(|(name, _)| name)
+            .collect();
+        if old.is_empty() {
+            return Ok(());
+        }
+        let indexed = self.membership.wal_objects().await.map_err(|e| e.to_string())?;
+        for name in old.into_iter().filter(|n| !indexed.contains(n)) {
+            self.tiers
+                .delete_remote(&name)
+                .await
+                .map_err(|e| format!("deleting WAL object {name} no index names: {e}"))?;
+            self.stats.collected_orphans.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(object = %name, "deleted a WAL object no commit names (written, never committed)");
         }
         Ok(())
     }
@@ -355,7 +404,12 @@ impl Wal {
                 }
             }
         }
-        Some(Written { object, id, parts })
+        Some(Written {
+            object,
+            id,
+            parts,
+            written_at: Instant::now(),
+        })
     }
 
     /// Commits a written object (see [`keel_cluster::logs::commit`]),
@@ -365,6 +419,7 @@ impl Wal {
             object,
             id,
             mut parts,
+            written_at,
         } = written;
         let mut backoff = RETRY_MIN;
         // The parts asked, fixed once: a retry asks exactly the same, so a
@@ -415,6 +470,16 @@ impl Wal {
                     }
                     return;
                 }
+                Err(e) if written_at.elapsed() >= COMMIT_GIVE_UP => {
+                    // Past this no commit of the object may land: garbage
+                    // collection deletes objects no index names.
+                    self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(object = %object, error = %e, "cannot commit a WAL object; giving it up");
+                    for p in &parts {
+                        self.fence(p, "its WAL object could not be committed");
+                    }
+                    return;
+                }
                 Err(e) => {
                     self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(object = %object, error = %e, "cannot commit a WAL object; retrying");
@@ -449,6 +514,7 @@ struct Written {
     object: String,
     id: String,
     parts: Vec<Part>,
+    written_at: Instant,
 }
 
 /// One partition's groups of one term in an object, merged.

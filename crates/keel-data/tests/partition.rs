@@ -7,7 +7,7 @@ use keel_data::health::DirHealth;
 use keel_data::partition::{Partition, PartitionParts};
 use keel_log::batch::{validate_batches, BatchHeader};
 use keel_log::faults::FaultyStorage;
-use keel_log::marker::Marker;
+use keel_log::marker::{Marker, TxnWrite};
 use keel_log::testing::BatchBuilder;
 use keel_log::LogConfig;
 use keel_protocol::ResponseError;
@@ -847,6 +847,77 @@ async fn a_transactional_batch_is_verified_when_the_writer_takes_it() {
     assert_eq!(p.last_stable_offset(), 1, "no transaction was opened");
 }
 
+/// A transactional batch of one record: producer id, epoch, sequence.
+fn txn_batch((producer, epoch, sequence): (i64, i16, i32), value: &[u8]) -> (Bytes, Vec<BatchHeader>) {
+    let bytes = BatchBuilder::new(1_000)
+        .producer(producer, epoch, sequence)
+        .transactional(true)
+        .record(None, Some(value))
+        .build();
+    let headers = validate_batches(&bytes).unwrap();
+    (Bytes::from(bytes), headers)
+}
+
+/// What a voided verification guard refuses a batch with.
+fn txn_ended() -> keel_data::partition::AppendFailure {
+    keel_data::partition::AppendFailure {
+        error: ResponseError::InvalidTxnState,
+        message: "the transaction ended".into(),
+    }
+}
+
+/// Under transactions v2 a transaction's markers carry the epoch its
+/// producer's next transaction uses: the previous transaction's marker,
+/// arriving while the next one's batch is checked, leaves the batch's
+/// guard alone; the marker that ends the batch's own transaction (a later
+/// epoch) voids it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_transactions_v2_only_a_later_epochs_marker_voids_a_guard() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _, _) = faulty(dir.path(), LogConfig::default());
+    let txn = |epoch, sequence, value| txn_batch((9, epoch, sequence), value);
+    let refusal = txn_ended;
+    let marker = Marker {
+        commit: true,
+        coordinator_epoch: 0,
+    };
+    let v2 = |producer_epoch| TxnWrite {
+        producer_id: 9,
+        producer_epoch,
+        bumped_on_end: true,
+    };
+    // The first transaction, in epoch 0, ends with its marker in epoch 1.
+    let (b, h) = txn(0, 0, b"first");
+    p.append(b, h).await.unwrap();
+    let next = p.verification_guard(v2(1));
+    p.write_marker(9, 1, marker).await.unwrap();
+    let (b, h) = txn(1, 0, b"second");
+    let written = p.queue(b, h, Some(next.into_verify(refusal()))).unwrap();
+    assert_eq!(written.outcome().await.unwrap().base_offset, 2);
+    // The second ends in epoch 2 (an abort on its timeout, say): a batch
+    // of it checked meanwhile is refused.
+    let late = p.verification_guard(v2(1));
+    p.write_marker(
+        9,
+        2,
+        Marker {
+            commit: false,
+            ..marker
+        },
+    )
+    .await
+    .unwrap();
+    let (b, h) = txn(1, 1, b"late");
+    let refused = p
+        .queue(b, h, Some(late.into_verify(refusal())))
+        .unwrap()
+        .outcome()
+        .await
+        .unwrap_err();
+    assert_eq!(refused.error, ResponseError::InvalidTxnState, "{refused:?}");
+    assert_eq!(p.high_watermark(), 4);
+}
+
 /// A verification guard (a transactional batch checked with a coordinator
 /// on another broker) holds until a marker for its producer is queued:
 /// a batch whose guard was taken before its transaction's marker is
@@ -856,19 +927,8 @@ async fn a_transactional_batch_is_verified_when_the_writer_takes_it() {
 async fn a_marker_voids_the_verification_guards_of_its_producer() {
     let dir = tempfile::tempdir().unwrap();
     let (p, _, _) = faulty(dir.path(), LogConfig::default());
-    let txn = |producer: i64, sequence: i32, value: &[u8]| {
-        let bytes = BatchBuilder::new(1_000)
-            .producer(producer, 0, sequence)
-            .transactional(true)
-            .record(None, Some(value))
-            .build();
-        let headers = validate_batches(&bytes).unwrap();
-        (Bytes::from(bytes), headers)
-    };
-    let refusal = || keel_data::partition::AppendFailure {
-        error: ResponseError::InvalidTxnState,
-        message: "the transaction ended".into(),
-    };
+    let txn = |producer, sequence, value| txn_batch((producer, 0, sequence), value);
+    let refusal = txn_ended;
     let commit = Marker {
         commit: true,
         coordinator_epoch: 3,
@@ -878,8 +938,13 @@ async fn a_marker_voids_the_verification_guards_of_its_producer() {
         let (b, h) = txn(producer, 0, b"first");
         p.append(b, h).await.unwrap();
     }
-    let stale = p.verification_guard(7);
-    let other = p.verification_guard(8);
+    let v1 = |producer_id| TxnWrite {
+        producer_id,
+        producer_epoch: 0,
+        bumped_on_end: false,
+    };
+    let stale = p.verification_guard(v1(7));
+    let other = p.verification_guard(v1(8));
     p.write_marker(7, 0, commit).await.unwrap();
     let (b, h) = txn(7, 1, b"stale");
     let refused = p
@@ -892,7 +957,7 @@ async fn a_marker_voids_the_verification_guards_of_its_producer() {
     let (b, h) = txn(8, 1, b"second");
     let kept = p.queue(b, h, Some(other.into_verify(refusal()))).unwrap();
     assert_eq!(kept.outcome().await.unwrap().base_offset, 3);
-    let fresh = p.verification_guard(7);
+    let fresh = p.verification_guard(v1(7));
     let (b, h) = txn(7, 1, b"next");
     let next = p.queue(b, h, Some(fresh.into_verify(refusal()))).unwrap();
     assert_eq!(next.outcome().await.unwrap().base_offset, 4);

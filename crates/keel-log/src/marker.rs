@@ -24,6 +24,32 @@ pub struct Marker {
     pub coordinator_epoch: i32,
 }
 
+/// A transactional write its coordinator is asked about (a batch of a
+/// partition, offsets of a group): its producer, its epoch, and whether
+/// its transaction ends with the epoch bumped (transactions v2, KIP-890:
+/// the markers carry the next epoch, which the producer's next
+/// transaction uses too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnWrite {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub bumped_on_end: bool,
+}
+
+impl TxnWrite {
+    /// Whether a marker of `producer_id` in `epoch` ends this write's
+    /// transaction (or a later one's): under transactions v2 a marker in
+    /// the write's own epoch ends the transaction before it, not its own.
+    pub fn ended_by(&self, producer_id: i64, epoch: i16) -> bool {
+        self.producer_id == producer_id
+            && if self.bumped_on_end {
+                self.producer_epoch < epoch
+            } else {
+                self.producer_epoch <= epoch
+            }
+    }
+}
+
 /// One marker batch at offset 0 (the log assigns its offset).
 pub fn marker_batch(producer_id: i64, producer_epoch: i16, marker: Marker, timestamp_ms: i64) -> Vec<u8> {
     let kind = if marker.commit { COMMIT } else { ABORT };

@@ -1,8 +1,11 @@
 //! The sockets of requests to other brokers (`keel_broker::peers`):
-//! connections to each broker's inter-broker listener, up to
-//! [`CONNECTIONS_PER_BROKER`] per broker, kept open and used one exchange
-//! at a time, so that one slow answer holds up no other request (more
-//! requests at once wait for a connection).
+//! connections to each broker's inter-broker listener, kept open and used
+//! one exchange at a time, so that one slow answer holds up no other
+//! request. Up to [`CONNECTIONS_PER_BROKER`] transaction markers and as
+//! many other requests (a produce's question to a transaction's
+//! coordinator) go to one broker at once, the rest waiting their turn:
+//! markers, each waiting for its commit at the other broker, never hold
+//! up the questions a produce waits on.
 //!
 //! A connection speaks the listener's security protocol as a Kafka broker
 //! does: TLS from the listener's keys ([`crate::tls::client`]) on SSL and
@@ -34,8 +37,11 @@ use tokio::sync::Semaphore;
 
 use crate::tls::client::Connector;
 
-/// Connections per broker: exchanges beyond that many at once wait.
+/// Exchanges at once per broker and kind (markers, others): more wait.
 const CONNECTIONS_PER_BROKER: usize = 16;
+
+/// WriteTxnMarkers' API key, read from a request frame's header.
+const WRITE_TXN_MARKERS: i16 = 27;
 
 /// The largest answer read: the requests sent are small, and so are their
 /// answers.
@@ -55,8 +61,8 @@ pub struct TcpPeers {
     security: Result<Security, String>,
     client_id: String,
     idle: Mutex<HashMap<i32, Vec<Idle>>>,
-    /// Per broker, a permit per connection in use.
-    slots: Mutex<HashMap<i32, Arc<Semaphore>>>,
+    /// Per broker and kind (markers or not), a permit per exchange.
+    slots: Mutex<HashMap<(i32, bool), Arc<Semaphore>>>,
 }
 
 struct Security {
@@ -121,10 +127,13 @@ impl TcpPeers {
 
     async fn exchange(&self, node_id: i32, host: &str, port: i32, frame: Bytes) -> Result<Bytes, String> {
         let security = self.security.as_ref().map_err(Clone::clone)?;
+        // The API key follows the size prefix.
+        let marker =
+            frame.get(FRAME_PREFIX_BYTES..FRAME_PREFIX_BYTES + 2) == Some(&WRITE_TXN_MARKERS.to_be_bytes());
         let slots = Arc::clone(
             self.slots
                 .lock()
-                .entry(node_id)
+                .entry((node_id, marker))
                 .or_insert_with(|| Arc::new(Semaphore::new(CONNECTIONS_PER_BROKER))),
         );
         let _slot = slots.acquire_owned().await.map_err(|e| e.to_string())?;
@@ -154,7 +163,7 @@ impl TcpPeers {
         .map_err(Failure::into_message)?;
         let mut idle = self.idle.lock();
         let conns = idle.entry(node_id).or_default();
-        if conns.len() < CONNECTIONS_PER_BROKER {
+        if conns.len() < 2 * CONNECTIONS_PER_BROKER {
             conns.push(Idle { address, conn });
         }
         Ok(answer)

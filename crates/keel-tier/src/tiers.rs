@@ -413,6 +413,32 @@ impl Tiers {
         Ok(copies)
     }
 
+    /// Every object under `prefix` in the object store, by full name,
+    /// with its age in milliseconds (for finding WAL objects no index
+    /// names).
+    pub async fn list_remote(&self, prefix: &str) -> io::Result<Vec<(String, u64)>> {
+        match self.store(Tier::Remote)? {
+            Store::Dirs(dirs) => {
+                let (dirs, prefix) = (dirs.clone(), prefix.to_string());
+                blocking(move || dirs.files_under(&prefix)).await
+            }
+            Store::Objects { store, .. } => {
+                let mut files = Vec::new();
+                let mut prefixes = vec![object_path(prefix)?];
+                while let Some(prefix) = prefixes.pop() {
+                    let listed = store.list_with_delimiter(Some(&prefix)).await.map_err(io_error)?;
+                    for meta in listed.objects {
+                        let age =
+                            keel_log::clock::now_ms().saturating_sub(meta.last_modified.timestamp_millis());
+                        files.push((meta.location.to_string(), age.max(0) as u64));
+                    }
+                    prefixes.extend(listed.common_prefixes);
+                }
+                Ok(files)
+            }
+        }
+    }
+
     /// Writes `bytes` as the whole object `name` in the object store
     /// (`keel.tier.remote`), durably: a WAL object of a cluster.
     pub async fn put_remote(&self, name: &str, bytes: Bytes) -> io::Result<()> {

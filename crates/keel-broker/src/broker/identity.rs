@@ -96,6 +96,11 @@ pub fn cluster_settings(config: &BrokerConfig) -> Settings {
     Settings {
         prefix: config.get("keel.cluster.etcd.prefix").to_string(),
         session_timeout: config.cluster_session_timeout(),
+        leader_balance: (config.get("auto.leader.rebalance.enable") == "true").then(|| {
+            std::time::Duration::from_secs(
+                u64::try_from(config.num("leader.imbalance.check.interval.seconds")).unwrap_or(300),
+            )
+        }),
     }
 }
 

@@ -385,6 +385,7 @@ impl Broker {
                     "commit_failures": n(&w.stats.commit_failures),
                     "fenced_groups": n(&w.stats.fenced_groups),
                     "collected_objects": n(&w.stats.collected_objects),
+                    "collected_orphans": n(&w.stats.collected_orphans),
                     "collected_bytes": n(&w.stats.collected_bytes),
                     "collected_keys": n(&w.stats.collected_keys),
                     "pending_bytes": w.unwritten_bytes(),

@@ -465,6 +465,11 @@ fn register_wal(r: &mut Registry, broker: &Broker) {
             &w.collected_objects,
         ),
         (
+            "keel_cluster_wal_collected_orphans",
+            "WAL objects no commit named (written, never committed), deleted by this broker as controller an hour after their write",
+            &w.collected_orphans,
+        ),
+        (
             "keel_cluster_wal_collected_bytes",
             "Bytes of the WAL objects this broker deleted as controller",
             &w.collected_bytes,

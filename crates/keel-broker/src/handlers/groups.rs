@@ -33,7 +33,7 @@ use crate::Broker;
 use keel_coord::groups::group::JoinParams;
 use keel_coord::groups::records::CommittedOffset;
 use keel_coord::groups::OffsetToCommit;
-use keel_log::marker::Marker;
+use keel_log::marker::TxnWrite;
 
 /// FindCoordinator key types.
 const KEY_TYPE_GROUP: i8 = 0;
@@ -365,6 +365,14 @@ pub async fn txn_offset_commit(
         offsets_partition: &offsets_partition,
         at: super::txn::coordinator_at(broker, req.transactional_id.as_str()),
     };
+    // Taken before the coordinator is asked: a marker ending the
+    // transaction queued after this refuses the offsets (see
+    // `TxnOffsetsGuard`). From v5 transactions end with the epoch bumped.
+    let guard = broker.groups.txn_offsets_guard(TxnWrite {
+        producer_id: producer.0,
+        producer_epoch: producer.1,
+        bumped_on_end: version >= 5,
+    });
     // From v5 (transactions v2) the commit takes the offsets partition
     // into the transaction itself, instead of an AddOffsetsToTxn before.
     let added = if version >= 5 {
@@ -386,7 +394,7 @@ pub async fn txn_offset_commit(
     let outcome = match verified {
         Err(e) => Err(e),
         Ok(()) => {
-            let written = broker
+            broker
                 .groups
                 .commit_transactional_offsets(
                     req.group_id.as_str(),
@@ -395,28 +403,9 @@ pub async fn txn_offset_commit(
                     req.member_id.as_str(),
                     opt_str(&req.group_instance_id),
                     offsets,
+                    &guard,
                 )
-                .await;
-            match (written, txn.verify_after_write(broker).await) {
-                // The transaction ended (it timed out) while the offsets
-                // were written; its marker may be in the group log before
-                // them. End them here so they cannot stay pending. (A
-                // coordinator that could not be asked even then says
-                // nothing: the client is told to retry, and the offsets
-                // stay pending for the marker.)
-                (Ok(_), Err(e)) if !unanswered(e) => {
-                    let abort = Marker {
-                        commit: false,
-                        coordinator_epoch: keel_coord::txn::COORDINATOR_EPOCH,
-                    };
-                    if let Err(w) = broker.groups.end_transaction(producer.0, producer.1, abort).await {
-                        tracing::error!(error = %w, "cannot end the offsets of a transaction that ended meanwhile");
-                    }
-                    Err(e)
-                }
-                (Ok(_), Err(e)) => Err(e),
-                (written, _) => written,
-            }
+                .await
         }
     };
     let topics = commit_response!(
@@ -480,35 +469,6 @@ impl TxnOf<'_> {
             }
         }
     }
-
-    /// [`TxnOf::verify`] once the offsets are written, asked again for a
-    /// while (five times, 200 ms apart) while the coordinator on another
-    /// broker cannot be reached: offsets written after their transaction
-    /// ended must be ended at once, and only a definite answer says so.
-    async fn verify_after_write(&self, broker: &Broker) -> Result<(), ResponseError> {
-        let mut tries = 0;
-        loop {
-            match self.verify(broker).await {
-                Err(e) if unanswered(e) && self.at == super::txn::CoordinatorAt::Elsewhere && tries < 4 => {
-                    tries += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-}
-
-/// Errors that say the coordinator was not reached or not ready, not
-/// that the transaction is over.
-fn unanswered(e: ResponseError) -> bool {
-    matches!(
-        e,
-        ResponseError::CoordinatorNotAvailable
-            | ResponseError::NotCoordinator
-            | ResponseError::CoordinatorLoadInProgress
-            | ResponseError::ConcurrentTransactions
-    )
 }
 
 /// One topic of a commit request: `(partition, offset, leader epoch,

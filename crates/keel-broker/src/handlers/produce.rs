@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use keel_log::batch::{validate_batches, validate_records, validate_section, BatchError, BatchHeader};
 use keel_log::codec::Codec;
+use keel_log::marker::TxnWrite;
 use keel_log::records::{open_section, recompress_section, SectionError};
 use keel_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use keel_protocol::messages::*;
@@ -224,7 +225,12 @@ fn verifier(broker: &Broker, id: &Arc<str>, h: &BatchHeader, topic: &Topic, inde
     let partition = (topic.meta.name.clone(), index);
     Box::new(move || {
         txns.verify(&id, producer_id, epoch, &partition).map_err(|error| AppendFailure {
-            error,
+            // The id's coordinator moved to another broker since the
+            // check: the client retries, and the batch is asked about there.
+            error: match error {
+                ResponseError::InvalidProducerIdMapping => ResponseError::NotEnoughReplicas,
+                other => other,
+            },
             message: format!(
                 "the transaction of producer {producer_id} epoch {epoch} ({id}) ended before its batch to {}-{} was appended",
                 partition.0, partition.1
@@ -475,7 +481,13 @@ async fn add_to_transaction(
                 .iter()
                 .filter_map(|(topic, index)| {
                     let p = broker.data.lead_by_name(topic, *index).ok()?;
-                    Some(((topic.clone(), *index), p.verification_guard(producer.0)))
+                    // Produce v12+: transactions v2.
+                    let batch = TxnWrite {
+                        producer_id: producer.0,
+                        producer_epoch: producer.1,
+                        bumped_on_end: true,
+                    };
+                    Some(((topic.clone(), *index), p.verification_guard(batch)))
                 })
                 .collect();
             let ask = super::txn::Ask::Add(max_wait);
@@ -555,7 +567,13 @@ async fn check_transaction(
         TxnCheck::Verify(id) => match super::txn::coordinator_at(broker, &id) {
             CoordinatorAt::Unavailable(e) => Err((produce_error(e), not_open(&id))),
             CoordinatorAt::Elsewhere => {
-                let guard = partition.verification_guard(h.producer_id);
+                // Produce below v12: the transaction's markers carry its
+                // own epoch.
+                let guard = partition.verification_guard(TxnWrite {
+                    producer_id: h.producer_id,
+                    producer_epoch: h.producer_epoch,
+                    bumped_on_end: false,
+                });
                 super::txn::ask_coordinator(
                     broker,
                     &id,

@@ -38,7 +38,7 @@ use crate::metalog::{Durability, Entry};
 use classic::{Awaited, ClassicGroups, ClassicMutex};
 use consumer::{ConsumerGroup, ConsumerGroupConfig, ConsumerGroupState, Heartbeat, HeartbeatAnswer, Topics};
 use group::{Answer, Group, GroupConfig, GroupState, JoinParams, JoinResult, SyncOutcome, SyncResult};
-use keel_log::marker::Marker;
+use keel_log::marker::{Marker, TxnWrite};
 use records::{CommittedOffset, GroupRecord};
 use store::{GroupStore, GroupTable, StoreError};
 
@@ -133,6 +133,29 @@ pub struct GroupCoordinator {
     clock: Arc<dyn Clock>,
     /// Wakes the timer task: a deadline may have moved earlier.
     timer: Notify,
+    /// Transactional offsets being checked with their transaction's
+    /// coordinator, by guard token (see [`TxnOffsetsGuard`]).
+    verifying: Arc<Mutex<HashMap<u64, TxnWrite>>>,
+}
+
+/// Tokens of [`TxnOffsetsGuard`]s.
+static NEXT_GUARD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Kafka's verification guard (KIP-890) for a TxnOffsetCommit: taken before
+/// the transaction's coordinator is asked whether the group's offsets
+/// partition is in the transaction, and checked when the offsets are
+/// queued to the group log. A marker queued in between that ends the
+/// transaction voids it, so the offsets are refused rather than left
+/// pending with no marker to end them.
+pub struct TxnOffsetsGuard {
+    verifying: Arc<Mutex<HashMap<u64, TxnWrite>>>,
+    token: u64,
+}
+
+impl Drop for TxnOffsetsGuard {
+    fn drop(&mut self) {
+        self.verifying.lock().remove(&self.token);
+    }
 }
 
 impl GroupCoordinator {
@@ -190,7 +213,19 @@ impl GroupCoordinator {
             config,
             clock,
             timer: Notify::new(),
+            verifying: Arc::new(Mutex::new(HashMap::new())),
         })
+    }
+
+    /// Takes a [`TxnOffsetsGuard`] for offsets of `write`'s transaction,
+    /// before its coordinator is asked about them.
+    pub fn txn_offsets_guard(&self, write: TxnWrite) -> TxnOffsetsGuard {
+        let token = NEXT_GUARD.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.verifying.lock().insert(token, write);
+        TxnOffsetsGuard {
+            verifying: Arc::clone(&self.verifying),
+            token,
+        }
     }
 
     /// Takes in the groups of one partition of a cluster's group log, as
@@ -769,6 +804,7 @@ impl GroupCoordinator {
         member_id: &str,
         instance_id: Option<&str>,
         offsets: Vec<OffsetToCommit>,
+        guard: &TxnOffsetsGuard,
     ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
         match self.admit_consumer_commit(group_id, member_id, generation) {
             Some(admitted) => admitted?,
@@ -785,7 +821,17 @@ impl GroupCoordinator {
             producer_epoch,
             records,
         };
-        self.store.write_entry(entry).await.map_err(|e| {
+        // Queued under the guards' lock, as markers are: a marker that
+        // ended the transaction is either behind these offsets (and ends
+        // them) or voided the guard (and they are refused).
+        let written = {
+            let verifying = self.verifying.lock();
+            if !verifying.contains_key(&guard.token) {
+                return Err(ResponseError::InvalidTxnState);
+            }
+            self.store.submit(entry)
+        };
+        written.await.map_err(|e| {
             tracing::error!(group = group_id, error = %e, "cannot persist transactional offsets");
             ResponseError::CoordinatorNotAvailable
         })?;
@@ -805,7 +851,12 @@ impl GroupCoordinator {
             producer_epoch,
             marker,
         };
-        self.store.write_entry(entry).await
+        let written = {
+            let mut verifying = self.verifying.lock();
+            verifying.retain(|_, w| !w.ended_by(producer_id, producer_epoch));
+            self.store.submit(entry)
+        };
+        written.await
     }
 
     /// Checks a commit against its group; a group that does not exist

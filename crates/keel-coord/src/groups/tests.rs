@@ -542,25 +542,33 @@ async fn offsets_of_subscribed_topics_cannot_be_deleted_while_members_consume() 
     assert_eq!(left[0].0, "t");
 }
 
+/// A commit of `offset` for partition 0 of topic `t`.
+fn offset_of_t0(offset: i64) -> Vec<OffsetToCommit> {
+    vec![OffsetToCommit {
+        topic: "t".into(),
+        partition: 0,
+        offset,
+        leader_epoch: -1,
+        metadata: String::new(),
+    }]
+}
+
 #[tokio::test]
 async fn transactional_offsets_are_checked_held_and_ended_by_their_marker() {
     let mut h = Harness::new();
     let results = h.stable_group(1).await;
     let (generation, member) = (results[0].generation, results[0].member_id.clone());
-    let offset = |offset| {
-        vec![OffsetToCommit {
-            topic: "t".into(),
-            partition: 0,
-            offset,
-            leader_epoch: -1,
-            metadata: String::new(),
-        }]
-    };
+    let offset = offset_of_t0;
     let commit = |h: &Harness, producer_id, generation, member: &str, o| {
         let c = Arc::clone(&h.coordinator);
         let member = member.to_string();
         async move {
-            c.commit_transactional_offsets("g", (producer_id, 0), generation, &member, None, o)
+            let guard = c.txn_offsets_guard(TxnWrite {
+                producer_id,
+                producer_epoch: 0,
+                bumped_on_end: false,
+            });
+            c.commit_transactional_offsets("g", (producer_id, 0), generation, &member, None, o, &guard)
                 .await
         }
     };
@@ -602,6 +610,53 @@ async fn transactional_offsets_are_checked_held_and_ended_by_their_marker() {
     h.coordinator.end_transaction(8, 0, marker(false)).await.unwrap();
     let fetched = stable(&h.coordinator);
     assert_eq!(fetched[0].2.as_ref().unwrap().as_ref().map(|v| v.offset), Some(5));
+}
+
+/// A TxnOffsetCommit's guard, taken before its transaction's coordinator
+/// is asked, holds until a marker ending that transaction is queued: such
+/// a marker in between refuses the offsets (they would stay pending with
+/// no marker to end them); under transactions v2 the previous
+/// transaction's marker, in the epoch the next one uses, does not.
+#[tokio::test]
+async fn a_marker_ending_the_transaction_refuses_offsets_checked_before_it() {
+    let h = Harness::new();
+    let offset = offset_of_t0;
+    let marker = |commit| Marker {
+        commit,
+        coordinator_epoch: 0,
+    };
+    let c = &h.coordinator;
+    let write = |producer_epoch, bumped_on_end| TxnWrite {
+        producer_id: 7,
+        producer_epoch,
+        bumped_on_end,
+    };
+    // Before transactions v2: a marker in the offsets' epoch ends them.
+    let stale = c.txn_offsets_guard(write(0, false));
+    c.end_transaction(7, 0, marker(false)).await.unwrap();
+    let refused = c
+        .commit_transactional_offsets("g", (7, 0), -1, "", None, offset(3), &stale)
+        .await;
+    assert_eq!(refused, Err(ResponseError::InvalidTxnState));
+    // Transactions v2: the next transaction (epoch 1) is checked while the
+    // previous one's marker (epoch 1) is written; its offsets are taken.
+    let next = c.txn_offsets_guard(write(1, true));
+    c.end_transaction(7, 1, marker(true)).await.unwrap();
+    c.commit_transactional_offsets("g", (7, 1), -1, "", None, offset(4), &next)
+        .await
+        .unwrap();
+    // Its own end, in epoch 2, voids a guard taken in epoch 1.
+    let late = c.txn_offsets_guard(write(1, true));
+    c.end_transaction(7, 2, marker(true)).await.unwrap();
+    let refused = c
+        .commit_transactional_offsets("g", (7, 1), -1, "", None, offset(5), &late)
+        .await;
+    assert_eq!(refused, Err(ResponseError::InvalidTxnState));
+    let committed = c.fetch_offsets_stable("g", Some(&[("t".into(), 0)]), true);
+    assert_eq!(
+        committed[0].2.as_ref().unwrap().as_ref().map(|v| v.offset),
+        Some(4)
+    );
 }
 
 // Online migration (KIP-848): classic members of a consumer group.
