@@ -176,8 +176,31 @@ def with_keel(args, fn, tls: Tls | None = None):
         shutil.rmtree(data, ignore_errors=True)
 
 
-def with_keel_cluster(args, fn, tls: Tls | None = None):
-    """Three Keel brokers on one etcd and one versitygw (see the module docs)."""
+def secured_inter_broker(base: Path) -> dict[str, str]:
+    """Settings of an INTERNAL inter-broker listener, SASL_SSL with PLAIN
+    (TLS 1.3 from a CA made here; the broker's own user in the JAAS
+    entry), beside the clients' PLAINTEXT one."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from pki import Pki  # noqa: E402
+    pki = Pki(base)
+    pki.leaf("broker", server=True)
+    return {
+        "inter.broker.listener.name": "INTERNAL",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:SASL_SSL",
+        "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        "listener.name.internal.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.internal.plain.sasl.jaas.config":
+            'org.apache.kafka.common.security.plain.PlainLoginModule required '
+            'username="broker" password="broker-secret" user_broker="broker-secret";',
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": str(base / "broker.pem"),
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca,
+    }
+
+
+def with_keel_cluster(args, fn, tls: Tls | None = None, secured: bool = False):
+    """Three Keel brokers on one etcd and one versitygw (see the module
+    docs); `secured`: they send each other requests on a SASL_SSL listener
+    ([`secured_inter_broker`])."""
     if tls:
         raise SystemExit("--cluster runs plaintext only")
     sys.path.insert(0, str(REPO / "tests"))
@@ -188,11 +211,17 @@ def with_keel_cluster(args, fn, tls: Tls | None = None):
     s3 = S3Server(base / "s3")
     s3.start()
     procs, ports = [], []
+    inter_broker = secured_inter_broker(base) if secured else {}
     try:
         for node in (1, 2, 3):
             port = free_port()
             ports.append(port)
-            sets = {
+            sets = dict(inter_broker)
+            if secured:
+                internal = free_port()
+                sets["listeners"] = f"PLAINTEXT://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal}"
+                sets["advertised.listeners"] = sets["listeners"]
+            sets |= {
                 "node.id": str(node),
                 "keel.admin.listen": "",
                 "keel.cluster.etcd.endpoints": etcd.endpoint,

@@ -19,11 +19,13 @@ With `--cluster`, a 3-broker Keel cluster (etcd, versitygw: as
 `bench/throughput.py --cluster`) runs too; with `--partitions 3` each
 transaction then spans partitions three brokers lead, its coordinator
 sending markers to the others and their leaders asking it about the
-batches (docs/cluster.md).
+batches (docs/cluster.md). With `--secured` too, the same cluster again
+with its brokers sending each other those requests over a SASL_SSL
+inter-broker listener (PLAIN over TLS).
 
 usage: bench/transactions.py [--records N] [--record-size B]
                              [--transaction-duration-ms D] [--partitions P]
-                             [--rounds R] [--cluster] [--json FILE]
+                             [--rounds R] [--cluster [--secured]] [--json FILE]
 The keel binary defaults to target/release/keel (build it with
 `cargo build --release -p keel-server`).
 """
@@ -117,12 +119,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--keel", default=str(REPO / "target" / "release" / "keel"))
     ap.add_argument("--cluster", action="store_true", help="also a 3-broker Keel cluster")
+    ap.add_argument("--secured", action="store_true",
+                    help="with --cluster, also the cluster with a SASL_SSL inter-broker listener")
     ap.add_argument("--json")
     args = ap.parse_args()
     subprocess.run([str(HERE / "kafka" / "fetch.sh")], check=True, stdout=subprocess.DEVNULL)
     runners = [("kafka", with_kafka), ("keel", with_keel)]
     if args.cluster:
         runners.append(("keelcluster", with_keel_cluster))
+        if args.secured:
+            runners.append(("keelclustersasl", lambda a, fn: with_keel_cluster(a, fn, secured=True)))
     runs = {name: [] for name, _ in runners}
     for r in range(args.rounds):
         for name, runner in runners:

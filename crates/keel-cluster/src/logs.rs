@@ -686,17 +686,22 @@ async fn wal_ranges(
     Ok(ranges)
 }
 
-/// The objects every WAL index key names.
+/// The objects every WAL index key names; `None` if a key does not read
+/// as an index (another version's?): then which objects are named is not
+/// known.
 pub async fn wal_objects(
     store: &dyn CoordStore,
     settings: &Settings,
-) -> Result<std::collections::BTreeSet<String>, StoreError> {
+) -> Result<Option<std::collections::BTreeSet<String>>, StoreError> {
     let indexes = store.range(&wal_prefix(settings)).await?;
     Ok(indexes
         .kvs
         .iter()
-        .filter_map(|kv| serde_json::from_slice::<WalIndex>(&kv.value).ok())
-        .map(|index| index.object)
+        .map(|kv| {
+            serde_json::from_slice::<WalIndex>(&kv.value)
+                .ok()
+                .map(|index| index.object)
+        })
         .collect())
 }
 
@@ -1320,6 +1325,17 @@ mod tests {
         let mut r = part(topic, base, end, 0, 0).range;
         r.length = (end - base) as u64;
         r
+    }
+
+    #[tokio::test]
+    async fn the_named_wal_objects_are_unknown_while_a_key_does_not_read() {
+        let (store, s) = (LocalStore::new(), settings());
+        index(&store, &s, "w1", 2, vec![on(Uuid::new_v4(), 0, 5)]).await;
+        index(&store, &s, "w2", 1, vec![]).await;
+        let named = wal_objects(&store, &s).await.unwrap().unwrap();
+        assert_eq!(named.into_iter().collect::<Vec<_>>(), ["w1", "w2"]);
+        put(&store, wal_key(&s, 2, "w3", 0), b"{\"version\": 9}".to_vec()).await;
+        assert_eq!(wal_objects(&store, &s).await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -531,9 +531,9 @@ impl Membership {
         crate::logs::partition_log(self.store.as_ref(), &self.settings, partition, claimed).await
     }
 
-    /// The WAL objects the coordination store's index names
-    /// ([`crate::logs::wal_objects`]).
-    pub async fn wal_objects(&self) -> Result<BTreeSet<String>, StoreError> {
+    /// The WAL objects the coordination store's index names, `None` if a
+    /// key does not read ([`crate::logs::wal_objects`]).
+    pub async fn wal_objects(&self) -> Result<Option<BTreeSet<String>>, StoreError> {
         crate::logs::wal_objects(self.store.as_ref(), &self.settings).await
     }
 
@@ -749,7 +749,12 @@ impl Membership {
     /// While this broker is the controller, applies [`topics::balance`]
     /// every `leader_balance`.
     async fn balance_leaders(self: Arc<Self>) {
-        let Some(every) = self.settings.leader_balance else {
+        // At most a day apart (a larger setting is a day).
+        let Some(every) = self
+            .settings
+            .leader_balance
+            .map(|d| d.min(Duration::from_secs(86_400)))
+        else {
             return;
         };
         let mut ticks = tokio::time::interval_at(Instant::now() + every, every);

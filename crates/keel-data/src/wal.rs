@@ -29,9 +29,11 @@
 //! segment yet is kept whole. A WAL object no index names and older than
 //! [`ORPHAN_AGE`] is deleted too: its broker crashed between the write and
 //! the commit, or its partitions' terms ended first. No commit lands that
-//! late: a broker gives an object's commit up [`COMMIT_GIVE_UP`] after
-//! the write (its producers are told to go elsewhere, as when its term
-//! ends), and objects are listed before the index is read.
+//! late: a broker attempts an object's commit only until
+//! [`COMMIT_GIVE_UP`] after the write (then its producers are told to go
+//! elsewhere, as when its term ends), and objects are listed before the
+//! index is read. A pass whose index holds a key Keel cannot read deletes
+//! no object no index names.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -54,9 +56,10 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 const IN_FLIGHT: usize = 4;
 /// How long after its write an object's commit is tried.
 pub const COMMIT_GIVE_UP: Duration = Duration::from_secs(300);
-/// How old (by the object store's clock against this broker's) an object
-/// no index names must be to be deleted: well past [`COMMIT_GIVE_UP`],
-/// whatever the clocks' skew.
+/// How old (by the object store's clock against the controller's) an
+/// object no index names must be to be deleted: well past
+/// [`COMMIT_GIVE_UP`], as long as the controller's clock runs less than
+/// 55 minutes ahead of the object store's.
 pub const ORPHAN_AGE: Duration = Duration::from_secs(3600);
 
 /// `keel.cluster.wal.*`.
@@ -298,7 +301,9 @@ impl Wal {
         if old.is_empty() {
             return Ok(());
         }
-        let indexed = self.membership.wal_objects().await.map_err(|e| e.to_string())?;
+        let Some(indexed) = self.membership.wal_objects().await.map_err(|e| e.to_string())? else {
+            return Err("a WAL index key does not read: no uncommitted object is deleted".to_string());
+        };
         for name in old.into_iter().filter(|n| !indexed.contains(n)) {
             self.tiers
                 .delete_remote(&name)
@@ -446,6 +451,17 @@ impl Wal {
         }
         let asked: Vec<CommitPart> = commits.iter().map(|(_, c)| c.clone()).collect();
         loop {
+            // Before every attempt, the first too (an object may wait
+            // long behind an earlier one's write): past this, garbage
+            // collection may have deleted the object.
+            if written_at.elapsed() >= COMMIT_GIVE_UP {
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(object = %object, "a WAL object was not committed within {COMMIT_GIVE_UP:?} of its write; giving it up");
+                for p in &parts {
+                    self.fence(p, "its WAL object could not be committed in time");
+                }
+                return;
+            }
             let started = Instant::now();
             match self.membership.commit_wal(&object, &id, &asked).await {
                 Ok(Some(outcomes)) => {
@@ -467,16 +483,6 @@ impl Wal {
                 Ok(None) => {
                     for p in &parts {
                         self.fence(p, "this broker's session is not confirmed");
-                    }
-                    return;
-                }
-                Err(e) if written_at.elapsed() >= COMMIT_GIVE_UP => {
-                    // Past this no commit of the object may land: garbage
-                    // collection deletes objects no index names.
-                    self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(object = %object, error = %e, "cannot commit a WAL object; giving it up");
-                    for p in &parts {
-                        self.fence(p, "its WAL object could not be committed");
                     }
                     return;
                 }
