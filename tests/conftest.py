@@ -330,6 +330,21 @@ def _make_broker(tmp_path_factory, name: str, sets=None, **options):
 # Brokers and S3 servers alive now, whose logs a failing test's report gets.
 _live_brokers: list = []
 
+# Brokers a test started itself (a cluster's members), closed when it ends
+# whether or not it closed them: one left running would rejoin a later
+# test's etcd that happens to get its old port.
+_started_by_test: list = []
+
+
+@pytest.fixture(autouse=True)
+def _close_brokers_the_test_started():
+    yield
+    while _started_by_test:
+        b = _started_by_test.pop()
+        if b in _live_brokers:
+            _live_brokers.remove(b)
+        b.close()
+
 
 def _register(b):
     _live_brokers.append(b)

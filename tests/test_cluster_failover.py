@@ -73,10 +73,12 @@ class Reader(threading.Thread):
         self.c.close()
 
 
-def read_all(bootstrap, expect) -> dict[int, list[bytes]]:
+def read_all(bootstrap, expect, topic="loop", partitions=(0, 1)) -> dict[int, list[bytes]]:
+    """Every record of `partitions` (values without their padding), once
+    `expect` are in and a second has brought nothing more."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check", "enable.auto.commit": False})
-    c.assign([TopicPartition("loop", p, 0) for p in (0, 1)])
-    got: dict[int, list[bytes]] = {0: [], 1: []}
+    c.assign([TopicPartition(topic, p, 0) for p in partitions])
+    got: dict[int, list[bytes]] = {p: [] for p in partitions}
     try:
         def done():
             for m in c.consume(1000, 1.0):
@@ -243,85 +245,81 @@ def test_a_groups_coordinator_fails_over_with_its_offsets(etcd, tmp_path, protoc
     # Tiny snapshots: the group's partition is snapshotted and its log
     # start moved many times before the kill.
     brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"offsets.topic.segment.bytes": "1024"})
+    create(brokers[1], "orders", num_partitions=3)
+    produce(brokers[2], "orders", 300)
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    group = f"failing-over-{protocol}"
+    config = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+              "enable.auto.commit": False, "group.protocol": protocol}
+    c = Consumer(config)
+    got = []
+
+    def read(n, commit):
+        def done():
+            for m in c.consume(10, 0.5):
+                if m.error() is None:
+                    got.append(m.value())
+                    if commit:
+                        c.commit(message=m, asynchronous=False)
+            return len(got) >= n
+        return done
     try:
-        create(brokers[1], "orders", num_partitions=3)
-        produce(brokers[2], "orders", 300)
-        bootstrap = ",".join(b.bootstrap for b in brokers.values())
-        group = f"failing-over-{protocol}"
-        config = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False, "group.protocol": protocol}
-        c = Consumer(config)
-        got = []
+        c.subscribe(["orders"])
+        wait_until(read(300, True), 90, "the group to read and commit every record")
+        assert sorted(got) == sorted(f"k-{i}".encode() for i in range(300))
+        before = group_state(brokers[1], group)
+        assert before is not None
+        coordinator, committed, kind, members = before
+        assert sum(committed.values()) == 300, committed
+        assert (kind.name.lower(), members) == (protocol, 1)
+        # The group's partition was snapshotted: its log starts past 0.
+        index = offsets_partition(group)
+        probe = Consumer({"bootstrap.servers": brokers[coordinator].bootstrap, "group.id": "probe"})
+        low, high = probe.get_watermark_offsets(TopicPartition("__consumer_offsets", index), timeout=10)
+        probe.close()
+        assert 0 < low < high, (low, high)
 
-        def read(n, commit):
-            def done():
-                for m in c.consume(10, 0.5):
-                    if m.error() is None:
-                        got.append(m.value())
-                        if commit:
-                            c.commit(message=m, asynchronous=False)
-                return len(got) >= n
-            return done
-        try:
-            c.subscribe(["orders"])
-            wait_until(read(300, True), 90, "the group to read and commit every record")
-            assert sorted(got) == sorted(f"k-{i}".encode() for i in range(300))
-            before = group_state(brokers[1], group)
-            assert before is not None
-            coordinator, committed, kind, members = before
-            assert sum(committed.values()) == 300, committed
-            assert (kind.name.lower(), members) == (protocol, 1)
-            # The group's partition was snapshotted: its log starts past 0.
-            index = offsets_partition(group)
-            probe = Consumer({"bootstrap.servers": brokers[coordinator].bootstrap, "group.id": "probe"})
-            low, high = probe.get_watermark_offsets(TopicPartition("__consumer_offsets", index), timeout=10)
-            probe.close()
-            assert 0 < low < high, (low, high)
+        brokers[coordinator].kill9()
+        survivor = next(b for n, b in brokers.items() if n != coordinator)
+        t0 = time.monotonic()
+        # Polled on the wire; the admin client asks once it has moved
+        # and its partition is loaded.
+        wait_until(lambda: (n := coordinator_of(survivor, group)) not in (None, coordinator)
+                   and cg._offset_fetch(brokers[n].bootstrap, group, None, -1)[0] == 0,
+                   TIMEOUT_S * 2, "another broker to coordinate the group")
+        state = wait_until(lambda: group_state(survivor, group), TIMEOUT_S, "the group described")
+        moved, offsets, kind, members = state
+        print(f"{protocol} group's coordinator {coordinator} killed: broker {moved} coordinates it "
+              f"after {time.monotonic() - t0:.2f}s", flush=True)
+        # Every offset, and the member, which goes on at its generation
+        # or epoch.
+        assert (offsets, kind.name.lower(), members) == (committed, protocol, 1)
+        loaded = stats(brokers[moved])["group_log"]
+        assert index in loaded["partitions"] and loaded["loads"] >= 1, loaded
 
-            brokers[coordinator].kill9()
-            survivor = next(b for n, b in brokers.items() if n != coordinator)
-            t0 = time.monotonic()
-            # Polled on the wire; the admin client asks once it has moved
-            # and its partition is loaded.
-            wait_until(lambda: (n := coordinator_of(survivor, group)) not in (None, coordinator)
-                       and cg._offset_fetch(brokers[n].bootstrap, group, None, -1)[0] == 0,
-                       TIMEOUT_S * 2, "another broker to coordinate the group")
-            state = wait_until(lambda: group_state(survivor, group), TIMEOUT_S, "the group described")
-            moved, offsets, kind, members = state
-            print(f"{protocol} group's coordinator {coordinator} killed: broker {moved} coordinates it "
-                  f"after {time.monotonic() - t0:.2f}s", flush=True)
-            # Every offset, and the member, which goes on at its generation
-            # or epoch.
-            assert (offsets, kind.name.lower(), members) == (committed, protocol, 1)
-            loaded = stats(brokers[moved])["group_log"]
-            assert index in loaded["partitions"] and loaded["loads"] >= 1, loaded
-
-            # The member goes on: it reads what is produced now, and commits.
-            produce(survivor, "orders", 30, key_prefix="late")
-            del got[:]
-            wait_until(read(30, False), 60, "the member to read the new records")
-            c.commit(asynchronous=False)
-            time.sleep(1)
-            got.extend(m.value() for m in c.consume(50, 1.0) if m.error() is None)
-            assert sorted(got) == sorted(f"late-{i}".encode() for i in range(30))
-        finally:
-            c.close()
-        # The group's next member starts where the last one committed.
-        produce(survivor, "orders", 10, key_prefix="last")
-        config["bootstrap.servers"] = ",".join(b.bootstrap for n, b in brokers.items() if n != coordinator)
-        c = Consumer(config)
+        # The member goes on: it reads what is produced now, and commits.
+        produce(survivor, "orders", 30, key_prefix="late")
         del got[:]
-        try:
-            c.subscribe(["orders"])
-            wait_until(read(10, False), 60, "the next member to read the last records")
-            time.sleep(1)
-            got.extend(m.value() for m in c.consume(50, 1.0) if m.error() is None)
-        finally:
-            c.close()
-        assert sorted(got) == sorted(f"last-{i}".encode() for i in range(10))
+        wait_until(read(30, False), 60, "the member to read the new records")
+        c.commit(asynchronous=False)
+        time.sleep(1)
+        got.extend(m.value() for m in c.consume(50, 1.0) if m.error() is None)
+        assert sorted(got) == sorted(f"late-{i}".encode() for i in range(30))
     finally:
-        for b in brokers.values():
-            b.close()
+        c.close()
+    # The group's next member starts where the last one committed.
+    produce(survivor, "orders", 10, key_prefix="last")
+    config["bootstrap.servers"] = ",".join(b.bootstrap for n, b in brokers.items() if n != coordinator)
+    c = Consumer(config)
+    del got[:]
+    try:
+        c.subscribe(["orders"])
+        wait_until(read(10, False), 60, "the next member to read the last records")
+        time.sleep(1)
+        got.extend(m.value() for m in c.consume(50, 1.0) if m.error() is None)
+    finally:
+        c.close()
+    assert sorted(got) == sorted(f"last-{i}".encode() for i in range(10))
 
 
 def test_a_transactions_coordinator_fails_over_mid_transaction(etcd, tmp_path):
@@ -340,68 +338,64 @@ def test_a_transactions_coordinator_fails_over_mid_transaction(etcd, tmp_path):
         "transaction.state.log.segment.bytes": "512",
     })
     tid = "ledger-writer"
-    try:
-        coordinator = wait_until(lambda: coordinator_of(brokers[1], tid, 1), TIMEOUT_S,
-                                 "the transactional id's coordinator")
-        survivor = next(b for n, b in brokers.items() if n != coordinator)
-        create(brokers[1], "ledger", num_partitions=1, replica_assignment=[[coordinator]])
-        bootstrap = ",".join(b.bootstrap for b in brokers.values())
-        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
-                      "transaction.timeout.ms": 120000, "linger.ms": 5})
-        p.init_transactions(30)
+    coordinator = wait_until(lambda: coordinator_of(brokers[1], tid, 1), TIMEOUT_S,
+                             "the transactional id's coordinator")
+    survivor = next(b for n, b in brokers.items() if n != coordinator)
+    create(brokers[1], "ledger", num_partitions=1, replica_assignment=[[coordinator]])
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
+                  "transaction.timeout.ms": 120000, "linger.ms": 5})
+    p.init_transactions(30)
 
-        def transaction(prefix, n, commit=True):
-            p.begin_transaction()
-            for i in range(n):
-                p.produce("ledger", key=f"{prefix}{i}".encode(), value=f"{prefix}-{i}".encode(), partition=0)
-            assert p.flush(30) == 0
-            if commit:
-                p.commit_transaction(60)
-
-        for t in range(5):
-            transaction(f"t{t}", 20)
-        transaction("open", 20, commit=False)
-        # The id's partition was snapshotted: its log starts past 0.
-        index = offsets_partition(tid)
-        probe = Consumer({"bootstrap.servers": brokers[coordinator].bootstrap, "group.id": "probe"})
-        low, high = probe.get_watermark_offsets(TopicPartition("__transaction_state", index), timeout=10)
-        probe.close()
-        assert 0 < low < high, (low, high)
-        loads = stats(survivor)["txn_log"]["loads"]
-        brokers[coordinator].kill9()
-        t0 = time.monotonic()
-        p.commit_transaction(90)
-        print(f"transaction coordinator {coordinator} killed: the open transaction committed at its "
-              f"successor after {time.monotonic() - t0:.2f}s", flush=True)
-        assert coordinator_of(survivor, tid, 1) not in (None, coordinator)
-        transaction("after", 20)
+    def transaction(prefix, n, commit=True):
         p.begin_transaction()
-        p.produce("ledger", value=b"aborted", partition=0)
+        for i in range(n):
+            p.produce("ledger", key=f"{prefix}{i}".encode(), value=f"{prefix}-{i}".encode(), partition=0)
         assert p.flush(30) == 0
-        p.abort_transaction(30)
-        transaction("last", 20)
+        if commit:
+            p.commit_transaction(60)
 
-        c = Consumer({"bootstrap.servers": survivor.bootstrap, "group.id": "unused",
-                      "isolation.level": "read_committed", "enable.auto.commit": False})
-        c.assign([TopicPartition("ledger", 0, 0)])
-        got = []
-        try:
-            def done():
-                got.extend(m.value() for m in c.consume(100, 0.5) if m.error() is None)
-                return len(got) >= 160
-            wait_until(done, 60, "the committed records")
-            time.sleep(1)
-            got.extend(m.value() for m in c.consume(100, 1.0) if m.error() is None)
-        finally:
-            c.close()
-        expect = [f"{prefix}-{i}".encode() for prefix in [f"t{t}" for t in range(5)] + ["open", "after", "last"]
-                  for i in range(20)]
-        assert got == expect
-        loaded = stats(survivor)["txn_log"]
-        assert index in loaded["partitions"] and loaded["loads"] > loads, loaded
+    for t in range(5):
+        transaction(f"t{t}", 20)
+    transaction("open", 20, commit=False)
+    # The id's partition was snapshotted: its log starts past 0.
+    index = offsets_partition(tid)
+    probe = Consumer({"bootstrap.servers": brokers[coordinator].bootstrap, "group.id": "probe"})
+    low, high = probe.get_watermark_offsets(TopicPartition("__transaction_state", index), timeout=10)
+    probe.close()
+    assert 0 < low < high, (low, high)
+    loads = stats(survivor)["txn_log"]["loads"]
+    brokers[coordinator].kill9()
+    t0 = time.monotonic()
+    p.commit_transaction(90)
+    print(f"transaction coordinator {coordinator} killed: the open transaction committed at its "
+          f"successor after {time.monotonic() - t0:.2f}s", flush=True)
+    assert coordinator_of(survivor, tid, 1) not in (None, coordinator)
+    transaction("after", 20)
+    p.begin_transaction()
+    p.produce("ledger", value=b"aborted", partition=0)
+    assert p.flush(30) == 0
+    p.abort_transaction(30)
+    transaction("last", 20)
+
+    c = Consumer({"bootstrap.servers": survivor.bootstrap, "group.id": "unused",
+                  "isolation.level": "read_committed", "enable.auto.commit": False})
+    c.assign([TopicPartition("ledger", 0, 0)])
+    got = []
+    try:
+        def done():
+            got.extend(m.value() for m in c.consume(100, 0.5) if m.error() is None)
+            return len(got) >= 160
+        wait_until(done, 60, "the committed records")
+        time.sleep(1)
+        got.extend(m.value() for m in c.consume(100, 1.0) if m.error() is None)
     finally:
-        for b in brokers.values():
-            b.close()
+        c.close()
+    expect = [f"{prefix}-{i}".encode() for prefix in [f"t{t}" for t in range(5)] + ["open", "after", "last"]
+              for i in range(20)]
+    assert got == expect
+    loaded = stats(survivor)["txn_log"]
+    assert index in loaded["partitions"] and loaded["loads"] > loads, loaded
 
 
 def led_counts(b, topic) -> dict[int, int]:
@@ -420,83 +414,63 @@ def test_a_broker_back_takes_its_share_of_leaders_and_no_record_is_lost(etcd, tm
     and a consumer group reads, and every acknowledged record is read back
     once, in order."""
     brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"leader.imbalance.check.interval.seconds": "1"})
-    try:
-        create(brokers[1], "spread", num_partitions=6, replica_assignment=[[1], [2], [3], [1], [2], [3]])
-        bootstrap = ",".join(b.bootstrap for b in brokers.values())
-        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2,
-                      "message.timeout.ms": 120000, "request.timeout.ms": 5000, "log_level": 0})
-        acked: dict[int, list[bytes]] = {i: [] for i in range(6)}
-        errors: list = []
-        running = True
+    create(brokers[1], "spread", num_partitions=6, replica_assignment=[[1], [2], [3], [1], [2], [3]])
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2,
+                  "message.timeout.ms": 120000, "request.timeout.ms": 5000, "log_level": 0})
+    acked: dict[int, list[bytes]] = {i: [] for i in range(6)}
+    errors: list = []
+    running = True
 
-        def write():
-            n = 0
-            while running:
-                p.produce("spread", value=b"s-%d" % n, partition=n % 6,
-                          on_delivery=lambda e, m: errors.append(e) if e else acked[m.partition()].append(m.value()))
-                n += 1
-                p.poll(0.002)
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "spread-readers",
-                           "auto.offset.reset": "earliest", "log_level": 0})
-        reader.subscribe(["spread"])
-        seen: set[bytes] = set()
-        reading = [True]
+    def write():
+        n = 0
+        while running:
+            p.produce("spread", value=b"s-%d" % n, partition=n % 6,
+                      on_delivery=lambda e, m: errors.append(e) if e else acked[m.partition()].append(m.value()))
+            n += 1
+            p.poll(0.002)
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "spread-readers",
+                       "auto.offset.reset": "earliest", "log_level": 0})
+    reader.subscribe(["spread"])
+    seen: set[bytes] = set()
+    reading = [True]
 
-        def read():
-            while reading[0]:
-                for m in reader.consume(500, 0.2):
-                    if m.error() is None:
-                        seen.add(m.value())
-            reader.close()
-        reader_thread = threading.Thread(target=read, daemon=True)
-        reader_thread.start()
-        wait_until(lambda: sum(map(len, acked.values())) > 300, TIMEOUT_S, "the first acknowledged records")
-
-        brokers[3].kill9()
-        wait_until(lambda: set(led_counts(brokers[1], "spread")) == {1, 2}, TIMEOUT_S,
-                   "broker 3's partitions led by brokers 1 and 2")
-        brokers[3].start()
-        wait_until(lambda: not stats(brokers[3])["fenced"], TIMEOUT_S, "broker 3 to register")
-        t0 = time.monotonic()
-        wait_until(lambda: led_counts(brokers[1], "spread") == {1: 2, 2: 2, 3: 2}, TIMEOUT_S,
-                   "two of the topic's partitions led by each broker")
-        groups = wait_until(lambda: (lambda c: c if 3 in c else None)(led_counts(brokers[3], "__consumer_offsets")),
-                            TIMEOUT_S, "broker 3 to lead partitions of the group log")
-        print(f"balanced {time.monotonic() - t0:.2f}s after broker 3 registered; group log {groups}", flush=True)
-        assert max(groups.values()) - min(groups.values()) <= 1, groups
-        # Writes and reads go on where the partitions moved.
-        before = sum(map(len, acked.values()))
-        wait_until(lambda: sum(map(len, acked.values())) > before + 300, TIMEOUT_S, "writes after the moves")
-
-        running = False
-        writer.join(10)
-        assert p.flush(60) == 0 and not errors, errors[:3]
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "spread-check", "enable.auto.commit": False})
-        c.assign([TopicPartition("spread", i, 0) for i in range(6)])
-        got: dict[int, list[bytes]] = {i: [] for i in range(6)}
-        total = sum(map(len, acked.values()))
-        try:
-            def done():
-                for m in c.consume(1000, 1.0):
-                    if m.error() is None:
-                        got[m.partition()].append(m.value())
-                return sum(map(len, got.values())) >= total
-            wait_until(done, 60, f"{total} records")
-            time.sleep(1)
-            for m in c.consume(1000, 1.0):
+    def read():
+        while reading[0]:
+            for m in reader.consume(500, 0.2):
                 if m.error() is None:
-                    got[m.partition()].append(m.value())
-        finally:
-            c.close()
-        # Every acknowledged record once, in the order produced.
-        assert got == acked, {i: (len(got[i]), len(acked[i])) for i in range(6)}
-        wait_until(lambda: seen >= {v for vs in acked.values() for v in vs}, 60, "the group to read every record")
-        reading[0] = False
-        reader_thread.join(10)
-        log = "".join(b.log_path.read_text(errors="replace") for b in brokers.values())
-        assert "partition leader moved to balance the brokers" in log
-    finally:
-        for b in brokers.values():
-            b.close()
+                    seen.add(m.value())
+        reader.close()
+    reader_thread = threading.Thread(target=read, daemon=True)
+    reader_thread.start()
+    wait_until(lambda: sum(map(len, acked.values())) > 300, TIMEOUT_S, "the first acknowledged records")
+
+    brokers[3].kill9()
+    wait_until(lambda: set(led_counts(brokers[1], "spread")) == {1, 2}, TIMEOUT_S,
+               "broker 3's partitions led by brokers 1 and 2")
+    brokers[3].start()
+    wait_until(lambda: not stats(brokers[3])["fenced"], TIMEOUT_S, "broker 3 to register")
+    t0 = time.monotonic()
+    wait_until(lambda: led_counts(brokers[1], "spread") == {1: 2, 2: 2, 3: 2}, TIMEOUT_S,
+               "two of the topic's partitions led by each broker")
+    groups = wait_until(lambda: (lambda c: c if 3 in c else None)(led_counts(brokers[3], "__consumer_offsets")),
+                        TIMEOUT_S, "broker 3 to lead partitions of the group log")
+    print(f"balanced {time.monotonic() - t0:.2f}s after broker 3 registered; group log {groups}", flush=True)
+    assert max(groups.values()) - min(groups.values()) <= 1, groups
+    # Writes and reads go on where the partitions moved.
+    before = sum(map(len, acked.values()))
+    wait_until(lambda: sum(map(len, acked.values())) > before + 300, TIMEOUT_S, "writes after the moves")
+
+    running = False
+    writer.join(10)
+    assert p.flush(60) == 0 and not errors, errors[:3]
+    got = read_all(bootstrap, sum(map(len, acked.values())), "spread", range(6))
+    # Every acknowledged record once, in the order produced.
+    assert got == acked, {i: (len(got[i]), len(acked[i])) for i in range(6)}
+    wait_until(lambda: seen >= {v for vs in acked.values() for v in vs}, 60, "the group to read every record")
+    reading[0] = False
+    reader_thread.join(10)
+    log = "".join(b.log_path.read_text(errors="replace") for b in brokers.values())
+    assert "partition leader moved to balance the brokers" in log

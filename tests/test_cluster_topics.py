@@ -135,77 +135,73 @@ def produce_v12_hints(b, topic, partition):
 
 def test_a_topic_made_at_one_broker_is_every_brokers_and_each_partition_has_one_leader(etcd, tmp_path):
     brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
-    try:
-        create(brokers[1], "orders", num_partitions=6)
-        # Every broker names the same leaders, two partitions each.
-        wait_until(lambda: all(leaders(b, "orders") is not None for b in brokers.values()),
-                   TIMEOUT_S, "every broker to list the topic")
-        seen = [leaders(b, "orders") for b in brokers.values()]
-        assert seen[0] == seen[1] == seen[2], seen
-        assert sorted(seen[0].values()) == [1, 1, 2, 2, 3, 3], seen[0]
-        for b in brokers.values():
-            assert leadership(b, "orders") == {p: (n, 0) for p, n in seen[0].items()}
+    create(brokers[1], "orders", num_partitions=6)
+    # Every broker names the same leaders, two partitions each.
+    wait_until(lambda: all(leaders(b, "orders") is not None for b in brokers.values()),
+               TIMEOUT_S, "every broker to list the topic")
+    seen = [leaders(b, "orders") for b in brokers.values()]
+    assert seen[0] == seen[1] == seen[2], seen
+    assert sorted(seen[0].values()) == [1, 1, 2, 2, 3, 3], seen[0]
+    for b in brokers.values():
+        assert leadership(b, "orders") == {p: (n, 0) for p, n in seen[0].items()}
 
-        # A client that knows one broker writes to and reads from every leader.
-        produce(brokers[2], "orders", 600)
-        got = consume(brokers[3], "orders", range(6), 600)
-        assert sum(len(v) for v in got.values()) == 600
-        for values in got.values():  # each partition in the order produced
-            assert values == sorted(values, key=lambda v: int(v.split(b"-")[1]))
-        # Only the leader serves a partition: the others answer
-        # NOT_LEADER_OR_FOLLOWER.
-        led_by_1 = next(p for p, n in seen[0].items() if n == 1)
-        batch = w.record_batch([(b"k", b"v")])
-        with w.Conn(brokers[2].bootstrap) as c:
-            c.send(w.produce_request(7, 1, "orders", led_by_1, batch))
-            _, body = c.recv_response()
-        assert w.parse_produce(body, 7)[0][2] == NOT_LEADER_OR_FOLLOWER
-        with w.Conn(brokers[1].bootstrap) as c:
-            c.send(w.produce_request(7, 2, "orders", led_by_1, batch))
-            _, body = c.recv_response()
-        assert w.parse_produce(body, 7)[0][2] == 0
-        # Produce v10+ tells the client who leads and where it is (KIP-951).
-        assert produce_v12_hints(brokers[3], "orders", led_by_1) == (
-            NOT_LEADER_OR_FOLLOWER, (1, 0), {1: brokers[1].port})
-        assert produce_v12_hints(brokers[1], "orders", led_by_1) == (0, None, {})
+    # A client that knows one broker writes to and reads from every leader.
+    produce(brokers[2], "orders", 600)
+    got = consume(brokers[3], "orders", range(6), 600)
+    assert sum(len(v) for v in got.values()) == 600
+    for values in got.values():  # each partition in the order produced
+        assert values == sorted(values, key=lambda v: int(v.split(b"-")[1]))
+    # Only the leader serves a partition: the others answer
+    # NOT_LEADER_OR_FOLLOWER.
+    led_by_1 = next(p for p, n in seen[0].items() if n == 1)
+    batch = w.record_batch([(b"k", b"v")])
+    with w.Conn(brokers[2].bootstrap) as c:
+        c.send(w.produce_request(7, 1, "orders", led_by_1, batch))
+        _, body = c.recv_response()
+    assert w.parse_produce(body, 7)[0][2] == NOT_LEADER_OR_FOLLOWER
+    with w.Conn(brokers[1].bootstrap) as c:
+        c.send(w.produce_request(7, 2, "orders", led_by_1, batch))
+        _, body = c.recv_response()
+    assert w.parse_produce(body, 7)[0][2] == 0
+    # Produce v10+ tells the client who leads and where it is (KIP-951).
+    assert produce_v12_hints(brokers[3], "orders", led_by_1) == (
+        NOT_LEADER_OR_FOLLOWER, (1, 0), {1: brokers[1].port})
+    assert produce_v12_hints(brokers[1], "orders", led_by_1) == (0, None, {})
 
-        # Apache Kafka's tool, asked at broker 3, shows each leader.
-        done = kafka_tools.run("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
-                               brokers[3].bootstrap, "--describe", "--topic", "orders")
-        assert done.returncode == 0, done.stderr[-3000:]
-        for p, n in seen[0].items():
-            assert f"Partition: {p}\tLeader: {n}\t" in done.stdout, done.stdout
+    # Apache Kafka's tool, asked at broker 3, shows each leader.
+    done = kafka_tools.run("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
+                           brokers[3].bootstrap, "--describe", "--topic", "orders")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for p, n in seen[0].items():
+        assert f"Partition: {p}\tLeader: {n}\t" in done.stdout, done.stdout
 
-        # Configs altered at one broker are every broker's.
-        a2 = AdminClient({"bootstrap.servers": brokers[2].bootstrap})
-        res = ConfigResource("topic", "orders", incremental_configs=[
-            ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
-        a2.incremental_alter_configs([res])[res].result(15)
+    # Configs altered at one broker are every broker's.
+    a2 = AdminClient({"bootstrap.servers": brokers[2].bootstrap})
+    res = ConfigResource("topic", "orders", incremental_configs=[
+        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
+    a2.incremental_alter_configs([res])[res].result(15)
 
-        def retention(b):
-            a = AdminClient({"bootstrap.servers": b.bootstrap})
-            r = ConfigResource("topic", "orders")
-            return a.describe_configs([r])[r].result(10)["retention.ms"].value
-        wait_until(lambda: all(retention(b) == "3600000" for b in brokers.values()), TIMEOUT_S,
-                   "every broker to take the altered config")
+    def retention(b):
+        a = AdminClient({"bootstrap.servers": b.bootstrap})
+        r = ConfigResource("topic", "orders")
+        return a.describe_configs([r])[r].result(10)["retention.ms"].value
+    wait_until(lambda: all(retention(b) == "3600000" for b in brokers.values()), TIMEOUT_S,
+               "every broker to take the altered config")
 
-        # Partitions added at broker 3 are every broker's, placed evenly.
-        a3 = AdminClient({"bootstrap.servers": brokers[3].bootstrap})
-        a3.create_partitions([NewPartitions("orders", 9)])["orders"].result(15)
-        wait_until(lambda: all(len(leaders(b, "orders") or {}) == 9 for b in brokers.values()),
-                   TIMEOUT_S, "every broker to list nine partitions")
-        assert sorted(leaders(brokers[1], "orders").values()) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    # Partitions added at broker 3 are every broker's, placed evenly.
+    a3 = AdminClient({"bootstrap.servers": brokers[3].bootstrap})
+    a3.create_partitions([NewPartitions("orders", 9)])["orders"].result(15)
+    wait_until(lambda: all(len(leaders(b, "orders") or {}) == 9 for b in brokers.values()),
+               TIMEOUT_S, "every broker to list nine partitions")
+    assert sorted(leaders(brokers[1], "orders").values()) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
 
-        # Deleted at broker 2: gone from every broker, and from its disk.
-        a2.delete_topics(["orders"], operation_timeout=10)["orders"].result(15)
-        wait_until(lambda: all(leaders(b, "orders") is None for b in brokers.values()),
-                   TIMEOUT_S, "every broker to drop the topic")
-        wait_until(lambda: not any(d.name.startswith("orders-")
-                                   for b in brokers.values() for d in b.data_dir.iterdir()),
-                   TIMEOUT_S, "the partition directories to go")
-    finally:
-        for b in brokers.values():
-            b.close()
+    # Deleted at broker 2: gone from every broker, and from its disk.
+    a2.delete_topics(["orders"], operation_timeout=10)["orders"].result(15)
+    wait_until(lambda: all(leaders(b, "orders") is None for b in brokers.values()),
+               TIMEOUT_S, "every broker to drop the topic")
+    wait_until(lambda: not any(d.name.startswith("orders-")
+                               for b in brokers.values() for d in b.data_dir.iterdir()),
+               TIMEOUT_S, "the partition directories to go")
 
 
 def test_a_dead_leaders_partitions_move_to_live_brokers_with_every_record(etcd, tmp_path):
@@ -221,74 +217,70 @@ def test_a_dead_leaders_partitions_move_to_live_brokers_with_every_record(etcd, 
     from test_cluster_durability import PREFIX, etcd_range, metric
     brokers = start_cluster(etcd, tmp_path, [1, 2, 3], extra={"keel.cluster.wal.gc.interval.ms": "300",
                                                                "keel.cluster.wal.segment.roll.ms": "3000"})
-    try:
-        # Placed where the request says: partition 0 on broker 2, 1 on 3.
-        create(brokers[1], "placed", num_partitions=2, replica_assignment=[[2], [3]],
-               config={"segment.bytes": "20000"})
-        wait_until(lambda: leaders(brokers[1], "placed") == {0: 2, 1: 3}, TIMEOUT_S, "the placement")
-        for r in range(5):  # one batch of 20 KB each: segments of 20 KB roll
-            produce(brokers[1], "placed", 20, partition=0, key_prefix=f"k{r}", pad=1000)
-        # Broker 2 copies the sealed segments and records them in etcd.
-        wait_until(lambda: len(etcd_range(etcd, f"{PREFIX}.segments/")) >= 3, TIMEOUT_S,
-                   "sealed segments recorded in etcd")
-        # Each beside its producer-state snapshot, for the next leader.
-        assert list((tmp_path / "objects").rglob("*.snapshot")), "no producer snapshot in the object store"
-        # The WAL objects the segments cover go, with their index keys.
-        wal_objects = lambda: list((tmp_path / "objects").rglob("*.wal"))
-        wait_until(lambda: len(wal_objects()) <= 2, TIMEOUT_S, "covered WAL objects deleted")
-        # Each object goes first, then its index keys.
-        wait_until(lambda: len(etcd_range(etcd, f"{PREFIX}.wal/")) == len(wal_objects()), TIMEOUT_S,
-                   "the collected objects' index keys deleted")
-        assert sum(metric(b, "keel_cluster_wal_collected_objects_total") for b in brokers.values()) >= 3
+    # Placed where the request says: partition 0 on broker 2, 1 on 3.
+    create(brokers[1], "placed", num_partitions=2, replica_assignment=[[2], [3]],
+           config={"segment.bytes": "20000"})
+    wait_until(lambda: leaders(brokers[1], "placed") == {0: 2, 1: 3}, TIMEOUT_S, "the placement")
+    for r in range(5):  # one batch of 20 KB each: segments of 20 KB roll
+        produce(brokers[1], "placed", 20, partition=0, key_prefix=f"k{r}", pad=1000)
+    # Broker 2 copies the sealed segments and records them in etcd.
+    wait_until(lambda: len(etcd_range(etcd, f"{PREFIX}.segments/")) >= 3, TIMEOUT_S,
+               "sealed segments recorded in etcd")
+    # Each beside its producer-state snapshot, for the next leader.
+    assert list((tmp_path / "objects").rglob("*.snapshot")), "no producer snapshot in the object store"
+    # The WAL objects the segments cover go, with their index keys.
+    wal_objects = lambda: list((tmp_path / "objects").rglob("*.wal"))
+    wait_until(lambda: len(wal_objects()) <= 2, TIMEOUT_S, "covered WAL objects deleted")
+    # Each object goes first, then its index keys.
+    wait_until(lambda: len(etcd_range(etcd, f"{PREFIX}.wal/")) == len(wal_objects()), TIMEOUT_S,
+               "the collected objects' index keys deleted")
+    assert sum(metric(b, "keel_cluster_wal_collected_objects_total") for b in brokers.values()) >= 3
 
-        # DeleteRecords inside a batch: its log start is recorded in etcd
-        # before the answer, so the new leader starts the log there too.
-        a = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
-        [deleted] = a.delete_records([TopicPartition("placed", 0, 45)]).values()
-        assert deleted.result(15).low_watermark == 45
+    # DeleteRecords inside a batch: its log start is recorded in etcd
+    # before the answer, so the new leader starts the log there too.
+    a = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    [deleted] = a.delete_records([TopicPartition("placed", 0, 45)]).values()
+    assert deleted.result(15).low_watermark == 45
 
-        brokers[2].kill9()
-        # Broker 1 leads nothing, broker 3 one partition: broker 1 takes it.
-        wait_until(lambda: leadership(brokers[3], "placed") == {0: (1, 1), 1: (3, 0)}, TIMEOUT_S,
-                   "broker 1 to lead partition 0 in epoch 1")
-        produce(brokers[3], "placed", 50, partition=0, key_prefix="after")
-        got = consume(brokers[3], "placed", [0], 105)[0]
-        expected = [f"k{r}-{i}".encode() for r in range(5) for i in range(20)][45:]
-        assert [v.rstrip(b".") for v in got[:55]] == expected
-        assert got[55:] == [f"after-{i}".encode() for i in range(50)]
-        c = Consumer({"bootstrap.servers": brokers[3].bootstrap, "group.id": "marks"})
-        assert c.get_watermark_offsets(TopicPartition("placed", 0), timeout=10) == (45, 150)
-        c.close()
-        log = brokers[1].log_tail()
-        assert "rebuilt the partition's log from the object store" in log, log
-        assert re.search(r"segments=[1-9]", log), log
+    brokers[2].kill9()
+    # Broker 1 leads nothing, broker 3 one partition: broker 1 takes it.
+    wait_until(lambda: leadership(brokers[3], "placed") == {0: (1, 1), 1: (3, 0)}, TIMEOUT_S,
+               "broker 1 to lead partition 0 in epoch 1")
+    produce(brokers[3], "placed", 50, partition=0, key_prefix="after")
+    got = consume(brokers[3], "placed", [0], 105)[0]
+    expected = [f"k{r}-{i}".encode() for r in range(5) for i in range(20)][45:]
+    assert [v.rstrip(b".") for v in got[:55]] == expected
+    assert got[55:] == [f"after-{i}".encode() for i in range(50)]
+    c = Consumer({"bootstrap.servers": brokers[3].bootstrap, "group.id": "marks"})
+    assert c.get_watermark_offsets(TopicPartition("placed", 0), timeout=10) == (45, 150)
+    c.close()
+    log = brokers[1].log_tail()
+    assert "rebuilt the partition's log from the object store" in log, log
+    assert re.search(r"segments=[1-9]", log), log
 
-        # Operators see it: `keel stats` names the leaders, /metrics counts the change.
-        shown = subprocess.run([str(brokers[3].bin), "stats", "--admin", brokers[3].admin],
-                               capture_output=True, text=True, timeout=30)
-        assert shown.returncode == 0, shown.stderr
-        assert "1 (1)" in shown.stdout and "3 (0)" in shown.stdout, shown.stdout
-        changes = 0
-        for b in (brokers[1], brokers[3]):
-            text = urllib.request.urlopen(f"http://{b.admin}/metrics", timeout=5).read().decode()
-            assert re.search(r"^keel_cluster_partitions_leaderless 0$", text, re.M), text
-            changes += sum(float(l.split()[-1]) for l in text.splitlines()
-                           if l.startswith("keel_cluster_leader_changes_total"))
-        assert changes == 1, changes
+    # Operators see it: `keel stats` names the leaders, /metrics counts the change.
+    shown = subprocess.run([str(brokers[3].bin), "stats", "--admin", brokers[3].admin],
+                           capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert "1 (1)" in shown.stdout and "3 (0)" in shown.stdout, shown.stdout
+    changes = 0
+    for b in (brokers[1], brokers[3]):
+        text = urllib.request.urlopen(f"http://{b.admin}/metrics", timeout=5).read().decode()
+        assert re.search(r"^keel_cluster_partitions_leaderless 0$", text, re.M), text
+        changes += sum(float(l.split()[-1]) for l in text.splitlines()
+                       if l.startswith("keel_cluster_leader_changes_total"))
+    assert changes == 1, changes
 
-        # Idle, the active segments roll (keel.cluster.wal.segment.roll.ms)
-        # and reach the object store: no WAL object is needed any more.
-        # (The collector deletes an object, then its index key.)
-        wait_until(lambda: not wal_objects() and not etcd_range(etcd, f"{PREFIX}.wal/"), TIMEOUT_S,
-                   "every WAL object and its index collected")
+    # Idle, the active segments roll (keel.cluster.wal.segment.roll.ms)
+    # and reach the object store: no WAL object is needed any more.
+    # (The collector deletes an object, then its index key.)
+    wait_until(lambda: not wal_objects() and not etcd_range(etcd, f"{PREFIX}.wal/"), TIMEOUT_S,
+               "every WAL object and its index collected")
 
-        brokers[2].start()
-        wait_until(lambda: not stats(brokers[2])["fenced"], TIMEOUT_S, "broker 2 to register")
-        wait_until(lambda: leadership(brokers[2], "placed") == {0: (1, 1), 1: (3, 0)}, TIMEOUT_S,
-                   "broker 2 to see the leaders as they are")
-    finally:
-        for b in brokers.values():
-            b.close()
+    brokers[2].start()
+    wait_until(lambda: not stats(brokers[2])["fenced"], TIMEOUT_S, "broker 2 to register")
+    wait_until(lambda: leadership(brokers[2], "placed") == {0: (1, 1), 1: (3, 0)}, TIMEOUT_S,
+               "broker 2 to see the leaders as they are")
 
 
 def test_a_directory_brings_its_topics_into_a_cluster_and_sets_aside_ones_deleted_while_away(etcd, tmp_path):
@@ -300,91 +292,83 @@ def test_a_directory_brings_its_topics_into_a_cluster_and_sets_aside_ones_delete
     alone.stop()
     # ...joins a cluster on its directory: its topics become the cluster's.
     brokers = start_cluster(etcd, tmp_path, [1, 2])
-    try:
-        wait_until(lambda: leaders(brokers[2], "legacy") == {0: 1}, TIMEOUT_S,
-                   "broker 2 to list broker 1's topic")
-        assert len(consume(brokers[2], "legacy", [0], 20)[0]) == 20
+    wait_until(lambda: leaders(brokers[2], "legacy") == {0: 1}, TIMEOUT_S,
+               "broker 2 to list broker 1's topic")
+    assert len(consume(brokers[2], "legacy", [0], 20)[0]) == 20
 
-        # Deleted while broker 1 is away: when it comes back, its copy is
-        # renamed aside, not deleted and not brought back.
-        brokers[1].stop()
-        a2 = AdminClient({"bootstrap.servers": brokers[2].bootstrap})
-        a2.delete_topics(["legacy"], operation_timeout=10)["legacy"].result(15)
-        brokers[1].start()
-        wait_until(lambda: any(d.name.startswith("legacy-0.") and d.name.endswith("-stray")
-                               for d in brokers[1].data_dir.iterdir()),
-                   TIMEOUT_S, "the deleted topic's directory to be set aside")
-        assert leaders(brokers[1], "legacy") is None and leaders(brokers[2], "legacy") is None
-        assert "not the cluster's" in brokers[1].log_tail()
-    finally:
-        for b in brokers.values():
-            b.close()
+    # Deleted while broker 1 is away: when it comes back, its copy is
+    # renamed aside, not deleted and not brought back.
+    brokers[1].stop()
+    a2 = AdminClient({"bootstrap.servers": brokers[2].bootstrap})
+    a2.delete_topics(["legacy"], operation_timeout=10)["legacy"].result(15)
+    brokers[1].start()
+    wait_until(lambda: any(d.name.startswith("legacy-0.") and d.name.endswith("-stray")
+                           for d in brokers[1].data_dir.iterdir()),
+               TIMEOUT_S, "the deleted topic's directory to be set aside")
+    assert leaders(brokers[1], "legacy") is None and leaders(brokers[2], "legacy") is None
+    assert "not the cluster's" in brokers[1].log_tail()
 
 
 def test_a_group_has_one_coordinator_whichever_broker_its_members_ask(etcd, tmp_path):
     brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
+    create(brokers[1], "shared", num_partitions=6)
+    produce(brokers[2], "shared", 300)
+    # Two members of one group, each knowing a different broker: one
+    # group (they split the partitions), not two (each reading all).
+    members = [Consumer({"bootstrap.servers": brokers[n].bootstrap, "group.id": "one-group",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+               for n in (1, 3)]
+    got: list[list[bytes]] = [[], []]
     try:
-        create(brokers[1], "shared", num_partitions=6)
-        produce(brokers[2], "shared", 300)
-        # Two members of one group, each knowing a different broker: one
-        # group (they split the partitions), not two (each reading all).
-        members = [Consumer({"bootstrap.servers": brokers[n].bootstrap, "group.id": "one-group",
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
-                   for n in (1, 3)]
-        got: list[list[bytes]] = [[], []]
-        try:
-            for c in members:
-                c.subscribe(["shared"])
+        for c in members:
+            c.subscribe(["shared"])
 
-            def settled():
-                for i, c in enumerate(members):
-                    for m in c.consume(100, 0.5):
-                        if m.error() is None:
-                            got[i].append(m.value())
-                return (sum(map(len, got)) >= 300 and all(c.assignment() for c in members)
-                        and sum(len(c.assignment()) for c in members) == 6)
-            wait_until(settled, 60, "both members to share the partitions and read every record")
+        def settled():
             for i, c in enumerate(members):
-                c.commit(asynchronous=False)
-        finally:
-            for c in members:
-                c.close()
-        assert sorted(got[0] + got[1]) == sorted(f"k-{i}".encode() for i in range(300))
-
-        # Asked at any broker, Apache Kafka's tool finds the same coordinator,
-        # and it holds the offsets both members committed.
-        coordinators = set()
-        for b in brokers.values():
-            done = kafka_tools.run("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
-                                   "--bootstrap-server", b.bootstrap, "--describe",
-                                   "--group", "one-group", "--state")
-            assert done.returncode == 0, done.stderr[-3000:]
-            line = next(l for l in done.stdout.splitlines() if l.startswith("one-group"))
-            coordinators.add(line.split("(")[1].split(")")[0])
-            offsets = kafka_tools.run("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
-                                      "--bootstrap-server", b.bootstrap, "--describe",
-                                      "--group", "one-group", "--offsets")
-            assert offsets.returncode == 0, offsets.stderr[-3000:]
-            committed = [l.split() for l in offsets.stdout.splitlines() if l.startswith("one-group")]
-            assert sum(int(cols[3]) for cols in committed) == 300, offsets.stdout
-        assert len(coordinators) == 1, coordinators
-        # Only the coordinator serves the group; the others send the client
-        # back to FindCoordinator.
-        coordinator = int(coordinators.pop())
-        for node, b in brokers.items():
-            with gw.GroupConn(b.bootstrap) as c:
-                error = c.heartbeat("one-group", 1, "nobody")
-            assert (error == NOT_COORDINATOR) == (node != coordinator), (node, coordinator, error)
-            # OffsetFetch v9 names the group: the others refuse it too,
-            # rather than answer that it has no offsets.
-            error, offsets = cg._offset_fetch(b.bootstrap, "one-group", None, -1)
-            if node == coordinator:
-                assert error == 0 and sum(offsets.values()) == 300, (error, offsets)
-            else:
-                assert (error, offsets) == (NOT_COORDINATOR, {}), (node, error, offsets)
+                for m in c.consume(100, 0.5):
+                    if m.error() is None:
+                        got[i].append(m.value())
+            return (sum(map(len, got)) >= 300 and all(c.assignment() for c in members)
+                    and sum(len(c.assignment()) for c in members) == 6)
+        wait_until(settled, 60, "both members to share the partitions and read every record")
+        for i, c in enumerate(members):
+            c.commit(asynchronous=False)
     finally:
-        for b in brokers.values():
-            b.close()
+        for c in members:
+            c.close()
+    assert sorted(got[0] + got[1]) == sorted(f"k-{i}".encode() for i in range(300))
+
+    # Asked at any broker, Apache Kafka's tool finds the same coordinator,
+    # and it holds the offsets both members committed.
+    coordinators = set()
+    for b in brokers.values():
+        done = kafka_tools.run("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                               "--bootstrap-server", b.bootstrap, "--describe",
+                               "--group", "one-group", "--state")
+        assert done.returncode == 0, done.stderr[-3000:]
+        line = next(l for l in done.stdout.splitlines() if l.startswith("one-group"))
+        coordinators.add(line.split("(")[1].split(")")[0])
+        offsets = kafka_tools.run("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                                  "--bootstrap-server", b.bootstrap, "--describe",
+                                  "--group", "one-group", "--offsets")
+        assert offsets.returncode == 0, offsets.stderr[-3000:]
+        committed = [l.split() for l in offsets.stdout.splitlines() if l.startswith("one-group")]
+        assert sum(int(cols[3]) for cols in committed) == 300, offsets.stdout
+    assert len(coordinators) == 1, coordinators
+    # Only the coordinator serves the group; the others send the client
+    # back to FindCoordinator.
+    coordinator = int(coordinators.pop())
+    for node, b in brokers.items():
+        with gw.GroupConn(b.bootstrap) as c:
+            error = c.heartbeat("one-group", 1, "nobody")
+        assert (error == NOT_COORDINATOR) == (node != coordinator), (node, coordinator, error)
+        # OffsetFetch v9 names the group: the others refuse it too,
+        # rather than answer that it has no offsets.
+        error, offsets = cg._offset_fetch(b.bootstrap, "one-group", None, -1)
+        if node == coordinator:
+            assert error == 0 and sum(offsets.values()) == 300, (error, offsets)
+        else:
+            assert (error, offsets) == (NOT_COORDINATOR, {}), (node, error, offsets)
 
 
 def test_the_java_consumer_reads_on_across_its_leaders_new_epochs(etcd, tmp_path):
@@ -433,32 +417,28 @@ def test_group_configs_are_the_clusters(etcd, tmp_path):
     """A group's configs altered at one broker are the cluster's: every
     broker (the group's coordinator among them) describes them."""
     brokers = start_cluster(etcd, tmp_path, [1, 2, 3])
-    try:
-        done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
-                               brokers[1].bootstrap, "--alter", "--entity-type", "groups",
-                               "--entity-name", "slow-group", "--add-config",
-                               "consumer.session.timeout.ms=50000")
-        assert done.returncode == 0, done.stderr[-3000:]
-        for b in brokers.values():
-            shown = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
-                                    b.bootstrap, "--describe", "--entity-type", "groups",
-                                    "--entity-name", "slow-group")
-            assert shown.returncode == 0, shown.stderr[-3000:]
-            assert "consumer.session.timeout.ms=50000" in shown.stdout, shown.stdout
-        # Removed at another broker: gone everywhere.
-        done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
-                               brokers[3].bootstrap, "--alter", "--entity-type", "groups",
-                               "--entity-name", "slow-group", "--delete-config",
-                               "consumer.session.timeout.ms")
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                           brokers[1].bootstrap, "--alter", "--entity-type", "groups",
+                           "--entity-name", "slow-group", "--add-config",
+                           "consumer.session.timeout.ms=50000")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for b in brokers.values():
         shown = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
-                                brokers[2].bootstrap, "--describe", "--entity-type", "groups",
+                                b.bootstrap, "--describe", "--entity-type", "groups",
                                 "--entity-name", "slow-group")
         assert shown.returncode == 0, shown.stderr[-3000:]
-        assert "consumer.session.timeout.ms=50000" not in shown.stdout, shown.stdout
-    finally:
-        for b in brokers.values():
-            b.close()
+        assert "consumer.session.timeout.ms=50000" in shown.stdout, shown.stdout
+    # Removed at another broker: gone everywhere.
+    done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                           brokers[3].bootstrap, "--alter", "--entity-type", "groups",
+                           "--entity-name", "slow-group", "--delete-config",
+                           "consumer.session.timeout.ms")
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                            brokers[2].bootstrap, "--describe", "--entity-type", "groups",
+                            "--entity-name", "slow-group")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "consumer.session.timeout.ms=50000" not in shown.stdout, shown.stdout
 
 
 def test_the_default_broker_configs_are_the_clusters(etcd, tmp_path):
@@ -473,19 +453,15 @@ def test_the_default_broker_configs_are_the_clusters(etcd, tmp_path):
         assert shown.returncode == 0, shown.stderr[-3000:]
         return shown.stdout
 
-    try:
-        done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
-                               brokers[1].bootstrap, "--alter", "--entity-type", "brokers",
-                               "--entity-default", "--add-config", "log.retention.ms=7200000")
-        assert done.returncode == 0, done.stderr[-3000:]
-        for node, b in brokers.items():
-            wait_until(lambda: "log.retention.ms=7200000" in effective(b, node), TIMEOUT_S,
-                       f"broker {node} to take the cluster default")
-        brokers[3].stop()
-        brokers[3].start()
-        wait_until(lambda: "log.retention.ms=7200000" in effective(brokers[3], 3), TIMEOUT_S,
-                   "a restarted broker to take it")
-        assert "altered dynamic broker configs" in brokers[2].log_tail()
-    finally:
-        for b in brokers.values():
-            b.close()
+    done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server",
+                           brokers[1].bootstrap, "--alter", "--entity-type", "brokers",
+                           "--entity-default", "--add-config", "log.retention.ms=7200000")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for node, b in brokers.items():
+        wait_until(lambda: "log.retention.ms=7200000" in effective(b, node), TIMEOUT_S,
+                   f"broker {node} to take the cluster default")
+    brokers[3].stop()
+    brokers[3].start()
+    wait_until(lambda: "log.retention.ms=7200000" in effective(brokers[3], 3), TIMEOUT_S,
+               "a restarted broker to take it")
+    assert "altered dynamic broker configs" in brokers[2].log_tail()

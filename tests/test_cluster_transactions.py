@@ -52,6 +52,25 @@ def group_coordinated_apart(brokers, from_node, prefix):
     raise AssertionError("every group is coordinated by one broker")
 
 
+def transactions(p, topic, commits, per_round, prefix, pause_s=0.0) -> list[bytes]:
+    """One transaction of `per_round` records over partitions 0..2 per entry
+    of `commits`, committed or aborted as it says: -> the committed values."""
+    committed = []
+    for round_, commit in enumerate(commits):
+        p.begin_transaction()
+        values = [prefix + b"%d-%d" % (round_, i) for i in range(per_round)]
+        for i, v in enumerate(values):
+            p.produce(topic, value=v, partition=i % 3)
+        if commit:
+            p.commit_transaction(CLIENT_TIMEOUT_S)
+            committed += values
+        else:
+            assert p.flush(CLIENT_TIMEOUT_S) == 0
+            p.abort_transaction(CLIENT_TIMEOUT_S)
+        time.sleep(pause_s)
+    return committed
+
+
 def sent_markers(b) -> int:
     return stats(b)["peer_requests"].get("WriteTxnMarkers", {}).get("requests", 0)
 
@@ -66,70 +85,55 @@ def test_a_librdkafka_transaction_spans_every_broker(etcd, tmp_path):
     bootstrap = ",".join(b.bootstrap for b in brokers.values())
     source, sink = unique("xsrc"), unique("xsink")
     tid = unique("spanning")
+    spread(brokers, source, 3)
+    spread(brokers, sink, 3)
+    coordinator = wait_until(lambda: coordinator_of(brokers[1], tid, 1), TIMEOUT_S,
+                             "the transactional id's coordinator")
+    group, group_node = group_coordinated_apart(brokers, coordinator, "spanning-group")
+    print(f"transaction coordinator {coordinator}, group coordinator {group_node}", flush=True)
+
+    plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i in range(60):
+        plain.produce(source, value=b"in-%d" % i, partition=i % 3)
+    assert plain.flush(CLIENT_TIMEOUT_S) == 0
+
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 5})
+    p.init_transactions(CLIENT_TIMEOUT_S)
+    # Transactions written straight to the sink, every other one aborted.
+    committed = transactions(p, sink, [True, False] * 3, 9, b"t")
+
+    # A copy of the source, each batch of input with its offsets.
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    c.subscribe([source])
+    copied, deadline = 0, time.monotonic() + 90
     try:
-        spread(brokers, source, 3)
-        spread(brokers, sink, 3)
-        coordinator = wait_until(lambda: coordinator_of(brokers[1], tid, 1), TIMEOUT_S,
-                                 "the transactional id's coordinator")
-        group, group_node = group_coordinated_apart(brokers, coordinator, "spanning-group")
-        print(f"transaction coordinator {coordinator}, group coordinator {group_node}", flush=True)
-
-        plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-        for i in range(60):
-            plain.produce(source, value=b"in-%d" % i, partition=i % 3)
-        assert plain.flush(CLIENT_TIMEOUT_S) == 0
-
-        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 5})
-        p.init_transactions(CLIENT_TIMEOUT_S)
-        committed = []
-        # Transactions written straight to the sink, every other one aborted.
-        for round_ in range(6):
+        while copied < 60:
+            assert time.monotonic() < deadline, f"copied only {copied}"
+            batch = [m for m in c.consume(20, 0.5) if m.error() is None]
+            if not batch:
+                continue
             p.begin_transaction()
-            values = [b"t%d-%d" % (round_, i) for i in range(9)]
-            for i, v in enumerate(values):
-                p.produce(sink, value=v, partition=i % 3)
-            if round_ % 2 == 0:
-                p.commit_transaction(CLIENT_TIMEOUT_S)
-                committed += values
-            else:
-                assert p.flush(CLIENT_TIMEOUT_S) == 0
-                p.abort_transaction(CLIENT_TIMEOUT_S)
-
-        # A copy of the source, each batch of input with its offsets.
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                      "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-        c.subscribe([source])
-        copied, deadline = 0, time.monotonic() + 90
-        try:
-            while copied < 60:
-                assert time.monotonic() < deadline, f"copied only {copied}"
-                batch = [m for m in c.consume(20, 0.5) if m.error() is None]
-                if not batch:
-                    continue
-                p.begin_transaction()
-                for m in batch:
-                    p.produce(sink, value=b"copy-" + m.value(), partition=m.partition())
-                p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(),
-                                              CLIENT_TIMEOUT_S)
-                p.commit_transaction(CLIENT_TIMEOUT_S)
-                committed += [b"copy-" + m.value() for m in batch]
-                copied += len(batch)
-        finally:
-            c.close()
-
-        assert sorted(_read_all(bootstrap, sink, "read_committed", partitions=3)) == sorted(committed)
-        assert len(_read_all(bootstrap, sink, "read_uncommitted", partitions=3)) == len(committed) + 27
-        check = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-        try:
-            offsets = check.committed([TopicPartition(source, i) for i in range(3)], timeout=CLIENT_TIMEOUT_S)
-        finally:
-            check.close()
-        assert {tp.partition: tp.offset for tp in offsets} == {0: 20, 1: 20, 2: 20}
-        # The coordinator sent the markers of partitions it does not lead.
-        assert sent_markers(brokers[coordinator]) > 0
+            for m in batch:
+                p.produce(sink, value=b"copy-" + m.value(), partition=m.partition())
+            p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(),
+                                          CLIENT_TIMEOUT_S)
+            p.commit_transaction(CLIENT_TIMEOUT_S)
+            committed += [b"copy-" + m.value() for m in batch]
+            copied += len(batch)
     finally:
-        for b in brokers.values():
-            b.close()
+        c.close()
+
+    assert sorted(_read_all(bootstrap, sink, "read_committed", partitions=3)) == sorted(committed)
+    assert len(_read_all(bootstrap, sink, "read_uncommitted", partitions=3)) == len(committed) + 27
+    check = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        offsets = check.committed([TopicPartition(source, i) for i in range(3)], timeout=CLIENT_TIMEOUT_S)
+    finally:
+        check.close()
+    assert {tp.partition: tp.offset for tp in offsets} == {0: 20, 1: 20, 2: 20}
+    # The coordinator sent the markers of partitions it does not lead.
+    assert sent_markers(brokers[coordinator]) > 0
 
 
 def test_java_transactions_v2_across_brokers(etcd, tmp_path):
@@ -139,21 +143,17 @@ def test_java_transactions_v2_across_brokers(etcd, tmp_path):
     brokers = start_cluster(etcd, tmp_path, NODES)
     bootstrap = ",".join(b.bootstrap for b in brokers.values())
     source, sink, group = unique("jxin"), unique("jxout"), unique("jxg")
-    try:
-        # TxnCopy reads its input's partition 0; its output is spread.
-        spread(brokers, source, 1)
-        spread(brokers, sink, 3)
-        done = subprocess.run(java("TxnCopy.java", bootstrap, source, sink, group, "7"),
-                              capture_output=True, text=True, timeout=240)
-        summary = last_json(done.stdout)
-        assert done.returncode == 0, f"{summary}\n{done.stderr[-4000:]}"
-        assert summary["committed_inputs"] == 40 and summary["distinct_outputs"] == 40, summary
-        assert summary["writer_epoch"] == 7, summary
-        assert len(_read_all(bootstrap, sink, "read_committed", partitions=3)) == 40
-        assert sum(sent_markers(b) for b in brokers.values()) > 0
-    finally:
-        for b in brokers.values():
-            b.close()
+    # TxnCopy reads its input's partition 0; its output is spread.
+    spread(brokers, source, 1)
+    spread(brokers, sink, 3)
+    done = subprocess.run(java("TxnCopy.java", bootstrap, source, sink, group, "7"),
+                          capture_output=True, text=True, timeout=240)
+    summary = last_json(done.stdout)
+    assert done.returncode == 0, f"{summary}\n{done.stderr[-4000:]}"
+    assert summary["committed_inputs"] == 40 and summary["distinct_outputs"] == 40, summary
+    assert summary["writer_epoch"] == 7, summary
+    assert len(_read_all(bootstrap, sink, "read_committed", partitions=3)) == 40
+    assert sum(sent_markers(b) for b in brokers.values()) > 0
 
 
 def test_kafka_streams_exactly_once_v2_across_a_broker_kill(etcd, tmp_path):
@@ -276,47 +276,32 @@ def test_a_transaction_spans_brokers_over_a_secured_inter_broker_listener(etcd, 
     pki.leaf("broker", server=True, client_too=True)
     sets = secured_listeners(pki, protocol)
     brokers = {}
-    try:
-        for node in NODES:
-            brokers[node] = member(etcd, tmp_path, node)
-            with_internal_listener(brokers[node], sets)
-            brokers[node].start()
-        for b in brokers.values():
-            wait_until(lambda: not stats(b)["fenced"], TIMEOUT_S, f"{b.log_name} to register")
-        bootstrap = ",".join(b.bootstrap for b in brokers.values())
-        if protocol == "SASL_SSL":
-            # Kept in etcd: every broker authenticates the others with it.
-            add_scram(brokers[1].bootstrap, "broker", "broker-secret")
-        sink, tid = unique("secsink"), unique("secured")
-        spread(brokers, sink, 3)
-        coordinator = wait_until(lambda: coordinator_of(brokers[1], tid, 1), TIMEOUT_S,
-                                 "the transactional id's coordinator")
+    for node in NODES:
+        brokers[node] = member(etcd, tmp_path, node)
+        with_internal_listener(brokers[node], sets)
+        brokers[node].start()
+    for b in brokers.values():
+        wait_until(lambda: not stats(b)["fenced"], TIMEOUT_S, f"{b.log_name} to register")
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    if protocol == "SASL_SSL":
+        # Kept in etcd: every broker authenticates the others with it.
+        add_scram(brokers[1].bootstrap, "broker", "broker-secret")
+    sink, tid = unique("secsink"), unique("secured")
+    spread(brokers, sink, 3)
+    coordinator = wait_until(lambda: coordinator_of(brokers[1], tid, 1), TIMEOUT_S,
+                             "the transactional id's coordinator")
 
-        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 5})
-        p.init_transactions(CLIENT_TIMEOUT_S)
-        committed = []
-        for round_ in range(3):
-            p.begin_transaction()
-            values = [b"s%d-%d" % (round_, i) for i in range(6)]
-            for i, v in enumerate(values):
-                p.produce(sink, value=v, partition=i % 3)
-            if round_ != 1:
-                p.commit_transaction(CLIENT_TIMEOUT_S)
-                committed += values
-            else:
-                assert p.flush(CLIENT_TIMEOUT_S) == 0
-                p.abort_transaction(CLIENT_TIMEOUT_S)
-            time.sleep(2)  # past a SASL session's lifetime
-        assert sorted(_read_all(bootstrap, sink, "read_committed", partitions=3)) == sorted(committed)
-        assert sent_markers(brokers[coordinator]) > 0
-        # The other leaders asked the coordinator about their batches.
-        asked = sum(stats(b)["peer_requests"].get("AddPartitionsToTxn", {}).get("requests", 0)
-                    for n, b in brokers.items() if n != coordinator)
-        assert asked > 0
-        print({b.log_name: stats(b)["peer_requests"] for b in brokers.values()}, flush=True)
-    finally:
-        for b in brokers.values():
-            b.close()
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 5})
+    p.init_transactions(CLIENT_TIMEOUT_S)
+    # Two seconds apart: past a SASL session's lifetime.
+    committed = transactions(p, sink, [True, False, True], 6, b"s", pause_s=2)
+    assert sorted(_read_all(bootstrap, sink, "read_committed", partitions=3)) == sorted(committed)
+    assert sent_markers(brokers[coordinator]) > 0
+    # The other leaders asked the coordinator about their batches.
+    asked = sum(stats(b)["peer_requests"].get("AddPartitionsToTxn", {}).get("requests", 0)
+                for n, b in brokers.items() if n != coordinator)
+    assert asked > 0
+    print({b.log_name: stats(b)["peer_requests"] for b in brokers.values()}, flush=True)
 
     # Without the broker's own credentials (or the truststore it checks the
     # others with), a cluster's broker refuses to start.

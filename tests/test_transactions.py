@@ -166,10 +166,13 @@ def test_kill9_mid_transaction_keeps_commits_and_aborts_the_open_one(broker_fact
     assert _read_all(b.bootstrap, topic, "read_committed") == [b"c%d" % i for i in range(50)]
 
 
-def _committed(bootstrap: str, group: str, topic: str, partitions: int = 1) -> list[int]:
-    """The group's committed offsets, as a read_uncommitted client sees
-    them (a read_committed one would wait for open transactions)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_uncommitted"})
+def _committed(bootstrap: str, group: str, topic: str, partitions: int = 1, stable: bool = True) -> list[int]:
+    """The group's committed offsets. `stable`: as a read_committed client
+    asks for them (require_stable, KIP-447), waiting for the markers of an
+    ended transaction, which are written after EndTxn is answered; else
+    as a read_uncommitted one, which is answered at once."""
+    isolation = "read_committed" if stable else "read_uncommitted"
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": isolation})
     try:
         tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=CLIENT_TIMEOUT_S)
         return [tp.offset for tp in tps]
@@ -212,7 +215,7 @@ def test_offsets_sent_in_a_transaction_are_committed_with_it(broker):
         p.produce(sink, value=b"out")
         p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), CLIENT_TIMEOUT_S)
         p.flush(CLIENT_TIMEOUT_S)
-        assert _committed(broker.bootstrap, group, source) == [-1001], "invisible while the transaction is open"
+        assert _committed(broker.bootstrap, group, source, stable=False) == [-1001], "invisible while open"
         if commit:
             p.commit_transaction(CLIENT_TIMEOUT_S)
         else:

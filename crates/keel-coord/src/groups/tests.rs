@@ -428,15 +428,7 @@ async fn groups_and_offsets_survive_a_reopen() {
 #[tokio::test]
 async fn offsets_of_an_empty_group_expire_after_retention() {
     let mut h = Harness::new();
-    let offsets = |offset| {
-        vec![OffsetToCommit {
-            topic: "t".into(),
-            partition: 0,
-            offset,
-            leader_epoch: -1,
-            metadata: String::new(),
-        }]
-    };
+    let offsets = offset_of_t0;
     // With a generation, to a group that does not exist: refused, with
     // Kafka's answer for the request's version.
     for (version, error) in [
