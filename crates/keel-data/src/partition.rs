@@ -102,8 +102,25 @@ pub enum ReadFailure {
 /// the batch was queued, and the batch would open a transaction here that
 /// no coordinator ever ends, pinning the last stable offset (Kafka's
 /// verification guard, KIP-890). It must not block: it reads the
-/// coordinator's state in memory.
-pub type Verify = Box<dyn FnOnce() -> Result<(), AppendFailure> + Send>;
+/// coordinator's state in memory, or the partition's producer state it is
+/// given.
+pub type Verify = Box<dyn FnOnce(&ProducerStates) -> Result<(), AppendFailure> + Send>;
+
+/// The check of a batch whose producer had its transaction at this epoch
+/// open here when the request came (see [`Partition::in_open_transaction`]):
+/// it belongs to that transaction if it is still open when the writer
+/// takes the batch, else it is `refused`. Kafka asks the coordinator
+/// nothing for such a batch either: the partition joined the transaction
+/// with the producer's first batch in it.
+pub fn open_transaction_check(producer_id: i64, producer_epoch: i16, refused: AppendFailure) -> Verify {
+    Box::new(move |producers| {
+        if producers.in_open_transaction(producer_id, producer_epoch) {
+            Ok(())
+        } else {
+            Err(refused)
+        }
+    })
+}
 
 struct PendingAppend {
     records: Bytes,
@@ -298,7 +315,7 @@ pub struct VerificationGuard {
 impl VerificationGuard {
     /// The writer's check: the guard still holds, else `refused`.
     pub fn into_verify(self, refused: AppendFailure) -> Verify {
-        Box::new(move || {
+        Box::new(move |_| {
             if self.partition.verifying.lock().contains_key(&self.token) {
                 Ok(())
             } else {
@@ -1665,6 +1682,17 @@ impl Partition {
 
     /// Every producer this partition has state for as of its last write
     /// (DescribeProducers), by producer id. Never waits for a write.
+    /// Whether the producer's transaction at `producer_epoch` had written
+    /// here and not ended, as of the last append: its next batch needs no
+    /// coordinator's word (see [`open_transaction_check`]).
+    pub fn in_open_transaction(&self, producer_id: i64, producer_epoch: i16) -> bool {
+        self.published_producers
+            .0
+            .lock()
+            .get(&producer_id)
+            .is_some_and(|p| p.epoch == producer_epoch && p.txn_start_offset >= 0)
+    }
+
     pub fn describe_producers(&self) -> Vec<ProducerInfo> {
         self.published_producers.0.lock().values().copied().collect()
     }
@@ -1866,7 +1894,7 @@ fn plan_group(
     for mut item in group {
         plan.named
             .extend(item.headers.iter().map(|h| h.producer_id).filter(|id| *id >= 0));
-        let verified = item.verify.take().map_or(Ok(()), |verify| verify());
+        let verified = item.verify.take().map_or(Ok(()), |verify| verify(producers));
         let planned = match (verified, item.marker) {
             (Err(refused), _) => Err(refused),
             (Ok(()), None) if item.unchecked => Ok(Planned::Append(item.offsets())),

@@ -265,6 +265,14 @@ impl ProducerStates {
         CompletedTxn { first_offset }
     }
 
+    /// Whether the producer's transaction at `epoch` has written here and
+    /// not ended.
+    pub fn in_open_transaction(&self, producer_id: i64, epoch: i16) -> bool {
+        self.producers
+            .get(&producer_id)
+            .is_some_and(|e| e.epoch == epoch && e.txn_first_offset.is_some())
+    }
+
     /// The first offset of the oldest open transaction: nothing at or
     /// after it is stable yet.
     pub fn first_unstable_offset(&self) -> Option<i64> {

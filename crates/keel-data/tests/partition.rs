@@ -825,7 +825,7 @@ async fn a_transactional_batch_is_verified_when_the_writer_takes_it() {
     let headers = validate_batches(&txn).unwrap();
     let verify: keel_data::partition::Verify = Box::new({
         let open = Arc::clone(&open);
-        move || {
+        move |_| {
             if open.load(Ordering::SeqCst) {
                 Ok(())
             } else {
@@ -916,6 +916,39 @@ async fn under_transactions_v2_only_a_later_epochs_marker_voids_a_guard() {
         .unwrap_err();
     assert_eq!(refused.error, ResponseError::InvalidTxnState, "{refused:?}");
     assert_eq!(p.high_watermark(), 4);
+}
+
+/// A batch whose producer's transaction at its epoch had already written
+/// here needs no coordinator's word (Kafka asks none): it is let in by
+/// the open transaction, checked when the writer takes it. Once a marker
+/// ended that transaction, such a batch is refused; the first batch of
+/// the next epoch's transaction finds none open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_a_transaction_open_here_is_let_in_until_its_marker() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _, _) = faulty(dir.path(), LogConfig::default());
+    let open = |epoch| keel_data::partition::open_transaction_check(9, epoch, txn_ended());
+    assert!(!p.in_open_transaction(9, 0), "nothing written yet");
+    let (b, h) = txn_batch((9, 0, 0), b"first");
+    p.append(b, h).await.unwrap();
+    assert!(p.in_open_transaction(9, 0));
+    assert!(!p.in_open_transaction(9, 1) && !p.in_open_transaction(8, 0));
+    let (b, h) = txn_batch((9, 0, 1), b"second");
+    let second = p.queue(b, h, Some(open(0))).unwrap();
+    assert_eq!(second.outcome().await.unwrap().base_offset, 1);
+    // Checked while open, queued after the marker (epoch 1: transactions v2).
+    assert!(p.in_open_transaction(9, 0));
+    let marker = Marker {
+        commit: true,
+        coordinator_epoch: 0,
+    };
+    p.write_marker(9, 1, marker).await.unwrap();
+    let (b, h) = txn_batch((9, 0, 2), b"late");
+    let refused = p.queue(b, h, Some(open(0))).unwrap().outcome().await.unwrap_err();
+    assert_eq!(refused.error, ResponseError::InvalidTxnState, "{refused:?}");
+    assert!(!p.in_open_transaction(9, 0) && !p.in_open_transaction(9, 1));
+    assert_eq!(p.high_watermark(), 3);
+    assert_eq!(p.last_stable_offset(), 3, "no transaction left open");
 }
 
 /// A verification guard (a transactional batch checked with a coordinator

@@ -17,6 +17,7 @@ use std::time::Duration;
 use keel_cluster::topics::{self, ClusterTopic, NO_LEADER};
 use keel_cluster::{Membership, StoreError};
 use keel_data::leadership::{Leader, Leadership};
+use keel_data::partition::Partition;
 use keel_data::topics::{Topic, TopicMeta, META_DIR};
 use keel_protocol::ResponseError;
 use uuid::Uuid;
@@ -277,56 +278,75 @@ pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
     take_leaderships(broker).await;
 }
 
+/// How many partitions a broker takes the leadership of (or loads the
+/// keys of) at once. Each waits on etcd and the object store rather than
+/// on this broker, so a broker taking over a dead one's partitions does
+/// them side by side.
+const TAKEOVERS_AT_ONCE: usize = 16;
+
 /// Claims the partitions the view says this broker leads and it has not
 /// claimed in their epoch, and gives up those it no longer leads (see
 /// `keel_data::replica`). A claim that fails is tried again at the next
 /// pass.
 async fn take_leaderships(broker: &Arc<Broker>) {
     let me = broker.cluster.me().node_id;
+    let mut running = tokio::task::JoinSet::new();
     for topic in broker.data.topics.all() {
         // The coordinators' topics: their partitions' keys are loaded
         // where they are led (see `coord_log`).
         let coordinators = is_internal(&topic.meta.name);
-        let name = topic.meta.name.as_str();
         for partition in &topic.partitions {
-            let (id, index) = (topic.meta.topic_id, partition.index);
+            let index = partition.index;
             let claimed = partition.claimed_epoch();
-            let leads = match broker.cluster.live_leader(id, index) {
-                Some((leader, epoch)) if leader == me && claimed != Some(epoch) => {
-                    if coordinators {
-                        // The keys loaded from the old term are stale.
-                        coord_log::unload(broker, name, index).await;
-                    }
-                    match keel_data::takeover::take_leadership(&broker.data, partition, epoch).await {
-                        Ok(()) => true,
-                        Err(why) => {
-                            tracing::warn!(topic = %topic.meta.name, partition = index, epoch, error = %why, "cannot take the partition's leadership yet");
-                            false
-                        }
-                    }
-                }
-                Some((leader, _)) if leader == me => true,
+            let take = match broker.cluster.live_leader(topic.meta.topic_id, index) {
+                Some((leader, epoch)) if leader == me => (claimed != Some(epoch)).then_some(epoch),
                 _ => {
                     if claimed.is_some() {
                         partition.give_up_leadership();
                     }
-                    false
+                    if coordinators {
+                        coord_log::unload(broker, &topic.meta.name, index).await;
+                    }
+                    continue;
                 }
             };
-            if !coordinators {
+            let load =
+                coordinators && (take.is_some() || !broker.coordinator_loaded(&topic.meta.name, index));
+            if take.is_none() && !load {
                 continue;
             }
-            match leads {
-                true if !broker.coordinator_loaded(name, index) => {
-                    if let Err(why) =
-                        coord_log::load(broker, name, partition, index, topic.meta.partitions).await
-                    {
-                        tracing::warn!(topic = name, partition = index, error = %why, "cannot load a coordinator's partition yet");
-                    }
-                }
-                false => coord_log::unload(broker, name, index).await,
-                true => {}
+            if running.len() >= TAKEOVERS_AT_ONCE {
+                running.join_next().await;
             }
+            let (broker, topic, partition) = (Arc::clone(broker), Arc::clone(&topic), Arc::clone(partition));
+            running.spawn(async move { lead(&broker, &topic, &partition, take, load).await });
+        }
+    }
+    while running.join_next().await.is_some() {}
+}
+
+/// Takes the leadership of `partition` in epoch `take` (if given), then
+/// loads its keys if it is a coordinators' partition (`load`).
+async fn lead(
+    broker: &Arc<Broker>,
+    topic: &Topic,
+    partition: &Arc<Partition>,
+    take: Option<i32>,
+    load: bool,
+) {
+    let (name, index) = (topic.meta.name.as_str(), partition.index);
+    if let Some(epoch) = take {
+        if load {
+            // The keys loaded from the old term are stale.
+            coord_log::unload(broker, name, index).await;
+        }
+        if let Err(why) = keel_data::takeover::take_leadership(&broker.data, partition, epoch).await {
+            return tracing::warn!(topic = name, partition = index, epoch, error = %why, "cannot take the partition's leadership yet");
+        }
+    }
+    if load {
+        if let Err(why) = coord_log::load(broker, name, partition, index, topic.meta.partitions).await {
+            tracing::warn!(topic = name, partition = index, error = %why, "cannot load a coordinator's partition yet");
         }
     }
 }

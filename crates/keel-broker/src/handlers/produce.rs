@@ -17,7 +17,9 @@ use super::str_bytes;
 use crate::metrics::APPEND;
 use crate::trace::{self, PartitionTrace, Place, Stage};
 use crate::Broker;
-use keel_data::partition::{AppendFailure, AppendTrace, Appended, Partition, VerificationGuard, Verify};
+use keel_data::partition::{
+    open_transaction_check, AppendFailure, AppendTrace, Appended, Partition, VerificationGuard, Verify,
+};
 use std::collections::HashMap;
 
 use super::txn::CoordinatorAt;
@@ -223,7 +225,7 @@ fn verifier(broker: &Broker, id: &Arc<str>, h: &BatchHeader, topic: &Topic, inde
     let (txns, id) = (Arc::clone(&broker.txns), Arc::clone(id));
     let (producer_id, epoch) = (h.producer_id, h.producer_epoch);
     let partition = (topic.meta.name.clone(), index);
-    Box::new(move || {
+    Box::new(move |_| {
         txns.verify(&id, producer_id, epoch, &partition).map_err(|error| AppendFailure {
             // The id's coordinator moved to another broker since the
             // check: the client retries, and the batch is asked about there.
@@ -426,7 +428,18 @@ enum TxnCheck {
 /// refuses a batch that would open a transaction here no marker ends.
 /// (The marker's bumped epoch does not fence it where the producer had
 /// not written yet: such a marker is not written.)
-type Guards = Arc<parking_lot::Mutex<HashMap<(String, i32), VerificationGuard>>>;
+type Guards = Arc<parking_lot::Mutex<HashMap<(String, i32), Joined>>>;
+
+/// How a partition led here is in a transaction another broker
+/// coordinates.
+#[derive(Debug)]
+enum Joined {
+    /// Added by this request, under this guard.
+    Added(VerificationGuard),
+    /// Already: the producer's transaction at this epoch had written here
+    /// (see `keel_data::partition::open_transaction_check`).
+    Open,
+}
 
 /// Transactions v2: adds every partition a request's transactional
 /// batches go to to the transaction, in one step before any is appended,
@@ -477,23 +490,40 @@ async fn add_to_transaction(
         CoordinatorAt::Elsewhere => {
             // Taken before the coordinator is asked: a marker for the
             // producer queued after this voids them (see `Guards`).
-            let guards: HashMap<(String, i32), VerificationGuard> = partitions
+            let joined: HashMap<(String, i32), Joined> = partitions
                 .iter()
                 .filter_map(|(topic, index)| {
                     let p = broker.data.lead_by_name(topic, *index).ok()?;
+                    if p.in_open_transaction(producer.0, producer.1) {
+                        return Some(((topic.clone(), *index), Joined::Open));
+                    }
                     // Produce v12+: transactions v2.
                     let batch = TxnWrite {
                         producer_id: producer.0,
                         producer_epoch: producer.1,
                         bumped_on_end: true,
                     };
-                    Some(((topic.clone(), *index), p.verification_guard(batch)))
+                    Some((
+                        (topic.clone(), *index),
+                        Joined::Added(p.verification_guard(batch)),
+                    ))
                 })
                 .collect();
-            let ask = super::txn::Ask::Add(max_wait);
-            super::txn::ask_coordinator(broker, id, producer, &partitions, ask)
-                .await
-                .map(|()| Some(Arc::new(parking_lot::Mutex::new(guards))))
+            // Only those the transaction has not written to yet (and
+            // those not led here, whose own check refuses them).
+            let to_add: Vec<(String, i32)> = partitions
+                .iter()
+                .filter(|p| !matches!(joined.get(*p), Some(Joined::Open)))
+                .cloned()
+                .collect();
+            let asked = match to_add.is_empty() {
+                true => Ok(()),
+                false => {
+                    let ask = super::txn::Ask::Add(max_wait);
+                    super::txn::ask_coordinator(broker, id, producer, &to_add, ask).await
+                }
+            };
+            asked.map(|()| Some(Arc::new(parking_lot::Mutex::new(joined))))
         }
     };
     added.map_err(|e| {
@@ -560,12 +590,24 @@ async fn check_transaction(
         TxnCheck::Added(_, Err(refused)) => Err(refused),
         TxnCheck::Added(id, Ok(None)) => Ok(Some(verifier(broker, &id, h, topic, index))),
         TxnCheck::Added(id, Ok(Some(guards))) => match guards.lock().remove(&partition_name) {
-            Some(guard) => Ok(Some(guard.into_verify(ended(&id)))),
+            Some(Joined::Added(guard)) => Ok(Some(guard.into_verify(ended(&id)))),
+            Some(Joined::Open) => Ok(Some(open_transaction_check(
+                h.producer_id,
+                h.producer_epoch,
+                ended(&id),
+            ))),
             // Not led here when the add was asked.
             None => Err((ResponseError::NotLeaderOrFollower, not_open(&id))),
         },
         TxnCheck::Verify(id) => match super::txn::coordinator_at(broker, &id) {
             CoordinatorAt::Unavailable(e) => Err((produce_error(e), not_open(&id))),
+            CoordinatorAt::Elsewhere if partition.in_open_transaction(h.producer_id, h.producer_epoch) => {
+                Ok(Some(open_transaction_check(
+                    h.producer_id,
+                    h.producer_epoch,
+                    ended(&id),
+                )))
+            }
             CoordinatorAt::Elsewhere => {
                 // Produce below v12: the transaction's markers carry its
                 // own epoch.
