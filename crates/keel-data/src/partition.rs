@@ -306,17 +306,32 @@ static NEXT_GUARD: AtomicU64 = AtomicU64::new(1);
 /// the partition writer just before the batch is planned. A marker
 /// queued in between that ends the batch's transaction (its batch would
 /// open one here no coordinator ends) voids it; the marker of the
-/// producer's previous transaction, still on its way, does not.
+/// producer's previous transaction, still on its way, does not. So does a
+/// change of leadership: markers written while another broker led the
+/// partition voided nothing here.
 pub struct VerificationGuard {
     partition: Arc<Partition>,
     token: u64,
+    /// The leadership term it was taken in (its generation; `None` for
+    /// one node).
+    term: Option<u64>,
 }
 
 impl VerificationGuard {
-    /// The writer's check: the guard still holds, else `refused`.
+    /// The writer's check: the guard still holds, else `refused`; in
+    /// another term than it was taken in, NOT_LEADER_OR_FOLLOWER (the
+    /// client retries, and the batch is checked again).
     pub fn into_verify(self, refused: AppendFailure) -> Verify {
         Box::new(move |_| {
-            if self.partition.verifying.lock().contains_key(&self.token) {
+            if self.partition.replica.term().map(|t| t.generation) != self.term {
+                Err(AppendFailure {
+                    error: ResponseError::NotLeaderOrFollower,
+                    message: format!(
+                        "the leadership of {}-{} changed while a transactional batch was checked",
+                        self.partition.topic, self.partition.index
+                    ),
+                })
+            } else if self.partition.verifying.lock().contains_key(&self.token) {
                 Ok(())
             } else {
                 Err(refused)
@@ -568,6 +583,7 @@ impl Partition {
         VerificationGuard {
             partition: Arc::clone(self),
             token,
+            term: self.replica.term().map(|t| t.generation),
         }
     }
 

@@ -951,6 +951,39 @@ async fn a_batch_of_a_transaction_open_here_is_let_in_until_its_marker() {
     assert_eq!(p.last_stable_offset(), 3, "no transaction left open");
 }
 
+/// A verification guard holds only in the leadership term it was taken
+/// in: a marker written while another broker led the partition voided
+/// nothing here, so a batch checked before the leadership went and came
+/// back is refused as NOT_LEADER_OR_FOLLOWER (its client retries, and it
+/// is checked again); one checked in the new term is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verification_guard_holds_only_in_the_term_it_was_taken_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = open(dir.path());
+    let v2 = TxnWrite {
+        producer_id: 9,
+        producer_epoch: 0,
+        bumped_on_end: true,
+    };
+    p.take_leadership(1, 0, 1, true).unwrap();
+    let before = p.verification_guard(v2);
+    // Led elsewhere, then here again.
+    p.give_up_leadership();
+    p.take_leadership(3, 0, 5, true).unwrap();
+    let after = p.verification_guard(v2);
+    let (b, h) = txn_batch((9, 0, 0), b"checked before");
+    let refused = p
+        .queue(b, h, Some(before.into_verify(txn_ended())))
+        .unwrap()
+        .outcome()
+        .await
+        .unwrap_err();
+    assert_eq!(refused.error, ResponseError::NotLeaderOrFollower, "{refused:?}");
+    let (b, h) = txn_batch((9, 0, 0), b"checked after");
+    let written = p.queue(b, h, Some(after.into_verify(txn_ended()))).unwrap();
+    assert_eq!(written.outcome().await.unwrap().base_offset, 0);
+}
+
 /// A verification guard (a transactional batch checked with a coordinator
 /// on another broker) holds until a marker for its producer is queued:
 /// a batch whose guard was taken before its transaction's marker is

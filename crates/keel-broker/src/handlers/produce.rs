@@ -234,7 +234,8 @@ fn verifier(broker: &Broker, id: &Arc<str>, h: &BatchHeader, topic: &Topic, inde
                 other => other,
             },
             message: format!(
-                "the transaction of producer {producer_id} epoch {epoch} ({id}) ended before its batch to {}-{} was appended",
+                "the transaction of producer {producer_id} epoch {epoch} ({id}) did not hold {}-{} at its coordinator \
+                 when the batch was appended ({error:?})",
                 partition.0, partition.1
             ),
         })
@@ -575,26 +576,29 @@ async fn check_transaction(
             h.producer_id, h.producer_epoch, topic.meta.name
         )
     };
-    let ended = |id: &str| {
-        AppendFailure {
+    // Why the writer refused a batch checked here: how its transaction
+    // was seen to end (the text tells an operator which check it was).
+    let ended = |id: &str, how: &str| AppendFailure {
         error: ResponseError::InvalidTxnState,
         message: format!(
-            "the transaction of producer {} epoch {} ({id}) ended before its batch to {}-{index} was appended",
+            "the transaction of producer {} epoch {} ({id}) {how} \
+             before its batch to {}-{index} was appended",
             h.producer_id, h.producer_epoch, topic.meta.name
         ),
-    }
     };
+    const GUARD_VOID: &str = "ended (a marker for the producer was queued here)";
+    const NOT_OPEN_HERE: &str = "was no longer open in the partition";
     let partition_name = (topic.meta.name.clone(), index);
     match txn {
         // Its partition was in the add (see add_to_transaction).
         TxnCheck::Added(_, Err(refused)) => Err(refused),
         TxnCheck::Added(id, Ok(None)) => Ok(Some(verifier(broker, &id, h, topic, index))),
         TxnCheck::Added(id, Ok(Some(guards))) => match guards.lock().remove(&partition_name) {
-            Some(Joined::Added(guard)) => Ok(Some(guard.into_verify(ended(&id)))),
+            Some(Joined::Added(guard)) => Ok(Some(guard.into_verify(ended(&id, GUARD_VOID)))),
             Some(Joined::Open) => Ok(Some(open_transaction_check(
                 h.producer_id,
                 h.producer_epoch,
-                ended(&id),
+                ended(&id, NOT_OPEN_HERE),
             ))),
             // Not led here when the add was asked.
             None => Err((ResponseError::NotLeaderOrFollower, not_open(&id))),
@@ -605,7 +609,7 @@ async fn check_transaction(
                 Ok(Some(open_transaction_check(
                     h.producer_id,
                     h.producer_epoch,
-                    ended(&id),
+                    ended(&id, NOT_OPEN_HERE),
                 )))
             }
             CoordinatorAt::Elsewhere => {
@@ -625,7 +629,7 @@ async fn check_transaction(
                 )
                 .await
                 .map_err(|e| (produce_error(e), not_open(&id)))?;
-                Ok(Some(guard.into_verify(ended(&id))))
+                Ok(Some(guard.into_verify(ended(&id, GUARD_VOID))))
             }
             CoordinatorAt::Here => {
                 broker
@@ -737,6 +741,7 @@ fn append_trace(partition: &Partition, bytes: u64, t: &AppendTrace) -> Partition
 }
 
 fn failed(error: ResponseError, message: String) -> PartitionProduceResponse {
+    tracing::debug!(?error, %message, "a partition's produce refused");
     PartitionProduceResponse::default()
         .with_error_code(error.code())
         .with_base_offset(-1)
