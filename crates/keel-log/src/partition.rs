@@ -1290,6 +1290,12 @@ impl PartitionLog {
             remove_if_exists(self.storage.as_ref(), &snapshot_path(&self.dir, snapshot))?;
         }
         self.producer_snapshot = None;
+        // So does the cleaner's: none of the records it called clean are
+        // here (those replayed into the log next never were deduplicated).
+        remove_if_exists(
+            self.storage.as_ref(),
+            &self.dir.join(crate::clean::CLEANER_CHECKPOINT_FILE),
+        )?;
         self.storage.sync_dir(&self.dir)?;
         let storage = Arc::clone(&self.storage);
         let written = write_offset_file(storage.as_ref(), &self.dir.join(LOG_START_OFFSET_FILE), start)

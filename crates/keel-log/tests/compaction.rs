@@ -790,3 +790,70 @@ fn a_pass_whose_log_is_retired_after_its_swap_writes_no_checkpoint_at_its_path()
     );
     drop(new);
 }
+
+/// Cleans `log` until a pass finds nothing to do; returns the passes run.
+fn clean_all(log: &mut PartitionLog) -> usize {
+    let mut map = KeyMap::with_budget(1 << 16);
+    let mut passes = 0;
+    loop {
+        let source = log.clean_source();
+        match source
+            .clean(&mut map, &eager_options(0.0), &mut |_: u64| {}, &mut |g| {
+                log.commit_cleaned(g)
+            })
+            .unwrap()
+        {
+            Ok(_) => passes += 1,
+            Err(Skip::NothingToClean | Skip::BelowDirtyRatio(_)) => return passes,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(passes < 20, "too many passes");
+    }
+}
+
+/// A log emptied and started again (a cluster's partition rebuilt from the
+/// object store) holds none of the records its cleaner checkpoint called
+/// clean: the checkpoint goes with them. Kept, it would call the replayed,
+/// never-deduplicated records below its clean end clean, and a tombstone
+/// there would later be dropped while an older value of its key stayed.
+#[test]
+fn a_log_started_over_is_cleaned_from_its_start_again() {
+    let storage: Arc<dyn Storage> = Arc::new(SimStorage::new());
+    let mut log = one_dirty_segment(&storage);
+    assert!(clean_all(&mut log) > 0);
+    let clean_end = Checkpoint::read(storage.as_ref(), Path::new(DIR))
+        .unwrap()
+        .map(|c| c.clean_end);
+    assert!(clean_end.is_some_and(|end| end > 0), "{clean_end:?}");
+
+    log.restart_at(0, 0, Vec::new()).unwrap();
+    assert_eq!(Checkpoint::read(storage.as_ref(), Path::new(DIR)).unwrap(), None);
+    // The same history again, as the WAL replays it: every value of every
+    // key, then enough more to seal it.
+    for round in 0..2 {
+        for k in 0..20 {
+            append_batch(
+                &mut log,
+                BatchBuilder::new(1_000)
+                    .record(
+                        Some(format!("key-{k:02}").as_bytes()),
+                        Some(format!("round-{round}").as_bytes()),
+                    )
+                    .build(),
+            );
+        }
+    }
+    fill(&mut log, "filler", 100);
+    log.complete_seals().unwrap();
+    clean_all(&mut log);
+    let records = data_records(&log);
+    for k in 0..20 {
+        let key = format!("key-{k:02}");
+        let values: Vec<&str> = records
+            .iter()
+            .filter(|r| r.1 == key)
+            .map(|r| r.2.as_str())
+            .collect();
+        assert_eq!(values, ["round-1"], "{key}");
+    }
+}
