@@ -695,23 +695,28 @@ fn aborted_transactions_are_cleaned_away_and_open_ones_wait() {
     assert_eq!(of_key(&log, "a"), ["a1"]);
 }
 
+/// One value of each of the keys `key-00`..`key-19`: `round-<round>`.
+fn write_round(log: &mut PartitionLog, round: usize) {
+    for k in 0..20 {
+        append_batch(
+            log,
+            BatchBuilder::new(1_000)
+                .record(
+                    Some(format!("key-{k:02}").as_bytes()),
+                    Some(format!("round-{round}").as_bytes()),
+                )
+                .build(),
+        );
+    }
+}
+
 /// A log whose only sealed segment holds two values of each of 20 keys
 /// (one group for a pass), on simulated storage.
 fn one_dirty_segment(storage: &Arc<dyn Storage>) -> PartitionLog {
     let mut log = PartitionLog::open_with(Arc::clone(storage), Path::new(DIR), compact_config(4096)).unwrap();
     let mut round = 0;
     while log.segment_count() < 2 {
-        for k in 0..20 {
-            append_batch(
-                &mut log,
-                BatchBuilder::new(1_000)
-                    .record(
-                        Some(format!("key-{k:02}").as_bytes()),
-                        Some(format!("round-{round}").as_bytes()),
-                    )
-                    .build(),
-            );
-        }
+        write_round(&mut log, round);
         round += 1;
     }
     log.complete_seals().unwrap();
@@ -831,17 +836,7 @@ fn a_log_started_over_is_cleaned_from_its_start_again() {
     // The same history again, as the WAL replays it: every value of every
     // key, then enough more to seal it.
     for round in 0..2 {
-        for k in 0..20 {
-            append_batch(
-                &mut log,
-                BatchBuilder::new(1_000)
-                    .record(
-                        Some(format!("key-{k:02}").as_bytes()),
-                        Some(format!("round-{round}").as_bytes()),
-                    )
-                    .build(),
-            );
-        }
+        write_round(&mut log, round);
     }
     fill(&mut log, "filler", 100);
     log.complete_seals().unwrap();
