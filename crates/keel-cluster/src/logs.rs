@@ -479,10 +479,32 @@ pub async fn seed(
     Ok(())
 }
 
+/// What [`publish_segment`] did with a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// Recorded (now, or by an earlier call whose answer was lost).
+    Recorded,
+    /// Not recorded, and never will be: what is recorded already holds
+    /// more of the log from its base offset (a longer copy), or a recorded
+    /// copy reaches past its end from inside it. Recording it would leave
+    /// a gap; the recorded copies stay the log's.
+    Superseded,
+    /// This broker's claim or session has ended: the next leader's copies
+    /// count, and this one is an orphan for its mover to sweep.
+    Fenced,
+}
+
 /// Records a sealed segment the leader copied to the object store, if
 /// `session` holds and the partition's claim is still the one made at
-/// `revision`: whether it did. A deposed leader's copy is never recorded;
-/// it is an orphan for the new leader's mover to sweep.
+/// `revision`. A deposed leader's copy is never recorded.
+///
+/// A copy replaces the recorded ones it covers, in one transaction: the
+/// one at its base offset (a cleaned segment keeps the first replaced
+/// segment's base offset) and those starting inside it (a cleaned group
+/// of several). So the recorded copies always follow one another, and
+/// the replaced ones are recorded nowhere once the leader comes to delete
+/// them ([`forget_segment`]). A copy shorter than the one recorded at its
+/// base is [`Published::Superseded`].
 pub async fn publish_segment(
     store: &dyn CoordStore,
     settings: &Settings,
@@ -490,17 +512,61 @@ pub async fn publish_segment(
     (topic_id, partition): (Uuid, i32),
     revision: i64,
     segment: &RemoteSegment,
-) -> Result<bool, StoreError> {
-    let when = vec![
-        registration(settings, session),
-        Compare::ModRevision(claim_key(settings, topic_id, partition), revision),
-    ];
-    let put = Op::Put {
-        key: segment_key(settings, topic_id, partition, segment.base_offset),
-        value: serde_json::to_vec(segment).expect("a segment serializes"),
-        lease: None,
-    };
-    Ok(store.txn(when, vec![put]).await?.is_some())
+) -> Result<Published, StoreError> {
+    let claim = claim_key(settings, topic_id, partition);
+    let key = segment_key(settings, topic_id, partition, segment.base_offset);
+    loop {
+        let recorded = store
+            .range(&segments_prefix(settings, topic_id, partition))
+            .await?;
+        let mut when = vec![
+            registration(settings, session),
+            Compare::ModRevision(claim.clone(), revision),
+        ];
+        let mut ops = vec![Op::Put {
+            key: key.clone(),
+            value: serde_json::to_vec(segment).expect("a segment serializes"),
+            lease: None,
+        }];
+        let mut at_base = false;
+        for kv in &recorded.kvs {
+            let Ok(old) = serde_json::from_slice::<RemoteSegment>(&kv.value) else {
+                continue;
+            };
+            let inside = old.base_offset > segment.base_offset && old.base_offset < segment.next_offset;
+            if kv.key == key {
+                if old.object == segment.object {
+                    return Ok(Published::Recorded);
+                }
+                if old.next_offset > segment.next_offset {
+                    return Ok(Published::Superseded);
+                }
+                at_base = true;
+            } else if inside && old.next_offset > segment.next_offset {
+                return Ok(Published::Superseded);
+            } else if !inside {
+                continue;
+            } else {
+                ops.push(Op::Delete(kv.key.clone()));
+            }
+            when.push(Compare::ModRevision(kv.key.clone(), kv.mod_revision));
+        }
+        if !at_base {
+            when.push(Compare::Absent(key.clone()));
+        }
+        if store.txn(when, ops).await?.is_some() {
+            return Ok(Published::Recorded);
+        }
+        // A copy was recorded or forgotten meanwhile (by this leader: a
+        // changed claim or an ended session is final): look again.
+        let claimed = store
+            .get(&claim)
+            .await?
+            .is_some_and(|kv| kv.mod_revision == revision);
+        if !claimed || !session_holds(store, settings, session).await? {
+            return Ok(Published::Fenced);
+        }
+    }
 }
 
 /// Whether a copy about to be deleted may go.
@@ -1223,10 +1289,11 @@ mod tests {
             .unwrap()
             .unwrap();
         let seg = segment(0, 10);
-        assert!(
+        assert_eq!(
             publish_segment(&store, &s, one, (topic, 0), claimed.revision, &seg)
                 .await
-                .unwrap()
+                .unwrap(),
+            Published::Recorded
         );
         let two = register(&store, 2).await;
         let taken = claim(&store, &s, two, (topic, 0), 1, (0, 0))
@@ -1234,10 +1301,11 @@ mod tests {
             .unwrap()
             .unwrap();
         // Broker 1 is deposed: it may neither record nor forget a copy.
-        assert!(
-            !publish_segment(&store, &s, one, (topic, 0), claimed.revision, &segment(10, 20))
+        assert_eq!(
+            publish_segment(&store, &s, one, (topic, 0), claimed.revision, &segment(10, 20))
                 .await
-                .unwrap()
+                .unwrap(),
+            Published::Fenced
         );
         let forget = |who, revision, seg| forget_segment(&store, &s, who, (topic, 0), revision, seg);
         assert_eq!(
@@ -1275,6 +1343,63 @@ mod tests {
             .unwrap()
             .kvs
             .is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_cleaned_copy_replaces_the_recorded_copies_it_covers() {
+        let (store, s) = (LocalStore::new(), settings());
+        let topic = Uuid::new_v4();
+        let one = register(&store, 1).await;
+        let claimed = claim(&store, &s, one, (topic, 0), 0, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
+        macro_rules! publish {
+            ($seg:expr) => {
+                publish_segment(&store, &s, one, (topic, 0), claimed.revision, &$seg)
+                    .await
+                    .unwrap()
+            };
+        }
+        for (base, next) in [(0, 10), (10, 20), (20, 30), (30, 40)] {
+            assert_eq!(publish!(segment(base, next)), Published::Recorded);
+        }
+        let recorded = || async {
+            let listed = store.range(&segments_prefix(&s, topic, 0)).await.unwrap();
+            listed
+                .kvs
+                .iter()
+                .map(|kv| {
+                    let seg: RemoteSegment = serde_json::from_slice(&kv.value).unwrap();
+                    (seg.base_offset, seg.next_offset, seg.object)
+                })
+                .collect::<Vec<_>>()
+        };
+        // The cleaner wrote 0..10, 10..20 and 20..30 again as one segment.
+        let cleaned = RemoteSegment {
+            object: "cleaned".into(),
+            ..segment(0, 30)
+        };
+        assert_eq!(publish!(cleaned), Published::Recorded);
+        assert_eq!(
+            recorded().await,
+            [(0, 30, "cleaned".to_string()), (30, 40, "s30".to_string())]
+        );
+        // Its answer was lost and it is offered again: nothing changes.
+        assert_eq!(publish!(cleaned), Published::Recorded);
+        // The replaced copies are recorded nowhere: the mover may delete them.
+        for (base, object) in [(0, "s0"), (10, "s10"), (20, "s20")] {
+            let forgotten = forget_segment(&store, &s, one, (topic, 0), claimed.revision, (base, object, 0));
+            assert_eq!(forgotten.await.unwrap(), Forget::Gone);
+        }
+        // A copy shorter than the recorded one at its base, or one a
+        // recorded copy reaches past from inside it, would leave a gap.
+        assert_eq!(publish!(segment(0, 10)), Published::Superseded);
+        assert_eq!(publish!(segment(20, 35)), Published::Superseded);
+        assert_eq!(
+            recorded().await,
+            [(0, 30, "cleaned".to_string()), (30, 40, "s30".to_string())]
+        );
     }
 
     #[tokio::test]

@@ -563,14 +563,14 @@ impl Membership {
     }
 
     /// Records a segment copied to the object store
-    /// ([`crate::logs::publish_segment`]): whether it was.
+    /// ([`crate::logs::publish_segment`]).
     pub async fn publish_segment(
         &self,
         partition: (uuid::Uuid, i32),
         revision: i64,
         segment: &crate::logs::RemoteSegment,
-    ) -> Result<bool, StoreError> {
-        self.as_leader(false, |store, settings, session| {
+    ) -> Result<crate::logs::Published, StoreError> {
+        self.as_leader(crate::logs::Published::Fenced, |store, settings, session| {
             crate::logs::publish_segment(store, settings, session, partition, revision, segment)
         })
         .await

@@ -1482,17 +1482,21 @@ impl BrokerConfig {
     pub fn tier_policy(&self, overrides: &BTreeMap<String, String>) -> TierPolicy {
         let value = |name: &str| topic_def(name).map_or("", |d| self.topic_value(overrides, d));
         let num = |name: &str| value(name).parse::<i64>().unwrap_or(-1);
-        // The cleaner reads and writes the fast and capacity tiers, not the
-        // object store (Kafka refuses remote storage for compacted topics).
+        // One broker's compacted topics use the fast and capacity tiers, not
+        // the object store (Kafka refuses remote storage for compacted
+        // topics). In a cluster every topic's sealed segments go to the
+        // object store, compacted ones too: any broker may have to lead the
+        // partition next, and rebuild its log from there. The leader's
+        // cleaner cleans them there ([`keel_log::clean`]).
         let compact = self.cleanup_policy(overrides).is_ok_and(|p| p.compact);
         let capacity = !self.get("keel.tier.capacity.dirs").trim().is_empty();
-        let tier = if compact {
+        let remote = !self.get("keel.tier.remote").is_empty();
+        let cluster = !self.etcd_endpoints().is_empty();
+        let tier = if cluster && remote {
+            Some(keel_log::Tier::Remote)
+        } else if compact {
             capacity.then_some(keel_log::Tier::Capacity)
-        } else if (value("remote.storage.enable") == "true" || !self.etcd_endpoints().is_empty())
-            && !self.get("keel.tier.remote").is_empty()
-        {
-            // In a cluster every topic's sealed segments go to the object
-            // store: any broker may have to lead the partition next.
+        } else if value("remote.storage.enable") == "true" && remote {
             Some(keel_log::Tier::Remote)
         } else if !self.get("keel.tier.capacity.dirs").trim().is_empty() {
             Some(keel_log::Tier::Capacity)
@@ -1713,6 +1717,16 @@ mod tests {
         .unwrap();
         let compact = map(&[("cleanup.policy", "compact"), ("remote.storage.enable", "true")]);
         assert_eq!(tiered.tier_policy(&compact).tier, Some(keel_log::Tier::Capacity));
+        // In a cluster, compacted topics too: any broker may lead them next.
+        let cluster = BrokerConfig::from_map(&map(&[
+            ("keel.tier.capacity.dirs", "/capacity"),
+            ("keel.tier.remote", "file:///remote"),
+            ("keel.cluster.etcd.endpoints", "http://127.0.0.1:2379"),
+            ("node.id", "1"),
+        ]))
+        .unwrap();
+        let compact = map(&[("cleanup.policy", "compact")]);
+        assert_eq!(cluster.tier_policy(&compact).tier, Some(keel_log::Tier::Remote));
     }
 
     #[test]

@@ -251,6 +251,11 @@ fn clean_neediest(data: &Arc<DataPlane>, map: &mut KeyMap, runtime: &tokio::runt
             {
                 continue;
             }
+            // In a cluster, a partition's log is its leader's to clean: its
+            // copies in the object store are recorded for the next leader.
+            if data.wal.is_some() && p.claimed_epoch().is_none() {
+                continue;
+            }
             // Read before the log's view: it only grows, so every segment
             // below it is settled in the view the pass reads.
             let stable = p.last_stable_offset();
@@ -260,7 +265,7 @@ fn clean_neediest(data: &Arc<DataPlane>, map: &mut KeyMap, runtime: &tokio::runt
             let mut source = source
                 .with_read_window(cleaner.settings().io_buffer_bytes)
                 .with_stable_end(stable);
-            if data.tiers.has(Tier::Capacity) {
+            if data.tiers.has(Tier::Capacity) || data.tiers.has(Tier::Remote) {
                 source = source.with_cold(ColdAccess::new(data, runtime, &topic, p.index));
             }
             match source.assess(&options) {
@@ -303,8 +308,9 @@ fn clean_neediest(data: &Arc<DataPlane>, map: &mut KeyMap, runtime: &tokio::runt
     true
 }
 
-/// A pass's way to the capacity tier: reads through the tiers, and a
-/// cleaned group stored as a new copy, paced by the cleaner's budget.
+/// A pass's way to the colder tiers (the capacity tier, and in a cluster
+/// the object store): reads through the tiers, and a cleaned group stored
+/// as a new copy, paced by the cleaner's budget.
 pub struct ColdAccess {
     data: Arc<DataPlane>,
     runtime: tokio::runtime::Handle,
@@ -348,10 +354,26 @@ impl ColdSegments for ColdAccess {
         let object =
             crate::mover::object_name(&b.cluster_id, &self.topic, self.partition, segment.base_offset);
         self.stored.lock().push(b.tiers.hold_uncommitted(&object));
-        self.runtime.block_on(
+        self.runtime.block_on(async {
             b.tiers
-                .copy(tier, segment, &object, b.io.budget(IoClass::Cleaning)),
-        )?;
+                .copy(tier, segment, &object, b.io.budget(IoClass::Cleaning))
+                .await?;
+            // In a cluster, a leader rebuilding the log from the object
+            // store starts its producer state from the last copy's
+            // snapshot: the cleaned copy carries the one at its end.
+            if tier == Tier::Remote && b.wal.is_some() {
+                let partition = self
+                    .topic
+                    .partitions
+                    .get(self.partition as usize)
+                    .ok_or_else(|| std::io::Error::other("the partition is gone"))?;
+                let end = segment.next_offset;
+                if let Some(bytes) = crate::mover::producer_snapshot(b, partition, end, &object).await? {
+                    b.tiers.put_remote(&format!("{object}.snapshot"), bytes).await?;
+                }
+            }
+            std::io::Result::Ok(())
+        })?;
         Ok(segment.tiered(tier, TierState::Cold, object))
     }
 

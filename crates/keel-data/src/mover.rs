@@ -438,34 +438,65 @@ async fn copy_one(data: &DataPlane, t: &Target, tier: Tier, segment: &SealedSegm
 
 /// Puts the producer-state snapshot at the segment's end beside its copy
 /// in the object store (`<object>.snapshot`), for a leader that rebuilds
-/// the partition from there ([`crate::takeover`]). None if the log no
-/// longer has it (the rebuilt state then comes from the WAL alone).
+/// the partition from there ([`crate::takeover`]). None if neither the log
+/// nor a replaced copy has it (the rebuilt state then comes from the WAL
+/// alone).
 async fn put_producer_snapshot(
     data: &DataPlane,
     t: &Target,
     segment: &SealedSegment,
     object: &str,
 ) -> std::io::Result<()> {
-    let end = segment.next_offset;
+    match producer_snapshot(data, &t.partition, segment.next_offset, object).await? {
+        Some(bytes) => data.tiers.put_remote(&format!("{object}.snapshot"), bytes).await,
+        None => Ok(()),
+    }
+}
+
+/// The producer-state snapshot at `end`, for the copy `object` of a
+/// segment ending there: the log's own (written when the segment ending
+/// there rolled), or else the one beside another copy in the object store
+/// that ends there. A cleaned segment ends where the last segment it
+/// replaces ends, and a log rebuilt from the object store has no local
+/// snapshots of the copies it started from.
+pub(crate) async fn producer_snapshot(
+    data: &DataPlane,
+    partition: &Arc<Partition>,
+    end: i64,
+    object: &str,
+) -> std::io::Result<Option<bytes::Bytes>> {
     // The roll queued the snapshot after the segment's seal: run what is
     // queued, so a segment sealed a moment ago has its snapshot written.
     let read = move |log: &mut PartitionLog| {
         log.complete_seals()?;
         log.read_producer_snapshot(end)
     };
-    let snapshot = match on_log(&t.partition, read).await {
-        Ok(read) => read?,
+    match on_log(partition, read).await {
+        Ok(read) => {
+            if let Some(bytes) = read? {
+                return Ok(Some(bytes.into()));
+            }
+        }
         Err(StepError::Unavailable(why)) => return Err(std::io::Error::other(why.0)),
         Err(StepError::Failed(e)) => return Err(e),
-    };
-    match snapshot {
-        Some(bytes) => {
-            data.tiers
-                .put_remote(&format!("{object}.snapshot"), bytes.into())
-                .await
-        }
-        None => Ok(()),
     }
+    let others = partition
+        .reader()
+        .map(|r| r.tiered_segments())
+        .unwrap_or_default();
+    for other in others
+        .iter()
+        .filter(|o| o.tier == Tier::Remote && o.next_offset == end && o.object != object)
+    {
+        if let Some(bytes) = data
+            .tiers
+            .get_remote(&format!("{}.snapshot", other.object))
+            .await?
+        {
+            return Ok(Some(bytes));
+        }
+    }
+    Ok(None)
 }
 
 /// `<cluster id>/<topic>-<topic id>/<partition>/<base offset>-<random>`:

@@ -26,7 +26,7 @@
 
 use std::sync::Arc;
 
-use keel_cluster::logs::{Claimed, Forget, LogSources, RemoteSegment};
+use keel_cluster::logs::{Claimed, Forget, LogSources, Published, RemoteSegment};
 use keel_log::txnindex::AbortedTxn;
 use keel_log::{Tier, TierState, TieredSegment};
 
@@ -242,13 +242,19 @@ pub async fn publish_copies(data: &DataPlane, partition: &Partition) -> Result<(
         let Some(revision) = partition.claimed_revision() else {
             return Ok(());
         };
-        let recorded = wal
+        let published = wal
             .membership()
             .publish_segment(id, revision, &remote(&copy))
             .await
             .map_err(|e| e.to_string())?;
-        if !recorded {
-            return Ok(()); // deposed: the next leader's copies count
+        match published {
+            Published::Recorded => {}
+            Published::Superseded => tracing::warn!(
+                topic = %partition.topic, partition = partition.index, object = %copy.object,
+                base_offset = copy.base_offset, next_offset = copy.next_offset,
+                "a copy shorter than the one recorded at its base offset is not recorded"
+            ),
+            Published::Fenced => return Ok(()), // deposed: the next leader's copies count
         }
         partition.published.lock().insert(copy.object);
     }

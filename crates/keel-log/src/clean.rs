@@ -364,8 +364,12 @@ pub(crate) enum Source {
 }
 
 impl SegmentRef {
-    fn is_cold(&self) -> bool {
-        matches!(self.source, Source::Cold(_))
+    /// The colder tier holding its only copy (`None`: it is local).
+    fn tier(&self) -> Option<Tier> {
+        match &self.source {
+            Source::Local(_) => None,
+            Source::Cold(t) => Some(t.tier),
+        }
     }
 }
 
@@ -602,12 +606,13 @@ impl CleanSource {
     /// The sealed, durable, undamaged segments a pass may clean (all of
     /// them but the active one), or why there are none.
     ///
-    /// Segments whose only copy is in the capacity tier come first (they
-    /// are the oldest), when the pass has [`ColdSegments`] to reach them.
+    /// Segments whose only copy is in a colder tier (the capacity tier or
+    /// the object store) come first (they are the oldest), when the pass
+    /// has [`ColdSegments`] to reach them.
     fn sealed(&self) -> Result<(Vec<SegmentRef>, i64), Skip> {
         let st = self.view.state.read();
         let mut cold: Vec<&TieredSegment> = st.tiered.iter().filter(|t| t.is_cold()).collect();
-        if !cold.is_empty() && (self.cold.is_none() || cold.iter().any(|t| t.tier != Tier::Capacity)) {
+        if !cold.is_empty() && self.cold.is_none() {
             return Err(Skip::Unsupported(
                 "the log has segments in a colder tier the cleaner cannot reach".into(),
             ));
@@ -655,7 +660,7 @@ impl CleanSource {
         self
     }
 
-    /// Lets passes clean segments whose only copy is in the capacity tier.
+    /// Lets passes clean segments whose only copy is in a colder tier.
     pub fn with_cold(mut self, cold: Arc<dyn ColdSegments>) -> CleanSource {
         self.cold = Some(cold);
         self
@@ -1158,8 +1163,8 @@ pub(crate) fn swap_path(dir: &Path, base_offset: i64) -> PathBuf {
 
 /// Kafka's grouping: consecutive segments whose sizes add up to at most
 /// `segment.bytes` and whose offsets fit one segment's int32 range. A
-/// group is all cold or all local: a cleaned cold group goes back to its
-/// tier, so cold segments stay below local ones.
+/// group is all local or all in one colder tier: a cleaned cold group goes
+/// back to its tier, so cold segments stay below local ones.
 fn group_segments(segments: &[SegmentRef], max_bytes: u64) -> Vec<&[SegmentRef]> {
     let mut groups = Vec::new();
     let mut start = 0;
@@ -1167,7 +1172,7 @@ fn group_segments(segments: &[SegmentRef], max_bytes: u64) -> Vec<&[SegmentRef]>
         let mut end = start + 1;
         let mut size = segments[start].size_bytes;
         while end < segments.len()
-            && segments[end].is_cold() == segments[start].is_cold()
+            && segments[end].tier() == segments[start].tier()
             && size + segments[end].size_bytes <= max_bytes
             && segments[end].next_offset - 1 - segments[start].base_offset <= i64::from(i32::MAX)
         {
