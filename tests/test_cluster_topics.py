@@ -507,7 +507,8 @@ def test_a_compacted_topic_is_cleaned_in_the_object_store_and_needs_no_wal(etcd,
     # copied; nothing cleanable until they all are.
     create(brokers[1], "profiles", num_partitions=1, replica_assignment=[[2]], config={
         "cleanup.policy": "compact", "segment.bytes": "20000", "local.retention.bytes": "0",
-        "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "3600000"})
+        "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "3600000",
+        "file.delete.delay.ms": "1000"})
     wait_until(lambda: leaders(brokers[1], "profiles") == {0: 2}, TIMEOUT_S, "the placement")
     # Each round writes keys k0..k19 ("r<round>-<i>" values); k0's last is a tombstone.
     p = Producer({"bootstrap.servers": brokers[1].bootstrap, "enable.idempotence": True})

@@ -358,7 +358,7 @@ def test_the_cleaner_cleans_segments_in_the_capacity_tier(broker_factory, tmp_pa
                         "keel.tier.move.bytes.per.sec": "0", "keel.tail.cache.bytes": str(64 << 10)})
     topic = unique("cold-compact")
     latest = _load_and_seal(b, topic, [b"key-%02d" % k for k in range(60)], 12, b"c" * 200,
-                            {**COMPACT_SMALL, "local.retention.bytes": "0"})
+                            {**COMPACT_SMALL, "local.retention.bytes": "0", "file.delete.delay.ms": "500"})
     roll = latest[b"roll"][0]
 
     def tiers():
@@ -376,7 +376,8 @@ def test_the_cleaner_cleans_segments_in_the_capacity_tier(broker_factory, tmp_pa
     assert c["bytes_reclaimed"] > 0 and not c["uncleanable"], c
     expected = _survivors(latest)
     assert _read_all(b.bootstrap, topic, len(expected)) == expected
-    # The old copies go; the cleaned ones are new copies, and smaller. Only
+    # The old copies go (file.delete.delay.ms after the swap); the cleaned
+    # ones are new copies, and smaller. Only
     # the newest round's segment, holding nothing superseded, stays as it is.
     after = wait_until(lambda: (t := tiers())["deleting"] == 0 and t, 30, "the replaced copies to go")
     assert after["cold"] >= 1 and after["cold_bytes"] < cold_before["cold_bytes"] / 5, (cold_before, after)

@@ -3,7 +3,8 @@
 //!
 //! Each pass, in order:
 //! 1. deletes the colder copies the manifests mark `Deleting` (retention,
-//!    DeleteRecords, rolled-back copies), then forgets them;
+//!    DeleteRecords, rolled-back copies, cold copies the cleaner replaced:
+//!    those `file.delete.delay.ms` after their swap), then forgets them;
 //! 2. copies sealed segments without a colder copy, oldest first within a
 //!    partition, partitions in turn, one segment at a time: `begin_copy`
 //!    (persisted) -> copy and verify (no partition lock held) ->

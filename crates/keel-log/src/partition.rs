@@ -115,6 +115,12 @@ pub struct PartitionLog {
     /// planned before the deletion still find them (Kafka's
     /// `file.delete.delay.ms`).
     graveyard: Vec<(std::time::Instant, Arc<dyn StoredFile>)>,
+    /// Cold copies the cleaner replaced, by object name, and until when
+    /// they stay in their tier: a read planned against one before the
+    /// swap still finds it (`file.delete.delay.ms`, as for local files).
+    /// Only this process's reads can be in flight, so a restart forgets
+    /// them.
+    replaced_cold: Vec<(std::time::Instant, String)>,
 }
 
 /// Segment base offsets and snapshot offsets found in a directory.
@@ -258,6 +264,7 @@ impl PartitionLog {
             failed: None,
             producer_snapshot,
             graveyard: Vec::new(),
+            replaced_cold: Vec::new(),
         })
     }
 
@@ -857,6 +864,12 @@ impl PartitionLog {
         for t in tiered.iter_mut().filter(|t| objects.contains(&t.object)) {
             t.state = TierState::Deleting;
         }
+        let until =
+            std::time::Instant::now() + std::time::Duration::from_millis(self.config.file_delete_delay_ms);
+        self.replaced_cold
+            .retain(|(at, _)| *at > std::time::Instant::now());
+        self.replaced_cold
+            .extend(objects.iter().map(|object| (until, object.clone())));
         tiered.push(TieredSegment {
             state: TierState::Cold,
             ..stored
@@ -1519,12 +1532,19 @@ impl PartitionLog {
         Ok(self.log_start_offset())
     }
 
-    /// Colder copies waiting to be deleted from their tier.
+    /// Colder copies waiting to be deleted from their tier, but those the
+    /// cleaner replaced less than `file.delete.delay.ms` ago.
     pub fn pending_deletes(&self) -> Vec<TieredSegment> {
+        let now = std::time::Instant::now();
+        let kept = |t: &TieredSegment| {
+            self.replaced_cold
+                .iter()
+                .any(|(until, object)| *until > now && *object == t.object)
+        };
         self.view
             .tiered_segments()
             .into_iter()
-            .filter(|t| t.state == TierState::Deleting)
+            .filter(|t| t.state == TierState::Deleting && !kept(t))
             .collect()
     }
 
