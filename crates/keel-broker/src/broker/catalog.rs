@@ -173,6 +173,7 @@ pub(crate) async fn join(broker: &Arc<Broker>) -> Result<(), String> {
         sync_locked(broker).await;
         crate::handlers::broker_configs::follow_cluster_default_locked(broker).await;
     }
+    take_leaderships(broker).await;
     let b = Arc::clone(broker);
     let following = tokio::spawn(async move { follow(b).await });
     broker.tasks.lock().push(following);
@@ -220,19 +221,25 @@ async fn publish(broker: &Broker, local: &Topic) -> Result<Option<i64>, String> 
 }
 
 /// Keeps the data plane at the cluster's view: on every change, and every
-/// RESYNC.
+/// RESYNC. The partitions' leadership is taken after the admin lock is
+/// let go: admin requests to this broker need not wait for takeovers.
 async fn follow(broker: Arc<Broker>) {
     let mut changes = broker.cluster.subscribe();
     loop {
         let _ = tokio::time::timeout(RESYNC, changes.changed()).await;
-        let _admin = broker.admin.lock().await;
-        sync_locked(&broker).await;
-        crate::handlers::broker_configs::follow_cluster_default_locked(&broker).await;
+        {
+            let _admin = broker.admin.lock().await;
+            sync_locked(&broker).await;
+            crate::handlers::broker_configs::follow_cluster_default_locked(&broker).await;
+        }
+        take_leaderships(&broker).await;
     }
 }
 
 /// Waits for the view to hold the change at `revision`, then brings the
-/// data plane to it. The caller holds `broker.admin`.
+/// data plane to it and takes the leadership of the partitions it gives
+/// this broker (a topic created here is led here when it is answered).
+/// The caller holds `broker.admin`.
 pub(crate) async fn settle_locked(broker: &Arc<Broker>, revision: i64) -> Result<(), AdminError> {
     let wait = broker.cluster.settings().session_timeout;
     if !broker.cluster.wait_for(revision, wait).await {
@@ -242,13 +249,16 @@ pub(crate) async fn settle_locked(broker: &Arc<Broker>, revision: i64) -> Result
         ));
     }
     sync_locked(broker).await;
+    take_leaderships(broker).await;
     Ok(())
 }
 
 /// Brings the data plane's topics to the cluster's view: opens the
 /// topics it lacks, grows and reconfigures the ones it has, deletes the
 /// ones the cluster deleted. The caller holds `broker.admin`. A change
-/// that fails is logged and tried again at the next pass.
+/// that fails is logged and tried again at the next pass. The leadership
+/// of partitions is the next step, [`take_leaderships`], which the caller
+/// may run after letting the lock go.
 pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
     let view = broker.cluster.topics();
     let names: BTreeSet<&str> = view.iter().map(|s| s.topic.name.as_str()).collect();
@@ -275,7 +285,6 @@ pub(crate) async fn sync_locked(broker: &Arc<Broker>) {
             tracing::error!(topic = %t.name, error = %why, "cannot bring a topic to the cluster's view");
         }
     }
-    take_leaderships(broker).await;
 }
 
 /// How many partitions a broker takes the leadership of (or loads the
@@ -287,8 +296,10 @@ const TAKEOVERS_AT_ONCE: usize = 16;
 /// Claims the partitions the view says this broker leads and it has not
 /// claimed in their epoch, and gives up those it no longer leads (see
 /// `keel_data::replica`). A claim that fails is tried again at the next
-/// pass.
+/// pass. One pass at a time (`broker.takeovers`); a topic deleted during
+/// a pass leaves its partitions' takeovers failing (their logs are gone).
 async fn take_leaderships(broker: &Arc<Broker>) {
+    let _pass = broker.takeovers.lock().await;
     let me = broker.cluster.me().node_id;
     let mut running = tokio::task::JoinSet::new();
     for topic in broker.data.topics.all() {

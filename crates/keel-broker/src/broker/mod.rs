@@ -162,6 +162,11 @@ pub struct Broker {
     /// Serializes topic creation, deletion and growth. Held across their
     /// file I/O, which is fine: only other admin requests wait on it.
     pub admin: tokio::sync::Mutex<()>,
+    /// Serializes passes that take partitions' leadership in a cluster
+    /// (`catalog::take_leaderships`). Separate from `admin`: a takeover
+    /// waits on etcd and the object store, and admin requests need not
+    /// wait for it.
+    pub takeovers: tokio::sync::Mutex<()>,
     /// The epoch of the features ApiVersions finalizes: the broker's start
     /// time, so a restart under a changed `keel.transaction.version` is
     /// newer to the clients than what they saw before.
@@ -316,6 +321,7 @@ impl Broker {
             acls: coordinators.acls,
             authorizer,
             admin: tokio::sync::Mutex::new(()),
+            takeovers: tokio::sync::Mutex::new(()),
             features_epoch,
             loggers: std::sync::OnceLock::new(),
             peers: std::sync::OnceLock::new(),
