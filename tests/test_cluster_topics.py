@@ -470,7 +470,7 @@ def test_the_default_broker_configs_are_the_clusters(etcd, tmp_path):
 def read_to_end(b, topic, partition=0):
     """Every record of the partition from its start to its end, through a
     client bootstrapped at `b`: [(key, value)] (values without padding;
-    None for a tombstone)."""
+    None for a tombstone). A client's transient errors are retried."""
     c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "unused", "enable.auto.commit": False,
                   "enable.partition.eof": True})
     c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
@@ -483,7 +483,7 @@ def read_to_end(b, topic, partition=0):
                 got.append((m.key().decode(), m.value() and m.value().rstrip(b".").decode()))
             elif m.error().code() == KafkaError._PARTITION_EOF:
                 return got
-            else:
+            elif not (m.error().retriable() or m.error().code() == KafkaError._TRANSPORT):
                 raise AssertionError(m.error())
     finally:
         c.close()
@@ -494,30 +494,35 @@ def test_a_compacted_topic_is_cleaned_in_the_object_store_and_needs_no_wal(etcd,
     store like any other's, so its WAL objects go once segments cover
     them, and a new leader rebuilds its log from the segments alone. The
     leader's cleaner cleans the copies there (their only copies, once the
-    fast tier has released them): each cleaned group is one new copy,
-    recorded in etcd in place of the copies it replaces in one
-    transaction, beside the producer snapshot at its end; the replaced
-    copies are then deleted. A broker leading the partition next cleans
-    on from what it rebuilt."""
+    fast tier has released them): each cleaned group of copies is one new
+    copy, recorded in etcd in place of the copies it replaces, beside the
+    producer snapshot at its end; the replaced copies are then deleted.
+    A broker leading the partition next cleans on from what it rebuilt."""
     from test_cluster_durability import PREFIX, etcd_range
     brokers = start_cluster(etcd, tmp_path, [1, 2], extra={
         "keel.cluster.wal.gc.interval.ms": "300", "keel.cluster.wal.segment.roll.ms": "2000",
         "keel.tier.check.interval.ms": "200", "log.cleaner.backoff.ms": "200"})
-    # Segments of about a round each, released from the fast tier once
-    # copied; nothing cleanable until they all are.
+    # Small segments, released from the fast tier once copied; nothing
+    # cleanable until they all are.
     create(brokers[1], "profiles", num_partitions=1, replica_assignment=[[2]], config={
-        "cleanup.policy": "compact", "segment.bytes": "20000", "local.retention.bytes": "0",
+        "cleanup.policy": "compact", "segment.bytes": "5000", "local.retention.bytes": "0",
         "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "3600000",
         "file.delete.delay.ms": "1000"})
     wait_until(lambda: leaders(brokers[1], "profiles") == {0: 2}, TIMEOUT_S, "the placement")
-    # Each round writes keys k0..k19 ("r<round>-<i>" values); k0's last is a tombstone.
-    p = Producer({"bootstrap.servers": brokers[1].bootstrap, "enable.idempotence": True})
+    errors = []
+    # Batches of two or three records, so a round fills several segments.
+    p = Producer({"bootstrap.servers": brokers[1].bootstrap, "enable.idempotence": True,
+                  "batch.size": 3000, "linger.ms": 5})
+
+    def send(key, value):
+        p.produce("profiles", key=key, value=value, partition=0, on_delivery=lambda e, m: e and errors.append(e))
+
+    # Each round writes keys k0..k19 ("v<round>-<i>" values); k0's last is a tombstone.
     for r in range(5):
         for i in range(20):
             last = r == 4 and i == 0
-            p.produce("profiles", key=f"k{i}", value=None if last else f"v{r}-{i}".encode() + b"." * 1000,
-                      partition=0)
-        assert p.flush(30) == 0
+            send(f"k{i}", None if last else f"v{r}-{i}".encode() + b"." * 1000)
+        assert p.flush(30) == 0 and not errors, errors
     written = read_to_end(brokers[1], "profiles")
     assert len(written) == 100, len(written)
 
@@ -528,22 +533,25 @@ def test_a_compacted_topic_is_cleaned_in_the_object_store_and_needs_no_wal(etcd,
     local_logs = lambda: list((tmp_path / "b2" / "data").glob("profiles-0/*.log"))
     # Every sealed segment copied, recorded and released: only the active one is local.
     wait_until(lambda: (tmp_path / "objects").exists() and any((tmp_path / "objects").rglob("profiles-*/0"))
-               and len(recorded()) >= 5 and len(local_logs()) == 1, TIMEOUT_S,
+               and len(recorded()) >= 20 and len(local_logs()) == 1, TIMEOUT_S,
                "the segments copied to the object store and released")
     before = copies()
     stored = lambda: sum(f.stat().st_size for f in topic_dir().glob("*.log"))
     stored_before = stored()
 
+    # Cleanable now, in groups of many copies (segment.bytes is the group's bound).
     a = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
     resource = ConfigResource("topic", "profiles", incremental_configs=[
-        ConfigEntry("min.compaction.lag.ms", "0", incremental_operation=AlterConfigOpType.SET)])
+        ConfigEntry("min.compaction.lag.ms", "0", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("segment.bytes", str(1 << 20), incremental_operation=AlterConfigOpType.SET)])
     a.incremental_alter_configs([resource])[resource].result(15)
     latest = {f"k{i}": f"v4-{i}" for i in range(1, 20)}
     latest["k0"] = None
     compacted = lambda b: sorted(read_to_end(b, "profiles")) == sorted(latest.items())
-    wait_until(lambda: compacted(brokers[1]), TIMEOUT_S, "the partition cleaned in the object store")
+    wait_until(lambda: compacted(brokers[1]), 30, "the partition cleaned in the object store")
     # The replaced copies are deleted, and etcd records the cleaned ones.
     wait_until(lambda: len(copies()) == len(recorded()), TIMEOUT_S, "the replaced copies deleted")
+    assert len(copies()) < len(before) / 4, (copies(), before)
     assert set(copies()) != set(before) and stored() < stored_before / 2, (copies(), before, stored())
     objects = sorted(v["object"].rsplit("/", 1)[1] + ".log" for v in recorded().values())
     assert objects == copies()
@@ -562,9 +570,12 @@ def test_a_compacted_topic_is_cleaned_in_the_object_store_and_needs_no_wal(etcd,
     rebuilt = [l for l in brokers[1].log_tail().splitlines()
                if "rebuilt the partition's log" in l and "topic=profiles" in l]
     assert rebuilt and "wal_ranges=0" in rebuilt[-1], rebuilt
-    # Broker 1 cleans on: a new round replaces every value, the tombstone's too.
+    # Broker 1 cleans on: a new round replaces every value, the tombstone's
+    # too (the idempotent producer goes on where it was: its state came
+    # with the snapshot).
     for i in range(20):
-        p.produce("profiles", key=f"k{i}", value=f"v5-{i}".encode(), partition=0)
-    assert p.flush(30) == 0
+        send(f"k{i}", f"v5-{i}".encode())
+    assert p.flush(30) == 0 and not errors, errors
     latest = {f"k{i}": f"v5-{i}" for i in range(20)}
-    wait_until(lambda: compacted(brokers[1]), TIMEOUT_S, "broker 1 to clean the new round in")
+    wait_until(lambda: compacted(brokers[1]), 30, "broker 1 to clean the new round in")
+    wait_until(lambda: len(copies()) == len(recorded()), TIMEOUT_S, "the copies broker 1 replaced deleted")

@@ -306,6 +306,43 @@ def test_a_damaged_batch_makes_the_partition_uncleanable_not_wedged(broker_facto
         [(b"after", b"still writable")]
 
 
+def test_a_failing_colder_tier_fails_a_pass_and_the_partition_is_cleaned_once_it_answers(broker_factory,
+                                                                                       tmp_path):
+    """A pass that cannot read a segment's copy in the capacity tier (or,
+    in a cluster, the object store) fails, but the partition is not left
+    alone until restart as for a damaged batch: it is tried again after
+    `log.cleaner.backoff.ms`, and cleaned once the tier answers."""
+    capacity = tmp_path / "capacity"
+    b = broker_factory({**CLEAN_FAST, "log.cleaner.enable": "false",
+                        "keel.tier.capacity.dirs": str(capacity), "keel.tier.check.interval.ms": "100",
+                        "keel.tier.move.bytes.per.sec": "0"})
+    topic = unique("tier-fails")
+    latest = _load_and_seal(b, topic, [b"key-%02d" % k for k in range(40)], 6, b"t" * 200,
+                            {**COMPACT_SMALL, "local.retention.bytes": "0"})
+    roll = latest[b"roll"][0]
+    wait_until(lambda: (t := partition_stats(b, topic)["tiers"])["cold"] >= 3 and t["local_segments"] <= 1,
+               60, "the sealed segments to move to the capacity tier")
+    b.stop()
+    away = [p for p in capacity.rglob("*.log")]
+    for p in away:
+        p.rename(p.with_name(p.name + ".away"))
+    b.sets["log.cleaner.enable"] = "true"
+    b.start()
+
+    def failed():
+        c = partition_stats(b, topic)["cleaner"]
+        return c if c and c["failed_passes"] >= 1 else None
+    c = wait_until(failed, 30, "a pass to fail on the capacity tier")
+    assert not c["uncleanable"] and c["retry_at_ms"], c
+    assert "colder tier failed" in c["not_cleanable"], c
+    for p in away:
+        p.with_name(p.name + ".away").rename(p)
+    wait_until(lambda: (partition_stats(b, topic)["cleaner"]["clean_end"] or 0) >= roll, 60,
+               f"the cleaner to clean {topic} up to offset {roll}")
+    expected = _survivors(latest)
+    assert _read_all(b.bootstrap, topic, len(expected)) == expected
+
+
 def _plan(b, topic: str, *args: str) -> dict:
     done = subprocess.run([str(b.bin), "compaction", "plan", "--topic", topic,
                            "--data-dir", str(b.data_dir), "--json", *args],

@@ -486,25 +486,38 @@ pub enum Published {
     Recorded,
     /// Not recorded, and never will be: what is recorded already holds
     /// more of the log from its base offset (a longer copy), or a recorded
-    /// copy reaches past its end from inside it. Recording it would leave
-    /// a gap; the recorded copies stay the log's.
+    /// copy overlaps it not on its boundaries (one from below it, or from
+    /// inside it past its end), or the record at its base offset is one
+    /// this broker cannot read. Recording it could leave a gap; the
+    /// recorded copies stay the log's.
     Superseded,
     /// This broker's claim or session has ended: the next leader's copies
     /// count, and this one is an orphan for its mover to sweep.
     Fenced,
 }
 
+/// How many records of covered copies one transaction of
+/// [`publish_segment`] deletes (etcd takes at most 128 operations, and as
+/// many compares, in one transaction).
+const REPLACED_AT_ONCE: usize = 100;
+
 /// Records a sealed segment the leader copied to the object store, if
 /// `session` holds and the partition's claim is still the one made at
 /// `revision`. A deposed leader's copy is never recorded.
 ///
-/// A copy replaces the recorded ones it covers, in one transaction: the
-/// one at its base offset (a cleaned segment keeps the first replaced
-/// segment's base offset) and those starting inside it (a cleaned group
-/// of several). So the recorded copies always follow one another, and
-/// the replaced ones are recorded nowhere once the leader comes to delete
-/// them ([`forget_segment`]). A copy shorter than the one recorded at its
-/// base is [`Published::Superseded`].
+/// A copy replaces the recorded ones it covers: the one at its base
+/// offset (a cleaned segment keeps the first replaced segment's base
+/// offset) in the transaction that records it, and those starting inside
+/// it (a cleaned group of several) in that one and, beyond
+/// [`REPLACED_AT_ONCE`], the next ones. A record a longer one covers is
+/// never used ([`chain`]), so the records left between two transactions,
+/// or by a leader that stopped between them (the next call for the copy
+/// deletes them), change nothing a rebuild sees. Once this returns
+/// `Recorded`, the replaced copies are recorded nowhere, and their leader
+/// may delete them ([`forget_segment`]). A copy shorter than the one
+/// recorded at its base, or overlapping a recorded one not on its
+/// boundaries, is [`Published::Superseded`]: recording it could leave a
+/// gap.
 pub async fn publish_segment(
     store: &dyn CoordStore,
     settings: &Settings,
@@ -515,6 +528,7 @@ pub async fn publish_segment(
 ) -> Result<Published, StoreError> {
     let claim = claim_key(settings, topic_id, partition);
     let key = segment_key(settings, topic_id, partition, segment.base_offset);
+    let (base, next) = (segment.base_offset, segment.next_offset);
     loop {
         let recorded = store
             .range(&segments_prefix(settings, topic_id, partition))
@@ -523,39 +537,56 @@ pub async fn publish_segment(
             registration(settings, session),
             Compare::ModRevision(claim.clone(), revision),
         ];
-        let mut ops = vec![Op::Put {
-            key: key.clone(),
-            value: serde_json::to_vec(segment).expect("a segment serializes"),
-            lease: None,
-        }];
-        let mut at_base = false;
+        let mut ops = Vec::new();
+        let mut at_base = None;
+        let mut covered = 0;
         for kv in &recorded.kvs {
-            let Ok(old) = serde_json::from_slice::<RemoteSegment>(&kv.value) else {
-                continue;
-            };
-            let inside = old.base_offset > segment.base_offset && old.base_offset < segment.next_offset;
+            let old = serde_json::from_slice::<RemoteSegment>(&kv.value);
             if kv.key == key {
-                if old.object == segment.object {
-                    return Ok(Published::Recorded);
-                }
-                if old.next_offset > segment.next_offset {
+                // What this broker cannot read (another version's), it
+                // does not replace.
+                let Ok(old) = old else {
+                    return Ok(Published::Superseded);
+                };
+                if old.object != segment.object && old.next_offset > next {
                     return Ok(Published::Superseded);
                 }
-                at_base = true;
-            } else if inside && old.next_offset > segment.next_offset {
-                return Ok(Published::Superseded);
-            } else if !inside {
+                at_base = Some((kv, old.object == segment.object));
                 continue;
-            } else {
-                ops.push(Op::Delete(kv.key.clone()));
             }
-            when.push(Compare::ModRevision(kv.key.clone(), kv.mod_revision));
+            let Ok(old) = old else {
+                continue;
+            };
+            let overlaps = old.base_offset < next && old.next_offset > base;
+            let inside = old.base_offset > base && old.next_offset <= next;
+            if overlaps && !inside {
+                return Ok(Published::Superseded);
+            }
+            if inside {
+                covered += 1;
+                if covered <= REPLACED_AT_ONCE {
+                    when.push(Compare::ModRevision(kv.key.clone(), kv.mod_revision));
+                    ops.push(Op::Delete(kv.key.clone()));
+                }
+            }
         }
-        if !at_base {
-            when.push(Compare::Absent(key.clone()));
+        match at_base {
+            Some((_, true)) if ops.is_empty() => return Ok(Published::Recorded),
+            Some((kv, true)) => when.push(Compare::ModRevision(kv.key.clone(), kv.mod_revision)),
+            Some((kv, false)) => {
+                when.push(Compare::ModRevision(kv.key.clone(), kv.mod_revision));
+                ops.push(put_segment(key.clone(), segment));
+            }
+            None => {
+                when.push(Compare::Absent(key.clone()));
+                ops.push(put_segment(key.clone(), segment));
+            }
         }
         if store.txn(when, ops).await?.is_some() {
-            return Ok(Published::Recorded);
+            if covered <= REPLACED_AT_ONCE {
+                return Ok(Published::Recorded);
+            }
+            continue; // more covered records to delete
         }
         // A copy was recorded or forgotten meanwhile (by this leader: a
         // changed claim or an ended session is final): look again.
@@ -566,6 +597,14 @@ pub async fn publish_segment(
         if !claimed || !session_holds(store, settings, session).await? {
             return Ok(Published::Fenced);
         }
+    }
+}
+
+fn put_segment(key: String, segment: &RemoteSegment) -> Op {
+    Op::Put {
+        key,
+        value: serde_json::to_vec(segment).expect("a segment serializes"),
+        lease: None,
     }
 }
 
@@ -1396,10 +1435,54 @@ mod tests {
         // recorded copy reaches past from inside it, would leave a gap.
         assert_eq!(publish!(segment(0, 10)), Published::Superseded);
         assert_eq!(publish!(segment(20, 35)), Published::Superseded);
+        // So would one overlapping a recorded copy from below.
+        assert_eq!(publish!(segment(35, 50)), Published::Superseded);
         assert_eq!(
             recorded().await,
             [(0, 30, "cleaned".to_string()), (30, 40, "s30".to_string())]
         );
+        // A cleaned group of more copies than a transaction can delete
+        // records: 130 one-offset copies from 40, then one copy of them all.
+        for base in 40..170 {
+            assert_eq!(publish!(segment(base, base + 1)), Published::Recorded);
+        }
+        let merged = RemoteSegment {
+            object: "merged".into(),
+            ..segment(40, 170)
+        };
+        assert_eq!(publish!(merged), Published::Recorded);
+        assert_eq!(
+            recorded().await,
+            [
+                (0, 30, "cleaned".to_string()),
+                (30, 40, "s30".to_string()),
+                (40, 170, "merged".to_string())
+            ]
+        );
+        // A leader that stopped between the transactions: the records
+        // left are covered, and the next call for the copy deletes them.
+        for base in [41, 99] {
+            let put = Op::Put {
+                key: segment_key(&s, topic, 0, base),
+                value: serde_json::to_vec(&segment(base, base + 1)).unwrap(),
+                lease: None,
+            };
+            store.txn(Vec::new(), vec![put]).await.unwrap().unwrap();
+        }
+        let partition = (topic, 0);
+        let sources = |recorded: Vec<RemoteSegment>| sources(0, 170, recorded, Vec::new());
+        let listed = store
+            .range(&segments_prefix(&s, partition.0, partition.1))
+            .await
+            .unwrap();
+        let all: Vec<RemoteSegment> = listed
+            .kvs
+            .iter()
+            .map(|kv| serde_json::from_slice(&kv.value).unwrap())
+            .collect();
+        assert_eq!(sources(all).unwrap().segments.len(), 3);
+        assert_eq!(publish!(merged), Published::Recorded);
+        assert_eq!(recorded().await.len(), 3);
     }
 
     #[tokio::test]

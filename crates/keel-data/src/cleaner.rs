@@ -42,6 +42,10 @@ use crate::topics::Topic;
 /// How often a sleeping thread checks whether the broker is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(100);
 
+/// How long, at least, a partition whose pass failed on a colder tier
+/// waits before the next (`log.cleaner.backoff.ms` if that is longer).
+const TIER_RETRY: Duration = Duration::from_secs(1);
+
 /// The cleaner's shared state and broker-wide counters.
 #[derive(Debug)]
 pub struct Cleaner {
@@ -221,6 +225,8 @@ fn run(data: &Weak<DataPlane>, runtime: &tokio::runtime::Handle, slot: usize) {
 struct Candidate {
     partition: Arc<Partition>,
     source: keel_log::clean::CleanSource,
+    /// The pass's way to the colder tiers, if it has one.
+    cold: Option<Arc<ColdAccess>>,
     options: PassOptions,
     /// Overdue logs first, then by dirty ratio.
     score: f64,
@@ -247,6 +253,7 @@ fn clean_neediest(data: &Arc<DataPlane>, map: &mut KeyMap, runtime: &tokio::runt
         for p in &topic.partitions {
             if p.unavailable().is_some()
                 || p.cleaning.lock().uncleanable
+                || p.cleaning.lock().retry_at_ms.is_some_and(|at| now < at)
                 || cleaner.busy.lock().contains(&key(p))
             {
                 continue;
@@ -265,8 +272,11 @@ fn clean_neediest(data: &Arc<DataPlane>, map: &mut KeyMap, runtime: &tokio::runt
             let mut source = source
                 .with_read_window(cleaner.settings().io_buffer_bytes)
                 .with_stable_end(stable);
+            let mut cold = None;
             if data.tiers.has(Tier::Capacity) || data.tiers.has(Tier::Remote) {
-                source = source.with_cold(ColdAccess::new(data, runtime, &topic, p.index));
+                let access = ColdAccess::new(data, runtime, &topic, p.index);
+                source = source.with_cold(Arc::clone(&access) as Arc<dyn ColdSegments>);
+                cold = Some(access);
             }
             match source.assess(&options) {
                 Ok(Ok(a)) => {
@@ -280,6 +290,7 @@ fn clean_neediest(data: &Arc<DataPlane>, map: &mut KeyMap, runtime: &tokio::runt
                         best = Some(Candidate {
                             partition: Arc::clone(p),
                             source,
+                            cold,
                             options,
                             score,
                         });
@@ -321,6 +332,8 @@ pub struct ColdAccess {
     /// `CleanSource`) and drops it when it ends, after the swap or the
     /// discard of each.
     stored: Mutex<Vec<keel_tier::UncommittedCopy>>,
+    /// Whether one of its reads or writes of a colder tier failed.
+    failed: AtomicBool,
 }
 
 impl ColdAccess {
@@ -336,17 +349,32 @@ impl ColdAccess {
             topic: Arc::clone(topic),
             partition,
             stored: Mutex::new(Vec::new()),
+            failed: AtomicBool::new(false),
         })
+    }
+
+    /// Whether a read or write of a colder tier failed (a pass that fails
+    /// so is tried again later: an object store may answer again).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Notes a failed tier operation in `failed`.
+    fn noted<T>(&self, result: std::io::Result<T>) -> std::io::Result<T> {
+        if result.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        result
     }
 }
 
 impl ColdSegments for ColdAccess {
     fn positions(&self, segment: &TieredSegment) -> std::io::Result<Vec<u32>> {
-        self.data.tiers.positions_blocking(segment)
+        self.noted(self.data.tiers.positions_blocking(segment))
     }
 
     fn read(&self, segment: &TieredSegment, pos: u64, len: u64) -> std::io::Result<Bytes> {
-        self.data.tiers.read_range_blocking(segment, pos, len)
+        self.noted(self.data.tiers.read_range_blocking(segment, pos, len))
     }
 
     fn store(&self, tier: Tier, segment: &SealedSegment) -> std::io::Result<TieredSegment> {
@@ -354,7 +382,7 @@ impl ColdSegments for ColdAccess {
         let object =
             crate::mover::object_name(&b.cluster_id, &self.topic, self.partition, segment.base_offset);
         self.stored.lock().push(b.tiers.hold_uncommitted(&object));
-        self.runtime.block_on(async {
+        let stored = self.runtime.block_on(async {
             b.tiers
                 .copy(tier, segment, &object, b.io.budget(IoClass::Cleaning))
                 .await?;
@@ -373,12 +401,13 @@ impl ColdSegments for ColdAccess {
                 }
             }
             std::io::Result::Ok(())
-        })?;
+        });
+        self.noted(stored)?;
         Ok(segment.tiered(tier, TierState::Cold, object))
     }
 
     fn discard(&self, segment: &TieredSegment) -> std::io::Result<()> {
-        self.runtime.block_on(self.data.tiers.delete(segment))
+        self.noted(self.runtime.block_on(self.data.tiers.delete(segment)))
     }
 }
 
@@ -428,6 +457,19 @@ fn pass(data: &DataPlane, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c:
             );
         }
         Ok(Err(skip)) => cleaning.skipped(&skip),
+        Err(e) if c.cold.as_ref().is_some_and(|cold| cold.failed()) => {
+            cleaner.failed_passes.fetch_add(1, Ordering::Relaxed);
+            cleaning.failed_passes += 1;
+            cleaning.last_error = Some(e.to_string());
+            let wait = TIER_RETRY.max(Duration::from_millis(cleaner.settings().backoff_ms));
+            let at = data.clock.now_ms() + i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+            cleaning.retry_at_ms = Some(at);
+            cleaning.not_cleanable = Some(format!("a colder tier failed; cleaning again in {wait:?}: {e}"));
+            tracing::warn!(
+                topic = %p.topic, partition = p.index, error = %e, retry_in_ms = wait.as_millis() as u64,
+                "cleaning pass failed on a colder tier; trying again later"
+            );
+        }
         Err(e) => {
             cleaner.failed_passes.fetch_add(1, Ordering::Relaxed);
             cleaning.failed_passes += 1;

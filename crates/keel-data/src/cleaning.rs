@@ -32,6 +32,10 @@ pub struct Cleaning {
     /// restarts (Kafka's uncleanable partitions), so a damaged batch does
     /// not cost a read of the dirty section every backoff.
     pub uncleanable: bool,
+    /// A pass failed reading or writing a colder tier (an object store
+    /// that did not answer): the partition is cleanable again from then
+    /// (wall clock, ms), not left alone until restart.
+    pub retry_at_ms: Option<i64>,
 }
 
 impl Cleaning {
@@ -54,6 +58,7 @@ impl Cleaning {
             "not_cleanable": self.not_cleanable,
             "last_error": self.last_error,
             "uncleanable": self.uncleanable,
+            "retry_at_ms": self.retry_at_ms,
         })
     }
 

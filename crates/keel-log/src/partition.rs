@@ -1305,6 +1305,10 @@ impl PartitionLog {
         self.producer_snapshot = None;
         // So does the cleaner's: none of the records it called clean are
         // here (those replayed into the log next never were deduplicated).
+        // A pass begun on the old log writes no checkpoint into the new
+        // one: its fence is retired (the pass ends `Skip::Retired`).
+        self.dir_fence.retire();
+        self.dir_fence = Arc::default();
         remove_if_exists(
             self.storage.as_ref(),
             &self.dir.join(crate::clean::CLEANER_CHECKPOINT_FILE),

@@ -852,3 +852,29 @@ fn a_log_started_over_is_cleaned_from_its_start_again() {
         assert_eq!(values, ["round-1"], "{key}");
     }
 }
+
+/// A pass begun before the log started over (a cluster's leader rebuilt
+/// it while the pass read) writes no checkpoint into the new log: the
+/// records it would call clean are the new log's raw replay.
+#[test]
+fn a_pass_begun_before_the_log_started_over_leaves_it_no_checkpoint() {
+    let storage: Arc<dyn Storage> = Arc::new(SimStorage::new());
+    let mut log = one_dirty_segment(&storage);
+    let source = log.clean_source();
+    log.restart_at(0, 0, Vec::new()).unwrap();
+    for round in 0..2 {
+        write_round(&mut log, round);
+    }
+    fill(&mut log, "filler", 100);
+    log.complete_seals().unwrap();
+    let mut map = KeyMap::with_budget(1 << 16);
+    let outcome = source
+        .clean(&mut map, &eager_options(0.0), &mut |_: u64| {}, &mut |g| {
+            log.commit_cleaned(g)
+        })
+        .unwrap();
+    assert!(matches!(outcome, Err(Skip::Retired)), "{outcome:?}");
+    assert_eq!(Checkpoint::read(storage.as_ref(), Path::new(DIR)).unwrap(), None);
+    // The new log's own passes clean it from its start.
+    assert!(clean_all(&mut log) > 0);
+}
