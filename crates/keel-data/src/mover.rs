@@ -338,7 +338,22 @@ async fn delete_marked(
 /// Copies a partition's sealed segments, oldest first, releasing local
 /// copies after each.
 async fn copy_partition(data: &DataPlane, targets: &[Target], t: &Target, tier: Tier) -> StepResult<()> {
-    let candidates = on_log(&t.partition, |log| log.copy_candidates()).await?;
+    // In a cluster each copy carries the producer snapshot at its end: the
+    // log keeps those of the segments still to copy.
+    let snapshots = tier == Tier::Remote && data.wal.is_some();
+    let candidates = on_log(&t.partition, move |log| {
+        let candidates = log.copy_candidates();
+        if snapshots {
+            // With none left, the next is the active segment, ending past
+            // the log end.
+            let next = candidates
+                .first()
+                .map_or(log.log_end_offset() - 1, |s| s.base_offset);
+            log.keep_snapshots_after(next);
+        }
+        candidates
+    })
+    .await?;
     // In a cluster, only what is committed is copied (and so released).
     let ceiling = t.partition.retention_ceiling();
     for segment in candidates.into_iter().take_while(|s| s.next_offset <= ceiling) {

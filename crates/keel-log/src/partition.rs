@@ -1360,7 +1360,13 @@ impl PartitionLog {
             })
             .and_then(|()| crate::txnindex::write(storage, &self.dir, base, &aborted))
             .and_then(|()| match producer_snapshot {
-                Some(bytes) => write_snapshot(storage, &self.dir, log_end, bytes),
+                Some(bytes) => write_snapshot(
+                    storage,
+                    &self.dir,
+                    log_end,
+                    bytes,
+                    self.sealer.snapshots_kept_after(),
+                ),
                 None => Ok(()),
             })
             .and_then(|()| write_offset_file(storage, &self.dir.join(RECOVERY_POINT_FILE), log_end))
@@ -1420,6 +1426,15 @@ impl PartitionLog {
 
     /// Sealed, durable local segments without a colder copy (made or being
     /// made), oldest first: what the mover copies next.
+    /// Keeps every producer-state snapshot above `offset` from now on (at
+    /// least the newest two are always kept): the mover, which puts each
+    /// segment's snapshot beside its copy in the object store, names the
+    /// base offset of the oldest segment it has still to copy, so a mover
+    /// behind the log still finds every snapshot it needs.
+    pub fn keep_snapshots_after(&self, offset: i64) {
+        self.sealer.keep_snapshots_after(offset);
+    }
+
     pub fn copy_candidates(&self) -> Vec<SealedSegment> {
         let st = self.view.state.read();
         let covered = |s: &SegMeta| {

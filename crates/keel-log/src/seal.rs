@@ -73,6 +73,10 @@ pub struct Sealer {
     durable_offset: AtomicI64,
     /// Files were created in the directory since it was last fsynced.
     dir_dirty: AtomicBool,
+    /// Producer snapshots above this offset are kept however many there
+    /// are: copies of the segments ending there are still to be made, each
+    /// with its snapshot ([`crate::PartitionLog::keep_snapshots_after`]).
+    keep_snapshots_after: AtomicI64,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -95,6 +99,7 @@ impl Sealer {
             failed: Mutex::new(None),
             durable_offset: AtomicI64::new(durable_offset),
             dir_dirty: AtomicBool::new(false),
+            keep_snapshots_after: AtomicI64::new(i64::MAX),
         }
     }
 
@@ -109,6 +114,14 @@ impl Sealer {
 
     pub(crate) fn durable_offset(&self) -> i64 {
         self.durable_offset.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn keep_snapshots_after(&self, offset: i64) {
+        self.keep_snapshots_after.store(offset, Ordering::Release);
+    }
+
+    pub(crate) fn snapshots_kept_after(&self) -> i64 {
+        self.keep_snapshots_after.load(Ordering::Acquire)
     }
 
     pub(crate) fn note_dir_dirty(&self) {
@@ -223,7 +236,8 @@ impl Sealer {
                 Ok(())
             }
             SealWork::Snapshot { offset, bytes } => {
-                write_snapshot(storage, &self.dir, *offset, bytes).map_err(classify)
+                write_snapshot(storage, &self.dir, *offset, bytes, self.snapshots_kept_after())
+                    .map_err(classify)
             }
         }
     }
@@ -273,13 +287,20 @@ pub(crate) fn snapshot_path(dir: &Path, offset: i64) -> PathBuf {
     dir.join(format!("{offset:020}.{SNAPSHOT_SUFFIX}"))
 }
 
-/// Writes a snapshot atomically and removes all but the newest few.
-pub(crate) fn write_snapshot(storage: &dyn Storage, dir: &Path, offset: i64, bytes: &[u8]) -> io::Result<()> {
+/// Writes a snapshot atomically and removes all but the newest few, and
+/// those above `keep_after` (still to be copied beside their segments).
+pub(crate) fn write_snapshot(
+    storage: &dyn Storage,
+    dir: &Path,
+    offset: i64,
+    bytes: &[u8],
+    keep_after: i64,
+) -> io::Result<()> {
     write_atomically(storage, &snapshot_path(dir, offset), bytes)?;
     let mut offsets = crate::partition::list_snapshots(storage, dir)?;
     offsets.sort_unstable();
     let excess = offsets.len().saturating_sub(SNAPSHOTS_KEPT);
-    for old in &offsets[..excess] {
+    for old in offsets[..excess].iter().filter(|o| **o <= keep_after) {
         remove_if_exists(storage, &snapshot_path(dir, *old))?;
     }
     Ok(())

@@ -294,3 +294,47 @@ fn a_log_cut_below_its_durable_start_restarts_there_without_producer_state() {
     }
     assert!(restarts > 0, "no power loss cut the log below its start");
 }
+
+/// A log keeps its newest two producer snapshots, and every one above the
+/// offset its mover names (the segments still to be copied to the object
+/// store, each with the snapshot at its end).
+#[test]
+fn snapshots_of_segments_still_to_copy_are_kept() {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use keel_log::sim::SimStorage;
+    use keel_log::Storage;
+
+    let dir = Path::new("/data/t-0");
+    let sim = SimStorage::new();
+    sim.create_dir_all(Path::new("/data")).unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(sim);
+    let mut log = PartitionLog::open_with(storage, dir, small_config()).unwrap();
+    for _ in 0..8 {
+        append(&mut log, &[simple_batch(10, 100, 1_000)], 1_000);
+    }
+    let kept = |log: &PartitionLog| -> Vec<i64> {
+        (1..=8)
+            .map(|i| i * 10)
+            .filter(|o| log.read_producer_snapshot(*o).unwrap().is_some())
+            .collect()
+    };
+    let snapshot = |log: &mut PartitionLog, offset: i64| {
+        log.queue_producer_snapshot(offset, format!("state at {offset}").into_bytes());
+        log.complete_seals().unwrap();
+    };
+    for offset in [10, 20, 30] {
+        snapshot(&mut log, offset);
+    }
+    assert_eq!(kept(&log), [20, 30]);
+    log.keep_snapshots_after(25);
+    for offset in [40, 50, 60] {
+        snapshot(&mut log, offset);
+    }
+    assert_eq!(kept(&log), [30, 40, 50, 60]);
+    // Copied up to 50: the older ones go with the next snapshot.
+    log.keep_snapshots_after(50);
+    snapshot(&mut log, 70);
+    assert_eq!(kept(&log), [60, 70]);
+}
