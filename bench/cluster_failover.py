@@ -35,9 +35,21 @@ __transaction_state and when a transaction commits again. At the end the
 partition is read read_committed: every committed transaction's records
 must be there once and in order, and no aborted one's.
 
+With `--target compacted` the topic is compacted (`--keys` keys, each
+written `--rounds` times with 1 KiB values, from a fresh producer before
+every kill, so the history is several times the live set), and the
+brokers roll idle segments after 5 s and collect WAL objects every
+second. Before each kill of the partition's leader, once the cluster
+has been idle for `--settle-s`, the WAL objects still in the object
+store are counted; after it, the new leader's rebuild (WAL ranges
+replayed, bytes, time) and the records a reader from offset 0 gets
+(every key's latest value at least; more when the copies were not
+cleaned) are reported per kill.
+
 usage: bench/cluster_failover.py [--kills N] [--brokers B]
                                  [--session-ms MS]
-                                 [--target leader|coordinator|transactions]
+                                 [--target leader|coordinator|transactions|compacted]
+                                 [--keys K] [--rounds R] [--settle-s S]
                                  [--json FILE]
 The keel binary is KEEL_BIN, else the newer of target/release/keel and
 target/debug/keel (what is timed here is not the build's speed).
@@ -117,7 +129,8 @@ class Etcd:
 
 
 class Keel:
-    def __init__(self, base: Path, node: int, etcd: Etcd, session_ms: int, brokers: int):
+    def __init__(self, base: Path, node: int, etcd: Etcd, session_ms: int, brokers: int,
+                 extra: dict | None = None):
         self.node = node
         self.port, self.admin = free_port(), free_port()
         self.data = base / f"keel-{node}"
@@ -132,6 +145,8 @@ class Keel:
                     "--set", f"offsets.topic.replication.factor={min(3, brokers)}",
                     "--set", f"transaction.state.log.replication.factor={min(3, brokers)}",
                     "--set", f"keel.tier.remote=file://{base / 'objects'}"]
+        for k, v in (extra or {}).items():
+            self.cmd += ["--set", f"{k}={v}"]
         self.proc = None
 
     def start(self, timeout_s: float = 30):
@@ -155,10 +170,17 @@ class Keel:
 
     def rebuild_ms(self) -> int | None:
         """How long this broker's last rebuild of a log took, from its log."""
+        last = self.rebuild()
+        return last and last["elapsed_ms"]
+
+    def rebuild(self, topic: str | None = None) -> dict | None:
+        """The numbers of this broker's last rebuild of a log (of `topic`)."""
         last = None
         for line in self.log.read_text(errors="replace").splitlines():
-            if "rebuilt the partition's log from the object store" in line and "elapsed_ms=" in line:
-                last = int(line.split("elapsed_ms=")[1].split()[0])
+            if "rebuilt the partition's log from the object store" in line and "elapsed_ms=" in line \
+                    and (topic is None or f"topic={topic} " in line):
+                last = {k: int(line.split(f"{k}=")[1].split()[0])
+                        for k in ("elapsed_ms", "segments", "wal_ranges", "replayed_bytes")}
         return last
 
     def leader(self, topic: str, partition: int) -> int | None:
@@ -283,7 +305,11 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--brokers", type=int, default=3)
     ap.add_argument("--session-ms", type=int, default=6000)
-    ap.add_argument("--target", choices=["leader", "coordinator", "transactions"], default="leader")
+    ap.add_argument("--target", choices=["leader", "coordinator", "transactions", "compacted"],
+                    default="leader")
+    ap.add_argument("--keys", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--settle-s", type=float, default=30)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.target == "transactions" and args.brokers != 2:
@@ -291,7 +317,11 @@ def main() -> None:
                          "coordinator must move to the same broker")
     base = Path(tempfile.mkdtemp(prefix="keel-failover-"))
     etcd = Etcd(base)
-    brokers = {n: Keel(base, n, etcd, args.session_ms, args.brokers) for n in range(1, args.brokers + 1)}
+    extra = {}
+    if args.target == "compacted":
+        extra = {"keel.cluster.wal.segment.roll.ms": "5000", "keel.cluster.wal.gc.interval.ms": "1000",
+                 "log.cleaner.backoff.ms": "1000"}
+    brokers = {n: Keel(base, n, etcd, args.session_ms, args.brokers, extra) for n in range(1, args.brokers + 1)}
     samples = {"dropped": [], "leads": [], "acknowledged": [], "rebuild_ms": [],
                "coordinated": [], "committing": [], "txn_coordinated": [], "txn_committing": []}
     commits_lost = 0
@@ -305,6 +335,9 @@ def main() -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         if args.target == "transactions":
             found = transactions(args.kills, brokers, bootstrap, admin, topic, samples)
+            return report(args, samples, found)
+        if args.target == "compacted":
+            found = compacted(args, brokers, bootstrap, admin, topic, base / "objects", samples)
             return report(args, samples, found)
         # The other targets.
         # Partition n-1 on broker n.
@@ -377,7 +410,8 @@ def main() -> None:
 
 def report(args, samples: dict, found: dict) -> None:
     target = {"leader": "partition 0's leader", "coordinator": "the group's coordinator",
-              "transactions": "the transactional id's coordinator"}[args.target]
+              "transactions": "the transactional id's coordinator",
+              "compacted": "a compacted partition's leader"}[args.target]
     print(f"\n{args.kills} kills of {target}, {args.brokers} brokers, "
           f"keel.cluster.session.timeout.ms={args.session_ms} (etcd leases count whole seconds)")
     print(f"{'seconds from the kill':48} {'p50':>6} {'p90':>6} {'max':>6}")
@@ -588,6 +622,86 @@ def transactions(kills: int, brokers: dict, bootstrap: str, admin, topic: str, s
                             if tuple(map(int, a.split("-"))) > tuple(map(int, b.split("-")))),
         "producer_errors": len(transactor.errors),
     }
+
+def compacted(args, brokers: dict, bootstrap: str, admin, topic: str, objects: Path, samples: dict) -> dict:
+    """The `--target compacted` run: per kill, the WAL objects left when
+    idle, the new leader's rebuild, and what a reader from 0 read."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+    from confluent_kafka.admin import NewTopic
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[1]],
+                                  config={"cleanup.policy": "compact", "segment.bytes": "1048576",
+                                          "min.compaction.lag.ms": "0"})])[topic].result(30)
+    latest: dict[bytes, bytes] = {}
+    rows = []
+    errors = 0
+
+    def read_from_start() -> tuple[int, dict[bytes, bytes]]:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check", "enable.auto.commit": False,
+                      "enable.partition.eof": True})
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        n, seen = 0, {}
+        try:
+            while True:
+                m = c.poll(30)
+                if m is None:
+                    raise SystemExit("no end of the partition in 30 s")
+                if m.error() is None:
+                    n += 1
+                    seen[m.key()] = m.value()
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    return n, seen
+        finally:
+            c.close()
+
+    for i in range(args.kills):
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        failed = []
+        for r in range(args.rounds):
+            for k in range(args.keys):
+                key, value = b"key-%06d" % k, (b"kill-%d-round-%d-" % (i, r)).ljust(1024, b".")
+                p.produce(topic, key=key, value=value, partition=0,
+                          on_delivery=lambda e, m: e and failed.append(e))
+                latest[key] = value
+                p.poll(0)
+        p.flush(120)
+        errors += len(failed)
+        time.sleep(args.settle_s)
+        wal = list(objects.rglob("*.wal"))
+        wal_mb = sum(f.stat().st_size for f in wal) / (1 << 20)
+        leader = next(iter(brokers.values())).leader(topic, 0)
+        victim = brokers[leader]
+        survivor = next(b for b in brokers.values() if b is not victim)
+        t0 = time.monotonic()
+        victim.kill()
+        leads = wait(lambda: survivor.leader(topic, 0) not in (None, -1, leader), 120, "a new leader")
+        new = survivor.leader(topic, 0)
+        rebuilt = brokers[new].rebuild(topic) or {}
+        started = time.monotonic()
+        read, seen = read_from_start()
+        read_s = time.monotonic() - started
+        samples["leads"].append(leads - t0)
+        if rebuilt:
+            samples["rebuild_ms"].append(rebuilt["elapsed_ms"])
+        row = {"kill": i + 1, "wal_objects": len(wal), "wal_mib": round(wal_mb, 1),
+               "segments": rebuilt.get("segments"), "wal_ranges": rebuilt.get("wal_ranges"),
+               "replayed_mib": round(rebuilt.get("replayed_bytes", 0) / (1 << 20), 1),
+               "rebuild_ms": rebuilt.get("elapsed_ms"), "leads_s": round(leads - t0, 2),
+               "read_records": read, "read_s": round(read_s, 2),
+               "latest_ok": all(seen.get(k) == v for k, v in latest.items())}
+        rows.append(row)
+        print(f"kill {i + 1}: {len(wal)} WAL objects ({wal_mb:.1f} MiB) left when idle; broker {new} leads "
+              f"after {leads - t0:.2f}s, rebuilt from {row['segments']} segments and {row['wal_ranges']} WAL "
+              f"ranges ({row['replayed_mib']} MiB replayed) in {row['rebuild_ms']} ms; a reader from 0 got "
+              f"{read} records in {read_s:.2f}s (every key's latest: {row['latest_ok']})", flush=True)
+        victim.restart()
+    print(f"\n{'kill':>4} {'WAL objs':>8} {'WAL MiB':>8} {'segs':>5} {'ranges':>6} {'replay MiB':>10} "
+          f"{'rebuild ms':>10} {'read recs':>9} {'read s':>7} {'latest':>6}")
+    for r in rows:
+        print(f"{r['kill']:>4} {r['wal_objects']:>8} {r['wal_mib']:>8} {r['segments']!s:>5} "
+              f"{r['wal_ranges']!s:>6} {r['replayed_mib']:>10} {r['rebuild_ms']!s:>10} "
+              f"{r['read_records']:>9} {r['read_s']:>7} {r['latest_ok']!s:>6}")
+    samples["compacted"] = rows
+    return {"keys": args.keys, "written": args.keys * args.rounds * args.kills, "producer_errors": errors}
 
 
 if __name__ == "__main__":

@@ -965,11 +965,16 @@ pub struct Garbage {
 
 /// Finds [`Garbage`]. `removed`: the ids of topics the caller saw
 /// deleted (topic ids are never reused, so none of them comes back; a
-/// topic it never saw is never taken for deleted).
+/// topic it never saw is never taken for deleted). `settled`: WAL objects
+/// written so long ago that no more of their parts can be committed (a
+/// broker gives up an object's commit minutes after its write): such an
+/// object with parts never committed is garbage once the parts that were
+/// are.
 pub async fn garbage(
     store: &dyn CoordStore,
     settings: &Settings,
     removed: &std::collections::HashSet<Uuid>,
+    settled: &std::collections::HashSet<String>,
 ) -> Result<Garbage, StoreError> {
     use std::collections::BTreeMap;
     let commits = store.range(&format!("{}.logs/", settings.prefix)).await?;
@@ -1055,8 +1060,10 @@ pub async fn garbage(
         }
     }
     for (object, (parts, keys, bytes, all_covered)) in objects {
-        // Every part committed (one still committing may name live records).
-        if all_covered && parts > 0 && keys.len() == parts {
+        // Every part committed (one still committing may name live
+        // records), or none can be any more.
+        let complete = (parts > 0 && keys.len() == parts) || settled.contains(&object);
+        if all_covered && complete {
             out.wal.push((object, bytes, keys));
         }
     }
@@ -1588,13 +1595,20 @@ mod tests {
         put(&store, key, serde_json::to_vec(&half).unwrap()).await;
 
         let removed: std::collections::HashSet<Uuid> = [gone].into();
-        let g = garbage(&store, &s, &removed).await.unwrap();
+        let g = garbage(&store, &s, &removed, &Default::default()).await.unwrap();
         let objects: Vec<(&str, u64)> = g.wal.iter().map(|(o, b, _)| (o.as_str(), *b)).collect();
         assert_eq!(objects, [("covered", 10), ("mixed", 11)]);
+        // Written long ago, the part never committed never will be.
+        let settled = ["partial".to_string()].into();
+        let g = garbage(&store, &s, &removed, &settled).await.unwrap();
+        let objects: Vec<&str> = g.wal.iter().map(|(o, ..)| o.as_str()).collect();
+        assert_eq!(objects, ["covered", "mixed", "partial"]);
         assert_eq!(g.segments, vec![(gone_segment, gone_key)]);
         assert_eq!(g.commits, vec![log_key(&s, gone, 0), claim_key(&s, gone, 0)]);
         // A topic not seen deleted is not taken for deleted.
-        let g = garbage(&store, &s, &Default::default()).await.unwrap();
+        let g = garbage(&store, &s, &Default::default(), &Default::default())
+            .await
+            .unwrap();
         assert!(g.segments.is_empty() && g.commits.is_empty());
         assert_eq!(
             g.wal.iter().map(|(o, ..)| o.as_str()).collect::<Vec<_>>(),

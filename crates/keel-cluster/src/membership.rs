@@ -538,10 +538,15 @@ impl Membership {
     }
 
     /// What the coordination store records that nothing needs any more
-    /// ([`crate::logs::garbage`]), judged against this broker's view.
-    pub async fn garbage(&self) -> Result<crate::logs::Garbage, StoreError> {
+    /// ([`crate::logs::garbage`]), judged against this broker's view;
+    /// `settled`: WAL objects too old for any more of their parts to be
+    /// committed.
+    pub async fn garbage(
+        &self,
+        settled: &std::collections::HashSet<String>,
+    ) -> Result<crate::logs::Garbage, StoreError> {
         let removed = self.view.lock().removed_topics.clone();
-        crate::logs::garbage(self.store.as_ref(), &self.settings, &removed).await
+        crate::logs::garbage(self.store.as_ref(), &self.settings, &removed, settled).await
     }
 
     /// Deletes keys of [`Membership::garbage`].

@@ -33,7 +33,9 @@
 //! [`COMMIT_GIVE_UP`] after the write (then its producers are told to go
 //! elsewhere, as when its term ends), and objects are listed before the
 //! index is read. A pass whose index holds a key Keel cannot read deletes
-//! no object no index names.
+//! no object no index names. Likewise an object some parts of which were
+//! committed and others given up is collected, once older than
+//! [`ORPHAN_AGE`], when the ranges of its committed parts are covered.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -236,7 +238,10 @@ impl Wal {
         if m.controller().map(|c| c.node_id) != Some(m.me().node_id) || m.is_fenced() {
             return Ok(());
         }
-        let garbage = m.garbage().await.map_err(|e| e.to_string())?;
+        // WAL objects older than ORPHAN_AGE: none of their parts can still
+        // be committed (a broker gives up an object's commit long before).
+        let mut old = self.old_objects().await?;
+        let garbage = m.garbage(&old).await.map_err(|e| e.to_string())?;
         let count = |keys: usize| {
             self.stats
                 .collected_keys
@@ -250,6 +255,7 @@ impl Wal {
                 continue;
             }
             m.delete_keys(keys).await.map_err(|e| e.to_string())?;
+            old.remove(object);
             self.stats.collected_objects.fetch_add(1, Ordering::Relaxed);
             self.stats.collected_bytes.fetch_add(*bytes, Ordering::Relaxed);
             count(keys.len());
@@ -267,7 +273,7 @@ impl Wal {
         }
         m.delete_keys(&garbage.commits).await.map_err(|e| e.to_string())?;
         count(garbage.commits.len());
-        if let Err(why) = self.collect_orphans().await {
+        if let Err(why) = self.collect_orphans(old).await {
             failed.get_or_insert(why);
         }
         if let Some(why) = failed {
@@ -284,20 +290,24 @@ impl Wal {
         Ok(())
     }
 
-    /// Deletes the WAL objects no index names that are older than
-    /// [`ORPHAN_AGE`]. Listed before the index is read: an object
-    /// committed meanwhile is in the index read after.
-    async fn collect_orphans(&self) -> Result<(), String> {
+    /// The WAL objects in the object store older than [`ORPHAN_AGE`].
+    async fn old_objects(&self) -> Result<std::collections::HashSet<String>, String> {
         let listed = self
             .tiers
             .list_remote(&self.cluster_prefix)
             .await
             .map_err(|e| format!("listing WAL objects: {e}"))?;
-        let old: Vec<String> = listed
+        Ok(listed
             .into_iter()
             .filter(|(name, age)| name.ends_with(".wal") && *age >= ORPHAN_AGE.as_millis() as u64)
             .map(|(name, _)| name)
-            .collect();
+            .collect())
+    }
+
+    /// Deletes the WAL objects no index names among `old` (those older
+    /// than [`ORPHAN_AGE`]). Listed before the index is read: an object
+    /// committed meanwhile is in the index read after.
+    async fn collect_orphans(&self, old: std::collections::HashSet<String>) -> Result<(), String> {
         if old.is_empty() {
             return Ok(());
         }
