@@ -174,13 +174,16 @@ class Keel:
         return last and last["elapsed_ms"]
 
     def rebuild(self, topic: str | None = None) -> dict | None:
-        """The numbers of this broker's last rebuild of a log (of `topic`)."""
-        last = None
+        """The numbers of this broker's last rebuild of a log (of `topic`),
+        and how many it logged."""
+        last, count = None, 0
         for line in self.log.read_text(errors="replace").splitlines():
             if "rebuilt the partition's log from the object store" in line and "elapsed_ms=" in line \
                     and (topic is None or f"topic={topic} " in line):
+                count += 1
                 last = {k: int(line.split(f"{k}=")[1].split()[0])
                         for k in ("elapsed_ms", "segments", "wal_ranges", "replayed_bytes")}
+                last["count"] = count
         return last
 
     def leader(self, topic: str, partition: int) -> int | None:
@@ -671,10 +674,14 @@ def compacted(args, brokers: dict, bootstrap: str, admin, topic: str, objects: P
         leader = next(iter(brokers.values())).leader(topic, 0)
         victim = brokers[leader]
         survivor = next(b for b in brokers.values() if b is not victim)
+        rebuilt_before = {n: b.rebuild(topic) for n, b in brokers.items()}
         t0 = time.monotonic()
         victim.kill()
         leads = wait(lambda: survivor.leader(topic, 0) not in (None, -1, leader), 120, "a new leader")
         new = survivor.leader(topic, 0)
+        # The view names the leader before its claim and rebuild are done.
+        before = (rebuilt_before.get(new) or {}).get("count", 0)
+        wait(lambda: ((brokers[new].rebuild(topic) or {}).get("count", 0)) > before, 120, "the rebuild")
         rebuilt = brokers[new].rebuild(topic) or {}
         started = time.monotonic()
         read, seen = read_from_start()
