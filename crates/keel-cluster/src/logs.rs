@@ -1126,6 +1126,18 @@ mod tests {
         }
     }
 
+    /// Broker 1, registered, and a new topic's partition 0 it claimed in
+    /// epoch 0.
+    async fn claimed_by_one(store: &LocalStore, s: &Settings) -> (Uuid, Session, Claimed) {
+        let topic = Uuid::new_v4();
+        let one = register(store, 1).await;
+        let claimed = claim(store, s, one, (topic, 0), 0, (0, 0))
+            .await
+            .unwrap()
+            .unwrap();
+        (topic, one, claimed)
+    }
+
     async fn register(store: &LocalStore, node_id: i32) -> Session {
         let put = Op::Put {
             key: format!("/k/brokers/{node_id}"),
@@ -1155,12 +1167,7 @@ mod tests {
     #[tokio::test]
     async fn a_newer_leader_fences_the_old_ones_commits() {
         let (store, s) = (LocalStore::new(), settings());
-        let topic = Uuid::new_v4();
-        let one = register(&store, 1).await;
-        let claimed = claim(&store, &s, one, (topic, 0), 0, (0, 0))
-            .await
-            .unwrap()
-            .unwrap();
+        let (topic, one, claimed) = claimed_by_one(&store, &s).await;
         assert_eq!(claimed.end_offset, 0);
         let decided = commit(
             &store,
@@ -1328,12 +1335,7 @@ mod tests {
     #[tokio::test]
     async fn segments_are_published_and_forgotten_by_the_claiming_leader_only() {
         let (store, s) = (LocalStore::new(), settings());
-        let topic = Uuid::new_v4();
-        let one = register(&store, 1).await;
-        let claimed = claim(&store, &s, one, (topic, 0), 0, (0, 0))
-            .await
-            .unwrap()
-            .unwrap();
+        let (topic, one, claimed) = claimed_by_one(&store, &s).await;
         let seg = segment(0, 10);
         assert_eq!(
             publish_segment(&store, &s, one, (topic, 0), claimed.revision, &seg)
@@ -1394,12 +1396,7 @@ mod tests {
     #[tokio::test]
     async fn a_cleaned_copy_replaces_the_recorded_copies_it_covers() {
         let (store, s) = (LocalStore::new(), settings());
-        let topic = Uuid::new_v4();
-        let one = register(&store, 1).await;
-        let claimed = claim(&store, &s, one, (topic, 0), 0, (0, 0))
-            .await
-            .unwrap()
-            .unwrap();
+        let (topic, one, claimed) = claimed_by_one(&store, &s).await;
         macro_rules! publish {
             ($seg:expr) => {
                 publish_segment(&store, &s, one, (topic, 0), claimed.revision, &$seg)

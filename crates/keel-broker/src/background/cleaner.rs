@@ -47,6 +47,16 @@ fn backdate(dir: &Path) {
     }
 }
 
+/// `rounds` rounds of the same 20 keys (`key-00`..), valued `round-<n>`.
+async fn append_rounds(p: &Arc<keel_data::partition::Partition>, rounds: usize) {
+    for round in 0..rounds {
+        let value = format!("round-{round}");
+        let records: Vec<(String, &str)> = (0..20).map(|k| (format!("key-{k:02}"), value.as_str())).collect();
+        let records: Vec<(&str, &str)> = records.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        append_keyed(p, &records).await;
+    }
+}
+
 /// A cleaned cold group is stored in the capacity tier before its swap
 /// names it in the manifest; when storing it (the paced copy and read-back)
 /// outlasts `keel.tier.orphan.grace.ms`, the orphan sweep meets it old and
@@ -58,12 +68,7 @@ async fn the_orphan_sweep_keeps_a_cleaned_cold_copy_waiting_for_its_swap() {
     let broker = open_broker(root.path(), &[("keel.tier.orphan.grace.ms", "1")]);
     let topic = create_topic(&broker, "c", 1, &COMPACTED_COLD).await;
     let p = Arc::clone(&topic.partitions[0]);
-    for round in 0..4 {
-        let value = format!("round-{round}");
-        let records: Vec<(String, &str)> = (0..20).map(|k| (format!("key-{k:02}"), value.as_str())).collect();
-        let records: Vec<(&str, &str)> = records.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        append_keyed(&p, &records).await;
-    }
+    append_rounds(&p, 4).await;
     pass(&broker.data).await.unwrap();
     let cold = p.with_log(|log| log.tiered_segments()).unwrap();
     assert!(cold.len() >= 3 && cold.iter().all(|t| t.is_cold()), "{cold:?}");
@@ -119,12 +124,7 @@ async fn a_replaced_cold_copy_stays_for_the_file_delete_delay() {
     configs.push(("file.delete.delay.ms", "1500"));
     let topic = create_topic(&broker, "c", 1, &configs).await;
     let p = Arc::clone(&topic.partitions[0]);
-    for round in 0..4 {
-        let value = format!("round-{round}");
-        let records: Vec<(String, &str)> = (0..20).map(|k| (format!("key-{k:02}"), value.as_str())).collect();
-        let records: Vec<(&str, &str)> = records.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        append_keyed(&p, &records).await;
-    }
+    append_rounds(&p, 4).await;
     pass(&broker.data).await.unwrap();
     let before: Vec<String> = p
         .with_log(|log| log.tiered_segments())
