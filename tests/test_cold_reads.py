@@ -97,6 +97,44 @@ def test_every_fetch_names_its_reader(broker_factory):
 
 
 @pytest.mark.skipif(IMPL != "keel", reason="Keel's /stats")
+def test_two_consumers_with_one_client_id_on_one_host_are_two_readers(broker_factory):
+    """A client library's default client id is shared by every consumer
+    it makes: two such consumers on one host, reading one partition at
+    different offsets, are two readers (each connection its own), each at
+    its own offset."""
+    b = broker_factory()
+    bs, topic = b.bootstrap, unique("same-id")
+    create_topic(bs, topic, 1)
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 5})
+    for i in range(100):
+        p.produce(topic, value=b"%03d" % i)
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+    consumers = []
+    for offset in (0, 100):
+        c = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "client.id": "rdkafka",
+                      "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+        c.assign([TopicPartition(topic, 0, offset)])
+        consumers.append(c)
+    first = consumers[0].poll(10)
+    assert first is not None and not first.error() and first.offset() == 0
+    deadline = time.monotonic() + 20
+    readers: list = []
+    while time.monotonic() < deadline:
+        consumers[1].poll(0.2)
+        with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
+            stats = json.load(r)
+        [part] = [q for q in stats["partitions"] if q["topic"] == topic]
+        readers = [r for r in part["readers"] if r["client_id"] == "rdkafka"]
+        if len(readers) == 2 and any(r["offset"] == 100 for r in readers):
+            break
+    for c in consumers:
+        c.close()
+    assert len(readers) == 2, readers
+    assert len({r["port"] for r in readers}) == 2 and {r["address"] for r in readers} == {"/127.0.0.1"}, readers
+    assert sorted(r["offset"] for r in readers)[1] == 100 and sorted(r["offset"] for r in readers)[0] <= 100, readers
+
+
+@pytest.mark.skipif(IMPL != "keel", reason="Keel's /stats")
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_a_reader_shows_the_group_its_client_is_a_member_of(broker_factory, protocol):
     """A fetch names its client, not its group (Fetch carries none); /stats

@@ -1,7 +1,9 @@
 //! Who reads a partition, and where. Every read names its reader (a fetch
-//! its client id and address), and the partition keeps the position each
-//! recent reader read at: what `/stats` shows operators, and what lets the
-//! data plane tell one reader's scan from another's.
+//! its client id, address and the port of its connection), and the
+//! partition keeps the position each recent reader read at: what `/stats`
+//! shows operators, and what lets the data plane tell one reader's scan
+//! from another's. Two consumers with the same client id on one host (a
+//! client library's default id) are two readers.
 
 use std::sync::Arc;
 
@@ -11,18 +13,22 @@ use parking_lot::Mutex;
 /// gives way.
 pub const MAX_READERS: usize = 64;
 
-/// A reader of partitions: a client by its id and address.
+/// A reader of partitions: a client connection by its client id, its
+/// address (Kafka's form, `/` and the IP: what group members are known
+/// by) and its port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Reader {
     pub client_id: Arc<str>,
     pub address: Arc<str>,
+    pub port: u16,
 }
 
 impl Reader {
-    pub fn new(client_id: &str, address: &str) -> Reader {
+    pub fn new(client_id: &str, address: &str, port: u16) -> Reader {
         Reader {
             client_id: Arc::from(client_id),
             address: Arc::from(address),
+            port,
         }
     }
 }
@@ -80,8 +86,8 @@ mod tests {
     fn each_reader_keeps_its_last_position_and_the_oldest_gives_way() {
         let readers = Readers::default();
         let (a, b) = (
-            Reader::new("loader", "/10.0.0.1:1"),
-            Reader::new("indexer", "/10.0.0.2:1"),
+            Reader::new("loader", "/10.0.0.1", 40001),
+            Reader::new("indexer", "/10.0.0.2", 40001),
         );
         readers.note(&a, 0, 1);
         readers.note(&b, 500, 2);
@@ -93,11 +99,13 @@ mod tests {
                 .collect::<Vec<_>>(),
             [("indexer", 500, 2), ("loader", 100, 3)]
         );
-        // The same client id from another address is another reader.
-        readers.note(&Reader::new("loader", "/10.0.0.3:1"), 7, 4);
-        assert_eq!(readers.positions().len(), 3);
+        // The same client id from another address is another reader, and
+        // so is one from another connection of the same host.
+        readers.note(&Reader::new("loader", "/10.0.0.3", 40001), 7, 4);
+        readers.note(&Reader::new("loader", "/10.0.0.1", 40002), 9, 5);
+        assert_eq!(readers.positions().len(), 4);
         for i in 0..MAX_READERS {
-            readers.note(&Reader::new(&format!("c{i}"), "/h"), i as i64, 10 + i as i64);
+            readers.note(&Reader::new(&format!("c{i}"), "/h", 1), i as i64, 10 + i as i64);
         }
         let seen = readers.positions();
         assert_eq!(seen.len(), MAX_READERS);

@@ -274,7 +274,7 @@ fn cold() -> Arc<keel_tier::ColdReads> {
 }
 
 fn reader() -> keel_data::readers::Reader {
-    keel_data::readers::Reader::new("test", "/127.0.0.1:1")
+    keel_data::readers::Reader::new("test", "/127.0.0.1", 1)
 }
 
 fn no_tiers() -> Arc<keel_tier::Tiers> {

@@ -412,6 +412,7 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
                         Ok((transport, user)) => {
                             let client = ClientInfo {
                                 host: format!("/{}", peer.ip()),
+                                port: peer.port(),
                                 listener: name.to_string(),
                                 user: user.map(Arc::from),
                                 sasl: sasl.map(ConnectionAuth::new),

@@ -60,6 +60,8 @@ pub enum Reply {
 pub struct ClientInfo {
     /// Kafka's form: `/` followed by the peer's IP address.
     pub host: String,
+    /// The peer's port: with the host, which connection it is.
+    pub port: u16,
     /// The listener's name: Metadata, FindCoordinator and DescribeCluster
     /// advertise that listener's address.
     pub listener: String,
@@ -607,6 +609,7 @@ fn partition_json(
         "readers": p.readers.positions().iter().map(|r| serde_json::json!({
             "client_id": &*r.reader.client_id,
             "address": &*r.reader.address,
+            "port": r.reader.port,
             "groups": groups
                 .get(&(r.reader.client_id.to_string(), r.reader.address.to_string()))
                 .cloned()

@@ -49,7 +49,7 @@ pub(super) async fn produce(b: &Arc<Broker>, mut r: ProduceRequest, call: Call<'
 pub(super) async fn fetch(b: &Arc<Broker>, mut r: FetchRequest, call: Call<'_>) -> Reply {
     let denied = handlers::authz::fetch(b, call.client, &mut r);
     // The fetch names its reader: the client, by id and address.
-    let reader = keel_data::readers::Reader::new(call.client_id, &call.client.host);
+    let reader = keel_data::readers::Reader::new(call.client_id, &call.client.host, call.client.port);
     let answer = handlers::fetch::fetch(b, r, &reader).await;
     // Over a quota, Kafka answers empty, with the throttle time,
     // and does not count the records withheld against
