@@ -58,25 +58,32 @@ def test_backfill_stays_within_the_cold_read_budget(broker_factory):
     assert cold["bytes"] >= total - (512 << 10), cold  # all but the tail cache's share
 
 
+def _hundred_records(b, prefix: str) -> str:
+    """A new one-partition topic holding 100 records."""
+    topic = unique(prefix)
+    create_topic(b.bootstrap, topic, 1)
+    p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 5})
+    for i in range(100):
+        p.produce(topic, value=b"%03d" % i)
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+    return topic
+
+
+def _assigned(b, topic: str, client_id: str, offset: int) -> Consumer:
+    """A consumer of partition 0 from `offset`, as `client_id`."""
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": unique("g"), "client.id": client_id,
+                  "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    c.assign([TopicPartition(topic, 0, offset)])
+    return c
+
+
 @pytest.mark.skipif(IMPL != "keel", reason="Keel's /stats")
 def test_every_fetch_names_its_reader(broker_factory):
     """Each partition keeps where each client last read it: a consumer at
     the start and one at the end show in /stats with their own offsets."""
     b = broker_factory()
-    bs, topic = b.bootstrap, unique("readers")
-    create_topic(bs, topic, 1)
-    p = Producer({"bootstrap.servers": bs, "linger.ms": 5})
-    for i in range(100):
-        p.produce(topic, value=b"%03d" % i)
-    assert p.flush(CLIENT_TIMEOUT_S) == 0
-
-    def consumer(client_id: str, offset: int) -> Consumer:
-        c = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "client.id": client_id,
-                      "enable.auto.commit": False, "fetch.wait.max.ms": 100})
-        c.assign([TopicPartition(topic, 0, offset)])
-        return c
-
-    loader, tail = consumer("loader", 0), consumer("tail", 100)
+    topic = _hundred_records(b, "readers")
+    loader, tail = _assigned(b, topic, "loader", 0), _assigned(b, topic, "tail", 100)
     m = loader.poll(10)
     assert m is not None and not m.error() and m.offset() == 0
     deadline = time.monotonic() + 20
@@ -103,18 +110,8 @@ def test_two_consumers_with_one_client_id_on_one_host_are_two_readers(broker_fac
     different offsets, are two readers (each connection its own), each at
     its own offset."""
     b = broker_factory()
-    bs, topic = b.bootstrap, unique("same-id")
-    create_topic(bs, topic, 1)
-    p = Producer({"bootstrap.servers": bs, "linger.ms": 5})
-    for i in range(100):
-        p.produce(topic, value=b"%03d" % i)
-    assert p.flush(CLIENT_TIMEOUT_S) == 0
-    consumers = []
-    for offset in (0, 100):
-        c = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "client.id": "rdkafka",
-                      "enable.auto.commit": False, "fetch.wait.max.ms": 100})
-        c.assign([TopicPartition(topic, 0, offset)])
-        consumers.append(c)
+    topic = _hundred_records(b, "same-id")
+    consumers = [_assigned(b, topic, "rdkafka", offset) for offset in (0, 100)]
     first = consumers[0].poll(10)
     assert first is not None and not first.error() and first.offset() == 0
     deadline = time.monotonic() + 20
