@@ -110,6 +110,12 @@ threads that held that CPU meanwhile: the broker's request or bulk threads,
 the live clients, the backfill process, kernel threads. Needs perf and root.
 bench/catchup_plot.py plots runs from several --json files one above the
 other.
+--backfill-at 0,0.25,0.5,0.75 runs several backfill readers at once (each
+a client of its own), each from that share of the history to its end:
+many lagging readers. A table then gives each one's finish and MB/s, and
+how many histories the broker read from disk during the backfill (about
+one for one reader from 0; 2.5 for the four above, unless the broker
+shares their reads).
 
 Defaults (2 GiB cgroup, 4 GiB of history, 2 MB/s live) take about 2.5
 minutes for both brokers on a 2-core machine; 8 GiB of history about 3.5. A
@@ -118,7 +124,7 @@ benchmark, not a test: it prints numbers and asserts none.
 usage: bench/catchup.py [--memory 2GiB] [--history-bytes 4GiB] [--rate 2000]
                         [--record-size 1024] [--keys 100000] [--partitions 1]
                         [--baseline-s 20] [--backfill-max-s 180] [--after-s 20]
-                        [--backfill-max-mb-per-s 0]
+                        [--backfill-max-mb-per-s 0] [--backfill-at 0,0.25,...]
                         [--disk host|loop|hdd] [--fs ext4|xfs]
                         [--hdd-mb-per-s 150] [--hdd-iops 300] [--loop-bytes N]
                         [--backfill-process] [--backfill-nice N]
@@ -588,6 +594,8 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
         cmd += ["--backfill-cpus", args.backfill_cpus]
     if args.backfill_fetch_bytes:
         cmd += ["--backfill-partition-fetch-bytes", str(args.backfill_fetch_bytes)]
+    if args.backfill_at:
+        cmd += ["--backfill-at", args.backfill_at]
     if args.backfill_receive_buffer:
         cmd += ["--backfill-receive-buffer-bytes", str(args.backfill_receive_buffer)]
     if args.segment_bytes:
@@ -940,6 +948,34 @@ def side_by_side(results: dict) -> str:
     return "\n".join(lines)
 
 
+def readers_table(results: dict) -> str:
+    """With --backfill-at: each backfill reader's finish and throughput,
+    and what the broker read from disk during the backfill against the
+    history (one reader from 0 reads it about once; readers at 0, 25, 50
+    and 75 % read 2.5 histories between them unless the broker shares
+    their reads)."""
+    names = [n for n in ("kafka", "keel") if n in results and results[n]["backfill"].get("readers")]
+    if not names:
+        return ""
+    lines = ["Backfill readers:", "",
+             "| broker | reader from | MB | done after s | MB/s |", "| --- | --- | --- | --- | --- |"]
+    for n in names:
+        for r in results[n]["backfill"]["readers"]:
+            state = "" if r["complete"] else " (INCOMPLETE)"
+            lines.append(f"| {n} | {r['at'] * 100:.0f} % | {r['bytes'] / 1e6:,.0f} | {r['seconds']:.1f}{state} | "
+                         f"{r['bytes'] / 1e6 / max(r['seconds'], 1e-9):.1f} |")
+    lines.append("")
+    for n in names:
+        history = results[n]["config"]["history_bytes"]
+        phase = results[n]["phases"][1]
+        read = phase["broker"].get("disk_read_bytes")
+        device = dev(phase, lambda d: d["read_mb"] * 1e6)
+        ratio = lambda b: "-" if b is None or not history else f"{b / history:.2f}"
+        lines.append(f"{n}: during the backfill the broker read {ratio(read)} histories from disk "
+                     f"(the device: {ratio(device)})")
+    return "\n".join(lines)
+
+
 STAGES = ("socket", "receive", "connection", "decode", "validate", "queue", "lock", "roll", "write", "flush", "publish", "reply", "wait", "read_cache",
           "read_ahead", "read_local", "read_capacity", "read_remote", "encode", "send", "total")
 
@@ -1052,6 +1088,9 @@ def main() -> None:
     ap.add_argument("--hdd-iops", type=int, default=300, help="--disk hdd: IOPS each way")
     ap.add_argument("--loop-bytes", type=parse_bytes, default=0,
                     help="size of the sparse backing file (default 1.5 x history + 4 GiB)")
+    ap.add_argument("--backfill-at", default="",
+                    help="several backfill readers at once, each from this share of the history: "
+                         "e.g. 0,0.25,0.5,0.75 (many lagging readers; default one reader from 0)")
     ap.add_argument("--backfill-process", action="store_true",
                     help="run the backfill consumer as a process of its own")
     ap.add_argument("--backfill-nice", type=int, default=0, help="nice value of the backfill process")
@@ -1150,6 +1189,10 @@ def main() -> None:
         print(line)
     print()
     print(side_by_side(results))
+    readers = readers_table(results)
+    if readers:
+        print()
+        print(readers)
     stages = stage_table(results)
     if stages:
         print()

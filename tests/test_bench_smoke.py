@@ -84,6 +84,24 @@ def test_catchup_backfill_in_its_own_process(keel_bench, broker, tmp_path):
     assert phase["backfill_bytes"] == bf["bytes"], (phase, bf)
 
 
+def test_catchup_backfill_readers_at_staggered_offsets(keel_bench, broker, tmp_path):
+    """--backfill-at: one reader per share, each a client of its own, each
+    reading from that share of every partition's history to its end; the
+    backfill's totals are theirs."""
+    res, _ = run_catchup(keel_bench, broker, tmp_path, "--backfill-at", "0,0.5")
+    assert "2 consumers in the bench process from 0%, 50% of the history" in res["setup"], res["setup"]
+    bf = res["backfill"]
+    readers = bf["readers"]
+    assert [r["at"] for r in readers] == [0, 0.5], readers
+    assert len({r["client_id"] for r in readers}) == 2, readers
+    for r in readers:
+        assert r["complete"] and r["records"] == r["target_records"] > 0, r
+    # The reader from half way reads about half of what the one from 0 does.
+    first, half = readers[0]["target_records"], readers[1]["target_records"]
+    assert 0.4 * first <= half <= 0.6 * first, readers
+    assert bf["records"] == first + half and bf["complete"], bf
+
+
 @pytest.mark.parametrize("tier", ["capacity", "s3"])
 def test_catchup_py_with_keel_tier(tier, keel_bench, tmp_path):
     """bench/catchup.py --keel-tier: the history is moved to the colder tier

@@ -24,12 +24,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -45,6 +47,19 @@ type backfillResult struct {
 	// CPUSeconds: user+system CPU of the backfill process (only with
 	// --backfill-process; in-process it is part of the bench's CPU).
 	CPUSeconds *float64 `json:"cpu_s,omitempty"`
+	// Readers: with --backfill-at, each reader's own (Records, Bytes,
+	// TargetRecords and Complete above are their sums, Seconds the
+	// longest).
+	Readers []readerResult `json:"readers,omitempty"`
+}
+
+// readerResult: one of several staggered backfill readers.
+type readerResult struct {
+	// At: where in each partition's history it started (0 = the start,
+	// 0.5 = half way).
+	At       float64 `json:"at"`
+	ClientID string  `json:"client_id"`
+	backfillResult
 }
 
 // backfillOpts: the knobs of one backfill, shared by both ways of running it.
@@ -59,6 +74,11 @@ type backfillOpts struct {
 	// ReceiveBuffer: SO_RCVBUF of the consumer's connections (the Java
 	// consumer's receive.buffer.bytes); -1 leaves the OS default.
 	ReceiveBuffer int
+	// At: where in each partition's history the reader starts, as a
+	// share of its end offset (0: the earliest offset).
+	At float64
+	// ClientID: the reader's client.id ("" keeps franz-go's default).
+	ClientID string
 }
 
 // backfillLoop reads every partition of `target` from its earliest offset
@@ -69,15 +89,23 @@ func backfillLoop(ctx context.Context, o backfillOpts, target map[int32]int64, o
 	var res backfillResult
 	for p, off := range target {
 		parts[p] = kgo.NewOffset().AtStart()
-		if off > 0 {
+		from := int64(o.At * float64(off))
+		if from > 0 {
+			parts[p] = kgo.NewOffset().At(from)
+		}
+		if off > from {
 			remaining[p] = true
 		}
-		res.TargetRecords += off
+		res.TargetRecords += off - from
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Bootstrap),
+	opts := []kgo.Opt{kgo.SeedBrokers(o.Bootstrap),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{o.Topic: parts}),
-		kgo.FetchMaxBytes(4*o.PartitionFetchBytes), kgo.FetchMaxPartitionBytes(o.PartitionFetchBytes),
-		kgo.FetchMaxWait(500*time.Millisecond), kgo.Dialer(receiveBufferDialer(o.ReceiveBuffer)))
+		kgo.FetchMaxBytes(4 * o.PartitionFetchBytes), kgo.FetchMaxPartitionBytes(o.PartitionFetchBytes),
+		kgo.FetchMaxWait(500 * time.Millisecond), kgo.Dialer(receiveBufferDialer(o.ReceiveBuffer))}
+	if o.ClientID != "" {
+		opts = append(opts, kgo.ClientID(o.ClientID))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return res, fmt.Errorf("backfill consumer: %w", err)
 	}
@@ -114,15 +142,58 @@ func backfillLoop(ctx context.Context, o backfillOpts, target map[int32]int64, o
 // backfill runs the backfill of the catch-up scenario the configured way.
 func (r *run) backfill(ctx context.Context, target map[int32]int64) (backfillResult, error) {
 	o := backfillOpts{r.cfg.Bootstrap, r.cfg.Topic, r.cfg.BackfillMaxS, r.cfg.BackfillMBPerS,
-		r.cfg.BackfillFetchBytes, r.cfg.BackfillReceiveBuffer}
+		r.cfg.BackfillFetchBytes, r.cfg.BackfillReceiveBuffer, 0, ""}
 	onBytes := func(b int64) {
 		r.backfillBytes.Add(b)
 		r.backfillB.add(r.since(), b)
+	}
+	if len(r.cfg.BackfillAt) > 1 || (len(r.cfg.BackfillAt) == 1 && r.cfg.BackfillAt[0] > 0) {
+		return staggered(ctx, o, r.cfg.BackfillAt, target, onBytes)
 	}
 	if !r.cfg.BackfillProcess {
 		return backfillLoop(ctx, o, target, onBytes)
 	}
 	return runBackfillChild(ctx, r.cfg, target, onBytes)
+}
+
+// staggered runs one backfill reader per share in `at` at once, each from
+// that share of every partition's history to its end, with a client id of
+// its own (as several consumer groups of one application would be): the
+// catch-up scenario with many lagging readers.
+func staggered(ctx context.Context, o backfillOpts, at []float64, target map[int32]int64,
+	onBytes func(int64)) (backfillResult, error) {
+	results := make([]readerResult, len(at))
+	errs := make([]error, len(at))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	shared := func(b int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		onBytes(b)
+	}
+	for i, share := range at {
+		wg.Add(1)
+		go func(i int, share float64) {
+			defer wg.Done()
+			ro := o
+			ro.At, ro.ClientID = share, fmt.Sprintf("keel-bench-backfill-%d", i)
+			res, err := backfillLoop(ctx, ro, target, shared)
+			results[i], errs[i] = readerResult{At: share, ClientID: ro.ClientID, backfillResult: res}, err
+		}(i, share)
+	}
+	wg.Wait()
+	total := backfillResult{Complete: true, Readers: results}
+	for i, r := range results {
+		if errs[i] != nil {
+			return total, errs[i]
+		}
+		total.Records += r.Records
+		total.Bytes += r.Bytes
+		total.TargetRecords += r.TargetRecords
+		total.Seconds = math.Max(total.Seconds, r.Seconds)
+		total.Complete = total.Complete && r.Complete
+	}
+	return total, nil
 }
 
 // backfillCommand: the child's argv, wrapped in taskset, chrt and nice as

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +46,10 @@ type config struct {
 	// BackfillReceiveBuffer: the backfill consumer's socket receive buffer
 	// (the Java consumer's receive.buffer.bytes); -1 leaves the OS default.
 	BackfillReceiveBuffer int `json:"backfill_receive_buffer_bytes"`
+	// BackfillAt: one backfill reader per share, each from that share of
+	// every partition's history (0: its start), all at once (the
+	// in-process consumer only).
+	BackfillAt []float64 `json:"backfill_at,omitempty"`
 	// Topic configs for CreateTopics (segment.bytes, remote.storage.enable).
 	TopicConfigs map[string]string `json:"topic_configs,omitempty"`
 	// Wait for a line on stdin between the preload and the live phases, so
@@ -123,6 +128,7 @@ func parseCatchup(args []string) config {
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker PID: report its disk reads (/proc/PID/io) and RSS")
 	fs.StringVar(&c.Cgroup, "cgroup", "", "broker's memory cgroup directory: report its page cache (memory.stat)")
 	fs.StringVar(&c.Device, "device", "", "MAJ:MIN of the block device holding the broker's data: report its I/O (/sys/dev/block/MAJ:MIN/stat)")
+	backfillAt := fs.String("backfill-at", "0", "backfill readers to run at once, each from this share of the history: e.g. 0,0.25,0.5,0.75 (many lagging readers)")
 	fs.BoolVar(&c.BackfillProcess, "backfill-process", false, "run the backfill consumer as a child process (keel-bench backfill) instead of in this one")
 	fs.IntVar(&c.BackfillNice, "backfill-nice", 0, "run the backfill process under nice -n N (implies --backfill-process)")
 	fs.BoolVar(&c.BackfillSchedIdle, "backfill-sched-idle", false, "run the backfill process with SCHED_IDLE, chrt --idle 0 (implies --backfill-process)")
@@ -167,6 +173,16 @@ func parseCatchup(args []string) config {
 	if c.BackfillNice != 0 || c.BackfillSchedIdle || c.BackfillCPUs != "" {
 		c.BackfillProcess = true
 	}
+	for _, f := range strings.Split(*backfillAt, ",") {
+		share, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || share < 0 || share >= 1 {
+			fatalf("--backfill-at: want shares in [0, 1), got %q", f)
+		}
+		c.BackfillAt = append(c.BackfillAt, share)
+	}
+	if (len(c.BackfillAt) > 1 || c.BackfillAt[0] > 0) && c.BackfillProcess {
+		fatalf("--backfill-at runs its readers in the bench process: not with --backfill-process, -nice, -sched-idle or -cpus")
+	}
 	if c.Topic == "" {
 		c.Topic = fmt.Sprintf("catchup-%d", time.Now().Unix())
 	}
@@ -181,6 +197,14 @@ func (c config) setup() string {
 	}
 	if c.BackfillReceiveBuffer > 0 {
 		fetch += fmt.Sprintf(", receive buffer %d KiB", c.BackfillReceiveBuffer>>10)
+	}
+	if len(c.BackfillAt) > 1 || c.BackfillAt[0] > 0 {
+		at := make([]string, len(c.BackfillAt))
+		for i, share := range c.BackfillAt {
+			at[i] = fmt.Sprintf("%.0f%%", share*100)
+		}
+		return fmt.Sprintf("%s, %d consumers in the bench process from %s of the history", fetch,
+			len(at), strings.Join(at, ", "))
 	}
 	if !c.BackfillProcess {
 		return fetch + ", consumer in the bench process (beside the live producer and tail)"

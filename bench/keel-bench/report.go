@@ -376,6 +376,11 @@ func printTable(w io.Writer, res *result) {
 	fmt.Fprintf(w, "backfill: %d of %d records, %.1f MB in %.1f s (%.1f MB/s), %s\n", res.Backfill.Records,
 		res.Backfill.TargetRecords, float64(res.Backfill.Bytes)/1e6, res.Backfill.Seconds,
 		float64(res.Backfill.Bytes)/1e6/math.Max(res.Backfill.Seconds, 1e-9), state)
+	for _, r := range res.Backfill.Readers {
+		fmt.Fprintf(w, "  reader %s from %.0f%%: %d records, %.1f MB, done after %.1f s (%.1f MB/s)%s\n",
+			r.ClientID, r.At*100, r.Records, float64(r.Bytes)/1e6, r.Seconds,
+			float64(r.Bytes)/1e6/math.Max(r.Seconds, 1e-9), map[bool]string{true: "", false: ", INCOMPLETE"}[r.Complete])
+	}
 	fmt.Fprintf(w, "setup: %s\n", res.Setup)
 	if c := res.Backfill.CPUSeconds; c != nil && res.Backfill.Seconds > 0 {
 		fmt.Fprintf(w, "backfill process: %.1f CPU s in %.1f s (%.2f cores)\n", *c, res.Backfill.Seconds, *c/res.Backfill.Seconds)
