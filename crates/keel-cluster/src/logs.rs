@@ -529,6 +529,7 @@ pub async fn publish_segment(
     let claim = claim_key(settings, topic_id, partition);
     let key = segment_key(settings, topic_id, partition, segment.base_offset);
     let (base, next) = (segment.base_offset, segment.next_offset);
+    let mut continuing = false;
     loop {
         let recorded = store
             .range(&segments_prefix(settings, topic_id, partition))
@@ -571,6 +572,9 @@ pub async fn publish_segment(
             }
         }
         match at_base {
+            // Recorded by the first transaction, and forgotten since (the
+            // log start passed it): nothing is left to replace.
+            None if continuing => return Ok(Published::Recorded),
             Some((_, true)) if ops.is_empty() => return Ok(Published::Recorded),
             Some((kv, true)) => when.push(Compare::ModRevision(kv.key.clone(), kv.mod_revision)),
             Some((kv, false)) => {
@@ -586,6 +590,7 @@ pub async fn publish_segment(
             if covered <= REPLACED_AT_ONCE {
                 return Ok(Published::Recorded);
             }
+            continuing = true;
             continue; // more covered records to delete
         }
         // A copy was recorded or forgotten meanwhile (by this leader: a
@@ -1043,8 +1048,12 @@ pub async fn garbage(
         })
     };
     let mut objects: BTreeMap<String, (usize, Vec<String>, u64, bool)> = BTreeMap::new();
+    // An index key this broker cannot read (another version's) may be a
+    // part of any object: then no object counts as settled.
+    let mut unreadable = false;
     for kv in &indexes.kvs {
         let Ok(index) = serde_json::from_slice::<WalIndex>(&kv.value) else {
+            unreadable = true;
             continue;
         };
         let entry = objects
@@ -1062,7 +1071,7 @@ pub async fn garbage(
     for (object, (parts, keys, bytes, all_covered)) in objects {
         // Every part committed (one still committing may name live
         // records), or none can be any more.
-        let complete = (parts > 0 && keys.len() == parts) || settled.contains(&object);
+        let complete = (parts > 0 && keys.len() == parts) || (!unreadable && settled.contains(&object));
         if all_covered && complete {
             out.wal.push((object, bytes, keys));
         }
@@ -1595,11 +1604,19 @@ mod tests {
         let g = garbage(&store, &s, &removed, &Default::default()).await.unwrap();
         let objects: Vec<(&str, u64)> = g.wal.iter().map(|(o, b, _)| (o.as_str(), *b)).collect();
         assert_eq!(objects, [("covered", 10), ("mixed", 11)]);
-        // Written long ago, the part never committed never will be.
-        let settled = ["partial".to_string()].into();
+        // Written long ago, the part never committed never will be; an
+        // old object holding records past the segments still stays.
+        let settled = ["partial".to_string(), "live".to_string()].into();
         let g = garbage(&store, &s, &removed, &settled).await.unwrap();
         let objects: Vec<&str> = g.wal.iter().map(|(o, ..)| o.as_str()).collect();
         assert_eq!(objects, ["covered", "mixed", "partial"]);
+        // Not while an index key does not read: it may be the other part.
+        let other = wal_key(&s, 2, "future", 0);
+        put(&store, other.clone(), b"{\"version\": 9}".to_vec()).await;
+        let g = garbage(&store, &s, &removed, &settled).await.unwrap();
+        let objects: Vec<&str> = g.wal.iter().map(|(o, ..)| o.as_str()).collect();
+        assert_eq!(objects, ["covered", "mixed"]);
+        delete_keys(&store, &[other]).await.unwrap();
         assert_eq!(g.segments, vec![(gone_segment, gone_key)]);
         assert_eq!(g.commits, vec![log_key(&s, gone, 0), claim_key(&s, gone, 0)]);
         // A topic not seen deleted is not taken for deleted.

@@ -271,6 +271,17 @@ async fn pass_over(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> 
         }
         if let Some(tier) = t.policy.tier.filter(|_| t.policy.copy) {
             settle(t, copy_partition(data, targets, t, tier).await)?;
+        } else if t
+            .partition
+            .keeps_uncopied_snapshots
+            .swap(false, Ordering::Relaxed)
+        {
+            // Copies stopped (remote.log.copy.disable, a tier change): the
+            // log keeps only its newest snapshots again.
+            settle(
+                t,
+                on_log(&t.partition, |log| log.keep_snapshots_after(i64::MAX)).await,
+            )?;
         }
         // In a cluster, the copies are recorded for the next leader.
         if let Err(why) = crate::takeover::publish_copies(data, &t.partition).await {
@@ -342,18 +353,15 @@ async fn copy_partition(data: &DataPlane, targets: &[Target], t: &Target, tier: 
     // log keeps those of the segments still to copy.
     let snapshots = tier == Tier::Remote && data.wal.is_some();
     let candidates = on_log(&t.partition, move |log| {
-        let candidates = log.copy_candidates();
         if snapshots {
-            // With none left, the next is the active segment, ending past
-            // the log end.
-            let next = candidates
-                .first()
-                .map_or(log.log_end_offset() - 1, |s| s.base_offset);
-            log.keep_snapshots_after(next);
+            log.keep_snapshots_of_uncopied();
         }
-        candidates
+        log.copy_candidates()
     })
     .await?;
+    t.partition
+        .keeps_uncopied_snapshots
+        .store(snapshots, Ordering::Relaxed);
     // In a cluster, only what is committed is copied (and so released).
     let ceiling = t.partition.retention_ceiling();
     for segment in candidates.into_iter().take_while(|s| s.next_offset <= ceiling) {

@@ -288,6 +288,10 @@ pub struct Partition {
     /// In a cluster: the copies in the object store this broker recorded
     /// in the coordination store (see [`crate::takeover`]).
     pub(crate) published: Mutex<std::collections::HashSet<String>>,
+    /// The log keeps the producer snapshots of its segments not yet
+    /// copied to the object store (`PartitionLog::keep_snapshots_of_uncopied`),
+    /// for the mover to put beside their copies.
+    pub(crate) keeps_uncopied_snapshots: std::sync::atomic::AtomicBool,
     /// In a cluster: the log start this broker last recorded there.
     pub(crate) recorded_start: AtomicI64,
     /// Transactional batches being checked with a coordinator on another
@@ -493,6 +497,7 @@ impl Partition {
             wal: parts.wal,
             replica: Replica::default(),
             published: Mutex::new(std::collections::HashSet::new()),
+            keeps_uncopied_snapshots: std::sync::atomic::AtomicBool::new(false),
             recorded_start: AtomicI64::new(-1),
             verifying: Mutex::new(HashMap::new()),
         }
@@ -1118,6 +1123,13 @@ impl Partition {
         }
         let Writer { log, producers, .. } = &*st;
         let start = log.as_ref().map_or(0, |l| l.log_start_offset());
+        if let Some(log) = log {
+            // Until the mover's next pass names them, the snapshots of
+            // segments not yet copied are kept (a log just opened keeps
+            // only its newest two).
+            log.keep_snapshots_of_uncopied();
+            self.keeps_uncopied_snapshots.store(true, Ordering::Relaxed);
+        }
         let lso = stable_offset(producers, committed);
         self.replica.claim(epoch, (committed, revision), || {
             self.store_log_start(start);

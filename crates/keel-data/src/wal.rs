@@ -240,7 +240,12 @@ impl Wal {
         }
         // WAL objects older than ORPHAN_AGE: none of their parts can still
         // be committed (a broker gives up an object's commit long before).
-        let mut old = self.old_objects().await?;
+        // A listing that fails holds up no other collection: without it
+        // no object counts as settled, and no orphan is looked for.
+        let (mut old, listing) = match self.old_objects().await {
+            Ok(old) => (old, None),
+            Err(why) => (Default::default(), Some(why)),
+        };
         let garbage = m.garbage(&old).await.map_err(|e| e.to_string())?;
         let count = |keys: usize| {
             self.stats
@@ -273,8 +278,15 @@ impl Wal {
         }
         m.delete_keys(&garbage.commits).await.map_err(|e| e.to_string())?;
         count(garbage.commits.len());
-        if let Err(why) = self.collect_orphans(old).await {
-            failed.get_or_insert(why);
+        match listing {
+            Some(why) => {
+                failed.get_or_insert(why);
+            }
+            None => {
+                if let Err(why) = self.collect_orphans(old).await {
+                    failed.get_or_insert(why);
+                }
+            }
         }
         if let Some(why) = failed {
             return Err(why);

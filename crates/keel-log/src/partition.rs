@@ -1284,6 +1284,11 @@ impl PartitionLog {
     /// Replaces the manifest with `tiered`, then every local segment with
     /// an empty one at `offset`, the log starting at `start`.
     fn start_over(&mut self, start: i64, offset: i64, tiered: Vec<TieredSegment>) -> io::Result<()> {
+        // A cleaning pass begun on the old log neither writes files into
+        // the new one nor a checkpoint: its fence is retired first (the
+        // pass ends `Skip::Retired`).
+        self.dir_fence.retire();
+        self.dir_fence = Arc::default();
         self.publish_manifest(tiered)?;
         let (meta, handle) = segment::create(&self.storage, &self.dir, offset, None)?;
         let old: Vec<SegMeta> = {
@@ -1305,10 +1310,6 @@ impl PartitionLog {
         self.producer_snapshot = None;
         // So does the cleaner's: none of the records it called clean are
         // here (those replayed into the log next never were deduplicated).
-        // A pass begun on the old log writes no checkpoint into the new
-        // one: its fence is retired (the pass ends `Skip::Retired`).
-        self.dir_fence.retire();
-        self.dir_fence = Arc::default();
         remove_if_exists(
             self.storage.as_ref(),
             &self.dir.join(crate::clean::CLEANER_CHECKPOINT_FILE),
@@ -1427,12 +1428,25 @@ impl PartitionLog {
     /// Sealed, durable local segments without a colder copy (made or being
     /// made), oldest first: what the mover copies next.
     /// Keeps every producer-state snapshot above `offset` from now on (at
-    /// least the newest two are always kept): the mover, which puts each
-    /// segment's snapshot beside its copy in the object store, names the
-    /// base offset of the oldest segment it has still to copy, so a mover
-    /// behind the log still finds every snapshot it needs.
+    /// least the newest two are always kept; `i64::MAX`: only those).
     pub fn keep_snapshots_after(&self, offset: i64) {
         self.sealer.keep_snapshots_after(offset);
+    }
+
+    /// Keeps the producer-state snapshots of the segments without a colder
+    /// copy (from the oldest sealed one, or the active one): a mover that
+    /// puts each segment's snapshot beside its copy in the object store
+    /// finds every one it needs, however far behind the log it is.
+    pub fn keep_snapshots_of_uncopied(&self) {
+        let st = self.view.state.read();
+        let copied = |s: &SegMeta| {
+            st.tiered
+                .iter()
+                .any(|t| t.base_offset == s.base_offset && t.state != TierState::Deleting)
+        };
+        let oldest = st.segments.iter().find(|s| !copied(s)).map(|s| s.base_offset);
+        self.sealer
+            .keep_snapshots_after(oldest.unwrap_or_else(|| self.log_end_offset() - 1));
     }
 
     pub fn copy_candidates(&self) -> Vec<SealedSegment> {

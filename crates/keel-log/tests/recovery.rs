@@ -337,4 +337,10 @@ fn snapshots_of_segments_still_to_copy_are_kept() {
     log.keep_snapshots_after(50);
     snapshot(&mut log, 70);
     assert_eq!(kept(&log), [60, 70]);
+    // No segment has a colder copy: every snapshot is kept from now on.
+    log.keep_snapshots_of_uncopied();
+    for offset in [10, 20, 30] {
+        snapshot(&mut log, offset);
+    }
+    assert_eq!(kept(&log), [10, 20, 30, 60, 70]);
 }

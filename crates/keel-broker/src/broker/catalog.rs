@@ -241,6 +241,15 @@ async fn follow(broker: Arc<Broker>) {
 /// this broker (a topic created here is led here when it is answered).
 /// The caller holds `broker.admin`.
 pub(crate) async fn settle_locked(broker: &Arc<Broker>, revision: i64) -> Result<(), AdminError> {
+    sync_to_locked(broker, revision).await?;
+    take_leaderships(broker).await;
+    Ok(())
+}
+
+/// [`settle_locked`] but the takeover pass: the follower takes the
+/// leaderships the change gives this broker (a deletion or a new config
+/// gives none). The caller holds `broker.admin`.
+async fn sync_to_locked(broker: &Arc<Broker>, revision: i64) -> Result<(), AdminError> {
     let wait = broker.cluster.settings().session_timeout;
     if !broker.cluster.wait_for(revision, wait).await {
         return Err((
@@ -249,7 +258,6 @@ pub(crate) async fn settle_locked(broker: &Arc<Broker>, revision: i64) -> Result
         ));
     }
     sync_locked(broker).await;
-    take_leaderships(broker).await;
     Ok(())
 }
 
@@ -457,16 +465,22 @@ async fn change_topic_locked(
         }
         let stored = broker.cluster.topic(name);
         let revision = stored.as_ref().map_or(0, |s| s.revision);
+        let had = stored.as_ref().map_or(0, |s| s.topic.partitions.len());
+        // Only new partitions are led before the answer: other changes do
+        // not wait for a takeover pass under the admin lock.
+        let mut grows = false;
         let written = match decide(stored.as_ref().map(|s| &s.topic))? {
             Change::Nothing => return Ok(()),
             Change::Replace(next) => {
                 check_size(&next)?;
+                grows = next.partitions.len() > had;
                 broker.cluster.replace_topic(&next, revision).await
             }
             Change::Delete => broker.cluster.delete_topic(name, revision).await,
         };
         match written {
-            Ok(Some(revision)) => return settle_locked(broker, revision).await,
+            Ok(Some(revision)) if grows => return settle_locked(broker, revision).await,
+            Ok(Some(revision)) => return sync_to_locked(broker, revision).await,
             // Changed meanwhile: wait for the view to see it, then again.
             Ok(None) => {
                 broker
