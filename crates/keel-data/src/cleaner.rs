@@ -251,11 +251,11 @@ fn clean_neediest(data: &Arc<DataPlane>, map: &mut KeyMap, runtime: &tokio::runt
             delete_retention_ms: settings.delete_retention_ms,
         };
         for p in &topic.partitions {
-            if p.unavailable().is_some()
-                || p.cleaning.lock().uncleanable
-                || p.cleaning.lock().retry_at_ms.is_some_and(|at| now < at)
-                || cleaner.busy.lock().contains(&key(p))
-            {
+            let resting = {
+                let c = p.cleaning.lock();
+                c.uncleanable || c.retry_at_ms.is_some_and(|at| now < at)
+            };
+            if resting || p.unavailable().is_some() || cleaner.busy.lock().contains(&key(p)) {
                 continue;
             }
             // In a cluster, a partition's log is its leader's to clean: its

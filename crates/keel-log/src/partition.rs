@@ -120,7 +120,15 @@ pub struct PartitionLog {
     /// swap still finds it (`file.delete.delay.ms`, as for local files).
     /// Only this process's reads can be in flight, so a restart forgets
     /// them.
-    replaced_cold: Vec<(std::time::Instant, String)>,
+    replaced_cold: Vec<(Instant, String)>,
+}
+
+/// Whether `segment` has a colder copy in `tiered` (being made, or made)
+/// that is not being deleted.
+fn has_colder_copy(tiered: &[TieredSegment], segment: &SegMeta) -> bool {
+    tiered
+        .iter()
+        .any(|t| t.base_offset == segment.base_offset && t.state != TierState::Deleting)
 }
 
 /// Segment base offsets and snapshot offsets found in a directory.
@@ -864,10 +872,9 @@ impl PartitionLog {
         for t in tiered.iter_mut().filter(|t| objects.contains(&t.object)) {
             t.state = TierState::Deleting;
         }
-        let until =
-            std::time::Instant::now() + std::time::Duration::from_millis(self.config.file_delete_delay_ms);
-        self.replaced_cold
-            .retain(|(at, _)| *at > std::time::Instant::now());
+        let now = Instant::now();
+        let until = now + Duration::from_millis(self.config.file_delete_delay_ms);
+        self.replaced_cold.retain(|(at, _)| *at > now);
         self.replaced_cold
             .extend(objects.iter().map(|object| (until, object.clone())));
         tiered.push(TieredSegment {
@@ -1439,27 +1446,21 @@ impl PartitionLog {
     /// finds every one it needs, however far behind the log it is.
     pub fn keep_snapshots_of_uncopied(&self) {
         let st = self.view.state.read();
-        let copied = |s: &SegMeta| {
-            st.tiered
-                .iter()
-                .any(|t| t.base_offset == s.base_offset && t.state != TierState::Deleting)
-        };
-        let oldest = st.segments.iter().find(|s| !copied(s)).map(|s| s.base_offset);
+        let oldest = st
+            .segments
+            .iter()
+            .find(|s| !has_colder_copy(&st.tiered, s))
+            .map(|s| s.base_offset);
         self.sealer
             .keep_snapshots_after(oldest.unwrap_or_else(|| self.log_end_offset() - 1));
     }
 
     pub fn copy_candidates(&self) -> Vec<SealedSegment> {
         let st = self.view.state.read();
-        let covered = |s: &SegMeta| {
-            st.tiered
-                .iter()
-                .any(|t| t.base_offset == s.base_offset && t.state != TierState::Deleting)
-        };
         st.segments[..st.segments.len() - 1]
             .iter()
             .take_while(|s| s.durable)
-            .filter(|s| !covered(s) && !s.is_empty() && s.damage.is_none())
+            .filter(|s| !has_colder_copy(&st.tiered, s) && !s.is_empty() && s.damage.is_none())
             .map(SegMeta::sealed_segment)
             .collect()
     }
@@ -1568,7 +1569,7 @@ impl PartitionLog {
     /// Colder copies waiting to be deleted from their tier, but those the
     /// cleaner replaced less than `file.delete.delay.ms` ago.
     pub fn pending_deletes(&self) -> Vec<TieredSegment> {
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         let kept = |t: &TieredSegment| {
             self.replaced_cold
                 .iter()

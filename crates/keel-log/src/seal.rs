@@ -287,8 +287,9 @@ pub(crate) fn snapshot_path(dir: &Path, offset: i64) -> PathBuf {
     dir.join(format!("{offset:020}.{SNAPSHOT_SUFFIX}"))
 }
 
-/// Writes a snapshot atomically and removes all but the newest few, and
-/// those above `keep_after` (still to be copied beside their segments).
+/// Writes a snapshot atomically, then removes the others but the newest
+/// few and those above `keep_after` (still to be copied beside their
+/// segments).
 pub(crate) fn write_snapshot(
     storage: &dyn Storage,
     dir: &Path,
