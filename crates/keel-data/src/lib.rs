@@ -4,6 +4,9 @@
 //!   commit, producers' sequences and transactions, [`producers`]), the
 //!   offsets it publishes, and reads routed to the tail cache, a
 //!   read-ahead or the log files.
+//! * [`scan`]: shared cold scans: reads below the tail cache held for
+//!   the readers close behind, so readers riding one stretch of the log
+//!   share each read.
 //! * [`readers`]: who reads each partition, and where (every read names
 //!   its reader).
 //! * [`lifecycle`]: a topic's creation, growth and deletion, durable.
@@ -42,6 +45,7 @@ pub mod policy;
 pub mod producers;
 pub mod readers;
 pub mod replica;
+pub mod scan;
 pub mod takeover;
 pub mod topics;
 pub mod wal;

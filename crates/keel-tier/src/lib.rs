@@ -18,11 +18,13 @@ pub mod memory;
 pub mod pace;
 pub mod priority;
 pub mod resident;
+pub mod scan;
 pub mod tail;
 pub mod tiers;
 
 pub use bulk::{Bulk, BULK_NICE};
 pub use cold::{ColdRead, ColdReads, ColdStats};
 pub use io::{Budget, Budgets, IoClass, IoClassStats, IoScheduler};
+pub use scan::{ScanPool, ScanStats};
 pub use tail::{Chunks, PartitionTail, TailCache, TailStats};
 pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers, UncommittedCopy};

@@ -102,6 +102,14 @@ impl Chunks {
         self.len == 0
     }
 
+    /// Appends whole batches that follow on from the last part.
+    pub fn push(&mut self, part: Bytes) {
+        if !part.is_empty() {
+            self.len += part.len();
+            self.parts.push(part);
+        }
+    }
+
     /// The whole batches below `end_offset`, sharing the buffers (no
     /// copy): what a `read_committed` fetch may return when the last
     /// stable offset is `end_offset`. A trailing partial batch goes too.
