@@ -66,7 +66,8 @@ pub enum Stage {
     Wait,
     /// Reading from the tail cache (memory).
     ReadCache,
-    /// Taking data a read-ahead had read (or was reading).
+    /// Taking data a read took before the fetch asked (a read-ahead or
+    /// another reader's read), or waiting for such a read in flight.
     ReadAhead,
     /// Reading a local segment file (the cold-read executor).
     ReadLocal,

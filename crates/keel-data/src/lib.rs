@@ -2,8 +2,8 @@
 //!
 //! * [`partition`]: one partition: its append queue and writer (group
 //!   commit, producers' sequences and transactions, [`producers`]), the
-//!   offsets it publishes, and reads routed to the tail cache, a
-//!   read-ahead or the log files.
+//!   offsets it publishes, and reads routed to the tail cache or the
+//!   shared scan.
 //! * [`scan`]: shared cold scans: reads below the tail cache held for
 //!   the readers close behind, so readers riding one stretch of the log
 //!   share each read.

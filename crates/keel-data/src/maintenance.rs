@@ -1,6 +1,6 @@
 //! The data plane's background work: retention, producer expiration, the
-//! page-cache pass, time-based flushes (with seal retries), the mover and
-//! the cleaner. [`spawn`] starts all of it; each step is also a method a
+//! page-cache pass, the shared scans' idle readers, time-based flushes
+//! (with seal retries), the mover and the cleaner. [`spawn`] starts all of it; each step is also a method a
 //! test can call on its own.
 
 use std::sync::Arc;
@@ -10,6 +10,9 @@ use crate::plane::DataPlane;
 
 /// How often written segment data is dropped from the page cache.
 const PAGE_CACHE_DROP_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the shared scans drop what readers gone idle held.
+const SCAN_TICK_EVERY: Duration = Duration::from_secs(1);
 
 /// How often `flush.ms` is checked; Kafka's scheduler checks it on a
 /// similar fixed interval.
@@ -38,6 +41,7 @@ pub fn spawn(data: &Arc<DataPlane>, schedule: Schedule) {
     crate::cleaner::spawn(data);
     spawn_every(data, PAGE_CACHE_DROP_EVERY, false, DataPlane::drop_written_pages);
     spawn_every(data, FLUSH_CHECK_EVERY, false, DataPlane::flush_due);
+    spawn_every(data, SCAN_TICK_EVERY, false, DataPlane::tick_scans);
 }
 
 /// Runs `work` on a blocking thread every `period` (after waiting one
@@ -99,6 +103,16 @@ impl DataPlane {
         for topic in self.topics.all() {
             for p in &topic.partitions {
                 p.drop_written_pages();
+            }
+        }
+    }
+
+    /// Lets each partition's shared scan drop the data of readers gone
+    /// idle and below the log start.
+    pub fn tick_scans(&self) {
+        for topic in self.topics.all() {
+            for p in &topic.partitions {
+                p.tick_scan();
             }
         }
     }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::readers::{Reader, Readers};
+use crate::scan::{ReadId, ReadOrder, ScanCore, ScanSettings, ScanSummary, Step, Waiter};
 use bytes::Bytes;
 use keel_log::batch::BatchHeader;
 use keel_log::marker::{Marker, TxnWrite};
@@ -93,6 +94,20 @@ pub enum ReadFailure {
     OffsetOutOfRange,
     /// The partition or its log dir is offline, or its data is damaged.
     Storage(String),
+}
+
+impl ReadFailure {
+    /// As the error a cold read's waiters get: an offset out of range as
+    /// `NotFound` (what a read of a segment retention deleted meanwhile
+    /// returns).
+    fn to_io(&self) -> std::io::Error {
+        match self {
+            ReadFailure::OffsetOutOfRange => {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "the offset is out of range")
+            }
+            ReadFailure::Storage(why) => std::io::Error::other(why.clone()),
+        }
+    }
 }
 
 /// A check a transactional batch must pass in the partition writer, in
@@ -268,12 +283,12 @@ pub struct Partition {
     io: Arc<IoScheduler>,
     /// The colder tiers, which serve the offsets no longer in the fast tier.
     tiers: Arc<Tiers>,
-    /// Read-ahead: the next chunk of a sequential scan below the tail, read
-    /// before it is asked for.
-    read_ahead: Mutex<ReadAhead>,
-    /// Where the last cold read ended, so the next read of a sequential
+    /// The reads below the tail cache, shared by the readers riding the
+    /// same stretch of the log (see [`crate::scan`]).
+    scan: Mutex<Scan>,
+    /// Where recent cold reads ended, so the next read of each sequential
     /// scan starts exactly at its batch (`keel_log::ScanHint`).
-    scan_hint: Mutex<Option<keel_log::ScanHint>>,
+    scan_hints: Mutex<Vec<keel_log::ScanHint>>,
     /// A background thread is running the log's queued seals.
     sealing: Arc<AtomicBool>,
     /// What the log cleaner did here (compacted topics).
@@ -360,21 +375,59 @@ impl Drop for VerificationGuard {
     }
 }
 
-/// The read-ahead slot of one partition.
-enum ReadAhead {
-    Empty,
-    /// Being read; fetches asking for `offset` meanwhile wait for it rather
-    /// than read the same bytes again.
-    InFlight {
-        offset: i64,
-        waiters: Vec<oneshot::Sender<std::io::Result<Bytes>>>,
-    },
-    /// Read and held (its bytes reserved in the pool) for the next fetch at
-    /// `offset`.
-    Ready {
-        offset: i64,
-        bytes: Bytes,
-    },
+/// A partition's shared scan: readers are fetch connections, and a fetch
+/// waits for a read's data on a channel.
+type Scan = ScanCore<Reader, oneshot::Sender<std::io::Result<Bytes>>>;
+
+impl Waiter for oneshot::Sender<std::io::Result<Bytes>> {
+    fn is_waiting(&self) -> bool {
+        !self.is_closed()
+    }
+}
+
+/// Scan hints kept per partition: one per concurrent sequential scan.
+const SCAN_HINTS: usize = 8;
+
+/// A read of the log files for a fetch, to be run with
+/// [`DiskRead::spawn`]. Other fetches at its offset may wait for it; one
+/// dropped without being run answers them with an error.
+pub struct DiskRead {
+    partition: Arc<Partition>,
+    id: ReadId,
+    plan: Option<ReadPlan>,
+    rx: Option<oneshot::Receiver<std::io::Result<Bytes>>>,
+}
+
+impl DiskRead {
+    pub fn plan(&self) -> &ReadPlan {
+        self.plan.as_ref().expect("a read not yet run has its plan")
+    }
+
+    /// Runs the read on the cold executor; its data arrives on the
+    /// returned channel (and goes to the fetches that waited for it).
+    pub fn spawn(mut self) -> oneshot::Receiver<std::io::Result<Bytes>> {
+        let plan = self.plan.take().expect("a read is run once");
+        self.partition.run_read(self.id, plan);
+        self.rx.take().expect("a read is run once")
+    }
+}
+
+impl Drop for DiskRead {
+    fn drop(&mut self) {
+        if self.plan.is_some() {
+            self.partition
+                .finish_read(self.id, Err(std::io::Error::other("the read was not run")));
+        }
+    }
+}
+
+impl std::fmt::Debug for DiskRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskRead")
+            .field("id", &self.id)
+            .field("plan", &self.plan)
+            .finish()
+    }
 }
 
 /// Where a fetch's bytes come from.
@@ -382,11 +435,12 @@ enum ReadAhead {
 pub enum ReadSource {
     /// Whole batches from the tail cache: no disk read.
     Memory(Chunks),
-    /// Whole batches a read-ahead already read: no disk read now.
+    /// Whole batches read before (a read-ahead, or another reader's read):
+    /// no disk read now.
     ReadAhead(Chunks),
     /// A planned read of the log files, executed without any lock.
-    Disk(ReadPlan),
-    /// The read-ahead of this offset is in flight; its bytes arrive here.
+    Disk(DiskRead),
+    /// A read of this offset is in flight; its bytes arrive here.
     Pending(oneshot::Receiver<std::io::Result<Bytes>>),
 }
 
@@ -460,6 +514,7 @@ impl Partition {
     ) -> Partition {
         let published = PublishedProducers::default();
         published.replace(&producers);
+        let scan_pool = parts.cold.scan_pool();
         Partition {
             topic: parts.topic,
             topic_id: parts.topic_id,
@@ -488,8 +543,8 @@ impl Partition {
             cold: parts.cold,
             io: parts.io,
             tiers: parts.tiers,
-            read_ahead: Mutex::new(ReadAhead::Empty),
-            scan_hint: Mutex::new(None),
+            scan: Mutex::new(ScanCore::new(ScanSettings::default(), scan_pool)),
+            scan_hints: Mutex::new(Vec::new()),
             sealing: Arc::new(AtomicBool::new(false)),
             cleaning: Mutex::new(crate::cleaning::Cleaning::default()),
             readers: Readers::default(),
@@ -921,7 +976,7 @@ impl Partition {
                     _ => self.store_offsets(hw, lso, start),
                 }
                 drop(st);
-                *self.scan_hint.lock() = None;
+                self.forget_scans();
                 self.wake_waiters();
             }
             Err(e) => {
@@ -1119,7 +1174,7 @@ impl Partition {
             self.published_producers.replace(&producers);
             st.log = Some(log);
             st.producers = producers;
-            *self.scan_hint.lock() = None;
+            self.forget_scans();
         }
         let Writer { log, producers, .. } = &*st;
         let start = log.as_ref().map_or(0, |l| l.log_start_offset());
@@ -1176,7 +1231,7 @@ impl Partition {
         log.queue_producer_snapshot(offset, snapshot);
         log.complete_seals().map_err(|e| e.to_string())?;
         self.tail.clear();
-        *self.scan_hint.lock() = None;
+        self.forget_scans();
         Ok(())
     }
 
@@ -1283,7 +1338,12 @@ impl Partition {
     /// Plans a read from the view (no I/O, no writer lock).
     pub fn read_plan(&self, offset: i64, max_bytes: usize) -> Result<ReadPlan, ReadFailure> {
         let reader = self.available_reader()?;
-        let hint = self.scan_hint.lock().clone();
+        let hint = self
+            .scan_hints
+            .lock()
+            .iter()
+            .find(|h| h.next_offset() == offset)
+            .cloned();
         reader
             .read_plan_after(offset, max_bytes, hint)
             .map_err(|e| match e {
@@ -1303,13 +1363,14 @@ impl Partition {
     }
 
     /// Resolves `reader`'s fetch at `offset` to its source: the tail cache
-    /// when the offset is in its run (below the high watermark), the
-    /// read-ahead slot when a scan reached it, else a read plan of the
-    /// files. The partition notes where the reader read ([`Readers`]).
+    /// when the offset is in its run (below the high watermark), else the
+    /// partition's shared scan: data read before, a read in flight from
+    /// the offset, or a read of the files (see [`crate::scan`]). The
+    /// partition notes where the reader read ([`Readers`]).
     ///
     /// `committed` reads (`read_committed`) end at the last stable offset;
-    /// batches at or past it that a file read or read-ahead returns are
-    /// the caller's to cut (`Chunks::below`).
+    /// batches at or past it that a file read returns are the caller's to
+    /// cut (`Chunks::below`).
     pub fn read(
         self: &Arc<Self>,
         reader: &Reader,
@@ -1334,58 +1395,119 @@ impl Partition {
             if let Some(bytes) = self.tail.read(offset, end, max_bytes) {
                 self.cache_read_bytes
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                self.scan.lock().leave(reader);
                 return Ok(ReadSource::Memory(bytes));
             }
-            if let Some(source) = self.take_read_ahead(offset, max_bytes) {
-                return Ok(source);
-            }
+        } else {
+            // Out of range, unless the log moved meanwhile: the plan says.
+            self.read_plan(offset, max_bytes)?;
         }
-        self.read_plan(offset, max_bytes).map(ReadSource::Disk)
+        self.read_below_tail(reader, offset, max_bytes)
     }
 
-    /// The read-ahead of `offset`, if it is held (data now) or in flight (a
-    /// channel its data will arrive on).
-    /// Taking held data starts the read-ahead of the chunk after it.
-    fn take_read_ahead(self: &Arc<Self>, offset: i64, max_bytes: usize) -> Option<ReadSource> {
-        let mut slot = self.read_ahead.lock();
-        match &mut *slot {
-            ReadAhead::Ready { offset: at, .. } if *at == offset => {
-                let ReadAhead::Ready { bytes, .. } = std::mem::replace(&mut *slot, ReadAhead::Empty) else {
-                    unreachable!("matched above");
-                };
-                drop(slot);
-                self.cold.release_read_ahead(bytes.len() as u64, true);
+    /// A fetch below the tail cache, through the shared scan.
+    fn read_below_tail(
+        self: &Arc<Self>,
+        reader: &Reader,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<ReadSource, ReadFailure> {
+        let (tx, rx) = oneshot::channel();
+        let (now, limit) = (self.clock.now_ms(), self.ahead_limit());
+        let step = self.scan.lock().fetch(reader, offset, max_bytes, now, tx, limit);
+        match step {
+            Step::Serve { data, ahead } => {
                 self.cold_read_bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                if let Some(next) = next_offset_after(&bytes) {
-                    self.read_ahead_from(next, max_bytes);
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                if let Some(order) = ahead {
+                    self.read_ahead(order);
                 }
-                Some(ReadSource::ReadAhead(bytes.into()))
+                Ok(ReadSource::ReadAhead(data))
             }
-            ReadAhead::InFlight { offset: at, waiters } if *at == offset => {
-                let (tx, rx) = oneshot::channel();
-                waiters.push(tx);
-                Some(ReadSource::Pending(rx))
-            }
-            _ => None,
+            Step::Wait => Ok(ReadSource::Pending(rx)),
+            Step::Read(order) => match self.read_plan(offset, max_bytes) {
+                Ok(plan) if plan.is_empty() => {
+                    self.finish_read(order.id, Ok(Bytes::new()));
+                    Ok(ReadSource::Memory(Chunks::default()))
+                }
+                Ok(plan) => Ok(ReadSource::Disk(DiskRead {
+                    partition: Arc::clone(self),
+                    id: order.id,
+                    plan: Some(plan),
+                    rx: Some(rx),
+                })),
+                Err(failure) => {
+                    self.finish_read(order.id, Err(failure.to_io()));
+                    Err(failure)
+                }
+            },
         }
     }
 
-    /// Keeps `bytes` read at `offset` for the next fetch, if the slot is
-    /// free (or holds stale data) and the pool has room.
-    fn offer_read_ahead(&self, offset: i64, bytes: Bytes) {
-        let mut slot = self.read_ahead.lock();
-        if matches!(*slot, ReadAhead::InFlight { .. }) || bytes.is_empty() {
-            return;
+    /// Where read-ahead stops: the tail cache's first offset, or the high
+    /// watermark.
+    fn ahead_limit(&self) -> i64 {
+        let hw = self.high_watermark();
+        self.tail.first_offset().map_or(hw, |first| first.min(hw))
+    }
+
+    /// Runs a read the scan ordered ahead of the fetches that will ask.
+    fn read_ahead(self: &Arc<Self>, order: ReadOrder) {
+        match self.read_plan(order.offset, order.max_bytes) {
+            Ok(plan) if plan.is_empty() => self.finish_read(order.id, Ok(Bytes::new())),
+            Ok(plan) => self.run_read(order.id, plan),
+            Err(failure) => self.finish_read(order.id, Err(failure.to_io())),
         }
-        if !self.cold.reserve_read_ahead(bytes.len() as u64) {
-            return;
+    }
+
+    /// Runs a planned read on the cold executor, then hands its data to
+    /// the scan.
+    fn run_read(self: &Arc<Self>, id: ReadId, plan: ReadPlan) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = me.cold.read(me.plan_reader(plan)).await;
+            me.finish_read(id, result);
+        });
+    }
+
+    /// A read completed: the fetches that waited for it get its data, it
+    /// is held for the readers behind, and the read-ahead it calls for
+    /// starts (before the waiters get their answer, so their next fetch
+    /// finds it in flight).
+    fn finish_read(self: &Arc<Self>, id: ReadId, result: std::io::Result<Bytes>) {
+        let (now, limit) = (self.clock.now_ms(), self.ahead_limit());
+        let data = result.as_ref().ok().cloned();
+        let done = self.scan.lock().complete(id, data, now, limit);
+        if let Some(order) = done.ahead {
+            self.read_ahead(order);
         }
-        if let ReadAhead::Ready { bytes: old, .. } =
-            std::mem::replace(&mut *slot, ReadAhead::Ready { offset, bytes })
-        {
-            self.cold.release_read_ahead(old.len() as u64, false);
+        for (waiter, data) in done.deliveries {
+            let answer = match (data, &result) {
+                (Some(bytes), _) => Ok(bytes),
+                (None, Err(e)) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                (None, Ok(_)) => Err(std::io::Error::other("the read failed")),
+            };
+            let _ = waiter.send(answer);
         }
+    }
+
+    /// The log changed under the scans (reopened, truncated, rebuilt):
+    /// nothing read before is served again, and no scan hint holds.
+    fn forget_scans(&self) {
+        self.scan.lock().clear();
+        self.scan_hints.lock().clear();
+    }
+
+    /// Drops held scan data of readers gone idle, and below the log start.
+    pub fn tick_scan(&self) {
+        self.scan
+            .lock()
+            .tick(self.clock.now_ms(), self.log_start_offset());
+    }
+
+    /// What the shared scan holds now.
+    pub fn scan_summary(&self) -> ScanSummary {
+        self.scan.lock().summary()
     }
 
     /// The blocking read of a plan: the local file, or the colder tier that
@@ -1457,8 +1579,13 @@ impl Partition {
                 .read_blocking(segment, plan.target_offset(), plan.max_bytes()),
             None => {
                 let read = plan.execute_scan()?;
-                if read.hint.is_some() {
-                    *self.scan_hint.lock() = read.hint;
+                if let Some(hint) = read.hint {
+                    let mut hints = self.scan_hints.lock();
+                    hints.retain(|h| h.next_offset() != hint.next_offset());
+                    if hints.len() >= SCAN_HINTS {
+                        hints.remove(0);
+                    }
+                    hints.push(hint);
                 }
                 Ok(ColdRead {
                     bytes: read.bytes,
@@ -1480,108 +1607,6 @@ impl Partition {
                 tiers.find_timestamp_blocking(segment, plan.timestamp_ms(), plan.log_start_offset())
             }
             None => plan.execute(),
-        }
-    }
-
-    /// Runs a planned read on the cold executor. The answer comes on the
-    /// returned channel; if nobody is listening any more (the fetch was
-    /// answered without it at its deadline) it is kept for the next fetch
-    /// at `offset`. After a delivered read the next chunk is read ahead
-    /// (within the same `max_bytes`), so a sequential backfill keeps the
-    /// device busy between its fetches.
-    pub fn spawn_cold_read(
-        self: &Arc<Self>,
-        offset: i64,
-        plan: ReadPlan,
-        max_bytes: usize,
-    ) -> oneshot::Receiver<std::io::Result<Bytes>> {
-        let (tx, rx) = oneshot::channel();
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            let result = me.cold.read(me.plan_reader(plan)).await;
-            if tx.is_closed() {
-                if let Ok(bytes) = result {
-                    me.offer_read_ahead(offset, bytes);
-                }
-                return;
-            }
-            // The read-ahead is marked in flight before the fetch gets its
-            // answer, so the next fetch finds it and waits for it.
-            if let Some(next) = result.as_ref().ok().and_then(|b| next_offset_after(b)) {
-                me.read_ahead_from(next, max_bytes);
-            }
-            let _ = tx.send(result);
-        });
-        rx
-    }
-
-    /// Reads the chunk at `offset` ahead of the fetch that will ask for it,
-    /// unless the tail cache holds it or the slot is busy with it. Held data
-    /// of another offset is stale (the scan moved past it) and is freed; one
-    /// read-ahead per partition is in flight at a time.
-    fn read_ahead_from(self: &Arc<Self>, offset: i64, max_bytes: usize) {
-        let in_tail = self.tail.first_offset().is_some_and(|first| offset >= first);
-        if in_tail || offset >= self.high_watermark() {
-            return;
-        }
-        {
-            let mut slot = self.read_ahead.lock();
-            match &*slot {
-                ReadAhead::InFlight { .. } => return,
-                ReadAhead::Ready { offset: at, .. } if *at == offset => return,
-                ReadAhead::Ready { bytes, .. } => self.cold.release_read_ahead(bytes.len() as u64, false),
-                ReadAhead::Empty => {}
-            }
-            *slot = ReadAhead::InFlight {
-                offset,
-                waiters: Vec::new(),
-            };
-        }
-        let Ok(plan) = self.read_plan(offset, max_bytes) else {
-            *self.read_ahead.lock() = ReadAhead::Empty;
-            return;
-        };
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            let result = me.cold.read(me.plan_reader(plan)).await;
-            me.finish_read_ahead(offset, result, max_bytes);
-        });
-    }
-
-    /// A read-ahead completed: the fetches that waited for it get its data
-    /// (and the scan reads on), or it is held for the next fetch.
-    fn finish_read_ahead(self: &Arc<Self>, offset: i64, result: std::io::Result<Bytes>, max_bytes: usize) {
-        let waiters = {
-            let mut slot = self.read_ahead.lock();
-            match std::mem::replace(&mut *slot, ReadAhead::Empty) {
-                ReadAhead::InFlight { offset: at, waiters } if at == offset => waiters,
-                other => {
-                    *slot = other;
-                    Vec::new()
-                }
-            }
-        };
-        match result {
-            Ok(bytes) => {
-                if waiters.iter().all(|w| w.is_closed()) {
-                    self.offer_read_ahead(offset, bytes);
-                    return;
-                }
-                // Marked in flight before the waiters get their answer, so
-                // their next fetch finds it.
-                if let Some(next) = next_offset_after(&bytes) {
-                    self.read_ahead_from(next, max_bytes);
-                }
-                self.cold.note_read_ahead_hit();
-                for w in waiters {
-                    let _ = w.send(Ok(bytes.clone()));
-                }
-            }
-            Err(e) => {
-                for w in waiters {
-                    let _ = w.send(Err(std::io::Error::new(e.kind(), e.to_string())));
-                }
-            }
         }
     }
 
@@ -1690,6 +1715,7 @@ impl Partition {
     /// rewritten: reads of them go to the cleaned files.
     pub fn forget_cached_below(&self, offset: i64) {
         self.tail.forget_below(offset);
+        self.scan.lock().invalidate_below(offset);
     }
 
     /// Forgets producers idle for `expiration_ms`. Returns how many.

@@ -35,7 +35,8 @@ pub struct DataPlane {
     /// Every class of I/O's byte budget (live, cold reads, tier moves,
     /// cleaning).
     pub io: Arc<IoScheduler>,
-    /// Reads below the tail cache: bounded, budgeted, read ahead.
+    /// Reads below the tail cache: bounded, budgeted, and the scan buffer
+    /// the shared scans hold their data in.
     pub cold: Arc<ColdReads>,
     /// The capacity dirs and the object store, where sealed segments go.
     pub tiers: Arc<Tiers>,

@@ -285,7 +285,7 @@ fn read_bytes(source: keel_data::partition::ReadSource) -> (bool, Bytes) {
     use keel_data::partition::ReadSource;
     match source {
         ReadSource::Memory(b) => (true, b.join()),
-        ReadSource::Disk(plan) => (false, plan.execute().unwrap()),
+        ReadSource::Disk(read) => (false, read.plan().execute().unwrap()),
         ReadSource::ReadAhead(_) | ReadSource::Pending(_) => panic!("no read-ahead runs in these tests"),
     }
 }
@@ -382,9 +382,9 @@ async fn sequential_cold_reads_are_read_ahead_once() {
                 ahead += 1;
                 rx.await.unwrap().unwrap()
             }
-            ReadSource::Disk(plan) => {
+            ReadSource::Disk(read) => {
                 disk += 1;
-                p.spawn_cold_read(offset, plan, 1_000).await.unwrap().unwrap()
+                read.spawn().await.unwrap().unwrap()
             }
         };
         offset = validate_batches(&bytes).unwrap().last().unwrap().last_offset() + 1;
@@ -408,8 +408,70 @@ async fn sequential_cold_reads_are_read_ahead_once() {
         disk, 1,
         "only the first read of the scan waits for the disk itself"
     );
-    assert_eq!(s.read_ahead_hits, ahead, "{s:?}");
+    let scan = cold.scan_pool().stats();
+    assert_eq!(scan.hits, ahead, "{scan:?}");
     assert_eq!(s.bytes as usize, expected, "nothing read twice: {s:?}");
+}
+
+/// Two readers scanning the same stretch below the tail cache, one a
+/// fetch behind the other: the one behind is served what the one ahead
+/// read, so the partition is read from disk once for both, and each gets
+/// every batch in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_riding_together_share_one_read_of_each_chunk() {
+    use keel_data::partition::ReadSource;
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        segment_bytes: 4096,
+        ..LogConfig::default()
+    };
+    let cache = keel_tier::TailCache::new(1);
+    let cold = cold();
+    let p =
+        Arc::new(Partition::open(parts(dir.path(), config, cache.partition(), Arc::clone(&cold))).unwrap());
+    for _ in 0..40 {
+        let (bytes, headers) = batch(None, 5);
+        p.append(bytes, headers).await.unwrap();
+    }
+    let readers = [
+        keel_data::readers::Reader::new("loader", "/127.0.0.1", 1),
+        keel_data::readers::Reader::new("indexer", "/127.0.0.1", 2),
+    ];
+    let (mut offsets, mut got) = ([0i64; 2], [Vec::new(), Vec::new()]);
+    while offsets.iter().any(|o| *o < p.high_watermark()) {
+        for (i, r) in readers.iter().enumerate() {
+            if offsets[i] >= p.high_watermark() {
+                continue;
+            }
+            let bytes = match p.read(r, offsets[i], 1_000, false).unwrap() {
+                ReadSource::Memory(b) | ReadSource::ReadAhead(b) => b.join(),
+                ReadSource::Pending(rx) => rx.await.unwrap().unwrap(),
+                ReadSource::Disk(read) => read.spawn().await.unwrap().unwrap(),
+            };
+            offsets[i] = validate_batches(&bytes).unwrap().last().unwrap().last_offset() + 1;
+            got[i].extend_from_slice(&bytes);
+        }
+    }
+    let mut expected = Vec::new();
+    let mut off = 0;
+    while off < p.high_watermark() {
+        let b = p.read_plan(off, 1 << 20).unwrap().execute().unwrap();
+        off = validate_batches(&b).unwrap().last().unwrap().last_offset() + 1;
+        expected.extend_from_slice(&b);
+    }
+    assert_eq!(got[0], expected, "the reader ahead got every batch in order");
+    assert_eq!(got[1], expected, "the reader behind got every batch in order");
+    let (s, scan) = (cold.stats(), cold.scan_pool().stats());
+    assert_eq!(s.bytes as usize, expected.len(), "one read for both: {s:?}");
+    assert!(
+        scan.shared_bytes as usize >= expected.len() * 9 / 10,
+        "the reader behind rode the other's reads: {scan:?}"
+    );
+    p.tick_scan();
+    assert!(
+        p.scan_summary().held_bytes > 0,
+        "recent readers keep what they still need"
+    );
 }
 
 /// A stalled fsync holds the partition's writer, not its readers: fetch

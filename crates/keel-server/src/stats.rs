@@ -343,6 +343,18 @@ fn render_tail_cache(stats: &Value, out: &mut String) {
         count(num(stats, &["cold_reads", "reads"])),
         percent(hit_bytes, fetched),
     );
+    if stats.get("scan").is_some() {
+        let scan = |key| num(stats, &["scan", key]);
+        let _ = writeln!(
+            out,
+            "scan buffer  limit {}, held {}; {} fetches answered by earlier reads ({}, {} of it another reader's)",
+            bytes(scan("limit_bytes")),
+            bytes(scan("held_bytes")),
+            count(scan("hits")),
+            bytes(scan("served_bytes")),
+            bytes(scan("shared_bytes")),
+        );
+    }
 }
 
 /// The colder tiers' traffic and the fast tier's budget, when the broker
@@ -664,6 +676,8 @@ mod tests {
                 "a_future_counter": 1,
             },
             "cold_reads": {"reads": 40, "bytes": 3 << 20},
+            "scan": {"limit_bytes": 64 << 20, "held_bytes": 2 << 20, "hits": 30,
+                     "served_bytes": 6 << 20, "shared_bytes": 4 << 20},
             "partitions": [
                 {"topic": "orders", "partition": 0, "log_start_offset": 0, "high_watermark": 20000,
                  "cache_read_bytes": 1 << 20, "cold_read_bytes": 3 << 20,
@@ -680,6 +694,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("evicted 9.0 MiB (150 batches)"), "{text}");
+        assert!(
+            text.contains("scan buffer  limit 64.0 MiB, held 2.0 MiB; 30 fetches answered by earlier reads (6.0 MiB, 4.0 MiB of it another reader's)"),
+            "{text}"
+        );
         assert!(
             text.contains("from cache 1.0 MiB (3 reads), cold from disk 3.0 MiB (40 reads): 25.0%"),
             "{text}"

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::bulk::Bulk;
 use crate::io::{IoClass, IoScheduler};
+use crate::scan::{ScanPool, SCAN_BUFFER_BYTES};
 
 /// What a cold read returned, and how many bytes it took from the disk or
 /// object store (what the budget is charged).
@@ -41,11 +42,6 @@ pub struct ColdStats {
     pub wait_us_total: u64,
     /// Time spent waiting for budget alone.
     pub throttled_us_total: u64,
-    /// Read-ahead: bytes held for the next fetch of a sequential scan, the
-    /// pool's limit, and fetches answered from it.
-    pub read_ahead_held_bytes: u64,
-    pub read_ahead_limit_bytes: u64,
-    pub read_ahead_hits: u64,
 }
 
 #[derive(Debug)]
@@ -61,14 +57,9 @@ pub struct ColdReads {
     reads: AtomicU64,
     bytes: AtomicU64,
     wait_us_total: AtomicU64,
-    read_ahead_limit_bytes: u64,
-    read_ahead_held_bytes: AtomicU64,
-    read_ahead_hits: AtomicU64,
+    /// Where the reads' data is held for the readers behind.
+    scan: Arc<ScanPool>,
 }
-
-/// Bytes of the read-ahead pool at most, broker-wide, unless set with
-/// [`ColdReads::with_read_ahead_limit`].
-pub const READ_AHEAD_POOL_BYTES: u64 = 64 << 20;
 
 impl ColdReads {
     /// Reads at most `max_concurrent` at a time, within `io`'s cold-read
@@ -85,9 +76,7 @@ impl ColdReads {
             reads: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             wait_us_total: AtomicU64::new(0),
-            read_ahead_limit_bytes: READ_AHEAD_POOL_BYTES,
-            read_ahead_held_bytes: AtomicU64::new(0),
-            read_ahead_hits: AtomicU64::new(0),
+            scan: Arc::new(ScanPool::new(SCAN_BUFFER_BYTES)),
         }
     }
 
@@ -101,32 +90,15 @@ impl ColdReads {
         &self.bulk
     }
 
-    /// Sets the read-ahead pool's limit (bytes held at once, broker-wide).
-    pub fn with_read_ahead_limit(mut self, bytes: u64) -> ColdReads {
-        self.read_ahead_limit_bytes = bytes;
+    /// Sets the scan buffer's limit (bytes held at once, broker-wide).
+    pub fn with_scan_buffer(mut self, bytes: u64) -> ColdReads {
+        self.scan = Arc::new(ScanPool::new(bytes));
         self
     }
 
-    /// Reserves room for `bytes` of read-ahead; false when the pool is full.
-    pub fn reserve_read_ahead(&self, bytes: u64) -> bool {
-        self.read_ahead_held_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                (held + bytes <= self.read_ahead_limit_bytes).then_some(held + bytes)
-            })
-            .is_ok()
-    }
-
-    /// Counts a fetch answered by a read-ahead it waited for.
-    pub fn note_read_ahead_hit(&self) {
-        self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Returns read-ahead room; `hit` if the data answered a fetch.
-    pub fn release_read_ahead(&self, bytes: u64, hit: bool) {
-        self.read_ahead_held_bytes.fetch_sub(bytes, Ordering::AcqRel);
-        if hit {
-            self.read_ahead_hits.fetch_add(1, Ordering::Relaxed);
-        }
+    /// The scan buffer every partition's shared scan holds data in.
+    pub fn scan_pool(&self) -> Arc<ScanPool> {
+        Arc::clone(&self.scan)
     }
 
     /// Runs a blocking read: waits for a slot and for the budget to be out
@@ -170,9 +142,6 @@ impl ColdReads {
             disk_bytes: class.bytes,
             wait_us_total: self.wait_us_total.load(Ordering::Relaxed),
             throttled_us_total: class.throttled_us,
-            read_ahead_held_bytes: self.read_ahead_held_bytes.load(Ordering::Relaxed),
-            read_ahead_limit_bytes: self.read_ahead_limit_bytes,
-            read_ahead_hits: self.read_ahead_hits.load(Ordering::Relaxed),
         }
     }
 }
@@ -263,17 +232,6 @@ mod tests {
         }
         let s = cold.stats();
         assert_eq!((s.reads, s.bytes, s.throttled_us_total), (100, 100, 0));
-    }
-
-    #[test]
-    fn the_read_ahead_pool_is_bounded() {
-        let cold = cold_reads(0, 1);
-        assert!(cold.reserve_read_ahead(READ_AHEAD_POOL_BYTES - 10));
-        assert!(!cold.reserve_read_ahead(11));
-        assert!(cold.reserve_read_ahead(10));
-        cold.release_read_ahead(READ_AHEAD_POOL_BYTES, true);
-        let s = cold.stats();
-        assert_eq!((s.read_ahead_held_bytes, s.read_ahead_hits), (0, 1));
     }
 
     #[tokio::test]

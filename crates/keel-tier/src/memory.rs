@@ -32,10 +32,10 @@ impl MemoryLimit {
         self.limit_bytes / 100 * TAIL_CACHE_SHARE_PERCENT
     }
 
-    /// The read-ahead pool: 2% of the limit, at most
-    /// [`crate::cold::READ_AHEAD_POOL_BYTES`].
-    pub fn read_ahead_pool_bytes(&self) -> u64 {
-        (self.limit_bytes / 50).min(crate::cold::READ_AHEAD_POOL_BYTES)
+    /// The scan buffer: 4% of the limit, at most
+    /// [`crate::scan::SCAN_BUFFER_BYTES`].
+    pub fn scan_buffer_bytes(&self) -> u64 {
+        (self.limit_bytes / 25).min(crate::scan::SCAN_BUFFER_BYTES)
     }
 }
 
@@ -137,7 +137,7 @@ mod tests {
         let l = choose(Some(24 << 30), Some((1 << 30, "cgroup".into())));
         assert_eq!(l.limit_bytes, 1 << 30);
         assert_eq!(l.default_tail_cache_bytes(), (1u64 << 30) / 100 * 25);
-        assert_eq!(l.read_ahead_pool_bytes(), (1u64 << 30) / 50);
+        assert_eq!(l.scan_buffer_bytes(), (1u64 << 30) / 25);
         let l = choose(Some(4 << 30), Some((8 << 30, "cgroup".into())));
         assert_eq!(l.limit_bytes, 4 << 30);
         assert!(MemoryLimit::detect().limit_bytes > 0);

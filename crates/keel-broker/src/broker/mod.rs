@@ -409,6 +409,7 @@ impl Broker {
     pub fn stats_json(&self) -> serde_json::Value {
         let t = self.data.tail_cache.stats();
         let c = self.data.cold.stats();
+        let scan = self.data.cold.scan_pool().stats();
         let mut partitions = Vec::new();
         let groups = self.groups.groups_by_client();
         let (mut resident_total, mut size_total) = (0u64, 0u64);
@@ -465,9 +466,15 @@ impl Broker {
                 "queue_depth": c.queue_depth,
                 "wait_us_total": c.wait_us_total,
                 "throttled_us_total": c.throttled_us_total,
-                "read_ahead_hits": c.read_ahead_hits,
-                "read_ahead_held_bytes": c.read_ahead_held_bytes,
-                "read_ahead_limit_bytes": c.read_ahead_limit_bytes,
+            },
+            "scan": {
+                "limit_bytes": scan.limit_bytes,
+                "held_bytes": scan.held_bytes,
+                "hits": scan.hits,
+                "served_bytes": scan.served_bytes,
+                "shared_bytes": scan.shared_bytes,
+                "kept": scan.kept,
+                "refused": scan.refused,
             },
             "tiers": self.tiers_json(),
             "cleaner": self.data.cleaner.to_json(),
@@ -566,6 +573,7 @@ fn partition_json(
 ) -> serde_json::Value {
     use std::sync::atomic::Ordering::Relaxed;
     let reader = p.reader();
+    let scan = p.scan_summary();
     let (local_segments, local_bytes, tiered, damaged) = match &reader {
         Some(r) => (
             r.segment_count(),
@@ -600,6 +608,12 @@ fn partition_json(
         "high_watermark": p.high_watermark(),
         "cache_read_bytes": p.cache_read_bytes.load(Relaxed),
         "cold_read_bytes": p.cold_read_bytes.load(Relaxed),
+        "scan": {
+            "held_bytes": scan.held_bytes,
+            "chunks": scan.chunks,
+            "reads_in_flight": scan.reads_in_flight,
+            "readers": scan.readers,
+        },
         "segment_bytes": size,
         "page_cache_resident_bytes": resident,
         "offline": p.unavailable(),
@@ -778,7 +792,7 @@ fn open_data_plane(
         Arc::clone(&io),
         usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
     )
-    .with_read_ahead_limit(memory.read_ahead_pool_bytes());
+    .with_scan_buffer(memory.scan_buffer_bytes());
     let read_io = choose_read_io(&config, &data_dir).map_err(io_error(&data_dir))?;
     let tiers = Tiers::new(
         Arc::clone(&storage),
@@ -872,7 +886,7 @@ fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
         budget_bytes = budget,
         memory_limit_bytes = limit.limit_bytes,
         source = %limit.source,
-        read_ahead_pool_bytes = limit.read_ahead_pool_bytes(),
+        scan_buffer_bytes = limit.scan_buffer_bytes(),
         "tail cache budget: {}% of the memory limit",
         keel_tier::memory::TAIL_CACHE_SHARE_PERCENT
     );

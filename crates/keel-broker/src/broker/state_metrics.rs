@@ -78,8 +78,9 @@ pub(crate) fn state_registry(broker: &Broker) -> Registry {
 fn register_levels(r: &mut Registry, broker: &Broker) {
     let t = broker.data.tail_cache.stats();
     let c = broker.data.cold.stats();
+    let scan = broker.data.cold.scan_pool().stats();
     let m = &broker.data.mover;
-    let gauges: [(&str, &str, f64); 9] = [
+    let gauges: [(&str, &str, f64); 10] = [
         (
             "keel_tail_cache_budget_bytes",
             "Tail cache budget",
@@ -106,9 +107,14 @@ fn register_levels(r: &mut Registry, broker: &Broker) {
             c.budget_bytes_per_sec as f64,
         ),
         (
-            "keel_read_ahead_held_bytes",
-            "Bytes read ahead and held",
-            c.read_ahead_held_bytes as f64,
+            "keel_scan_buffer_held_bytes",
+            "Bytes held in the scan buffer for readers behind the read that took them",
+            scan.held_bytes as f64,
+        ),
+        (
+            "keel_scan_buffer_limit_bytes",
+            "The scan buffer's limit",
+            scan.limit_bytes as f64,
         ),
         (
             "keel_mover_fast_bytes",
@@ -166,6 +172,7 @@ fn register_counters(r: &mut Registry, broker: &Broker) {
 fn read_counters(broker: &Broker) -> Vec<(&'static str, &'static str, u64)> {
     let t = broker.data.tail_cache.stats();
     let c = broker.data.cold.stats();
+    let scan = broker.data.cold.scan_pool().stats();
     vec![
         (
             "keel_tail_cache_inserted_bytes",
@@ -204,9 +211,19 @@ fn read_counters(broker: &Broker) -> Vec<(&'static str, &'static str, u64)> {
             c.disk_bytes,
         ),
         (
-            "keel_read_ahead_hits",
-            "Fetches answered by a read-ahead",
-            c.read_ahead_hits,
+            "keel_scan_hits",
+            "Fetches below the tail cache answered without a read of their own",
+            scan.hits,
+        ),
+        (
+            "keel_scan_served_bytes",
+            "Bytes those fetches got",
+            scan.served_bytes,
+        ),
+        (
+            "keel_scan_shared_bytes",
+            "Bytes fetches got from another reader's read",
+            scan.shared_bytes,
         ),
     ]
 }

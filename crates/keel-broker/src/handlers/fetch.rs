@@ -229,7 +229,7 @@ struct Read {
 /// runs, so the bytes taken from disk stay within the budget too.
 ///
 /// Sources are resolved from each partition's view without I/O: tail cache
-/// and read-ahead hits are data at once. Reads of the log files start
+/// and data the shared scan holds are data at once. Reads of the log files start
 /// together on the cold executor. When the tail part already has data, the
 /// cold part is waited for only until `deadline`; a cold read still running
 /// then is answered empty and its data kept for the next fetch.
@@ -255,9 +255,8 @@ async fn read_all(reader: &Reader, targets: &[Target], total_max: usize, deadlin
                 any_data |= !bytes.is_empty();
                 results.push(Some(Ok(bytes)));
             }
-            Ok(Some(ReadSource::Disk(plan))) if !plan.is_empty() => {
-                let p = t.partition.as_ref().expect("planned partitions exist");
-                cold.push((i, p.spawn_cold_read(t.fetch_offset, plan, budget)));
+            Ok(Some(ReadSource::Disk(read))) => {
+                cold.push((i, read.spawn()));
                 remaining = remaining.saturating_sub(budget);
                 any_data = true;
                 results.push(None);
@@ -378,7 +377,7 @@ impl Source {
             ReadSource::Memory(_) => (Stage::ReadCache, None),
             ReadSource::ReadAhead(_) | ReadSource::Pending(_) => (Stage::ReadAhead, None),
             // A read of the files: naming them costs nothing next to the I/O.
-            ReadSource::Disk(plan) => match plan.tiered_segment() {
+            ReadSource::Disk(read) => match read.plan().tiered_segment() {
                 Some(t) => (
                     Stage::of_tier(t.tier),
                     Some(Place::Named {
@@ -388,9 +387,9 @@ impl Source {
                 ),
                 None => (
                     Stage::ReadLocal,
-                    plan.file_path().map(|f| Place::Named {
+                    read.plan().file_path().map(|f| Place::Named {
                         name: f.display().to_string(),
-                        position: Some(plan.start_position()),
+                        position: Some(read.plan().start_position()),
                     }),
                 ),
             },

@@ -235,8 +235,8 @@ pub fn budgets(config: &BrokerConfig, limit: &MemoryLimit) -> Vec<Budget> {
             key: "keel.tail.cache.bytes",
         },
         Budget {
-            name: "read-ahead pool (2% of the limit, at most 64 MiB)",
-            bytes: limit.read_ahead_pool_bytes(),
+            name: "scan buffer (4% of the limit, at most 256 MiB)",
+            bytes: limit.scan_buffer_bytes(),
             key: "",
         },
         Budget {
