@@ -167,3 +167,67 @@ def test_a_reader_shows_the_group_its_client_is_a_member_of(broker_factory, prot
         loner.close()
     assert readers["member"]["groups"] == [group], readers
     assert readers["loner"]["groups"] == [], readers
+
+
+GROUP_RECORDS = 45_000
+GROUP_VALUE = 1_000  # ~46 MB of batches
+
+
+@pytest.mark.skipif(IMPL != "keel", reason="Keel's shared scans")
+def test_three_groups_at_different_offsets_share_one_pass(broker_factory):
+    """Three consumer groups committed at 0, 1/3 and 2/3 of a partition's
+    history read to its end at the same time, below the tail cache and
+    under a cold-read budget (the disk contends). Each gets exactly its
+    range, in order; and the broker reads the history from disk about
+    once, not the twice (1 + 2/3 + 1/3) that reading each range for its
+    own reader costs: the readers ahead are paced until the group behind
+    reaches them, then ride its reads (keel.scan.window.bytes is small
+    here, so nothing is shared by holding data alone)."""
+    b = broker_factory({"keel.tail.cache.bytes": str(64 << 10),
+                        "keel.cold.read.bytes.per.sec": str(20_000_000),
+                        "keel.cold.read.max.concurrent": "1",
+                        "keel.scan.window.bytes": str(4 << 20)})
+    bs, topic = b.bootstrap, unique("groups")
+    create_topic(bs, topic, 1)
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 20})
+    value = lambda i: (b"%08d" % i) * (GROUP_VALUE // 8)  # noqa: E731
+    for i in range(GROUP_RECORDS):
+        p.produce(topic, value=value(i))
+        if i % 2000 == 0:
+            p.poll(0)
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+
+    starts = [0, GROUP_RECORDS // 3, 2 * GROUP_RECORDS // 3]
+    consumers = []
+    for k, start in enumerate(starts):
+        c = Consumer({"bootstrap.servers": bs, "group.id": unique(f"backfill{k}"),
+                      "client.id": f"backfill-{k}", "enable.auto.commit": False})
+        c.assign([TopicPartition(topic, 0, start)])
+        c.commit(offsets=[TopicPartition(topic, 0, start)], asynchronous=False)
+        consumers.append(c)
+    next_offset = list(starts)
+    deadline = time.monotonic() + 120
+    while any(n < GROUP_RECORDS for n in next_offset):
+        assert time.monotonic() < deadline, f"stalled at {next_offset}"
+        for k, c in enumerate(consumers):
+            if next_offset[k] >= GROUP_RECORDS:
+                continue
+            for m in c.consume(num_messages=1000, timeout=0.05):
+                assert not m.error(), m.error()
+                assert m.offset() == next_offset[k], (k, m.offset(), next_offset[k])
+                assert m.value() == value(m.offset())
+                next_offset[k] += 1
+    for c in consumers:
+        c.close()
+    assert next_offset == [GROUP_RECORDS] * 3
+
+    with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
+        stats = json.load(r)
+    [part] = [q for q in stats["partitions"] if q["topic"] == topic]
+    history = part["tiers"]["local_bytes"]
+    cold, scan = stats["cold_reads"], stats["scan"]
+    histories = cold["disk_bytes"] / history
+    print(f"three groups: {histories:.2f} histories read from disk, "
+          f"{scan['shared_bytes'] / history:.2f} served from another's reads, {scan['paced_fetches']} fetches paced")
+    assert histories <= 1.3, f"read {histories:.2f} histories from disk: {cold} {scan}"
+    assert scan["shared_bytes"] > 0 and scan["paced_fetches"] > 0, scan

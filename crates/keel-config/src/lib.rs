@@ -380,6 +380,13 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // Broker-wide budget of reads below the tail cache; 0 = unlimited.
     ("keel.cold.read.bytes.per.sec", "0", ConfigType::Long),
     ("keel.cold.read.max.concurrent", "4", ConfigType::Int),
+    // Shared cold scans (keel_data::scan): the scan buffer (-1: a share of
+    // the memory limit), how far ahead of a reader data is held for it,
+    // and the convoy's pacing of readers ahead of the one furthest behind.
+    ("keel.scan.buffer.bytes", "-1", ConfigType::Long),
+    ("keel.scan.window.bytes", "67108864", ConfigType::Long),
+    ("keel.scan.convoy.ahead.percent", "10", ConfigType::Int),
+    ("keel.scan.convoy.max.slowed.ms", "120000", ConfigType::Long),
     // Requests taking at least this long (arrival to response sent) are
     // logged as one JSON line each, with every stage; -1: off.
     ("keel.request.slow.ms", "1000", ConfigType::Long),
@@ -918,6 +925,12 @@ impl BrokerConfig {
                 reason: "must be a key path such as /keel: starting with '/', not ending with one".into(),
             });
         }
+        if self.num("keel.scan.convoy.ahead.percent") > 100 {
+            return Err(ConfigError {
+                key: "keel.scan.convoy.ahead.percent".into(),
+                reason: "must be between 1 and 100".into(),
+            });
+        }
         if self.num("socket.request.max.bytes") < 1024 {
             return Err(ConfigError {
                 key: "socket.request.max.bytes".into(),
@@ -940,6 +953,10 @@ impl BrokerConfig {
             ("keel.tail.cache.bytes", -1),
             ("keel.cold.read.bytes.per.sec", 0),
             ("keel.cold.read.max.concurrent", 1),
+            ("keel.scan.buffer.bytes", -1),
+            ("keel.scan.window.bytes", 0),
+            ("keel.scan.convoy.ahead.percent", 1),
+            ("keel.scan.convoy.max.slowed.ms", 0),
             ("fetch.max.bytes", 0),
             ("max.connections", 0),
             ("max.connections.per.ip", 0),

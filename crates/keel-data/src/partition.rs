@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::readers::{Reader, Readers};
-use crate::scan::{ReadId, ReadOrder, ScanCore, ScanSettings, ScanSummary, Step, Waiter};
+use crate::scan::{FetchAt, ReadId, ReadOrder, ScanCore, ScanSettings, ScanSummary, Step, Waiter};
 use bytes::Bytes;
 use keel_log::batch::BatchHeader;
 use keel_log::marker::{Marker, TxnWrite};
@@ -543,7 +543,7 @@ impl Partition {
             cold: parts.cold,
             io: parts.io,
             tiers: parts.tiers,
-            scan: Mutex::new(ScanCore::new(ScanSettings::default(), scan_pool)),
+            scan: Mutex::new(ScanCore::new(ScanSettings::of(scan_pool.policy()), scan_pool)),
             scan_hints: Mutex::new(Vec::new()),
             sealing: Arc::new(AtomicBool::new(false)),
             cleaning: Mutex::new(crate::cleaning::Cleaning::default()),
@@ -1413,8 +1413,15 @@ impl Partition {
         max_bytes: usize,
     ) -> Result<ReadSource, ReadFailure> {
         let (tx, rx) = oneshot::channel();
-        let (now, limit) = (self.clock.now_ms(), self.ahead_limit());
-        let step = self.scan.lock().fetch(reader, offset, max_bytes, now, tx, limit);
+        let at = FetchAt {
+            offset,
+            max_bytes,
+            now_ms: self.clock.now_ms(),
+            ahead_limit: self.ahead_limit(),
+            contended: self.cold.contended(),
+        };
+        let step = self.scan.lock().fetch(reader, at, tx);
+        tracing::trace!(topic = %self.topic, partition = self.index, client = %reader.client_id, offset, contended = at.contended, step = step.name(), "shared scan");
         match step {
             Step::Serve { data, ahead } => {
                 self.cold_read_bytes
@@ -1425,6 +1432,9 @@ impl Partition {
                 Ok(ReadSource::ReadAhead(data))
             }
             Step::Wait => Ok(ReadSource::Pending(rx)),
+            // Paced (a reader ahead of a lead that will reach it): no data
+            // now; the fetch waits as at the log end, and asks again.
+            Step::Defer => Ok(ReadSource::Memory(Chunks::default())),
             Step::Read(order) => match self.read_plan(offset, max_bytes) {
                 Ok(plan) if plan.is_empty() => {
                     self.finish_read(order.id, Ok(Bytes::new()));
@@ -1480,6 +1490,10 @@ impl Partition {
         let done = self.scan.lock().complete(id, data, now, limit);
         if let Some(order) = done.ahead {
             self.read_ahead(order);
+        }
+        if done.wake {
+            // A paced reader's long poll ends: its data is here.
+            self.wake_waiters();
         }
         for (waiter, data) in done.deliveries {
             let answer = match (data, &result) {

@@ -17,6 +17,41 @@
 //! share one read of each chunk. Data is never held for nobody: what no
 //! reader needs any more is dropped at once.
 //!
+//! # Readers at different offsets: the convoy
+//!
+//! Readers far apart share nothing by themselves: each reads its own
+//! stretch, and four readers at 0, 25, 50 and 75 % of a history read 2.5
+//! histories between them. A consumer needs its records in order, so a
+//! reader cannot be handed what lies further on; sharing must come from
+//! readers converging. So when cold reads contend (reads queue for the
+//! executor or its budget), the reader furthest behind (the lead) gets the
+//! disk, and a reader ahead of it, out of its window, has its reads paced
+//! to `ahead_share` of the lead's rate until the lead reaches it; from then
+//! on they ride one read of each chunk (the one ahead reads, the one behind
+//! is served from the buffer). With readers at 0/25/50/75 % and the disk's
+//! rate B, the lead moves at about B/(1+3w) and the others at w times
+//! that, so the disk reads about (1 + 1.5 w/(1-w)) histories (1.17 at
+//! w = 0.1) instead of 2.5, and all four finish at about one history's
+//! time instead of 2.5: no reader finishes later than with fair shares,
+//! since the last one cannot finish before the lead has read everything.
+//! Bounds:
+//! * a reader is paced only while the lead is expected to reach it within
+//!   what is left of `max_slowed_ms` (at the rate it closes in, `(1-w)`
+//!   of the lead's), and is never paced again in its scan once it has
+//!   been slowed that long: a lead that slows down or stalls holds nobody
+//!   beyond that bound;
+//! * a lead not seen for `STALLED_MS` paces nobody, and pacing starts
+//!   only while cold reads contend (it goes on after they stop, as the
+//!   paced readers' lower demand is what stops it);
+//! * only reads of the disk are paced: data held or in flight is served
+//!   at once, and the tail cache's readers never come here.
+//!
+//! Pacing from the lead's rate rather than pausing the readers ahead
+//! (w = 0) keeps them moving whatever the lead does; sharing only
+//! identical reads in flight (as a read cache does) shares nothing between
+//! readers at different offsets; and shortest-remaining-first still reads
+//! 2.5 histories.
+//!
 //! What the log changes under a scan is told here: retention
 //! ([`ScanCore::forget_below`]), the cleaner's rewrite of the segments
 //! below an offset ([`ScanCore::invalidate_below`]), and a truncation or a
@@ -31,7 +66,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use keel_log::batch::BatchHeader;
-use keel_tier::scan::ScanPool;
+use keel_tier::scan::{ScanPolicy, ScanPool};
 use keel_tier::Chunks;
 
 /// How a scan decides what to hold.
@@ -43,14 +78,28 @@ pub struct ScanSettings {
     pub window_bytes: u64,
     /// Readers tracked at most; the one seen least recently gives way.
     pub max_readers: usize,
+    /// The share of the lead's rate a paced reader ahead of it reads at.
+    pub ahead_share: f64,
+    /// How long a reader may be slowed in one scan at most (0: readers
+    /// are never paced).
+    pub max_slowed_ms: i64,
 }
 
 impl Default for ScanSettings {
     fn default() -> ScanSettings {
+        ScanSettings::of(ScanPolicy::default())
+    }
+}
+
+impl ScanSettings {
+    /// The settings of a broker's policy (the `keel.scan.*` configs).
+    pub fn of(policy: ScanPolicy) -> ScanSettings {
         ScanSettings {
             reader_idle_ms: 10_000,
-            window_bytes: 64 << 20,
+            window_bytes: policy.window_bytes,
             max_readers: crate::readers::MAX_READERS,
+            ahead_share: policy.ahead_share,
+            max_slowed_ms: policy.max_slowed_ms,
         }
     }
 }
@@ -74,6 +123,35 @@ pub trait Waiter {
     fn is_waiting(&self) -> bool;
 }
 
+/// A lead not seen for this long is stalled: it paces nobody.
+pub const STALLED_MS: i64 = 2_000;
+
+/// A reader's rate is sampled over at least this long.
+const RATE_SAMPLE_MS: i64 = 200;
+
+/// Whether a reader is paced behind a lead.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Pace {
+    Free,
+    /// Until the lead's rate is known.
+    Measuring,
+    /// At a share of the lead's rate (offsets per ms).
+    Paced(f64),
+}
+
+/// A fetch, as the scan sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct FetchAt {
+    pub offset: i64,
+    pub max_bytes: usize,
+    pub now_ms: i64,
+    /// Read-ahead stops below this (the tail cache's first offset or the
+    /// high watermark).
+    pub ahead_limit: i64,
+    /// Cold reads contend now (reads queue for the executor or budget).
+    pub contended: bool,
+}
+
 /// How a fetch is answered.
 #[derive(Debug)]
 pub enum Step {
@@ -83,6 +161,20 @@ pub enum Step {
     Wait,
     /// The fetch's own read, which delivers to its waiter too.
     Read(ReadOrder),
+    /// Paced: nothing now (the reader is ahead of a lead that will reach
+    /// it); the fetch is answered without data from here.
+    Defer,
+}
+
+impl Step {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::Serve { .. } => "serve",
+            Step::Wait => "wait",
+            Step::Read(_) => "read",
+            Step::Defer => "defer",
+        }
+    }
 }
 
 /// What a completed read gives: each waiter's data (`None`: the read
@@ -91,6 +183,9 @@ pub enum Step {
 pub struct Completed<W> {
     pub deliveries: Vec<(W, Option<Bytes>)>,
     pub ahead: Option<ReadOrder>,
+    /// The data reached a paced reader's offset: its long poll should end
+    /// now, so it rides on with the reader that read it.
+    pub wake: bool,
 }
 
 /// Held data: whole batches read at `first`, up to `next`.
@@ -137,6 +232,55 @@ struct InFlight<K, W> {
 struct Position {
     offset: i64,
     seen_ms: i64,
+    /// Progress, offsets per ms (none until a first sample), and the
+    /// sample it is measured from.
+    rate: Option<f64>,
+    sample: (i64, i64),
+    /// Paced at its last fetch; its last fetch got nothing for it; slowed
+    /// this long in this scan so far; no longer paced in this scan; next
+    /// allowed a read of the disk at.
+    paced: bool,
+    deferred: bool,
+    slowed_ms: i64,
+    released: bool,
+    paced_until: i64,
+}
+
+impl Position {
+    fn new(offset: i64, now_ms: i64) -> Position {
+        Position {
+            offset,
+            seen_ms: now_ms,
+            rate: None,
+            sample: (offset, now_ms),
+            paced: false,
+            deferred: false,
+            slowed_ms: 0,
+            released: false,
+            paced_until: 0,
+        }
+    }
+
+    /// A fetch at `offset`: its rate, and the time it was slowed since its
+    /// last fetch. Going back starts a new scan.
+    fn moved(&mut self, offset: i64, now_ms: i64) {
+        if offset < self.offset {
+            *self = Position::new(offset, now_ms);
+            return;
+        }
+        self.deferred = false;
+        if self.paced {
+            self.slowed_ms += now_ms - self.seen_ms;
+        }
+        let (from, at) = self.sample;
+        if now_ms - at >= RATE_SAMPLE_MS {
+            let rate = (offset - from) as f64 / (now_ms - at) as f64;
+            self.rate = Some(self.rate.map_or(rate, |r| (r + rate) / 2.0));
+            self.sample = (offset, now_ms);
+        }
+        self.offset = offset;
+        self.seen_ms = now_ms;
+    }
 }
 
 /// One partition's shared scan. `K` names readers, `W` is where a fetch
@@ -153,6 +297,10 @@ pub struct ScanCore<K, W> {
     held_bytes: u64,
     /// The log start retention last set: nothing below it is held.
     log_start: i64,
+    /// Bytes per offset of what was read (to turn offsets into bytes).
+    bytes_per_offset: f64,
+    /// Fetches paced, for `/stats`.
+    deferred: u64,
 }
 
 /// What `/stats` shows of one partition's scan.
@@ -162,6 +310,9 @@ pub struct ScanSummary {
     pub chunks: usize,
     pub reads_in_flight: usize,
     pub readers: usize,
+    /// Readers paced now, and fetches paced so far.
+    pub paced: usize,
+    pub deferred: u64,
 }
 
 impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
@@ -175,39 +326,115 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
             next_id: 1,
             held_bytes: 0,
             log_start: 0,
+            bytes_per_offset: 0.0,
+            deferred: 0,
         }
     }
 
-    /// `reader`'s fetch at `offset` (within the log, below the tail
-    /// cache), for about `max_bytes`. `waiter` gets the data of a
-    /// [`Step::Wait`] or [`Step::Read`]. Read-ahead stops below
-    /// `ahead_limit` (the tail cache's first offset or the high
-    /// watermark).
-    pub fn fetch(
-        &mut self,
-        reader: &K,
-        offset: i64,
-        max_bytes: usize,
-        now_ms: i64,
-        waiter: W,
-        ahead_limit: i64,
-    ) -> Step {
+    /// `reader`'s fetch (within the log, below the tail cache). `waiter`
+    /// gets the data of a [`Step::Wait`] or [`Step::Read`].
+    pub fn fetch(&mut self, reader: &K, at: FetchAt, waiter: W) -> Step {
+        let FetchAt {
+            offset,
+            max_bytes,
+            now_ms,
+            ahead_limit,
+            contended,
+        } = at;
         self.note(reader, offset, now_ms);
         self.evict(now_ms);
+        let pace = self.assess(reader, offset, now_ms, contended);
         if let Some((data, shared, end)) = self.serve(reader, offset, max_bytes) {
             self.pool.note_hit(data.len() as u64, shared);
-            let ahead = self.order_ahead(end, max_bytes, ahead_limit, reader);
+            let ahead = match pace {
+                Pace::Free => self.order_ahead(end, max_bytes, ahead_limit, reader),
+                Pace::Measuring | Pace::Paced(_) => None,
+            };
             return Step::Serve { data, ahead };
         }
         if let Some(read) = self.reads.values_mut().find(|r| !r.stale && r.offset == offset) {
             read.waiters.push((waiter, reader.clone(), max_bytes));
             return Step::Wait;
         }
+        let chunk = max_bytes as f64 / self.bytes_per_offset.max(1.0);
+        let share = self.settings.ahead_share;
+        let defer = match (pace, self.readers.get_mut(reader)) {
+            (Pace::Free, _) | (_, None) => false,
+            // Until the lead's rate is known (at most a rate sample).
+            (Pace::Measuring, _) => true,
+            (Pace::Paced(_), Some(me)) if now_ms < me.paced_until => true,
+            // One read of the disk per chunk's time at its share of the
+            // lead's rate.
+            (Pace::Paced(rate), Some(me)) => {
+                me.paced_until = now_ms + (chunk / (share * rate)) as i64;
+                false
+            }
+        };
+        if let Some(me) = self.readers.get_mut(reader) {
+            me.deferred = defer;
+        }
+        if defer {
+            self.deferred += 1;
+            self.pool.note_paced();
+            return Step::Defer;
+        }
         let order = self.issue(offset, max_bytes, reader, false);
         if let Some(read) = self.reads.get_mut(&order.id) {
             read.waiters.push((waiter, reader.clone(), max_bytes));
         }
         Step::Read(order)
+    }
+
+    /// Whether `reader`, at `offset`, is to be paced (see the convoy
+    /// above). Notes it (a paced reader's reads are not read ahead), and
+    /// releases a reader slowed for the bound.
+    fn assess(&mut self, reader: &K, offset: i64, now_ms: i64, contended: bool) -> Pace {
+        let (w, max_slowed) = (self.settings.ahead_share, self.settings.max_slowed_ms);
+        let window = self.settings.window_bytes as f64 / self.bytes_per_offset.max(1.0);
+        let lead = self
+            .readers
+            .iter()
+            .filter(|(k, p)| *k != reader && p.offset < offset && now_ms - p.seen_ms <= STALLED_MS)
+            .map(|(_, p)| *p)
+            .min_by_key(|p| p.offset);
+        let Some(me) = self.readers.get_mut(reader) else {
+            return Pace::Free;
+        };
+        if me.slowed_ms >= max_slowed {
+            me.released = true;
+        }
+        let pace = lead.map_or(Pace::Free, |lead| {
+            let to_close = (offset - lead.offset) as f64 - window;
+            // Contention starts the pacing; it goes on once the readers
+            // ahead read less (and the disk no longer contends) until the
+            // lead reaches them or the bound.
+            let candidate =
+                max_slowed > 0 && w > 0.0 && (contended || me.paced) && !me.released && to_close > 0.0;
+            match lead.rate {
+                _ if !candidate => Pace::Free,
+                None => Pace::Measuring,
+                // The lead reaches the window within what is left of the
+                // bound, at the rate it closes in.
+                Some(rate)
+                    if rate > 0.0 && to_close / ((1.0 - w) * rate) <= (max_slowed - me.slowed_ms) as f64 =>
+                {
+                    Pace::Paced(rate)
+                }
+                Some(_) => Pace::Free,
+            }
+        });
+        me.paced = pace != Pace::Free;
+        pace
+    }
+
+    fn is_paced(&self, reader: &K) -> bool {
+        self.readers.get(reader).is_some_and(|p| p.paced)
+    }
+
+    /// How long `reader` was slowed in its scan so far, and whether it is
+    /// paced now: for `/stats` and tests.
+    pub fn slowed(&self, reader: &K) -> Option<(i64, bool)> {
+        self.readers.get(reader).map(|p| (p.slowed_ms, p.paced))
     }
 
     /// The read `id` returned `bytes` (`None`: it failed). Its waiters get
@@ -226,15 +453,25 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
             return Completed {
                 deliveries: Vec::new(),
                 ahead: None,
+                wake: false,
             };
         };
         let Some(bytes) = bytes else {
             return Completed {
                 deliveries: read.waiters.into_iter().map(|(w, _, _)| (w, None)).collect(),
                 ahead: None,
+                wake: false,
             };
         };
         let ends = batch_ends(&bytes);
+        if let Some((last, end)) = ends.last() {
+            let per_offset = *end as f64 / (last + 1 - read.offset).max(1) as f64;
+            self.bytes_per_offset = if self.bytes_per_offset == 0.0 {
+                per_offset
+            } else {
+                (self.bytes_per_offset * 7.0 + per_offset) / 8.0
+            };
+        }
         let mut deliveries = Vec::with_capacity(read.waiters.len());
         let mut waiting = false;
         for (w, who, max_bytes) in read.waiters {
@@ -255,17 +492,25 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
             }
             deliveries.push((w, Some(data)));
         }
-        let mut ahead = None;
+        let (mut ahead, mut wake) = (None, false);
         if !read.stale {
             if let Some((last, _)) = ends.last() {
                 let next = last + 1;
                 self.keep(read.offset, next, bytes, ends, read.read_by.clone());
-                if waiting {
+                wake = self
+                    .readers
+                    .values()
+                    .any(|p| p.deferred && read.offset <= p.offset && p.offset < next);
+                if waiting && !self.is_paced(&read.read_by) {
                     ahead = self.order_ahead(next, read.max_bytes, ahead_limit, &read.read_by);
                 }
             }
         }
-        Completed { deliveries, ahead }
+        Completed {
+            deliveries,
+            ahead,
+            wake,
+        }
     }
 
     /// `reader` reads from the tail cache now: it needs nothing held here.
@@ -312,6 +557,8 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
             chunks: self.chunks.len(),
             reads_in_flight: self.reads.len(),
             readers: self.readers.len(),
+            paced: self.readers.values().filter(|p| p.paced).count(),
+            deferred: self.deferred,
         }
     }
 
@@ -321,14 +568,11 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
     }
 
     fn note(&mut self, reader: &K, offset: i64, now_ms: i64) {
-        let position = Position {
-            offset,
-            seen_ms: now_ms,
-        };
         if let Some(p) = self.readers.get_mut(reader) {
-            *p = position;
+            p.moved(offset, now_ms);
             return;
         }
+        let position = Position::new(offset, now_ms);
         if self.readers.len() >= self.settings.max_readers {
             let oldest = self
                 .readers

@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use keel_data::scan::{batch_ends, ReadOrder, ScanCore, ScanSettings, Step, Waiter};
+use keel_data::scan::{batch_ends, FetchAt, ReadOrder, ScanCore, ScanSettings, Step, Waiter};
 use keel_log::testing::{test_seed, BatchBuilder};
 use keel_tier::scan::ScanPool;
 use rand::rngs::SmallRng;
@@ -186,6 +186,7 @@ fn run(seed: u64) {
         reader_idle_ms: 5_000,
         window_bytes: if rng.gen_bool(0.5) { 3_000 } else { 1 << 20 },
         max_readers: 6,
+        ..ScanSettings::default()
     };
     let mut core: ScanCore<usize, Token> = ScanCore::new(settings, Arc::clone(&pool));
     let mut log = Log {
@@ -344,7 +345,14 @@ fn run(seed: u64) {
                 };
                 next_token += 1;
                 let expected = log.from(r.offset);
-                match core.fetch(&id, r.offset, max_bytes, now, token, log.end) {
+                let at = FetchAt {
+                    offset: r.offset,
+                    max_bytes,
+                    now_ms: now,
+                    ahead_limit: log.end,
+                    contended: rng.gen_bool(0.5),
+                };
+                match core.fetch(&id, at, token) {
                     Step::Serve { data, ahead } => {
                         let data = data.join();
                         let what = format!("step {step}: held data for {id} at {}", r.offset);
@@ -355,6 +363,7 @@ fn run(seed: u64) {
                         }
                     }
                     Step::Wait => r.waiting = Some(next_token - 1),
+                    Step::Defer => {}
                     Step::Read(order) => {
                         assert_eq!((order.offset, order.max_bytes), (r.offset, max_bytes));
                         pending.push((order, log.read(order.offset, order.max_bytes)));
@@ -449,7 +458,14 @@ fn readers_riding_together_share_each_read() {
                 core.leave(&id);
                 continue;
             }
-            let got = match core.fetch(&id, *at, 2_000, 0, token(id as u64), log.end) {
+            let fetch = FetchAt {
+                offset: *at,
+                max_bytes: 2_000,
+                now_ms: 0,
+                ahead_limit: log.end,
+                contended: false,
+            };
+            let got = match core.fetch(&id, fetch, token(id as u64)) {
                 Step::Serve { data, ahead } => {
                     pending.extend(ahead);
                     data.join()
@@ -459,6 +475,7 @@ fn readers_riding_together_share_each_read() {
                     run_read(&mut core, order, &mut pending)
                 }
                 Step::Read(order) => run_read(&mut core, order, &mut pending),
+                Step::Defer => unreachable!("nothing contends"),
             };
             *at = batch_ends(&got).last().unwrap().0 + 1;
         }

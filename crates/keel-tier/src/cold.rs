@@ -10,6 +10,7 @@
 use std::io;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
@@ -59,7 +60,17 @@ pub struct ColdReads {
     wait_us_total: AtomicU64,
     /// Where the reads' data is held for the readers behind.
     scan: Arc<ScanPool>,
+    /// When a read last waited for a slot or for budget, in µs since
+    /// `started` (0: never).
+    started: Instant,
+    last_wait_us: AtomicU64,
 }
+
+/// Cold reads contend while one waits, and this long after one waited.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// A wait this long for a slot or budget counts as contention.
+const CONTENTION_WAIT: Duration = Duration::from_millis(1);
 
 impl ColdReads {
     /// Reads at most `max_concurrent` at a time, within `io`'s cold-read
@@ -77,6 +88,8 @@ impl ColdReads {
             bytes: AtomicU64::new(0),
             wait_us_total: AtomicU64::new(0),
             scan: Arc::new(ScanPool::new(SCAN_BUFFER_BYTES)),
+            started: Instant::now(),
+            last_wait_us: AtomicU64::new(0),
         }
     }
 
@@ -90,9 +103,10 @@ impl ColdReads {
         &self.bulk
     }
 
-    /// Sets the scan buffer's limit (bytes held at once, broker-wide).
-    pub fn with_scan_buffer(mut self, bytes: u64) -> ColdReads {
-        self.scan = Arc::new(ScanPool::new(bytes));
+    /// Sets the scan buffer (its limit: bytes held at once, broker-wide)
+    /// and the scans' policy.
+    pub fn with_scan_pool(mut self, pool: ScanPool) -> ColdReads {
+        self.scan = Arc::new(pool);
         self
     }
 
@@ -114,8 +128,13 @@ impl ColdReads {
         let permit = self.slots.acquire().await;
         self.io.budget(IoClass::ColdRead).take(0).await;
         self.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        let waited = queued.elapsed();
         self.wait_us_total
-            .fetch_add(queued.elapsed().as_micros() as u64, Ordering::Relaxed);
+            .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+        if waited >= CONTENTION_WAIT {
+            let at = self.started.elapsed().as_micros().max(1) as u64;
+            self.last_wait_us.store(at, Ordering::Relaxed);
+        }
         let result = self
             .bulk
             .run(read)
@@ -127,6 +146,16 @@ impl ColdReads {
         self.bytes.fetch_add(read.bytes.len() as u64, Ordering::Relaxed);
         self.io.budget(IoClass::ColdRead).charge(read.disk_bytes).await;
         Ok(read.bytes)
+    }
+
+    /// Whether reads contend for the executor or its budget: one is
+    /// waiting, or one waited within the last second.
+    pub fn contended(&self) -> bool {
+        if self.queue_depth.load(Ordering::Relaxed) > 0 {
+            return true;
+        }
+        let last = self.last_wait_us.load(Ordering::Relaxed);
+        last != 0 && self.started.elapsed().as_micros() as u64 - last < CONTENDED_FOR.as_micros() as u64
     }
 
     pub fn stats(&self) -> ColdStats {

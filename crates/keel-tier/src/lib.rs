@@ -25,6 +25,6 @@ pub mod tiers;
 pub use bulk::{Bulk, BULK_NICE};
 pub use cold::{ColdRead, ColdReads, ColdStats};
 pub use io::{Budget, Budgets, IoClass, IoClassStats, IoScheduler};
-pub use scan::{ScanPool, ScanStats};
+pub use scan::{ScanPolicy, ScanPool, ScanStats};
 pub use tail::{Chunks, PartitionTail, TailCache, TailStats};
 pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers, UncommittedCopy};

@@ -10,10 +10,33 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// smaller ([`crate::memory::MemoryLimit::scan_buffer_bytes`]).
 pub const SCAN_BUFFER_BYTES: u64 = 256 << 20;
 
+/// How the shared scans hold data and pace readers (the `keel.scan.*`
+/// configs): see `keel_data::scan`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScanPolicy {
+    /// Data further ahead of a reader than this is not held for it.
+    pub window_bytes: u64,
+    /// The share of the lead's rate a paced reader ahead of it reads at.
+    pub ahead_share: f64,
+    /// How long a reader may be slowed in one scan (0: never paced).
+    pub max_slowed_ms: i64,
+}
+
+impl Default for ScanPolicy {
+    fn default() -> ScanPolicy {
+        ScanPolicy {
+            window_bytes: 64 << 20,
+            ahead_share: 0.1,
+            max_slowed_ms: 120_000,
+        }
+    }
+}
+
 /// The scan buffer's byte limit and counters, shared by every partition's
-/// scan.
+/// scan, and the policy the scans follow.
 #[derive(Debug)]
 pub struct ScanPool {
+    policy: ScanPolicy,
     limit_bytes: u64,
     held_bytes: AtomicU64,
     /// Fetches answered by held data or by a read already in flight.
@@ -25,6 +48,8 @@ pub struct ScanPool {
     /// Reads whose data was held, and those refused for want of room.
     kept: AtomicU64,
     refused: AtomicU64,
+    /// Fetches answered without data while their reader was paced.
+    paced: AtomicU64,
 }
 
 /// A snapshot of the scan buffer.
@@ -37,11 +62,13 @@ pub struct ScanStats {
     pub shared_bytes: u64,
     pub kept: u64,
     pub refused: u64,
+    pub paced: u64,
 }
 
 impl ScanPool {
     pub fn new(limit_bytes: u64) -> ScanPool {
         ScanPool {
+            policy: ScanPolicy::default(),
             limit_bytes,
             held_bytes: AtomicU64::new(0),
             hits: AtomicU64::new(0),
@@ -49,7 +76,17 @@ impl ScanPool {
             shared_bytes: AtomicU64::new(0),
             kept: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            paced: AtomicU64::new(0),
         }
+    }
+
+    pub fn with_policy(mut self, policy: ScanPolicy) -> ScanPool {
+        self.policy = policy;
+        self
+    }
+
+    pub fn policy(&self) -> ScanPolicy {
+        self.policy
     }
 
     /// Reserves room for `bytes`; false (and counted) when the buffer is
@@ -78,6 +115,11 @@ impl ScanPool {
         self.shared_bytes.fetch_add(shared, Ordering::Relaxed);
     }
 
+    /// Counts a fetch answered without data: its reader is paced.
+    pub fn note_paced(&self) {
+        self.paced.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes.load(Ordering::Acquire)
     }
@@ -95,6 +137,7 @@ impl ScanPool {
             shared_bytes: self.shared_bytes.load(Ordering::Relaxed),
             kept: self.kept.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            paced: self.paced.load(Ordering::Relaxed),
         }
     }
 }

@@ -475,6 +475,7 @@ impl Broker {
                 "shared_bytes": scan.shared_bytes,
                 "kept": scan.kept,
                 "refused": scan.refused,
+                "paced_fetches": scan.paced,
             },
             "tiers": self.tiers_json(),
             "cleaner": self.data.cleaner.to_json(),
@@ -613,6 +614,8 @@ fn partition_json(
             "chunks": scan.chunks,
             "reads_in_flight": scan.reads_in_flight,
             "readers": scan.readers,
+            "paced_readers": scan.paced,
+            "paced_fetches": scan.deferred,
         },
         "segment_bytes": size,
         "page_cache_resident_bytes": resident,
@@ -792,7 +795,7 @@ fn open_data_plane(
         Arc::clone(&io),
         usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
     )
-    .with_scan_buffer(memory.scan_buffer_bytes());
+    .with_scan_pool(scan_pool(&config, memory));
     let read_io = choose_read_io(&config, &data_dir).map_err(io_error(&data_dir))?;
     let tiers = Tiers::new(
         Arc::clone(&storage),
@@ -872,6 +875,18 @@ fn choose_read_io(config: &BrokerConfig, data_dir: &std::path::Path) -> std::io:
 
 /// `keel.tail.cache.bytes`, or by default a share of the memory the broker
 /// may use (host memory or its cgroup's limit, whichever is tighter).
+/// The scan buffer (`keel.scan.buffer.bytes`, -1: a share of the memory
+/// limit) and the shared scans' policy (`keel.scan.*`).
+fn scan_pool(config: &BrokerConfig, limit: &MemoryLimit) -> keel_tier::ScanPool {
+    let bytes =
+        u64::try_from(config.num("keel.scan.buffer.bytes")).unwrap_or_else(|_| limit.scan_buffer_bytes());
+    keel_tier::ScanPool::new(bytes).with_policy(keel_tier::ScanPolicy {
+        window_bytes: u64::try_from(config.num("keel.scan.window.bytes")).unwrap_or(0),
+        ahead_share: config.num("keel.scan.convoy.ahead.percent") as f64 / 100.0,
+        max_slowed_ms: config.num("keel.scan.convoy.max.slowed.ms"),
+    })
+}
+
 fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
     let configured = config.num("keel.tail.cache.bytes");
     if configured >= 0 {

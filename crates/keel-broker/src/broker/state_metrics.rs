@@ -225,6 +225,11 @@ fn read_counters(broker: &Broker) -> Vec<(&'static str, &'static str, u64)> {
             "Bytes fetches got from another reader's read",
             scan.shared_bytes,
         ),
+        (
+            "keel_scan_paced_fetches",
+            "Fetches answered without data while their reader was paced behind a lead",
+            scan.paced,
+        ),
     ]
 }
 

@@ -235,9 +235,10 @@ pub fn budgets(config: &BrokerConfig, limit: &MemoryLimit) -> Vec<Budget> {
             key: "keel.tail.cache.bytes",
         },
         Budget {
-            name: "scan buffer (4% of the limit, at most 256 MiB)",
-            bytes: limit.scan_buffer_bytes(),
-            key: "",
+            name: "scan buffer",
+            bytes: u64::try_from(config.num("keel.scan.buffer.bytes"))
+                .unwrap_or_else(|_| limit.scan_buffer_bytes()),
+            key: "keel.scan.buffer.bytes",
         },
         Budget {
             name: "cold reads in flight (max.concurrent x fetch.max.bytes)",
