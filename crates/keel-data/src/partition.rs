@@ -1519,6 +1519,12 @@ impl Partition {
             .tick(self.clock.now_ms(), self.log_start_offset());
     }
 
+    /// How long `reader` was paced in its scan below the tail cache so
+    /// far, and whether it is paced now; `None` for a reader not there.
+    pub fn scan_pacing(&self, reader: &Reader) -> Option<(i64, bool)> {
+        self.scan.lock().slowed(reader)
+    }
+
     /// What the shared scan holds now.
     pub fn scan_summary(&self) -> ScanSummary {
         self.scan.lock().summary()

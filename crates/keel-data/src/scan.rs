@@ -23,8 +23,9 @@
 //! stretch, and four readers at 0, 25, 50 and 75 % of a history read 2.5
 //! histories between them. A consumer needs its records in order, so a
 //! reader cannot be handed what lies further on; sharing must come from
-//! readers converging. So when cold reads contend (reads queue for the
-//! executor or its budget), the reader furthest behind (the lead) gets the
+//! readers converging. So when cold reads contend (two scans' reads on
+//! the disk at once, or reads waiting for the executor or its budget:
+//! `ColdReads::contended`), the reader furthest behind (the lead) gets the
 //! disk, and a reader ahead of it, out of its window, has its reads paced
 //! to `ahead_share` of the lead's rate until the lead reaches it; from then
 //! on they ride one read of each chunk (the one ahead reads, the one behind
@@ -148,7 +149,7 @@ pub struct FetchAt {
     /// Read-ahead stops below this (the tail cache's first offset or the
     /// high watermark).
     pub ahead_limit: i64,
-    /// Cold reads contend now (reads queue for the executor or budget).
+    /// Cold reads contend now (`keel_tier::ColdReads::contended`).
     pub contended: bool,
 }
 

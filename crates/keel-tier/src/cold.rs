@@ -60,17 +60,40 @@ pub struct ColdReads {
     wait_us_total: AtomicU64,
     /// Where the reads' data is held for the readers behind.
     scan: Arc<ScanPool>,
-    /// When a read last waited for a slot or for budget, in µs since
-    /// `started` (0: never).
+    /// Reads on the disk now.
+    running: AtomicI64,
+    /// When reads last contended (one waited for a slot or for budget, or
+    /// two were on the disk at once), in µs since `started` (0: never).
     started: Instant,
-    last_wait_us: AtomicU64,
+    last_contended_us: AtomicU64,
 }
 
-/// Cold reads contend while one waits, and this long after one waited.
+/// Cold reads contend while they do, and this long after.
 const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
 /// A wait this long for a slot or budget counts as contention.
 const CONTENTION_WAIT: Duration = Duration::from_millis(1);
+
+/// A read on the disk, counted while it runs (also if its future is
+/// dropped).
+struct Running<'a> {
+    reads: &'a AtomicI64,
+    /// Reads on the disk with it.
+    count: i64,
+}
+
+impl<'a> Running<'a> {
+    fn start(reads: &'a AtomicI64) -> Running<'a> {
+        let count = reads.fetch_add(1, Ordering::Relaxed) + 1;
+        Running { reads, count }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.reads.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 impl ColdReads {
     /// Reads at most `max_concurrent` at a time, within `io`'s cold-read
@@ -88,8 +111,9 @@ impl ColdReads {
             bytes: AtomicU64::new(0),
             wait_us_total: AtomicU64::new(0),
             scan: Arc::new(ScanPool::new(SCAN_BUFFER_BYTES)),
+            running: AtomicI64::new(0),
             started: Instant::now(),
-            last_wait_us: AtomicU64::new(0),
+            last_contended_us: AtomicU64::new(0),
         }
     }
 
@@ -131,15 +155,16 @@ impl ColdReads {
         let waited = queued.elapsed();
         self.wait_us_total
             .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
-        if waited >= CONTENTION_WAIT {
-            let at = self.started.elapsed().as_micros().max(1) as u64;
-            self.last_wait_us.store(at, Ordering::Relaxed);
+        let running = Running::start(&self.running);
+        if waited >= CONTENTION_WAIT || running.count >= 2 {
+            self.note_contended();
         }
         let result = self
             .bulk
             .run(read)
             .await
             .unwrap_or_else(|e| Err(io::Error::other(format!("cold read: {e}"))));
+        drop(running);
         drop(permit);
         let read = result?;
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -148,13 +173,20 @@ impl ColdReads {
         Ok(read.bytes)
     }
 
-    /// Whether reads contend for the executor or its budget: one is
-    /// waiting, or one waited within the last second.
+    fn note_contended(&self) {
+        let at = self.started.elapsed().as_micros().max(1) as u64;
+        self.last_contended_us.store(at, Ordering::Relaxed);
+    }
+
+    /// Whether reads contend for the disk, the executor or its budget: one
+    /// waits now, or within the last second one waited or two were on the
+    /// disk at once (each reader's scan has one read in flight at a time,
+    /// so two scans share the device).
     pub fn contended(&self) -> bool {
-        if self.queue_depth.load(Ordering::Relaxed) > 0 {
+        if self.queue_depth.load(Ordering::Relaxed) > 0 || self.running.load(Ordering::Relaxed) >= 2 {
             return true;
         }
-        let last = self.last_wait_us.load(Ordering::Relaxed);
+        let last = self.last_contended_us.load(Ordering::Relaxed);
         last != 0 && self.started.elapsed().as_micros() as u64 - last < CONTENDED_FOR.as_micros() as u64
     }
 
@@ -261,6 +293,25 @@ mod tests {
         }
         let s = cold.stats();
         assert_eq!((s.reads, s.bytes, s.throttled_us_total), (100, 100, 0));
+    }
+
+    /// One scan keeps one read on the disk at a time: reads one after the
+    /// other do not contend; two on the disk at once do (for a second).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_reads_on_the_disk_at_once_contend() {
+        let cold = Arc::new(cold_reads(0, 4));
+        for _ in 0..3 {
+            cold.read(|| Ok(read_of(10))).await.unwrap();
+        }
+        assert!(!cold.contended());
+        let slow = || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            Ok(read_of(10))
+        };
+        let (a, b) = tokio::join!(cold.read(slow), cold.read(slow));
+        a.unwrap();
+        b.unwrap();
+        assert!(cold.contended());
     }
 
     #[tokio::test]

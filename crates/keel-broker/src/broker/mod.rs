@@ -633,6 +633,10 @@ fn partition_json(
                 .unwrap_or_default(),
             "offset": r.offset,
             "at_ms": r.at_ms,
+            // Below the tail cache: paced behind a lead now, and for how
+            // long in its scan so far.
+            "paced": p.scan_pacing(&r.reader).map(|(_, paced)| paced),
+            "slowed_ms": p.scan_pacing(&r.reader).map(|(slowed, _)| slowed),
         })).collect::<Vec<_>>(),
         "tiers": {
             "local_segments": local_segments,
