@@ -52,6 +52,22 @@ fn batch(base: i64, count: i64, version: u32, rng: &mut SmallRng) -> Batch {
 }
 
 impl Log {
+    /// A log of `batches` random batches in one or more segments.
+    fn new(batches: usize, rng: &mut SmallRng) -> Log {
+        let mut log = Log {
+            segments: vec![Segment {
+                base: 0,
+                batches: Vec::new(),
+            }],
+            end: 0,
+            version: 0,
+        };
+        for _ in 0..batches {
+            log.append(rng);
+        }
+        log
+    }
+
     fn start(&self) -> i64 {
         self.segments[0].base
     }
@@ -189,17 +205,7 @@ fn run(seed: u64) {
         ..ScanSettings::default()
     };
     let mut core: ScanCore<usize, Token> = ScanCore::new(settings, Arc::clone(&pool));
-    let mut log = Log {
-        segments: vec![Segment {
-            base: 0,
-            batches: Vec::new(),
-        }],
-        end: 0,
-        version: 0,
-    };
-    for _ in 0..60 {
-        log.append(&mut rng);
-    }
+    let mut log = Log::new(60, &mut rng);
     let mut readers: HashMap<usize, ModelReader> = HashMap::new();
     let mut fetches: HashMap<u64, Fetch> = HashMap::new();
     let mut pending: Vec<(ReadOrder, Bytes)> = Vec::new();
@@ -423,17 +429,7 @@ fn readers_riding_together_share_each_read() {
     let mut rng = SmallRng::seed_from_u64(7);
     let pool = Arc::new(ScanPool::new(1 << 20));
     let mut core: ScanCore<usize, Token> = ScanCore::new(ScanSettings::default(), Arc::clone(&pool));
-    let mut log = Log {
-        segments: vec![Segment {
-            base: 0,
-            batches: Vec::new(),
-        }],
-        end: 0,
-        version: 0,
-    };
-    for _ in 0..200 {
-        log.append(&mut rng);
-    }
+    let log = Log::new(200, &mut rng);
     let token = |id| Token {
         id,
         listening: Rc::new(Cell::new(true)),
