@@ -931,6 +931,12 @@ impl BrokerConfig {
                 reason: "must be between 1 and 100".into(),
             });
         }
+        if self.num("keel.scan.convoy.max.slowed.ms") > 86_400_000 {
+            return Err(ConfigError {
+                key: "keel.scan.convoy.max.slowed.ms".into(),
+                reason: "must be at most a day (86400000)".into(),
+            });
+        }
         if self.num("socket.request.max.bytes") < 1024 {
             return Err(ConfigError {
                 key: "socket.request.max.bytes".into(),

@@ -427,6 +427,10 @@ fn pass(data: &DataPlane, map: &mut KeyMap, runtime: &tokio::runtime::Handle, c:
     };
     let mut commit = |group: keel_log::clean::CleanedGroup| {
         let end = group.next_offset();
+        // The shared scans forget what they read below `end` before the
+        // swap as well as after it (`forget_cached_below`): no fetch joins
+        // data from both sides of it.
+        p.forget_scanned_below(end);
         // Deleted (or offline) meanwhile: there is no log to swap into, and
         // the pass ends as one whose log changed.
         let Ok(swapped) = p.with_log(|log| log.commit_cleaned(group)) else {

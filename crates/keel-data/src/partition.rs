@@ -390,7 +390,7 @@ const SCAN_HINTS: usize = 8;
 
 /// A read of the log files for a fetch, to be run with
 /// [`DiskRead::spawn`]. Other fetches at its offset may wait for it; one
-/// dropped without being run answers them with an error.
+/// dropped without being run answers them with no data.
 pub struct DiskRead {
     partition: Arc<Partition>,
     id: ReadId,
@@ -413,10 +413,11 @@ impl DiskRead {
 }
 
 impl Drop for DiskRead {
+    /// A read never run answers the fetches that waited for it with no
+    /// data (they ask again), and is held for nobody.
     fn drop(&mut self) {
         if self.plan.is_some() {
-            self.partition
-                .finish_read(self.id, Err(std::io::Error::other("the read was not run")));
+            self.partition.finish_read(self.id, Ok(Bytes::new()));
         }
     }
 }
@@ -955,6 +956,9 @@ impl Partition {
             return;
         }
         self.tail.clear();
+        // Before the new log is in and after (below): no fetch is served
+        // what was read from the old one.
+        self.forget_scans();
         let config = self.config.lock().clone();
         match open_log(&self.storage, &self.dir, &config, self.clock.now_ms()) {
             Ok((log, producers)) => {
@@ -1170,6 +1174,7 @@ impl Partition {
                 old.sealer().fence();
             }
             self.tail.clear();
+            self.forget_scans();
             *self.reader.write() = Some(log.reader().clone());
             self.published_producers.replace(&producers);
             st.log = Some(log);
@@ -1216,6 +1221,7 @@ impl Partition {
             return Err("the partition is led here".into());
         }
         let log = st.log.as_mut().expect("refusal() checked the log is open");
+        self.forget_scans();
         log.restart_at(start, offset, cold).map_err(|e| e.to_string())?;
         // Producer state below `offset` is the snapshot's (or none): the
         // reopen at the claim reads the rest from `offset` on.
@@ -1401,6 +1407,11 @@ impl Partition {
         } else {
             // Out of range, unless the log moved meanwhile: the plan says.
             self.read_plan(offset, max_bytes)?;
+            if offset >= hw {
+                // Written here but not committed yet (a cluster's log runs
+                // ahead of its high watermark): nothing to read yet.
+                return Ok(ReadSource::Memory(Chunks::default()));
+            }
         }
         self.read_below_tail(reader, offset, max_bytes)
     }
@@ -1735,6 +1746,12 @@ impl Partition {
     /// rewritten: reads of them go to the cleaned files.
     pub fn forget_cached_below(&self, offset: i64) {
         self.tail.forget_below(offset);
+        self.forget_scanned_below(offset);
+    }
+
+    /// Drops what the shared scan read below `offset` (see
+    /// [`ScanCore::invalidate_below`]): the cleaner is about to rewrite it.
+    pub fn forget_scanned_below(&self, offset: i64) {
         self.scan.lock().invalidate_below(offset);
     }
 

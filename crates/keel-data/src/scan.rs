@@ -12,7 +12,7 @@
 //! 3. by a read of its own.
 //!
 //! After a fetch is answered, the chunk after what it got is read ahead
-//! (unless held or in flight already), so a scan keeps the device busy
+//! (unless held or in flight already, or the reader is paced), so a scan keeps the device busy
 //! between its fetches, and readers riding the same stretch of the log
 //! share one read of each chunk. Data is never held for nobody: what no
 //! reader needs any more is dropped at once.
@@ -38,9 +38,13 @@
 //! Bounds:
 //! * a reader is paced only while the lead is expected to reach it within
 //!   what is left of `max_slowed_ms` (at the rate it closes in, `(1-w)`
-//!   of the lead's), and is never paced again in its scan once it has
+//!   of the lead's; until the lead's rate is first measured, a rate
+//!   sample, it waits), and is never paced again in its scan once it has
 //!   been slowed that long: a lead that slows down or stalls holds nobody
-//!   beyond that bound;
+//!   beyond that bound (a paced fetch's long poll may add one
+//!   `fetch.max.wait.ms`);
+//! * a reader within a window of the tail is never paced: it is a live
+//!   reader even when the tail cache does not hold its offsets;
 //! * a lead not seen for `STALLED_MS` paces nobody, and pacing starts
 //!   only while cold reads contend (it goes on after they stop, as the
 //!   paced readers' lower demand is what stops it);
@@ -54,12 +58,14 @@
 //! 2.5 histories.
 //!
 //! What the log changes under a scan is told here: retention
-//! ([`ScanCore::forget_below`]), the cleaner's rewrite of the segments
-//! below an offset ([`ScanCore::invalidate_below`]), and a truncation or a
-//! reopened log ([`ScanCore::clear`]). Held data they touch is dropped. A
-//! read in flight across such a change still answers the fetches that
-//! waited for it (as the plain read each would have made already), but its
-//! data is not held and no later fetch waits for it.
+//! ([`ScanCore::forget_below`]: held data wholly below the new log start
+//! goes, and none below it is held again), the cleaner's rewrite of the
+//! segments below an offset ([`ScanCore::invalidate_below`]), and a
+//! truncation or a reopened log ([`ScanCore::clear`]). Held data they
+//! touch is dropped. A read in flight across a rewrite or a truncation
+//! still answers the fetches that waited for it (as the plain read each
+//! would have made already), but its data is not held and no later fetch
+//! waits for it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -123,6 +129,9 @@ pub trait Waiter {
     /// the data at its deadline).
     fn is_waiting(&self) -> bool;
 }
+
+/// Held data smaller than this is copied out of its read's buffer.
+const COPY_BELOW: usize = 256 << 10;
 
 /// A lead not seen for this long is stalled: it paces nobody.
 pub const STALLED_MS: i64 = 2_000;
@@ -344,7 +353,7 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
         } = at;
         self.note(reader, offset, now_ms);
         self.evict(now_ms);
-        let pace = self.assess(reader, offset, now_ms, contended);
+        let pace = self.assess(reader, offset, now_ms, contended, ahead_limit);
         if let Some((data, shared, end)) = self.serve(reader, offset, max_bytes) {
             self.pool.note_hit(data.len() as u64, shared);
             let ahead = match pace {
@@ -367,7 +376,9 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
             // One read of the disk per chunk's time at its share of the
             // lead's rate.
             (Pace::Paced(rate), Some(me)) => {
-                me.paced_until = now_ms + (chunk / (share * rate)) as i64;
+                let left = self.settings.max_slowed_ms.saturating_sub(me.slowed_ms).max(0);
+                let wait = (chunk / (share * rate)).min(left as f64) as i64;
+                me.paced_until = now_ms.saturating_add(wait);
                 false
             }
         };
@@ -389,9 +400,13 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
     /// Whether `reader`, at `offset`, is to be paced (see the convoy
     /// above). Notes it (a paced reader's reads are not read ahead), and
     /// releases a reader slowed for the bound.
-    fn assess(&mut self, reader: &K, offset: i64, now_ms: i64, contended: bool) -> Pace {
+    fn assess(&mut self, reader: &K, offset: i64, now_ms: i64, contended: bool, tail: i64) -> Pace {
         let (w, max_slowed) = (self.settings.ahead_share, self.settings.max_slowed_ms);
         let window = self.settings.window_bytes as f64 / self.bytes_per_offset.max(1.0);
+        // A reader within a window of the tail is a live one whatever
+        // serves it (the tail cache may not hold its offsets, after a
+        // restart or with a small cache): never paced.
+        let near_tail = (tail - offset) as f64 <= window;
         let lead = self
             .readers
             .iter()
@@ -409,15 +424,22 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
             // Contention starts the pacing; it goes on once the readers
             // ahead read less (and the disk no longer contends) until the
             // lead reaches them or the bound.
-            let candidate =
-                max_slowed > 0 && w > 0.0 && (contended || me.paced) && !me.released && to_close > 0.0;
+            let candidate = max_slowed > 0
+                && w > 0.0
+                && w < 1.0
+                && (contended || me.paced)
+                && !me.released
+                && !near_tail
+                && to_close > 0.0;
             match lead.rate {
                 _ if !candidate => Pace::Free,
                 None => Pace::Measuring,
                 // The lead reaches the window within what is left of the
                 // bound, at the rate it closes in.
                 Some(rate)
-                    if rate > 0.0 && to_close / ((1.0 - w) * rate) <= (max_slowed - me.slowed_ms) as f64 =>
+                    if rate > 0.0
+                        && to_close / ((1.0 - w) * rate)
+                            <= max_slowed.saturating_sub(me.slowed_ms) as f64 =>
                 {
                     Pace::Paced(rate)
                 }
@@ -546,6 +568,7 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
 
     /// The log was truncated or reopened: nothing read before counts.
     pub fn clear(&mut self) {
+        self.log_start = 0;
         self.drop_chunks(|_| true);
         for read in self.reads.values_mut() {
             read.stale = true;
@@ -710,6 +733,7 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
     /// Holds a read's whole batches (read at `first`, up to `next`), less
     /// what is held already, if a reader needs them and the pool has room.
     fn keep(&mut self, first: i64, next: i64, bytes: Bytes, ends: Vec<(i64, usize)>, read_by: K) {
+        let read_len = bytes.len();
         let (mut first, mut bytes, mut ends) = (first, bytes, ends);
         // Held chunks covering the start: keep what follows them.
         while let Some(held_to) = self.covered_to(first) {
@@ -745,6 +769,12 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
         }
         if !self.pool.reserve(bytes.len() as u64) {
             return;
+        }
+        // A slice pins its whole buffer (a read's, or the aligned window
+        // of an O_DIRECT read): a small or trimmed part is held as a copy,
+        // so what the buffer holds is what its limit counts.
+        if bytes.len() < COPY_BELOW || bytes.len() * 2 < read_len {
+            bytes = Bytes::copy_from_slice(&bytes);
         }
         self.held_bytes += bytes.len() as u64;
         self.chunks.insert(

@@ -316,3 +316,13 @@ fn nobody_is_slowed_past_the_bound() {
         far.slowed_ms[1]
     );
 }
+
+/// A reader within a window of the tail is a live one, even where the
+/// tail cache does not hold its offsets: never paced, however far behind
+/// the lead is.
+#[test]
+fn a_reader_near_the_tail_is_never_paced() {
+    let o = simulate(&[0.0, 0.99], settings(), None);
+    report("near the tail", &o);
+    assert_eq!(o.slowed_ms[1], 0, "the reader near the tail was paced");
+}

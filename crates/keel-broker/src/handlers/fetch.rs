@@ -427,14 +427,16 @@ fn records_of(t: &Target, records: Chunks) -> PartData {
         };
     };
     let (hw, lso) = (p.high_watermark(), p.last_stable_offset());
+    // The tail cache reads up to the limit; a read of the files (or data
+    // one took before) can reach past it: past the LSO while a
+    // transaction is open, past the high watermark in a cluster, whose
+    // log holds what is written but not yet committed.
+    let records = records.below(if t.committed { lso } else { hw });
     let (records, aborted) = if !t.committed {
         (records, None)
     } else if records.is_empty() {
         (records, Some(Vec::new()))
     } else {
-        // Only a file read or read-ahead can reach past the LSO (the tail
-        // cache reads up to it), and only while a transaction is open.
-        let records = if lso < hw { records.below(lso) } else { records };
         let aborted = p
             .aborted_txns(t.fetch_offset, lso)
             .into_iter()
