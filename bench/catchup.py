@@ -116,6 +116,12 @@ many lagging readers. A table then gives each one's finish and MB/s, and
 how many histories the broker read from disk during the backfill (about
 one for one reader from 0; 2.5 for the four above, unless the broker
 shares their reads).
+Broker-side latency: Keel's request stages come from its /metrics at the
+phase boundaries; Kafka's from its own JMX request metrics (Kafka's
+JmxTool reads RequestMetrics TotalTimeMs/LocalTimeMs p99 at each phase
+boundary, a JVM for about a second on the bench CPUs; Kafka's histograms
+decay over about five minutes, so a phase's figure still carries some of
+the phases before it). A table puts the two side by side per phase.
 
 Defaults (2 GiB cgroup, 4 GiB of history, 2 MB/s live) take about 2.5
 minutes for both brokers on a 2-core machine; 8 GiB of history about 3.5. A
@@ -609,14 +615,15 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
 
 
 def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=None,
-              trace: "SchedTrace | None" = None) -> dict:
+              trace: "SchedTrace | None" = None, jmx: "KafkaJmx | None" = None) -> dict:
     """Runs keel-bench; with `settle` (a function returning a dict), keel-bench
     pauses after the preload (--pause-after-preload), `settle()` runs, and
     its result is stored under "settle" in the returned dict. With `trace`,
     the scheduler is recorded in the baseline and the backfill (the phase
-    lines keel-bench prints on stderr) and the result is under "sched_waits"."""
+    lines keel-bench prints on stderr) and the result is under "sched_waits".
+    With `jmx`, Kafka's request metrics at each phase's end are under "jmx"."""
     print(f"\n== {name}: {' '.join(cmd)}" + (f" (pinned to CPUs {cpus})" if cpus else ""), flush=True)
-    if settle is None and trace is None:
+    if settle is None and trace is None and jmx is None:
         subprocess.run(cmd, check=True, preexec_fn=lambda: pin(cpus))
         return json.loads(out.read_text())
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -631,6 +638,8 @@ def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=Non
                 preloaded.set()
             if trace is not None and line.startswith("keel-bench: phase "):
                 trace.phase(line.split()[-1])
+            if jmx is not None and line.startswith("keel-bench: phase "):
+                jmx.phase(line.split()[-1])
         preloaded.set()  # stderr closed: do not wait for a marker that cannot come
 
     threading.Thread(target=relay, daemon=True).start()
@@ -654,7 +663,83 @@ def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=Non
         res["settle"] = settled
     if trace is not None:
         res["sched_waits"] = trace.report(proc.pid)
+    if jmx is not None:
+        res["jmx"] = jmx.report()
     return res
+
+
+class KafkaJmx:
+    """Kafka's own view of its request latencies, read from the broker's JMX
+    (bench/kafka/start.sh with KAFKA_JMX_PORT) with Kafka's JmxTool at each
+    phase's start and at the end: the 99th percentile of kafka.network
+    RequestMetrics TotalTimeMs of Produce and FetchConsumer, and LocalTimeMs
+    of FetchConsumer (a fetch's time without its long-poll wait, which
+    TotalTimeMs includes). A phase gets the values read when it ended.
+    Kafka's histograms are exponentially decaying samples weighted to the
+    last five minutes or so, so a phase's figure still carries some of the
+    phases before it. Each reading starts a JVM on the bench CPUs for about
+    a second."""
+
+    BEANS = (("produce_total", "Produce", "TotalTimeMs"),
+             ("fetch_total", "FetchConsumer", "TotalTimeMs"),
+             ("fetch_local", "FetchConsumer", "LocalTimeMs"))
+
+    def __init__(self, port: int, cpus: str | None):
+        self.cpus = cpus
+        self.cmd = ["java", "-cp", str(LAB / "kafka-libs" / "*"),
+                    f"-Dlog4j2.configurationFile={HERE / 'kafka' / 'tools-log4j2.properties'}",
+                    "org.apache.kafka.tools.JmxTool",
+                    "--jmx-url", f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{port}/jmxrmi",
+                    "--attributes", "99thPercentile,Count", "--report-format", "csv", "--one-time", "true"]
+        for _, request, metric in self.BEANS:
+            self.cmd += ["--object-name", f"kafka.network:type=RequestMetrics,name={metric},request={request}"]
+        self.readings: list[tuple[str, threading.Thread, dict]] = []
+
+    def _read(self, into: dict) -> None:
+        """JmxTool's csv report: a `time,"<ms>"` line, then one
+        `<object name>:<attribute>,"<value>"` line per attribute."""
+        try:
+            run = subprocess.run(self.cmd, capture_output=True, text=True, timeout=60,
+                                 preexec_fn=lambda: pin(self.cpus))
+        except subprocess.TimeoutExpired:
+            return
+        for line in run.stdout.splitlines():
+            # The object name has commas of its own: the value is last.
+            name, _, value = line.rpartition(",")
+            value = value.strip().strip('"')
+            for key, request, metric in self.BEANS:
+                if f"request={request}" not in name or f"name={metric}" not in name:
+                    continue
+                for attr, suffix in (("99thPercentile", "p99_ms"), ("Count", "count")):
+                    if name.endswith(":" + attr):
+                        try:
+                            into[f"{key}_{suffix}"] = float(value)
+                        except ValueError:
+                            pass
+
+    def phase(self, name: str) -> None:
+        """A phase starts: read the metrics (in the background)."""
+        values: dict = {}
+        t = threading.Thread(target=self._read, args=(values,), daemon=True)
+        t.start()
+        self.readings.append((name, t, values))
+
+    def report(self) -> dict:
+        """Per phase: the p99s read when it ended, and the requests counted
+        during it."""
+        self.phase("end")
+        for _, t, _ in self.readings:
+            t.join(90)
+        out = {}
+        for (name, _, start), (_, _, end) in zip(self.readings, self.readings[1:]):
+            if not end:
+                continue
+            res = {k: v for k, v in end.items() if k.endswith("p99_ms")}
+            for key, _, _ in self.BEANS:
+                if f"{key}_count" in end and f"{key}_count" in start:
+                    res[f"{key}_requests"] = int(end[f"{key}_count"] - start[f"{key}_count"])
+            out[name] = res
+        return out
 
 
 class SchedTrace:
@@ -831,8 +916,8 @@ def run_kafka(args, bench_bin: Path, work: Path) -> dict:
         data = parent / "kafka-data"
         shutil.rmtree(data, ignore_errors=True)
         stack.callback(shutil.rmtree, data, ignore_errors=True)
-        port = free_port()
-        env = dict(os.environ, KAFKA_HEAP=args.kafka_heap, LAB_DIR=str(LAB))
+        port, jmx_port = free_port(), free_port()
+        env = dict(os.environ, KAFKA_HEAP=args.kafka_heap, LAB_DIR=str(LAB), KAFKA_JMX_PORT=str(jmx_port))
         # Registered first, so it also runs when start.sh fails half-way.
         stack.callback(lambda: subprocess.run([str(HERE / "kafka" / "stop.sh"), str(data)], check=False,
                                               timeout=180))
@@ -840,9 +925,11 @@ def run_kafka(args, bench_bin: Path, work: Path) -> dict:
                        preexec_fn=broker_preexec(cg, args.broker_cpus), timeout=300)
         pid = int((data / "kafka.pid").read_text())
         settle = settle_for(args, "kafka", cg)
+        jmx = KafkaJmx(jmx_port, args.bench_cpus)
         res = run_bench("kafka", bench_cmd(args, bench_bin, f"127.0.0.1:{port}", pid, cg, dev,
                                            work / "kafka.json", pause=settle is not None),
-                        work / "kafka.json", args.bench_cpus, settle, sched_trace(args, work, "kafka", pid))
+                        work / "kafka.json", args.bench_cpus, settle, sched_trace(args, work, "kafka", pid),
+                        jmx)
         res["memory_cgroup"] = cg.describe()
         res["disk"] = disk
         res["kafka_heap"] = args.kafka_heap
@@ -989,7 +1076,7 @@ def stage_table(results: dict) -> str:
         return ""
     names = [p["name"] for p in phases]
     head = "| API | stage | " + " | ".join(f"{n} p99 <= / mean ms" for n in names) + " |"
-    lines = ["Keel request stages (/metrics):", "", head, "|" + " --- |" * head.count("|")]
+    lines = ["Keel request stages (/metrics):", "", head, "|" + " --- |" * (head.count("|") - 1)]
     for api in ("Produce", "Fetch"):
         for stage in STAGES:
             cells = [(p.get("stages") or {}).get(api, {}).get(stage) for p in phases]
@@ -997,6 +1084,39 @@ def stage_table(results: dict) -> str:
                 continue
             lines.append(f"| {api} | {stage} | " + " | ".join(
                 "-" if c is None else f"{fmt(c['p99_ms_at_most'])} / {fmt(c['mean_ms'])}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def broker_side_table(results: dict) -> str:
+    """The live path's latency as each broker sees it, per phase: Keel's
+    Produce and Fetch `total` stages (socket arrival to response sent, a
+    fetch's long-poll wait left out; p99 bucket, an upper bound within 2x)
+    and Kafka's RequestMetrics p99 from JMX (Produce TotalTimeMs;
+    FetchConsumer LocalTimeMs, and TotalTimeMs, which includes the wait).
+    Fetch figures mix the tail consumer's fetches with the backfill's."""
+    keel = (results.get("keel") or {}).get("phases") or []
+    kafka = results.get("kafka") or {}
+    jmx = kafka.get("jmx") or {}
+    if not jmx and not any(p.get("stages") for p in keel):
+        return ""
+    names = [p["name"] for p in (keel or kafka.get("phases") or [])]
+    stage = lambda name, api, st: next(  # noqa: E731
+        ((p.get("stages") or {}).get(api, {}).get(st, {}).get("p99_ms_at_most") for p in keel if p["name"] == name),
+        None)
+    rows = [
+        ("Keel Produce total p99 <= ms", lambda n: stage(n, "Produce", "total")),
+        ("Kafka Produce TotalTimeMs p99 ms", lambda n: (jmx.get(n) or {}).get("produce_total_p99_ms")),
+        ("Keel Fetch total p99 <= ms (no wait)", lambda n: stage(n, "Fetch", "total")),
+        ("Kafka FetchConsumer LocalTimeMs p99 ms", lambda n: (jmx.get(n) or {}).get("fetch_local_p99_ms")),
+        ("Kafka FetchConsumer TotalTimeMs p99 ms (with wait)", lambda n: (jmx.get(n) or {}).get("fetch_total_p99_ms")),
+    ]
+    head = "| broker-side | " + " | ".join(names) + " |"
+    lines = ["The live path as each broker sees it (p99):", "", head, "|" + " --- |" * (head.count("|") - 1)]
+    for label, get in rows:
+        cells = [get(n) for n in names]
+        if all(c is None for c in cells):
+            continue
+        lines.append(f"| {label} | " + " | ".join("-" if c is None else fmt(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -1197,6 +1317,10 @@ def main() -> None:
     if stages:
         print()
         print(stages)
+    broker_side = broker_side_table(results)
+    if broker_side:
+        print()
+        print(broker_side)
     waits = sched_tables(results)
     if waits:
         print()

@@ -4,7 +4,9 @@
 # controller on PORT+1. Formats DATADIR on first use; writes DATADIR/kafka.pid.
 #   usage: start.sh [PORT] [DATADIR]     (defaults 9092, bench/lab/kafka-data)
 #   env:   KAFKA_HEAP (default 1g), KAFKA_START_TIMEOUT_S (default 60),
-#          KAFKA_EXTRA_PROPS (extra server.properties lines, newline separated)
+#          KAFKA_EXTRA_PROPS (extra server.properties lines, newline separated),
+#          KAFKA_JMX_PORT (serve JMX, without auth, on 127.0.0.1 at this port:
+#          Kafka's own request metrics, read with its JmxTool)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -53,6 +55,16 @@ ${KAFKA_EXTRA_PROPS:-}
 PROPS
 
 JAVA_LOG=(-Dkafka.logs.dir="$DATADIR" -Dlog4j2.configurationFile="$HERE/log4j2.properties")
+JMX=()
+if [[ -n "${KAFKA_JMX_PORT:-}" ]]; then
+  JMX=(-Dcom.sun.management.jmxremote
+       -Dcom.sun.management.jmxremote.host=127.0.0.1
+       -Dcom.sun.management.jmxremote.port="$KAFKA_JMX_PORT"
+       -Dcom.sun.management.jmxremote.rmi.port="$KAFKA_JMX_PORT"
+       -Dcom.sun.management.jmxremote.authenticate=false
+       -Dcom.sun.management.jmxremote.ssl=false
+       -Djava.rmi.server.hostname=127.0.0.1)
+fi
 
 if [[ ! -f "$DATADIR/logs/meta.properties" ]]; then
   CLUSTER_ID="$(java -cp "$CP" "${JAVA_LOG[@]}" kafka.tools.StorageTool random-uuid)"
@@ -61,7 +73,7 @@ if [[ ! -f "$DATADIR/logs/meta.properties" ]]; then
 fi
 
 nohup java -Xms"$HEAP" -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-  -Djava.awt.headless=true "${JAVA_LOG[@]}" -cp "$CP" \
+  -Djava.awt.headless=true "${JAVA_LOG[@]}" ${JMX[@]+"${JMX[@]}"} -cp "$CP" \
   kafka.Kafka "$DATADIR/server.properties" \
   >"$DATADIR/stdout.log" 2>"$DATADIR/stderr.log" </dev/null &
 echo $! >"$PIDFILE"
