@@ -12,9 +12,9 @@
 //! 3. by a read of its own.
 //!
 //! After a fetch is answered, the chunk after what it got is read ahead
-//! (unless held or in flight already, or the reader is paced), so a scan keeps the device busy
-//! between its fetches, and readers riding the same stretch of the log
-//! share one read of each chunk. Data is never held for nobody: what no
+//! (unless held or in flight already, or the reader is paced), so a scan
+//! keeps the device busy between its fetches, and readers riding the same
+//! stretch of the log share one read of each chunk. Data is never held for nobody: what no
 //! reader needs any more is dropped at once.
 //!
 //! # Readers at different offsets: the convoy
