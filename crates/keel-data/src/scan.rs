@@ -687,17 +687,13 @@ impl<K: Clone + Eq + Hash, W: Waiter> ScanCore<K, W> {
         ahead_limit: i64,
         reader: &K,
     ) -> Option<ReadOrder> {
-        if offset >= ahead_limit || self.covers(offset) {
+        if offset >= ahead_limit || self.covered_to(offset).is_some() {
             return None;
         }
         if self.reads.values().any(|r| !r.stale && r.offset == offset) {
             return None;
         }
         Some(self.issue(offset, max_bytes, reader, true))
-    }
-
-    fn covers(&self, offset: i64) -> bool {
-        self.covered_to(offset).is_some()
     }
 
     /// The end of the held chunk covering `offset`, if one does.

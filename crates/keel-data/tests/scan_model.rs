@@ -434,11 +434,10 @@ fn readers_riding_together_share_each_read() {
         id,
         listening: Rc::new(Cell::new(true)),
     };
-    let (mut a, mut b, mut reads, mut read_bytes) = (0i64, 0i64, 0u64, 0u64);
+    let (mut a, mut b, mut read_bytes) = (0i64, 0i64, 0u64);
     let mut pending: Vec<ReadOrder> = Vec::new();
     let mut run_read = |core: &mut ScanCore<usize, Token>, order: ReadOrder, pending: &mut Vec<ReadOrder>| {
         let bytes = log.read(order.offset, order.max_bytes);
-        reads += 1;
         read_bytes += bytes.len() as u64;
         let done = core.complete(order.id, Some(bytes), 0, log.end);
         pending.extend(done.ahead);
@@ -486,5 +485,4 @@ fn readers_riding_together_share_each_read() {
     );
     assert!(s.shared_bytes > total / 2, "{s:?}");
     assert_eq!(s.held_bytes, 0, "{s:?}");
-    let _ = reads;
 }

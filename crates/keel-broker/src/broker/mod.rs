@@ -623,7 +623,7 @@ fn partition_json(
         "damaged_segments": damaged,
         "producers": p.producer_count(),
         "cleaner": compacted.then(|| p.cleaning.lock().to_json()),
-        "readers": p.readers.positions().iter().map(|r| serde_json::json!({
+        "readers": p.readers.positions().iter().map(|r| (r, p.scan_pacing(&r.reader))).map(|(r, pacing)| serde_json::json!({
             "client_id": &*r.reader.client_id,
             "address": &*r.reader.address,
             "port": r.reader.port,
@@ -635,8 +635,8 @@ fn partition_json(
             "at_ms": r.at_ms,
             // Below the tail cache: paced behind a lead now, and for how
             // long in its scan so far.
-            "paced": p.scan_pacing(&r.reader).map(|(_, paced)| paced),
-            "slowed_ms": p.scan_pacing(&r.reader).map(|(slowed, _)| slowed),
+            "paced": pacing.map(|(_, paced)| paced),
+            "slowed_ms": pacing.map(|(slowed, _)| slowed),
         })).collect::<Vec<_>>(),
         "tiers": {
             "local_segments": local_segments,
