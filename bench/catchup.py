@@ -615,13 +615,14 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
 
 
 def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=None,
-              trace: "SchedTrace | None" = None, jmx: "KafkaJmx | None" = None) -> dict:
+              trace: "SchedTrace | None" = None, jmx: "KafkaJmx | KeelLive | None" = None) -> dict:
     """Runs keel-bench; with `settle` (a function returning a dict), keel-bench
     pauses after the preload (--pause-after-preload), `settle()` runs, and
     its result is stored under "settle" in the returned dict. With `trace`,
     the scheduler is recorded in the baseline and the backfill (the phase
     lines keel-bench prints on stderr) and the result is under "sched_waits".
-    With `jmx`, Kafka's request metrics at each phase's end are under "jmx"."""
+    With `jmx` (Kafka's JMX or Keel's admin endpoint), the broker's own
+    view of its request latencies per phase is under "jmx"."""
     print(f"\n== {name}: {' '.join(cmd)}" + (f" (pinned to CPUs {cpus})" if cpus else ""), flush=True)
     if settle is None and trace is None and jmx is None:
         subprocess.run(cmd, check=True, preexec_fn=lambda: pin(cpus))
@@ -742,6 +743,90 @@ class KafkaJmx:
         return out
 
 
+class KeelLive:
+    """Keel's own view of its live path, from its admin endpoint's /stats,
+    read only at each phase's start and at the end (a reading costs the
+    broker a few ms; one a second shows in its p99): the live latency
+    buckets (produce; fetches answered from the tail cache, without their
+    long poll; eight buckets to a doubling, so a p99 is within 9 %), from
+    whose differences each phase gets its p99 and p999; and the I/O
+    governor's ticks of the last five minutes (its budgets over time)."""
+
+    OPS = ("produce", "tail_fetch")
+
+    def __init__(self, admin: str):
+        self.stats_url = f"http://{admin}/stats"
+        self.readings: list[tuple[str, threading.Thread, dict]] = []
+
+    def _read(self, into: dict) -> None:
+        into["wall_s"] = time.time()
+        try:
+            with urllib.request.urlopen(self.stats_url, timeout=30) as r:
+                s = json.load(r)
+        except (OSError, ValueError):
+            return
+        into["buckets"] = {op: s["live_latency"][op]["buckets"] for op in self.OPS}
+        governor = s.get("io_governor") or {}
+        into["cuts"] = governor.get("cuts", 0)
+        into["history"] = governor.get("history") or []
+
+    def phase(self, name: str) -> None:
+        values: dict = {}
+        t = threading.Thread(target=self._read, args=(values,), daemon=True)
+        t.start()
+        self.readings.append((name, t, values))
+
+    @staticmethod
+    def quantile(buckets: list, q: float):
+        total = sum(n for _, n in buckets)
+        if not total:
+            return None
+        seen = 0
+        for upper, n in sorted(buckets):
+            seen += n
+            if seen >= q * total:
+                return upper / 1e3
+        return sorted(buckets)[-1][0] / 1e3
+
+    def report(self) -> dict:
+        """Per phase: each op's p99, p999 and count, the governor's cuts and
+        the cold-read budget when cut; and the governor's ticks as a
+        timeline (t_s from the baseline's start, as keel-bench's)."""
+        self.phase("end")
+        for _, t, _ in self.readings:
+            t.join(60)
+        baseline = next((r["wall_s"] for n, _, r in self.readings if n == "baseline" and r), None)
+        ticks = {}
+        for _, _, r in self.readings:
+            for at_ms, p99_us, b0, b1, b2, u0, u1, u2 in r.get("history") or []:
+                ticks[at_ms] = {"wall_s": at_ms / 1e3, "live_p99_ms": p99_us / 1e3,
+                                "cold_read_budget": b0, "tier_move_budget": b1, "cleaning_budget": b2,
+                                "cold_read_used": u0, "tier_move_used": u1, "cleaning_used": u2}
+        timeline = [dict(v, t_s=round(v["wall_s"] - baseline, 2)) for _, v in sorted(ticks.items())] \
+            if baseline else []
+        out: dict = {"timeline": timeline}
+        for (name, _, start), (_, _, end) in zip(self.readings, self.readings[1:]):
+            if "buckets" not in start or "buckets" not in end:
+                continue
+            res: dict = {"cuts": end["cuts"] - start["cuts"]}
+            for op in self.OPS:
+                before = dict((u, n) for u, n in start["buckets"][op])
+                diff = [(u, n - before.get(u, 0)) for u, n in end["buckets"][op] if n > before.get(u, 0)]
+                res[f"{op}_p99_ms"] = self.quantile(diff, 0.99)
+                res[f"{op}_p999_ms"] = self.quantile(diff, 0.999)
+                res[f"{op}_count"] = sum(n for _, n in diff)
+            # 0 is unlimited: the lowest and mean of the ticks it was not.
+            within = [p for p in ticks.values() if start["wall_s"] <= p["wall_s"] <= end["wall_s"]]
+            budgets = [p["cold_read_budget"] for p in within if p["cold_read_budget"]]
+            if budgets:
+                res["cold_read_budget_min"] = min(budgets)
+                res["cold_read_budget_mean"] = sum(budgets) / len(budgets)
+            if within:
+                res["cold_read_budget_limited_share"] = len(budgets) / len(within)
+            out[name] = res
+        return out
+
+
 class SchedTrace:
     """--sched-trace: records the scheduler (bench/schedwait.py) for a few
     seconds in the baseline and in the backfill, starting `delay_s` into
@@ -812,7 +897,9 @@ def broker_preexec(cg: MemCgroup, cpus: str | None):
     return preexec
 
 
-def run_keel(args, bench_bin: Path, work: Path) -> dict:
+def run_keel(args, bench_bin: Path, work: Path, adaptive: bool = False) -> dict:
+    """One Keel run; `adaptive`: with keel.io.live.latency.target.ms set to
+    --keel-live-target-ms (the I/O governor on)."""
     with contextlib.ExitStack() as stack:
         if args.keel_tier == "none":
             parent, dev, cg, disk = lab_for(args, "keel", stack)
@@ -830,6 +917,8 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
         sets = {"keel.admin.listen": f"127.0.0.1:{free_port()}"} if tier is None else dict(tier.sets)
         admin = sets["keel.admin.listen"]
         sets.update(kv.split("=", 1) for kv in args.keel_set)
+        if adaptive:
+            sets["keel.io.live.latency.target.ms"] = str(args.keel_live_target_ms)
         cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -842,7 +931,8 @@ def run_keel(args, bench_bin: Path, work: Path) -> dict:
                         pause=settle is not None)
         cmd += ["--metrics-url", f"http://{admin}/metrics"]
         res = run_bench("keel", cmd, work / "keel.json", args.bench_cpus, settle,
-                        sched_trace(args, work, "keel", proc.pid))
+                        sched_trace(args, work, "keel", proc.pid), KeelLive(admin))
+        res["adaptive_target_ms"] = args.keel_live_target_ms if adaptive else None
         res["tail_cache_log"] = tail_cache_line(log_path)
         res["memory_cgroup"] = cg.describe()
         res["disk"] = disk
@@ -1015,11 +1105,14 @@ def fmt(v) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
 
 
+RUNS = {"kafka": "Kafka 4.3.1", "keel": "Keel", "keel_adaptive": "Keel adaptive"}
+
+
 def side_by_side(results: dict) -> str:
-    names = [n for n in ("kafka", "keel") if n in results]
-    head = "| phase | metric | " + " | ".join({"kafka": "Kafka 4.3.1", "keel": "Keel"}[n] for n in names)
-    if len(names) == 2:
-        head += " | Keel / Kafka"
+    names = [n for n in RUNS if n in results]
+    keels = [n for n in names if n != "kafka"] if "kafka" in names else []
+    head = "| phase | metric | " + " | ".join(RUNS[n] for n in names)
+    head += "".join(f" | {RUNS[n]} / Kafka" for n in keels)
     lines = [head + " |", "|" + " --- |" * (head.count("|"))]
     for i, phase in enumerate(("baseline", "backfill", "after")):
         for label, get in ROWS:
@@ -1027,8 +1120,8 @@ def side_by_side(results: dict) -> str:
             if all(v is None for v in vals):
                 continue
             row = f"| {phase} | {label} | " + " | ".join(fmt(v) for v in vals)
-            if len(names) == 2:
-                k, r = vals[0], vals[1]
+            k = vals[0]
+            for r in vals[1:1 + len(keels)]:
                 # No ratio to a value that prints as zero.
                 row += " | " + (f"{r / k:.2f}" if k and abs(k) >= 0.005 and r is not None else "-")
             lines.append(row + " |")
@@ -1041,7 +1134,7 @@ def readers_table(results: dict) -> str:
     history (one reader from 0 reads it about once; readers at 0, 25, 50
     and 75 % read 2.5 histories between them unless the broker shares
     their reads)."""
-    names = [n for n in ("kafka", "keel") if n in results and results[n]["backfill"].get("readers")]
+    names = [n for n in RUNS if n in results and results[n]["backfill"].get("readers")]
     if not names:
         return ""
     lines = ["Backfill readers:", "",
@@ -1071,7 +1164,7 @@ def stage_table(results: dict) -> str:
     """Where Keel's produce and fetch time went, per phase (its /metrics
     stage histograms): the 99th percentile's bucket (histogram buckets
     double, so it is an upper bound within 2x) and the mean, in ms."""
-    phases = (results.get("keel") or {}).get("phases") or []
+    phases = (results.get("keel") or results.get("keel_adaptive") or {}).get("phases") or []
     if not any(p.get("stages") for p in phases):
         return ""
     names = [p["name"] for p in phases]
@@ -1088,35 +1181,59 @@ def stage_table(results: dict) -> str:
 
 
 def broker_side_table(results: dict) -> str:
-    """The live path's latency as each broker sees it, per phase: Keel's
-    Produce and Fetch `total` stages (socket arrival to response sent, a
-    fetch's long-poll wait left out; p99 bucket, an upper bound within 2x)
-    and Kafka's RequestMetrics p99 from JMX (Produce TotalTimeMs;
-    FetchConsumer LocalTimeMs, and TotalTimeMs, which includes the wait).
-    Fetch figures mix the tail consumer's fetches with the backfill's."""
-    keel = (results.get("keel") or {}).get("phases") or []
+    """The live path's latency as each broker sees it, per phase. Keel: its
+    live latency histograms (/stats; produce, and fetches answered from the
+    tail cache without their long poll; buckets 9 % apart) and its Produce
+    and Fetch `total` stages (doubling buckets, an upper bound within 2x;
+    fetches of every kind); with the I/O governor on, its cuts and the
+    cold-read budget. Kafka: RequestMetrics p99 from JMX (Produce
+    TotalTimeMs; FetchConsumer LocalTimeMs, and TotalTimeMs, which includes
+    the wait; every consumer fetch, the backfill's too). The last column is
+    the backfill phase's value against the baseline's."""
     kafka = results.get("kafka") or {}
     jmx = kafka.get("jmx") or {}
-    if not jmx and not any(p.get("stages") for p in keel):
+    keels = [n for n in ("keel", "keel_adaptive") if n in results]
+    phases = [p["name"] for p in (results[keels[0]]["phases"] if keels else kafka.get("phases") or [])]
+    if not jmx and not keels:
         return ""
-    names = [p["name"] for p in (keel or kafka.get("phases") or [])]
-    stage = lambda name, api, st: next(  # noqa: E731
-        ((p.get("stages") or {}).get(api, {}).get(st, {}).get("p99_ms_at_most") for p in keel if p["name"] == name),
-        None)
-    rows = [
-        ("Keel Produce total p99 <= ms", lambda n: stage(n, "Produce", "total")),
-        ("Kafka Produce TotalTimeMs p99 ms", lambda n: (jmx.get(n) or {}).get("produce_total_p99_ms")),
-        ("Keel Fetch total p99 <= ms (no wait)", lambda n: stage(n, "Fetch", "total")),
-        ("Kafka FetchConsumer LocalTimeMs p99 ms", lambda n: (jmx.get(n) or {}).get("fetch_local_p99_ms")),
-        ("Kafka FetchConsumer TotalTimeMs p99 ms (with wait)", lambda n: (jmx.get(n) or {}).get("fetch_total_p99_ms")),
+    rows = []
+    for n in keels:
+        res, label = results[n], RUNS[n]
+        live = res.get("jmx") or {}
+        stage = lambda name, api, st, res=res: next(  # noqa: E731
+            ((p.get("stages") or {}).get(api, {}).get(st, {}).get("p99_ms_at_most")
+             for p in res["phases"] if p["name"] == name), None)
+        rows += [
+            (f"{label} produce p99 ms", lambda ph, live=live: (live.get(ph) or {}).get("produce_p99_ms")),
+            (f"{label} produce p999 ms", lambda ph, live=live: (live.get(ph) or {}).get("produce_p999_ms")),
+            (f"{label} tail fetch p99 ms (no wait)", lambda ph, live=live: (live.get(ph) or {}).get("tail_fetch_p99_ms")),
+            (f"{label} Produce total stage p99 <= ms", lambda ph, stage=stage: stage(ph, "Produce", "total")),
+            (f"{label} Fetch total stage p99 <= ms (no wait)", lambda ph, stage=stage: stage(ph, "Fetch", "total")),
+        ]
+        if res.get("adaptive_target_ms") is not None:
+            rows += [
+                (f"{label} governor cuts (target {res['adaptive_target_ms']} ms)",
+                 lambda ph, live=live: (live.get(ph) or {}).get("cuts")),
+                (f"{label} cold-read budget MB/s when cut, lowest", lambda ph, live=live: mb((live.get(ph) or {}).get("cold_read_budget_min"), 1e6)),
+                (f"{label} cold-read budget MB/s when cut, mean", lambda ph, live=live: mb((live.get(ph) or {}).get("cold_read_budget_mean"), 1e6)),
+                (f"{label} share of seconds the cold-read budget was cut",
+                 lambda ph, live=live: (live.get(ph) or {}).get("cold_read_budget_limited_share")),
+            ]
+    rows += [
+        ("Kafka Produce TotalTimeMs p99 ms", lambda ph: (jmx.get(ph) or {}).get("produce_total_p99_ms")),
+        ("Kafka FetchConsumer LocalTimeMs p99 ms", lambda ph: (jmx.get(ph) or {}).get("fetch_local_p99_ms")),
+        ("Kafka FetchConsumer TotalTimeMs p99 ms (with wait)", lambda ph: (jmx.get(ph) or {}).get("fetch_total_p99_ms")),
     ]
-    head = "| broker-side | " + " | ".join(names) + " |"
-    lines = ["The live path as each broker sees it (p99):", "", head, "|" + " --- |" * (head.count("|") - 1)]
+    head = "| broker-side | " + " | ".join(phases) + " | backfill / baseline |"
+    lines = ["The live path as each broker sees it:", "", head, "|" + " --- |" * (head.count("|") - 1)]
     for label, get in rows:
-        cells = [get(n) for n in names]
+        cells = [get(ph) for ph in phases]
         if all(c is None for c in cells):
             continue
-        lines.append(f"| {label} | " + " | ".join("-" if c is None else fmt(c) for c in cells) + " |")
+        by = dict(zip(phases, cells))
+        base, during = by.get("baseline"), by.get("backfill")
+        ratio = f"{during / base:.2f}" if base and during is not None and "p99" in label else "-"
+        lines.append(f"| {label} | " + " | ".join("-" if c is None else fmt(c) for c in cells) + f" | {ratio} |")
     return "\n".join(lines)
 
 
@@ -1146,7 +1263,7 @@ def tier_lines(args, results: dict) -> list[str]:
     if "kafka" in results:
         lines.append("kafka: untiered (Apache Kafka's tiered storage needs a RemoteStorageManager plugin; "
                      f"none is installed here), all history in its log dir; {seg}")
-    keel = results.get("keel")
+    keel = results.get("keel") or results.get("keel_adaptive")
     if keel is not None:
         st = keel["settle"]
         t = st["tiers"]
@@ -1176,6 +1293,17 @@ def plot(results: dict, path: Path) -> str:
         ax.plot(t, [p["tail_p99_ms"] for p in res["timeline"]], label="tail e2e p99 (per s)")
         ax.axvspan(res["backfill_start_s"], res["backfill_end_s"], color="orange", alpha=0.2, label="backfill")
         ax.set_yscale("log")
+        live = res.get("jmx") or {}
+        timeline = live.get("timeline")
+        if timeline and res.get("adaptive_target_ms") is not None:
+            twin = ax.twinx()
+            twin.plot([p["t_s"] for p in timeline],
+                      [p["cold_read_budget"] / 1e6 if p["cold_read_budget"] else float("nan") for p in timeline],
+                      color="green", label="cold-read budget MB/s (gaps: unlimited)")
+            twin.plot([p["t_s"] for p in timeline], [p["cold_read_used"] / 1e6 for p in timeline],
+                      color="green", linestyle=":", label="cold reads MB/s")
+            twin.set_ylabel("MB/s")
+            twin.legend(loc="upper left")
         where = res.get("tier_title") or short_disk(res.get("disk", "host disk"))
         ax.set_title(f"{name}: latency over time ({where})", fontsize=9)
         ax.set_xlabel("seconds since the live producer started")
@@ -1240,6 +1368,11 @@ def main() -> None:
                     help="--keel-tier: give up if no bytes move for this long")
     ap.add_argument("--s3-memory", type=parse_bytes, default=parse_bytes("512MiB"),
                     help="--keel-tier s3: memory cgroup limit of versitygw (its page cache)")
+    ap.add_argument("--keel-adaptive", choices=("off", "on", "both"), default="off",
+                    help="Keel's I/O governor: off (static budgets), on (keel.io.live.latency.target.ms "
+                         "= --keel-live-target-ms), or both, one run after the other")
+    ap.add_argument("--keel-live-target-ms", type=float, default=1.0,
+                    help="the I/O governor's live latency target with --keel-adaptive on|both")
     ap.add_argument("--keel-set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Keel setting (repeatable), e.g. keel.tail.cache.bytes=65536")
     ap.add_argument("--settle-max-s", type=float, default=120,
@@ -1286,7 +1419,10 @@ def main() -> None:
     if not args.skip_keel:
         if not args.keel_bin.exists():
             raise SystemExit(f"{args.keel_bin} not found: cargo build --release -p keel-server")
-        results["keel"] = run_keel(args, bench_bin, work)
+        if args.keel_adaptive in ("off", "both"):
+            results["keel"] = run_keel(args, bench_bin, work)
+        if args.keel_adaptive in ("on", "both"):
+            results["keel_adaptive"] = run_keel(args, bench_bin, work, adaptive=True)
 
     print(f"\nmachine: {platform.node()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"setup: {setup_line(args, results)}")

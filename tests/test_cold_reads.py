@@ -231,3 +231,72 @@ def test_three_groups_at_different_offsets_share_one_pass(broker_factory):
           f"{scan['shared_bytes'] / history:.2f} served from another's reads, {scan['paced_fetches']} fetches paced")
     assert histories <= 1.3, f"read {histories:.2f} histories from disk: {cold} {scan}"
     assert scan["shared_bytes"] > 0 and scan["paced_fetches"] > 0, scan
+
+
+@pytest.mark.skipif(IMPL != "keel", reason="Keel's I/O governor")
+def test_a_live_path_over_its_target_cuts_the_cold_read_budget(broker_factory):
+    """keel.io.live.latency.target.ms at 10 µs, below what any produce over a
+    socket takes: while a backfill reads below the tail cache and a producer
+    writes live, the governor finds the live path over its target and cuts
+    the cold-read budget below its ceiling (never below its floor). The
+    backfill still gets every record in order; and the target turned off (a
+    dynamic config), the budget is back at its ceiling."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    ceiling = 4_000_000
+    b = broker_factory({"keel.tail.cache.bytes": str(256 << 10),
+                        "keel.cold.read.bytes.per.sec": str(ceiling),
+                        "keel.io.live.latency.target.ms": "0.01"})
+    bs, topic, live = b.bootstrap, unique("history"), unique("live")
+    create_topic(bs, topic, 1)
+    create_topic(bs, live, 1)
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 20})
+    for i in range(RECORDS):
+        p.produce(topic, value=(b"%08d" % i) * (VALUE // 8))
+        if i % 4000 == 0:
+            p.poll(0)
+    assert p.flush(CLIENT_TIMEOUT_S) == 0
+
+    def stats() -> dict:
+        with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
+            return json.load(r)
+
+    def cold_read(s: dict) -> dict:
+        [io] = [c for c in s["io"] if c["class"] == "cold_read"]
+        return io
+
+    assert cold_read(stats())["budget_bytes_per_sec"] == ceiling
+    livep = Producer({"bootstrap.servers": bs, "linger.ms": 0})
+    c = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "enable.auto.commit": False,
+                  "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 20})
+    c.assign([TopicPartition(topic, 0, 0)])
+    seen, deadline = 0, time.monotonic() + 120
+    while seen < RECORDS:
+        assert time.monotonic() < deadline, f"stalled at {seen}"
+        livep.produce(live, value=b"now")
+        livep.poll(0)
+        for m in c.consume(num_messages=1000, timeout=0.05):
+            assert not m.error(), m.error()
+            assert m.offset() == seen and m.value() == (b"%08d" % seen) * (VALUE // 8)
+            seen += 1
+    c.close()
+    assert livep.flush(CLIENT_TIMEOUT_S) == 0
+
+    s = stats()
+    budget = cold_read(s)["budget_bytes_per_sec"]
+    print(f"governor: {s['io_governor']}, cold-read budget {budget} of {ceiling}, "
+          f"live produce {s['live_latency']['produce']['last_10s']}")
+    assert s["io_governor"]["cuts"] >= 1, s["io_governor"]
+    assert s["io_governor"]["target_ms"] == 0.01
+    assert 1 << 20 <= budget < ceiling, cold_read(s)
+    assert cold_read(s)["ceiling_bytes_per_sec"] == ceiling
+    assert s["live_latency"]["produce"]["last_10s"]["count"] > 0
+    assert sum(n for _, n in s["live_latency"]["produce"]["buckets"]) > RECORDS // 1000
+
+    admin = AdminClient({"bootstrap.servers": bs})
+    off = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[
+        ConfigEntry("keel.io.live.latency.target.ms", "0", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([off])[off].result(CLIENT_TIMEOUT_S)
+    s = stats()
+    assert s["io_governor"]["target_ms"] is None
+    assert cold_read(s)["budget_bytes_per_sec"] == ceiling

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic,
                                   ResourceType)
 
@@ -431,3 +431,74 @@ def test_remote_storage_read_only_and_turned_off_with_its_data(broker_factory, r
     described = next(iter(configs.values())).result(CLIENT_TIMEOUT_S)
     assert (described["remote.storage.enable"].value, described["remote.log.delete.on.disable"].value) == \
         ("false", "true")
+
+
+def test_a_group_behind_keeps_the_segments_it_is_about_to_read_on_the_fast_tier(broker_factory, request,
+                                                                                 tmp_path):
+    """Reader-aware tiering: a group that committed offset 0 (recently, so
+    it is a reader) holds the oldest local segment it has yet to read on the
+    fast tier past the topic's local.retention.bytes, and so everything after
+    it; a topic nobody reads goes down to its local retention as before. The
+    group then reads its whole range from the fast tier, none of it from the
+    capacity tier, and the segments go once it has passed them."""
+    sets, topic_config, _ = tier_setup("capacity", request, tmp_path)
+    b = broker_factory(sets)
+    bs, read, unread, n = b.bootstrap, unique("held"), unique("unheld"), 3000
+    configs = {**topic_config, "local.retention.bytes": str(2 * SEGMENT)}
+    create_topic(bs, read, 1, configs)
+    create_topic(bs, unread, 1, configs)
+    group = unique("lagging")
+    c = Consumer({"bootstrap.servers": bs, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(read, 0, 0)], asynchronous=False)
+    produce(bs, read, n, 1)
+    produce(bs, unread, n, 1)
+
+    wait_until(lambda: tier_counts(b, unread)[0]["cold"] >= 20, 60, "the unread topic released")
+    passes_after(b, 3)
+    t = stats(b)["tiers"]
+    if t["fast_fs_free_bytes"] < 0.1 * t["fast_fs_total_bytes"]:
+        pytest.skip("the fast tier's filesystem is under 10 % free here: readers hold nothing then, by design")
+    held = tier_counts(b, read)[0]
+    assert held["cold"] == 0, held
+    assert held["held_for_reader"]["base_offset"] == 0, held
+    assert held["held_for_reader"]["reader"] == f"group {group}", held
+    assert stats(b)["tiers"]["reader_holds"] >= 1
+
+    c.assign([TopicPartition(read, 0, 0)])
+    expected = list(records(n, 1))
+    for off in range(n):
+        m = c.poll(30)
+        assert m is not None and not m.error(), (off, m and m.error())
+        assert (m.offset(), m.value()) == (off, expected[off]["value"])
+    c.commit(offsets=[TopicPartition(read, 0, n)], asynchronous=False)
+    c.close()
+    s = stats(b)
+    [part] = [p for p in s["partitions"] if p["topic"] == read]
+    print(f"read {part['tiers']['held_read_bytes']} bytes from held segments, "
+          f"{s['tiers']['read_bytes']} from the capacity tier")
+    assert part["tiers"]["held_read_bytes"] > 0, part["tiers"]
+    assert s["tiers"]["read_bytes"] == 0, s["tiers"]
+    assert s["tiers"]["reader_hold_overrides"] == 0, s["tiers"]
+    wait_until(lambda: tier_counts(b, read)[0]["cold"] >= 20, 60, "the read topic released once passed")
+    assert tier_counts(b, read)[0]["held_for_reader"] is None
+
+
+def test_readers_may_take_the_fast_tier_only_a_tenth_over_its_budget(broker_factory, request, tmp_path):
+    """A group at offset 0 holds segments, but not past 10 % over
+    keel.tier.fast.max.bytes: beyond that the oldest go regardless, each
+    counted, and the fast tier comes back within the allowance."""
+    sets, topic_config, _ = tier_setup("capacity", request, tmp_path)
+    budget = 8 * SEGMENT
+    b = broker_factory({**sets, "keel.tier.fast.max.bytes": str(budget)})
+    bs, topic = b.bootstrap, unique("overheld")
+    create_topic(bs, topic, 1, topic_config)
+    c = Consumer({"bootstrap.servers": bs, "group.id": unique("lagging"), "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+    c.close()
+    produce(bs, topic, 3000, 1)
+    wait_until(lambda: tier_counts(b, topic)[0]["cold"] >= 15, 60, "segments released past the allowance")
+    passes_after(b, 3)
+    t = stats(b)["tiers"]
+    assert t["reader_hold_overrides"] >= 15, t
+    # Within the budget and its allowance, give or take the active segment.
+    assert t["fast_bytes"] <= budget * 1.1 + SEGMENT, t

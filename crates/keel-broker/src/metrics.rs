@@ -23,6 +23,7 @@ use prometheus_client::registry::Registry;
 
 use crate::trace::{Place, RequestTrace, Stage, TraceSummary};
 use keel_data::topics::TopicStore;
+use keel_tier::{LiveLatency, LiveOp};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StageLabels {
@@ -247,9 +248,10 @@ impl Metrics {
     }
 
     /// Records a request whose response has been sent (or that needed
-    /// none), and logs it if it was slow (naming its segment files as
-    /// `store` places them).
-    pub fn finish(&self, trace: &RequestTrace, store: &TopicStore) {
+    /// none), in these metrics and, for the live path (produce, a fetch
+    /// answered from the tail cache), in `live`; and logs it if it was
+    /// slow (naming its segment files as `store` places them).
+    pub fn finish(&self, trace: &RequestTrace, store: &TopicStore, live: &LiveLatency) {
         let total = trace.started.elapsed();
         trace.add(Stage::Total, total);
         let summary = trace.take_summary();
@@ -278,6 +280,9 @@ impl Metrics {
             .iter()
             .find(|(s, _)| *s == Stage::Wait)
             .map_or(Duration::ZERO, |(_, d)| *d);
+        if let Some(op) = live_op(trace.api_key, &summary) {
+            live.record(op, total.saturating_sub(waited));
+        }
         if self
             .slow()
             .is_some_and(|slow| total.saturating_sub(waited) >= slow)
@@ -296,6 +301,27 @@ impl Metrics {
         let _ = encode_registry(&mut text, state);
         let _ = encode_eof(&mut text);
         text
+    }
+}
+
+/// What of the live path a request was: every produce, and a fetch that
+/// returned records, all of them from the tail cache (a fetch's partition
+/// traces name only partitions that returned records or read below the
+/// tail).
+fn live_op(api_key: i16, summary: &TraceSummary) -> Option<LiveOp> {
+    match ApiKey::try_from(api_key) {
+        Ok(ApiKey::Produce) => Some(LiveOp::Produce),
+        Ok(ApiKey::Fetch)
+            if !summary.partitions.is_empty()
+                && summary.untraced_partitions == 0
+                && summary
+                    .partitions
+                    .iter()
+                    .all(|p| p.source == Stage::ReadCache.name()) =>
+        {
+            Some(LiveOp::TailFetch)
+        }
+        _ => None,
     }
 }
 

@@ -387,6 +387,11 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("keel.scan.window.bytes", "67108864", ConfigType::Long),
     ("keel.scan.convoy.ahead.percent", "10", ConfigType::Int),
     ("keel.scan.convoy.max.slowed.ms", "120000", ConfigType::Long),
+    // The live path's latency target (produce and tail fetch p99 as the
+    // broker sees them, keel_tier::govern): with one, the background
+    // budgets above are ceilings the I/O governor stays under while the
+    // live path is over it. 0: off.
+    ("keel.io.live.latency.target.ms", "0", ConfigType::Double),
     // Requests taking at least this long (arrival to response sent) are
     // logged as one JSON line each, with every stage; -1: off.
     ("keel.request.slow.ms", "1000", ConfigType::Long),
@@ -482,6 +487,7 @@ pub const DYNAMIC_BROKER_CONFIGS: &[&str] = &[
     "keel.tier.move.bytes.per.sec",
     "keel.tier.fast.max.bytes",
     "keel.request.slow.ms",
+    "keel.io.live.latency.target.ms",
 ];
 
 /// Whether a broker key can change at run time: the listed keys, every
@@ -1080,6 +1086,13 @@ impl BrokerConfig {
                 ),
             });
         }
+        let target = self.float("keel.io.live.latency.target.ms");
+        if !(0.0..=60_000.0).contains(&target) {
+            return Err(ConfigError {
+                key: "keel.io.live.latency.target.ms".into(),
+                reason: "must be from 0 (off) to 60000".into(),
+            });
+        }
         let rate = self.float("log.cleaner.io.max.bytes.per.second");
         if rate.is_nan() || rate < 0.0 {
             return Err(ConfigError {
@@ -1127,6 +1140,12 @@ impl BrokerConfig {
             }
         }
         Ok(())
+    }
+
+    /// `keel.io.live.latency.target.ms`: the I/O governor's target, if on.
+    pub fn live_latency_target(&self) -> Option<std::time::Duration> {
+        let ms = self.float("keel.io.live.latency.target.ms");
+        (ms > 0.0 && ms <= 60_000.0).then(|| std::time::Duration::from_secs_f64(ms / 1e3))
     }
 
     /// `keel.request.slow.ms`: the slow-request log's threshold, if on.

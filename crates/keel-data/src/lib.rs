@@ -16,6 +16,8 @@
 //! * [`cleaning`]: a partition's cleaning, as `/stats` shows it.
 //! * [`mover`], [`cleaner`], [`maintenance`]: the background work:
 //!   sealed segments to the colder tiers, compaction, retention, flushes.
+//! * [`tiering`]: which sealed segments the mover keeps on the fast tier
+//!   for readers about to read them.
 //! * [`markers`]: transaction markers into data partitions, retried until
 //!   written.
 //! * [`policy`]: what the data plane asks of the configs in force.
@@ -47,5 +49,6 @@ pub mod readers;
 pub mod replica;
 pub mod scan;
 pub mod takeover;
+pub mod tiering;
 pub mod topics;
 pub mod wal;

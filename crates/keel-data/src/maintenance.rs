@@ -1,6 +1,6 @@
 //! The data plane's background work: retention, producer expiration, the
 //! page-cache pass, the shared scans' idle readers, time-based flushes
-//! (with seal retries), the mover and the cleaner. [`spawn`] starts all of it; each step is also a method a
+//! (with seal retries), the I/O governor, the mover and the cleaner. [`spawn`] starts all of it; each step is also a method a
 //! test can call on its own.
 
 use std::sync::Arc;
@@ -42,6 +42,7 @@ pub fn spawn(data: &Arc<DataPlane>, schedule: Schedule) {
     spawn_every(data, PAGE_CACHE_DROP_EVERY, false, DataPlane::drop_written_pages);
     spawn_every(data, FLUSH_CHECK_EVERY, false, DataPlane::flush_due);
     spawn_every(data, SCAN_TICK_EVERY, false, DataPlane::tick_scans);
+    spawn_every(data, keel_tier::govern::TICK, false, DataPlane::govern_io);
 }
 
 /// Runs `work` on a blocking thread every `period` (after waiting one
@@ -105,6 +106,12 @@ impl DataPlane {
                 p.drop_written_pages();
             }
         }
+    }
+
+    /// The I/O governor's decision (`keel_tier::govern`): a no-op without
+    /// a live latency target.
+    pub fn govern_io(&self) {
+        self.io.govern();
     }
 
     /// Lets each partition's shared scan drop the data of readers gone

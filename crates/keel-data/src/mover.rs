@@ -15,7 +15,9 @@
 //! 4. after each copy, deletes local copies that are no longer needed:
 //!    past the topic's `local.retention.bytes` / `local.retention.ms`, then,
 //!    oldest first across all partitions, while the fast tier holds more
-//!    than `keel.tier.fast.max.bytes`.
+//!    than `keel.tier.fast.max.bytes`; but not a segment a reader is in or
+//!    about to read ([`crate::tiering`]), within an allowance over the
+//!    budget.
 //!
 //! Every `keel.tier.orphan.grace.ms` it also sweeps each tier for copies
 //! under this cluster's prefix that no manifest names and that are older
@@ -47,9 +49,13 @@ use parking_lot::Mutex;
 use crate::partition::{Partition, Unavailable};
 use crate::plane::DataPlane;
 use crate::policy::TierPolicy;
+use crate::tiering::{holder, CommittedOffsets, Hold, Mark, OVER_BUDGET_PERCENT, RECENT_MS, WINDOW_BYTES};
 use crate::topics::Topic;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Offsets groups committed recently, as readers, by `(topic, partition)`.
+type CommitMarks = std::collections::HashMap<(String, i32), Vec<Mark>>;
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// The mover's state, shared with stats.
@@ -81,6 +87,19 @@ pub struct Mover {
     last_over_budget_log: Mutex<Option<Instant>>,
     last_fs_full_log: Mutex<Option<Instant>>,
     last_set_aside_log: Mutex<Option<Instant>>,
+    /// The group coordinator's committed offsets, once the broker has one:
+    /// readers that hold segments ([`crate::tiering`]).
+    committed: std::sync::OnceLock<Arc<dyn CommittedOffsets>>,
+    /// Their recent commits, when last read.
+    commits: Mutex<Option<(Instant, Duration, Arc<CommitMarks>)>>,
+    /// Partitions whose oldest local segment the last pass kept for a
+    /// reader, and those segments' bytes.
+    pub reader_holds: AtomicU64,
+    pub reader_held_bytes: AtomicU64,
+    /// Segments released although a reader was within reach of them: the
+    /// fast tier past its budget by more than the readers' allowance, or
+    /// its filesystem low.
+    pub reader_hold_overrides: AtomicU64,
 }
 
 /// Below this share of free space the fast tier's filesystem is reported as
@@ -109,7 +128,18 @@ impl Mover {
             over_budget: AtomicBool::new(false),
             backoff_ms: AtomicU64::new(0),
             last_over_budget_log: Mutex::new(None),
+            committed: std::sync::OnceLock::new(),
+            commits: Mutex::new(None),
+            reader_holds: AtomicU64::new(0),
+            reader_held_bytes: AtomicU64::new(0),
+            reader_hold_overrides: AtomicU64::new(0),
         }
+    }
+
+    /// Gives the mover the group coordinator's committed offsets (once;
+    /// later calls are ignored).
+    pub fn set_committed_offsets(&self, committed: Arc<dyn CommittedOffsets>) {
+        let _ = self.committed.set(committed);
     }
 
     pub fn fast_max_bytes(&self) -> i64 {
@@ -126,6 +156,17 @@ impl Mover {
     pub fn backoff_ms(&self) -> u64 {
         self.backoff_ms.load(Ordering::Relaxed)
     }
+}
+
+/// Bytes fetches read from segments kept on the fast tier for readers,
+/// over every partition: reads the colder tier was spared.
+pub fn held_read_bytes(data: &DataPlane) -> u64 {
+    data.topics
+        .all()
+        .iter()
+        .flat_map(|t| t.partitions.iter())
+        .map(|p| p.held_read_bytes.load(Ordering::Relaxed))
+        .sum()
 }
 
 /// Runs passes forever (until the runtime stops).
@@ -544,46 +585,203 @@ fn partition_prefix(cluster_id: &str, topic: &Topic, partition: i32) -> String {
     )
 }
 
-/// Deletes local copies no longer needed (see the module docs).
-async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
-    let now = data.clock.now_ms();
-    // Local retention, per partition.
-    for t in available(targets) {
-        let policy = t.policy;
-        let released = try_on_log(&t.partition, move |log| {
-            let (mut count, mut bytes) = (0, 0);
-            while let Some((base, size, max_ts)) = log.oldest_releasable() {
-                let over_bytes = policy.local_retention_bytes >= 0
-                    && log.size_bytes().saturating_sub(size) as i64 >= policy.local_retention_bytes;
-                let too_old =
-                    policy.local_retention_ms >= 0 && max_ts >= 0 && now - max_ts > policy.local_retention_ms;
-                if !(over_bytes || too_old) {
-                    break;
-                }
-                bytes += log.release_local(base)?;
-                count += 1;
-            }
-            Ok((count, bytes))
+/// The readers of each target's partition that may hold its segments:
+/// fetch positions seen and group commits made in the last
+/// [`RECENT_MS`].
+fn reader_marks(data: &DataPlane, targets: &[Target], now_ms: i64) -> Vec<Arc<[Mark]>> {
+    let commits = recent_commits(&data.mover, now_ms);
+    targets
+        .iter()
+        .map(|t| {
+            let fetches = t
+                .partition
+                .readers
+                .positions()
+                .into_iter()
+                .filter(|p| now_ms - p.at_ms <= RECENT_MS)
+                .map(|p| Mark {
+                    who: format!("{} {}:{}", p.reader.client_id, p.reader.address, p.reader.port),
+                    offset: p.offset,
+                });
+            let key = (t.topic.meta.name.to_string(), t.partition.index);
+            let groups = commits.get(&key).into_iter().flatten().cloned();
+            fetches.chain(groups).collect()
         })
-        .await;
-        if let Some(released) = settle(t, released)? {
-            note_released(data, released);
+        .collect()
+}
+
+/// Reading the groups' commits walks every group's offsets: when that
+/// took longer than [`COMMITS_SLOW`], what it read serves the passes of
+/// the next [`COMMITS_FRESH`].
+const COMMITS_SLOW: Duration = Duration::from_millis(1);
+const COMMITS_FRESH: Duration = Duration::from_secs(10);
+
+/// The groups' recent commits by `(topic, partition)`.
+fn recent_commits(mover: &Mover, now_ms: i64) -> Arc<CommitMarks> {
+    let mut cached = mover.commits.lock();
+    if let Some((at, took, marks)) = &*cached {
+        if *took >= COMMITS_SLOW && at.elapsed() < COMMITS_FRESH {
+            return Arc::clone(marks);
         }
     }
-    // The fast tier's budget, oldest first across partitions.
+    let started = Instant::now();
+    let mut marks = CommitMarks::new();
+    for c in mover
+        .committed
+        .get()
+        .map(|c| c.committed_since(now_ms - RECENT_MS))
+        .unwrap_or_default()
+    {
+        marks.entry((c.topic, c.partition)).or_default().push(Mark {
+            who: format!("group {}", c.group),
+            offset: c.offset,
+        });
+    }
+    let marks = Arc::new(marks);
+    *cached = Some((started, started.elapsed(), Arc::clone(&marks)));
+    marks
+}
+
+/// A partition's local segments that may go, oldest first (`(base, next,
+/// bytes, max timestamp)`).
+type Releasable = Vec<(i64, i64, u64, i64)>;
+
+/// The hold on `segments[i..n]` (the stretch releasing would have taken)
+/// if a reader is within reach of `segments[i]`.
+fn hold_from(segments: &Releasable, i: usize, n: usize, marks: &[Mark]) -> Option<Hold> {
+    let (base, next, size, _) = *segments.get(i)?;
+    let reader = holder(base, next, size, marks, WINDOW_BYTES)?;
+    let kept = &segments[i..n.max(i + 1).min(segments.len())];
+    Some(Hold {
+        base_offset: base,
+        next_offset: kept.last().map_or(next, |s| s.1),
+        size_bytes: kept.iter().map(|s| s.2).sum(),
+        holder: reader.clone(),
+    })
+}
+
+/// Deletes local copies no longer needed (see the module docs), except
+/// the segments readers are about to read ([`crate::tiering`]).
+async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
+    let now = data.clock.now_ms();
+    let marks = reader_marks(data, targets, now);
     let budget = data.mover.fast_max_bytes();
     let mut fast = sum_over(targets, |log| log.size_bytes()).await?;
-    while budget >= 0 && fast > budget as u64 {
-        let mut oldest: Option<(&Target, i64, i64)> = None;
-        for t in available(targets) {
-            let releasable = settle(t, on_log(&t.partition, |log| log.oldest_releasable()).await)?;
-            if let Some(Some((base, _, max_ts))) = releasable {
-                if oldest.is_none_or(|(_, _, ts)| max_ts < ts) {
-                    oldest = Some((t, base, max_ts));
+    // Readers hold segments up to this far over the budget, and not while
+    // the fast tier's filesystem runs low.
+    let allowance = |fast: u64| {
+        let over_cap = u64::try_from(budget).is_ok_and(|b| fast > with_allowance(b));
+        !over_cap && !fast_space_low(data)
+    };
+    let mut holds: Vec<Option<Hold>> = vec![None; targets.len()];
+    // Local retention, per partition: the oldest segments past it go, up
+    // to the first a reader is about to read.
+    for (i, t) in targets.iter().enumerate() {
+        if t.is_set_aside() {
+            continue;
+        }
+        let policy = t.policy;
+        let (marks, honour) = (Arc::clone(&marks[i]), allowance(fast));
+        let released = try_on_log(&t.partition, move |log| {
+            let segments = log.releasable_segments();
+            let mut size = log.size_bytes();
+            let past = segments
+                .iter()
+                .take_while(|(_, _, bytes, max_ts)| {
+                    let over_bytes = policy.local_retention_bytes >= 0
+                        && size.saturating_sub(*bytes) as i64 >= policy.local_retention_bytes;
+                    let too_old = policy.local_retention_ms >= 0
+                        && *max_ts >= 0
+                        && now - *max_ts > policy.local_retention_ms;
+                    size = size.saturating_sub(*bytes);
+                    over_bytes || too_old
+                })
+                .count();
+            let (mut count, mut bytes, mut overrides, mut held) = (0, 0, 0, None);
+            for k in 0..past {
+                if let Some(hold) = hold_from(&segments, k, past, &marks) {
+                    if honour {
+                        held = Some(hold);
+                        break;
+                    }
+                    overrides += 1;
                 }
+                bytes += log.release_local(segments[k].0)?;
+                count += 1;
+            }
+            Ok(((count, bytes), overrides, held))
+        })
+        .await;
+        if let Some((released, overrides, held)) = settle(t, released)? {
+            note_released(data, released);
+            fast = fast.saturating_sub(released.1);
+            data.mover
+                .reader_hold_overrides
+                .fetch_add(overrides, Ordering::Relaxed);
+            holds[i] = held;
+        }
+    }
+    // The fast tier's budget, oldest first across partitions, passing over
+    // the segments readers hold while within their allowance.
+    while budget >= 0 && fast > budget as u64 {
+        let excess = fast - budget as u64;
+        let mut oldest: Option<(usize, i64, i64)> = None;
+        let mut oldest_held: Option<(usize, i64, i64, Hold)> = None;
+        for (i, t) in targets.iter().enumerate() {
+            if t.is_set_aside() {
+                continue;
+            }
+            let m = Arc::clone(&marks[i]);
+            let first = settle(
+                t,
+                on_log(&t.partition, move |log| {
+                    let segments = log.releasable_segments();
+                    // The stretch the budget would take from this partition alone.
+                    let mut left = excess;
+                    let n = segments
+                        .iter()
+                        .take_while(|s| {
+                            let take = left > 0;
+                            left = left.saturating_sub(s.2);
+                            take
+                        })
+                        .count();
+                    segments
+                        .first()
+                        .map(|s| (s.0, s.3, hold_from(&segments, 0, n, &m)))
+                })
+                .await,
+            )?;
+            let Some(Some((base, max_ts, held))) = first else {
+                continue;
+            };
+            match held {
+                None if oldest.is_none_or(|(_, _, ts)| max_ts < ts) => oldest = Some((i, base, max_ts)),
+                Some(hold) if oldest_held.as_ref().is_none_or(|(_, _, ts, _)| max_ts < *ts) => {
+                    oldest_held = Some((i, base, max_ts, hold));
+                }
+                _ => {}
             }
         }
-        let Some((t, base, _)) = oldest else { break };
+        let (i, base) = match (oldest, oldest_held) {
+            (Some((i, base, _)), held) => {
+                if let Some((j, .., hold)) = held {
+                    holds[j] = Some(hold);
+                }
+                (i, base)
+            }
+            (None, Some((j, base, _, hold))) => {
+                if allowance(fast) {
+                    holds[j] = Some(hold);
+                    break;
+                }
+                data.mover.reader_hold_overrides.fetch_add(1, Ordering::Relaxed);
+                holds[j] = None;
+                (j, base)
+            }
+            (None, None) => break,
+        };
+        let t = &targets[i];
         // Set aside meanwhile: look again without it.
         let Some(freed) = settle(
             t,
@@ -595,12 +793,26 @@ async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
         note_released(data, (1, freed));
         fast = fast.saturating_sub(freed);
     }
+    let (mut count, mut bytes) = (0, 0);
+    for (t, hold) in targets.iter().zip(holds) {
+        if let Some(h) = &hold {
+            count += 1;
+            bytes += h.size_bytes;
+        }
+        t.partition.set_tier_hold(hold);
+    }
+    data.mover.reader_holds.store(count, Ordering::Relaxed);
+    data.mover.reader_held_bytes.store(bytes, Ordering::Relaxed);
     let copied = sum_over(targets, |log| log.local_copied_bytes()).await?;
     let mover = &data.mover;
     mover.fast_bytes.store(fast, Ordering::Relaxed);
     mover.fast_copied_bytes.store(copied, Ordering::Relaxed);
-    let over = budget >= 0 && fast > budget as u64;
+    // Segments readers hold may take the fast tier over its budget within
+    // their allowance: that is not a fast tier over budget.
+    let over = u64::try_from(budget).is_ok_and(|b| fast > if count > 0 { with_allowance(b) } else { b });
     mover.over_budget.store(over, Ordering::Relaxed);
+    // Copies are what make room: the I/O governor keeps them a higher floor.
+    data.io.set_urgent(keel_tier::IoClass::TierMove, over);
     if over {
         let mut last = mover.last_over_budget_log.lock();
         if last.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
@@ -694,6 +906,22 @@ async fn sweep_orphans(data: &DataPlane) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The fast tier's budget with the share over it readers may hold.
+fn with_allowance(budget: u64) -> u64 {
+    budget.saturating_add(budget / 100 * OVER_BUDGET_PERCENT)
+}
+
+/// Whether the fast tier's filesystem is below [`FAST_FS_LOW_FREE`] free
+/// (as the last pass measured it).
+fn fast_space_low(data: &DataPlane) -> bool {
+    let mover = &data.mover;
+    let (free, total) = (
+        mover.fast_fs_free_bytes.load(Ordering::Relaxed),
+        mover.fast_fs_total_bytes.load(Ordering::Relaxed),
+    );
+    total > 0 && (free as f64) < FAST_FS_LOW_FREE * total as f64
 }
 
 /// Records the fast tier's free space and says so, at most once a minute,

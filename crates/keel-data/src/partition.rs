@@ -295,6 +295,11 @@ pub struct Partition {
     pub cleaning: Mutex<crate::cleaning::Cleaning>,
     /// Who read this partition recently, and where.
     pub readers: Readers,
+    /// The oldest local segment the mover's last pass kept on the fast tier
+    /// for a reader ([`crate::tiering`]), and the bytes reads took from
+    /// such segments: reads of the colder tier the hold saved.
+    tier_hold: Mutex<Option<crate::tiering::Hold>>,
+    pub held_read_bytes: AtomicU64,
     clock: Arc<dyn Clock>,
     /// In a cluster: where written groups go to be made durable, and the
     /// claim they are written under. `None` for one node.
@@ -549,6 +554,8 @@ impl Partition {
             sealing: Arc::new(AtomicBool::new(false)),
             cleaning: Mutex::new(crate::cleaning::Cleaning::default()),
             readers: Readers::default(),
+            tier_hold: Mutex::new(None),
+            held_read_bytes: AtomicU64::new(0),
             clock: parts.clock,
             wal: parts.wal,
             replica: Replica::default(),
@@ -1610,6 +1617,16 @@ impl Partition {
                 .read_blocking(segment, plan.target_offset(), plan.max_bytes()),
             None => {
                 let read = plan.execute_scan()?;
+                let target = plan.target_offset();
+                if self
+                    .tier_hold
+                    .lock()
+                    .as_ref()
+                    .is_some_and(|h| (h.base_offset..h.next_offset).contains(&target))
+                {
+                    self.held_read_bytes
+                        .fetch_add(read.bytes.len() as u64, Ordering::Relaxed);
+                }
                 if let Some(hint) = read.hint {
                     let mut hints = self.scan_hints.lock();
                     hints.retain(|h| h.next_offset() != hint.next_offset());
@@ -1670,6 +1687,16 @@ impl Partition {
                 keel_tier::resident::resident_bytes(f.std_file()?).ok()
             })
             .fold((0, 0), |(r, s), (fr, fs)| (r + fr, s + fs))
+    }
+
+    /// The segment the mover keeps on the fast tier for a reader, if any.
+    pub fn tier_hold(&self) -> Option<crate::tiering::Hold> {
+        self.tier_hold.lock().clone()
+    }
+
+    /// What the mover's pass decided ([`crate::tiering`]).
+    pub fn set_tier_hold(&self, hold: Option<crate::tiering::Hold>) {
+        *self.tier_hold.lock() = hold;
     }
 
     /// Counts bytes a read plan of this partition returned from the files.

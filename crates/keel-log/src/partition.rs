@@ -1597,6 +1597,29 @@ impl PartitionLog {
         copied.then_some((s.base_offset, s.size_bytes, s.indexer.max_timestamp_ms))
     }
 
+    /// The local segments that may go, oldest first, in the order they
+    /// would: the sealed ones from the oldest on that have a verified
+    /// colder copy, up to the first that has none. Each as `(base offset,
+    /// next segment's base offset, bytes, max timestamp)`.
+    pub fn releasable_segments(&self) -> Vec<(i64, i64, u64, i64)> {
+        let st = self.view.state.read();
+        st.segments
+            .windows(2)
+            .map_while(|pair| {
+                let (s, next) = (&pair[0], &pair[1]);
+                st.tiered
+                    .iter()
+                    .any(|t| t.base_offset == s.base_offset && t.state == TierState::Both)
+                    .then_some((
+                        s.base_offset,
+                        next.base_offset,
+                        s.size_bytes,
+                        s.indexer.max_timestamp_ms,
+                    ))
+            })
+            .collect()
+    }
+
     /// Deletes the local files of the oldest segment (see
     /// [`PartitionLog::oldest_releasable`]); its offsets are read from the
     /// colder tier from now on. Returns the bytes freed locally.

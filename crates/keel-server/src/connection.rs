@@ -229,7 +229,10 @@ impl<'a> Connection<'a> {
                 let until = Instant::now() + Duration::from_millis(u64::from(throttle));
                 self.muted_until = Some(self.muted_until.map_or(until, |m| m.max(until)));
             }
-            self.broker.metrics.finish(&done.trace, &self.broker.data.store);
+            let data = &self.broker.data;
+            self.broker
+                .metrics
+                .finish(&done.trace, &data.store, data.io.live());
         }
         Ok(())
     }

@@ -210,6 +210,7 @@ pub fn render(stats: &Value) -> String {
     let mut out = String::new();
     render_cluster(stats, &mut out);
     render_tail_cache(stats, &mut out);
+    render_live(stats, &mut out);
     render_tiers(stats, &mut out);
     let partitions = stats.get("partitions").and_then(Value::as_array);
     let Some(partitions) = partitions.filter(|p| !p.is_empty()) else {
@@ -220,8 +221,39 @@ pub fn render(stats: &Value) -> String {
         .as_str()
         .is_some_and(|s| s.starts_with("etcd"));
     render_partitions(partitions, clustered, &mut out);
+    render_holds(partitions, &mut out);
     render_cleaner(stats, partitions, &mut out);
     out
+}
+
+/// Why local segments past their partition's local retention or the fast
+/// tier's budget are still on the fast tier: the reader each is kept for.
+fn render_holds(partitions: &[Value], out: &mut String) {
+    let held: Vec<String> = partitions
+        .iter()
+        .filter_map(|p| {
+            let h = p["tiers"].get("held_for_reader").filter(|h| !h.is_null())?;
+            Some(format!(
+                "  {}-{}: offsets {}..{} ({}) for {} at offset {}",
+                p["topic"].as_str().unwrap_or("-"),
+                count(num(p, &["partition"])),
+                h["base_offset"],
+                h["next_offset"],
+                bytes(h["bytes"].as_u64()),
+                h["reader"].as_str().unwrap_or("-"),
+                h["reader_offset"],
+            ))
+        })
+        .collect();
+    if !held.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nkept on the fast tier for readers (released once they pass):"
+        );
+        for line in held {
+            let _ = writeln!(out, "{line}");
+        }
+    }
 }
 
 /// The broker's membership, when it is in a cluster: the live brokers,
@@ -357,6 +389,60 @@ fn render_tail_cache(stats: &Value, out: &mut String) {
     }
 }
 
+/// The live path's p99 over the last 10 s, and the background budgets:
+/// in force, and the ceiling each was set to when the governor holds it
+/// below.
+fn render_live(stats: &Value, out: &mut String) {
+    let Some(live) = stats.get("live_latency") else {
+        return;
+    };
+    let ms = |op: &str| {
+        let q = &live[op]["last_10s"];
+        match (q["count"].as_u64(), q["p99_us"].as_f64()) {
+            (Some(n), Some(us)) if n > 0 => format!("{:.2} ms", us / 1e3),
+            _ => "-".to_string(),
+        }
+    };
+    let governor = match stats["io_governor"]["target_ms"].as_f64() {
+        Some(t) => format!(
+            "governor target {t} ms, {} cuts",
+            count(num(stats, &["io_governor", "cuts"]))
+        ),
+        None => "governor off".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "live p99     produce {}, tail fetch {} (last 10 s); {governor}",
+        ms("produce"),
+        ms("tail_fetch"),
+    );
+    let rate = |n: Option<u64>| match n {
+        Some(0) => "unlimited".to_string(),
+        n => format!("{}/s", bytes(n)),
+    };
+    let budgets: Vec<String> = stats["io"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["class"] != "live")
+        .map(|c| {
+            let (budget, ceiling) = (
+                c["budget_bytes_per_sec"].as_u64(),
+                c["ceiling_bytes_per_sec"].as_u64(),
+            );
+            let name = c["class"].as_str().unwrap_or("-").replace('_', " ");
+            if ceiling.is_some() && budget != ceiling {
+                format!("{name} {} (of {})", rate(budget), rate(ceiling))
+            } else {
+                format!("{name} {}", rate(budget))
+            }
+        })
+        .collect();
+    if !budgets.is_empty() {
+        let _ = writeln!(out, "budgets      {}", budgets.join(", "));
+    }
+}
+
 /// The colder tiers' traffic and the fast tier's budget, when the broker
 /// has a colder tier.
 fn render_tiers(stats: &Value, out: &mut String) {
@@ -398,6 +484,16 @@ fn render_tiers(stats: &Value, out: &mut String) {
         },
         bytes(tier("fast_fs_free_bytes")),
     );
+    if tier("reader_holds").is_some_and(|n| n > 0) || tier("held_read_bytes").is_some_and(|n| n > 0) {
+        let _ = writeln!(
+            out,
+            "             readers hold {} segments ({}) on the fast tier; {} read from held segments, not the colder tier; {} released despite a reader",
+            count(tier("reader_holds")),
+            bytes(tier("reader_held_bytes")),
+            bytes(tier("held_read_bytes")),
+            count(tier("reader_hold_overrides")),
+        );
+    }
     if let Some(e) = tier_name("last_error") {
         let _ = writeln!(out, "             last error: {e}");
     }
@@ -678,10 +774,18 @@ mod tests {
             "cold_reads": {"reads": 40, "bytes": 3 << 20},
             "scan": {"limit_bytes": 64 << 20, "held_bytes": 2 << 20, "hits": 30,
                      "served_bytes": 6 << 20, "shared_bytes": 4 << 20},
+            "live_latency": {"produce": {"last_10s": {"count": 900, "p99_us": 1840}},
+                             "tail_fetch": {"last_10s": {"count": 0, "p99_us": 0}}},
+            "io_governor": {"target_ms": 5.0, "cuts": 3},
+            "io": [{"class": "live", "budget_bytes_per_sec": 0, "ceiling_bytes_per_sec": 0},
+                   {"class": "cold_read", "budget_bytes_per_sec": 4 << 20, "ceiling_bytes_per_sec": 0},
+                   {"class": "tier_move", "budget_bytes_per_sec": 50 << 20, "ceiling_bytes_per_sec": 50 << 20}],
             "partitions": [
                 {"topic": "orders", "partition": 0, "log_start_offset": 0, "high_watermark": 20000,
                  "cache_read_bytes": 1 << 20, "cold_read_bytes": 3 << 20,
-                 "tiers": {"local_bytes": 2 << 20, "cold_bytes": 5 << 20}},
+                 "tiers": {"local_bytes": 2 << 20, "cold_bytes": 5 << 20,
+                           "held_for_reader": {"base_offset": 1000, "next_offset": 2000, "bytes": 1 << 20,
+                                               "reader": "group loader", "reader_offset": 900}}},
                 {"topic": "a-much-longer-topic-name", "partition": 11, "high_watermark": 5,
                  "cache_read_bytes": 0, "cold_read_bytes": 0, "extra": [1, 2]},
             ],
@@ -696,6 +800,20 @@ mod tests {
         assert!(text.contains("evicted 9.0 MiB (150 batches)"), "{text}");
         assert!(
             text.contains("scan buffer  limit 64.0 MiB, held 2.0 MiB; 30 fetches answered by earlier reads (6.0 MiB, 4.0 MiB of it another reader's)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "live p99     produce 1.84 ms, tail fetch - (last 10 s); governor target 5 ms, 3 cuts"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("budgets      cold read 4.0 MiB/s (of unlimited), tier move 50.0 MiB/s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kept on the fast tier for readers (released once they pass):\n  orders-0: offsets 1000..2000 (1.0 MiB) for group loader at offset 900"),
             "{text}"
         );
         assert!(

@@ -193,7 +193,7 @@ impl ColdReads {
     pub fn stats(&self) -> ColdStats {
         // The budget, the bytes read from the disk and the time waited for
         // the budget are the cold-read class's own counters.
-        let class = self.io.budget(IoClass::ColdRead).stats();
+        let class = self.io.stats()[IoClass::ColdRead.index()];
         ColdStats {
             budget_bytes_per_sec: class.budget_bytes_per_sec,
             max_concurrent: self.max_concurrent as u64,

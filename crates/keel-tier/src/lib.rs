@@ -4,7 +4,9 @@
 //! partition under one byte budget; [`memory`], which sizes that budget from
 //! the memory the broker may use; [`ColdReads`], the bounded, budgeted
 //! executor for reads below the tail; [`IoScheduler`], the byte budget of
-//! each class of I/O (live, cold reads, tier moves, cleaning); and
+//! each class of I/O (live, cold reads, tier moves, cleaning), with the
+//! live path's latency ([`LiveLatency`]) and the [`govern`]or that sets
+//! the background budgets from it; and
 //! [`Tiers`], the capacity directories and object store that sealed
 //! segments move to.
 //!
@@ -13,7 +15,9 @@
 
 pub mod bulk;
 pub mod cold;
+pub mod govern;
 pub mod io;
+pub mod live;
 pub mod memory;
 pub mod pace;
 pub mod priority;
@@ -24,7 +28,9 @@ pub mod tiers;
 
 pub use bulk::{Bulk, BULK_NICE};
 pub use cold::{ColdRead, ColdReads, ColdStats};
-pub use io::{Budget, Budgets, IoClass, IoClassStats, IoScheduler};
+pub use govern::GovernorStats;
+pub use io::{Budget, Budgets, GovernorTick, IoClass, IoClassStats, IoScheduler};
+pub use live::{LiveLatency, LiveOp, Quantiles};
 pub use scan::{ScanPolicy, ScanPool, ScanStats};
 pub use tail::{Chunks, PartitionTail, TailCache, TailStats};
 pub use tiers::{filesystem_space, RemoteSettings, TierStats, Tiers, UncommittedCopy};

@@ -334,6 +334,10 @@ impl Broker {
             tasks: parking_lot::Mutex::new(Vec::new()),
             seen_cluster_default: parking_lot::Mutex::new(None),
         };
+        broker
+            .data
+            .mover
+            .set_committed_offsets(Arc::new(GroupCommits(Arc::clone(&broker.groups))));
         broker.data.load_topics().map_err(StartError::Topics)?;
         Ok(Arc::new(broker))
     }
@@ -402,6 +406,25 @@ impl Broker {
         })
     }
 
+    /// The I/O governor: its target, cuts and the live p99 it last judged.
+    fn io_governor_json(&self) -> serde_json::Value {
+        let g = self.data.io.governor_stats();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        serde_json::json!({
+            "target_ms": g.target.map(ms),
+            "cuts": g.cuts,
+            "live_p99_ms": g.live_p99.map(ms),
+            // Every tick of the last five minutes: [wall-clock ms, live p99
+            // µs, budgets set (cold read, tier move, cleaning; 0:
+            // unlimited), bytes per second each did].
+            "history": self.data.io.governor_history().iter().map(|t| {
+                let [b0, b1, b2] = t.budgets;
+                let [u0, u1, u2] = t.used;
+                [t.at_ms, t.live_p99_us, b0, b1, b2, u0, u1, u2]
+            }).collect::<Vec<_>>(),
+        })
+    }
+
     /// Counters for operators, as JSON: the tail cache and cold reads
     /// broker-wide, page-cache residency of the segment files (mincore), and
     /// per partition the bytes served from each source. Blocking (the
@@ -454,9 +477,12 @@ impl Broker {
             "io": self.data.io.stats().iter().map(|s| serde_json::json!({
                 "class": s.class.name(),
                 "budget_bytes_per_sec": s.budget_bytes_per_sec,
+                "ceiling_bytes_per_sec": s.ceiling_bytes_per_sec,
                 "bytes": s.bytes,
                 "throttled_us": s.throttled_us,
             })).collect::<Vec<_>>(),
+            "io_governor": self.io_governor_json(),
+            "live_latency": live_latency_json(self.data.io.live()),
             "cold_reads": {
                 "reads": c.reads,
                 "bytes": c.bytes,
@@ -515,6 +541,10 @@ impl Broker {
             "fast_fs_free_bytes": m.fast_fs_free_bytes.load(Relaxed),
             "fast_fs_total_bytes": m.fast_fs_total_bytes.load(Relaxed),
             "backoff_ms": m.backoff_ms(),
+            "reader_holds": m.reader_holds.load(Relaxed),
+            "reader_held_bytes": m.reader_held_bytes.load(Relaxed),
+            "reader_hold_overrides": m.reader_hold_overrides.load(Relaxed),
+            "held_read_bytes": keel_data::mover::held_read_bytes(&self.data),
             "copies": s.copies,
             "copied_bytes": s.copied_bytes,
             "copy_failures": s.copy_failures,
@@ -648,6 +678,16 @@ fn partition_json(
             "cold_bytes": cold_bytes,
             "capacity_bytes": in_tier(keel_log::Tier::Capacity),
             "object_store_bytes": in_tier(keel_log::Tier::Remote),
+            // Why the oldest local segment is still here past the local
+            // retention or the fast tier's budget: a reader about to read it.
+            "held_for_reader": p.tier_hold().map(|h| serde_json::json!({
+                "base_offset": h.base_offset,
+                "next_offset": h.next_offset,
+                "bytes": h.size_bytes,
+                "reader": h.holder.who,
+                "reader_offset": h.holder.offset,
+            })),
+            "held_read_bytes": p.held_read_bytes.load(Relaxed),
         },
     })
 }
@@ -795,6 +835,7 @@ fn open_data_plane(
         tier_move: num("keel.tier.move.bytes.per.sec"),
         cleaning: cleaner_settings.io_bytes_per_sec,
     }));
+    io.set_live_target(config.live_latency_target());
     let cold = ColdReads::new(
         Arc::clone(&io),
         usize::try_from(config.num("keel.cold.read.max.concurrent")).unwrap_or(4),
@@ -915,4 +956,57 @@ fn tail_cache_budget(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
 /// The tail cache's budget under `config` (see `tail_cache_budget`).
 pub(crate) fn tail_cache_bytes(config: &BrokerConfig, limit: &MemoryLimit) -> u64 {
     u64::try_from(config.num("keel.tail.cache.bytes")).unwrap_or_else(|_| limit.default_tail_cache_bytes())
+}
+
+/// The live path's latency: per operation, quantiles over the last 10 s
+/// and the buckets since start-up (`[upper µs, count]`, eight to a
+/// doubling) from which two readings give a phase's quantiles.
+fn live_latency_json(live: &keel_tier::LiveLatency) -> serde_json::Value {
+    let ops: serde_json::Map<String, serde_json::Value> = keel_tier::LiveOp::ALL
+        .iter()
+        .map(|&op| {
+            let q = live.window(op, LIVE_WINDOW);
+            let json = serde_json::json!({
+                "last_10s": {
+                    "count": q.count,
+                    "p50_us": q.p50_us,
+                    "p99_us": q.p99_us,
+                    "p999_us": q.p999_us,
+                    "max_us": q.max_us,
+                },
+                "buckets": live.cumulative(op),
+            });
+            (op.name().to_string(), json)
+        })
+        .collect();
+    ops.into()
+}
+
+/// The window of the live latency quantiles `/stats` and `/metrics` show.
+pub const LIVE_WINDOW: Duration = Duration::from_secs(10);
+
+/// The group coordinator's committed offsets, for reader-aware tiering
+/// (`keel_data::tiering`). In a cluster, the groups this broker
+/// coordinates; fetch positions cover the readers of the others.
+struct GroupCommits(Arc<GroupCoordinator>);
+
+impl std::fmt::Debug for GroupCommits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GroupCommits")
+    }
+}
+
+impl keel_data::tiering::CommittedOffsets for GroupCommits {
+    fn committed_since(&self, since_ms: i64) -> Vec<keel_data::tiering::Commit> {
+        self.0
+            .committed_since(since_ms)
+            .into_iter()
+            .map(|(group, topic, partition, offset)| keel_data::tiering::Commit {
+                group,
+                topic,
+                partition,
+                offset,
+            })
+            .collect()
+    }
 }

@@ -40,6 +40,12 @@ struct IoLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct LiveLabels {
+    op: &'static str,
+    quantile: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct TierLabels {
     tier: &'static str,
 }
@@ -80,7 +86,7 @@ fn register_levels(r: &mut Registry, broker: &Broker) {
     let c = broker.data.cold.stats();
     let scan = broker.data.cold.scan_pool().stats();
     let m = &broker.data.mover;
-    let gauges: [(&str, &str, f64); 10] = [
+    let gauges: [(&str, &str, f64); 12] = [
         (
             "keel_tail_cache_budget_bytes",
             "Tail cache budget",
@@ -130,6 +136,16 @@ fn register_levels(r: &mut Registry, broker: &Broker) {
             "keel_mover_move_bytes_per_second",
             "keel.tier.move.bytes.per.sec",
             broker.data.io.budget(IoClass::TierMove).bytes_per_sec() as f64,
+        ),
+        (
+            "keel_mover_reader_holds",
+            "Partitions whose oldest local segment the mover keeps on the fast tier for a reader",
+            m.reader_holds.load(Relaxed) as f64,
+        ),
+        (
+            "keel_mover_reader_held_bytes",
+            "Bytes of those segments",
+            m.reader_held_bytes.load(Relaxed) as f64,
         ),
     ];
     for (name, help, value) in gauges {
@@ -277,6 +293,16 @@ fn tier_counters(broker: &Broker) -> Vec<(&'static str, &'static str, u64)> {
             m.passes.load(Relaxed),
         ),
         (
+            "keel_mover_reader_hold_overrides",
+            "Segments released although a reader was about to read them (the fast tier too far over its budget, or its filesystem low)",
+            m.reader_hold_overrides.load(Relaxed),
+        ),
+        (
+            "keel_mover_held_read_bytes",
+            "Bytes fetches read from segments kept on the fast tier for readers: colder-tier reads saved",
+            keel_data::mover::held_read_bytes(&broker.data),
+        ),
+        (
             "keel_mover_failed_passes",
             "Mover passes that failed",
             m.failed_passes.load(Relaxed),
@@ -314,8 +340,41 @@ fn tier_counters(broker: &Broker) -> Vec<(&'static str, &'static str, u64)> {
     ]
 }
 
-/// Each I/O class's budget, bytes and time waited for its budget.
+/// Each I/O class's budget, bytes and time waited for its budget; the
+/// live path's latency and the I/O governor.
 fn register_io(r: &mut Registry, broker: &Broker) {
+    let ceiling = Family::<IoLabels, Gauge>::default();
+    let live = Family::<LiveLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    for op in keel_tier::LiveOp::ALL {
+        let q = broker.data.io.live().window(op, crate::broker::LIVE_WINDOW);
+        for (quantile, us) in [("0.5", q.p50_us), ("0.99", q.p99_us), ("0.999", q.p999_us)] {
+            live.get_or_create(&LiveLabels {
+                op: op.name(),
+                quantile,
+            })
+            .set(us as f64 / 1e6);
+        }
+    }
+    r.register(
+        "keel_io_live_latency_seconds",
+        "The live path's latency as the broker sees it (produce; fetches answered from the tail cache, without their long poll), quantiles over the last 10 s (0 without requests)",
+        live,
+    );
+    let governor = broker.data.io.governor_stats();
+    let target = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    target.set(governor.target.map_or(0.0, |t| t.as_secs_f64()));
+    r.register(
+        "keel_io_live_latency_target_seconds",
+        "keel.io.live.latency.target.ms, the I/O governor's target (0: off)",
+        target,
+    );
+    let cuts = Counter::<u64>::default();
+    cuts.inc_by(governor.cuts);
+    r.register(
+        "keel_io_governor_cuts",
+        "Times the I/O governor cut the background budgets for a live p99 over its target",
+        cuts,
+    );
     let budget = Family::<IoLabels, Gauge>::default();
     let bytes = Family::<IoLabels, Counter>::default();
     let throttled = Family::<IoLabels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
@@ -326,6 +385,9 @@ fn register_io(r: &mut Registry, broker: &Broker) {
         budget
             .get_or_create(&labels)
             .set(i64::try_from(stats.budget_bytes_per_sec).unwrap_or(i64::MAX));
+        ceiling
+            .get_or_create(&labels)
+            .set(i64::try_from(stats.ceiling_bytes_per_sec).unwrap_or(i64::MAX));
         bytes.get_or_create(&labels).inc_by(stats.bytes);
         throttled
             .get_or_create(&labels)
@@ -333,8 +395,13 @@ fn register_io(r: &mut Registry, broker: &Broker) {
     }
     r.register(
         "keel_io_budget_bytes_per_second",
-        "An I/O class's byte budget (0: unlimited; the live path is never paced)",
+        "An I/O class's byte budget in force (0: unlimited; the live path is never paced): its ceiling, or what the I/O governor set below it",
         budget,
+    );
+    r.register(
+        "keel_io_budget_ceiling_bytes_per_second",
+        "An I/O class's budget as set (0: unlimited): the ceiling of the budget the I/O governor sets",
+        ceiling,
     );
     r.register(
         "keel_io_bytes",

@@ -230,6 +230,7 @@ fn apply_budgets(broker: &Arc<Broker>, config: &BrokerConfig) {
     let io = &broker.data.io;
     io.set_budget(IoClass::ColdRead, num("keel.cold.read.bytes.per.sec"));
     io.set_budget(IoClass::TierMove, num("keel.tier.move.bytes.per.sec"));
+    io.set_live_target(config.live_latency_target());
     broker
         .data
         .mover

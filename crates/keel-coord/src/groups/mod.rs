@@ -964,6 +964,24 @@ impl GroupCoordinator {
         })
     }
 
+    /// Offsets committed at or after `since_ms` (ms since the epoch), as
+    /// `(group, topic, partition, offset)`: the readers reader-aware
+    /// tiering keeps segments for.
+    pub fn committed_since(&self, since_ms: i64) -> Vec<(String, String, i32, i64)> {
+        self.store.with_table(|table| {
+            table
+                .offsets
+                .iter()
+                .flat_map(|(group, offsets)| {
+                    offsets
+                        .iter()
+                        .filter(|(_, v)| v.commit_timestamp_ms >= since_ms)
+                        .map(move |((t, p), v)| (group.clone(), t.clone(), *p, v.offset))
+                })
+                .collect()
+        })
+    }
+
     /// The groups each client is a member of, by its client id and host
     /// (classic and consumer-protocol groups alike): how `/stats` names the
     /// group behind a partition's reader.
