@@ -51,6 +51,8 @@ fn spawn_every(data: &Arc<DataPlane>, period: Duration, wait_first: bool, work: 
     let data = Arc::clone(data);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(period);
+        // A late run is not followed by a burst of catch-up runs.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         if wait_first {
             tick.tick().await;
         }

@@ -647,17 +647,57 @@ fn recent_commits(mover: &Mover, now_ms: i64) -> Arc<CommitMarks> {
 type Releasable = Vec<(i64, i64, u64, i64)>;
 
 /// The hold on `segments[i..n]` (the stretch releasing would have taken)
-/// if a reader is within reach of `segments[i]`.
+/// if a reader is within reach of `segments[i]` and the stretch is at most
+/// [`WINDOW_BYTES`]: a reader stuck in place holds no more than that.
 fn hold_from(segments: &Releasable, i: usize, n: usize, marks: &[Mark]) -> Option<Hold> {
     let (base, next, size, _) = *segments.get(i)?;
-    let reader = holder(base, next, size, marks, WINDOW_BYTES)?;
     let kept = &segments[i..n.max(i + 1).min(segments.len())];
+    let kept_bytes: u64 = kept.iter().map(|s| s.2).sum();
+    if kept_bytes > WINDOW_BYTES {
+        return None;
+    }
+    let reader = holder(base, next, size, marks, WINDOW_BYTES)?;
     Some(Hold {
         base_offset: base,
         next_offset: kept.last().map_or(next, |s| s.1),
-        size_bytes: kept.iter().map(|s| s.2).sum(),
+        size_bytes: kept_bytes,
         holder: reader.clone(),
     })
+}
+
+/// When readers may hold segments: the fast tier within
+/// `keel.tier.fast.max.bytes` and the share over it
+/// ([`OVER_BUDGET_PERCENT`]), and its filesystem not low.
+#[derive(Debug, Clone, Copy)]
+struct Allowance {
+    /// The budget with its share over it (`None`: no budget).
+    cap: Option<u64>,
+    space_low: bool,
+}
+
+impl Allowance {
+    fn of(data: &DataPlane) -> Allowance {
+        Allowance {
+            cap: u64::try_from(data.mover.fast_max_bytes())
+                .ok()
+                .map(with_allowance),
+            space_low: fast_space_low(data),
+        }
+    }
+
+    fn holds(&self, fast: u64) -> bool {
+        !self.space_low && self.cap.is_none_or(|cap| fast <= cap)
+    }
+}
+
+/// What a release step decided for one partition.
+#[derive(Debug, Default)]
+struct Released {
+    count: u64,
+    bytes: u64,
+    /// Segments released although a reader was within reach.
+    overrides: u64,
+    held: Option<Hold>,
 }
 
 /// Deletes local copies no longer needed (see the module docs), except
@@ -665,66 +705,98 @@ fn hold_from(segments: &Releasable, i: usize, n: usize, marks: &[Mark]) -> Optio
 async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
     let now = data.clock.now_ms();
     let marks = reader_marks(data, targets, now);
-    let budget = data.mover.fast_max_bytes();
+    let allowance = Allowance::of(data);
     let mut fast = sum_over(targets, |log| log.size_bytes()).await?;
-    // Readers hold segments up to this far over the budget, and not while
-    // the fast tier's filesystem runs low.
-    let allowance = |fast: u64| {
-        let over_cap = u64::try_from(budget).is_ok_and(|b| fast > with_allowance(b));
-        !over_cap && !fast_space_low(data)
-    };
     let mut holds: Vec<Option<Hold>> = vec![None; targets.len()];
-    // Local retention, per partition: the oldest segments past it go, up
-    // to the first a reader is about to read.
     for (i, t) in targets.iter().enumerate() {
-        if t.is_set_aside() {
+        let Some(r) = release_past_retention(t, Arc::clone(&marks[i]), allowance, fast, now).await? else {
             continue;
-        }
-        let policy = t.policy;
-        let (marks, honour) = (Arc::clone(&marks[i]), allowance(fast));
-        let released = try_on_log(&t.partition, move |log| {
-            let segments = log.releasable_segments();
-            let mut size = log.size_bytes();
-            let past = segments
-                .iter()
-                .take_while(|(_, _, bytes, max_ts)| {
-                    let over_bytes = policy.local_retention_bytes >= 0
-                        && size.saturating_sub(*bytes) as i64 >= policy.local_retention_bytes;
-                    let too_old = policy.local_retention_ms >= 0
-                        && *max_ts >= 0
-                        && now - *max_ts > policy.local_retention_ms;
-                    size = size.saturating_sub(*bytes);
-                    over_bytes || too_old
-                })
-                .count();
-            let (mut count, mut bytes, mut overrides, mut held) = (0, 0, 0, None);
-            for k in 0..past {
-                if let Some(hold) = hold_from(&segments, k, past, &marks) {
-                    if honour {
-                        held = Some(hold);
-                        break;
-                    }
-                    overrides += 1;
-                }
-                bytes += log.release_local(segments[k].0)?;
-                count += 1;
-            }
-            Ok(((count, bytes), overrides, held))
-        })
-        .await;
-        if let Some((released, overrides, held)) = settle(t, released)? {
-            note_released(data, released);
-            fast = fast.saturating_sub(released.1);
-            data.mover
-                .reader_hold_overrides
-                .fetch_add(overrides, Ordering::Relaxed);
-            holds[i] = held;
-        }
+        };
+        note_released(data, (r.count, r.bytes));
+        fast = fast.saturating_sub(r.bytes);
+        data.mover
+            .reader_hold_overrides
+            .fetch_add(r.overrides, Ordering::Relaxed);
+        holds[i] = r.held;
     }
-    // The fast tier's budget, oldest first across partitions, passing over
-    // the segments readers hold while within their allowance.
-    while budget >= 0 && fast > budget as u64 {
-        let excess = fast - budget as u64;
+    fast = release_over_budget(data, targets, &marks, allowance, fast, &mut holds).await?;
+    let (mut count, mut bytes) = (0, 0);
+    for (t, hold) in targets.iter().zip(holds) {
+        if let Some(h) = &hold {
+            count += 1;
+            bytes += h.size_bytes;
+        }
+        t.partition.set_tier_hold(hold);
+    }
+    data.mover.reader_holds.store(count, Ordering::Relaxed);
+    data.mover.reader_held_bytes.store(bytes, Ordering::Relaxed);
+    finish_release(data, targets, fast, bytes).await
+}
+
+/// A partition's local retention: its oldest segments past
+/// `local.retention.bytes` / `local.retention.ms` go, up to the first a
+/// reader is about to read while readers may hold. `None`: the partition
+/// was set aside.
+async fn release_past_retention(
+    t: &Target,
+    marks: Arc<[Mark]>,
+    allowance: Allowance,
+    fast: u64,
+    now: i64,
+) -> std::io::Result<Option<Released>> {
+    let policy = t.policy;
+    if t.is_set_aside() || (policy.local_retention_bytes < 0 && policy.local_retention_ms < 0) {
+        return Ok(None);
+    }
+    let released = try_on_log(&t.partition, move |log| {
+        let segments = log.releasable_segments(u64::MAX);
+        let mut size = log.size_bytes();
+        let past = segments
+            .iter()
+            .take_while(|(_, _, bytes, max_ts)| {
+                let over_bytes = policy.local_retention_bytes >= 0
+                    && size.saturating_sub(*bytes) as i64 >= policy.local_retention_bytes;
+                let too_old = policy.local_retention_ms >= 0
+                    && *max_ts >= 0
+                    && now - *max_ts > policy.local_retention_ms;
+                size = size.saturating_sub(*bytes);
+                over_bytes || too_old
+            })
+            .count();
+        let mut r = Released::default();
+        for k in 0..past {
+            if let Some(hold) = hold_from(&segments, k, past, &marks) {
+                if allowance.holds(fast.saturating_sub(r.bytes)) {
+                    r.held = Some(hold);
+                    break;
+                }
+                r.overrides += 1;
+            }
+            r.bytes += log.release_local(segments[k].0)?;
+            r.count += 1;
+        }
+        Ok(r)
+    })
+    .await;
+    settle(t, released)
+}
+
+/// The fast tier's budget: oldest first across partitions while it is
+/// over, passing over the segments readers hold while they may. Returns
+/// the fast tier's bytes after.
+async fn release_over_budget(
+    data: &DataPlane,
+    targets: &[Target],
+    marks: &[Arc<[Mark]>],
+    allowance: Allowance,
+    mut fast: u64,
+    holds: &mut [Option<Hold>],
+) -> std::io::Result<u64> {
+    let Ok(budget) = u64::try_from(data.mover.fast_max_bytes()) else {
+        return Ok(fast);
+    };
+    while fast > budget {
+        let excess = fast - budget;
         let mut oldest: Option<(usize, i64, i64)> = None;
         let mut oldest_held: Option<(usize, i64, i64, Hold)> = None;
         for (i, t) in targets.iter().enumerate() {
@@ -735,17 +807,10 @@ async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
             let first = settle(
                 t,
                 on_log(&t.partition, move |log| {
-                    let segments = log.releasable_segments();
-                    // The stretch the budget would take from this partition alone.
-                    let mut left = excess;
-                    let n = segments
-                        .iter()
-                        .take_while(|s| {
-                            let take = left > 0;
-                            left = left.saturating_sub(s.2);
-                            take
-                        })
-                        .count();
+                    // The stretch the budget would take from this
+                    // partition alone.
+                    let segments = log.releasable_segments(excess);
+                    let n = segments.len();
                     segments
                         .first()
                         .map(|s| (s.0, s.3, hold_from(&segments, 0, n, &m)))
@@ -771,7 +836,7 @@ async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
                 (i, base)
             }
             (None, Some((j, base, _, hold))) => {
-                if allowance(fast) {
+                if allowance.holds(fast) {
                     holds[j] = Some(hold);
                     break;
                 }
@@ -793,23 +858,21 @@ async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
         note_released(data, (1, freed));
         fast = fast.saturating_sub(freed);
     }
-    let (mut count, mut bytes) = (0, 0);
-    for (t, hold) in targets.iter().zip(holds) {
-        if let Some(h) = &hold {
-            count += 1;
-            bytes += h.size_bytes;
-        }
-        t.partition.set_tier_hold(hold);
-    }
-    data.mover.reader_holds.store(count, Ordering::Relaxed);
-    data.mover.reader_held_bytes.store(bytes, Ordering::Relaxed);
+    Ok(fast)
+}
+
+/// Records what the fast tier holds after a release, and says when it is
+/// over its budget with nothing to release (`held`: bytes readers hold,
+/// which may take it over).
+async fn finish_release(data: &DataPlane, targets: &[Target], fast: u64, held: u64) -> std::io::Result<()> {
+    let budget = data.mover.fast_max_bytes();
     let copied = sum_over(targets, |log| log.local_copied_bytes()).await?;
     let mover = &data.mover;
     mover.fast_bytes.store(fast, Ordering::Relaxed);
     mover.fast_copied_bytes.store(copied, Ordering::Relaxed);
-    // Segments readers hold may take the fast tier over its budget within
-    // their allowance: that is not a fast tier over budget.
-    let over = u64::try_from(budget).is_ok_and(|b| fast > if count > 0 { with_allowance(b) } else { b });
+    // Held segments may take the fast tier over its budget, within their
+    // allowance: that alone is not a fast tier over budget.
+    let over = u64::try_from(budget).is_ok_and(|b| fast.saturating_sub(held) > b || fast > with_allowance(b));
     mover.over_budget.store(over, Ordering::Relaxed);
     // Copies are what make room: the I/O governor keeps them a higher floor.
     data.io.set_urgent(keel_tier::IoClass::TierMove, over);
@@ -950,5 +1013,59 @@ fn check_fast_space(data: &DataPlane) {
             "fast tier filesystem below 10% free: produce fails when it is full; \
              check that the mover is copying (keel stats) or lower keel.tier.fast.max.bytes"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_keeps_the_stretch_release_would_take_and_no_more_than_a_window() {
+        // Four 256 MiB segments of 1,000 offsets each; a reader in the
+        // second.
+        let seg = 256u64 << 20;
+        let segments: Releasable = (0..4).map(|i| (i * 1000, (i + 1) * 1000, seg, 0)).collect();
+        let marks = [Mark {
+            who: "group g".into(),
+            offset: 1500,
+        }];
+        // The first segment is passed: nothing holds it.
+        assert_eq!(hold_from(&segments, 0, 3, &marks), None);
+        // From the second, the stretch releasing would take (to the third).
+        let hold = hold_from(&segments, 1, 3, &marks).expect("held");
+        assert_eq!(
+            (hold.base_offset, hold.next_offset, hold.size_bytes),
+            (1000, 3000, 2 * seg)
+        );
+        assert_eq!(hold.holder.who, "group g");
+        // A stretch of more than a window is not held: a stuck reader does
+        // not keep the fast tier growing.
+        let big: Releasable = (0..6).map(|i| (i * 1000, (i + 1) * 1000, seg, 0)).collect();
+        assert_eq!(hold_from(&big, 1, 6, &marks), None);
+        assert!(
+            hold_from(&big, 1, 5, &marks).is_some(),
+            "exactly a window is held"
+        );
+    }
+
+    #[test]
+    fn readers_may_hold_within_a_tenth_over_the_budget_and_not_when_space_is_low() {
+        let within = Allowance {
+            cap: Some(with_allowance(1000)),
+            space_low: false,
+        };
+        assert!(within.holds(1100) && !within.holds(1101));
+        assert!(Allowance {
+            cap: None,
+            space_low: false
+        }
+        .holds(u64::MAX));
+        assert!(!Allowance {
+            cap: None,
+            space_low: true
+        }
+        .holds(0));
+        assert_eq!(with_allowance(u64::MAX), u64::MAX);
     }
 }

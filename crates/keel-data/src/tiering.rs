@@ -10,10 +10,11 @@
 //! from the fast tier; one days behind (further than the window, or not
 //! seen for minutes) reads from the colder tier, as before.
 //!
-//! Held segments may take the fast tier over `keel.tier.fast.max.bytes` by
-//! [`OVER_BUDGET_PERCENT`] at most; past that, and when the fast tier's
-//! filesystem runs low, the oldest go regardless (the mover counts those
-//! overrides).
+//! A hold keeps at most [`WINDOW_BYTES`] the mover would have released (a
+//! reader stuck in place holds no more), and held segments may take the
+//! fast tier over `keel.tier.fast.max.bytes` by [`OVER_BUDGET_PERCENT`] at
+//! most; past either, and when the fast tier's filesystem runs low, the
+//! oldest go regardless (the mover counts those overrides).
 
 /// How recently a reader must have been seen (a fetch, or a group's
 /// commit) to hold segments.
@@ -69,9 +70,9 @@ pub fn holder(base: i64, next: i64, size: u64, marks: &[Mark], window: u64) -> O
     let bytes_per_offset = size as f64 / span;
     marks
         .iter()
-        .filter(|m| m.offset < next)
+        .filter(|m| m.offset >= 0 && m.offset < next)
         .map(|m| {
-            let behind = ((base - m.offset).max(0) as f64 * bytes_per_offset) as u64;
+            let behind = (base.saturating_sub(m.offset).max(0) as f64 * bytes_per_offset) as u64;
             (behind, m)
         })
         .filter(|(behind, _)| *behind <= window)
@@ -107,5 +108,16 @@ mod tests {
         assert_eq!(holder(base, next, size, &marks[..1], window), None);
         assert_eq!(holder(base, next, size, &[mark("done", 11_000)], window), None);
         assert_eq!(holder(base, next, size, &[], window), None);
+        // No offset yet (-1), or a forged one, holds nothing and breaks nothing.
+        assert_eq!(
+            holder(
+                base,
+                next,
+                size,
+                &[mark("new", -1), mark("forged", i64::MIN)],
+                window
+            ),
+            None
+        );
     }
 }

@@ -1599,23 +1599,32 @@ impl PartitionLog {
 
     /// The local segments that may go, oldest first, in the order they
     /// would: the sealed ones from the oldest on that have a verified
-    /// colder copy, up to the first that has none. Each as `(base offset,
-    /// next segment's base offset, bytes, max timestamp)`.
-    pub fn releasable_segments(&self) -> Vec<(i64, i64, u64, i64)> {
+    /// colder copy, up to the first that has none, and no more once they
+    /// add up to `up_to_bytes`. Each as `(base offset, next segment's base
+    /// offset, bytes, max timestamp)`.
+    pub fn releasable_segments(&self, up_to_bytes: u64) -> Vec<(i64, i64, u64, i64)> {
         let st = self.view.state.read();
+        let copied: std::collections::HashSet<i64> = st
+            .tiered
+            .iter()
+            .filter(|t| t.state == TierState::Both)
+            .map(|t| t.base_offset)
+            .collect();
+        let mut total = 0u64;
         st.segments
             .windows(2)
             .map_while(|pair| {
                 let (s, next) = (&pair[0], &pair[1]);
-                st.tiered
-                    .iter()
-                    .any(|t| t.base_offset == s.base_offset && t.state == TierState::Both)
-                    .then_some((
-                        s.base_offset,
-                        next.base_offset,
-                        s.size_bytes,
-                        s.indexer.max_timestamp_ms,
-                    ))
+                if total >= up_to_bytes || !copied.contains(&s.base_offset) {
+                    return None;
+                }
+                total = total.saturating_add(s.size_bytes);
+                Some((
+                    s.base_offset,
+                    next.base_offset,
+                    s.size_bytes,
+                    s.indexer.max_timestamp_ms,
+                ))
             })
             .collect()
     }

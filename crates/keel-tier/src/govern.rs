@@ -21,9 +21,10 @@
 //! at the moment, none of which the broker can model. A halving takes
 //! effect within one tick whatever the device; a slow additive probe
 //! overshoots by at most a twentieth of the reference before the next cut;
-//! and classes that share the device converge to even shares of what the
-//! live path leaves (Chiu and Jain's result for AIMD), so the cleaner
-//! cannot starve the mover. A PID controller needs a model of the device's
+//! and classes that share the device converge to shares of what the live
+//! path leaves in proportion to their reference rates (Chiu and Jain's
+//! result for AIMD, each class stepping by its own twentieth), so the
+//! cleaner cannot starve the mover. A PID controller needs a model of the device's
 //! response, and a delay-gradient controller a baseline latency, and both
 //! move with the live workload.
 //!

@@ -67,6 +67,8 @@ pub struct Budget {
     pacer: Pacer,
     bytes: AtomicU64,
     throttled_us: AtomicU64,
+    /// Draws waiting for budget now.
+    waiting: AtomicU64,
 }
 
 impl Budget {
@@ -76,6 +78,7 @@ impl Budget {
             pacer: Pacer::new(bytes_per_sec),
             bytes: AtomicU64::new(0),
             throttled_us: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
         }
     }
 
@@ -97,6 +100,9 @@ impl Budget {
     /// how long it waited. `take(0)` waits only until the budget is out of
     /// debt.
     pub async fn take(&self, bytes: u64) -> Duration {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        // Counted down however the draw ends (a dropped future too).
+        let _waiting = Waiting(&self.waiting);
         let waited = self.pacer.take(bytes).await;
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.throttled_us
@@ -128,6 +134,15 @@ impl Budget {
             bytes: self.bytes.load(Ordering::Relaxed),
             throttled_us: self.throttled_us.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// A draw in progress, counted in its budget's `waiting`.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -228,6 +243,11 @@ impl IoScheduler {
         }
     }
 
+    /// A class's budget as set: the ceiling of the one in force.
+    pub fn ceiling(&self, class: IoClass) -> u64 {
+        self.ceilings[class.index()].load(Ordering::Relaxed)
+    }
+
     /// Marks a class's work urgent or not: the governor keeps it a higher
     /// floor while it is.
     pub fn set_urgent(&self, class: IoClass, urgent: bool) {
@@ -257,22 +277,30 @@ impl IoScheduler {
     /// class did since the last, and the live p99 over the governor's
     /// window, the worse of produce and tail fetch.
     pub fn govern(&self) {
-        let now = Instant::now();
-        let stats = self.stats();
         let mut g = self.governor.lock();
+        // Read under the lock, so a new ceiling set meanwhile is not lost.
+        let (now, stats) = (Instant::now(), self.stats());
+        if let Some((then, _)) = g.last {
+            // A tick right after a late one measures rates over too short
+            // a time to mean anything.
+            if now.duration_since(then) < crate::govern::TICK / 2 {
+                return;
+            }
+        }
         let Some((then, last)) = g.last.replace((now, stats)) else {
             return;
         };
         if g.governor.target().is_none() {
             return;
         }
-        let secs = now.duration_since(then).as_secs_f64().max(1e-3);
+        let secs = now.duration_since(then).as_secs_f64();
         let samples = GOVERNED.map(|class| {
             let (now, before) = (stats[class.index()], last[class.index()]);
             ClassSample {
                 ceiling: now.ceiling_bytes_per_sec,
                 used: ((now.bytes.saturating_sub(before.bytes)) as f64 / secs) as u64,
-                held_back: now.throttled_us > before.throttled_us,
+                held_back: now.throttled_us > before.throttled_us
+                    || self.budget(class).waiting.load(Ordering::Relaxed) > 0,
                 urgent: self.urgent[class.index()].load(Ordering::Relaxed),
             }
         });
@@ -375,7 +403,7 @@ mod tests {
         for _ in 0..100 {
             io.live().record(LiveOp::Produce, Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(260));
         io.govern();
         let cut = io.stats()[1];
         assert_eq!(cut.ceiling_bytes_per_sec, 100_000_000);

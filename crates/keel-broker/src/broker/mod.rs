@@ -337,7 +337,7 @@ impl Broker {
         broker
             .data
             .mover
-            .set_committed_offsets(Arc::new(GroupCommits(Arc::clone(&broker.groups))));
+            .set_committed_offsets(Arc::new(GroupCommits(Arc::downgrade(&broker.groups))));
         broker.data.load_topics().map_err(StartError::Topics)?;
         Ok(Arc::new(broker))
     }
@@ -527,7 +527,7 @@ impl Broker {
         serde_json::json!({
             "capacity": describe(keel_log::Tier::Capacity),
             "remote": describe(keel_log::Tier::Remote),
-            "move_bytes_per_sec": self.data.io.budget(IoClass::TierMove).bytes_per_sec(),
+            "move_bytes_per_sec": self.data.io.ceiling(IoClass::TierMove),
             "fast_max_bytes": m.fast_max_bytes(),
             "fast_bytes": m.fast_bytes.load(Relaxed),
             "fast_copied_bytes": m.fast_copied_bytes.load(Relaxed),
@@ -987,8 +987,9 @@ pub const LIVE_WINDOW: Duration = Duration::from_secs(10);
 
 /// The group coordinator's committed offsets, for reader-aware tiering
 /// (`keel_data::tiering`). In a cluster, the groups this broker
-/// coordinates; fetch positions cover the readers of the others.
-struct GroupCommits(Arc<GroupCoordinator>);
+/// coordinates; fetch positions cover the readers of the others. Weak: the
+/// coordinator's log holds the data plane, which holds the mover.
+struct GroupCommits(std::sync::Weak<GroupCoordinator>);
 
 impl std::fmt::Debug for GroupCommits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -998,7 +999,10 @@ impl std::fmt::Debug for GroupCommits {
 
 impl keel_data::tiering::CommittedOffsets for GroupCommits {
     fn committed_since(&self, since_ms: i64) -> Vec<keel_data::tiering::Commit> {
-        self.0
+        let Some(groups) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        groups
             .committed_since(since_ms)
             .into_iter()
             .map(|(group, topic, partition, offset)| keel_data::tiering::Commit {

@@ -135,7 +135,7 @@ fn register_levels(r: &mut Registry, broker: &Broker) {
         (
             "keel_mover_move_bytes_per_second",
             "keel.tier.move.bytes.per.sec",
-            broker.data.io.budget(IoClass::TierMove).bytes_per_sec() as f64,
+            broker.data.io.ceiling(IoClass::TierMove) as f64,
         ),
         (
             "keel_mover_reader_holds",
