@@ -451,6 +451,10 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // Budget of the mover (copies and their verification); 0: unlimited.
     ("keel.tier.move.bytes.per.sec", "52428800", ConfigType::Long),
     ("keel.tier.check.interval.ms", "1000", ConfigType::Long),
+    // Reader-aware tiering (keel_data::tiering): how far behind the oldest
+    // local segment a recent reader may be and still keep it on the fast
+    // tier, and the most a reader keeps; 0: off.
+    ("keel.tier.reader.window.bytes", "1073741824", ConfigType::Long),
     // Copies in a tier that no manifest names (of deleted topics, or written
     // by a request still in flight when the broker crashed) are deleted once
     // this old; the sweep runs at this interval too.
@@ -486,6 +490,7 @@ pub const DYNAMIC_BROKER_CONFIGS: &[&str] = &[
     "keel.cold.read.bytes.per.sec",
     "keel.tier.move.bytes.per.sec",
     "keel.tier.fast.max.bytes",
+    "keel.tier.reader.window.bytes",
     "keel.request.slow.ms",
     "keel.io.live.latency.target.ms",
 ];
@@ -967,6 +972,7 @@ impl BrokerConfig {
             ("keel.cold.read.max.concurrent", 1),
             ("keel.scan.buffer.bytes", -1),
             ("keel.scan.window.bytes", 0),
+            ("keel.tier.reader.window.bytes", 0),
             ("keel.scan.convoy.ahead.percent", 1),
             ("keel.scan.convoy.max.slowed.ms", 0),
             ("fetch.max.bytes", 0),

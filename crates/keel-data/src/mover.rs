@@ -49,7 +49,7 @@ use parking_lot::Mutex;
 use crate::partition::{Partition, Unavailable};
 use crate::plane::DataPlane;
 use crate::policy::TierPolicy;
-use crate::tiering::{holder, CommittedOffsets, Hold, Mark, OVER_BUDGET_PERCENT, RECENT_MS, WINDOW_BYTES};
+use crate::tiering::{holder, CommittedOffsets, Hold, Mark, OVER_BUDGET_PERCENT, RECENT_MS};
 use crate::topics::Topic;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -90,6 +90,8 @@ pub struct Mover {
     /// The group coordinator's committed offsets, once the broker has one:
     /// readers that hold segments ([`crate::tiering`]).
     committed: std::sync::OnceLock<Arc<dyn CommittedOffsets>>,
+    /// `keel.tier.reader.window.bytes`.
+    reader_window_bytes: AtomicU64,
     /// Their recent commits, when last read.
     commits: Mutex<Option<(Instant, Duration, Arc<CommitMarks>)>>,
     /// Partitions whose oldest local segment the last pass kept for a
@@ -130,10 +132,22 @@ impl Mover {
             last_over_budget_log: Mutex::new(None),
             committed: std::sync::OnceLock::new(),
             commits: Mutex::new(None),
+            reader_window_bytes: AtomicU64::new(crate::tiering::WINDOW_BYTES),
             reader_holds: AtomicU64::new(0),
             reader_held_bytes: AtomicU64::new(0),
             reader_hold_overrides: AtomicU64::new(0),
         }
+    }
+
+    /// How far behind a segment a reader may be and still hold it on the
+    /// fast tier, and the most a hold keeps (0: readers hold nothing).
+    pub fn reader_window_bytes(&self) -> u64 {
+        self.reader_window_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets `keel.tier.reader.window.bytes`, from the next pass on.
+    pub fn set_reader_window_bytes(&self, bytes: u64) {
+        self.reader_window_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// Gives the mover the group coordinator's committed offsets (once;
@@ -647,16 +661,16 @@ fn recent_commits(mover: &Mover, now_ms: i64) -> Arc<CommitMarks> {
 type Releasable = Vec<(i64, i64, u64, i64)>;
 
 /// The hold on `segments[i..n]` (the stretch releasing would have taken)
-/// if a reader is within reach of `segments[i]` and the stretch is at most
-/// [`WINDOW_BYTES`]: a reader stuck in place holds no more than that.
-fn hold_from(segments: &Releasable, i: usize, n: usize, marks: &[Mark]) -> Option<Hold> {
+/// if a reader is within `window` bytes of `segments[i]` and the stretch is
+/// at most `window`: a reader stuck in place holds no more than that.
+fn hold_from(segments: &Releasable, i: usize, n: usize, marks: &[Mark], window: u64) -> Option<Hold> {
     let (base, next, size, _) = *segments.get(i)?;
     let kept = &segments[i..n.max(i + 1).min(segments.len())];
     let kept_bytes: u64 = kept.iter().map(|s| s.2).sum();
-    if kept_bytes > WINDOW_BYTES {
+    if window == 0 || kept_bytes > window {
         return None;
     }
-    let reader = holder(base, next, size, marks, WINDOW_BYTES)?;
+    let reader = holder(base, next, size, marks, window)?;
     Some(Hold {
         base_offset: base,
         next_offset: kept.last().map_or(next, |s| s.1),
@@ -670,23 +684,40 @@ fn hold_from(segments: &Releasable, i: usize, n: usize, marks: &[Mark]) -> Optio
 /// ([`OVER_BUDGET_PERCENT`]), and its filesystem not low.
 #[derive(Debug, Clone, Copy)]
 struct Allowance {
+    /// `keel.tier.reader.window.bytes` (0: readers hold nothing).
+    window: u64,
     /// The budget with its share over it (`None`: no budget).
     cap: Option<u64>,
+    /// Without a budget, the most all holds together keep: the same share
+    /// of the fast tier's filesystem.
+    held_cap: Option<u64>,
     space_low: bool,
 }
 
 impl Allowance {
     fn of(data: &DataPlane) -> Allowance {
         Allowance {
+            window: data.mover.reader_window_bytes(),
             cap: u64::try_from(data.mover.fast_max_bytes())
                 .ok()
                 .map(with_allowance),
+            held_cap: match (
+                data.mover.fast_max_bytes(),
+                data.mover.fast_fs_total_bytes.load(Ordering::Relaxed),
+            ) {
+                (budget, total) if budget < 0 && total > 0 => Some(total / 100 * OVER_BUDGET_PERCENT),
+                _ => None,
+            },
             space_low: fast_space_low(data),
         }
     }
 
-    fn holds(&self, fast: u64) -> bool {
-        !self.space_low && self.cap.is_none_or(|cap| fast <= cap)
+    /// Whether readers may hold segments with the fast tier at `fast`
+    /// bytes and holds keeping `held` bytes in all.
+    fn holds(&self, fast: u64, held: u64) -> bool {
+        !self.space_low
+            && self.cap.is_none_or(|cap| fast <= cap)
+            && self.held_cap.is_none_or(|cap| held <= cap)
     }
 }
 
@@ -704,14 +735,21 @@ struct Released {
 /// the segments readers are about to read ([`crate::tiering`]).
 async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
     let now = data.clock.now_ms();
-    let marks = reader_marks(data, targets, now);
     let allowance = Allowance::of(data);
+    let marks = if allowance.window > 0 {
+        reader_marks(data, targets, now)
+    } else {
+        vec![Arc::from([]); targets.len()]
+    };
     let mut fast = sum_over(targets, |log| log.size_bytes()).await?;
     let mut holds: Vec<Option<Hold>> = vec![None; targets.len()];
+    let mut held = 0;
     for (i, t) in targets.iter().enumerate() {
-        let Some(r) = release_past_retention(t, Arc::clone(&marks[i]), allowance, fast, now).await? else {
+        let Some(r) = release_past_retention(t, Arc::clone(&marks[i]), allowance, (fast, held), now).await?
+        else {
             continue;
         };
+        held += r.held.as_ref().map_or(0, |h| h.size_bytes);
         note_released(data, (r.count, r.bytes));
         fast = fast.saturating_sub(r.bytes);
         data.mover
@@ -719,7 +757,7 @@ async fn release(data: &DataPlane, targets: &[Target]) -> std::io::Result<()> {
             .fetch_add(r.overrides, Ordering::Relaxed);
         holds[i] = r.held;
     }
-    fast = release_over_budget(data, targets, &marks, allowance, fast, &mut holds).await?;
+    fast = release_over_budget(data, targets, &marks, (allowance, held), fast, &mut holds).await?;
     let (mut count, mut bytes) = (0, 0);
     for (t, hold) in targets.iter().zip(holds) {
         if let Some(h) = &hold {
@@ -741,7 +779,7 @@ async fn release_past_retention(
     t: &Target,
     marks: Arc<[Mark]>,
     allowance: Allowance,
-    fast: u64,
+    (fast, held): (u64, u64),
     now: i64,
 ) -> std::io::Result<Option<Released>> {
     let policy = t.policy;
@@ -765,8 +803,8 @@ async fn release_past_retention(
             .count();
         let mut r = Released::default();
         for k in 0..past {
-            if let Some(hold) = hold_from(&segments, k, past, &marks) {
-                if allowance.holds(fast.saturating_sub(r.bytes)) {
+            if let Some(hold) = hold_from(&segments, k, past, &marks, allowance.window) {
+                if allowance.holds(fast.saturating_sub(r.bytes), held + hold.size_bytes) {
                     r.held = Some(hold);
                     break;
                 }
@@ -788,7 +826,7 @@ async fn release_over_budget(
     data: &DataPlane,
     targets: &[Target],
     marks: &[Arc<[Mark]>],
-    allowance: Allowance,
+    (allowance, held): (Allowance, u64),
     mut fast: u64,
     holds: &mut [Option<Hold>],
 ) -> std::io::Result<u64> {
@@ -813,7 +851,7 @@ async fn release_over_budget(
                     let n = segments.len();
                     segments
                         .first()
-                        .map(|s| (s.0, s.3, hold_from(&segments, 0, n, &m)))
+                        .map(|s| (s.0, s.3, hold_from(&segments, 0, n, &m, allowance.window)))
                 })
                 .await,
             )?;
@@ -836,7 +874,7 @@ async fn release_over_budget(
                 (i, base)
             }
             (None, Some((j, base, _, hold))) => {
-                if allowance.holds(fast) {
+                if allowance.holds(fast, held) {
                     holds[j] = Some(hold);
                     break;
                 }
@@ -1020,6 +1058,8 @@ fn check_fast_space(data: &DataPlane) {
 mod tests {
     use super::*;
 
+    const W: u64 = crate::tiering::WINDOW_BYTES;
+
     #[test]
     fn a_hold_keeps_the_stretch_release_would_take_and_no_more_than_a_window() {
         // Four 256 MiB segments of 1,000 offsets each; a reader in the
@@ -1031,9 +1071,9 @@ mod tests {
             offset: 1500,
         }];
         // The first segment is passed: nothing holds it.
-        assert_eq!(hold_from(&segments, 0, 3, &marks), None);
+        assert_eq!(hold_from(&segments, 0, 3, &marks, W), None);
         // From the second, the stretch releasing would take (to the third).
-        let hold = hold_from(&segments, 1, 3, &marks).expect("held");
+        let hold = hold_from(&segments, 1, 3, &marks, W).expect("held");
         assert_eq!(
             (hold.base_offset, hold.next_offset, hold.size_bytes),
             (1000, 3000, 2 * seg)
@@ -1042,30 +1082,28 @@ mod tests {
         // A stretch of more than a window is not held: a stuck reader does
         // not keep the fast tier growing.
         let big: Releasable = (0..6).map(|i| (i * 1000, (i + 1) * 1000, seg, 0)).collect();
-        assert_eq!(hold_from(&big, 1, 6, &marks), None);
+        assert_eq!(hold_from(&big, 1, 6, &marks, W), None);
         assert!(
-            hold_from(&big, 1, 5, &marks).is_some(),
+            hold_from(&big, 1, 5, &marks, W).is_some(),
             "exactly a window is held"
         );
     }
 
     #[test]
     fn readers_may_hold_within_a_tenth_over_the_budget_and_not_when_space_is_low() {
-        let within = Allowance {
-            cap: Some(with_allowance(1000)),
-            space_low: false,
+        let allowance = |cap, held_cap, space_low| Allowance {
+            window: W,
+            cap,
+            held_cap,
+            space_low,
         };
-        assert!(within.holds(1100) && !within.holds(1101));
-        assert!(Allowance {
-            cap: None,
-            space_low: false
-        }
-        .holds(u64::MAX));
-        assert!(!Allowance {
-            cap: None,
-            space_low: true
-        }
-        .holds(0));
+        let within = allowance(Some(with_allowance(1000)), None, false);
+        assert!(within.holds(1100, 1100) && !within.holds(1101, 0));
+        assert!(allowance(None, None, false).holds(u64::MAX, u64::MAX));
+        assert!(!allowance(None, None, true).holds(0, 0));
+        // Without a budget, all holds together keep a tenth of the disk.
+        let unbudgeted = allowance(None, Some(100), false);
+        assert!(unbudgeted.holds(u64::MAX, 100) && !unbudgeted.holds(0, 101));
         assert_eq!(with_allowance(u64::MAX), u64::MAX);
     }
 }

@@ -4,23 +4,31 @@
 //! A reader is a fetch position seen in the last [`RECENT_MS`] (the
 //! partition's [`crate::readers::Readers`]) or an offset a group committed
 //! in that time ([`CommittedOffsets`]). The oldest local segment is kept
-//! while a reader is in it or behind it by at most [`WINDOW_BYTES`]
-//! (estimated from the segment's own bytes per offset), and released as
+//! while a reader is in it or behind it by at most a window
+//! (`keel.tier.reader.window.bytes`, [`WINDOW_BYTES`] by default; 0 turns
+//! this off), estimated from the segment's own bytes per offset, and released as
 //! soon as every reader has passed it. A group minutes behind then reads
 //! from the fast tier; one days behind (further than the window, or not
 //! seen for minutes) reads from the colder tier, as before.
 //!
-//! A hold keeps at most [`WINDOW_BYTES`] the mover would have released (a
+//! A hold keeps at most a window of what the mover would have released (a
 //! reader stuck in place holds no more), and held segments may take the
 //! fast tier over `keel.tier.fast.max.bytes` by [`OVER_BUDGET_PERCENT`] at
-//! most; past either, and when the fast tier's filesystem runs low, the
-//! oldest go regardless (the mover counts those overrides).
+//! most (without a budget, all holds together keep at most that share of
+//! the fast tier's filesystem); past either, and when the fast tier's
+//! filesystem runs low, the oldest go regardless (the mover counts those
+//! overrides).
+//!
+//! A group's commit holds until the group commits again or five minutes
+//! pass: a group that reads far past its last commit without committing
+//! holds the stretch from its commit, up to a window.
 
 /// How recently a reader must have been seen (a fetch, or a group's
 /// commit) to hold segments.
 pub const RECENT_MS: i64 = 5 * 60 * 1000;
 
-/// How far behind a segment a reader may be and still hold it.
+/// How far behind a segment a reader may be and still hold it, and the
+/// most a hold keeps: `keel.tier.reader.window.bytes`'s default.
 pub const WINDOW_BYTES: u64 = 1 << 30;
 
 /// How far over `keel.tier.fast.max.bytes` held segments may take the fast

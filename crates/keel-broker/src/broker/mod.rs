@@ -863,6 +863,7 @@ fn open_data_plane(
         config.num("keel.tier.fast.max.bytes"),
         Duration::from_millis(u64::try_from(config.num("keel.tier.orphan.grace.ms")).unwrap_or(600_000)),
     );
+    mover.set_reader_window_bytes(num("keel.tier.reader.window.bytes"));
     Ok(DataPlane {
         topics: TopicRegistry::default(),
         store: TopicStore::new(&data_dir, Arc::clone(&storage)),

@@ -235,6 +235,10 @@ fn apply_budgets(broker: &Arc<Broker>, config: &BrokerConfig) {
         .data
         .mover
         .reconfigure(config.num("keel.tier.fast.max.bytes"));
+    broker
+        .data
+        .mover
+        .set_reader_window_bytes(num("keel.tier.reader.window.bytes"));
     broker.metrics.set_slow(config.slow_request());
     keel_data::cleaner::reconfigure(&broker.data, config.cleaner_settings());
 }
