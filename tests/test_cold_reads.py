@@ -17,18 +17,23 @@ RECORDS = 16_000
 VALUE = 500  # ~8.5 MB of batches
 
 
-@pytest.mark.skipif(IMPL != "keel", reason="Keel's cold-read budget")
-def test_backfill_stays_within_the_cold_read_budget(broker_factory):
-    b = broker_factory({"keel.tail.cache.bytes": str(256 << 10),
-                        "keel.cold.read.bytes.per.sec": str(BUDGET)})
-    bs, topic = b.bootstrap, unique("cold")
-    create_topic(bs, topic, 1)
+def _produce_history(bs: str, topic: str) -> None:
+    """RECORDS records of VALUE bytes, record i's value its number."""
     p = Producer({"bootstrap.servers": bs, "linger.ms": 20})
     for i in range(RECORDS):
         p.produce(topic, value=(b"%08d" % i) * (VALUE // 8))
         if i % 4000 == 0:
             p.poll(0)
     assert p.flush(CLIENT_TIMEOUT_S) == 0
+
+
+@pytest.mark.skipif(IMPL != "keel", reason="Keel's cold-read budget")
+def test_backfill_stays_within_the_cold_read_budget(broker_factory):
+    b = broker_factory({"keel.tail.cache.bytes": str(256 << 10),
+                        "keel.cold.read.bytes.per.sec": str(BUDGET)})
+    bs, topic = b.bootstrap, unique("cold")
+    create_topic(bs, topic, 1)
+    _produce_history(bs, topic)
 
     c = Consumer({"bootstrap.servers": bs, "group.id": unique("g"), "enable.auto.commit": False,
                   "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 20})
@@ -250,12 +255,7 @@ def test_a_live_path_over_its_target_cuts_the_cold_read_budget(broker_factory):
     bs, topic, live = b.bootstrap, unique("history"), unique("live")
     create_topic(bs, topic, 1)
     create_topic(bs, live, 1)
-    p = Producer({"bootstrap.servers": bs, "linger.ms": 20})
-    for i in range(RECORDS):
-        p.produce(topic, value=(b"%08d" % i) * (VALUE // 8))
-        if i % 4000 == 0:
-            p.poll(0)
-    assert p.flush(CLIENT_TIMEOUT_S) == 0
+    _produce_history(bs, topic)
 
     def stats() -> dict:
         with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
