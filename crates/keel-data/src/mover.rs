@@ -688,27 +688,44 @@ struct Allowance {
     window: u64,
     /// The budget with its share over it (`None`: no budget).
     cap: Option<u64>,
-    /// Without a budget, the most all holds together keep: the same share
-    /// of the fast tier's filesystem.
+    /// The most all holds together keep: half the fast tier's free space,
+    /// and without a budget also a tenth of its filesystem.
     held_cap: Option<u64>,
+    /// The fast tier's filesystem under [`HOLD_MIN_FREE`] free.
     space_low: bool,
 }
 
+/// Below this share of free space on the fast tier's filesystem, readers
+/// hold nothing.
+const HOLD_MIN_FREE: f64 = 0.05;
+
 impl Allowance {
     fn of(data: &DataPlane) -> Allowance {
+        let mover = &data.mover;
+        Allowance::from_parts(
+            mover.reader_window_bytes(),
+            mover.fast_max_bytes(),
+            mover.fast_fs_free_bytes.load(Ordering::Relaxed),
+            mover.fast_fs_total_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// From the window, the fast budget (-1: none) and the fast tier's
+    /// filesystem's free and total bytes (0: unknown).
+    fn from_parts(window: u64, budget: i64, free: u64, total: u64) -> Allowance {
+        let known = total > 0;
         Allowance {
-            window: data.mover.reader_window_bytes(),
-            cap: u64::try_from(data.mover.fast_max_bytes())
-                .ok()
-                .map(with_allowance),
-            held_cap: match (
-                data.mover.fast_max_bytes(),
-                data.mover.fast_fs_total_bytes.load(Ordering::Relaxed),
-            ) {
-                (budget, total) if budget < 0 && total > 0 => Some(total / 100 * OVER_BUDGET_PERCENT),
-                _ => None,
-            },
-            space_low: fast_space_low(data),
+            window,
+            cap: u64::try_from(budget).ok().map(with_allowance),
+            held_cap: known.then(|| {
+                let share = if budget < 0 {
+                    total / 100 * OVER_BUDGET_PERCENT
+                } else {
+                    u64::MAX
+                };
+                (free / 2).min(share)
+            }),
+            space_low: known && (free as f64) < HOLD_MIN_FREE * total as f64,
         }
     }
 
@@ -1014,17 +1031,6 @@ fn with_allowance(budget: u64) -> u64 {
     budget.saturating_add(budget / 100 * OVER_BUDGET_PERCENT)
 }
 
-/// Whether the fast tier's filesystem is below [`FAST_FS_LOW_FREE`] free
-/// (as the last pass measured it).
-fn fast_space_low(data: &DataPlane) -> bool {
-    let mover = &data.mover;
-    let (free, total) = (
-        mover.fast_fs_free_bytes.load(Ordering::Relaxed),
-        mover.fast_fs_total_bytes.load(Ordering::Relaxed),
-    );
-    total > 0 && (free as f64) < FAST_FS_LOW_FREE * total as f64
-}
-
 /// Records the fast tier's free space and says so, at most once a minute,
 /// when it runs low while segments wait to move.
 fn check_fast_space(data: &DataPlane) {
@@ -1101,9 +1107,17 @@ mod tests {
         assert!(within.holds(1100, 1100) && !within.holds(1101, 0));
         assert!(allowance(None, None, false).holds(u64::MAX, u64::MAX));
         assert!(!allowance(None, None, true).holds(0, 0));
-        // Without a budget, all holds together keep a tenth of the disk.
-        let unbudgeted = allowance(None, Some(100), false);
+        // Without a budget, all holds together keep a tenth of the disk and
+        // half of what is free, whichever is less; nothing under 5 % free.
+        let unbudgeted = Allowance::from_parts(W, -1, 300, 1000);
         assert!(unbudgeted.holds(u64::MAX, 100) && !unbudgeted.holds(0, 101));
+        assert!(Allowance::from_parts(W, -1, 120, 1000).holds(0, 60));
+        assert!(!Allowance::from_parts(W, -1, 120, 1000).holds(0, 61));
+        assert!(!Allowance::from_parts(W, -1, 49, 1000).holds(0, 0));
+        // With one, the budget's tenth over it; an unknown filesystem does
+        // not stop holds.
+        let budgeted = Allowance::from_parts(W, 1000, 0, 0);
+        assert!(budgeted.holds(1100, u64::MAX) && !budgeted.holds(1101, 0));
         assert_eq!(with_allowance(u64::MAX), u64::MAX);
     }
 }

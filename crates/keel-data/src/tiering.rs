@@ -14,10 +14,10 @@
 //! A hold keeps at most a window of what the mover would have released (a
 //! reader stuck in place holds no more), and held segments may take the
 //! fast tier over `keel.tier.fast.max.bytes` by [`OVER_BUDGET_PERCENT`] at
-//! most (without a budget, all holds together keep at most that share of
-//! the fast tier's filesystem); past either, and when the fast tier's
-//! filesystem runs low, the oldest go regardless (the mover counts those
-//! overrides).
+//! most; all holds together keep at most half the fast tier's free space
+//! (and without a budget a tenth of its filesystem), and nothing while it
+//! is under 5 % free. Past any of these the oldest go regardless (the
+//! mover counts those overrides).
 //!
 //! A group's commit holds until the group commits again or five minutes
 //! pass: a group that reads far past its last commit without committing
