@@ -615,16 +615,16 @@ def bench_cmd(args, bench_bin: Path, bootstrap: str, pid: int, cg: MemCgroup, de
 
 
 def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=None,
-              trace: "SchedTrace | None" = None, jmx: "KafkaJmx | KeelLive | None" = None) -> dict:
+              trace: "SchedTrace | None" = None, own: "KafkaJmx | KeelLive | None" = None) -> dict:
     """Runs keel-bench; with `settle` (a function returning a dict), keel-bench
     pauses after the preload (--pause-after-preload), `settle()` runs, and
     its result is stored under "settle" in the returned dict. With `trace`,
     the scheduler is recorded in the baseline and the backfill (the phase
     lines keel-bench prints on stderr) and the result is under "sched_waits".
-    With `jmx` (Kafka's JMX or Keel's admin endpoint), the broker's own
-    view of its request latencies per phase is under "jmx"."""
+    With `own` (Kafka's JMX or Keel's admin endpoint), the broker's own
+    view of its request latencies per phase is under "broker_metrics"."""
     print(f"\n== {name}: {' '.join(cmd)}" + (f" (pinned to CPUs {cpus})" if cpus else ""), flush=True)
-    if settle is None and trace is None and jmx is None:
+    if settle is None and trace is None and own is None:
         subprocess.run(cmd, check=True, preexec_fn=lambda: pin(cpus))
         return json.loads(out.read_text())
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -639,8 +639,8 @@ def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=Non
                 preloaded.set()
             if trace is not None and line.startswith("keel-bench: phase "):
                 trace.phase(line.split()[-1])
-            if jmx is not None and line.startswith("keel-bench: phase "):
-                jmx.phase(line.split()[-1])
+            if own is not None and line.startswith("keel-bench: phase "):
+                own.phase(line.split()[-1])
         preloaded.set()  # stderr closed: do not wait for a marker that cannot come
 
     threading.Thread(target=relay, daemon=True).start()
@@ -664,8 +664,8 @@ def run_bench(name: str, cmd: list[str], out: Path, cpus: str | None, settle=Non
         res["settle"] = settled
     if trace is not None:
         res["sched_waits"] = trace.report(proc.pid)
-    if jmx is not None:
-        res["jmx"] = jmx.report()
+    if own is not None:
+        res["broker_metrics"] = own.report()
     return res
 
 
@@ -1191,7 +1191,7 @@ def broker_side_table(results: dict) -> str:
     the wait; every consumer fetch, the backfill's too). The last column is
     the backfill phase's value against the baseline's."""
     kafka = results.get("kafka") or {}
-    jmx = kafka.get("jmx") or {}
+    jmx = kafka.get("broker_metrics") or {}
     keels = [n for n in ("keel", "keel_adaptive") if n in results]
     phases = [p["name"] for p in (results[keels[0]]["phases"] if keels else kafka.get("phases") or [])]
     if not jmx and not keels:
@@ -1199,7 +1199,7 @@ def broker_side_table(results: dict) -> str:
     rows = []
     for n in keels:
         res, label = results[n], RUNS[n]
-        live = res.get("jmx") or {}
+        live = res.get("broker_metrics") or {}
         stage = lambda name, api, st, res=res: next(  # noqa: E731
             ((p.get("stages") or {}).get(api, {}).get(st, {}).get("p99_ms_at_most")
              for p in res["phases"] if p["name"] == name), None)
@@ -1293,7 +1293,7 @@ def plot(results: dict, path: Path) -> str:
         ax.plot(t, [p["tail_p99_ms"] for p in res["timeline"]], label="tail e2e p99 (per s)")
         ax.axvspan(res["backfill_start_s"], res["backfill_end_s"], color="orange", alpha=0.2, label="backfill")
         ax.set_yscale("log")
-        live = res.get("jmx") or {}
+        live = res.get("broker_metrics") or {}
         timeline = live.get("timeline")
         if timeline and res.get("adaptive_target_ms") is not None:
             twin = ax.twinx()

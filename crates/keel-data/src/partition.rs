@@ -295,9 +295,9 @@ pub struct Partition {
     pub cleaning: Mutex<crate::cleaning::Cleaning>,
     /// Who read this partition recently, and where.
     pub readers: Readers,
-    /// The oldest local segment the mover's last pass kept on the fast tier
-    /// for a reader ([`crate::tiering`]), and the bytes reads took from
-    /// such segments: reads of the colder tier the hold saved.
+    /// The local segments the mover's last pass kept on the fast tier for
+    /// a reader ([`crate::tiering`]), and the bytes reads took from such
+    /// segments: reads of the colder tier the holds saved.
     tier_hold: Mutex<Option<crate::tiering::Hold>>,
     pub held_read_bytes: AtomicU64,
     clock: Arc<dyn Clock>,
@@ -1689,7 +1689,7 @@ impl Partition {
             .fold((0, 0), |(r, s), (fr, fs)| (r + fr, s + fs))
     }
 
-    /// The segment the mover keeps on the fast tier for a reader, if any.
+    /// The segments the mover keeps on the fast tier for a reader, if any.
     pub fn tier_hold(&self) -> Option<crate::tiering::Hold> {
         self.tier_hold.lock().clone()
     }

@@ -267,7 +267,10 @@ impl IoScheduler {
     }
 
     fn apply(&self, governor: &Governor) {
-        let budgets = governor.budgets(self.ceilings());
+        self.set_governed(governor.budgets(self.ceilings()));
+    }
+
+    fn set_governed(&self, budgets: [u64; 3]) {
         for (class, budget) in GOVERNED.iter().zip(budgets) {
             self.budget(*class).set_bytes_per_sec(budget);
         }
@@ -277,9 +280,14 @@ impl IoScheduler {
     /// class did since the last, and the live p99 over the governor's
     /// window, the worse of produce and tail fetch.
     pub fn govern(&self) {
+        self.govern_at(Instant::now());
+    }
+
+    /// [`IoScheduler::govern`] as of `now`.
+    pub fn govern_at(&self, now: Instant) {
         let mut g = self.governor.lock();
         // Read under the lock, so a new ceiling set meanwhile is not lost.
-        let (now, stats) = (Instant::now(), self.stats());
+        let stats = self.stats();
         if let Some((then, _)) = g.last {
             // A tick right after a late one measures rates over too short
             // a time to mean anything.
@@ -311,9 +319,7 @@ impl IoScheduler {
             .map(|q| Duration::from_micros(q.p99_us))
             .max();
         let budgets = g.governor.tick(live_p99, samples);
-        for (class, budget) in GOVERNED.iter().zip(budgets) {
-            self.budget(*class).set_bytes_per_sec(budget);
-        }
+        self.set_governed(budgets);
         if g.history.len() == HISTORY {
             g.history.pop_front();
         }
@@ -398,13 +404,16 @@ mod tests {
             cleaning: 0,
         });
         io.set_live_target(Some(Duration::from_millis(5)));
-        io.govern();
+        let start = std::time::Instant::now();
+        io.govern_at(start);
         io.budget(IoClass::ColdRead).take(50_000_000).await;
         for _ in 0..100 {
             io.live().record(LiveOp::Produce, Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(260));
-        io.govern();
+        // A tick within half a period of the last one is no decision.
+        io.govern_at(start + Duration::from_millis(100));
+        assert_eq!(io.governor_stats().cuts, 0);
+        io.govern_at(start + crate::govern::TICK);
         let cut = io.stats()[1];
         assert_eq!(cut.ceiling_bytes_per_sec, 100_000_000);
         assert!(
