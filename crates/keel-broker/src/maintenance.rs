@@ -17,6 +17,7 @@ impl Broker {
     pub fn spawn_maintenance(self: &Arc<Self>) {
         self.groups.spawn_timers();
         handlers::markers::spawn_timers(self);
+        handlers::share::spawn_sweeper(self);
         let config = self.config();
         let every = |key: &str, default: u64| {
             Duration::from_millis(u64::try_from(config.num(key)).unwrap_or(default).max(1))

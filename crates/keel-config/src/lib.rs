@@ -335,6 +335,18 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
         "bidirectional",
         ConfigType::String,
     ),
+    // Share groups (KIP-932), Kafka's names, defaults and ranges.
+    ("group.share.delivery.count.limit", "5", ConfigType::Int),
+    ("group.share.record.lock.duration.ms", "30000", ConfigType::Int),
+    ("group.share.partition.max.record.locks", "2000", ConfigType::Int),
+    ("group.share.max.share.sessions", "2000", ConfigType::Int),
+    ("group.share.max.size", "200", ConfigType::Int),
+    ("group.share.session.timeout.ms", "45000", ConfigType::Int),
+    ("group.share.heartbeat.interval.ms", "5000", ConfigType::Int),
+    // The `share.version` feature level ApiVersions finalizes: 1 serves
+    // share groups. Off by default while share-partition state is kept
+    // in memory only (it does not survive a restart yet).
+    ("keel.share.version", "0", ConfigType::Int),
     ("offsets.retention.minutes", "10080", ConfigType::Int),
     ("offsets.retention.check.interval.ms", "600000", ConfigType::Long),
     ("offset.metadata.max.bytes", "4096", ConfigType::Int),
@@ -1076,6 +1088,30 @@ impl BrokerConfig {
                 reason: format!("{level}: Keel supports transaction.version 0 to 2"),
             });
         }
+        for (key, lo, hi) in [
+            ("keel.share.version", 0, 1),
+            ("group.share.delivery.count.limit", 2, 10),
+            ("group.share.record.lock.duration.ms", 1000, 3_600_000),
+            ("group.share.partition.max.record.locks", 100, 10_000),
+            ("group.share.max.share.sessions", 1, i64::from(i32::MAX)),
+            ("group.share.max.size", 1, 1000),
+            ("group.share.session.timeout.ms", 1, i64::from(i32::MAX)),
+            ("group.share.heartbeat.interval.ms", 1, i64::from(i32::MAX)),
+        ] {
+            let v = self.num(key);
+            if !(lo..=hi).contains(&v) {
+                return Err(ConfigError {
+                    key: key.into(),
+                    reason: format!("{v} must be between {lo} and {hi}"),
+                });
+            }
+        }
+        if self.num("group.share.heartbeat.interval.ms") >= self.num("group.share.session.timeout.ms") {
+            return Err(ConfigError {
+                key: "group.share.heartbeat.interval.ms".into(),
+                reason: "must be less than group.share.session.timeout.ms".into(),
+            });
+        }
         let admin = self.get("keel.admin.listen");
         if !admin.is_empty() && !is_host_port(admin) {
             return Err(ConfigError {
@@ -1164,6 +1200,31 @@ impl BrokerConfig {
     /// The `transaction.version` feature level (validated: 0 to 2).
     pub fn transaction_version(&self) -> i16 {
         i16::try_from(self.num("keel.transaction.version")).unwrap_or(0)
+    }
+
+    /// The `share.version` feature level (validated: 0 or 1).
+    pub fn share_version(&self) -> i16 {
+        i16::try_from(self.num("keel.share.version")).unwrap_or(0)
+    }
+
+    /// What share partitions work under (`group.share.*`).
+    pub fn share_limits(&self) -> keel_coord::share::partition::ShareLimits {
+        keel_coord::share::partition::ShareLimits {
+            delivery_limit: i16::try_from(self.num("group.share.delivery.count.limit")).unwrap_or(5),
+            lock_ms: self.num("group.share.record.lock.duration.ms"),
+            max_in_flight: usize::try_from(self.num("group.share.partition.max.record.locks"))
+                .unwrap_or(2000),
+        }
+    }
+
+    /// Share groups' membership settings (`group.share.*`).
+    pub fn share_group_config(&self) -> keel_coord::share::group::ShareGroupConfig {
+        keel_coord::share::group::ShareGroupConfig {
+            session_timeout_ms: i32::try_from(self.num("group.share.session.timeout.ms")).unwrap_or(45_000),
+            heartbeat_interval_ms: i32::try_from(self.num("group.share.heartbeat.interval.ms"))
+                .unwrap_or(5_000),
+            max_size: usize::try_from(self.num("group.share.max.size")).unwrap_or(200),
+        }
     }
 
     /// The transaction coordinator's settings.

@@ -15,5 +15,6 @@ pub mod codec;
 pub mod groups;
 pub mod metalog;
 pub mod partitioned;
+pub mod share;
 pub mod shared;
 pub mod txn;

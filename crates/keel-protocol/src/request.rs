@@ -106,6 +106,10 @@ pub enum Request {
     DeleteAcls(DeleteAclsRequest),
     ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest),
     ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
+    ShareGroupHeartbeat(ShareGroupHeartbeatRequest),
+    ShareGroupDescribe(ShareGroupDescribeRequest),
+    ShareFetch(ShareFetchRequest),
+    ShareAcknowledge(ShareAcknowledgeRequest),
     ListConfigResources(ListConfigResourcesRequest),
 }
 
@@ -252,6 +256,12 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         ApiKey::ConsumerGroupDescribe => {
             Request::ConsumerGroupDescribe(ConsumerGroupDescribeRequest::decode(buf, v)?)
         }
+        ApiKey::ShareGroupHeartbeat => {
+            Request::ShareGroupHeartbeat(ShareGroupHeartbeatRequest::decode(buf, v)?)
+        }
+        ApiKey::ShareGroupDescribe => Request::ShareGroupDescribe(ShareGroupDescribeRequest::decode(buf, v)?),
+        ApiKey::ShareFetch => Request::ShareFetch(ShareFetchRequest::decode(buf, v)?),
+        ApiKey::ShareAcknowledge => Request::ShareAcknowledge(ShareAcknowledgeRequest::decode(buf, v)?),
         ApiKey::ListConfigResources => {
             Request::ListConfigResources(ListConfigResourcesRequest::decode(buf, v)?)
         }

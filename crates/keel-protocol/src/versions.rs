@@ -100,6 +100,14 @@ pub const SUPPORTED: &[ApiSupport] = &[
     // The consumer group protocol (KIP-848).
     api(ApiKey::ConsumerGroupHeartbeat, 0, 1),
     api(ApiKey::ConsumerGroupDescribe, 0, 1),
+    // Share groups (KIP-932), as Kafka 4.1 defined them: the versions the
+    // codec has. ShareFetch and ShareAcknowledge v2 (Kafka 4.2: RENEW
+    // acknowledgements, KIP-1222, and the record_limit acquire mode,
+    // KIP-1206) are not in `kafka-protocol` 0.18.
+    api(ApiKey::ShareGroupHeartbeat, 1, 1),
+    api(ApiKey::ShareGroupDescribe, 1, 1),
+    api(ApiKey::ShareFetch, 1, 1),
+    api(ApiKey::ShareAcknowledge, 1, 1),
     // KIP-1142 (v0: ListClientMetricsResources).
     api(ApiKey::ListConfigResources, 0, 1),
 ];
@@ -182,6 +190,10 @@ mod tests {
                 ApiKey::DeleteAcls => check::<DeleteAclsRequest>(a),
                 ApiKey::ConsumerGroupHeartbeat => check::<ConsumerGroupHeartbeatRequest>(a),
                 ApiKey::ConsumerGroupDescribe => check::<ConsumerGroupDescribeRequest>(a),
+                ApiKey::ShareGroupHeartbeat => check::<ShareGroupHeartbeatRequest>(a),
+                ApiKey::ShareGroupDescribe => check::<ShareGroupDescribeRequest>(a),
+                ApiKey::ShareFetch => check::<ShareFetchRequest>(a),
+                ApiKey::ShareAcknowledge => check::<ShareAcknowledgeRequest>(a),
                 ApiKey::ListConfigResources => check::<ListConfigResourcesRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),

@@ -417,7 +417,11 @@ async fn accept_loop(bound: Bound, broker: Arc<Broker>, limits: Arc<ConnectionLi
                                 user: user.map(Arc::from),
                                 sasl: sasl.map(ConnectionAuth::new),
                             };
-                            connection::serve(transport, peer, &b, &client, limits.connection()).await
+                            let served =
+                                connection::serve(transport, peer, &b, &client, limits.connection()).await;
+                            // Its share sessions end with it.
+                            b.connection_closed(&client);
+                            served
                         }
                         Err(reason) => {
                             b.metrics.authentication_failed(&name);

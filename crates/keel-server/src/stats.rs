@@ -222,8 +222,58 @@ pub fn render(stats: &Value) -> String {
         .is_some_and(|s| s.starts_with("etcd"));
     render_partitions(partitions, clustered, &mut out);
     render_holds(partitions, &mut out);
+    render_share(stats, &mut out);
     render_cleaner(stats, partitions, &mut out);
     out
+}
+
+/// Each share partition's offsets, its records in flight (acquired by a
+/// consumer, or available again) and what it redelivered.
+fn render_share(stats: &Value, out: &mut String) {
+    let Some(parts) = stats["share_groups"]["partitions"]
+        .as_array()
+        .filter(|p| !p.is_empty())
+    else {
+        return;
+    };
+    let rows: Vec<Vec<String>> = parts
+        .iter()
+        .map(|p| {
+            vec![
+                format!(
+                    "{} {}-{}",
+                    p["group"].as_str().unwrap_or("-"),
+                    p["topic"].as_str().unwrap_or("-"),
+                    count(num(p, &["partition"]))
+                ),
+                p["start_offset"].to_string(),
+                p["end_offset"].to_string(),
+                count(num(p, &["acquired"])),
+                count(num(p, &["available"])),
+                count(num(p, &["redeliveries"])),
+                count(num(p, &["lock_expiries"])),
+                count(num(p, &["archived_at_limit"])),
+            ]
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "
+share partitions (records in flight between start and end):"
+    );
+    out.push_str(&table(
+        &[
+            "group topic-partition",
+            "start",
+            "end",
+            "acquired",
+            "available",
+            "redelivered",
+            "locks expired",
+            "archived at limit",
+        ],
+        &rows,
+    ));
 }
 
 /// Why local segments past their partition's local retention or the fast
@@ -789,6 +839,11 @@ mod tests {
                 {"topic": "a-much-longer-topic-name", "partition": 11, "high_watermark": 5,
                  "cache_read_bytes": 0, "cold_read_bytes": 0, "extra": [1, 2]},
             ],
+            "share_groups": {"enabled": true, "groups": 1, "partitions": [
+                {"group": "jobs", "topic": "orders", "partition": 0, "start_offset": 120, "end_offset": 170,
+                 "acquired": 30, "available": 4, "acknowledged": 16, "archived": 0,
+                 "redeliveries": 7, "lock_expiries": 2, "archived_at_limit": 1},
+            ]},
             "something_new": {"x": 1},
         });
         let text = render(&stats);
@@ -818,6 +873,10 @@ mod tests {
         );
         assert!(
             text.contains("from cache 1.0 MiB (3 reads), cold from disk 3.0 MiB (40 reads): 25.0%"),
+            "{text}"
+        );
+        assert!(
+            text.contains("share partitions (records in flight between start and end):\ngroup topic-partition  start  end  acquired  available  redelivered  locks expired  archived at limit\njobs orders-0            120  170        30          4            7              2                  1"),
             "{text}"
         );
         let lines: Vec<&str> = text.lines().collect();

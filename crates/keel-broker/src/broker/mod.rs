@@ -151,6 +151,9 @@ pub struct Broker {
     pub group_log: Arc<coord_log::CoordinatorLog<keel_coord::groups::store::GroupTable>>,
     /// The transaction coordinator.
     pub txns: Arc<keel_coord::txn::TxnCoordinator>,
+    /// The share group coordinator (KIP-932), served when
+    /// `keel.share.version` is 1.
+    pub share: Arc<keel_coord::share::ShareCoordinator>,
     /// In a cluster, where the transaction coordinator's records go: the
     /// partitions of `__transaction_state` this broker leads.
     pub txn_log: Arc<coord_log::CoordinatorLog<keel_coord::txn::TxnTable>>,
@@ -317,6 +320,7 @@ impl Broker {
             groups: Arc::new(coordinators.groups),
             group_log,
             txns: Arc::new(coordinators.txns),
+            share: Arc::new(keel_coord::share::ShareCoordinator::new()),
             txn_log,
             quotas: coordinators.quotas,
             scram: Arc::new(coordinators.scram),
@@ -407,6 +411,44 @@ impl Broker {
     }
 
     /// The I/O governor: its target, cuts and the live p99 it last judged.
+    /// Each share partition: its start and end offsets, its in-flight
+    /// records by state, and what it redelivered and archived.
+    fn share_json(&self) -> serde_json::Value {
+        let names: std::collections::HashMap<uuid::Uuid, String> = self
+            .data
+            .topics
+            .all()
+            .iter()
+            .map(|t| (t.meta.topic_id, t.meta.name.clone()))
+            .collect();
+        let partitions: Vec<serde_json::Value> = self
+            .share
+            .partition_stats()
+            .into_iter()
+            .map(|s| {
+                serde_json::json!({
+                    "group": s.key.group,
+                    "topic": names.get(&s.key.topic_id).cloned().unwrap_or_default(),
+                    "partition": s.key.partition,
+                    "start_offset": s.start_offset,
+                    "end_offset": s.end_offset,
+                    "available": s.counts.available,
+                    "acquired": s.counts.acquired,
+                    "acknowledged": s.counts.acknowledged,
+                    "archived": s.counts.archived,
+                    "redeliveries": s.counts.redeliveries,
+                    "archived_at_limit": s.counts.archived_at_limit,
+                    "lock_expiries": s.counts.lock_expiries,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "enabled": crate::handlers::share::enabled(self),
+            "groups": self.share.list().len(),
+            "partitions": partitions,
+        })
+    }
+
     fn io_governor_json(&self) -> serde_json::Value {
         let g = self.data.io.governor_stats();
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -504,6 +546,7 @@ impl Broker {
                 "paced_fetches": scan.paced,
             },
             "tiers": self.tiers_json(),
+            "share_groups": self.share_json(),
             "cleaner": self.data.cleaner.to_json(),
             "log_dirs": [{
                 "path": self.data.dir_health.path().display().to_string(),

@@ -683,8 +683,15 @@ pub fn list_groups(broker: &Broker, req: ListGroupsRequest, version: i16) -> Lis
         .list_consumer()
         .into_iter()
         .map(|(id, state)| (id, "consumer".to_string(), state.name(), "consumer"));
+    // Share groups (KIP-932): protocol type "share", as Kafka lists them.
+    let share = broker
+        .share
+        .list()
+        .into_iter()
+        .map(|(id, state)| (id, "share".to_string(), state.name(), "share"));
     let groups = classic
         .chain(consumer)
+        .chain(share)
         .filter(|(_, _, state, _)| states.is_empty() || states.contains(&state.to_lowercase()))
         .filter(|(_, _, _, kind)| types.is_empty() || types.iter().any(|t| t == kind))
         .map(|(id, protocol_type, state, kind)| {

@@ -21,6 +21,7 @@ pub mod quotas;
 pub(crate) mod record_checks;
 pub mod sasl;
 pub mod scram;
+pub mod share;
 pub mod txn;
 pub mod txn_admin;
 
@@ -105,6 +106,9 @@ pub const GROUP_VERSION: i16 = 1;
 /// `metadata.version` 30 is Kafka 4.3-IV0's: the level of the protocol
 /// Keel answers (it has no KRaft metadata log to move between levels, so
 /// it supports that one only).
+/// `share.version` 1: share groups (KIP-932) are served; the level is
+/// `keel.share.version`.
+pub const SHARE_VERSION_FEATURE: &str = "share.version";
 pub const METADATA_VERSION_FEATURE: &str = "metadata.version";
 pub const METADATA_VERSION: i16 = 30;
 
@@ -112,7 +116,9 @@ pub const METADATA_VERSION: i16 = 30;
 /// reports them: `metadata.version` at Kafka 4.3-IV0's level,
 /// `group.version` finalized at 1, and
 /// `transaction.version` supported 0 to 2 and finalized at
-/// `keel.transaction.version`, which clients read to choose the protocol.
+/// `keel.transaction.version`, which clients read to choose the protocol,
+/// and `share.version` supported 0 to 1 and finalized at
+/// `keel.share.version`.
 pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
     let level = broker.config().transaction_version();
     let supported = |name: &str, min: i16, max: i16| {
@@ -135,6 +141,9 @@ pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
     if level > 0 {
         finals.push(finalized(TRANSACTION_VERSION_FEATURE, level));
     }
+    if share::enabled(broker) {
+        finals.push(finalized(SHARE_VERSION_FEATURE, broker.config().share_version()));
+    }
     keel_protocol::response::api_versions(0)
         .with_supported_features(vec![
             supported(METADATA_VERSION_FEATURE, METADATA_VERSION, METADATA_VERSION),
@@ -144,6 +153,7 @@ pub fn api_versions(broker: &crate::Broker) -> ApiVersionsResponse {
                 0,
                 keel_coord::txn::state::TRANSACTION_VERSION_2,
             ),
+            supported(SHARE_VERSION_FEATURE, 0, 1),
         ])
         .with_finalized_features_epoch(broker.features_epoch)
         .with_finalized_features(finals)

@@ -66,5 +66,9 @@ throttle_field!(
     DeleteAclsResponse,
     ConsumerGroupHeartbeatResponse,
     ConsumerGroupDescribeResponse,
+    ShareGroupHeartbeatResponse,
+    ShareGroupDescribeResponse,
+    ShareFetchResponse,
+    ShareAcknowledgeResponse,
     ListConfigResourcesResponse,
 );

@@ -258,6 +258,10 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::SaslAuthenticate => Request::SaslAuthenticate(sasl_authenticate(g, v)),
         ApiKey::ConsumerGroupHeartbeat => Request::ConsumerGroupHeartbeat(consumer_group_heartbeat(g, v)),
         ApiKey::ConsumerGroupDescribe => Request::ConsumerGroupDescribe(consumer_group_describe(g, v)),
+        ApiKey::ShareGroupHeartbeat => Request::ShareGroupHeartbeat(share_group_heartbeat(g, v)),
+        ApiKey::ShareGroupDescribe => Request::ShareGroupDescribe(share_group_describe(g, v)),
+        ApiKey::ShareFetch => Request::ShareFetch(share_fetch(g, v)),
+        ApiKey::ShareAcknowledge => Request::ShareAcknowledge(share_acknowledge(g, v)),
         ApiKey::ListConfigResources => Request::ListConfigResources(list_config_resources(g, v)),
         _ => return None,
     })
@@ -314,6 +318,10 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::SaslAuthenticate(r) => r.encode(buf, v),
         Request::ConsumerGroupHeartbeat(r) => r.encode(buf, v),
         Request::ConsumerGroupDescribe(r) => r.encode(buf, v),
+        Request::ShareGroupHeartbeat(r) => r.encode(buf, v),
+        Request::ShareGroupDescribe(r) => r.encode(buf, v),
+        Request::ShareFetch(r) => r.encode(buf, v),
+        Request::ShareAcknowledge(r) => r.encode(buf, v),
         Request::ListConfigResources(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
@@ -383,6 +391,10 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::SaslAuthenticate(a), Request::SaslAuthenticate(b)) => a == b,
         (Request::ConsumerGroupHeartbeat(a), Request::ConsumerGroupHeartbeat(b)) => a == b,
         (Request::ConsumerGroupDescribe(a), Request::ConsumerGroupDescribe(b)) => a == b,
+        (Request::ShareGroupHeartbeat(a), Request::ShareGroupHeartbeat(b)) => a == b,
+        (Request::ShareGroupDescribe(a), Request::ShareGroupDescribe(b)) => a == b,
+        (Request::ShareFetch(a), Request::ShareFetch(b)) => a == b,
+        (Request::ShareAcknowledge(a), Request::ShareAcknowledge(b)) => a == b,
         (Request::ListConfigResources(a), Request::ListConfigResources(b)) => a == b,
         _ => false,
     }
@@ -1454,5 +1466,97 @@ fn describe_producers(g: &mut Gen, _v: i16) -> DescribeProducersRequest {
     });
     DescribeProducersRequest::default()
         .with_topics(topics)
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn share_group_heartbeat(g: &mut Gen, _v: i16) -> ShareGroupHeartbeatRequest {
+    // Epochs the coordinator treats apart: join, leave, others.
+    let epoch = match g.i8().rem_euclid(4) {
+        0 => 0,
+        1 => -1,
+        2 => g.i32(),
+        _ => i32::from(g.i8().rem_euclid(4)),
+    };
+    ShareGroupHeartbeatRequest::default()
+        .with_group_id(GroupId(g.string()))
+        .with_member_id(g.string())
+        .with_member_epoch(epoch)
+        .with_rack_id(g.opt_string())
+        .with_subscribed_topic_names(g.bool().then(|| g.vec(3, |g| g.topic())))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn share_group_describe(g: &mut Gen, _v: i16) -> ShareGroupDescribeRequest {
+    ShareGroupDescribeRequest::default()
+        .with_group_ids(g.vec(3, |g| GroupId(g.string())))
+        .with_include_authorized_operations(g.bool())
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn share_ack_types(g: &mut Gen) -> Vec<i8> {
+    g.vec(3, |g| g.i8().rem_euclid(5))
+}
+
+fn share_fetch(g: &mut Gen, _v: i16) -> ShareFetchRequest {
+    use share_fetch_request::*;
+    let topics = g.vec(3, |g| {
+        FetchTopic::default()
+            .with_topic_id(g.uuid())
+            .with_partitions(g.vec(3, |g| {
+                FetchPartition::default()
+                    .with_partition_index(g.i32())
+                    .with_acknowledgement_batches(g.vec(2, |g| {
+                        AcknowledgementBatch::default()
+                            .with_first_offset(g.i64())
+                            .with_last_offset(g.i64())
+                            .with_acknowledge_types(share_ack_types(g))
+                            .with_unknown_tagged_fields(g.tags(true))
+                    }))
+                    .with_unknown_tagged_fields(g.tags(true))
+            }))
+            .with_unknown_tagged_fields(g.tags(true))
+    });
+    ShareFetchRequest::default()
+        .with_group_id(g.bool().then(|| GroupId(g.string())))
+        .with_member_id(g.opt_string())
+        .with_share_session_epoch(i32::from(g.i8()))
+        .with_max_wait_ms(g.i32())
+        .with_min_bytes(g.i32())
+        .with_max_bytes(g.i32())
+        .with_max_records(g.i32())
+        .with_batch_size(g.i32())
+        .with_topics(topics)
+        .with_forgotten_topics_data(g.vec(2, |g| {
+            share_fetch_request::ForgottenTopic::default()
+                .with_topic_id(g.uuid())
+                .with_partitions(g.vec(3, |g| g.i32()))
+                .with_unknown_tagged_fields(g.tags(true))
+        }))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn share_acknowledge(g: &mut Gen, _v: i16) -> ShareAcknowledgeRequest {
+    use share_acknowledge_request::*;
+    ShareAcknowledgeRequest::default()
+        .with_group_id(g.bool().then(|| GroupId(g.string())))
+        .with_member_id(g.opt_string())
+        .with_share_session_epoch(i32::from(g.i8()))
+        .with_topics(g.vec(3, |g| {
+            AcknowledgeTopic::default()
+                .with_topic_id(g.uuid())
+                .with_partitions(g.vec(3, |g| {
+                    AcknowledgePartition::default()
+                        .with_partition_index(g.i32())
+                        .with_acknowledgement_batches(g.vec(2, |g| {
+                            AcknowledgementBatch::default()
+                                .with_first_offset(g.i64())
+                                .with_last_offset(g.i64())
+                                .with_acknowledge_types(share_ack_types(g))
+                                .with_unknown_tagged_fields(g.tags(true))
+                        }))
+                        .with_unknown_tagged_fields(g.tags(true))
+                }))
+                .with_unknown_tagged_fields(g.tags(true))
+        }))
         .with_unknown_tagged_fields(g.tags(true))
 }

@@ -142,3 +142,42 @@ pub(super) async fn consumer_group_describe(
     resp.groups.extend(denied);
     call.answer(b, ApiKey::ConsumerGroupDescribe, &mut resp)
 }
+
+pub(super) async fn share_group_heartbeat(
+    b: &Arc<Broker>,
+    r: ShareGroupHeartbeatRequest,
+    call: Call<'_>,
+) -> Reply {
+    let mut resp = if handlers::authz::group(b, call.client, &r.group_id, keel_auth::acl::Operation::Read) {
+        handlers::share::share_group_heartbeat(b, r, call.client_id, call.client.host.as_str())
+    } else {
+        ShareGroupHeartbeatResponse::default()
+            .with_error_code(keel_protocol::ResponseError::GroupAuthorizationFailed.code())
+            .with_error_message(Some(handlers::str_bytes("Group authorization failed.")))
+    };
+    call.answer(b, ApiKey::ShareGroupHeartbeat, &mut resp)
+}
+
+pub(super) async fn share_group_describe(
+    b: &Arc<Broker>,
+    mut r: ShareGroupDescribeRequest,
+    call: Call<'_>,
+) -> Reply {
+    // DESCRIBE on each group; the others are answered
+    // GROUP_AUTHORIZATION_FAILED.
+    let mut denied = Vec::new();
+    r.group_ids.retain(|g| {
+        let may = handlers::authz::group(b, call.client, g, keel_auth::acl::Operation::Describe);
+        if !may {
+            denied.push(
+                share_group_describe_response::DescribedGroup::default()
+                    .with_group_id(g.clone())
+                    .with_error_code(keel_protocol::ResponseError::GroupAuthorizationFailed.code()),
+            );
+        }
+        may
+    });
+    let mut resp = handlers::share::share_group_describe(b, r);
+    resp.groups.extend(denied);
+    call.answer(b, ApiKey::ShareGroupDescribe, &mut resp)
+}

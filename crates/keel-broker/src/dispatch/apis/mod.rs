@@ -124,6 +124,10 @@ pub(super) static APIS: &[Api] = &[
     api!(OffsetDelete, groups::offset_delete),
     api!(ConsumerGroupHeartbeat, groups::consumer_group_heartbeat),
     api!(ConsumerGroupDescribe, groups::consumer_group_describe),
+    api!(ShareGroupHeartbeat, groups::share_group_heartbeat),
+    api!(ShareGroupDescribe, groups::share_group_describe),
+    api!(ShareFetch, data::share_fetch),
+    api!(ShareAcknowledge, data::share_acknowledge),
 ];
 
 /// The entry of `key`, if the broker serves it.

@@ -1,0 +1,587 @@
+//! ShareFetch and ShareAcknowledge: a member's share session, the
+//! acknowledgements it carries, and the records it acquires.
+//!
+//! A ShareFetch applies its acknowledgements first, then reads each
+//! partition of the session from where its share partition says
+//! (`next_fetch_offset`), and acquires what the read returned under the
+//! coordinator's lock. The read happens without that lock, so another
+//! member may have taken some records meanwhile: acquisition takes only
+//! what is still available. A fetch that acquires nothing waits up to
+//! `max_wait_ms` for an append to one of its partitions, or for records
+//! to become available again (a release, an expired lock, a closed
+//! session: `ShareCoordinator::changes`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use keel_protocol::messages::share_fetch_response::{
+    AcquiredRecords, LeaderIdAndEpoch, PartitionData, ShareFetchableTopicResponse,
+};
+use keel_protocol::messages::*;
+use keel_protocol::{ResponseError, StrBytes};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{connection_key, enabled, limits};
+use crate::handlers::str_bytes;
+use crate::{Broker, ClientInfo};
+use keel_auth::acl::{Operation, ResourceType};
+use keel_coord::share::partition::{AckType, Acquired, BatchSpan};
+use keel_coord::share::{self, AckBatch, FINAL_EPOCH, INITIAL_EPOCH};
+use keel_data::partition::{Partition, ReadFailure, ReadSource};
+use keel_data::readers::Reader;
+use keel_log::batch::BatchHeader;
+
+/// Kafka's default `max.poll.records`, for a request that sets none.
+const DEFAULT_MAX_RECORDS: usize = 500;
+/// Kafka's default `fetch.max.bytes`, for a request that sets none.
+const DEFAULT_MAX_BYTES: usize = 50 * 1024 * 1024;
+
+type Tp = (Uuid, i32);
+
+/// What the request names, checked: group and member.
+struct Who {
+    group: String,
+    member: Arc<str>,
+}
+
+fn who(group: Option<&GroupId>, member: Option<&StrBytes>) -> Result<Who, (ResponseError, String)> {
+    let group = group.map(|g| g.0.to_string()).filter(|g| !g.is_empty()).ok_or((
+        ResponseError::InvalidRequest,
+        "Invalid group id in the request.".to_string(),
+    ))?;
+    let member = member.map(|m| m.to_string()).filter(|m| !m.is_empty()).ok_or((
+        ResponseError::InvalidRequest,
+        "Invalid member id in the request.".to_string(),
+    ))?;
+    Ok(Who {
+        group,
+        member: Arc::from(member),
+    })
+}
+
+/// A partition of the session this broker leads: its log and leader.
+struct Served {
+    partition: Arc<Partition>,
+    leader: LeaderIdAndEpoch,
+}
+
+/// A partition of the session, resolved, or why it cannot be served to
+/// this client.
+fn resolve(broker: &Broker, client: &ClientInfo, tp: Tp) -> Result<Served, ResponseError> {
+    let topic = broker
+        .data
+        .topics
+        .get_by_id(tp.0)
+        .ok_or(ResponseError::UnknownTopicId)?;
+    if !broker.authorized(client, Operation::Read, ResourceType::Topic, &topic.meta.name) {
+        return Err(ResponseError::TopicAuthorizationFailed);
+    }
+    let (partition, leader) = broker.data.lead(&topic, tp.1, -1).map_err(|e| e.error())?;
+    Ok(Served {
+        partition,
+        leader: LeaderIdAndEpoch::default()
+            .with_leader_id(leader.node_id)
+            .with_leader_epoch(leader.epoch),
+    })
+}
+
+/// The acknowledgement batches of a request, checked: known types only
+/// (RENEW needs ShareFetch/ShareAcknowledge v2, which Keel does not
+/// serve yet).
+fn ack_batches(
+    batches: impl Iterator<Item = (i64, i64, Vec<i8>)>,
+) -> Result<Vec<AckBatch>, (ResponseError, String)> {
+    batches
+        .map(|(first, last, codes)| {
+            let types = codes
+                .iter()
+                .map(|c| match AckType::from_code(*c) {
+                    Some(AckType::Renew) | None => Err((
+                        ResponseError::InvalidRequest,
+                        format!("Unknown acknowledge type {c}."),
+                    )),
+                    Some(t) => Ok(t),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if types.is_empty() {
+                return Err((ResponseError::InvalidRequest, "No acknowledge type.".to_string()));
+            }
+            Ok(AckBatch {
+                first_offset: first,
+                last_offset: last,
+                types,
+            })
+        })
+        .collect()
+}
+
+/// Applies one partition's acknowledgements; the error code and message.
+fn acknowledge(
+    broker: &Broker,
+    client: &ClientInfo,
+    who: &Who,
+    tp: Tp,
+    batches: Result<Vec<AckBatch>, (ResponseError, String)>,
+) -> (i16, Option<String>, i32, i32) {
+    let (leader, epoch) = match resolve(broker, client, tp) {
+        Ok(s) => (s.leader.leader_id, s.leader.leader_epoch),
+        Err(e) => return (e.code(), None, -1, -1),
+    };
+    let outcome = batches.and_then(|batches| {
+        let key = share::key(&who.group, tp.0, tp.1);
+        let now_ms = broker.data.clock.now_ms();
+        broker
+            .share
+            .acknowledge(&key, &who.member, &batches, &limits(broker, &who.group), now_ms)
+    });
+    match outcome {
+        Ok(()) => (0, None, leader, epoch),
+        Err((e, message)) => (e.code(), Some(message), leader, epoch),
+    }
+}
+
+fn fetch_error(e: ResponseError, message: String) -> ShareFetchResponse {
+    ShareFetchResponse::default()
+        .with_error_code(e.code())
+        .with_error_message(Some(str_bytes(message)))
+}
+
+/// One partition's answer.
+fn part(index: i32) -> PartitionData {
+    PartitionData::default()
+        .with_partition_index(index)
+        .with_records(Some(Bytes::new()))
+        .with_current_leader(
+            LeaderIdAndEpoch::default()
+                .with_leader_id(-1)
+                .with_leader_epoch(-1),
+        )
+}
+
+/// ShareFetch: the session, its acknowledgements, then records.
+pub async fn share_fetch(
+    broker: &Arc<Broker>,
+    req: ShareFetchRequest,
+    client: &ClientInfo,
+    client_id: &str,
+) -> ShareFetchResponse {
+    if !enabled(broker) {
+        return fetch_error(
+            ResponseError::UnsupportedVersion,
+            "Share groups are not enabled.".into(),
+        );
+    }
+    let who = match who(req.group_id.as_ref(), req.member_id.as_ref()) {
+        Ok(w) => w,
+        Err((e, m)) => return fetch_error(e, m),
+    };
+    if !broker.authorized(client, Operation::Read, ResourceType::Group, &who.group) {
+        return fetch_error(
+            ResponseError::GroupAuthorizationFailed,
+            "Group authorization failed.".into(),
+        );
+    }
+    let add: Vec<Tp> = req
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, p.partition_index)))
+        .collect();
+    let forget: Vec<Tp> = req
+        .forgotten_topics_data
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, *p)))
+        .collect();
+    let has_acks = req
+        .topics
+        .iter()
+        .any(|t| t.partitions.iter().any(|p| !p.acknowledgement_batches.is_empty()));
+    let epoch = req.share_session_epoch;
+    let max_sessions = usize::try_from(broker.config().num("group.share.max.share.sessions")).unwrap_or(2000);
+    let session = broker.share.session(
+        &who.group,
+        &who.member,
+        epoch,
+        &add,
+        &forget,
+        has_acks,
+        connection_key(client),
+        max_sessions,
+    );
+    let partitions = match session {
+        Ok(p) => p,
+        Err((e, m)) => return fetch_error(e, m),
+    };
+    let mut out: BTreeMap<Tp, PartitionData> = BTreeMap::new();
+    let mut acked = std::collections::BTreeSet::new();
+    for t in &req.topics {
+        for p in t
+            .partitions
+            .iter()
+            .filter(|p| !p.acknowledgement_batches.is_empty())
+        {
+            let batches = ack_batches(
+                p.acknowledgement_batches
+                    .iter()
+                    .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone())),
+            );
+            let (e, message, leader, leader_epoch) =
+                acknowledge(broker, client, &who, (t.topic_id, p.partition_index), batches);
+            acked.insert((t.topic_id, p.partition_index));
+            let entry = out
+                .entry((t.topic_id, p.partition_index))
+                .or_insert_with(|| part(p.partition_index));
+            entry.acknowledge_error_code = e;
+            entry.acknowledge_error_message = message.map(str_bytes);
+            entry.current_leader = LeaderIdAndEpoch::default()
+                .with_leader_id(leader)
+                .with_leader_epoch(leader_epoch);
+        }
+    }
+    if epoch == FINAL_EPOCH {
+        broker
+            .share
+            .close_session(&who.group, &who.member, &|g| limits(broker, g));
+    } else {
+        let reader = Reader::new(client_id, &client.host, client.port);
+        fetch_records(broker, client, &who, &partitions, &req, &reader, &mut out).await;
+        if epoch == INITIAL_EPOCH {
+            for tp in &partitions {
+                out.entry(*tp).or_insert_with(|| part(tp.1));
+            }
+        } else {
+            // A session's later answers carry only what changed: records,
+            // errors, the outcome of acknowledgements.
+            out.retain(|tp, d| acked.contains(tp) || d.error_code != 0 || !d.acquired_records.is_empty());
+        }
+    }
+    let mut topics: BTreeMap<Uuid, Vec<PartitionData>> = BTreeMap::new();
+    for ((topic, _), data) in out {
+        topics.entry(topic).or_default().push(data);
+    }
+    ShareFetchResponse::default()
+        .with_acquisition_lock_timeout_ms(
+            i32::try_from(limits(broker, &who.group).lock_ms).unwrap_or(i32::MAX),
+        )
+        .with_responses(
+            topics
+                .into_iter()
+                .map(|(id, partitions)| {
+                    ShareFetchableTopicResponse::default()
+                        .with_topic_id(id)
+                        .with_partitions(partitions)
+                })
+                .collect(),
+        )
+}
+
+/// What is left of a request's limits.
+struct Budget {
+    records: usize,
+    bytes: usize,
+}
+
+/// Acquires records from the session's partitions into `out`, waiting up
+/// to `max_wait_ms` while there are none.
+async fn fetch_records(
+    broker: &Arc<Broker>,
+    client: &ClientInfo,
+    who: &Who,
+    partitions: &[Tp],
+    req: &ShareFetchRequest,
+    reader: &Reader,
+    out: &mut BTreeMap<Tp, PartitionData>,
+) {
+    let deadline = Instant::now() + Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0));
+    let mut changes = broker.share.changes();
+    let waiter = Arc::new(Notify::new());
+    let resolved: Vec<(Tp, Result<Served, ResponseError>)> = partitions
+        .iter()
+        .map(|tp| (*tp, resolve(broker, client, *tp)))
+        .collect();
+    loop {
+        // Registered before reading, so nothing that lands meanwhile is
+        // missed.
+        changes.borrow_and_update();
+        for (_, r) in &resolved {
+            if let Ok(s) = r {
+                s.partition.register_waiter(&waiter);
+            }
+        }
+        let mut budget = Budget {
+            records: positive(req.max_records).unwrap_or(DEFAULT_MAX_RECORDS),
+            bytes: positive(req.max_bytes).unwrap_or(DEFAULT_MAX_BYTES),
+        };
+        let mut found = false;
+        for (tp, r) in &resolved {
+            let data = out.entry(*tp).or_insert_with(|| part(tp.1));
+            found |= fill(broker, who, *tp, r, reader, &mut budget, data).await;
+        }
+        if found || Instant::now() >= deadline {
+            return;
+        }
+        tokio::select! {
+            _ = waiter.notified() => {}
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => return,
+        }
+    }
+}
+
+fn positive(n: i32) -> Option<usize> {
+    usize::try_from(n).ok().filter(|n| *n > 0)
+}
+
+/// One partition's part of a fetch: its error, or what it acquired;
+/// whether there is anything to answer.
+async fn fill(
+    broker: &Broker,
+    who: &Who,
+    tp: Tp,
+    served: &Result<Served, ResponseError>,
+    reader: &Reader,
+    budget: &mut Budget,
+    data: &mut PartitionData,
+) -> bool {
+    let s = match served {
+        Ok(s) => s,
+        Err(e) => {
+            data.error_code = e.code();
+            return true;
+        }
+    };
+    data.current_leader = s.leader.clone();
+    match acquire(broker, who, tp, &s.partition, reader, budget).await {
+        Ok(Some((records, acquired))) => {
+            data.records = Some(records);
+            data.acquired_records = acquired;
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            data.error_code = e.code();
+            true
+        }
+    }
+}
+
+/// Reads one partition from where its share partition says and acquires
+/// what the read returned: the batches holding acquired records and the
+/// acquired ranges, or `None` if there was nothing to acquire.
+async fn acquire(
+    broker: &Broker,
+    who: &Who,
+    tp: Tp,
+    p: &Arc<Partition>,
+    reader: &Reader,
+    budget: &mut Budget,
+) -> Result<Option<(Bytes, Vec<AcquiredRecords>)>, ResponseError> {
+    if budget.records == 0 || budget.bytes == 0 {
+        return Ok(None);
+    }
+    let key = share::key(&who.group, tp.0, tp.1);
+    if !broker.share.is_initialized(&key) {
+        broker.share.initialize(key.clone(), p.high_watermark());
+    }
+    let limits = limits(broker, &who.group);
+    let log_start = p.log_start_offset();
+    broker.share.skip_to(&key, log_start);
+    let now_ms = broker.data.clock.now_ms();
+    let Some(from) = broker.share.next_fetch_offset(&key, &limits, now_ms) else {
+        return Ok(None);
+    };
+    if from >= p.high_watermark() {
+        return Ok(None);
+    }
+    let bytes = match read_at(reader, p, from, budget.bytes).await {
+        Ok(b) => b,
+        Err(ReadFailure::OffsetOutOfRange) => {
+            broker.share.skip_to(&key, p.log_start_offset());
+            return Ok(None);
+        }
+        Err(ReadFailure::Storage(_)) => return Err(ResponseError::KafkaStorageError),
+    };
+    let spans = spans(&bytes);
+    let now_ms = broker.data.clock.now_ms();
+    let acquired = broker.share.acquire(
+        &key,
+        &who.member,
+        &spans.iter().map(|s| s.1).collect::<Vec<_>>(),
+        budget.records,
+        &limits,
+        now_ms,
+    );
+    if acquired.is_empty() {
+        return Ok(None);
+    }
+    let records = covering(&bytes, &spans, &acquired);
+    let count: i64 = acquired.iter().map(|a| a.last_offset - a.first_offset + 1).sum();
+    budget.records = budget
+        .records
+        .saturating_sub(usize::try_from(count).unwrap_or(usize::MAX));
+    budget.bytes = budget.bytes.saturating_sub(records.len());
+    let ranges = acquired
+        .iter()
+        .map(|a| {
+            AcquiredRecords::default()
+                .with_first_offset(a.first_offset)
+                .with_last_offset(a.last_offset)
+                .with_delivery_count(a.delivery_count)
+        })
+        .collect();
+    Ok(Some((records, ranges)))
+}
+
+/// Whole batches from `offset`, within `max_bytes` (the first batch
+/// whole even if larger, KIP-74).
+async fn read_at(
+    reader: &Reader,
+    p: &Arc<Partition>,
+    offset: i64,
+    max_bytes: usize,
+) -> Result<Bytes, ReadFailure> {
+    let cold = |r: Result<std::io::Result<Bytes>, _>| match r {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => Err(ReadFailure::Storage(e.to_string())),
+        Err(_) => Err(ReadFailure::Storage("the read ended".into())),
+    };
+    match p.read(reader, offset, max_bytes.max(1), false)? {
+        ReadSource::Memory(c) | ReadSource::ReadAhead(c) => Ok(c.join()),
+        ReadSource::Disk(read) => {
+            let bytes = cold(read.spawn().await)?;
+            p.note_cold_read(bytes.len() as u64);
+            Ok(bytes)
+        }
+        ReadSource::Pending(rx) => cold(rx.await),
+    }
+}
+
+/// The whole batches in `bytes`: where each starts and its offsets.
+fn spans(bytes: &[u8]) -> Vec<(usize, BatchSpan)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Ok(h) = BatchHeader::parse(&bytes[at..]) {
+        let end = at + h.total_len();
+        if end > bytes.len() {
+            break;
+        }
+        out.push((
+            at,
+            BatchSpan {
+                base_offset: h.base_offset,
+                last_offset: h.last_offset(),
+            },
+        ));
+        at = end;
+    }
+    out
+}
+
+/// The bytes from the first batch holding an acquired record to the end
+/// of the last one.
+fn covering(bytes: &Bytes, spans: &[(usize, BatchSpan)], acquired: &[Acquired]) -> Bytes {
+    let first = acquired.iter().map(|a| a.first_offset).min().unwrap_or(i64::MAX);
+    let last = acquired.iter().map(|a| a.last_offset).max().unwrap_or(i64::MIN);
+    let start = spans
+        .iter()
+        .find(|(_, s)| s.last_offset >= first)
+        .map_or(0, |(at, _)| *at);
+    let end = spans
+        .iter()
+        .position(|(_, s)| s.base_offset > last)
+        .map_or(bytes.len(), |i| spans[i].0);
+    bytes.slice(start..end)
+}
+
+/// ShareAcknowledge: acknowledgements outside a fetch. It continues (or,
+/// at epoch -1, closes) a session; it cannot open one.
+pub fn share_acknowledge(
+    broker: &Broker,
+    req: ShareAcknowledgeRequest,
+    client: &ClientInfo,
+) -> ShareAcknowledgeResponse {
+    use keel_protocol::messages::share_acknowledge_response::{
+        LeaderIdAndEpoch as Leader, PartitionData as AckData, ShareAcknowledgeTopicResponse,
+    };
+    let error = |e: ResponseError, m: String| {
+        ShareAcknowledgeResponse::default()
+            .with_error_code(e.code())
+            .with_error_message(Some(str_bytes(m)))
+    };
+    if !enabled(broker) {
+        return error(
+            ResponseError::UnsupportedVersion,
+            "Share groups are not enabled.".into(),
+        );
+    }
+    let who = match who(req.group_id.as_ref(), req.member_id.as_ref()) {
+        Ok(w) => w,
+        Err((e, m)) => return error(e, m),
+    };
+    if !broker.authorized(client, Operation::Read, ResourceType::Group, &who.group) {
+        return error(
+            ResponseError::GroupAuthorizationFailed,
+            "Group authorization failed.".into(),
+        );
+    }
+    let epoch = req.share_session_epoch;
+    if epoch == INITIAL_EPOCH {
+        return error(
+            ResponseError::InvalidShareSessionEpoch,
+            "A ShareAcknowledge cannot open a share session.".into(),
+        );
+    }
+    let max_sessions = usize::try_from(broker.config().num("group.share.max.share.sessions")).unwrap_or(2000);
+    if let Err((e, m)) = broker.share.session(
+        &who.group,
+        &who.member,
+        epoch,
+        &[],
+        &[],
+        true,
+        connection_key(client),
+        max_sessions,
+    ) {
+        return error(e, m);
+    }
+    let topics = req
+        .topics
+        .iter()
+        .map(|t| {
+            let partitions = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let batches = ack_batches(
+                        p.acknowledgement_batches
+                            .iter()
+                            .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone())),
+                    );
+                    let (e, message, leader, leader_epoch) =
+                        acknowledge(broker, client, &who, (t.topic_id, p.partition_index), batches);
+                    AckData::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(e)
+                        .with_error_message(message.map(str_bytes))
+                        .with_current_leader(
+                            Leader::default()
+                                .with_leader_id(leader)
+                                .with_leader_epoch(leader_epoch),
+                        )
+                })
+                .collect();
+            ShareAcknowledgeTopicResponse::default()
+                .with_topic_id(t.topic_id)
+                .with_partitions(partitions)
+        })
+        .collect();
+    if epoch == FINAL_EPOCH {
+        broker
+            .share
+            .close_session(&who.group, &who.member, &|g| limits(broker, g));
+    }
+    ShareAcknowledgeResponse::default().with_responses(topics)
+}

@@ -1,0 +1,300 @@
+//! One share group's membership (KIP-932): members join and leave with
+//! ShareGroupHeartbeat, the coordinator assigns partitions, and a member
+//! takes a new assignment with the next heartbeat. Unlike a consumer
+//! group, partitions are shared, so nothing is revoked first: the
+//! assignment epoch moves and each member's next heartbeat carries it.
+//! No I/O and no clock: operations take `now_ms`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use keel_protocol::ResponseError;
+use uuid::Uuid;
+
+use crate::groups::consumer::{Assignment, TopicInfo, Topics};
+
+/// The member epoch a member leaves with.
+pub const LEAVE_EPOCH: i32 = -1;
+
+/// `group.share.*` membership settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareGroupConfig {
+    /// `group.share.session.timeout.ms`.
+    pub session_timeout_ms: i32,
+    /// `group.share.heartbeat.interval.ms`.
+    pub heartbeat_interval_ms: i32,
+    /// `group.share.max.size`.
+    pub max_size: usize,
+}
+
+impl Default for ShareGroupConfig {
+    fn default() -> Self {
+        ShareGroupConfig {
+            session_timeout_ms: 45_000,
+            heartbeat_interval_ms: 5_000,
+            max_size: 200,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareMember {
+    pub member_id: String,
+    /// The assignment epoch this member last received.
+    pub epoch: i32,
+    pub rack_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub subscribed: BTreeSet<String>,
+    pub assignment: Assignment,
+    pub last_heartbeat_ms: i64,
+}
+
+/// One heartbeat's fields.
+#[derive(Debug, Clone)]
+pub struct ShareHeartbeat {
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub rack_id: Option<String>,
+    /// `None`: unchanged since the last heartbeat.
+    pub subscribed: Option<Vec<String>>,
+    pub client_id: String,
+    pub client_host: String,
+}
+
+/// What a heartbeat is answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareHeartbeatAnswer {
+    pub member_epoch: i32,
+    /// The member's whole assignment, when it changed (or it joined).
+    pub assignment: Option<Assignment>,
+}
+
+/// A share group's state as ListGroups and ShareGroupDescribe name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareGroupState {
+    Empty,
+    Stable,
+}
+
+impl ShareGroupState {
+    pub fn name(self) -> &'static str {
+        match self {
+            ShareGroupState::Empty => "Empty",
+            ShareGroupState::Stable => "Stable",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareGroup {
+    pub group_id: String,
+    /// Counts up at each change of membership, subscriptions or the
+    /// subscribed topics' partitions.
+    pub epoch: i32,
+    /// The epoch of the current target assignment.
+    pub assignment_epoch: i32,
+    pub members: BTreeMap<String, ShareMember>,
+    /// The subscribed topics as the last assignment saw them.
+    assigned_topics: Topics,
+    targets: BTreeMap<String, Assignment>,
+}
+
+impl ShareGroup {
+    pub fn new(group_id: &str) -> ShareGroup {
+        ShareGroup {
+            group_id: group_id.to_string(),
+            epoch: 0,
+            assignment_epoch: 0,
+            members: BTreeMap::new(),
+            assigned_topics: Topics::new(),
+            targets: BTreeMap::new(),
+        }
+    }
+
+    pub fn state(&self) -> ShareGroupState {
+        if self.members.is_empty() {
+            ShareGroupState::Empty
+        } else {
+            ShareGroupState::Stable
+        }
+    }
+
+    /// Every topic a member subscribes to.
+    pub fn subscribed_topics(&self) -> BTreeSet<String> {
+        self.members
+            .values()
+            .flat_map(|m| m.subscribed.iter().cloned())
+            .collect()
+    }
+
+    /// Applies one heartbeat against `topics` (the broker's topics now).
+    pub fn heartbeat(
+        &mut self,
+        hb: ShareHeartbeat,
+        topics: &Topics,
+        config: &ShareGroupConfig,
+        now_ms: i64,
+    ) -> Result<ShareHeartbeatAnswer, (ResponseError, String)> {
+        if hb.member_epoch == LEAVE_EPOCH {
+            if self.members.remove(&hb.member_id).is_none() {
+                return Err(unknown_member(&hb.member_id, &self.group_id));
+            }
+            self.reassign(topics);
+            return Ok(ShareHeartbeatAnswer {
+                member_epoch: LEAVE_EPOCH,
+                assignment: None,
+            });
+        }
+        let joining = hb.member_epoch == 0;
+        let mut changed = false;
+        match self.members.get_mut(&hb.member_id) {
+            None if !joining => return Err(unknown_member(&hb.member_id, &self.group_id)),
+            None => {
+                if self.members.len() >= config.max_size {
+                    return Err((
+                        ResponseError::GroupMaxSizeReached,
+                        format!(
+                            "The share group has reached its maximum size of {}.",
+                            config.max_size
+                        ),
+                    ));
+                }
+                self.members.insert(
+                    hb.member_id.clone(),
+                    ShareMember {
+                        member_id: hb.member_id.clone(),
+                        epoch: 0,
+                        rack_id: None,
+                        client_id: String::new(),
+                        client_host: String::new(),
+                        subscribed: BTreeSet::new(),
+                        assignment: Assignment::new(),
+                        last_heartbeat_ms: now_ms,
+                    },
+                );
+                changed = true;
+            }
+            Some(m) if !joining && m.epoch != hb.member_epoch => {
+                return Err((
+                    ResponseError::FencedMemberEpoch,
+                    format!(
+                        "The share group member has an epoch {} that is not the current one, {}.",
+                        hb.member_epoch, m.epoch
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+        let m = self.members.get_mut(&hb.member_id).expect("present");
+        m.last_heartbeat_ms = now_ms;
+        m.client_id = hb.client_id;
+        m.client_host = hb.client_host;
+        m.rack_id = hb.rack_id.or(m.rack_id.take());
+        if let Some(names) = hb.subscribed {
+            let names: BTreeSet<String> = names.into_iter().collect();
+            changed |= names != m.subscribed;
+            m.subscribed = names;
+        }
+        if changed || self.subscribed_view(topics) != self.assigned_topics {
+            self.reassign(topics);
+        }
+        let m = self.members.get_mut(&hb.member_id).expect("present");
+        let refresh = joining || m.epoch != self.assignment_epoch;
+        if refresh {
+            m.epoch = self.assignment_epoch;
+            m.assignment = self.targets.get(&m.member_id).cloned().unwrap_or_default();
+        }
+        Ok(ShareHeartbeatAnswer {
+            member_epoch: m.epoch,
+            assignment: refresh.then(|| m.assignment.clone()),
+        })
+    }
+
+    /// Removes the members not heard from within the session timeout;
+    /// returns their ids.
+    pub fn expire_members(&mut self, topics: &Topics, config: &ShareGroupConfig, now_ms: i64) -> Vec<String> {
+        let timeout = i64::from(config.session_timeout_ms);
+        let gone: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| now_ms - m.last_heartbeat_ms >= timeout)
+            .map(|m| m.member_id.clone())
+            .collect();
+        for id in &gone {
+            self.members.remove(id);
+        }
+        if !gone.is_empty() {
+            self.reassign(topics);
+        }
+        gone
+    }
+
+    /// The partitions some member is assigned.
+    pub fn assigned_partitions(&self) -> BTreeSet<(Uuid, i32)> {
+        self.targets
+            .values()
+            .flat_map(|a| a.iter().flat_map(|(t, ps)| ps.iter().map(move |p| (*t, *p))))
+            .collect()
+    }
+
+    /// The subscribed topics that exist, as `topics` has them.
+    fn subscribed_view(&self, topics: &Topics) -> Topics {
+        self.subscribed_topics()
+            .into_iter()
+            .filter_map(|name| topics.get(&name).map(|t| (name, *t)))
+            .collect()
+    }
+
+    /// A new target for every member, under a new epoch.
+    fn reassign(&mut self, topics: &Topics) {
+        self.epoch += 1;
+        self.assigned_topics = self.subscribed_view(topics);
+        self.targets = assign(&self.members, &self.assigned_topics);
+        self.assignment_epoch = self.epoch;
+    }
+}
+
+fn unknown_member(member: &str, group: &str) -> (ResponseError, String) {
+    (
+        ResponseError::UnknownMemberId,
+        format!("Member {member} is not a member of share group {group}."),
+    )
+}
+
+/// Kafka's `simple` share assignor, topic by topic: with no more members
+/// than partitions each partition goes to one member, spread evenly;
+/// with more members than partitions every member gets one, and
+/// partitions are shared. Members are taken in id order, so the result
+/// depends only on who subscribes to what.
+pub fn assign(members: &BTreeMap<String, ShareMember>, topics: &Topics) -> BTreeMap<String, Assignment> {
+    let mut out: BTreeMap<String, Assignment> =
+        members.keys().map(|id| (id.clone(), Assignment::new())).collect();
+    for (name, TopicInfo { id, partitions }) in topics {
+        let subscribers: Vec<&String> = members
+            .values()
+            .filter(|m| m.subscribed.contains(name))
+            .map(|m| &m.member_id)
+            .collect();
+        let n = usize::try_from(*partitions).unwrap_or(0);
+        if subscribers.is_empty() || n == 0 {
+            continue;
+        }
+        let mut give = |member: &String, p: usize| {
+            out.entry(member.clone())
+                .or_default()
+                .entry(*id)
+                .or_default()
+                .insert(p as i32);
+        };
+        if subscribers.len() <= n {
+            for p in 0..n {
+                give(subscribers[p % subscribers.len()], p);
+            }
+        } else {
+            for (j, member) in subscribers.iter().enumerate() {
+                give(member, j % n);
+            }
+        }
+    }
+    out
+}

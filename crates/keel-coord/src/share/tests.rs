@@ -1,0 +1,478 @@
+//! The share partition against a model: random acquisitions,
+//! acknowledgements, lock expiries and releases by several members, each
+//! checked against a plain map of every offset's state. A failure prints
+//! its seed; `KEEL_TEST_SEED=<seed>` replays it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::partition::*;
+
+/// xorshift64*: deterministic, seedable, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Rec {
+    state: RecordState,
+    deliveries: i16,
+    owner: Option<usize>,
+    deadline_ms: i64,
+}
+
+/// Every offset of the log, with what the model says of it.
+struct Model {
+    /// The log's batches, in order.
+    batches: Vec<BatchSpan>,
+    recs: BTreeMap<i64, Rec>,
+    limits: ShareLimits,
+}
+
+impl Model {
+    fn log_end(&self) -> i64 {
+        self.batches.last().map_or(0, |b| b.last_offset + 1)
+    }
+
+    fn expire(&mut self, now_ms: i64) {
+        let limit = self.limits.delivery_limit;
+        for r in self.recs.values_mut() {
+            if r.state == RecordState::Acquired && r.deadline_ms <= now_ms {
+                release(r, limit);
+            }
+        }
+    }
+
+    /// The batches a read from `offset` returns: the one holding it and
+    /// up to `n - 1` after.
+    fn read(&self, offset: i64, n: usize) -> Vec<BatchSpan> {
+        self.batches
+            .iter()
+            .filter(|b| b.last_offset >= offset)
+            .take(n)
+            .copied()
+            .collect()
+    }
+}
+
+fn release(r: &mut Rec, limit: i16) {
+    r.state = if r.deliveries >= limit {
+        RecordState::Archived
+    } else {
+        RecordState::Available
+    };
+    r.owner = None;
+}
+
+fn seed() -> u64 {
+    std::env::var("KEEL_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+        | 1
+}
+
+/// The partition agrees with the model on every in-flight record, its
+/// start offset is the first record not done with, and no record went
+/// past the delivery limit.
+fn check(sp: &SharePartition, m: &Model, step: usize) {
+    let first_open = m
+        .recs
+        .iter()
+        .find(|(_, r)| !matches!(r.state, RecordState::Acknowledged | RecordState::Archived))
+        .map(|(o, _)| *o);
+    let end = sp.end_offset();
+    assert_eq!(
+        sp.start_offset(),
+        first_open.unwrap_or(end).min(end),
+        "step {step}: start offset"
+    );
+    for (&offset, r) in m.recs.range(sp.start_offset()..end) {
+        assert_eq!(
+            sp.record(offset),
+            Some((r.state, r.deliveries)),
+            "step {step}: offset {offset}"
+        );
+    }
+    for r in m.recs.values() {
+        assert!(r.deliveries <= m.limits.delivery_limit, "step {step}: {r:?}");
+    }
+    for (&offset, r) in m.recs.range(..sp.start_offset()) {
+        assert!(
+            matches!(r.state, RecordState::Acknowledged | RecordState::Archived),
+            "step {step}: offset {offset} below the start offset is {r:?}"
+        );
+    }
+}
+
+fn run(seed: u64, steps: usize) {
+    let mut rng = Rng(seed);
+    let limits = ShareLimits {
+        delivery_limit: 2 + rng.below(4) as i16,
+        lock_ms: 1000,
+        max_in_flight: 8 + rng.below(40) as usize,
+    };
+    let members: Vec<Arc<str>> = (0..3).map(|i| Arc::from(format!("m{i}"))).collect();
+    let mut sp = SharePartition::new(0);
+    let mut m = Model {
+        batches: Vec::new(),
+        recs: BTreeMap::new(),
+        limits,
+    };
+    let mut now_ms = 0i64;
+    for step in 0..steps {
+        let who = rng.below(members.len() as u64) as usize;
+        match rng.below(10) {
+            // Produce a batch (sometimes after a gap the log no longer has).
+            0 | 1 => {
+                let gap = if rng.below(5) == 0 { rng.below(3) as i64 } else { 0 };
+                let base = m.log_end() + gap;
+                let last = base + rng.below(6) as i64;
+                m.batches.push(BatchSpan {
+                    base_offset: base,
+                    last_offset: last,
+                });
+            }
+            // Fetch.
+            2..=4 => {
+                m.expire(now_ms);
+                let Some(from) = sp.next_fetch_offset(&limits, now_ms) else {
+                    let in_flight = (sp.end_offset() - sp.start_offset()) as usize;
+                    let available = m.recs.values().any(|r| r.state == RecordState::Available);
+                    assert!(
+                        !available,
+                        "step {step}: a record is available but none acquirable"
+                    );
+                    assert!(in_flight >= limits.max_in_flight, "step {step}");
+                    continue;
+                };
+                if from < sp.end_offset() {
+                    assert_eq!(
+                        m.recs.get(&from).map(|r| r.state),
+                        Some(RecordState::Available),
+                        "step {step}: fetch from {from}"
+                    );
+                }
+                let batches = m.read(from, 1 + rng.below(3) as usize);
+                let max_records = 1 + rng.below(12) as usize;
+                let end_before = sp.end_offset();
+                let got = sp.acquire(&members[who], &batches, max_records, &limits, now_ms);
+                // Offsets the log skipped are archived, never delivered.
+                let in_log = |o: i64| {
+                    m.batches
+                        .iter()
+                        .any(|b| (b.base_offset..=b.last_offset).contains(&o))
+                };
+                let gaps: Vec<i64> = (end_before..sp.end_offset()).filter(|o| !in_log(*o)).collect();
+                for gap in gaps {
+                    m.recs.entry(gap).or_insert(Rec {
+                        state: RecordState::Archived,
+                        deliveries: 0,
+                        owner: None,
+                        deadline_ms: 0,
+                    });
+                }
+                for a in &got {
+                    for offset in a.first_offset..=a.last_offset {
+                        let r = m.recs.entry(offset).or_insert(Rec {
+                            state: RecordState::Available,
+                            deliveries: 0,
+                            owner: None,
+                            deadline_ms: 0,
+                        });
+                        assert_eq!(r.state, RecordState::Available, "step {step}: acquired {offset}");
+                        assert_eq!(r.deliveries + 1, a.delivery_count, "step {step}: {offset}");
+                        r.state = RecordState::Acquired;
+                        r.deliveries += 1;
+                        r.owner = Some(who);
+                        r.deadline_ms = now_ms + limits.lock_ms;
+                    }
+                }
+                // A read from where the partition said acquires something.
+                assert!(
+                    batches.is_empty() || !got.is_empty(),
+                    "step {step}: nothing acquired from {from}"
+                );
+            }
+            // Acknowledge: usually a range the member holds, sometimes any.
+            5..=7 => {
+                m.expire(now_ms);
+                let held: Vec<i64> = m
+                    .recs
+                    .iter()
+                    .filter(|(_, r)| r.owner == Some(who))
+                    .map(|(o, _)| *o)
+                    .collect();
+                let (first, last) = if !held.is_empty() && rng.below(5) != 0 {
+                    let first = held[rng.below(held.len() as u64) as usize];
+                    let mut last = first;
+                    while held.contains(&(last + 1)) && rng.below(3) != 0 {
+                        last += 1;
+                    }
+                    (first, last)
+                } else {
+                    let first = rng.below(m.log_end().max(1) as u64 + 2) as i64;
+                    (first, first + rng.below(3) as i64)
+                };
+                let pick = |rng: &mut Rng| match rng.below(4) {
+                    0 => AckType::Accept,
+                    1 => AckType::Release,
+                    2 => AckType::Reject,
+                    _ => AckType::Renew,
+                };
+                let types: Vec<AckType> = if rng.below(2) == 0 {
+                    vec![pick(&mut rng)]
+                } else {
+                    (first..=last).map(|_| pick(&mut rng)).collect()
+                };
+                let expect_ok = (first..=last).all(|o| {
+                    m.recs
+                        .get(&o)
+                        .is_some_and(|r| r.state == RecordState::Acquired && r.owner == Some(who))
+                });
+                let result = sp.acknowledge(&members[who], first, last, &types, &limits, now_ms);
+                assert_eq!(
+                    result.is_ok(),
+                    expect_ok,
+                    "step {step}: ack {first}..={last}: {result:?}"
+                );
+                if expect_ok {
+                    for (i, o) in (first..=last).enumerate() {
+                        let ack = if types.len() == 1 { types[0] } else { types[i] };
+                        let r = m.recs.get_mut(&o).expect("held");
+                        match ack {
+                            AckType::Accept => {
+                                r.state = RecordState::Acknowledged;
+                                r.owner = None;
+                            }
+                            AckType::Reject | AckType::Gap => {
+                                r.state = RecordState::Archived;
+                                r.owner = None;
+                            }
+                            AckType::Release => release(r, limits.delivery_limit),
+                            AckType::Renew => r.deadline_ms = now_ms + limits.lock_ms,
+                        }
+                    }
+                }
+            }
+            // Time passes; sometimes a lock runs out.
+            8 => {
+                now_ms += rng.below(700) as i64;
+                m.expire(now_ms);
+                sp.expire(&limits, now_ms);
+            }
+            // A member's session closes.
+            _ => {
+                for r in m.recs.values_mut().filter(|r| r.owner == Some(who)) {
+                    if r.state == RecordState::Acquired {
+                        release(r, limits.delivery_limit);
+                    }
+                }
+                sp.release_member(&members[who], &limits);
+            }
+        }
+        check(&sp, &m, step);
+    }
+}
+
+#[test]
+fn a_share_partition_agrees_with_its_model() {
+    let seed = seed();
+    println!("share partition model seed {seed} (replay with KEEL_TEST_SEED={seed})");
+    for round in 0..40 {
+        run(seed.wrapping_add(round * 7919), 600);
+    }
+}
+
+/// Keeps fetching and accepting until every record is done: each record
+/// of the log ends acknowledged, none was delivered twice.
+#[test]
+fn consumers_that_accept_everything_drain_the_log_once() {
+    let limits = ShareLimits::default();
+    let members: Vec<Arc<str>> = vec![Arc::from("a"), Arc::from("b")];
+    let mut sp = SharePartition::new(0);
+    let batches: Vec<BatchSpan> = (0..50)
+        .map(|i| BatchSpan {
+            base_offset: i * 10,
+            last_offset: i * 10 + 9,
+        })
+        .collect();
+    let mut delivered = 0;
+    for round in 0.. {
+        let member = &members[round % 2];
+        let Some(from) = sp.next_fetch_offset(&limits, 0) else {
+            break;
+        };
+        let read: Vec<BatchSpan> = batches
+            .iter()
+            .filter(|b| b.last_offset >= from)
+            .take(3)
+            .copied()
+            .collect();
+        if read.is_empty() {
+            break;
+        }
+        for a in sp.acquire(member, &read, 25, &limits, 0) {
+            assert_eq!(a.delivery_count, 1);
+            delivered += a.last_offset - a.first_offset + 1;
+            sp.acknowledge(
+                member,
+                a.first_offset,
+                a.last_offset,
+                &[AckType::Accept],
+                &limits,
+                0,
+            )
+            .expect("held");
+        }
+    }
+    assert_eq!(delivered, 500);
+    assert_eq!(sp.start_offset(), 500);
+    assert_eq!(sp.counts(), ShareCounts::default());
+}
+
+/// A record released at every delivery is archived at the limit, and a
+/// lock left to run out counts as a delivery too.
+#[test]
+fn a_record_is_archived_at_the_delivery_limit() {
+    let limits = ShareLimits {
+        delivery_limit: 3,
+        lock_ms: 100,
+        max_in_flight: 100,
+    };
+    let m: Arc<str> = Arc::from("m");
+    let mut sp = SharePartition::new(5);
+    let batch = [BatchSpan {
+        base_offset: 0,
+        last_offset: 9,
+    }];
+    let got = sp.acquire(&m, &batch, 100, &limits, 0);
+    assert_eq!(
+        got,
+        vec![Acquired {
+            first_offset: 5,
+            last_offset: 9,
+            delivery_count: 1
+        }]
+    );
+    sp.acknowledge(&m, 5, 9, &[AckType::Release], &limits, 0)
+        .expect("held");
+    // The second delivery's lock runs out.
+    assert_eq!(sp.next_fetch_offset(&limits, 0), Some(5));
+    assert_eq!(sp.acquire(&m, &batch, 100, &limits, 0)[0].delivery_count, 2);
+    assert_eq!(sp.next_deadline_ms(), Some(100));
+    assert_eq!(sp.next_fetch_offset(&limits, 99), Some(10));
+    assert_eq!(sp.next_fetch_offset(&limits, 100), Some(5));
+    assert_eq!(sp.counts().lock_expiries, 5);
+    // An acknowledgement after the lock ran out is refused.
+    assert!(matches!(
+        sp.acknowledge(&m, 5, 5, &[AckType::Accept], &limits, 100),
+        Err(AckError::InvalidRecordState(_))
+    ));
+    let third = sp.acquire(&m, &batch, 100, &limits, 100);
+    assert_eq!(third[0].delivery_count, 3);
+    assert_eq!(sp.counts().redeliveries, 10);
+    sp.acknowledge(&m, 5, 9, &[AckType::Release], &limits, 100)
+        .expect("held");
+    assert_eq!(sp.start_offset(), 10, "archived at the limit");
+    assert_eq!(sp.counts().archived_at_limit, 5);
+    assert!(sp.acquire(&m, &batch, 100, &limits, 100).is_empty());
+}
+
+/// New records stop at the in-flight limit (whole batches), and resume
+/// once the start offset moves.
+#[test]
+fn acquisition_stops_at_the_in_flight_limit() {
+    let limits = ShareLimits {
+        delivery_limit: 5,
+        lock_ms: 1000,
+        max_in_flight: 10,
+    };
+    let m: Arc<str> = Arc::from("m");
+    let mut sp = SharePartition::new(0);
+    let batches: Vec<BatchSpan> = (0..5)
+        .map(|i| BatchSpan {
+            base_offset: i * 6,
+            last_offset: i * 6 + 5,
+        })
+        .collect();
+    let got = sp.acquire(&m, &batches, 100, &limits, 0);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].first_offset, got[0].last_offset),
+        (0, 11),
+        "two whole batches"
+    );
+    assert_eq!(sp.next_fetch_offset(&limits, 0), None);
+    sp.acknowledge(&m, 0, 5, &[AckType::Accept], &limits, 0)
+        .expect("held");
+    assert_eq!(sp.next_fetch_offset(&limits, 0), Some(12));
+    // Per-offset types: a gap, an accept, a reject.
+    let got = sp.acquire(&m, &batches[2..], 100, &limits, 0);
+    assert_eq!((got[0].first_offset, got[0].last_offset), (12, 17));
+    let types = [AckType::Gap, AckType::Accept, AckType::Reject, AckType::Accept];
+    assert!(matches!(
+        sp.acknowledge(&m, 12, 14, &types, &limits, 0),
+        Err(AckError::InvalidRequest(_))
+    ));
+    assert!(matches!(
+        sp.acknowledge(&Arc::from("other"), 12, 15, &types, &limits, 0),
+        Err(AckError::InvalidRecordState(_))
+    ));
+    sp.acknowledge(&m, 12, 15, &types, &limits, 0).expect("held");
+    assert_eq!(sp.record(12), Some((RecordState::Archived, 1)));
+    assert_eq!(sp.record(13), Some((RecordState::Acknowledged, 1)));
+}
+
+/// A compaction gap wider than the in-flight limit costs no slots: with
+/// nothing in flight the start moves past it; with records in flight
+/// before it, acquisition waits until they are done.
+#[test]
+fn a_wide_gap_in_the_log_takes_no_slots() {
+    let limits = ShareLimits {
+        delivery_limit: 5,
+        lock_ms: 1000,
+        max_in_flight: 100,
+    };
+    let m: Arc<str> = Arc::from("m");
+    let mut sp = SharePartition::new(0);
+    let log = [
+        BatchSpan {
+            base_offset: 0,
+            last_offset: 4,
+        },
+        BatchSpan {
+            base_offset: 1_000_000,
+            last_offset: 1_000_004,
+        },
+    ];
+    let got = sp.acquire(&m, &log, 100, &limits, 0);
+    assert_eq!((got.len(), got[0].last_offset), (1, 4), "stops at the gap");
+    assert_eq!(sp.end_offset(), 5);
+    sp.acknowledge(&m, 0, 4, &[AckType::Accept], &limits, 0)
+        .expect("held");
+    assert_eq!(sp.next_fetch_offset(&limits, 0), Some(5));
+    let got = sp.acquire(&m, &log[1..], 100, &limits, 0);
+    assert_eq!((got[0].first_offset, got[0].last_offset), (1_000_000, 1_000_004));
+    assert_eq!((sp.start_offset(), sp.end_offset()), (1_000_000, 1_000_005));
+    // Offsets far outside what is in flight are refused, without overflow.
+    assert!(matches!(
+        sp.acknowledge(&m, i64::MIN, i64::MAX, &[AckType::Accept], &limits, 0),
+        Err(AckError::InvalidRecordState(_))
+    ));
+}

@@ -1,0 +1,183 @@
+"""Share groups (KIP-932) with Apache Kafka 4.3.1's own KafkaShareConsumer
+(tests/java/ShareConsume.java): several consumers on one group with
+explicit and implicit acknowledgement, records rejected, released and
+redelivered, the delivery count limit, and a consumer that dies (kill -9)
+or hangs (SIGSTOP) while it holds records: every record is processed,
+none past the limit, none twice."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+import kafka_tools
+from conftest import unique, wait_until
+from kclient import CLIENT_TIMEOUT_S, create_topic
+from test_java_transactions import java, last_json
+
+# Short locks, so a hung consumer's records come back within the test.
+LOCK_MS = 2000
+SHARE = {"keel.share.version": "1", "group.share.record.lock.duration.ms": str(LOCK_MS)}
+
+
+def stats(b) -> dict:
+    with urllib.request.urlopen(f"http://{b.admin}/stats", timeout=CLIENT_TIMEOUT_S) as r:
+        return json.loads(r.read())
+
+
+def share_partitions(b, group: str) -> list[dict]:
+    return [p for p in stats(b)["share_groups"]["partitions"] if p["group"] == group]
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(java("ShareConsume.java", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def await_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 90) -> str:
+    """The first line of `proc`'s output that starts with `prefix`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(prefix):
+            return line
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"no {prefix} line; stderr:\n{proc.stderr.read()[-4000:]}")
+
+
+def produce(b, topic: str, first: int, count: int) -> None:
+    done = subprocess.run(java("ShareConsume.java", "produce", b.bootstrap, topic, str(first), str(count)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def finish(proc: subprocess.Popen, timeout_s: float = 120) -> dict:
+    out, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, err[-4000:]
+    return last_json(out)
+
+
+def consume(b, topic: str, group: str, mode: str, consumers: int, expected: int, *extra: str) -> subprocess.Popen:
+    proc = start("consume", b.bootstrap, topic, group, mode, str(consumers), str(expected), "60", *extra)
+    await_line(proc, "READY")
+    return proc
+
+
+def test_share_groups_are_served_at_share_version_1(broker_factory):
+    """`kafka-features describe`: Keel supports share.version 0 to 1 and
+    finalizes the level keel.share.version sets (0, Kafka leaves it out
+    of the finalized features, until share state survives restarts)."""
+    for level, finalized in (("0", None), ("1", "1")):
+        b = broker_factory(sets={"keel.share.version": level})
+        done = kafka_tools.run("org.apache.kafka.tools.FeatureCommand", "--bootstrap-server", b.bootstrap,
+                               "describe")
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        [line] = [line for line in done.stdout.splitlines() if "share.version" in line]
+        fields = dict(re.findall(r"(\w+): (\S+)", line))
+        assert (fields["SupportedMinVersion"], fields["SupportedMaxVersion"]) == ("0", "1"), line
+        assert fields.get("FinalizedVersionLevel", "0") == (finalized or "0"), line
+        assert stats(b)["share_groups"]["enabled"] is (finalized is not None)
+
+
+def test_share_consumers_accept_reject_and_release_with_explicit_acknowledgement(broker_factory):
+    """Three consumers on two partitions: a value divisible by 10 is
+    rejected (archived, never delivered again), one divisible by 7 is
+    released on its first delivery (delivered again, count 2), the rest
+    accepted. Every value ends accepted or rejected, once."""
+    b = broker_factory(sets=SHARE)
+    topic, group = unique("share-explicit"), unique("workers")
+    create_topic(b.bootstrap, topic, 2)
+    proc = consume(b, topic, group, "explicit", 3, 300)
+    produce(b, topic, 0, 300)
+    result = finish(proc)
+    released = [v for v in range(300) if v % 7 == 0 and v % 10 != 0]
+    assert result["complete"], result
+    assert (result["accepted"], result["rejected"]) == (270, 30), result
+    assert result["accepted_twice"] == 0 and result["delivered_after_done"] == 0, result
+    assert result["released"] == len(released) and result["max_delivery_count"] == 2, result
+    assert result["rejected_values"] == list(range(0, 300, 10)), result
+    parts = share_partitions(b, group)
+    assert len(parts) == 2, parts
+    assert sum(p["redeliveries"] for p in parts) == len(released), parts
+    # Everything is done with: nothing in flight, the start at the log end.
+    assert all(p["start_offset"] == p["end_offset"] and p["acquired"] == 0 for p in parts), parts
+    assert sum(p["end_offset"] for p in parts) == 300, parts
+
+
+def test_share_consumers_with_implicit_acknowledgement_take_each_record_once(broker_factory):
+    b = broker_factory(sets=SHARE)
+    topic, group = unique("share-implicit"), unique("workers")
+    create_topic(b.bootstrap, topic, 3)
+    proc = consume(b, topic, group, "implicit", 2, 500)
+    produce(b, topic, 0, 500)
+    result = finish(proc)
+    assert result["complete"] and result["accepted"] == 500, result
+    assert result["accepted_twice"] == 0 and result["max_delivery_count"] == 1, result
+    assert all(n > 0 for n in result["per_consumer"]), result
+
+
+def test_records_released_at_every_delivery_are_archived_at_the_limit(broker_factory):
+    """group.share.delivery.count.limit=3: a record released at every
+    delivery is delivered three times, then archived."""
+    b = broker_factory(sets={**SHARE, "group.share.delivery.count.limit": "3"})
+    topic, group = unique("share-limit"), unique("workers")
+    create_topic(b.bootstrap, topic, 1)
+    proc = consume(b, topic, group, "release", 2, 40, "3")
+    produce(b, topic, 0, 40)
+    result = finish(proc)
+    assert result["complete"] and result["rejected"] == 40, result
+    assert result["max_delivery_count"] == 3 and result["delivered_after_done"] == 0, result
+    [part] = share_partitions(b, group)
+    assert part["archived_at_limit"] == 40 and part["redeliveries"] == 80, part
+    assert part["start_offset"] == part["end_offset"] == 40, part
+
+
+@pytest.mark.parametrize("fault", ["kill9", "stop"])
+def test_a_consumer_that_dies_holding_records_loses_none(broker_factory, fault):
+    """A consumer acquires records and dies with them (kill -9: its
+    connection closes and they are released at once) or hangs (SIGSTOP:
+    they come back when their locks run out, after
+    group.share.record.lock.duration.ms). Other consumers then process
+    every record, the held ones on their second delivery."""
+    b = broker_factory(sets=SHARE)
+    topic, group = unique(f"share-{fault}"), unique("workers")
+    create_topic(b.bootstrap, topic, 1)
+    holder = start("hold", b.bootstrap, topic, group)
+    try:
+        await_line(holder, "READY")
+        produce(b, topic, 0, 100)
+        held = json.loads(await_line(holder, "HELD ")[len("HELD "):])["values"]
+        assert held, "the holder holds records"
+        acquired = sum(p["acquired"] for p in share_partitions(b, group))
+        assert acquired >= len(held), acquired
+        if fault == "kill9":
+            holder.kill()
+            holder.wait()
+        else:
+            holder.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        proc = consume(b, topic, group, "implicit", 2, 100)
+        result = finish(proc)
+        took = time.monotonic() - stopped
+    finally:
+        if holder.poll() is None:
+            holder.send_signal(signal.SIGCONT)
+            holder.kill()
+            holder.wait()
+    assert result["complete"] and result["accepted"] == 100, result
+    assert result["accepted_twice"] == 0 and result["max_delivery_count"] == 2, result
+    [part] = share_partitions(b, group)
+    assert part["redeliveries"] == len(held), (part, held)
+    if fault == "stop":
+        assert part["lock_expiries"] >= len(held), part
+        assert took >= LOCK_MS / 1000 * 0.5, took
+    else:
+        assert part["lock_expiries"] == 0, part
+    wait_until(lambda: share_partitions(b, group)[0]["acquired"] == 0, 10, "nothing acquired")
