@@ -72,8 +72,8 @@ def consume(b, topic: str, group: str, mode: str, consumers: int, expected: int,
 
 def test_share_groups_are_served_at_share_version_1(broker_factory):
     """`kafka-features describe`: Keel supports share.version 0 to 1 and
-    finalizes the level keel.share.version sets (0, Kafka leaves it out
-    of the finalized features, until share state survives restarts)."""
+    finalizes the level keel.share.version sets (at 0 Kafka leaves it out
+    of the finalized features)."""
     for level, finalized in (("0", None), ("1", "1")):
         b = broker_factory(sets={"keel.share.version": level})
         done = kafka_tools.run("org.apache.kafka.tools.FeatureCommand", "--bootstrap-server", b.bootstrap,
@@ -181,3 +181,47 @@ def test_a_consumer_that_dies_holding_records_loses_none(broker_factory, fault):
     else:
         assert part["lock_expiries"] == 0, part
     wait_until(lambda: share_partitions(b, group)[0]["acquired"] == 0, 10, "nothing acquired")
+
+
+@pytest.mark.parametrize("how", ["kill9", "restart"])
+def test_share_state_survives_the_broker(broker_factory, how):
+    """Half the records are accepted; a consumer then holds some of the
+    rest when the broker dies (kill -9) or restarts. Afterwards the
+    accepted ones are never delivered again, the held ones are delivered
+    again (their first delivery counted), and every record is processed:
+    the share partition's start offset, acknowledged records and delivery
+    counts survived."""
+    b = broker_factory(sets=SHARE)
+    topic, group = unique(f"share-durable-{how}"), unique("workers")
+    create_topic(b.bootstrap, topic, 1)
+    first = consume(b, topic, group, "explicit", 1, 50)
+    produce(b, topic, 0, 50)
+    done = finish(first)
+    assert done["complete"] and done["accepted"] + done["rejected"] == 50, done
+    holder = start("hold", b.bootstrap, topic, group)
+    try:
+        await_line(holder, "READY")
+        produce(b, topic, 50, 50)
+        held = json.loads(await_line(holder, "HELD ")[len("HELD "):])["values"]
+        assert held and min(held) >= 50, held
+        [before] = share_partitions(b, group)
+        assert before["start_offset"] == 50 and before["acquired"] >= len(held), before
+        if how == "kill9":
+            b.kill9()
+        else:
+            b.stop()
+        holder.kill()
+        holder.wait()
+        b.start()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    [after] = share_partitions(b, group)
+    assert after["start_offset"] == 50 and after["acquired"] == 0, after
+    assert after["available"] == after["end_offset"] - 50, after
+    second = consume(b, topic, group, "implicit", 2, 50)
+    result = finish(second)
+    assert result["complete"] and result["accepted"] == 50, result
+    assert result["values"] == list(range(50, 100)), result
+    assert result["accepted_twice"] == 0 and result["max_delivery_count"] == 2, result

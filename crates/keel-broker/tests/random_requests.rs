@@ -114,6 +114,10 @@ fn check_response(key: ApiKey, version: i16, mut bytes: bytes::Bytes, what: &str
         }
         ApiKey::ConsumerGroupDescribe => ConsumerGroupDescribeResponse::decode(&mut bytes, version).map(drop),
         ApiKey::ListConfigResources => ListConfigResourcesResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::ShareGroupHeartbeat => ShareGroupHeartbeatResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::ShareGroupDescribe => ShareGroupDescribeResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::ShareFetch => ShareFetchResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::ShareAcknowledge => ShareAcknowledgeResponse::decode(&mut bytes, version).map(drop),
         other => panic!("{other:?} is advertised but this test cannot decode its response"),
     };
     decoded.unwrap_or_else(|e| panic!("{what}: response does not decode: {e}"));

@@ -344,9 +344,9 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("group.share.session.timeout.ms", "45000", ConfigType::Int),
     ("group.share.heartbeat.interval.ms", "5000", ConfigType::Int),
     // The `share.version` feature level ApiVersions finalizes: 1 serves
-    // share groups. Off by default while share-partition state is kept
-    // in memory only (it does not survive a restart yet).
-    ("keel.share.version", "0", ConfigType::Int),
+    // share groups (KIP-932), as Kafka 4.2+ does by default; 0 answers
+    // every share API UNSUPPORTED_VERSION.
+    ("keel.share.version", "1", ConfigType::Int),
     ("offsets.retention.minutes", "10080", ConfigType::Int),
     ("offsets.retention.check.interval.ms", "600000", ConfigType::Long),
     ("offset.metadata.max.bytes", "4096", ConfigType::Int),

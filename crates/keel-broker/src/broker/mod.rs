@@ -93,6 +93,7 @@ pub enum StartError {
     Topics(keel_data::plane::PartitionsError),
     Groups(OpenError),
     Transactions(OpenError),
+    Share(OpenError),
     Quotas(OpenError),
     Scram(OpenError),
     Acls(OpenError),
@@ -111,6 +112,7 @@ impl std::fmt::Display for StartError {
             StartError::Topics(e) => write!(f, "cannot open the topics: {e}"),
             StartError::Groups(e) => write!(f, "cannot open the group log: {e}"),
             StartError::Transactions(e) => write!(f, "cannot open the transaction log: {e}"),
+            StartError::Share(e) => write!(f, "cannot open the share log: {e}"),
             StartError::Quotas(e) => write!(f, "cannot open the quota log: {e}"),
             StartError::Scram(e) => write!(f, "cannot open the SCRAM credential log: {e}"),
             StartError::Acls(e) => write!(f, "cannot open the ACL log: {e}"),
@@ -320,7 +322,7 @@ impl Broker {
             groups: Arc::new(coordinators.groups),
             group_log,
             txns: Arc::new(coordinators.txns),
-            share: Arc::new(keel_coord::share::ShareCoordinator::new()),
+            share: Arc::new(coordinators.share),
             txn_log,
             quotas: coordinators.quotas,
             scram: Arc::new(coordinators.scram),
@@ -618,6 +620,7 @@ impl Broker {
         );
         self.groups.close();
         self.txns.close();
+        self.share.close();
         self.quotas.close();
         self.scram.close();
         self.acls.close();
@@ -770,6 +773,7 @@ type ClusterSinks = (
 struct Coordinators {
     groups: GroupCoordinator,
     txns: keel_coord::txn::TxnCoordinator,
+    share: keel_coord::share::ShareCoordinator,
     quotas: crate::quotas::ClientQuotas,
     scram: keel_auth::sasl::credentials::ScramCredentials,
     acls: keel_auth::acl::store::AclStore,
@@ -819,6 +823,12 @@ impl Coordinators {
             ),
         }
         .map_err(StartError::Transactions)?;
+        let share = keel_coord::share::ShareCoordinator::open_with(
+            Arc::clone(storage),
+            &meta_dir.join("share"),
+            u64::try_from(config.num("offsets.topic.segment.bytes")).unwrap_or(100 << 20),
+        )
+        .map_err(StartError::Share)?;
         let table = |name: &str| (Arc::clone(storage), meta_dir.join(name));
         let (s, dir) = table("quotas");
         let quotas = crate::quotas::ClientQuotas::new(
@@ -836,6 +846,7 @@ impl Coordinators {
         Ok(Coordinators {
             groups,
             txns,
+            share,
             quotas,
             scram,
             acls,

@@ -41,6 +41,9 @@ pub struct ShareMember {
     pub member_id: String,
     /// The assignment epoch this member last received.
     pub epoch: i32,
+    /// The one before: a member whose answer carrying `epoch` was lost
+    /// heartbeats with it, and is sent its assignment again.
+    pub previous_epoch: i32,
     pub rack_id: Option<String>,
     pub client_id: String,
     pub client_host: String,
@@ -164,6 +167,7 @@ impl ShareGroup {
                     ShareMember {
                         member_id: hb.member_id.clone(),
                         epoch: 0,
+                        previous_epoch: 0,
                         rack_id: None,
                         client_id: String::new(),
                         client_host: String::new(),
@@ -174,7 +178,7 @@ impl ShareGroup {
                 );
                 changed = true;
             }
-            Some(m) if !joining && m.epoch != hb.member_epoch => {
+            Some(m) if !joining && m.epoch != hb.member_epoch && m.previous_epoch != hb.member_epoch => {
                 return Err((
                     ResponseError::FencedMemberEpoch,
                     format!(
@@ -186,6 +190,9 @@ impl ShareGroup {
             Some(_) => {}
         }
         let m = self.members.get_mut(&hb.member_id).expect("present");
+        // A full heartbeat (subscriptions named), or one from the epoch
+        // before, is answered with the whole assignment.
+        let resend = hb.subscribed.is_some() || hb.member_epoch != m.epoch;
         m.last_heartbeat_ms = now_ms;
         m.client_id = hb.client_id;
         m.client_host = hb.client_host;
@@ -199,11 +206,13 @@ impl ShareGroup {
             self.reassign(topics);
         }
         let m = self.members.get_mut(&hb.member_id).expect("present");
-        let refresh = joining || m.epoch != self.assignment_epoch;
-        if refresh {
+        let moved = m.epoch != self.assignment_epoch;
+        if moved {
+            m.previous_epoch = m.epoch;
             m.epoch = self.assignment_epoch;
             m.assignment = self.targets.get(&m.member_id).cloned().unwrap_or_default();
         }
+        let refresh = joining || moved || resend;
         Ok(ShareHeartbeatAnswer {
             member_epoch: m.epoch,
             assignment: refresh.then(|| m.assignment.clone()),

@@ -10,7 +10,11 @@
 //!
 //! Locking: one mutex guards every share group, share partition and
 //! session. It is never held across I/O or an `.await`: the broker reads
-//! the log first, then acquires what it read under the lock. Time comes
+//! the log first, then acquires what it read under the lock. A change of
+//! a share partition queues its new state on the share log
+//! ([`store`]) before the lock is released, so the log has the changes in
+//! the order they were made; acknowledgements are answered once theirs
+//! is written. Time comes
 //! in as `now_ms`; the broker sweeps expired locks and members
 //! ([`ShareCoordinator::sweep`]) and a fetch waiting for records wakes on
 //! [`ShareCoordinator::changes`], which moves whenever records become
@@ -18,10 +22,14 @@
 
 pub mod group;
 pub mod partition;
+pub mod store;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use keel_protocol::ResponseError;
@@ -30,8 +38,11 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::groups::consumer::Topics;
+use crate::metalog::{log_config, Durability, Entry, MetaLog, OpenError, StoreError};
 use group::{ShareGroup, ShareGroupConfig, ShareGroupState, ShareHeartbeat, ShareHeartbeatAnswer};
+use keel_log::storage::Storage;
 use partition::{AckError, AckType, Acquired, BatchSpan, ShareCounts, ShareLimits, SharePartition};
+use store::{ShareRecord, ShareTable};
 
 /// The share session epoch that opens a session, and the one that closes it.
 pub const INITIAL_EPOCH: i32 = 0;
@@ -96,19 +107,70 @@ pub struct ShareCoordinator {
     state: Mutex<State>,
     /// Moves when records may have become available again.
     changes: watch::Sender<u64>,
+    /// Where share partitions' states are kept (`None`: in memory only).
+    log: Option<MetaLog<ShareTable>>,
 }
 
-impl Default for ShareCoordinator {
-    fn default() -> Self {
-        ShareCoordinator::new()
-    }
-}
+/// A queued write of the share log: resolves once it is in the log file.
+pub type Write = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
 impl ShareCoordinator {
-    pub fn new() -> ShareCoordinator {
+    /// A coordinator whose share state lives in memory only (tests).
+    pub fn in_memory() -> ShareCoordinator {
         ShareCoordinator {
             state: Mutex::new(State::default()),
             changes: watch::channel(0).0,
+            log: None,
+        }
+    }
+
+    /// The coordinator with its share log under `dir`: every share
+    /// partition as it was last written. Writes are acknowledged once in
+    /// the log file, as the group log's are. Blocking.
+    pub fn open_with(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        segment_bytes: u64,
+    ) -> Result<ShareCoordinator, OpenError> {
+        let log: MetaLog<ShareTable> = MetaLog::open_with(
+            storage,
+            dir,
+            log_config(segment_bytes),
+            segment_bytes,
+            Durability::Written,
+        )?;
+        let partitions = log.with_table(|t| {
+            t.partitions
+                .iter()
+                .map(|(k, s)| (k.clone(), SharePartition::restore(s)))
+                .collect()
+        });
+        Ok(ShareCoordinator {
+            state: Mutex::new(State {
+                partitions,
+                ..State::default()
+            }),
+            changes: watch::channel(0).0,
+            log: Some(log),
+        })
+    }
+
+    /// Queues `key`'s state as it is now (under the state lock, so writes
+    /// keep the order of changes).
+    fn persist(&self, key: &ShareKey, sp: &SharePartition) -> Write {
+        match &self.log {
+            None => Box::pin(async { Ok(()) }),
+            Some(log) => Box::pin(log.submit(Entry::Records(vec![ShareRecord {
+                key: key.clone(),
+                state: Some(sp.persisted()),
+            }]))),
+        }
+    }
+
+    /// Flushes and closes the share log. Blocking.
+    pub fn close(&self) {
+        if let Some(log) = &self.log {
+            log.close();
         }
     }
 
@@ -136,10 +198,15 @@ impl ShareCoordinator {
         now_ms: i64,
     ) -> Result<ShareHeartbeatAnswer, ShareError> {
         let mut state = self.state.lock();
+        // A member of a group this coordinator does not have (its
+        // membership is not kept across restarts) joins again.
         if hb.member_epoch != 0 && !state.groups.contains_key(group_id) {
             return Err((
-                ResponseError::GroupIdNotFound,
-                format!("Share group {group_id} not found."),
+                ResponseError::UnknownMemberId,
+                format!(
+                    "Member {} is not a member of share group {group_id}.",
+                    hb.member_id
+                ),
             ));
         }
         let group = state
@@ -167,12 +234,15 @@ impl ShareCoordinator {
     }
 
     /// Gives a share partition its start offset, unless it has one.
-    pub fn initialize(&self, key: ShareKey, start_offset: i64) {
-        self.state
-            .lock()
-            .partitions
-            .entry(key)
-            .or_insert_with(|| SharePartition::new(start_offset));
+    pub fn initialize(&self, key: ShareKey, start_offset: i64) -> Write {
+        let mut state = self.state.lock();
+        if state.partitions.contains_key(&key) {
+            return Box::pin(async { Ok(()) });
+        }
+        let sp = SharePartition::new(start_offset);
+        let write = self.persist(&key, &sp);
+        state.partitions.insert(key, sp);
+        write
     }
 
     /// Opens, continues or closes `member`'s share session with one
@@ -247,9 +317,26 @@ impl ShareCoordinator {
     pub fn close_session(&self, group_id: &str, member: &str, limits: &dyn Fn(&str) -> ShareLimits) {
         let mut state = self.state.lock();
         state.sessions.remove(&(group_id.to_string(), member.to_string()));
-        release_member(&mut state, group_id, member, limits);
+        self.release_member(&mut state, group_id, member, limits);
         drop(state);
         self.changed();
+    }
+
+    /// Releases what `member` holds in `group`'s share partitions. The
+    /// writes are not waited for: what they say a restart also does.
+    fn release_member(
+        &self,
+        state: &mut State,
+        group: &str,
+        member: &str,
+        limits: &dyn Fn(&str) -> ShareLimits,
+    ) {
+        let limits = limits(group);
+        for (key, sp) in state.partitions.iter_mut().filter(|(k, _)| k.group == group) {
+            if sp.release_member(member, &limits) > 0 {
+                drop(self.persist(key, sp));
+            }
+        }
     }
 
     /// A connection closed: the sessions on it end, and their members'
@@ -267,7 +354,7 @@ impl ShareCoordinator {
         }
         for (group, member) in &ended {
             state.sessions.remove(&(group.clone(), member.clone()));
-            release_member(&mut state, group, member, limits);
+            self.release_member(&mut state, group, member, limits);
         }
         drop(state);
         self.changed();
@@ -283,32 +370,49 @@ impl ShareCoordinator {
 
     /// The log's start offset moved past records in flight.
     pub fn skip_to(&self, key: &ShareKey, log_start_offset: i64) {
-        if let Some(sp) = self.state.lock().partitions.get_mut(key) {
-            sp.skip_to(log_start_offset);
+        let mut state = self.state.lock();
+        if let Some(sp) = state.partitions.get_mut(key) {
+            if sp.start_offset() < log_start_offset {
+                sp.skip_to(log_start_offset);
+                drop(self.persist(key, sp));
+            }
         }
     }
 
     /// Acquires what `batches` hold for `member` (see
     /// [`SharePartition::acquire`]).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one read of one share partition, and its limits"
+    )]
     pub fn acquire(
         &self,
         key: &ShareKey,
         member: &Arc<str>,
+        from: i64,
         batches: &[BatchSpan],
         max_records: usize,
         limits: &ShareLimits,
         now_ms: i64,
-    ) -> Vec<Acquired> {
+    ) -> (Vec<Acquired>, Write) {
         let mut state = self.state.lock();
-        match state.partitions.get_mut(key) {
-            Some(sp) => sp.acquire(member, batches, max_records, limits, now_ms),
-            None => Vec::new(),
-        }
+        let Some(sp) = state.partitions.get_mut(key) else {
+            return (Vec::new(), Box::pin(async { Ok(()) }));
+        };
+        let acquired = sp.acquire(member, from, batches, max_records, limits, now_ms);
+        // Each acquisition counts a delivery: written, so a restart does
+        // not hand a record out past the limit.
+        let write = if acquired.is_empty() {
+            Box::pin(async { Ok(()) }) as Write
+        } else {
+            self.persist(key, sp)
+        };
+        (acquired, write)
     }
 
     /// Applies `member`'s acknowledgement batches to one share partition,
     /// in order, up to the first refused.
-    pub fn acknowledge(
+    pub async fn acknowledge(
         &self,
         key: &ShareKey,
         member: &str,
@@ -316,30 +420,54 @@ impl ShareCoordinator {
         limits: &ShareLimits,
         now_ms: i64,
     ) -> Result<(), ShareError> {
-        let mut state = self.state.lock();
-        let sp = state.partitions.get_mut(key).ok_or_else(|| {
+        let (outcome, write) = self.acknowledge_now(key, member, batches, limits, now_ms);
+        write.await.map_err(|e| {
             (
-                ResponseError::InvalidRecordState,
-                "The share partition has no records in flight.".to_string(),
+                ResponseError::CoordinatorNotAvailable,
+                format!("the share log could not be written: {e}"),
             )
         })?;
-        let mut released = false;
-        let mut outcome = Ok(());
-        for b in batches {
-            released |= b.types.contains(&AckType::Release);
-            if let Err(e) = sp.acknowledge(member, b.first_offset, b.last_offset, &b.types, limits, now_ms) {
-                outcome = Err(match e {
-                    AckError::InvalidRecordState(m) => (ResponseError::InvalidRecordState, m),
-                    AckError::InvalidRequest(m) => (ResponseError::InvalidRequest, m),
-                });
-                break;
-            }
-        }
+        outcome
+    }
+
+    fn acknowledge_now(
+        &self,
+        key: &ShareKey,
+        member: &str,
+        batches: &[AckBatch],
+        limits: &ShareLimits,
+        now_ms: i64,
+    ) -> (Result<(), ShareError>, Write) {
+        let mut state = self.state.lock();
+        let Some(sp) = state.partitions.get_mut(key) else {
+            let none = (
+                ResponseError::InvalidRecordState,
+                "The share partition has no records in flight.".to_string(),
+            );
+            return (Err(none), Box::pin(async { Ok(()) }));
+        };
+        let all: Vec<(i64, i64, &[AckType])> = batches
+            .iter()
+            .map(|b| (b.first_offset, b.last_offset, b.types.as_slice()))
+            .collect();
+        let outcome = sp
+            .acknowledge_all(member, &all, limits, now_ms)
+            .map_err(|e| match e {
+                AckError::InvalidRecordState(m) => (ResponseError::InvalidRecordState, m),
+                AckError::InvalidRequest(m) => (ResponseError::InvalidRequest, m),
+            });
+        let write = if outcome.is_ok() {
+            self.persist(key, sp)
+        } else {
+            Box::pin(async { Ok(()) }) as Write
+        };
         drop(state);
-        if released {
+        // Released records, or room under the in-flight limit: a waiting
+        // fetch may find something now.
+        if outcome.is_ok() {
             self.changed();
         }
-        outcome
+        (outcome, write)
     }
 
     /// Releases the locks that ran out and removes the members whose
@@ -355,7 +483,11 @@ impl ShareCoordinator {
         let mut expired = 0;
         let mut next: Option<i64> = None;
         for (k, sp) in state.partitions.iter_mut() {
-            expired += sp.expire(&limits(&k.group), now_ms);
+            let n = sp.expire(&limits(&k.group), now_ms);
+            if n > 0 {
+                drop(self.persist(k, sp));
+            }
+            expired += n;
             next = match (next, sp.next_deadline_ms()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -392,6 +524,15 @@ impl ShareCoordinator {
         })
     }
 
+    /// `key`'s state as the share log keeps it.
+    pub fn persisted(&self, key: &ShareKey) -> Option<store::ShareState> {
+        self.state
+            .lock()
+            .partitions
+            .get(key)
+            .map(SharePartition::persisted)
+    }
+
     /// Every share partition's offsets and counts, in key order.
     pub fn partition_stats(&self) -> Vec<SharePartitionStats> {
         let state = self.state.lock();
@@ -423,11 +564,4 @@ fn session_not_found() -> ShareError {
         ResponseError::ShareSessionNotFound,
         "The share session was not found.".into(),
     )
-}
-
-fn release_member(state: &mut State, group: &str, member: &str, limits: &dyn Fn(&str) -> ShareLimits) {
-    let limits = limits(group);
-    for (_, sp) in state.partitions.iter_mut().filter(|(k, _)| k.group == group) {
-        sp.release_member(member, &limits);
-    }
 }

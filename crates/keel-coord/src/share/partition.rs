@@ -15,6 +15,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::store::{ShareState, StateRun};
+
 /// A record's state in its share partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordState {
@@ -195,6 +197,8 @@ pub struct SharePartition {
     /// records' deadlines (`i64::MAX` with none), so checking for expired
     /// locks costs nothing until one may have run out.
     earliest_deadline_ms: i64,
+    /// Counts up at each reset of the start offset.
+    state_epoch: i32,
     redeliveries: u64,
     archived_at_limit: u64,
     lock_expiries: u64,
@@ -207,6 +211,7 @@ impl SharePartition {
             start,
             slots: VecDeque::new(),
             earliest_deadline_ms: i64::MAX,
+            state_epoch: 0,
             redeliveries: 0,
             archived_at_limit: 0,
             lock_expiries: 0,
@@ -234,67 +239,49 @@ impl SharePartition {
         (self.slots.len() < limits.max_in_flight).then(|| self.end_offset())
     }
 
-    /// Acquires for `member` what `batches` (a read of the log, in offset
-    /// order) hold that is available: in-flight records released before,
-    /// and records past the end offset while fewer than the in-flight
-    /// limit are in flight. Whole batches are taken until `max_records`
-    /// are (Kafka's batch-optimized mode). Offsets between batches, which
-    /// the log no longer has, are archived as they are passed.
+    /// Acquires for `member` what `batches` (a read of the log from
+    /// `from`, in offset order) hold that is available: in-flight records
+    /// released before, and records past the end offset while fewer than
+    /// the in-flight limit are in flight; at most `max_records`. Whole
+    /// batches when the limits allow (Kafka's batch-optimized mode); the
+    /// client takes the acquired ranges whatever the batches. In-flight
+    /// records the read passed over are gone from the log (compaction):
+    /// they are archived.
     pub fn acquire(
         &mut self,
         member: &Arc<str>,
+        from: i64,
         batches: &[BatchSpan],
         max_records: usize,
         limits: &ShareLimits,
         now_ms: i64,
     ) -> Vec<Acquired> {
         self.expire(limits, now_ms);
+        self.archive_missing(from, batches);
         let deadline_ms = now_ms.saturating_add(limits.lock_ms);
         self.earliest_deadline_ms = self.earliest_deadline_ms.min(deadline_ms);
+        let max = max_records.max(1);
         let mut taken: Vec<(i64, i16)> = Vec::new();
-        for b in batches {
-            if taken.len() >= max_records.max(1) {
-                break;
-            }
+        'batches: for b in batches {
             if b.last_offset < self.start || b.last_offset < b.base_offset {
                 continue;
             }
-            // A batch begun under the in-flight limit is taken whole, as
-            // Kafka does: the limit may be passed by one batch.
-            let may_extend = self.slots.len() < limits.max_in_flight;
-            if !may_extend && b.base_offset >= self.end_offset() {
+            if !self.reach(b.base_offset, limits) {
                 break;
             }
-            // Offsets the log skips between the end and this batch
-            // (compaction, aborted-and-cleaned transactions): with nothing
-            // in flight the start moves past them; otherwise they take a
-            // slot each, so a gap wider than the in-flight limit waits
-            // until what is in flight before it is done.
-            let gap = b.base_offset.saturating_sub(self.end_offset());
-            if gap > 0 && may_extend {
-                if self.slots.is_empty() {
-                    self.start = b.base_offset;
-                } else if gap > limits.max_in_flight as i64 {
-                    break;
-                } else {
-                    (0..gap).for_each(|_| self.slots.push_back(Slot::archived()));
-                }
-            }
             for offset in b.base_offset.max(self.start)..=b.last_offset {
+                if taken.len() >= max {
+                    break 'batches;
+                }
                 let i = (offset - self.start) as usize;
                 if i == self.slots.len() {
-                    if !may_extend {
-                        break;
+                    if self.slots.len() >= limits.max_in_flight {
+                        break 'batches;
                     }
                     self.slots.push_back(Slot::available());
                 }
-                let slot = &mut self.slots[i];
-                if slot.state == RecordState::Available {
-                    if slot.deliveries > 0 {
-                        self.redeliveries += 1;
-                    }
-                    slot.acquire(member, deadline_ms);
-                    taken.push((offset, slot.deliveries));
+                if let Some(deliveries) = self.take(i, member, deadline_ms, limits) {
+                    taken.push((offset, deliveries));
                 }
             }
         }
@@ -302,9 +289,83 @@ impl SharePartition {
         ranges(&taken)
     }
 
-    /// Applies one acknowledgement batch of `member`: `types` holds one
-    /// type for the whole range, or one per offset. Every record of the
-    /// range must be acquired by `member`, or nothing is applied.
+    /// Acquires the in-flight record at slot `i` if it is available;
+    /// archives it instead if it was delivered as often as allowed (it
+    /// was acquired when the broker stopped, or the limit was lowered).
+    fn take(&mut self, i: usize, member: &Arc<str>, deadline_ms: i64, limits: &ShareLimits) -> Option<i16> {
+        let slot = &mut self.slots[i];
+        if slot.state != RecordState::Available {
+            return None;
+        }
+        if slot.deliveries >= limits.delivery_limit {
+            slot.state = RecordState::Archived;
+            self.archived_at_limit += 1;
+            return None;
+        }
+        if slot.deliveries > 0 {
+            self.redeliveries += 1;
+        }
+        slot.acquire(member, deadline_ms);
+        Some(slot.deliveries)
+    }
+
+    /// Brings the end offset up to a batch at `base_offset`: offsets the
+    /// log skips before it (compaction, cleaned aborted transactions)
+    /// cost nothing with nothing in flight (the start moves past them),
+    /// else a slot each, archived. `false` when the batch is out of
+    /// reach: past the in-flight limit, or past a gap wider than what is
+    /// left of it (acquisition waits until what is in flight before it is
+    /// done).
+    fn reach(&mut self, base_offset: i64, limits: &ShareLimits) -> bool {
+        let gap = base_offset.saturating_sub(self.end_offset());
+        if gap <= 0 {
+            return true;
+        }
+        if self.slots.len() >= limits.max_in_flight {
+            return false;
+        }
+        if self.slots.is_empty() {
+            self.start = base_offset;
+            return true;
+        }
+        // The gap's slots and at least one record must fit.
+        if gap >= (limits.max_in_flight - self.slots.len()) as i64 {
+            return false;
+        }
+        (0..gap).for_each(|_| self.slots.push_back(Slot::archived()));
+        true
+    }
+
+    /// Archives the available in-flight records in `[from, last offset
+    /// read]` that no batch of the read holds: the log no longer has them.
+    fn archive_missing(&mut self, from: i64, batches: &[BatchSpan]) {
+        let Some(last) = batches.last() else {
+            return;
+        };
+        let upto = last.last_offset.min(self.end_offset() - 1);
+        let mut offset = from.max(self.start);
+        let mut b = 0;
+        while offset <= upto {
+            while b < batches.len() && batches[b].last_offset < offset {
+                b += 1;
+            }
+            if b < batches.len() && batches[b].base_offset <= offset {
+                offset = batches[b].last_offset + 1;
+                continue;
+            }
+            let next = batches.get(b).map_or(upto + 1, |n| n.base_offset.min(upto + 1));
+            for o in offset..next {
+                let slot = &mut self.slots[(o - self.start) as usize];
+                if slot.state == RecordState::Available {
+                    slot.state = RecordState::Archived;
+                }
+            }
+            offset = next;
+        }
+    }
+
+    /// Applies one acknowledgement batch of `member` (see
+    /// [`SharePartition::acknowledge_all`]).
     pub fn acknowledge(
         &mut self,
         member: &str,
@@ -314,57 +375,113 @@ impl SharePartition {
         limits: &ShareLimits,
         now_ms: i64,
     ) -> Result<(), AckError> {
+        self.acknowledge_all(member, &[(first_offset, last_offset, types)], limits, now_ms)
+    }
+
+    /// Applies a request's acknowledgement batches for this partition,
+    /// `(first offset, last offset, types)` with one type for the whole
+    /// range or one per offset: all of them, or none if any is refused.
+    /// Batches must be in offset order without overlap; every record of
+    /// a batch must be acquired by `member`, except those below the start
+    /// offset, which are done with and skipped (as after the log's start
+    /// moved past them).
+    pub fn acknowledge_all(
+        &mut self,
+        member: &str,
+        batches: &[(i64, i64, &[AckType])],
+        limits: &ShareLimits,
+        now_ms: i64,
+    ) -> Result<(), AckError> {
         self.expire(limits, now_ms);
-        if last_offset < first_offset {
+        let mut checked = Vec::with_capacity(batches.len());
+        let mut previous: Option<i64> = None;
+        for &(first, last, types) in batches {
+            if previous.is_some_and(|p| first <= p) {
+                return Err(AckError::InvalidRequest(
+                    "acknowledgement batches overlap or are out of order".into(),
+                ));
+            }
+            previous = Some(last);
+            if let Some(part) = self.check_ack(member, first, last, types)? {
+                checked.push((part, types));
+            }
+        }
+        for ((from, last, skip), types) in checked {
+            for (i, offset) in (from..=last).enumerate() {
+                let ack = if types.len() == 1 {
+                    types[0]
+                } else {
+                    types[skip + i]
+                };
+                self.apply_ack((offset - self.start) as usize, ack, limits, now_ms);
+            }
+        }
+        self.advance();
+        Ok(())
+    }
+
+    /// The part of an acknowledgement batch to apply, `(first, last,
+    /// types to skip)`, or why it is refused.
+    fn check_ack(
+        &self,
+        member: &str,
+        first: i64,
+        last: i64,
+        types: &[AckType],
+    ) -> Result<Option<(i64, i64, usize)>, AckError> {
+        if last < first {
             return Err(AckError::InvalidRequest(format!(
-                "last offset {last_offset} is before first offset {first_offset}"
+                "last offset {last} is before first offset {first}"
             )));
         }
-        // Within the in-flight records first, so the length cannot overflow.
-        if first_offset < self.start || last_offset >= self.end_offset() {
-            return Err(AckError::InvalidRecordState(format!(
-                "offsets {first_offset}..={last_offset} are not in flight ({}..{})",
-                self.start,
-                self.end_offset()
-            )));
-        }
-        let len = last_offset - first_offset + 1;
-        if types.len() != 1 && types.len() as i64 != len {
+        let len = i128::from(last) - i128::from(first) + 1;
+        if types.is_empty() || (types.len() != 1 && types.len() as i128 != len) {
             return Err(AckError::InvalidRequest(format!(
                 "{} acknowledge types for {len} offsets",
                 types.len()
             )));
         }
-        let base = (first_offset - self.start) as usize;
-        if let Some(i) = (0..len as usize).find(|i| !self.slots[base + i].held_by(member)) {
+        if last < self.start {
+            return Ok(None);
+        }
+        let from = first.max(self.start);
+        if last >= self.end_offset() {
             return Err(AckError::InvalidRecordState(format!(
-                "offset {} is not acquired by this member",
-                first_offset + i as i64
+                "offsets {from}..={last} are not in flight ({}..{})",
+                self.start,
+                self.end_offset()
             )));
         }
-        for i in 0..len as usize {
-            let ack = if types.len() == 1 { types[0] } else { types[i] };
-            let slot = &mut self.slots[base + i];
-            match ack {
-                AckType::Accept => {
-                    slot.state = RecordState::Acknowledged;
-                    slot.owner = None;
-                }
-                AckType::Gap | AckType::Reject => {
-                    slot.state = RecordState::Archived;
-                    slot.owner = None;
-                }
-                AckType::Release => {
-                    slot.release(limits.delivery_limit);
-                    if slot.state == RecordState::Archived {
-                        self.archived_at_limit += 1;
-                    }
-                }
-                AckType::Renew => slot.deadline_ms = now_ms.saturating_add(limits.lock_ms),
-            }
+        let base = (from - self.start) as usize;
+        let n = (last - from + 1) as usize;
+        if let Some(i) = (0..n).find(|i| !self.slots[base + i].held_by(member)) {
+            return Err(AckError::InvalidRecordState(format!(
+                "offset {} is not acquired by this member",
+                from + i as i64
+            )));
         }
-        self.advance();
-        Ok(())
+        Ok(Some((from, last, (from - first) as usize)))
+    }
+
+    fn apply_ack(&mut self, i: usize, ack: AckType, limits: &ShareLimits, now_ms: i64) {
+        let slot = &mut self.slots[i];
+        match ack {
+            AckType::Accept => {
+                slot.state = RecordState::Acknowledged;
+                slot.owner = None;
+            }
+            AckType::Gap | AckType::Reject => {
+                slot.state = RecordState::Archived;
+                slot.owner = None;
+            }
+            AckType::Release => {
+                slot.release(limits.delivery_limit);
+                if slot.state == RecordState::Archived {
+                    self.archived_at_limit += 1;
+                }
+            }
+            AckType::Renew => slot.deadline_ms = now_ms.saturating_add(limits.lock_ms),
+        }
     }
 
     /// Releases every lock that ran out by `now_ms`; returns how many.
@@ -436,6 +553,7 @@ impl SharePartition {
     pub fn reset(&mut self, start: i64) {
         self.start = start;
         self.slots.clear();
+        self.state_epoch = self.state_epoch.wrapping_add(1);
         self.earliest_deadline_ms = i64::MAX;
     }
 
@@ -463,6 +581,55 @@ impl SharePartition {
     pub fn record(&self, offset: i64) -> Option<(RecordState, i16)> {
         let i = usize::try_from(offset.checked_sub(self.start)?).ok()?;
         self.slots.get(i).map(|s| (s.state, s.deliveries))
+    }
+
+    /// What survives a restart: the start offset and the in-flight
+    /// records as runs of one state and delivery count.
+    pub fn persisted(&self) -> ShareState {
+        let mut runs: Vec<StateRun> = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let offset = self.start + i as i64;
+            let code = slot.state.code();
+            match runs.last_mut() {
+                Some(r) if r.state == code && r.delivery_count == slot.deliveries => r.last_offset = offset,
+                _ => runs.push(StateRun {
+                    first_offset: offset,
+                    last_offset: offset,
+                    state: code,
+                    delivery_count: slot.deliveries,
+                }),
+            }
+        }
+        ShareState {
+            start_offset: self.start,
+            state_epoch: self.state_epoch,
+            runs,
+        }
+    }
+
+    /// A share partition as it was persisted. Records acquired then are
+    /// available now: their holders are gone. Their deliveries stay
+    /// counted.
+    pub fn restore(state: &ShareState) -> SharePartition {
+        let mut sp = SharePartition::new(state.start_offset);
+        sp.state_epoch = state.state_epoch;
+        for r in &state.runs {
+            let state = match r.state {
+                2 => RecordState::Acknowledged,
+                4 => RecordState::Archived,
+                _ => RecordState::Available,
+            };
+            for _ in r.first_offset..=r.last_offset {
+                sp.slots.push_back(Slot {
+                    state,
+                    deliveries: r.delivery_count,
+                    owner: None,
+                    deadline_ms: 0,
+                });
+            }
+        }
+        sp.advance();
+        sp
     }
 
     /// Moves the start offset past the records that are done with.

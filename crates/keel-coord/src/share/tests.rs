@@ -171,7 +171,7 @@ fn run(seed: u64, steps: usize) {
                 let batches = m.read(from, 1 + rng.below(3) as usize);
                 let max_records = 1 + rng.below(12) as usize;
                 let end_before = sp.end_offset();
-                let got = sp.acquire(&members[who], &batches, max_records, &limits, now_ms);
+                let got = sp.acquire(&members[who], from, &batches, max_records, &limits, now_ms);
                 // Offsets the log skipped are archived, never delivered.
                 let in_log = |o: i64| {
                     m.batches
@@ -203,9 +203,12 @@ fn run(seed: u64, steps: usize) {
                         r.deadline_ms = now_ms + limits.lock_ms;
                     }
                 }
-                // A read from where the partition said acquires something.
+                // A read from where the partition said acquires something,
+                // unless new records lie past a gap that does not fit in
+                // what is left of the in-flight limit.
+                let past_gap = from >= end_before && batches.first().is_some_and(|b| b.base_offset > from);
                 assert!(
-                    batches.is_empty() || !got.is_empty(),
+                    batches.is_empty() || !got.is_empty() || past_gap,
                     "step {step}: nothing acquired from {from}"
                 );
             }
@@ -240,10 +243,18 @@ fn run(seed: u64, steps: usize) {
                 } else {
                     (first..=last).map(|_| pick(&mut rng)).collect()
                 };
+                // Records below the start offset are done with: skipped.
+                let start = m
+                    .recs
+                    .iter()
+                    .find(|(_, r)| !matches!(r.state, RecordState::Acknowledged | RecordState::Archived))
+                    .map_or(sp.end_offset(), |(o, _)| *o)
+                    .min(sp.end_offset());
                 let expect_ok = (first..=last).all(|o| {
-                    m.recs
-                        .get(&o)
-                        .is_some_and(|r| r.state == RecordState::Acquired && r.owner == Some(who))
+                    o < start
+                        || m.recs
+                            .get(&o)
+                            .is_some_and(|r| r.state == RecordState::Acquired && r.owner == Some(who))
                 });
                 let result = sp.acknowledge(&members[who], first, last, &types, &limits, now_ms);
                 assert_eq!(
@@ -252,7 +263,7 @@ fn run(seed: u64, steps: usize) {
                     "step {step}: ack {first}..={last}: {result:?}"
                 );
                 if expect_ok {
-                    for (i, o) in (first..=last).enumerate() {
+                    for (i, o) in (first..=last).enumerate().filter(|(_, o)| *o >= start) {
                         let ack = if types.len() == 1 { types[0] } else { types[i] };
                         let r = m.recs.get_mut(&o).expect("held");
                         match ack {
@@ -327,7 +338,7 @@ fn consumers_that_accept_everything_drain_the_log_once() {
         if read.is_empty() {
             break;
         }
-        for a in sp.acquire(member, &read, 25, &limits, 0) {
+        for a in sp.acquire(member, from, &read, 25, &limits, 0) {
             assert_eq!(a.delivery_count, 1);
             delivered += a.last_offset - a.first_offset + 1;
             sp.acknowledge(
@@ -361,7 +372,7 @@ fn a_record_is_archived_at_the_delivery_limit() {
         base_offset: 0,
         last_offset: 9,
     }];
-    let got = sp.acquire(&m, &batch, 100, &limits, 0);
+    let got = sp.acquire(&m, 5, &batch, 100, &limits, 0);
     assert_eq!(
         got,
         vec![Acquired {
@@ -374,7 +385,7 @@ fn a_record_is_archived_at_the_delivery_limit() {
         .expect("held");
     // The second delivery's lock runs out.
     assert_eq!(sp.next_fetch_offset(&limits, 0), Some(5));
-    assert_eq!(sp.acquire(&m, &batch, 100, &limits, 0)[0].delivery_count, 2);
+    assert_eq!(sp.acquire(&m, 5, &batch, 100, &limits, 0)[0].delivery_count, 2);
     assert_eq!(sp.next_deadline_ms(), Some(100));
     assert_eq!(sp.next_fetch_offset(&limits, 99), Some(10));
     assert_eq!(sp.next_fetch_offset(&limits, 100), Some(5));
@@ -384,18 +395,18 @@ fn a_record_is_archived_at_the_delivery_limit() {
         sp.acknowledge(&m, 5, 5, &[AckType::Accept], &limits, 100),
         Err(AckError::InvalidRecordState(_))
     ));
-    let third = sp.acquire(&m, &batch, 100, &limits, 100);
+    let third = sp.acquire(&m, 5, &batch, 100, &limits, 100);
     assert_eq!(third[0].delivery_count, 3);
     assert_eq!(sp.counts().redeliveries, 10);
     sp.acknowledge(&m, 5, 9, &[AckType::Release], &limits, 100)
         .expect("held");
     assert_eq!(sp.start_offset(), 10, "archived at the limit");
     assert_eq!(sp.counts().archived_at_limit, 5);
-    assert!(sp.acquire(&m, &batch, 100, &limits, 100).is_empty());
+    assert!(sp.acquire(&m, 10, &batch, 100, &limits, 100).is_empty());
 }
 
-/// New records stop at the in-flight limit (whole batches), and resume
-/// once the start offset moves.
+/// New records stop at the in-flight limit, and resume once the start
+/// offset moves; a batch may be taken in part.
 #[test]
 fn acquisition_stops_at_the_in_flight_limit() {
     let limits = ShareLimits {
@@ -411,20 +422,20 @@ fn acquisition_stops_at_the_in_flight_limit() {
             last_offset: i * 6 + 5,
         })
         .collect();
-    let got = sp.acquire(&m, &batches, 100, &limits, 0);
+    let got = sp.acquire(&m, 0, &batches, 100, &limits, 0);
     assert_eq!(got.len(), 1);
     assert_eq!(
         (got[0].first_offset, got[0].last_offset),
-        (0, 11),
-        "two whole batches"
+        (0, 9),
+        "up to the limit"
     );
     assert_eq!(sp.next_fetch_offset(&limits, 0), None);
     sp.acknowledge(&m, 0, 5, &[AckType::Accept], &limits, 0)
         .expect("held");
-    assert_eq!(sp.next_fetch_offset(&limits, 0), Some(12));
+    assert_eq!(sp.next_fetch_offset(&limits, 0), Some(10));
+    let got = sp.acquire(&m, 10, &batches[1..], 100, &limits, 0);
+    assert_eq!((got[0].first_offset, got[0].last_offset), (10, 15));
     // Per-offset types: a gap, an accept, a reject.
-    let got = sp.acquire(&m, &batches[2..], 100, &limits, 0);
-    assert_eq!((got[0].first_offset, got[0].last_offset), (12, 17));
     let types = [AckType::Gap, AckType::Accept, AckType::Reject, AckType::Accept];
     assert!(matches!(
         sp.acknowledge(&m, 12, 14, &types, &limits, 0),
@@ -437,6 +448,58 @@ fn acquisition_stops_at_the_in_flight_limit() {
     sp.acknowledge(&m, 12, 15, &types, &limits, 0).expect("held");
     assert_eq!(sp.record(12), Some((RecordState::Archived, 1)));
     assert_eq!(sp.record(13), Some((RecordState::Acknowledged, 1)));
+}
+
+/// Released records the cleaner then removed from the log are archived
+/// when a read passes over them, so the start offset moves on.
+#[test]
+fn records_compacted_away_after_a_release_are_archived() {
+    let limits = ShareLimits::default();
+    let m: Arc<str> = Arc::from("m");
+    let mut sp = SharePartition::new(0);
+    let before = [
+        BatchSpan {
+            base_offset: 0,
+            last_offset: 4,
+        },
+        BatchSpan {
+            base_offset: 5,
+            last_offset: 9,
+        },
+    ];
+    sp.acquire(&m, 0, &before, 100, &limits, 0);
+    sp.acknowledge(&m, 0, 9, &[AckType::Release], &limits, 0)
+        .expect("held");
+    assert_eq!(sp.next_fetch_offset(&limits, 0), Some(0));
+    // The cleaner removed 0..=4 and kept 7 of the second batch.
+    let after = [
+        BatchSpan {
+            base_offset: 5,
+            last_offset: 9,
+        },
+        BatchSpan {
+            base_offset: 12,
+            last_offset: 12,
+        },
+    ];
+    let got = sp.acquire(&m, 0, &after, 100, &limits, 0);
+    assert_eq!(sp.start_offset(), 5, "0..=4 archived");
+    assert_eq!(
+        got,
+        vec![
+            Acquired {
+                first_offset: 5,
+                last_offset: 9,
+                delivery_count: 2
+            },
+            Acquired {
+                first_offset: 12,
+                last_offset: 12,
+                delivery_count: 1
+            }
+        ]
+    );
+    assert_eq!(sp.record(10), Some((RecordState::Archived, 0)), "a gap");
 }
 
 /// A compaction gap wider than the in-flight limit costs no slots: with
@@ -461,13 +524,13 @@ fn a_wide_gap_in_the_log_takes_no_slots() {
             last_offset: 1_000_004,
         },
     ];
-    let got = sp.acquire(&m, &log, 100, &limits, 0);
+    let got = sp.acquire(&m, 0, &log, 100, &limits, 0);
     assert_eq!((got.len(), got[0].last_offset), (1, 4), "stops at the gap");
     assert_eq!(sp.end_offset(), 5);
     sp.acknowledge(&m, 0, 4, &[AckType::Accept], &limits, 0)
         .expect("held");
     assert_eq!(sp.next_fetch_offset(&limits, 0), Some(5));
-    let got = sp.acquire(&m, &log[1..], 100, &limits, 0);
+    let got = sp.acquire(&m, 5, &log[1..], 100, &limits, 0);
     assert_eq!((got[0].first_offset, got[0].last_offset), (1_000_000, 1_000_004));
     assert_eq!((sp.start_offset(), sp.end_offset()), (1_000_000, 1_000_005));
     // Offsets far outside what is in flight are refused, without overflow.
@@ -475,4 +538,179 @@ fn a_wide_gap_in_the_log_takes_no_slots() {
         sp.acknowledge(&m, i64::MIN, i64::MAX, &[AckType::Accept], &limits, 0),
         Err(AckError::InvalidRecordState(_))
     ));
+}
+
+/// A share partition's state goes through the share log's encoding
+/// unchanged; acquired records come back available with their
+/// deliveries; values that are not a run of contiguous offsets are
+/// refused.
+#[test]
+fn share_state_round_trips_and_corrupt_values_are_refused() {
+    use super::store::{ShareRecord, ShareTable};
+    use crate::metalog::Table;
+    let limits = ShareLimits::default();
+    let m: Arc<str> = Arc::from("m");
+    let mut sp = SharePartition::new(10);
+    let log = [BatchSpan {
+        base_offset: 10,
+        last_offset: 19,
+    }];
+    sp.acquire(&m, 10, &log, 100, &limits, 0);
+    sp.acknowledge(&m, 12, 13, &[AckType::Accept], &limits, 0)
+        .expect("held");
+    sp.acknowledge(&m, 15, 15, &[AckType::Reject], &limits, 0)
+        .expect("held");
+    let record = ShareRecord {
+        key: super::key("g", uuid::Uuid::from_u128(3), 2),
+        state: Some(sp.persisted()),
+    };
+    let (k, v) = ShareTable::encode(&record);
+    let decoded = ShareTable::decode(&k, v.as_deref()).expect("decodes");
+    assert_eq!(decoded, record);
+    let restored = SharePartition::restore(record.state.as_ref().expect("state"));
+    assert_eq!((restored.start_offset(), restored.end_offset()), (10, 20));
+    assert_eq!(restored.record(11), Some((RecordState::Available, 1)));
+    assert_eq!(restored.record(12), Some((RecordState::Acknowledged, 1)));
+    assert_eq!(restored.record(15), Some((RecordState::Archived, 1)));
+    // A run that leaves a hole, and one that spans too far.
+    let mut bad = v.expect("value").to_vec();
+    let first_run_at = 2 + 8 + 4 + 4;
+    bad[first_run_at..first_run_at + 8].copy_from_slice(&11i64.to_be_bytes());
+    assert!(ShareTable::decode(&k, Some(&bad)).is_err());
+    let mut huge = sp.persisted();
+    huge.runs.last_mut().expect("a run").last_offset = 1 << 40;
+    let (_, v) = ShareTable::encode(&ShareRecord {
+        key: record.key.clone(),
+        state: Some(huge),
+    });
+    assert!(ShareTable::decode(&k, v.as_deref()).is_err());
+}
+
+/// A request's batches for one partition are applied all or none, must
+/// be in order without overlap, and those below the start offset are
+/// skipped.
+#[test]
+fn acknowledgement_batches_apply_all_or_none() {
+    let limits = ShareLimits::default();
+    let m: Arc<str> = Arc::from("m");
+    let mut sp = SharePartition::new(0);
+    let log = [BatchSpan {
+        base_offset: 0,
+        last_offset: 9,
+    }];
+    sp.acquire(&m, 0, &log, 100, &limits, 0);
+    let accept: &[AckType] = &[AckType::Accept];
+    // The second batch names a record not acquired: nothing is applied.
+    assert!(sp
+        .acknowledge_all(&m, &[(0, 2, accept), (8, 12, accept)], &limits, 0)
+        .is_err());
+    assert_eq!(sp.record(0), Some((RecordState::Acquired, 1)));
+    assert!(matches!(
+        sp.acknowledge_all(&m, &[(3, 5, accept), (5, 6, accept)], &limits, 0),
+        Err(AckError::InvalidRequest(_))
+    ));
+    sp.acknowledge_all(&m, &[(0, 2, accept), (4, 5, accept)], &limits, 0)
+        .expect("held");
+    assert_eq!(sp.start_offset(), 3);
+    // Below the start offset: skipped; across it: the rest applied.
+    sp.acknowledge_all(&m, &[(0, 1, accept), (2, 3, accept)], &limits, 0)
+        .expect("held");
+    assert_eq!(sp.start_offset(), 6);
+}
+
+mod groups {
+    use super::super::group::*;
+    use crate::groups::consumer::{TopicInfo, Topics};
+    use keel_protocol::ResponseError;
+    use uuid::Uuid;
+
+    fn hb(member: &str, epoch: i32, topics: Option<&[&str]>) -> ShareHeartbeat {
+        ShareHeartbeat {
+            member_id: member.into(),
+            member_epoch: epoch,
+            rack_id: None,
+            subscribed: topics.map(|t| t.iter().map(|s| s.to_string()).collect()),
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+        }
+    }
+
+    fn partitions(a: &crate::groups::consumer::Assignment) -> usize {
+        a.values().map(|p| p.len()).sum()
+    }
+
+    /// Members join and get every partition between them (shared once
+    /// they outnumber the partitions); a member whose answer was lost
+    /// heartbeats with the epoch before and gets its assignment again;
+    /// any other epoch is fenced; leaving and timing out reassign.
+    #[test]
+    fn share_group_members_join_share_and_leave() {
+        let config = ShareGroupConfig::default();
+        let topics: Topics = [(
+            "t".to_string(),
+            TopicInfo {
+                id: Uuid::from_u128(1),
+                partitions: 2,
+            },
+        )]
+        .into();
+        let mut g = ShareGroup::new("g");
+        let a = g
+            .heartbeat(hb("a", 0, Some(&["t"])), &topics, &config, 0)
+            .expect("joins");
+        assert_eq!(
+            (a.member_epoch, a.assignment.as_ref().map(partitions)),
+            (1, Some(2))
+        );
+        let b = g
+            .heartbeat(hb("b", 0, Some(&["t"])), &topics, &config, 0)
+            .expect("joins");
+        assert_eq!(
+            (b.member_epoch, b.assignment.as_ref().map(partitions)),
+            (2, Some(1))
+        );
+        // a learns of epoch 2 and gives up a partition.
+        let a2 = g.heartbeat(hb("a", 1, None), &topics, &config, 1).expect("stays");
+        assert_eq!(
+            (a2.member_epoch, a2.assignment.as_ref().map(partitions)),
+            (2, Some(1))
+        );
+        // That answer was lost: a heartbeats with epoch 1 again.
+        let again = g
+            .heartbeat(hb("a", 1, None), &topics, &config, 2)
+            .expect("the epoch before");
+        assert_eq!((again.member_epoch, again.assignment.is_some()), (2, true));
+        let quiet = g
+            .heartbeat(hb("a", 2, None), &topics, &config, 3)
+            .expect("current");
+        assert_eq!(quiet.assignment, None);
+        let fenced = g.heartbeat(hb("a", 7, None), &topics, &config, 3).unwrap_err();
+        assert_eq!(fenced.0, ResponseError::FencedMemberEpoch);
+        // Three members, two partitions: every member gets one.
+        g.heartbeat(hb("c", 0, Some(&["t"])), &topics, &config, 3)
+            .expect("joins");
+        let targets = assign(&g.members, &topics);
+        assert!(targets.values().all(|a| partitions(a) == 1), "{targets:?}");
+        assert_eq!(g.assigned_partitions().len(), 2);
+        // b leaves; c times out.
+        g.heartbeat(hb("b", LEAVE_EPOCH, None), &topics, &config, 4)
+            .expect("leaves");
+        let a3 = g
+            .heartbeat(hb("a", 2, None), &topics, &config, 10)
+            .expect("stays");
+        assert_eq!(a3.member_epoch, 4);
+        let gone = g.expire_members(&topics, &config, 3 + i64::from(config.session_timeout_ms));
+        assert_eq!(gone, vec!["c".to_string()]);
+        let a4 = g
+            .heartbeat(hb("a", 4, None), &topics, &config, 50_000)
+            .expect("stays");
+        assert_eq!(
+            (a4.member_epoch, a4.assignment.as_ref().map(partitions)),
+            (5, Some(2))
+        );
+        let unknown = g
+            .heartbeat(hb("b", 3, None), &topics, &config, 50_000)
+            .unwrap_err();
+        assert_eq!(unknown.0, ResponseError::UnknownMemberId);
+    }
 }

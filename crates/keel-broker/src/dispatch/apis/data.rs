@@ -147,6 +147,6 @@ pub(super) async fn share_fetch(b: &Arc<Broker>, r: ShareFetchRequest, call: Cal
 }
 
 pub(super) async fn share_acknowledge(b: &Arc<Broker>, r: ShareAcknowledgeRequest, call: Call<'_>) -> Reply {
-    let mut resp = handlers::share::fetch::share_acknowledge(b, r, call.client);
+    let mut resp = handlers::share::fetch::share_acknowledge(b, r, call.client).await;
     call.answer(b, ApiKey::ShareAcknowledge, &mut resp)
 }

@@ -148,12 +148,27 @@ pub(super) async fn share_group_heartbeat(
     r: ShareGroupHeartbeatRequest,
     call: Call<'_>,
 ) -> Reply {
-    let mut resp = if handlers::authz::group(b, call.client, &r.group_id, keel_auth::acl::Operation::Read) {
-        handlers::share::share_group_heartbeat(b, r, call.client_id, call.client.host.as_str())
-    } else {
+    use keel_auth::acl::{Operation, ResourceType};
+    // DESCRIBE on every topic it subscribes to, as Kafka checks it.
+    let denied: Vec<String> = r
+        .subscribed_topic_names
+        .iter()
+        .flatten()
+        .filter(|t| !b.authorized(call.client, Operation::Describe, ResourceType::Topic, t))
+        .map(|t| t.to_string())
+        .collect();
+    let mut resp = if !handlers::authz::group(b, call.client, &r.group_id, Operation::Read) {
         ShareGroupHeartbeatResponse::default()
             .with_error_code(keel_protocol::ResponseError::GroupAuthorizationFailed.code())
             .with_error_message(Some(handlers::str_bytes("Group authorization failed.")))
+    } else if !denied.is_empty() {
+        ShareGroupHeartbeatResponse::default()
+            .with_error_code(keel_protocol::ResponseError::TopicAuthorizationFailed.code())
+            .with_error_message(Some(handlers::str_bytes(format!(
+                "Topic authorization failed for topics {denied:?}"
+            ))))
+    } else {
+        handlers::share::share_group_heartbeat(b, r, call.client_id, call.client.host.as_str())
     };
     call.answer(b, ApiKey::ShareGroupHeartbeat, &mut resp)
 }

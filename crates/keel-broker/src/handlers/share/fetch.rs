@@ -120,7 +120,7 @@ fn ack_batches(
 }
 
 /// Applies one partition's acknowledgements; the error code and message.
-fn acknowledge(
+async fn acknowledge(
     broker: &Broker,
     client: &ClientInfo,
     who: &Who,
@@ -131,13 +131,17 @@ fn acknowledge(
         Ok(s) => (s.leader.leader_id, s.leader.leader_epoch),
         Err(e) => return (e.code(), None, -1, -1),
     };
-    let outcome = batches.and_then(|batches| {
-        let key = share::key(&who.group, tp.0, tp.1);
-        let now_ms = broker.data.clock.now_ms();
-        broker
-            .share
-            .acknowledge(&key, &who.member, &batches, &limits(broker, &who.group), now_ms)
-    });
+    let outcome = match batches {
+        Err(e) => Err(e),
+        Ok(batches) => {
+            let key = share::key(&who.group, tp.0, tp.1);
+            let now_ms = broker.data.clock.now_ms();
+            broker
+                .share
+                .acknowledge(&key, &who.member, &batches, &limits(broker, &who.group), now_ms)
+                .await
+        }
+    };
     match outcome {
         Ok(()) => (0, None, leader, epoch),
         Err((e, message)) => (e.code(), Some(message), leader, epoch),
@@ -213,6 +217,13 @@ pub async fn share_fetch(
     );
     let partitions = match session {
         Ok(p) => p,
+        Err((ResponseError::ShareSessionLimitReached, m)) => {
+            // After the request's wait, as Kafka answers it: a client
+            // that opens a session again at once does not spin.
+            let wait = Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0).min(30_000));
+            tokio::time::sleep(wait).await;
+            return fetch_error(ResponseError::ShareSessionLimitReached, m);
+        }
         Err((e, m)) => return fetch_error(e, m),
     };
     let mut out: BTreeMap<Tp, PartitionData> = BTreeMap::new();
@@ -229,7 +240,7 @@ pub async fn share_fetch(
                     .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone())),
             );
             let (e, message, leader, leader_epoch) =
-                acknowledge(broker, client, &who, (t.topic_id, p.partition_index), batches);
+                acknowledge(broker, client, &who, (t.topic_id, p.partition_index), batches).await;
             acked.insert((t.topic_id, p.partition_index));
             let entry = out
                 .entry((t.topic_id, p.partition_index))
@@ -313,14 +324,20 @@ async fn fetch_records(
         }
         let mut budget = Budget {
             records: positive(req.max_records).unwrap_or(DEFAULT_MAX_RECORDS),
-            bytes: positive(req.max_bytes).unwrap_or(DEFAULT_MAX_BYTES),
+            bytes: positive(req.max_bytes)
+                .unwrap_or(DEFAULT_MAX_BYTES)
+                .min(broker_max_bytes(broker)),
         };
         let mut found = false;
         for (tp, r) in &resolved {
             let data = out.entry(*tp).or_insert_with(|| part(tp.1));
             found |= fill(broker, who, *tp, r, reader, &mut budget, data).await;
         }
-        if found || Instant::now() >= deadline {
+        // Errors alone end the wait only when no partition is left to
+        // wait on, as Kafka's do: otherwise a session holding one bad
+        // partition would answer at once, every time.
+        let waitable = resolved.iter().any(|(_, r)| r.is_ok());
+        if found || !waitable || Instant::now() >= deadline {
             return;
         }
         tokio::select! {
@@ -331,12 +348,19 @@ async fn fetch_records(
     }
 }
 
+/// The broker's `fetch.max.bytes`: no ShareFetch reads more.
+fn broker_max_bytes(broker: &Broker) -> usize {
+    usize::try_from(broker.config().num("fetch.max.bytes"))
+        .unwrap_or(DEFAULT_MAX_BYTES)
+        .max(1)
+}
+
 fn positive(n: i32) -> Option<usize> {
     usize::try_from(n).ok().filter(|n| *n > 0)
 }
 
 /// One partition's part of a fetch: its error, or what it acquired;
-/// whether there is anything to answer.
+/// whether it acquired records.
 async fn fill(
     broker: &Broker,
     who: &Who,
@@ -350,7 +374,7 @@ async fn fill(
         Ok(s) => s,
         Err(e) => {
             data.error_code = e.code();
-            return true;
+            return false;
         }
     };
     data.current_leader = s.leader.clone();
@@ -363,7 +387,7 @@ async fn fill(
         Ok(None) => false,
         Err(e) => {
             data.error_code = e.code();
-            true
+            false
         }
     }
 }
@@ -383,8 +407,11 @@ async fn acquire(
         return Ok(None);
     }
     let key = share::key(&who.group, tp.0, tp.1);
+    // Share partitions get their state when the group assigns them
+    // (ShareGroupHeartbeat): a fetch of any other is answered empty, so
+    // requests cannot make the broker keep state for whatever they name.
     if !broker.share.is_initialized(&key) {
-        broker.share.initialize(key.clone(), p.high_watermark());
+        return Ok(None);
     }
     let limits = limits(broker, &who.group);
     let log_start = p.log_start_offset();
@@ -404,16 +431,21 @@ async fn acquire(
         }
         Err(ReadFailure::Storage(_)) => return Err(ResponseError::KafkaStorageError),
     };
+    // What was read counts, acquired or not: a fetch whose reads find
+    // only records others hold still stops at its limit.
+    budget.bytes = budget.bytes.saturating_sub(bytes.len());
     let spans = spans(&bytes);
     let now_ms = broker.data.clock.now_ms();
-    let acquired = broker.share.acquire(
-        &key,
-        &who.member,
-        &spans.iter().map(|s| s.1).collect::<Vec<_>>(),
-        budget.records,
-        &limits,
-        now_ms,
-    );
+    let batches: Vec<BatchSpan> = spans.iter().map(|s| s.1).collect();
+    let (acquired, write) =
+        broker
+            .share
+            .acquire(&key, &who.member, from, &batches, budget.records, &limits, now_ms);
+    if let Err(e) = write.await {
+        // The records are acquired all the same; a restart would count
+        // this delivery again from the last written state.
+        tracing::warn!(error = %e, "the share log could not be written");
+    }
     if acquired.is_empty() {
         return Ok(None);
     }
@@ -422,7 +454,7 @@ async fn acquire(
     budget.records = budget
         .records
         .saturating_sub(usize::try_from(count).unwrap_or(usize::MAX));
-    budget.bytes = budget.bytes.saturating_sub(records.len());
+
     let ranges = acquired
         .iter()
         .map(|a| {
@@ -498,7 +530,7 @@ fn covering(bytes: &Bytes, spans: &[(usize, BatchSpan)], acquired: &[Acquired]) 
 
 /// ShareAcknowledge: acknowledgements outside a fetch. It continues (or,
 /// at epoch -1, closes) a session; it cannot open one.
-pub fn share_acknowledge(
+pub async fn share_acknowledge(
     broker: &Broker,
     req: ShareAcknowledgeRequest,
     client: &ClientInfo,
@@ -547,37 +579,35 @@ pub fn share_acknowledge(
     ) {
         return error(e, m);
     }
-    let topics = req
-        .topics
-        .iter()
-        .map(|t| {
-            let partitions = t
-                .partitions
-                .iter()
-                .map(|p| {
-                    let batches = ack_batches(
-                        p.acknowledgement_batches
-                            .iter()
-                            .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone())),
-                    );
-                    let (e, message, leader, leader_epoch) =
-                        acknowledge(broker, client, &who, (t.topic_id, p.partition_index), batches);
-                    AckData::default()
-                        .with_partition_index(p.partition_index)
-                        .with_error_code(e)
-                        .with_error_message(message.map(str_bytes))
-                        .with_current_leader(
-                            Leader::default()
-                                .with_leader_id(leader)
-                                .with_leader_epoch(leader_epoch),
-                        )
-                })
-                .collect();
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for t in &req.topics {
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for p in &t.partitions {
+            let batches = ack_batches(
+                p.acknowledgement_batches
+                    .iter()
+                    .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone())),
+            );
+            let (e, message, leader, leader_epoch) =
+                acknowledge(broker, client, &who, (t.topic_id, p.partition_index), batches).await;
+            partitions.push(
+                AckData::default()
+                    .with_partition_index(p.partition_index)
+                    .with_error_code(e)
+                    .with_error_message(message.map(str_bytes))
+                    .with_current_leader(
+                        Leader::default()
+                            .with_leader_id(leader)
+                            .with_leader_epoch(leader_epoch),
+                    ),
+            );
+        }
+        topics.push(
             ShareAcknowledgeTopicResponse::default()
                 .with_topic_id(t.topic_id)
-                .with_partitions(partitions)
-        })
-        .collect();
+                .with_partitions(partitions),
+        );
+    }
     if epoch == FINAL_EPOCH {
         broker
             .share

@@ -155,7 +155,9 @@ pub fn initialize(broker: &Broker, group: &str) {
             continue;
         };
         let key = keel_coord::share::key(group, topic_id, partition);
-        broker.share.initialize(key, p.high_watermark());
+        // Not waited for: a share partition whose start is lost starts
+        // again at the log end, as a new one does.
+        drop(broker.share.initialize(key, p.high_watermark()));
     }
 }
 
