@@ -16,13 +16,14 @@ import urllib.request
 import pytest
 
 import kafka_tools
-from conftest import unique, wait_until
+from conftest import IMPL, unique, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
 from test_java_transactions import java, last_json
 
 # Short locks, so a hung consumer's records come back within the test.
 LOCK_MS = 2000
-SHARE = {"keel.share.version": "1", "group.share.record.lock.duration.ms": str(LOCK_MS)}
+SHARE = {"keel.share.version": "1", "group.share.record.lock.duration.ms": str(LOCK_MS),
+         "group.share.min.record.lock.duration.ms": str(LOCK_MS)}
 
 
 def stats(b) -> dict:
@@ -70,6 +71,7 @@ def consume(b, topic: str, group: str, mode: str, consumers: int, expected: int,
     return proc
 
 
+@pytest.mark.skipif(IMPL != "keel", reason="keel.share.version is Keel's")
 def test_share_groups_are_served_at_share_version_1(broker_factory):
     """`kafka-features describe`: Keel supports share.version 0 to 1 and
     finalizes the level keel.share.version sets (at 0 Kafka leaves it out
@@ -103,6 +105,8 @@ def test_share_consumers_accept_reject_and_release_with_explicit_acknowledgement
     assert result["accepted_twice"] == 0 and result["delivered_after_done"] == 0, result
     assert result["released"] == len(released) and result["max_delivery_count"] == 2, result
     assert result["rejected_values"] == list(range(0, 300, 10)), result
+    if IMPL != "keel":
+        return
     parts = share_partitions(b, group)
     assert len(parts) == 2, parts
     assert sum(p["redeliveries"] for p in parts) == len(released), parts
@@ -134,6 +138,8 @@ def test_records_released_at_every_delivery_are_archived_at_the_limit(broker_fac
     result = finish(proc)
     assert result["complete"] and result["rejected"] == 40, result
     assert result["max_delivery_count"] == 3 and result["delivered_after_done"] == 0, result
+    if IMPL != "keel":
+        return
     [part] = share_partitions(b, group)
     assert part["archived_at_limit"] == 40 and part["redeliveries"] == 80, part
     assert part["start_offset"] == part["end_offset"] == 40, part
@@ -155,8 +161,9 @@ def test_a_consumer_that_dies_holding_records_loses_none(broker_factory, fault):
         produce(b, topic, 0, 100)
         held = json.loads(await_line(holder, "HELD ")[len("HELD "):])["values"]
         assert held, "the holder holds records"
-        acquired = sum(p["acquired"] for p in share_partitions(b, group))
-        assert acquired >= len(held), acquired
+        if IMPL == "keel":
+            acquired = sum(p["acquired"] for p in share_partitions(b, group))
+            assert acquired >= len(held), acquired
         if fault == "kill9":
             holder.kill()
             holder.wait()
@@ -173,6 +180,8 @@ def test_a_consumer_that_dies_holding_records_loses_none(broker_factory, fault):
             holder.wait()
     assert result["complete"] and result["accepted"] == 100, result
     assert result["accepted_twice"] == 0 and result["max_delivery_count"] == 2, result
+    if IMPL != "keel":
+        return
     [part] = share_partitions(b, group)
     assert part["redeliveries"] == len(held), (part, held)
     if fault == "stop":
@@ -204,8 +213,9 @@ def test_share_state_survives_the_broker(broker_factory, how):
         produce(b, topic, 50, 50)
         held = json.loads(await_line(holder, "HELD ")[len("HELD "):])["values"]
         assert held and min(held) >= 50, held
-        [before] = share_partitions(b, group)
-        assert before["start_offset"] == 50 and before["acquired"] >= len(held), before
+        if IMPL == "keel":
+            [before] = share_partitions(b, group)
+            assert before["start_offset"] == 50 and before["acquired"] >= len(held), before
         if how == "kill9":
             b.kill9()
         else:
@@ -217,11 +227,64 @@ def test_share_state_survives_the_broker(broker_factory, how):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
-    [after] = share_partitions(b, group)
-    assert after["start_offset"] == 50 and after["acquired"] == 0, after
-    assert after["available"] == after["end_offset"] - 50, after
+    if IMPL == "keel":
+        [after] = share_partitions(b, group)
+        assert after["start_offset"] == 50 and after["acquired"] == 0, after
+        assert after["available"] == after["end_offset"] - 50, after
     second = consume(b, topic, group, "implicit", 2, 50)
     result = finish(second)
     assert result["complete"] and result["accepted"] == 50, result
     assert result["values"] == list(range(50, 100)), result
-    assert result["accepted_twice"] == 0 and result["max_delivery_count"] == 2, result
+    # Keel writes each acquisition, so the held records' first delivery
+    # counts across the restart; Kafka 4.3.1 writes delivery counts only
+    # with acknowledgements, and delivers them as if for the first time.
+    delivered = 2 if IMPL == "keel" else 1
+    assert result["accepted_twice"] == 0 and result["max_delivery_count"] == delivered, result
+
+
+def share_groups_tool(b, *args: str) -> str:
+    done = kafka_tools.run("org.apache.kafka.tools.consumer.group.ShareGroupCommand", "--bootstrap-server",
+                           b.bootstrap, *args)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done.stdout
+
+
+def start_offsets(out: str, group: str) -> dict[int, int]:
+    """`kafka-share-groups --describe`'s rows: partition -> start offset."""
+    rows = [line.split() for line in out.splitlines() if line.startswith(group + " ")]
+    return {int(r[2]): int(r[3]) for r in rows}
+
+
+def test_kafka_share_groups_lists_describes_resets_and_deletes(broker_factory):
+    """Apache Kafka 4.3.1's `kafka-share-groups` (ShareGroupCommand): the
+    group is listed; its start offsets are where consumption ended, its
+    state Empty once its consumers left; a reset to earliest makes a new
+    consumer read everything again; deleting the offsets and then the group
+    leaves nothing."""
+    b = broker_factory(sets=SHARE)
+    topic, group = unique("share-tool"), unique("workers")
+    create_topic(b.bootstrap, topic, 2)
+    first = consume(b, topic, group, "implicit", 1, 40)
+    produce(b, topic, 0, 40)
+    assert finish(first)["accepted"] == 40
+    assert group in share_groups_tool(b, "--list").split()
+    offsets = start_offsets(share_groups_tool(b, "--describe", "--group", group), group)
+    assert sorted(offsets) == [0, 1], offsets
+    # Keel's start offsets are past every record acknowledged. Kafka
+    # 4.3.1 answers 0 for both here (with lag 0: its share coordinator's
+    # summary keeps the start of the acknowledged records in flight).
+    assert sum(offsets.values()) == (40 if IMPL == "keel" else 0), offsets
+    state = share_groups_tool(b, "--describe", "--group", group, "--state")
+    [row] = [line.split() for line in state.splitlines() if line.startswith(group + " ")]
+    assert row[-2:] == ["Empty", "0"], state
+    reset = share_groups_tool(b, "--reset-offsets", "--group", group, "--topic", topic, "--to-earliest",
+                              "--execute")
+    assert start_offsets(reset, group) == {0: 0, 1: 0}, reset
+    assert start_offsets(share_groups_tool(b, "--describe", "--group", group), group) == {0: 0, 1: 0}
+    again = finish(consume(b, topic, group, "implicit", 1, 40))
+    assert again["complete"] and again["values"] == list(range(40)), again
+    deleted = share_groups_tool(b, "--delete-offsets", "--group", group, "--topic", topic)
+    assert re.search(rf"{topic}\s+Successful", deleted), deleted
+    assert "no offset information" in share_groups_tool(b, "--describe", "--group", group)
+    assert "was successful" in share_groups_tool(b, "--delete", "--group", group)
+    assert group not in share_groups_tool(b, "--list").split()

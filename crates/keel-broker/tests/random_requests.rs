@@ -118,6 +118,15 @@ fn check_response(key: ApiKey, version: i16, mut bytes: bytes::Bytes, what: &str
         ApiKey::ShareGroupDescribe => ShareGroupDescribeResponse::decode(&mut bytes, version).map(drop),
         ApiKey::ShareFetch => ShareFetchResponse::decode(&mut bytes, version).map(drop),
         ApiKey::ShareAcknowledge => ShareAcknowledgeResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::DescribeShareGroupOffsets => {
+            DescribeShareGroupOffsetsResponse::decode(&mut bytes, version).map(drop)
+        }
+        ApiKey::AlterShareGroupOffsets => {
+            AlterShareGroupOffsetsResponse::decode(&mut bytes, version).map(drop)
+        }
+        ApiKey::DeleteShareGroupOffsets => {
+            DeleteShareGroupOffsetsResponse::decode(&mut bytes, version).map(drop)
+        }
         other => panic!("{other:?} is advertised but this test cannot decode its response"),
     };
     decoded.unwrap_or_else(|e| panic!("{what}: response does not decode: {e}"));

@@ -338,6 +338,20 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     // Share groups (KIP-932), Kafka's names, defaults and ranges.
     ("group.share.delivery.count.limit", "5", ConfigType::Int),
     ("group.share.record.lock.duration.ms", "30000", ConfigType::Int),
+    // Bounds of the lock duration and the delivery limit, for the broker's
+    // values and groups' own (`share.record.lock.duration.ms`, ...).
+    (
+        "group.share.min.record.lock.duration.ms",
+        "15000",
+        ConfigType::Int,
+    ),
+    (
+        "group.share.max.record.lock.duration.ms",
+        "60000",
+        ConfigType::Int,
+    ),
+    ("group.share.min.delivery.count.limit", "2", ConfigType::Int),
+    ("group.share.max.delivery.count.limit", "10", ConfigType::Int),
     ("group.share.partition.max.record.locks", "2000", ConfigType::Int),
     ("group.share.max.share.sessions", "2000", ConfigType::Int),
     ("group.share.max.size", "200", ConfigType::Int),
@@ -1092,6 +1106,10 @@ impl BrokerConfig {
             ("keel.share.version", 0, 1),
             ("group.share.delivery.count.limit", 2, 10),
             ("group.share.record.lock.duration.ms", 1000, 3_600_000),
+            ("group.share.min.record.lock.duration.ms", 1000, 30_000),
+            ("group.share.max.record.lock.duration.ms", 30_000, 3_600_000),
+            ("group.share.min.delivery.count.limit", 2, 5),
+            ("group.share.max.delivery.count.limit", 5, 25),
             ("group.share.partition.max.record.locks", 100, 10_000),
             ("group.share.max.share.sessions", 1, i64::from(i32::MAX)),
             ("group.share.max.size", 1, 1000),
@@ -1103,6 +1121,26 @@ impl BrokerConfig {
                 return Err(ConfigError {
                     key: key.into(),
                     reason: format!("{v} must be between {lo} and {hi}"),
+                });
+            }
+        }
+        for (key, min, max) in [
+            (
+                "group.share.record.lock.duration.ms",
+                "group.share.min.record.lock.duration.ms",
+                "group.share.max.record.lock.duration.ms",
+            ),
+            (
+                "group.share.delivery.count.limit",
+                "group.share.min.delivery.count.limit",
+                "group.share.max.delivery.count.limit",
+            ),
+        ] {
+            let (v, lo, hi) = (self.num(key), self.num(min), self.num(max));
+            if v < lo || v > hi {
+                return Err(ConfigError {
+                    key: key.into(),
+                    reason: format!("{v} must be between {min} ({lo}) and {max} ({hi})"),
                 });
             }
         }

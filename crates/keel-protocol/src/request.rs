@@ -110,6 +110,9 @@ pub enum Request {
     ShareGroupDescribe(ShareGroupDescribeRequest),
     ShareFetch(ShareFetchRequest),
     ShareAcknowledge(ShareAcknowledgeRequest),
+    DescribeShareGroupOffsets(DescribeShareGroupOffsetsRequest),
+    AlterShareGroupOffsets(AlterShareGroupOffsetsRequest),
+    DeleteShareGroupOffsets(DeleteShareGroupOffsetsRequest),
     ListConfigResources(ListConfigResourcesRequest),
 }
 
@@ -262,6 +265,15 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         ApiKey::ShareGroupDescribe => Request::ShareGroupDescribe(ShareGroupDescribeRequest::decode(buf, v)?),
         ApiKey::ShareFetch => Request::ShareFetch(ShareFetchRequest::decode(buf, v)?),
         ApiKey::ShareAcknowledge => Request::ShareAcknowledge(ShareAcknowledgeRequest::decode(buf, v)?),
+        ApiKey::DescribeShareGroupOffsets => {
+            Request::DescribeShareGroupOffsets(DescribeShareGroupOffsetsRequest::decode(buf, v)?)
+        }
+        ApiKey::AlterShareGroupOffsets => {
+            Request::AlterShareGroupOffsets(AlterShareGroupOffsetsRequest::decode(buf, v)?)
+        }
+        ApiKey::DeleteShareGroupOffsets => {
+            Request::DeleteShareGroupOffsets(DeleteShareGroupOffsetsRequest::decode(buf, v)?)
+        }
         ApiKey::ListConfigResources => {
             Request::ListConfigResources(ListConfigResourcesRequest::decode(buf, v)?)
         }

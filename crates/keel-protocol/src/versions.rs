@@ -108,6 +108,11 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::ShareGroupDescribe, 1, 1),
     api(ApiKey::ShareFetch, 1, 1),
     api(ApiKey::ShareAcknowledge, 1, 1),
+    // What `kafka-share-groups` uses for offsets. DescribeShareGroupOffsets
+    // v1 (Kafka 4.2: lag) is not in `kafka-protocol` 0.18.
+    api(ApiKey::DescribeShareGroupOffsets, 0, 0),
+    api(ApiKey::AlterShareGroupOffsets, 0, 0),
+    api(ApiKey::DeleteShareGroupOffsets, 0, 0),
     // KIP-1142 (v0: ListClientMetricsResources).
     api(ApiKey::ListConfigResources, 0, 1),
 ];
@@ -194,6 +199,9 @@ mod tests {
                 ApiKey::ShareGroupDescribe => check::<ShareGroupDescribeRequest>(a),
                 ApiKey::ShareFetch => check::<ShareFetchRequest>(a),
                 ApiKey::ShareAcknowledge => check::<ShareAcknowledgeRequest>(a),
+                ApiKey::DescribeShareGroupOffsets => check::<DescribeShareGroupOffsetsRequest>(a),
+                ApiKey::AlterShareGroupOffsets => check::<AlterShareGroupOffsetsRequest>(a),
+                ApiKey::DeleteShareGroupOffsets => check::<DeleteShareGroupOffsetsRequest>(a),
                 ApiKey::ListConfigResources => check::<ListConfigResourcesRequest>(a),
                 ApiKey::ListGroups => check::<ListGroupsRequest>(a),
                 ApiKey::DescribeGroups => check::<DescribeGroupsRequest>(a),

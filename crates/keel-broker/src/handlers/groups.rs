@@ -766,29 +766,35 @@ pub fn describe_groups(broker: &Broker, req: DescribeGroupsRequest, version: i16
 
 pub async fn delete_groups(broker: &Arc<Broker>, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
     // Groups another broker coordinates (or whose partition is loading)
-    // are answered with why; the rest are deleted here.
-    let refused: Vec<Option<ResponseError>> = req
-        .groups_names
-        .iter()
-        .map(|g| broker.group_refused(g.as_str()))
-        .collect();
+    // are answered with why; share groups by the share coordinator (an
+    // empty one goes with its share state); the rest are deleted here.
+    let mut outcomes: Vec<Option<Result<(), ResponseError>>> = Vec::with_capacity(req.groups_names.len());
+    for g in &req.groups_names {
+        let outcome = match broker.group_refused(g.as_str()) {
+            Some(e) => Some(Err(e)),
+            None if broker.share.has_group(g.as_str()) => Some(match broker.share.delete_group(g.as_str()) {
+                Ok(write) => write.await.map_err(|_| ResponseError::CoordinatorNotAvailable),
+                Err((e, _)) => Err(e),
+            }),
+            None => None,
+        };
+        outcomes.push(outcome);
+    }
     let ids: Vec<String> = req
         .groups_names
         .iter()
-        .zip(&refused)
-        .filter(|(_, r)| r.is_none())
+        .zip(&outcomes)
+        .filter(|(_, o)| o.is_none())
         .map(|(g, _)| g.to_string())
         .collect();
     let mut deleted = broker.groups.delete_groups(&ids).await.into_iter();
     let results = req
         .groups_names
         .into_iter()
-        .zip(refused)
-        .map(|(g, refused)| {
-            let r = match refused {
-                Some(e) => Err(e),
-                None => deleted.next().unwrap_or(Err(ResponseError::UnknownServerError)),
-            };
+        .zip(outcomes)
+        .map(|(g, outcome)| {
+            let r =
+                outcome.unwrap_or_else(|| deleted.next().unwrap_or(Err(ResponseError::UnknownServerError)));
             DeletableGroupResult::default()
                 .with_group_id(g)
                 .with_error_code(code(r))

@@ -70,5 +70,8 @@ throttle_field!(
     ShareGroupDescribeResponse,
     ShareFetchResponse,
     ShareAcknowledgeResponse,
+    DescribeShareGroupOffsetsResponse,
+    AlterShareGroupOffsetsResponse,
+    DeleteShareGroupOffsetsResponse,
     ListConfigResourcesResponse,
 );

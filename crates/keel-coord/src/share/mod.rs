@@ -145,9 +145,13 @@ impl ShareCoordinator {
                 .map(|(k, s)| (k.clone(), SharePartition::restore(s)))
                 .collect()
         });
+        // A group with share state is there after a restart, empty until
+        // its members join again.
+        let groups = partitions_groups(&partitions);
         Ok(ShareCoordinator {
             state: Mutex::new(State {
                 partitions,
+                groups,
                 ..State::default()
             }),
             changes: watch::channel(0).0,
@@ -524,6 +528,132 @@ impl ShareCoordinator {
         })
     }
 
+    /// The start offset of each of `group`'s share partitions, in key
+    /// order; `None` if there is no such share group.
+    pub fn group_offsets(&self, group: &str) -> Option<Vec<(Uuid, i32, i64)>> {
+        let state = self.state.lock();
+        state.groups.get(group)?;
+        let mut out: Vec<(Uuid, i32, i64)> = state
+            .partitions
+            .iter()
+            .filter(|(k, _)| k.group == group)
+            .map(|(k, sp)| (k.topic_id, k.partition, sp.start_offset()))
+            .collect();
+        out.sort();
+        Some(out)
+    }
+
+    /// A share partition's start offset, if it has share state.
+    pub fn start_offset(&self, key: &ShareKey) -> Option<i64> {
+        self.state
+            .lock()
+            .partitions
+            .get(key)
+            .map(SharePartition::start_offset)
+    }
+
+    /// Refuses a change of `group`'s offsets while it has members.
+    fn check_empty(state: &State, group: &str) -> Result<(), ShareError> {
+        match state.groups.get(group) {
+            Some(g) if !g.members.is_empty() => Err((
+                ResponseError::NonEmptyGroup,
+                format!(
+                    "The share group {group} has members: its offsets can change only while it is empty."
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sets the start offsets of an empty share group's partitions
+    /// (AlterShareGroupOffsets; `kafka-share-groups --reset-offsets`):
+    /// each starts again there with nothing in flight. A group that does
+    /// not exist is created, empty.
+    pub fn reset_offsets(&self, group: &str, offsets: &[(Uuid, i32, i64)]) -> Result<Write, ShareError> {
+        let mut state = self.state.lock();
+        Self::check_empty(&state, group)?;
+        state
+            .groups
+            .entry(group.to_string())
+            .or_insert_with(|| ShareGroup::new(group));
+        let mut records = Vec::with_capacity(offsets.len());
+        for &(topic_id, partition, start) in offsets {
+            let k = key(group, topic_id, partition);
+            let sp = state
+                .partitions
+                .entry(k.clone())
+                .or_insert_with(|| SharePartition::new(start));
+            sp.reset(start);
+            records.push(ShareRecord {
+                key: k,
+                state: Some(sp.persisted()),
+            });
+        }
+        Ok(self.write(records))
+    }
+
+    /// Removes an empty share group's state for `topics`
+    /// (DeleteShareGroupOffsets): their share partitions start again at
+    /// the log end when next assigned.
+    pub fn delete_offsets(&self, group: &str, topics: &[Uuid]) -> Result<Write, ShareError> {
+        let mut state = self.state.lock();
+        if !state.groups.contains_key(group) {
+            return Err((
+                ResponseError::GroupIdNotFound,
+                format!("Group {group} not found."),
+            ));
+        }
+        Self::check_empty(&state, group)?;
+        let gone: Vec<ShareKey> = state
+            .partitions
+            .keys()
+            .filter(|k| k.group == group && topics.contains(&k.topic_id))
+            .cloned()
+            .collect();
+        Ok(self.remove(&mut state, gone))
+    }
+
+    /// Deletes an empty share group and its share state (DeleteGroups).
+    pub fn delete_group(&self, group: &str) -> Result<Write, ShareError> {
+        let mut state = self.state.lock();
+        if !state.groups.contains_key(group) {
+            return Err((
+                ResponseError::GroupIdNotFound,
+                format!("Group {group} not found."),
+            ));
+        }
+        Self::check_empty(&state, group)?;
+        state.groups.remove(group);
+        state.sessions.retain(|(g, _), _| g != group);
+        let gone: Vec<ShareKey> = state
+            .partitions
+            .keys()
+            .filter(|k| k.group == group)
+            .cloned()
+            .collect();
+        Ok(self.remove(&mut state, gone))
+    }
+
+    /// Removes share partitions, with their tombstones.
+    fn remove(&self, state: &mut State, keys: Vec<ShareKey>) -> Write {
+        let records = keys
+            .into_iter()
+            .map(|k| {
+                state.partitions.remove(&k);
+                ShareRecord { key: k, state: None }
+            })
+            .collect();
+        self.write(records)
+    }
+
+    /// Queues records on the share log (under the state lock).
+    fn write(&self, records: Vec<ShareRecord>) -> Write {
+        match &self.log {
+            Some(log) if !records.is_empty() => Box::pin(log.submit(Entry::Records(records))),
+            _ => done(),
+        }
+    }
+
     /// `key`'s state as the share log keeps it.
     pub fn persisted(&self, key: &ShareKey) -> Option<store::ShareState> {
         self.state
@@ -549,6 +679,17 @@ impl ShareCoordinator {
         out.sort_by(|a, b| a.key.cmp(&b.key));
         out
     }
+}
+
+fn partitions_groups(partitions: &HashMap<ShareKey, SharePartition>) -> BTreeMap<String, ShareGroup> {
+    partitions
+        .keys()
+        .map(|k| (k.group.clone(), ShareGroup::new(&k.group)))
+        .collect()
+}
+
+fn done() -> Write {
+    Box::pin(async { Ok(()) })
 }
 
 pub fn key(group: &str, topic_id: Uuid, partition: i32) -> ShareKey {

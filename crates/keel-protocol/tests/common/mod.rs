@@ -262,6 +262,11 @@ pub fn body(g: &mut Gen, key: ApiKey, v: i16) -> Option<Request> {
         ApiKey::ShareGroupDescribe => Request::ShareGroupDescribe(share_group_describe(g, v)),
         ApiKey::ShareFetch => Request::ShareFetch(share_fetch(g, v)),
         ApiKey::ShareAcknowledge => Request::ShareAcknowledge(share_acknowledge(g, v)),
+        ApiKey::DescribeShareGroupOffsets => {
+            Request::DescribeShareGroupOffsets(describe_share_group_offsets(g, v))
+        }
+        ApiKey::AlterShareGroupOffsets => Request::AlterShareGroupOffsets(alter_share_group_offsets(g, v)),
+        ApiKey::DeleteShareGroupOffsets => Request::DeleteShareGroupOffsets(delete_share_group_offsets(g, v)),
         ApiKey::ListConfigResources => Request::ListConfigResources(list_config_resources(g, v)),
         _ => return None,
     })
@@ -322,6 +327,9 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::ShareGroupDescribe(r) => r.encode(buf, v),
         Request::ShareFetch(r) => r.encode(buf, v),
         Request::ShareAcknowledge(r) => r.encode(buf, v),
+        Request::DescribeShareGroupOffsets(r) => r.encode(buf, v),
+        Request::AlterShareGroupOffsets(r) => r.encode(buf, v),
+        Request::DeleteShareGroupOffsets(r) => r.encode(buf, v),
         Request::ListConfigResources(r) => r.encode(buf, v),
         #[allow(unreachable_patterns, reason = "the enum grows with Keel's APIs")]
         other => anyhow::bail!("no encoder for {other:?}"),
@@ -395,6 +403,9 @@ pub fn same_body(a: &Request, b: &Request) -> bool {
         (Request::ShareGroupDescribe(a), Request::ShareGroupDescribe(b)) => a == b,
         (Request::ShareFetch(a), Request::ShareFetch(b)) => a == b,
         (Request::ShareAcknowledge(a), Request::ShareAcknowledge(b)) => a == b,
+        (Request::DescribeShareGroupOffsets(a), Request::DescribeShareGroupOffsets(b)) => a == b,
+        (Request::AlterShareGroupOffsets(a), Request::AlterShareGroupOffsets(b)) => a == b,
+        (Request::DeleteShareGroupOffsets(a), Request::DeleteShareGroupOffsets(b)) => a == b,
         (Request::ListConfigResources(a), Request::ListConfigResources(b)) => a == b,
         _ => false,
     }
@@ -1556,6 +1567,55 @@ fn share_acknowledge(g: &mut Gen, _v: i16) -> ShareAcknowledgeRequest {
                         }))
                         .with_unknown_tagged_fields(g.tags(true))
                 }))
+                .with_unknown_tagged_fields(g.tags(true))
+        }))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn describe_share_group_offsets(g: &mut Gen, _v: i16) -> DescribeShareGroupOffsetsRequest {
+    use describe_share_group_offsets_request::*;
+    DescribeShareGroupOffsetsRequest::default()
+        .with_groups(g.vec(3, |g| {
+            DescribeShareGroupOffsetsRequestGroup::default()
+                .with_group_id(GroupId(g.string()))
+                .with_topics(g.bool().then(|| {
+                    g.vec(3, |g| {
+                        DescribeShareGroupOffsetsRequestTopic::default()
+                            .with_topic_name(g.topic())
+                            .with_partitions(g.vec(3, |g| g.i32()))
+                            .with_unknown_tagged_fields(g.tags(true))
+                    })
+                }))
+                .with_unknown_tagged_fields(g.tags(true))
+        }))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn alter_share_group_offsets(g: &mut Gen, _v: i16) -> AlterShareGroupOffsetsRequest {
+    use alter_share_group_offsets_request::*;
+    AlterShareGroupOffsetsRequest::default()
+        .with_group_id(GroupId(g.string()))
+        .with_topics(g.vec(3, |g| {
+            AlterShareGroupOffsetsRequestTopic::default()
+                .with_topic_name(g.topic())
+                .with_partitions(g.vec(3, |g| {
+                    AlterShareGroupOffsetsRequestPartition::default()
+                        .with_partition_index(g.i32())
+                        .with_start_offset(g.i64())
+                        .with_unknown_tagged_fields(g.tags(true))
+                }))
+                .with_unknown_tagged_fields(g.tags(true))
+        }))
+        .with_unknown_tagged_fields(g.tags(true))
+}
+
+fn delete_share_group_offsets(g: &mut Gen, _v: i16) -> DeleteShareGroupOffsetsRequest {
+    use delete_share_group_offsets_request::*;
+    DeleteShareGroupOffsetsRequest::default()
+        .with_group_id(GroupId(g.string()))
+        .with_topics(g.vec(3, |g| {
+            DeleteShareGroupOffsetsRequestTopic::default()
+                .with_topic_name(g.topic())
                 .with_unknown_tagged_fields(g.tags(true))
         }))
         .with_unknown_tagged_fields(g.tags(true))

@@ -196,3 +196,30 @@ pub(super) async fn share_group_describe(
     resp.groups.extend(denied);
     call.answer(b, ApiKey::ShareGroupDescribe, &mut resp)
 }
+
+pub(super) async fn describe_share_group_offsets(
+    b: &Arc<Broker>,
+    r: DescribeShareGroupOffsetsRequest,
+    call: Call<'_>,
+) -> Reply {
+    let mut resp = handlers::share::admin::describe_offsets(b, call.client, r);
+    call.answer(b, ApiKey::DescribeShareGroupOffsets, &mut resp)
+}
+
+pub(super) async fn alter_share_group_offsets(
+    b: &Arc<Broker>,
+    r: AlterShareGroupOffsetsRequest,
+    call: Call<'_>,
+) -> Reply {
+    let mut resp = handlers::share::admin::alter_offsets(b, call.client, r).await;
+    call.answer(b, ApiKey::AlterShareGroupOffsets, &mut resp)
+}
+
+pub(super) async fn delete_share_group_offsets(
+    b: &Arc<Broker>,
+    r: DeleteShareGroupOffsetsRequest,
+    call: Call<'_>,
+) -> Reply {
+    let mut resp = handlers::share::admin::delete_offsets(b, call.client, r).await;
+    call.answer(b, ApiKey::DeleteShareGroupOffsets, &mut resp)
+}

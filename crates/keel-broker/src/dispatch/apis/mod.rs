@@ -128,6 +128,9 @@ pub(super) static APIS: &[Api] = &[
     api!(ShareGroupDescribe, groups::share_group_describe),
     api!(ShareFetch, data::share_fetch),
     api!(ShareAcknowledge, data::share_acknowledge),
+    api!(DescribeShareGroupOffsets, groups::describe_share_group_offsets),
+    api!(AlterShareGroupOffsets, groups::alter_share_group_offsets),
+    api!(DeleteShareGroupOffsets, groups::delete_share_group_offsets),
 ];
 
 /// The entry of `key`, if the broker serves it.

@@ -5,6 +5,7 @@
 //! share API answers UNSUPPORTED_VERSION, as Kafka does while the
 //! `share.version` feature is off.
 
+pub mod admin;
 pub mod fetch;
 
 use std::hash::{Hash, Hasher};
