@@ -431,6 +431,47 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
         ApiKey::ConsumerGroupDescribe => encoded!(ConsumerGroupDescribeRequest::default()
             .with_group_ids(vec![group_id("kip848"), group_id("unknown")])),
         ApiKey::ListConfigResources => encoded!(ListConfigResourcesRequest::default()),
+        ApiKey::ShareGroupHeartbeat => encoded!(ShareGroupHeartbeatRequest::default()
+            .with_group_id(group_id("queue"))
+            .with_member_id(str("share-member-1"))
+            .with_member_epoch(0)
+            .with_subscribed_topic_names(Some(vec![name("t")]))),
+        ApiKey::ShareGroupDescribe => {
+            encoded!(ShareGroupDescribeRequest::default()
+                .with_group_ids(vec![group_id("queue"), group_id("unknown")]))
+        }
+        ApiKey::ShareFetch => encoded!(ShareFetchRequest::default()
+            .with_group_id(Some(group_id("queue")))
+            .with_member_id(Some(str("share-member-1")))
+            .with_share_session_epoch(0)
+            .with_max_records(10)
+            .with_topics(vec![share_fetch_request::FetchTopic::default()
+                .with_topic_id(uuid::Uuid::nil())
+                .with_partitions(vec![share_fetch_request::FetchPartition::default()])])),
+        ApiKey::ShareAcknowledge => encoded!(ShareAcknowledgeRequest::default()
+            .with_group_id(Some(group_id("queue")))
+            .with_member_id(Some(str("share-member-1")))
+            .with_share_session_epoch(1)),
+        ApiKey::DescribeShareGroupOffsets => encoded!(DescribeShareGroupOffsetsRequest::default()
+            .with_groups(vec![
+                describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestGroup::default()
+                    .with_group_id(group_id("queue"))
+            ])),
+        ApiKey::AlterShareGroupOffsets => encoded!(AlterShareGroupOffsetsRequest::default()
+            .with_group_id(group_id("queue"))
+            .with_topics(vec![
+                alter_share_group_offsets_request::AlterShareGroupOffsetsRequestTopic::default()
+                    .with_topic_name(name("t"))
+                    .with_partitions(vec![
+                        alter_share_group_offsets_request::AlterShareGroupOffsetsRequestPartition::default()
+                    ])
+            ])),
+        ApiKey::DeleteShareGroupOffsets => encoded!(DeleteShareGroupOffsetsRequest::default()
+            .with_group_id(group_id("other-queue"))
+            .with_topics(vec![
+                delete_share_group_offsets_request::DeleteShareGroupOffsetsRequestTopic::default()
+                    .with_topic_name(name("t"))
+            ])),
         other => panic!("{other:?} has no request in this test"),
     }
 }
@@ -521,6 +562,24 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
             ConsumerGroupDescribeResponse::decode(&mut body, version).map(|_| ())
         }
         ApiKey::ListConfigResources => ListConfigResourcesResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::ShareGroupHeartbeat => ShareGroupHeartbeatResponse::decode(&mut body, version).map(|r| {
+            assert_eq!(r.error_code, 0, "ShareGroupHeartbeat: {:?}", r.error_message);
+            assert!(r.assignment.is_some(), "a joining member is sent its assignment");
+        }),
+        ApiKey::ShareGroupDescribe => ShareGroupDescribeResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::ShareFetch => ShareFetchResponse::decode(&mut body, version).map(|r| {
+            assert_eq!(r.error_code, 0, "ShareFetch: {:?}", r.error_message);
+        }),
+        ApiKey::ShareAcknowledge => ShareAcknowledgeResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::DescribeShareGroupOffsets => {
+            DescribeShareGroupOffsetsResponse::decode(&mut body, version).map(|_| ())
+        }
+        ApiKey::AlterShareGroupOffsets => {
+            AlterShareGroupOffsetsResponse::decode(&mut body, version).map(|_| ())
+        }
+        ApiKey::DeleteShareGroupOffsets => {
+            DeleteShareGroupOffsetsResponse::decode(&mut body, version).map(|_| ())
+        }
         other => panic!("{other:?} has no response in this test"),
     };
     r.unwrap_or_else(|e| panic!("{key:?} v{version}: response does not decode: {e}"));
