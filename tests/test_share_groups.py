@@ -288,3 +288,29 @@ def test_kafka_share_groups_lists_describes_resets_and_deletes(broker_factory):
     assert "no offset information" in share_groups_tool(b, "--describe", "--group", group)
     assert "was successful" in share_groups_tool(b, "--delete", "--group", group)
     assert group not in share_groups_tool(b, "--list").split()
+
+
+def group_configs(b, group: str, *args: str) -> str:
+    done = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server", b.bootstrap,
+                           "--entity-type", "groups", "--entity-name", group, *args)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_share_group_configs_set_with_kafka_configs(broker_factory):
+    """`kafka-configs --entity-type groups`: share.auto.offset.reset=earliest
+    makes a new group read what was written before it joined, and its own
+    share.delivery.count.limit (2, under the broker's 5) archives records
+    released at every delivery after two."""
+    b = broker_factory(sets=SHARE)
+    topic, group = unique("share-configs"), unique("workers")
+    create_topic(b.bootstrap, topic, 1)
+    produce(b, topic, 0, 30)
+    group_configs(b, group, "--alter", "--add-config",
+                  "share.auto.offset.reset=earliest,share.delivery.count.limit=2")
+    described = group_configs(b, group, "--describe")
+    assert "share.auto.offset.reset=earliest" in described, described
+    assert "share.delivery.count.limit=2" in described, described
+    result = finish(consume(b, topic, group, "release", 1, 30, "2"))
+    assert result["complete"] and result["rejected"] == 30, result
+    assert result["max_delivery_count"] == 2 and result["delivered_after_done"] == 0, result

@@ -9,8 +9,12 @@
 //! `group.consumer.min.*`/`max.*` bounds, the session longer than the
 //! heartbeat interval), written to `__keel_meta/group-configs.json` (a
 //! temporary file, fsynced, renamed: the commit point), and then in force:
-//! a member's next heartbeat takes them. Kafka's share and streams group
-//! configs are refused: Keel has neither kind of group.
+//! a member's next heartbeat takes them. Share groups' (KIP-932):
+//! `share.record.lock.duration.ms`, `share.delivery.count.limit` and
+//! `share.partition.max.record.locks` over the broker's `group.share.*`,
+//! and `share.auto.offset.reset` (`earliest` or `latest`), in force for
+//! the next acquisition or the next share partition assigned. Kafka's
+//! other share group configs and its streams group configs are refused.
 //!
 //! In a cluster, group configs are the cluster's: kept in the coordination
 //! store (`<prefix>/configs/groups/<group id>`, the group's JSON map), so
@@ -33,10 +37,32 @@ pub const HEARTBEAT_INTERVAL_MS: &str = "consumer.heartbeat.interval.ms";
 pub const GROUP_CONFIGS: &[(&str, &str)] = &[
     (SESSION_TIMEOUT_MS, "group.consumer.session.timeout.ms"),
     (HEARTBEAT_INTERVAL_MS, "group.consumer.heartbeat.interval.ms"),
+    (SHARE_LOCK_DURATION_MS, "group.share.record.lock.duration.ms"),
+    (SHARE_DELIVERY_COUNT_LIMIT, "group.share.delivery.count.limit"),
+    (SHARE_MAX_RECORD_LOCKS, "group.share.partition.max.record.locks"),
 ];
 
+pub const SHARE_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
+pub const SHARE_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
+pub const SHARE_MAX_RECORD_LOCKS: &str = "share.partition.max.record.locks";
+pub const SHARE_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
+
+/// Share groups' string configs: name, default (no broker config sets
+/// it), the values Keel takes.
+pub const SHARE_STRING_CONFIGS: &[(&str, &str, &[&str])] =
+    &[(SHARE_AUTO_OFFSET_RESET, "latest", &["earliest", "latest"])];
+
 /// Kafka's other group configs, which Keel refuses by name.
-const NOT_IN_KEEL: &[&str] = &["consumer.assignment.interval.ms", "share.", "streams."];
+const NOT_IN_KEEL: &[&str] = &[
+    "consumer.assignment.interval.ms",
+    "share.session.timeout.ms",
+    "share.heartbeat.interval.ms",
+    "share.isolation.level",
+    "share.renew.acknowledge.enable",
+    "share.assignment.interval.ms",
+    "share.assignor.offload.enable",
+    "streams.",
+];
 
 /// The file under the metadata dir.
 const FILE: &str = "group-configs.json";
@@ -127,6 +153,36 @@ impl GroupConfigs {
         }
     }
 
+    /// `group`'s share settings: its own over the broker's `group.share.*`.
+    pub fn share_limits(
+        &self,
+        group: &str,
+        broker: keel_coord::share::partition::ShareLimits,
+    ) -> keel_coord::share::partition::ShareLimits {
+        let set = self.get(group);
+        if set.is_empty() {
+            return broker;
+        }
+        let value = |key: &str| set.get(key).and_then(|v| v.trim().parse::<i64>().ok());
+        keel_coord::share::partition::ShareLimits {
+            lock_ms: value(SHARE_LOCK_DURATION_MS).unwrap_or(broker.lock_ms),
+            delivery_limit: value(SHARE_DELIVERY_COUNT_LIMIT)
+                .and_then(|v| i16::try_from(v).ok())
+                .unwrap_or(broker.delivery_limit),
+            max_in_flight: value(SHARE_MAX_RECORD_LOCKS)
+                .and_then(|v| usize::try_from(v).ok())
+                .unwrap_or(broker.max_in_flight),
+        }
+    }
+
+    /// Whether `group`'s new share partitions start at the log's start
+    /// (`share.auto.offset.reset` earliest) rather than its end.
+    pub fn share_from_earliest(&self, group: &str) -> bool {
+        self.get(group)
+            .get(SHARE_AUTO_OFFSET_RESET)
+            .is_some_and(|v| v.trim() == "earliest")
+    }
+
     /// Makes `next` (checked by [`check`]) `group`'s configs: persisted,
     /// then in force. The caller serializes changes (the broker's admin
     /// lock), so the file is written in the order the map changes.
@@ -186,14 +242,24 @@ impl GroupConfigs {
 /// Kafka's checks of a group's configs `next` (`GroupConfig.validate`)
 /// under the broker's `config`, with Kafka's messages (INVALID_CONFIG).
 pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(), String> {
-    for key in next.keys() {
+    for (key, value) in next {
         if GROUP_CONFIGS.iter().any(|(name, _)| name == key) {
+            continue;
+        }
+        if let Some((_, _, allowed)) = SHARE_STRING_CONFIGS.iter().find(|(name, _, _)| name == key) {
+            if !allowed.contains(&value.trim()) {
+                return Err(format!(
+                    "Invalid value {value} for configuration {key}: Keel takes {}",
+                    allowed.join(" or ")
+                ));
+            }
             continue;
         }
         if NOT_IN_KEEL.iter().any(|p| key.starts_with(p)) {
             return Err(format!(
-                "Group config {key} is Apache Kafka's, for what Keel does not have (share and streams \
-                 groups, assignment intervals); Keel refuses it"
+                "Group config {key} is Apache Kafka's, for what Keel does not have (streams groups, \
+                 assignment intervals, share groups' own session timeouts, read_committed and RENEW); \
+                 Keel refuses it"
             ));
         }
         return Err(format!("Unknown group config name: {key}"));
@@ -215,6 +281,16 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
     }
     let bounds = [
         (
+            SHARE_LOCK_DURATION_MS,
+            "group.share.min.record.lock.duration.ms",
+            "group.share.max.record.lock.duration.ms",
+        ),
+        (
+            SHARE_DELIVERY_COUNT_LIMIT,
+            "group.share.min.delivery.count.limit",
+            "group.share.max.delivery.count.limit",
+        ),
+        (
             HEARTBEAT_INTERVAL_MS,
             "group.consumer.min.heartbeat.interval.ms",
             "group.consumer.max.heartbeat.interval.ms",
@@ -232,6 +308,9 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
         if values[name] > config.num(max) {
             return Err(format!("{name} must be less than or equal to {max}"));
         }
+    }
+    if !(100..=10_000).contains(&values[SHARE_MAX_RECORD_LOCKS]) {
+        return Err(format!("{SHARE_MAX_RECORD_LOCKS} must be between 100 and 10000"));
     }
     if values[SESSION_TIMEOUT_MS] <= values[HEARTBEAT_INTERVAL_MS] {
         return Err(format!(
@@ -260,6 +339,20 @@ mod tests {
         let refused = |pairs: &[(&str, &str)]| check(&config, &set(pairs)).unwrap_err();
         assert_eq!(refused(&[("no.such", "1")]), "Unknown group config name: no.such");
         assert!(refused(&[("share.session.timeout.ms", "1")]).contains("Keel refuses it"));
+        assert_eq!(
+            check(&config, &set(&[(SHARE_AUTO_OFFSET_RESET, "earliest")])),
+            Ok(())
+        );
+        assert!(refused(&[(SHARE_AUTO_OFFSET_RESET, "by_duration:PT1H")]).contains("earliest or latest"));
+        assert_eq!(
+            refused(&[(SHARE_LOCK_DURATION_MS, "5000")]),
+            "share.record.lock.duration.ms must be greater than or equal to group.share.min.record.lock.duration.ms"
+        );
+        assert_eq!(
+            refused(&[(SHARE_DELIVERY_COUNT_LIMIT, "11")]),
+            "share.delivery.count.limit must be less than or equal to group.share.max.delivery.count.limit"
+        );
+        assert!(refused(&[(SHARE_MAX_RECORD_LOCKS, "50")]).contains("between 100 and 10000"));
         assert_eq!(
             refused(&[(SESSION_TIMEOUT_MS, "soon")]),
             "Invalid value soon for configuration consumer.session.timeout.ms: Not a number of type INT"

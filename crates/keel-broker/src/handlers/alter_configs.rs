@@ -219,6 +219,13 @@ fn effective(
         return Ok((ty, value));
     }
     if kind == RESOURCE_GROUP {
+        if let Some((_, default, _)) = crate::group_configs::SHARE_STRING_CONFIGS
+            .iter()
+            .find(|(name, _, _)| *name == key)
+        {
+            let value = current.get(key).cloned().unwrap_or_else(|| default.to_string());
+            return Ok((ConfigType::String, value));
+        }
         let (_, broker_key) = GROUP_CONFIGS
             .iter()
             .find(|(name, _)| *name == key)

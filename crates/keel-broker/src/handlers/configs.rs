@@ -171,7 +171,28 @@ fn broker_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseEr
 fn group_entries(broker: &Broker, name: &str) -> Vec<Entry> {
     let config = broker.config();
     let set = broker.group_configs.get(name);
-    GROUP_CONFIGS
+    let strings = crate::group_configs::SHARE_STRING_CONFIGS
+        .iter()
+        .map(|(key, default, _)| {
+            let (value, source, synonyms) = match set.get(*key) {
+                Some(v) => (
+                    v.clone(),
+                    ConfigSource::GroupConfig,
+                    vec![(key.to_string(), v.clone(), ConfigSource::GroupConfig)],
+                ),
+                None => (default.to_string(), ConfigSource::Default, Vec::new()),
+            };
+            Entry {
+                name: key.to_string(),
+                value,
+                source,
+                kind: ConfigType::String,
+                read_only: false,
+                synonyms,
+                documentation: None,
+            }
+        });
+    let ints: Vec<Entry> = GROUP_CONFIGS
         .iter()
         .map(|(key, broker_key)| {
             let default = config.get(broker_key).to_string();
@@ -193,7 +214,8 @@ fn group_entries(broker: &Broker, name: &str) -> Vec<Entry> {
                 documentation: None,
             }
         })
-        .collect()
+        .collect();
+    ints.into_iter().chain(strings).collect()
 }
 
 /// The loggers with a level of their own, and the root logger.

@@ -39,9 +39,12 @@ pub fn connection_key(client: &ClientInfo) -> u64 {
     h.finish()
 }
 
-/// The limits a group's share partitions work under.
-pub fn limits(broker: &Broker, _group: &str) -> ShareLimits {
-    broker.config().share_limits()
+/// The limits a group's share partitions work under: its own configs
+/// over the broker's `group.share.*`.
+pub fn limits(broker: &Broker, group: &str) -> ShareLimits {
+    broker
+        .group_configs
+        .share_limits(group, broker.config().share_limits())
 }
 
 impl Broker {
@@ -85,7 +88,7 @@ fn heartbeat_error(e: ResponseError, message: impl Into<String>) -> ShareGroupHe
 /// ShareGroupHeartbeat: joins, stays in or leaves a share group. The
 /// partitions a member is assigned have their share state before it
 /// hears of them: new ones start at the log's end
-/// (`share.auto.offset.reset` latest, Kafka's default).
+/// (`share.auto.offset.reset` latest, Kafka's default) or start.
 pub fn share_group_heartbeat(
     broker: &Broker,
     req: ShareGroupHeartbeatRequest,
@@ -146,8 +149,10 @@ pub fn share_group_heartbeat(
 }
 
 /// Gives the group's newly assigned partitions their share state, at
-/// the end of their logs.
+/// the end of their logs, or at their start when the group's
+/// `share.auto.offset.reset` is `earliest`.
 pub fn initialize(broker: &Broker, group: &str) {
+    let earliest = broker.group_configs.share_from_earliest(group);
     for (topic_id, partition) in broker.share.uninitialized(group) {
         let Some(topic) = broker.data.topics.get_by_id(topic_id) else {
             continue;
@@ -158,7 +163,12 @@ pub fn initialize(broker: &Broker, group: &str) {
         let key = keel_coord::share::key(group, topic_id, partition);
         // Not waited for: a share partition whose start is lost starts
         // again at the log end, as a new one does.
-        drop(broker.share.initialize(key, p.high_watermark()));
+        let start = if earliest {
+            p.log_start_offset()
+        } else {
+            p.high_watermark()
+        };
+        drop(broker.share.initialize(key, start));
     }
 }
 
