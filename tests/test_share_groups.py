@@ -314,3 +314,31 @@ def test_share_group_configs_set_with_kafka_configs(broker_factory):
     result = finish(consume(b, topic, group, "release", 1, 30, "2"))
     assert result["complete"] and result["rejected"] == 30, result
     assert result["max_delivery_count"] == 2 and result["delivered_after_done"] == 0, result
+
+
+def test_read_committed_share_consumers_skip_aborted_transactions(broker_factory):
+    """share.isolation.level=read_committed: a transactional producer
+    commits every other transaction and aborts the rest; share consumers
+    get exactly the committed records, never an aborted one or a marker."""
+    from confluent_kafka import Producer
+    b = broker_factory(sets=SHARE)
+    topic, group = unique("share-txn"), unique("workers")
+    create_topic(b.bootstrap, topic, 1)
+    group_configs(b, group, "--alter", "--add-config",
+                  "share.auto.offset.reset=earliest,share.isolation.level=read_committed")
+    p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": unique("txn")})
+    p.init_transactions(CLIENT_TIMEOUT_S)
+    committed = []
+    for r in range(6):
+        p.begin_transaction()
+        values = list(range(r * 10, r * 10 + 10))
+        for v in values:
+            p.produce(topic, key=str(v), value=str(v))
+        if r % 2 == 0:
+            p.commit_transaction(CLIENT_TIMEOUT_S)
+            committed += values
+        else:
+            p.abort_transaction(CLIENT_TIMEOUT_S)
+    result = finish(consume(b, topic, group, "implicit", 2, len(committed)))
+    assert result["complete"] and result["values"] == committed, result
+    assert result["accepted_twice"] == 0 and result["delivered_after_done"] == 0, result

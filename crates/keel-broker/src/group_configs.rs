@@ -12,8 +12,9 @@
 //! a member's next heartbeat takes them. Share groups' (KIP-932):
 //! `share.record.lock.duration.ms`, `share.delivery.count.limit` and
 //! `share.partition.max.record.locks` over the broker's `group.share.*`,
-//! and `share.auto.offset.reset` (`earliest` or `latest`), in force for
-//! the next acquisition or the next share partition assigned. Kafka's
+//! `share.auto.offset.reset` (`earliest` or `latest`) and
+//! `share.isolation.level`, in force for the next acquisition or the
+//! next share partition assigned. Kafka's
 //! other share group configs and its streams group configs are refused.
 //!
 //! In a cluster, group configs are the cluster's: kept in the coordination
@@ -46,18 +47,24 @@ pub const SHARE_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
 pub const SHARE_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
 pub const SHARE_MAX_RECORD_LOCKS: &str = "share.partition.max.record.locks";
 pub const SHARE_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
+pub const SHARE_ISOLATION_LEVEL: &str = "share.isolation.level";
 
 /// Share groups' string configs: name, default (no broker config sets
 /// it), the values Keel takes.
-pub const SHARE_STRING_CONFIGS: &[(&str, &str, &[&str])] =
-    &[(SHARE_AUTO_OFFSET_RESET, "latest", &["earliest", "latest"])];
+pub const SHARE_STRING_CONFIGS: &[(&str, &str, &[&str])] = &[
+    (SHARE_AUTO_OFFSET_RESET, "latest", &["earliest", "latest"]),
+    (
+        SHARE_ISOLATION_LEVEL,
+        "read_uncommitted",
+        &["read_uncommitted", "read_committed"],
+    ),
+];
 
 /// Kafka's other group configs, which Keel refuses by name.
 const NOT_IN_KEEL: &[&str] = &[
     "consumer.assignment.interval.ms",
     "share.session.timeout.ms",
     "share.heartbeat.interval.ms",
-    "share.isolation.level",
     "share.renew.acknowledge.enable",
     "share.assignment.interval.ms",
     "share.assignor.offload.enable",
@@ -183,6 +190,14 @@ impl GroupConfigs {
             .is_some_and(|v| v.trim() == "earliest")
     }
 
+    /// Whether `group`'s share consumers read committed records only
+    /// (`share.isolation.level` read_committed).
+    pub fn share_read_committed(&self, group: &str) -> bool {
+        self.get(group)
+            .get(SHARE_ISOLATION_LEVEL)
+            .is_some_and(|v| v.trim() == "read_committed")
+    }
+
     /// Makes `next` (checked by [`check`]) `group`'s configs: persisted,
     /// then in force. The caller serializes changes (the broker's admin
     /// lock), so the file is written in the order the map changes.
@@ -258,7 +273,7 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
         if NOT_IN_KEEL.iter().any(|p| key.starts_with(p)) {
             return Err(format!(
                 "Group config {key} is Apache Kafka's, for what Keel does not have (streams groups, \
-                 assignment intervals, share groups' own session timeouts, read_committed and RENEW); \
+                 assignment intervals, share groups' own session timeouts and RENEW); \
                  Keel refuses it"
             ));
         }

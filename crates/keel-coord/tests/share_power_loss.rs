@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use keel_coord::share::partition::{AckType, BatchSpan, ShareLimits, SharePartition};
+use keel_coord::share::partition::{AckType, BatchSpan, LogRead, ShareLimits, SharePartition};
 use keel_coord::share::store::ShareState;
 use keel_coord::share::{key, AckBatch, ShareCoordinator, ShareKey};
 use keel_log::faults::{FaultEffect, FaultOp, FaultRule, FaultyStorage};
@@ -142,7 +142,7 @@ impl Harness {
             return Ok(());
         };
         let batches = log_batches(from, 3);
-        let (got, write) = c.acquire(k, member, from, &batches, max, &LIMITS, self.now_ms);
+        let (got, write) = c.acquire(k, member, LogRead::of(from, &batches), max, &LIMITS, self.now_ms);
         let outcome = self.runtime.block_on(write);
         for a in &got {
             assert!(

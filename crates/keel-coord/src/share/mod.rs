@@ -41,7 +41,7 @@ use crate::groups::consumer::Topics;
 use crate::metalog::{log_config, Durability, Entry, MetaLog, OpenError, StoreError};
 use group::{ShareGroup, ShareGroupConfig, ShareGroupState, ShareHeartbeat, ShareHeartbeatAnswer};
 use keel_log::storage::Storage;
-use partition::{AckError, AckType, Acquired, BatchSpan, ShareCounts, ShareLimits, SharePartition};
+use partition::{AckError, AckType, Acquired, LogRead, ShareCounts, ShareLimits, SharePartition};
 use store::{ShareRecord, ShareTable};
 
 /// The share session epoch that opens a session, and the one that closes it.
@@ -393,8 +393,7 @@ impl ShareCoordinator {
         &self,
         key: &ShareKey,
         member: &Arc<str>,
-        from: i64,
-        batches: &[BatchSpan],
+        read: LogRead<'_>,
         max_records: usize,
         limits: &ShareLimits,
         now_ms: i64,
@@ -403,7 +402,7 @@ impl ShareCoordinator {
         let Some(sp) = state.partitions.get_mut(key) else {
             return (Vec::new(), Box::pin(async { Ok(()) }));
         };
-        let acquired = sp.acquire(member, from, batches, max_records, limits, now_ms);
+        let acquired = sp.acquire(member, read, max_records, limits, now_ms);
         // Each acquisition counts a delivery: written, so a restart does
         // not hand a record out past the limit.
         let write = if acquired.is_empty() {

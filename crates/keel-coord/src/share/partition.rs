@@ -166,6 +166,29 @@ pub struct Acquired {
     pub delivery_count: i16,
 }
 
+/// One read of the log: it began at `from` and covered offsets up to
+/// `to` (inclusive); `batches` are those of its batches whose records may
+/// be delivered, in offset order (control batches and aborted
+/// transactions' left out: the offsets the read covered without a
+/// deliverable batch are archived).
+#[derive(Debug, Clone, Copy)]
+pub struct LogRead<'a> {
+    pub from: i64,
+    pub to: i64,
+    pub batches: &'a [BatchSpan],
+}
+
+impl<'a> LogRead<'a> {
+    /// A read whose every batch may be delivered.
+    pub fn of(from: i64, batches: &'a [BatchSpan]) -> LogRead<'a> {
+        LogRead {
+            from,
+            to: batches.last().map_or(from - 1, |b| b.last_offset),
+            batches,
+        }
+    }
+}
+
 /// A log batch's offsets, as a read returned them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchSpan {
@@ -250,32 +273,38 @@ impl SharePartition {
     pub fn acquire(
         &mut self,
         member: &Arc<str>,
-        from: i64,
-        batches: &[BatchSpan],
+        read: LogRead<'_>,
         max_records: usize,
         limits: &ShareLimits,
         now_ms: i64,
     ) -> Vec<Acquired> {
         self.expire(limits, now_ms);
-        self.archive_missing(from, batches);
+        let batches = read.batches;
+        self.archive_missing(read.from, read.to, batches);
         let deadline_ms = now_ms.saturating_add(limits.lock_ms);
         self.earliest_deadline_ms = self.earliest_deadline_ms.min(deadline_ms);
         let max = max_records.max(1);
         let mut taken: Vec<(i64, i16)> = Vec::new();
+        // Whether every batch was looked at: then what the read covered
+        // past the last one has no record to deliver.
+        let mut complete = true;
         'batches: for b in batches {
             if b.last_offset < self.start || b.last_offset < b.base_offset {
                 continue;
             }
             if !self.reach(b.base_offset, limits) {
+                complete = false;
                 break;
             }
             for offset in b.base_offset.max(self.start)..=b.last_offset {
                 if taken.len() >= max {
+                    complete = false;
                     break 'batches;
                 }
                 let i = (offset - self.start) as usize;
                 if i == self.slots.len() {
                     if self.slots.len() >= limits.max_in_flight {
+                        complete = false;
                         break 'batches;
                     }
                     self.slots.push_back(Slot::available());
@@ -284,6 +313,9 @@ impl SharePartition {
                     taken.push((offset, deliveries));
                 }
             }
+        }
+        if complete && read.to >= self.end_offset() {
+            self.reach(read.to.saturating_add(1), limits);
         }
         self.advance();
         ranges(&taken)
@@ -336,13 +368,11 @@ impl SharePartition {
         true
     }
 
-    /// Archives the available in-flight records in `[from, last offset
-    /// read]` that no batch of the read holds: the log no longer has them.
-    fn archive_missing(&mut self, from: i64, batches: &[BatchSpan]) {
-        let Some(last) = batches.last() else {
-            return;
-        };
-        let upto = last.last_offset.min(self.end_offset() - 1);
+    /// Archives the available in-flight records in `[from, to]` that no
+    /// deliverable batch of the read holds: the log no longer has them,
+    /// or they are not to be delivered.
+    fn archive_missing(&mut self, from: i64, to: i64, batches: &[BatchSpan]) {
+        let upto = to.min(self.end_offset() - 1);
         let mut offset = from.max(self.start);
         let mut b = 0;
         while offset <= upto {

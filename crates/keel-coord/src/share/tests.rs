@@ -171,7 +171,13 @@ fn run(seed: u64, steps: usize) {
                 let batches = m.read(from, 1 + rng.below(3) as usize);
                 let max_records = 1 + rng.below(12) as usize;
                 let end_before = sp.end_offset();
-                let got = sp.acquire(&members[who], from, &batches, max_records, &limits, now_ms);
+                let got = sp.acquire(
+                    &members[who],
+                    LogRead::of(from, &batches),
+                    max_records,
+                    &limits,
+                    now_ms,
+                );
                 // Offsets the log skipped are archived, never delivered.
                 let in_log = |o: i64| {
                     m.batches
@@ -338,7 +344,7 @@ fn consumers_that_accept_everything_drain_the_log_once() {
         if read.is_empty() {
             break;
         }
-        for a in sp.acquire(member, from, &read, 25, &limits, 0) {
+        for a in sp.acquire(member, LogRead::of(from, &read), 25, &limits, 0) {
             assert_eq!(a.delivery_count, 1);
             delivered += a.last_offset - a.first_offset + 1;
             sp.acknowledge(
@@ -372,7 +378,7 @@ fn a_record_is_archived_at_the_delivery_limit() {
         base_offset: 0,
         last_offset: 9,
     }];
-    let got = sp.acquire(&m, 5, &batch, 100, &limits, 0);
+    let got = sp.acquire(&m, LogRead::of(5, &batch), 100, &limits, 0);
     assert_eq!(
         got,
         vec![Acquired {
@@ -385,7 +391,10 @@ fn a_record_is_archived_at_the_delivery_limit() {
         .expect("held");
     // The second delivery's lock runs out.
     assert_eq!(sp.next_fetch_offset(&limits, 0), Some(5));
-    assert_eq!(sp.acquire(&m, 5, &batch, 100, &limits, 0)[0].delivery_count, 2);
+    assert_eq!(
+        sp.acquire(&m, LogRead::of(5, &batch), 100, &limits, 0)[0].delivery_count,
+        2
+    );
     assert_eq!(sp.next_deadline_ms(), Some(100));
     assert_eq!(sp.next_fetch_offset(&limits, 99), Some(10));
     assert_eq!(sp.next_fetch_offset(&limits, 100), Some(5));
@@ -395,14 +404,16 @@ fn a_record_is_archived_at_the_delivery_limit() {
         sp.acknowledge(&m, 5, 5, &[AckType::Accept], &limits, 100),
         Err(AckError::InvalidRecordState(_))
     ));
-    let third = sp.acquire(&m, 5, &batch, 100, &limits, 100);
+    let third = sp.acquire(&m, LogRead::of(5, &batch), 100, &limits, 100);
     assert_eq!(third[0].delivery_count, 3);
     assert_eq!(sp.counts().redeliveries, 10);
     sp.acknowledge(&m, 5, 9, &[AckType::Release], &limits, 100)
         .expect("held");
     assert_eq!(sp.start_offset(), 10, "archived at the limit");
     assert_eq!(sp.counts().archived_at_limit, 5);
-    assert!(sp.acquire(&m, 10, &batch, 100, &limits, 100).is_empty());
+    assert!(sp
+        .acquire(&m, LogRead::of(10, &batch), 100, &limits, 100)
+        .is_empty());
 }
 
 /// New records stop at the in-flight limit, and resume once the start
@@ -422,7 +433,7 @@ fn acquisition_stops_at_the_in_flight_limit() {
             last_offset: i * 6 + 5,
         })
         .collect();
-    let got = sp.acquire(&m, 0, &batches, 100, &limits, 0);
+    let got = sp.acquire(&m, LogRead::of(0, &batches), 100, &limits, 0);
     assert_eq!(got.len(), 1);
     assert_eq!(
         (got[0].first_offset, got[0].last_offset),
@@ -433,7 +444,7 @@ fn acquisition_stops_at_the_in_flight_limit() {
     sp.acknowledge(&m, 0, 5, &[AckType::Accept], &limits, 0)
         .expect("held");
     assert_eq!(sp.next_fetch_offset(&limits, 0), Some(10));
-    let got = sp.acquire(&m, 10, &batches[1..], 100, &limits, 0);
+    let got = sp.acquire(&m, LogRead::of(10, &batches[1..]), 100, &limits, 0);
     assert_eq!((got[0].first_offset, got[0].last_offset), (10, 15));
     // Per-offset types: a gap, an accept, a reject.
     let types = [AckType::Gap, AckType::Accept, AckType::Reject, AckType::Accept];
@@ -467,7 +478,7 @@ fn records_compacted_away_after_a_release_are_archived() {
             last_offset: 9,
         },
     ];
-    sp.acquire(&m, 0, &before, 100, &limits, 0);
+    sp.acquire(&m, LogRead::of(0, &before), 100, &limits, 0);
     sp.acknowledge(&m, 0, 9, &[AckType::Release], &limits, 0)
         .expect("held");
     assert_eq!(sp.next_fetch_offset(&limits, 0), Some(0));
@@ -482,7 +493,7 @@ fn records_compacted_away_after_a_release_are_archived() {
             last_offset: 12,
         },
     ];
-    let got = sp.acquire(&m, 0, &after, 100, &limits, 0);
+    let got = sp.acquire(&m, LogRead::of(0, &after), 100, &limits, 0);
     assert_eq!(sp.start_offset(), 5, "0..=4 archived");
     assert_eq!(
         got,
@@ -524,13 +535,13 @@ fn a_wide_gap_in_the_log_takes_no_slots() {
             last_offset: 1_000_004,
         },
     ];
-    let got = sp.acquire(&m, 0, &log, 100, &limits, 0);
+    let got = sp.acquire(&m, LogRead::of(0, &log), 100, &limits, 0);
     assert_eq!((got.len(), got[0].last_offset), (1, 4), "stops at the gap");
     assert_eq!(sp.end_offset(), 5);
     sp.acknowledge(&m, 0, 4, &[AckType::Accept], &limits, 0)
         .expect("held");
     assert_eq!(sp.next_fetch_offset(&limits, 0), Some(5));
-    let got = sp.acquire(&m, 5, &log[1..], 100, &limits, 0);
+    let got = sp.acquire(&m, LogRead::of(5, &log[1..]), 100, &limits, 0);
     assert_eq!((got[0].first_offset, got[0].last_offset), (1_000_000, 1_000_004));
     assert_eq!((sp.start_offset(), sp.end_offset()), (1_000_000, 1_000_005));
     // Offsets far outside what is in flight are refused, without overflow.
@@ -555,7 +566,7 @@ fn share_state_round_trips_and_corrupt_values_are_refused() {
         base_offset: 10,
         last_offset: 19,
     }];
-    sp.acquire(&m, 10, &log, 100, &limits, 0);
+    sp.acquire(&m, LogRead::of(10, &log), 100, &limits, 0);
     sp.acknowledge(&m, 12, 13, &[AckType::Accept], &limits, 0)
         .expect("held");
     sp.acknowledge(&m, 15, 15, &[AckType::Reject], &limits, 0)
@@ -598,7 +609,7 @@ fn acknowledgement_batches_apply_all_or_none() {
         base_offset: 0,
         last_offset: 9,
     }];
-    sp.acquire(&m, 0, &log, 100, &limits, 0);
+    sp.acquire(&m, LogRead::of(0, &log), 100, &limits, 0);
     let accept: &[AckType] = &[AckType::Accept];
     // The second batch names a record not acquired: nothing is applied.
     assert!(sp
@@ -713,4 +724,51 @@ mod groups {
             .unwrap_err();
         assert_eq!(unknown.0, ResponseError::UnknownMemberId);
     }
+}
+
+/// Offsets a read covered without a deliverable batch (a transaction
+/// marker, an aborted transaction's records) are archived as it passes
+/// them, whether records are in flight before them or not.
+#[test]
+fn offsets_read_without_a_deliverable_batch_are_passed() {
+    let limits = ShareLimits::default();
+    let m: Arc<str> = Arc::from("m");
+    let mut sp = SharePartition::new(0);
+    // A marker alone at 0..=0: nothing to acquire, the start moves on.
+    let none: [BatchSpan; 0] = [];
+    let got = sp.acquire(
+        &m,
+        LogRead {
+            from: 0,
+            to: 0,
+            batches: &none,
+        },
+        10,
+        &limits,
+        0,
+    );
+    assert!(got.is_empty());
+    assert_eq!((sp.start_offset(), sp.end_offset()), (1, 1));
+    // Records 1..=3, then an aborted batch 4..=6 and its marker 7.
+    let data = [BatchSpan {
+        base_offset: 1,
+        last_offset: 3,
+    }];
+    let got = sp.acquire(
+        &m,
+        LogRead {
+            from: 1,
+            to: 7,
+            batches: &data,
+        },
+        10,
+        &limits,
+        0,
+    );
+    assert_eq!(got.len(), 1);
+    assert_eq!(sp.end_offset(), 8, "4..=7 passed");
+    assert_eq!(sp.record(5), Some((RecordState::Archived, 0)));
+    sp.acknowledge(&m, 1, 3, &[AckType::Accept], &limits, 0)
+        .expect("held");
+    assert_eq!(sp.start_offset(), 8);
 }

@@ -29,7 +29,7 @@ use super::{connection_key, enabled, limits};
 use crate::handlers::str_bytes;
 use crate::{Broker, ClientInfo};
 use keel_auth::acl::{Operation, ResourceType};
-use keel_coord::share::partition::{AckType, Acquired, BatchSpan};
+use keel_coord::share::partition::{AckType, Acquired, BatchSpan, LogRead};
 use keel_coord::share::{self, AckBatch, FINAL_EPOCH, INITIAL_EPOCH};
 use keel_data::partition::{Partition, ReadFailure, ReadSource};
 use keel_data::readers::Reader;
@@ -420,10 +420,19 @@ async fn acquire(
     let Some(from) = broker.share.next_fetch_offset(&key, &limits, now_ms) else {
         return Ok(None);
     };
-    if from >= p.high_watermark() {
+    // read_committed (the group's `share.isolation.level`) reads up to
+    // the last stable offset, and delivers no aborted transaction's
+    // records.
+    let committed = broker.group_configs.share_read_committed(&who.group);
+    let end = if committed {
+        p.last_stable_offset()
+    } else {
+        p.high_watermark()
+    };
+    if from >= end {
         return Ok(None);
     }
-    let bytes = match read_at(reader, p, from, budget.bytes).await {
+    let bytes = match read_at(reader, p, from, budget.bytes, committed).await {
         Ok(b) => b,
         Err(ReadFailure::OffsetOutOfRange) => {
             broker.share.skip_to(&key, p.log_start_offset());
@@ -434,13 +443,24 @@ async fn acquire(
     // What was read counts, acquired or not: a fetch whose reads find
     // only records others hold still stops at its limit.
     budget.bytes = budget.bytes.saturating_sub(bytes.len());
-    let spans = spans(&bytes);
+    let mut spans = spans(&bytes);
+    // A read of the files may reach past what may be read yet.
+    spans.retain(|s| s.span.base_offset < end);
+    let aborted = if committed {
+        p.aborted_txns(from, end)
+    } else {
+        Vec::new()
+    };
+    let batches = deliverable(&spans, aborted);
+    let read = LogRead {
+        from,
+        to: spans.last().map_or(from - 1, |s| s.span.last_offset),
+        batches: &batches,
+    };
     let now_ms = broker.data.clock.now_ms();
-    let batches: Vec<BatchSpan> = spans.iter().map(|s| s.1).collect();
-    let (acquired, write) =
-        broker
-            .share
-            .acquire(&key, &who.member, from, &batches, budget.records, &limits, now_ms);
+    let (acquired, write) = broker
+        .share
+        .acquire(&key, &who.member, read, budget.records, &limits, now_ms);
     if let Err(e) = write.await {
         // The records are acquired all the same; a restart would count
         // this delivery again from the last written state.
@@ -474,13 +494,14 @@ async fn read_at(
     p: &Arc<Partition>,
     offset: i64,
     max_bytes: usize,
+    committed: bool,
 ) -> Result<Bytes, ReadFailure> {
     let cold = |r: Result<std::io::Result<Bytes>, _>| match r {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) => Err(ReadFailure::Storage(e.to_string())),
         Err(_) => Err(ReadFailure::Storage("the read ended".into())),
     };
-    match p.read(reader, offset, max_bytes.max(1), false)? {
+    match p.read(reader, offset, max_bytes.max(1), committed)? {
         ReadSource::Memory(c) | ReadSource::ReadAhead(c) => Ok(c.join()),
         ReadSource::Disk(read) => {
             let bytes = cold(read.spawn().await)?;
@@ -491,8 +512,18 @@ async fn read_at(
     }
 }
 
-/// The whole batches in `bytes`: where each starts and its offsets.
-fn spans(bytes: &[u8]) -> Vec<(usize, BatchSpan)> {
+/// One whole batch of a read.
+struct Span {
+    /// Where it starts in the read's bytes.
+    at: usize,
+    span: BatchSpan,
+    producer_id: i64,
+    transactional: bool,
+    control: bool,
+}
+
+/// The whole batches in `bytes`.
+fn spans(bytes: &[u8]) -> Vec<Span> {
     let mut out = Vec::new();
     let mut at = 0;
     while let Ok(h) = BatchHeader::parse(&bytes[at..]) {
@@ -500,31 +531,57 @@ fn spans(bytes: &[u8]) -> Vec<(usize, BatchSpan)> {
         if end > bytes.len() {
             break;
         }
-        out.push((
+        out.push(Span {
             at,
-            BatchSpan {
+            span: BatchSpan {
                 base_offset: h.base_offset,
                 last_offset: h.last_offset(),
             },
-        ));
+            producer_id: h.producer_id,
+            transactional: h.is_transactional(),
+            control: h.is_control(),
+        });
         at = end;
+    }
+    out
+}
+
+/// The batches whose records may be delivered: not control batches
+/// (transaction markers), and, `read_committed`, not those of the
+/// `aborted` transactions. A producer's batches from its aborted
+/// transaction's first offset up to its marker are that transaction's,
+/// as Kafka's clients tell them.
+fn deliverable(spans: &[Span], mut aborted: Vec<keel_log::txnindex::AbortedTxn>) -> Vec<BatchSpan> {
+    aborted.sort_by_key(|a| a.first_offset);
+    let mut pending = aborted.into_iter().peekable();
+    let mut open = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(spans.len());
+    for s in spans {
+        while let Some(a) = pending.next_if(|a| a.first_offset <= s.span.base_offset) {
+            open.insert(a.producer_id);
+        }
+        if s.control {
+            open.remove(&s.producer_id);
+        } else if !(s.transactional && open.contains(&s.producer_id)) {
+            out.push(s.span);
+        }
     }
     out
 }
 
 /// The bytes from the first batch holding an acquired record to the end
 /// of the last one.
-fn covering(bytes: &Bytes, spans: &[(usize, BatchSpan)], acquired: &[Acquired]) -> Bytes {
+fn covering(bytes: &Bytes, spans: &[Span], acquired: &[Acquired]) -> Bytes {
     let first = acquired.iter().map(|a| a.first_offset).min().unwrap_or(i64::MAX);
     let last = acquired.iter().map(|a| a.last_offset).max().unwrap_or(i64::MIN);
     let start = spans
         .iter()
-        .find(|(_, s)| s.last_offset >= first)
-        .map_or(0, |(at, _)| *at);
+        .find(|s| s.span.last_offset >= first)
+        .map_or(0, |s| s.at);
     let end = spans
         .iter()
-        .position(|(_, s)| s.base_offset > last)
-        .map_or(bytes.len(), |i| spans[i].0);
+        .find(|s| s.span.base_offset > last)
+        .map_or(bytes.len(), |s| s.at);
     bytes.slice(start..end)
 }
 
@@ -614,4 +671,49 @@ pub async fn share_acknowledge(
             .close_session(&who.group, &who.member, &|g| limits(broker, g));
     }
     ShareAcknowledgeResponse::default().with_responses(topics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_log::txnindex::AbortedTxn;
+
+    fn span(base: i64, last: i64, producer_id: i64, transactional: bool, control: bool) -> Span {
+        Span {
+            at: 0,
+            span: BatchSpan {
+                base_offset: base,
+                last_offset: last,
+            },
+            producer_id,
+            transactional,
+            control,
+        }
+    }
+
+    /// Markers are never delivered; an aborted transaction's batches are
+    /// not, from its first offset to its marker; a committed one's and
+    /// another producer's interleaved batches are.
+    #[test]
+    fn only_records_of_no_aborted_transaction_are_deliverable() {
+        let spans = [
+            span(0, 1, 7, true, false),  // aborted (7, first offset 0)
+            span(2, 3, 8, true, false),  // committed
+            span(4, 4, 9, false, false), // not transactional
+            span(5, 5, 7, true, true),   // 7's abort marker
+            span(6, 6, 8, true, true),   // 8's commit marker
+            span(7, 8, 7, true, false),  // 7's next transaction: committed
+        ];
+        let aborted = vec![AbortedTxn {
+            producer_id: 7,
+            first_offset: 0,
+            last_offset: 5,
+            last_stable_offset: 0,
+        }];
+        let offsets: Vec<(i64, i64)> = deliverable(&spans, aborted)
+            .iter()
+            .map(|b| (b.base_offset, b.last_offset))
+            .collect();
+        assert_eq!(offsets, vec![(2, 3), (4, 4), (7, 8)]);
+    }
 }
