@@ -383,12 +383,8 @@ impl ShareCoordinator {
         }
     }
 
-    /// Acquires what `batches` hold for `member` (see
+    /// Acquires what a read holds for `member` (see
     /// [`SharePartition::acquire`]).
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one read of one share partition, and its limits"
-    )]
     pub fn acquire(
         &self,
         key: &ShareKey,
