@@ -547,6 +547,17 @@ impl ShareCoordinator {
             .map(SharePartition::start_offset)
     }
 
+    /// Refuses a change of a group that does not exist or has members.
+    fn check_known_and_empty(state: &State, group: &str) -> Result<(), ShareError> {
+        if !state.groups.contains_key(group) {
+            return Err((
+                ResponseError::GroupIdNotFound,
+                format!("Group {group} not found."),
+            ));
+        }
+        Self::check_empty(state, group)
+    }
+
     /// Refuses a change of `group`'s offsets while it has members.
     fn check_empty(state: &State, group: &str) -> Result<(), ShareError> {
         match state.groups.get(group) {
@@ -592,13 +603,7 @@ impl ShareCoordinator {
     /// the log end when next assigned.
     pub fn delete_offsets(&self, group: &str, topics: &[Uuid]) -> Result<Write, ShareError> {
         let mut state = self.state.lock();
-        if !state.groups.contains_key(group) {
-            return Err((
-                ResponseError::GroupIdNotFound,
-                format!("Group {group} not found."),
-            ));
-        }
-        Self::check_empty(&state, group)?;
+        Self::check_known_and_empty(&state, group)?;
         let gone: Vec<ShareKey> = state
             .partitions
             .keys()
@@ -611,13 +616,7 @@ impl ShareCoordinator {
     /// Deletes an empty share group and its share state (DeleteGroups).
     pub fn delete_group(&self, group: &str) -> Result<Write, ShareError> {
         let mut state = self.state.lock();
-        if !state.groups.contains_key(group) {
-            return Err((
-                ResponseError::GroupIdNotFound,
-                format!("Group {group} not found."),
-            ));
-        }
-        Self::check_empty(&state, group)?;
+        Self::check_known_and_empty(&state, group)?;
         state.groups.remove(group);
         state.sessions.retain(|(g, _), _| g != group);
         let gone: Vec<ShareKey> = state

@@ -63,6 +63,31 @@ fn who(group: Option<&GroupId>, member: Option<&StrBytes>) -> Result<Who, (Respo
     })
 }
 
+/// Kafka's checks of a ShareFetch or ShareAcknowledge before its
+/// session: share groups served, a group and member named, READ on the
+/// group.
+fn admitted(
+    broker: &Broker,
+    client: &ClientInfo,
+    group: Option<&GroupId>,
+    member: Option<&StrBytes>,
+) -> Result<Who, (ResponseError, String)> {
+    if !enabled(broker) {
+        return Err((
+            ResponseError::UnsupportedVersion,
+            "Share groups are not enabled.".into(),
+        ));
+    }
+    let who = who(group, member)?;
+    if !broker.authorized(client, Operation::Read, ResourceType::Group, &who.group) {
+        return Err((
+            ResponseError::GroupAuthorizationFailed,
+            "Group authorization failed.".into(),
+        ));
+    }
+    Ok(who)
+}
+
 /// A partition of the session this broker leads: its log and leader.
 struct Served {
     partition: Arc<Partition>,
@@ -173,22 +198,10 @@ pub async fn share_fetch(
     client: &ClientInfo,
     client_id: &str,
 ) -> ShareFetchResponse {
-    if !enabled(broker) {
-        return fetch_error(
-            ResponseError::UnsupportedVersion,
-            "Share groups are not enabled.".into(),
-        );
-    }
-    let who = match who(req.group_id.as_ref(), req.member_id.as_ref()) {
+    let who = match admitted(broker, client, req.group_id.as_ref(), req.member_id.as_ref()) {
         Ok(w) => w,
         Err((e, m)) => return fetch_error(e, m),
     };
-    if !broker.authorized(client, Operation::Read, ResourceType::Group, &who.group) {
-        return fetch_error(
-            ResponseError::GroupAuthorizationFailed,
-            "Group authorization failed.".into(),
-        );
-    }
     let add: Vec<Tp> = req
         .topics
         .iter()
@@ -600,22 +613,10 @@ pub async fn share_acknowledge(
             .with_error_code(e.code())
             .with_error_message(Some(str_bytes(m)))
     };
-    if !enabled(broker) {
-        return error(
-            ResponseError::UnsupportedVersion,
-            "Share groups are not enabled.".into(),
-        );
-    }
-    let who = match who(req.group_id.as_ref(), req.member_id.as_ref()) {
+    let who = match admitted(broker, client, req.group_id.as_ref(), req.member_id.as_ref()) {
         Ok(w) => w,
         Err((e, m)) => return error(e, m),
     };
-    if !broker.authorized(client, Operation::Read, ResourceType::Group, &who.group) {
-        return error(
-            ResponseError::GroupAuthorizationFailed,
-            "Group authorization failed.".into(),
-        );
-    }
     let epoch = req.share_session_epoch;
     if epoch == INITIAL_EPOCH {
         return error(
