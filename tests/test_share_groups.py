@@ -169,10 +169,8 @@ def test_a_consumer_that_dies_holding_records_loses_none(broker_factory, fault):
             holder.wait()
         else:
             holder.send_signal(signal.SIGSTOP)
-        stopped = time.monotonic()
         proc = consume(b, topic, group, "implicit", 2, 100)
         result = finish(proc)
-        took = time.monotonic() - stopped
     finally:
         if holder.poll() is None:
             holder.send_signal(signal.SIGCONT)
@@ -184,9 +182,10 @@ def test_a_consumer_that_dies_holding_records_loses_none(broker_factory, fault):
         return
     [part] = share_partitions(b, group)
     assert part["redeliveries"] == len(held), (part, held)
+    # Released by the lock running out (stopped), or at once as its
+    # connection closed (killed).
     if fault == "stop":
         assert part["lock_expiries"] >= len(held), part
-        assert took >= LOCK_MS / 1000 * 0.5, took
     else:
         assert part["lock_expiries"] == 0, part
     wait_until(lambda: share_partitions(b, group)[0]["acquired"] == 0, 10, "nothing acquired")

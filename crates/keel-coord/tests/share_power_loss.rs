@@ -117,7 +117,12 @@ impl Harness {
                 .insert(k.clone(), vec![c.persisted(k).expect("initialized")]);
             h.must_survive.insert(k.clone(), 1);
         }
-        h.coordinator = Some(c);
+        // A clean close makes the share partitions' first states durable
+        // (the share log fsyncs only at rolls, snapshots and closes), as a
+        // broker's share partitions are from some point on.
+        c.close();
+        drop(c);
+        h.coordinator = Some(h.open().expect("reopen"));
         h
     }
 

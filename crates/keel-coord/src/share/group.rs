@@ -221,6 +221,14 @@ impl ShareGroup {
 
     /// Removes the members not heard from within the session timeout;
     /// returns their ids.
+    /// Whether a member was not heard from within the session timeout.
+    pub fn has_timed_out(&self, config: &ShareGroupConfig, now_ms: i64) -> bool {
+        let timeout = i64::from(config.session_timeout_ms);
+        self.members
+            .values()
+            .any(|m| now_ms - m.last_heartbeat_ms >= timeout)
+    }
+
     pub fn expire_members(&mut self, topics: &Topics, config: &ShareGroupConfig, now_ms: i64) -> Vec<String> {
         let timeout = i64::from(config.session_timeout_ms);
         let gone: Vec<String> = self

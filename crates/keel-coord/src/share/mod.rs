@@ -410,7 +410,8 @@ impl ShareCoordinator {
     }
 
     /// Applies `member`'s acknowledgement batches to one share partition,
-    /// in order, up to the first refused.
+    /// all or none (see [`SharePartition::acknowledge_all`]); answered once
+    /// the change is in the share log.
     pub async fn acknowledge(
         &self,
         key: &ShareKey,
@@ -470,10 +471,12 @@ impl ShareCoordinator {
     }
 
     /// Releases the locks that ran out and removes the members whose
-    /// session timed out; returns when the next lock runs out.
+    /// session timed out; returns when the next lock runs out. `topics`
+    /// (the broker's topics, for the groups' new assignments) is asked for
+    /// only when a member is removed; `limits` once per group.
     pub fn sweep(
         &self,
-        topics: &Topics,
+        topics: &dyn Fn() -> Topics,
         config: &ShareGroupConfig,
         limits: &dyn Fn(&str) -> ShareLimits,
         now_ms: i64,
@@ -481,19 +484,23 @@ impl ShareCoordinator {
         let mut state = self.state.lock();
         let mut expired = 0;
         let mut next: Option<i64> = None;
+        let mut by_group: HashMap<String, ShareLimits> = HashMap::new();
         for (k, sp) in state.partitions.iter_mut() {
-            let n = sp.expire(&limits(&k.group), now_ms);
+            let group_limits = by_group
+                .entry(k.group.clone())
+                .or_insert_with(|| limits(&k.group));
+            let n = sp.expire(group_limits, now_ms);
             if n > 0 {
                 drop(self.persist(k, sp));
             }
             expired += n;
-            next = match (next, sp.next_deadline_ms()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            next = next.into_iter().chain(sp.next_deadline_ms()).min();
         }
-        for group in state.groups.values_mut() {
-            group.expire_members(topics, config, now_ms);
+        if state.groups.values().any(|g| g.has_timed_out(config, now_ms)) {
+            let topics = topics();
+            for group in state.groups.values_mut() {
+                group.expire_members(&topics, config, now_ms);
+            }
         }
         drop(state);
         if expired > 0 {

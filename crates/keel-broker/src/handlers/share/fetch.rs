@@ -29,7 +29,7 @@ use super::{connection_key, enabled, limits};
 use crate::handlers::str_bytes;
 use crate::{Broker, ClientInfo};
 use keel_auth::acl::{Operation, ResourceType};
-use keel_coord::share::partition::{AckType, Acquired, BatchSpan, LogRead};
+use keel_coord::share::partition::{AckType, Acquired, BatchSpan, LogRead, ShareLimits};
 use keel_coord::share::{self, AckBatch, FINAL_EPOCH, INITIAL_EPOCH};
 use keel_data::partition::{Partition, ReadFailure, ReadSource};
 use keel_data::readers::Reader;
@@ -42,13 +42,21 @@ const DEFAULT_MAX_BYTES: usize = 50 * 1024 * 1024;
 
 type Tp = (Uuid, i32);
 
-/// What the request names, checked: group and member.
+/// What the request names, checked: group and member, and the group's
+/// settings, read once per request.
 struct Who {
     group: String,
     member: Arc<str>,
+    limits: ShareLimits,
+    /// `share.isolation.level` read_committed.
+    committed: bool,
 }
 
-fn who(group: Option<&GroupId>, member: Option<&StrBytes>) -> Result<Who, (ResponseError, String)> {
+/// The group and member a request names, both required.
+fn who(
+    group: Option<&GroupId>,
+    member: Option<&StrBytes>,
+) -> Result<(String, Arc<str>), (ResponseError, String)> {
     let group = group.map(|g| g.0.to_string()).filter(|g| !g.is_empty()).ok_or((
         ResponseError::InvalidRequest,
         "Invalid group id in the request.".to_string(),
@@ -57,10 +65,7 @@ fn who(group: Option<&GroupId>, member: Option<&StrBytes>) -> Result<Who, (Respo
         ResponseError::InvalidRequest,
         "Invalid member id in the request.".to_string(),
     ))?;
-    Ok(Who {
-        group,
-        member: Arc::from(member),
-    })
+    Ok((group, Arc::from(member)))
 }
 
 /// Kafka's checks of a ShareFetch or ShareAcknowledge before its
@@ -78,14 +83,19 @@ fn admitted(
             "Share groups are not enabled.".into(),
         ));
     }
-    let who = who(group, member)?;
-    if !broker.authorized(client, Operation::Read, ResourceType::Group, &who.group) {
+    let (group, member) = who(group, member)?;
+    if !broker.authorized(client, Operation::Read, ResourceType::Group, &group) {
         return Err((
             ResponseError::GroupAuthorizationFailed,
             "Group authorization failed.".into(),
         ));
     }
-    Ok(who)
+    Ok(Who {
+        limits: limits(broker, &group),
+        committed: broker.group_configs.share_read_committed(&group),
+        group,
+        member,
+    })
 }
 
 /// A partition of the session this broker leads: its log and leader.
@@ -163,7 +173,7 @@ async fn acknowledge(
             let now_ms = broker.data.clock.now_ms();
             broker
                 .share
-                .acknowledge(&key, &who.member, &batches, &limits(broker, &who.group), now_ms)
+                .acknowledge(&key, &who.member, &batches, &who.limits, now_ms)
                 .await
         }
     };
@@ -272,13 +282,10 @@ pub async fn share_fetch(
     } else {
         let reader = Reader::new(client_id, &client.host, client.port);
         fetch_records(broker, client, &who, &partitions, &req, &reader, &mut out).await;
-        if epoch == INITIAL_EPOCH {
-            for tp in &partitions {
-                out.entry(*tp).or_insert_with(|| part(tp.1));
-            }
-        } else {
-            // A session's later answers carry only what changed: records,
-            // errors, the outcome of acknowledgements.
+        // The first answer of a session carries every partition of it
+        // (`fetch_records` answers each); later ones only what changed:
+        // records, errors, the outcome of acknowledgements.
+        if epoch != INITIAL_EPOCH {
             out.retain(|tp, d| acked.contains(tp) || d.error_code != 0 || !d.acquired_records.is_empty());
         }
     }
@@ -287,9 +294,7 @@ pub async fn share_fetch(
         topics.entry(topic).or_default().push(data);
     }
     ShareFetchResponse::default()
-        .with_acquisition_lock_timeout_ms(
-            i32::try_from(limits(broker, &who.group).lock_ms).unwrap_or(i32::MAX),
-        )
+        .with_acquisition_lock_timeout_ms(i32::try_from(who.limits.lock_ms).unwrap_or(i32::MAX))
         .with_responses(
             topics
                 .into_iter()
@@ -426,7 +431,7 @@ async fn acquire(
     if !broker.share.is_initialized(&key) {
         return Ok(None);
     }
-    let limits = limits(broker, &who.group);
+    let limits = who.limits;
     let log_start = p.log_start_offset();
     broker.share.skip_to(&key, log_start);
     let now_ms = broker.data.clock.now_ms();
@@ -436,7 +441,7 @@ async fn acquire(
     // read_committed (the group's `share.isolation.level`) reads up to
     // the last stable offset, and delivers no aborted transaction's
     // records.
-    let committed = broker.group_configs.share_read_committed(&who.group);
+    let committed = who.committed;
     let end = if committed {
         p.last_stable_offset()
     } else {

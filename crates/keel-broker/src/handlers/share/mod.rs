@@ -258,11 +258,13 @@ pub fn spawn_sweeper(broker: &Arc<Broker>) {
             let Some(broker) = weak.upgrade() else { return };
             let now_ms = broker.data.clock.now_ms();
             let next = if enabled(&broker) {
-                let topics = super::consumer_groups::topics(&broker);
                 let config = broker.config().share_group_config();
-                broker
-                    .share
-                    .sweep(&topics, &config, &|g| limits(&broker, g), now_ms)
+                broker.share.sweep(
+                    &|| super::consumer_groups::topics(&broker),
+                    &config,
+                    &|g| limits(&broker, g),
+                    now_ms,
+                )
             } else {
                 None
             };
