@@ -5,6 +5,8 @@ lets it in, `--list` shows the ACLs, they survive kill -9, and `--remove`
 shuts it out again. Every decision is in the authorizer's log lines."""
 from __future__ import annotations
 
+import re
+import subprocess
 import time
 
 import pytest
@@ -16,6 +18,7 @@ from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermission
 import kafka_tools
 from conftest import IMPL, wait_until
 from kclient import CLIENT_TIMEOUT_S, create_topic
+from test_java_transactions import java
 from test_operator_tools import kafka_acls, kafka_configs
 from test_transaction_tools import transactions
 from test_sasl import SaslBroker, jaas, sasl
@@ -287,3 +290,59 @@ def test_acl_apis_say_security_disabled_without_an_authorizer(broker_factory):
     b = broker_factory({})
     done = kafka_acls(b.bootstrap, "--list", ok=False)
     assert done.returncode != 0 and "SecurityDisabledException" in done.stdout + done.stderr, done.stdout[-2000:]
+
+
+def share_poll(bootstrap: str, topic: str, group: str, properties: str) -> str:
+    """One share consumer (Kafka's Java client) with a tool's properties:
+    -> GOT <n>, ERROR <exception class> or NONE."""
+    done = subprocess.run(java("ShareConsume.java", "poll", bootstrap, topic, group, properties, "20"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def share_groups(bootstrap: str, properties: str, *args: str):
+    return kafka_tools.run("org.apache.kafka.tools.consumer.group.ShareGroupCommand", "--bootstrap-server",
+                           bootstrap, "--command-config", properties, *args)
+
+
+def test_share_groups_check_acls(acl_broker, tmp_path):
+    """Share groups as Kafka checks them: a share consumer needs DESCRIBE
+    on its topic, READ on its group, then READ on the topic; describing the group's offsets needs
+    DESCRIBE on the group, and deleting them DELETE on it."""
+    b = acl_broker()
+    bs = b.sasl_bootstrap
+    create_topic(b.bootstrap, "jobs", partitions=1)
+    p = Producer({"bootstrap.servers": b.bootstrap})
+    for i in range(5):
+        p.produce("jobs", value=str(i).encode())
+    assert p.flush(15) == 0
+    kafka_configs(b.bootstrap, "--alter", "--entity-type", "groups", "--entity-name", "workers",
+                  "--add-config", "share.auto.offset.reset=earliest")
+    alice, bob = command_config(tmp_path, "alice"), command_config(tmp_path, "bob")
+    # Without ACLs the client's Metadata already fails on the topic.
+    assert share_poll(bs, "jobs", "workers", alice) == "ERROR TopicAuthorizationException"
+    # DESCRIBE on the topic: the heartbeat wants READ on the group.
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Describe", "--topic", "jobs")
+    assert share_poll(bs, "jobs", "workers", alice) == "ERROR GroupAuthorizationException"
+    # READ on the group: the member joins, and ShareFetch wants READ on
+    # the topic.
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Read", "--group", "workers")
+    assert share_poll(bs, "jobs", "workers", alice) == "ERROR TopicAuthorizationException"
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Read", "--topic", "jobs")
+    assert share_poll(bs, "jobs", "workers", alice) == "GOT 5"
+    # Bob may not see the group's offsets; alice, with READ (which
+    # implies DESCRIBE) on the group and the topic, may.
+    denied = share_groups(bs, bob, "--describe", "--group", "workers")
+    assert "GroupAuthorizationException" in denied.stdout + denied.stderr, denied.stdout + denied.stderr[-2000:]
+    described = share_groups(bs, alice, "--describe", "--group", "workers")
+    assert described.returncode == 0 and re.search(r"workers\s+jobs\s+0\s+\d+", described.stdout), \
+        described.stdout + described.stderr[-2000:]
+    # Deleting the offsets needs DELETE on the group.
+    refused = share_groups(bs, alice, "--delete-offsets", "--group", "workers", "--topic", "jobs")
+    assert re.search(r"jobs\s+Error: Group authorization failed", refused.stdout), \
+        refused.stdout + refused.stderr[-2000:]
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:alice", "--operation", "Delete", "--group",
+               "workers")
+    deleted = share_groups(bs, alice, "--delete-offsets", "--group", "workers", "--topic", "jobs")
+    assert re.search(r"jobs\s+Successful", deleted.stdout), deleted.stdout + deleted.stderr[-2000:]

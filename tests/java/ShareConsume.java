@@ -9,6 +9,11 @@
 //       group assigned it partitions, then HELD <json> with the values of
 //       the first records it gets, and holds them (never acknowledges)
 //       until it is killed or stopped;
+//   poll <bootstrap> <topic> <group> <properties-file> <timeout_s>
+//       one implicit-acknowledgement share consumer with the client
+//       properties in the file (security, say) polls until it gets
+//       records, an exception, or the timeout, and prints GOT <n>,
+//       ERROR <exception class> or NONE;
 //   consume <bootstrap> <topic> <group> <explicit|implicit|release> <consumers> <expected> <timeout_s> [limit]
 //       <consumers> share consumers in threads print READY once the group
 //       assigned each of them partitions, then read until <expected>
@@ -108,6 +113,33 @@ public class ShareConsume {
         Thread.sleep(Long.MAX_VALUE);
     }
 
+    static void poll(String bootstrap, String topic, String group, String propertiesFile, int timeoutS)
+            throws Exception {
+        Properties c = new Properties();
+        try (java.io.FileReader r = new java.io.FileReader(propertiesFile)) {
+            c.load(r);
+        }
+        c.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        c.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        c.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+        c.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+        String outcome = "NONE";
+        try (KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(c)) {
+            consumer.subscribe(List.of(topic));
+            long deadline = System.currentTimeMillis() + timeoutS * 1000L;
+            while (System.currentTimeMillis() < deadline) {
+                int n = consumer.poll(Duration.ofMillis(200)).count();
+                if (n > 0) {
+                    outcome = "GOT " + n;
+                    break;
+                }
+            }
+        } catch (org.apache.kafka.common.KafkaException e) {
+            outcome = "ERROR " + e.getClass().getSimpleName();
+        }
+        System.out.println(outcome);
+    }
+
     static String json(Map<String, Object> m) {
         StringBuilder b = new StringBuilder("{");
         for (Map.Entry<String, Object> e : m.entrySet()) {
@@ -121,6 +153,7 @@ public class ShareConsume {
         switch (args[0]) {
             case "produce" -> produce(args[1], args[2], Integer.parseInt(args[3]), Integer.parseInt(args[4]));
             case "hold" -> hold(args[1], args[2], args[3]);
+            case "poll" -> poll(args[1], args[2], args[3], args[4], Integer.parseInt(args[5]));
             case "consume" -> consume(args[1], args[2], args[3], args[4], Integer.parseInt(args[5]),
                 Integer.parseInt(args[6]), Integer.parseInt(args[7]),
                 args.length > 8 ? Integer.parseInt(args[8]) : 0);
