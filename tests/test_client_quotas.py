@@ -180,7 +180,8 @@ MIB = 1 << 20
 
 def test_kafkas_perf_tools_are_held_to_their_byte_rates(broker_factory):
     """A producer and a consumer with a quota of 1 MiB/s each, measured by
-    Kafka's own ProducerPerformance and ConsumerPerformance over ~20 MiB.
+    Kafka's own ProducerPerformance, ConsumerPerformance and (a share
+    group) ShareConsumerPerformance over ~20 MiB.
 
     Kafka's rate allows a first burst of `quota.window.num - 1` windows'
     worth before it throttles, and a window that leaves the rate lets the
@@ -221,6 +222,22 @@ def test_kafkas_perf_tools_are_held_to_their_byte_rates(broker_factory):
     print(f"consumer_byte_rate {MIB} B/s: ConsumerPerformance {fetch_mib_s:.3f} MiB/s ({consumed_mib:.1f} MiB)")
     assert consumed_mib >= records * size / MIB * 0.99
     assert 0.9 <= fetch_mib_s <= 1.1, done.stdout[-2000:]
+
+    # A share group's ShareFetch is held to the same consumer_byte_rate.
+    # ShareConsumerPerformance's rate counts from its start, join included.
+    kafka_configs(b.bootstrap, "--alter", "--entity-type", "groups", "--entity-name", "perf-share",
+                  "--add-config", "share.auto.offset.reset=earliest")
+    done = kafka_tools.run("org.apache.kafka.tools.ShareConsumerPerformance", "--topic", topic,
+                           "--bootstrap-server", b.bootstrap, "--group", "perf-share",
+                           "--num-records", str(records), "--timeout", "60000",
+                           "--command-property", "client.id=perf-c", timeout_s=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # start.time, end.time, data.consumed.in.MB, MB.sec, nMsg.sec, data.consumed.in.nMsg
+    row = done.stdout.strip().splitlines()[-1].split(", ")
+    consumed_mib, share_mib_s = float(row[2]), float(row[3])
+    print(f"consumer_byte_rate {MIB} B/s: ShareConsumerPerformance {share_mib_s:.3f} MiB/s ({consumed_mib:.1f} MiB)")
+    assert consumed_mib >= records * size / MIB * 0.99
+    assert 0.7 <= share_mib_s <= 1.1, done.stdout[-2000:]
 
 
 def test_connections_over_their_address_connection_creation_rate_are_closed_unanswered(broker):

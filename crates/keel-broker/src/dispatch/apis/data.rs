@@ -135,14 +135,16 @@ pub(super) async fn describe_cluster(b: &Arc<Broker>, r: DescribeClusterRequest,
 pub(super) async fn share_fetch(b: &Arc<Broker>, r: ShareFetchRequest, call: Call<'_>) -> Reply {
     let mut resp = handlers::share::fetch::share_fetch(b, r, call.client, call.client_id).await;
     // Records acquired are locked to this member: they go out whatever
-    // the quota, and the throttle time slows the client's next fetch.
+    // the quota, so they count against it (nothing taken back, unlike a
+    // Fetch answered empty), and the throttle time slows the client's
+    // next fetch.
     let bytes: usize = resp
         .responses
         .iter()
         .flat_map(|t| t.partitions.iter())
         .map(|p| p.records.as_ref().map_or(0, |r| r.len()))
         .sum();
-    resp.throttle_time_ms = b.quota_throttle(CONSUMER_BYTE_RATE, call.client_id, bytes, true);
+    resp.throttle_time_ms = b.quota_throttle(CONSUMER_BYTE_RATE, call.client_id, bytes, false);
     call.answer(b, ApiKey::ShareFetch, &mut resp)
 }
 
