@@ -266,7 +266,7 @@ impl ShareGroup {
     fn reassign(&mut self, topics: &Topics) {
         self.epoch += 1;
         self.assigned_topics = self.subscribed_view(topics);
-        self.targets = assign(&self.members, &self.assigned_topics);
+        self.targets = assign(&self.members, &self.assigned_topics, &self.targets);
         self.assignment_epoch = self.epoch;
     }
 }
@@ -278,12 +278,25 @@ fn unknown_member(member: &str, group: &str) -> (ResponseError, String) {
     )
 }
 
-/// Kafka's `simple` share assignor, topic by topic: with no more members
-/// than partitions each partition goes to one member, spread evenly;
-/// with more members than partitions every member gets one, and
-/// partitions are shared. Members are taken in id order, so the result
-/// depends only on who subscribes to what.
-pub fn assign(members: &BTreeMap<String, ShareMember>, topics: &Topics) -> BTreeMap<String, Assignment> {
+/// Kafka's `simple` share assignor, topic by topic over the topic's
+/// subscribers, and sticky: balance first, then as little movement as
+/// balance allows.
+///
+/// With `m` subscribers and `n` partitions, each partition is shared by
+/// `ceil(m / n)` members (1 while partitions are at least as many), and
+/// the `ceil(m / n) * n` places are spread over the members as evenly as
+/// they divide, the larger shares going to the members that held the
+/// most. Each member keeps what it held of its share; what it held
+/// beyond, and places beyond a partition's sharing, are given up; then
+/// the partitions short of members go round-robin to the members short
+/// of partitions, never twice to one member. Ties go by member id, so
+/// the result depends only on the members, their subscriptions and the
+/// previous assignment.
+pub fn assign(
+    members: &BTreeMap<String, ShareMember>,
+    topics: &Topics,
+    previous: &BTreeMap<String, Assignment>,
+) -> BTreeMap<String, Assignment> {
     let mut out: BTreeMap<String, Assignment> =
         members.keys().map(|id| (id.clone(), Assignment::new())).collect();
     for (name, TopicInfo { id, partitions }) in topics {
@@ -296,22 +309,77 @@ pub fn assign(members: &BTreeMap<String, ShareMember>, topics: &Topics) -> BTree
         if subscribers.is_empty() || n == 0 {
             continue;
         }
-        let mut give = |member: &String, p: usize| {
-            out.entry(member.clone())
-                .or_default()
-                .entry(*id)
-                .or_default()
-                .insert(p as i32);
+        let held = |member: &String| -> BTreeSet<usize> {
+            previous
+                .get(member)
+                .and_then(|a| a.get(id))
+                .into_iter()
+                .flatten()
+                .filter_map(|&p| usize::try_from(p).ok())
+                .filter(|&p| p < n)
+                .collect()
         };
-        if subscribers.len() <= n {
-            for p in 0..n {
-                give(subscribers[p % subscribers.len()], p);
-            }
-        } else {
-            for (j, member) in subscribers.iter().enumerate() {
-                give(member, j % n);
+        for (member, ps) in assign_topic(&subscribers, n, held) {
+            if !ps.is_empty() {
+                let topic = out.entry(member.clone()).or_default().entry(*id).or_default();
+                topic.extend(ps.into_iter().map(|p| p as i32));
             }
         }
     }
     out
+}
+
+/// One topic's `n` partitions over its subscribers (in id order), given
+/// what each held: each subscriber's partitions.
+fn assign_topic<'a>(
+    subscribers: &[&'a String],
+    n: usize,
+    held: impl Fn(&String) -> BTreeSet<usize>,
+) -> Vec<(&'a String, BTreeSet<usize>)> {
+    let m = subscribers.len();
+    let sharing = m.div_ceil(n);
+    let places = sharing * n;
+    let mut now: Vec<(&String, BTreeSet<usize>)> = subscribers.iter().map(|s| (*s, held(s))).collect();
+    // Shares: `places` split as evenly as `m` divides it, the larger
+    // shares to those that held the most.
+    let mut by_held: Vec<usize> = (0..m).collect();
+    by_held.sort_by_key(|&i| std::cmp::Reverse(now[i].1.len()));
+    let mut share = vec![0; m];
+    for (rank, &i) in by_held.iter().enumerate() {
+        share[i] = places / m + usize::from(rank < places % m);
+    }
+    // Over their share: give up the highest partitions.
+    for (i, (_, ps)) in now.iter_mut().enumerate() {
+        while ps.len() > share[i] {
+            ps.pop_last();
+        }
+    }
+    // Partitions over their sharing: the later members give them up.
+    let mut holders = vec![0usize; n];
+    for (_, ps) in now.iter_mut() {
+        ps.retain(|&p| {
+            let keep = holders[p] < sharing;
+            if keep {
+                holders[p] += 1;
+            }
+            keep
+        });
+    }
+    // The partitions short of members, round-robin over the members
+    // short of partitions.
+    let mut next = 0;
+    for (p, held_by) in holders.iter_mut().enumerate() {
+        let mut tried = 0;
+        while *held_by < sharing && tried < m {
+            let i = next;
+            next = (next + 1) % m;
+            tried += 1;
+            let (_, ps) = &mut now[i];
+            if ps.len() < share[i] && ps.insert(p) {
+                *held_by += 1;
+                tried = 0;
+            }
+        }
+    }
+    now
 }

@@ -631,7 +631,7 @@ fn acknowledgement_batches_apply_all_or_none() {
 
 mod groups {
     use super::super::group::*;
-    use crate::groups::consumer::{TopicInfo, Topics};
+    use crate::groups::consumer::{Assignment, TopicInfo, Topics};
     use keel_protocol::ResponseError;
     use uuid::Uuid;
 
@@ -648,6 +648,99 @@ mod groups {
 
     fn partitions(a: &crate::groups::consumer::Assignment) -> usize {
         a.values().map(|p| p.len()).sum()
+    }
+
+    fn member(id: &str) -> ShareMember {
+        ShareMember {
+            member_id: id.into(),
+            epoch: 1,
+            previous_epoch: 0,
+            rack_id: None,
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            subscribed: ["t".to_string()].into(),
+            assignment: Default::default(),
+            last_heartbeat_ms: 0,
+        }
+    }
+
+    /// The `simple` assignor as members join and leave at random, over
+    /// topics of random sizes: every partition has its sharing of members
+    /// (exactly one while members are no more than partitions) and shares
+    /// differ by at most one. It is sticky: while members are no more
+    /// than partitions, a join only takes partitions from the others (each
+    /// keeps part of what it held) and a leave only gives the leaver's
+    /// partitions to the others (each keeps all it held).
+    #[test]
+    fn the_simple_assignor_balances_and_moves_as_little_as_it_can() {
+        let seed = super::seed();
+        println!("share assignor seed {seed} (replay with KEEL_TEST_SEED={seed})");
+        let mut rng = super::Rng(seed);
+        let id = Uuid::from_u128(1);
+        for _ in 0..300 {
+            let n = 1 + rng.below(10) as usize;
+            let topics: Topics = [(
+                "t".to_string(),
+                TopicInfo {
+                    id,
+                    partitions: n as i32,
+                },
+            )]
+            .into();
+            let mut members = std::collections::BTreeMap::new();
+            let mut before = std::collections::BTreeMap::new();
+            for _ in 0..30 {
+                let old = members.len();
+                let joined = members.is_empty() || rng.below(3) > 0 && members.len() < 2 * n + 2;
+                if joined {
+                    let m = format!("m{}", rng.below(1000));
+                    members.insert(m.clone(), member(&m));
+                } else {
+                    let k = rng.below(members.len() as u64) as usize;
+                    let gone = members.keys().nth(k).cloned().expect("k < len");
+                    members.remove(&gone);
+                }
+                let after = assign(&members, &topics, &before);
+                let m = members.len();
+                let held = |a: &std::collections::BTreeMap<String, Assignment>, who: &str| {
+                    a.get(who)
+                        .and_then(|t| t.get(&id))
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                let counts: Vec<usize> = members.keys().map(|k| held(&after, k).len()).collect();
+                let mut holders = vec![0usize; n];
+                for k in members.keys() {
+                    for p in held(&after, k) {
+                        holders[p as usize] += 1;
+                    }
+                }
+                if m == 0 {
+                    before = after;
+                    continue;
+                }
+                let (lo, hi) = (counts.iter().min(), counts.iter().max());
+                assert!(hi.zip(lo).is_some_and(|(h, l)| h - l <= 1), "seed {seed}: {counts:?}");
+                let sharing = m.div_ceil(n);
+                if m <= n {
+                    assert!(holders.iter().all(|&h| h == 1), "seed {seed}: {holders:?}");
+                } else {
+                    assert!(holders.iter().all(|&h| h <= sharing), "seed {seed}: {holders:?}");
+                    assert!(counts.iter().all(|&c| c >= 1), "seed {seed}: {counts:?}");
+                }
+                if m <= n && old <= n && old > 0 {
+                    for k in members.keys() {
+                        let (was, is) = (held(&before, k), held(&after, k));
+                        if joined && !was.is_empty() {
+                            assert!(is.is_subset(&was), "seed {seed}: {k} held {was:?}, now {is:?}");
+                        } else if !joined {
+                            assert!(was.is_subset(&is), "seed {seed}: {k} held {was:?}, now {is:?}");
+                        }
+                    }
+                }
+                before = after;
+            }
+        }
     }
 
     /// Members join and get every partition between them (shared once
@@ -697,11 +790,14 @@ mod groups {
         assert_eq!(quiet.assignment, None);
         let fenced = g.heartbeat(hb("a", 7, None), &topics, &config, 3).unwrap_err();
         assert_eq!(fenced.0, ResponseError::FencedMemberEpoch);
-        // Three members, two partitions: every member gets one.
+        // Three members, two partitions: each partition is shared by two
+        // members, so one member gets both.
         g.heartbeat(hb("c", 0, Some(&["t"])), &topics, &config, 3)
             .expect("joins");
-        let targets = assign(&g.members, &topics);
-        assert!(targets.values().all(|a| partitions(a) == 1), "{targets:?}");
+        let targets = assign(&g.members, &topics, &Default::default());
+        let mut counts: Vec<usize> = targets.values().map(partitions).collect();
+        counts.sort();
+        assert_eq!(counts, [1, 1, 2], "{targets:?}");
         assert_eq!(g.assigned_partitions().len(), 2);
         // b leaves; c times out.
         g.heartbeat(hb("b", LEAVE_EPOCH, None), &topics, &config, 4)
