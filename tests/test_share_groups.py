@@ -145,6 +145,31 @@ def test_records_released_at_every_delivery_are_archived_at_the_limit(broker_fac
     assert part["start_offset"] == part["end_offset"] == 40, part
 
 
+def test_renewed_locks_outlive_the_lock_duration(broker_factory):
+    """RENEW acknowledgements (ShareFetch and ShareAcknowledge v2,
+    KIP-1222), from a consumer in the record_limit acquire mode (KIP-1206)
+    with max.poll.records 4: it holds the four records of the topic for
+    twice the 2 s lock, renewing them, then accepts them. No lock runs
+    out, so each record is delivered once."""
+    b = broker_factory(sets=SHARE)
+    topic, group = unique("share-renew"), unique("workers")
+    create_topic(b.bootstrap, topic, 1)
+    group_configs(b, group, "--alter", "--add-config", "share.auto.offset.reset=earliest")
+    produce(b, topic, 0, 4)
+    done = subprocess.run(java("ShareConsume.java", "renew", b.bootstrap, topic, group, "4", str(2 * LOCK_MS), "90"),
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = last_json(done.stdout)
+    assert result["accepted"] == 4 and result["max_delivery"] == 1, result
+    # A renewal every ~0.3 s for 4 s.
+    assert result["renewals"] >= 4 * 8 and 1 <= result["most_in_poll"] <= 4, result
+    if IMPL != "keel":
+        return
+    [part] = share_partitions(b, group)
+    assert part["lock_expiries"] == 0 and part["redeliveries"] == 0, part
+    assert part["start_offset"] == part["end_offset"] == 4, part
+
+
 @pytest.mark.parametrize("fault", ["kill9", "stop"])
 def test_a_consumer_that_dies_holding_records_loses_none(broker_factory, fault):
     """A consumer acquires records and dies with them (kill -9: its

@@ -14,6 +14,13 @@
 //       properties in the file (security, say) polls until it gets
 //       records, an exception, or the timeout, and prints GOT <n>,
 //       ERROR <exception class> or NONE;
+//   renew <bootstrap> <topic> <group> <expected> <hold_ms> <timeout_s>
+//       one explicit-acknowledgement share consumer in the record_limit
+//       acquire mode (max.poll.records 4) renews each record's lock
+//       (AcknowledgeType.RENEW) until it has held it <hold_ms>, then
+//       accepts it, until <expected> values are accepted; prints one
+//       JSON line: values accepted, renewals, the highest delivery count
+//       seen and the most records one poll returned;
 //   consume <bootstrap> <topic> <group> <explicit|implicit|release> <consumers> <expected> <timeout_s> [limit]
 //       <consumers> share consumers in threads print READY once the group
 //       assigned each of them partitions, then read until <expected>
@@ -140,6 +147,47 @@ public class ShareConsume {
         System.out.println(outcome);
     }
 
+    static void renew(String bootstrap, String topic, String group, int expected, long holdMs, int timeoutS)
+            throws Exception {
+        Properties c = new Properties();
+        c.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        c.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        c.put(ConsumerConfig.SHARE_ACKNOWLEDGEMENT_MODE_CONFIG, "explicit");
+        c.put("share.acquire.mode", "record_limit");
+        c.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, 4);
+        c.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+        c.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+        Map<Integer, Long> firstSeen = new HashMap<>();
+        Set<Integer> accepted = new TreeSet<>();
+        int renewals = 0, maxDelivery = 0, mostInPoll = 0;
+        try (KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(c)) {
+            consumer.subscribe(List.of(topic));
+            long deadline = System.currentTimeMillis() + timeoutS * 1000L;
+            while (accepted.size() < expected) {
+                if (System.currentTimeMillis() > deadline) throw new IllegalStateException("accepted " + accepted);
+                ConsumerRecords<String, String> got = consumer.poll(Duration.ofMillis(200));
+                mostInPoll = Math.max(mostInPoll, got.count());
+                for (ConsumerRecord<String, String> r : got) {
+                    int v = Integer.parseInt(r.value());
+                    maxDelivery = Math.max(maxDelivery, r.deliveryCount().orElse((short) 0));
+                    long now = System.currentTimeMillis();
+                    if (now - firstSeen.computeIfAbsent(v, k -> now) < holdMs) {
+                        consumer.acknowledge(r, AcknowledgeType.RENEW);
+                        renewals++;
+                    } else {
+                        consumer.acknowledge(r, AcknowledgeType.ACCEPT);
+                        accepted.add(v);
+                    }
+                }
+                // Renewing paces the loop: a renewal each few hundred ms.
+                if (!got.isEmpty()) Thread.sleep(300);
+            }
+            consumer.commitSync();
+        }
+        System.out.println(json(new LinkedHashMap<>(Map.of("accepted", accepted.size(), "renewals", renewals,
+            "max_delivery", maxDelivery, "most_in_poll", mostInPoll))));
+    }
+
     static String json(Map<String, Object> m) {
         StringBuilder b = new StringBuilder("{");
         for (Map.Entry<String, Object> e : m.entrySet()) {
@@ -153,6 +201,8 @@ public class ShareConsume {
         switch (args[0]) {
             case "produce" -> produce(args[1], args[2], Integer.parseInt(args[3]), Integer.parseInt(args[4]));
             case "hold" -> hold(args[1], args[2], args[3]);
+            case "renew" -> renew(args[1], args[2], args[3], Integer.parseInt(args[4]), Long.parseLong(args[5]),
+                Integer.parseInt(args[6]));
             case "poll" -> poll(args[1], args[2], args[3], args[4], Integer.parseInt(args[5]));
             case "consume" -> consume(args[1], args[2], args[3], args[4], Integer.parseInt(args[5]),
                 Integer.parseInt(args[6]), Integer.parseInt(args[7]),

@@ -116,8 +116,10 @@ fn check_response(key: ApiKey, version: i16, mut bytes: bytes::Bytes, what: &str
         ApiKey::ListConfigResources => ListConfigResourcesResponse::decode(&mut bytes, version).map(drop),
         ApiKey::ShareGroupHeartbeat => ShareGroupHeartbeatResponse::decode(&mut bytes, version).map(drop),
         ApiKey::ShareGroupDescribe => ShareGroupDescribeResponse::decode(&mut bytes, version).map(drop),
-        ApiKey::ShareFetch => ShareFetchResponse::decode(&mut bytes, version).map(drop),
-        ApiKey::ShareAcknowledge => ShareAcknowledgeResponse::decode(&mut bytes, version).map(drop),
+        ApiKey::ShareFetch => ShareFetchResponse::decode(&mut bytes, version.min(1)).map(drop),
+        ApiKey::ShareAcknowledge => {
+            keel_protocol::share::ShareAcknowledgeAnswer::decode(&mut bytes, version).map(drop)
+        }
         ApiKey::DescribeShareGroupOffsets => {
             DescribeShareGroupOffsetsResponse::decode(&mut bytes, version).map(drop)
         }

@@ -440,18 +440,25 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
             encoded!(ShareGroupDescribeRequest::default()
                 .with_group_ids(vec![group_id("queue"), group_id("unknown")]))
         }
-        ApiKey::ShareFetch => encoded!(ShareFetchRequest::default()
-            .with_group_id(Some(group_id("queue")))
-            .with_member_id(Some(str("share-member-1")))
-            .with_share_session_epoch(0)
-            .with_max_records(10)
-            .with_topics(vec![share_fetch_request::FetchTopic::default()
-                .with_topic_id(uuid::Uuid::nil())
-                .with_partitions(vec![share_fetch_request::FetchPartition::default()])])),
-        ApiKey::ShareAcknowledge => encoded!(ShareAcknowledgeRequest::default()
-            .with_group_id(Some(group_id("queue")))
-            .with_member_id(Some(str("share-member-1")))
-            .with_share_session_epoch(1)),
+        ApiKey::ShareFetch => encoded!(keel_protocol::share::ShareFetch {
+            request: ShareFetchRequest::default()
+                .with_group_id(Some(group_id("queue")))
+                .with_member_id(Some(str("share-member-1")))
+                .with_share_session_epoch(0)
+                .with_max_records(10)
+                .with_topics(vec![share_fetch_request::FetchTopic::default()
+                    .with_topic_id(uuid::Uuid::nil())
+                    .with_partitions(vec![share_fetch_request::FetchPartition::default()])]),
+            acquire_mode: keel_protocol::share::ShareAcquireMode::RecordLimit,
+            is_renew_ack: false,
+        }),
+        ApiKey::ShareAcknowledge => encoded!(keel_protocol::share::ShareAcknowledge {
+            request: ShareAcknowledgeRequest::default()
+                .with_group_id(Some(group_id("queue")))
+                .with_member_id(Some(str("share-member-1")))
+                .with_share_session_epoch(1),
+            is_renew_ack: true,
+        }),
         ApiKey::DescribeShareGroupOffsets => encoded!(DescribeShareGroupOffsetsRequest::default()
             .with_groups(vec![
                 describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestGroup::default()
@@ -567,10 +574,14 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
             assert!(r.assignment.is_some(), "a joining member is sent its assignment");
         }),
         ApiKey::ShareGroupDescribe => ShareGroupDescribeResponse::decode(&mut body, version).map(|_| ()),
-        ApiKey::ShareFetch => ShareFetchResponse::decode(&mut body, version).map(|r| {
+        // v2 is laid out as v1 (see keel_protocol::share).
+        ApiKey::ShareFetch => ShareFetchResponse::decode(&mut body, version.min(1)).map(|r| {
             assert_eq!(r.error_code, 0, "ShareFetch: {:?}", r.error_message);
         }),
-        ApiKey::ShareAcknowledge => ShareAcknowledgeResponse::decode(&mut body, version).map(|_| ()),
+        ApiKey::ShareAcknowledge => keel_protocol::share::ShareAcknowledgeAnswer::decode(&mut body, version)
+            .map(|a| {
+                assert!(version < 2 || a.acquisition_lock_timeout_ms > 0, "{a:?}");
+            }),
         ApiKey::DescribeShareGroupOffsets => {
             DescribeShareGroupOffsetsResponse::decode(&mut body, version).map(|_| ())
         }
@@ -621,4 +632,129 @@ async fn every_advertised_version_is_answered() {
             decode_response(api.key, version, response);
         }
     }
+}
+
+/// RENEW acknowledgements (KIP-1222) as Kafka takes them: only at v2 and
+/// with `IsRenewAck` (else the partition's acknowledgement fails with
+/// INVALID_REQUEST); a renewing ShareFetch must set every limit to 0 and
+/// fetches nothing; ShareAcknowledge v2 answers the lock duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_acknowledgements_need_v2_and_is_renew_ack() {
+    use keel_protocol::share::{ShareAcknowledge, ShareAcknowledgeAnswer, ShareAcquireMode, ShareFetch};
+    let dir = tempfile::tempdir().unwrap();
+    let mut map = BTreeMap::new();
+    map.insert("log.dirs".to_string(), dir.path().display().to_string());
+    let config = BrokerConfig::from_map(&map).unwrap();
+    let broker = tokio::task::spawn_blocking(move || {
+        Broker::open(
+            config,
+            vec![keel_config::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let create =
+        CreateTopicsRequest::default().with_topics(vec![create_topics_request::CreatableTopic::default()
+            .with_name(name("t"))
+            .with_num_partitions(1)
+            .with_replication_factor(1)]);
+    call(&broker, ApiKey::CreateTopics, 7, &create).await;
+    let topic_id = broker.data.topics.get("t").unwrap().meta.topic_id;
+    let group = || GroupId(StrBytes::from_static_str("q"));
+    let member = || StrBytes::from_static_str("renewer");
+    // The member joins (its share partition starts at the log end), then
+    // three records arrive.
+    let join = ShareGroupHeartbeatRequest::default()
+        .with_group_id(group())
+        .with_member_id(member())
+        .with_member_epoch(0)
+        .with_subscribed_topic_names(Some(vec![name("t")]));
+    call(&broker, ApiKey::ShareGroupHeartbeat, 1, &join).await;
+    let produce = ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![produce_request::TopicProduceData::default()
+            .with_name(name("t"))
+            .with_partition_data(vec![produce_request::PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(batch()))])]);
+    call(&broker, ApiKey::Produce, 9, &produce).await;
+    let fetch = |epoch: i32, acks: Option<i8>, max: i32, renews: bool| ShareFetch {
+        request: ShareFetchRequest::default()
+            .with_group_id(Some(group()))
+            .with_member_id(Some(member()))
+            .with_share_session_epoch(epoch)
+            .with_max_records(max)
+            .with_max_bytes(if max > 0 { 1 << 20 } else { 0 })
+            .with_topics(vec![share_fetch_request::FetchTopic::default()
+                .with_topic_id(topic_id)
+                .with_partitions(vec![share_fetch_request::FetchPartition::default()
+                    .with_acknowledgement_batches(
+                        acks.map(|t| {
+                            share_fetch_request::AcknowledgementBatch::default()
+                                .with_first_offset(0)
+                                .with_last_offset(2)
+                                .with_acknowledge_types(vec![t])
+                        })
+                        .into_iter()
+                        .collect(),
+                    )])]),
+        acquire_mode: ShareAcquireMode::RecordLimit,
+        is_renew_ack: renews,
+    };
+    // (top-level error, the partition's acknowledgement error, offsets acquired)
+    let answer = |mut body: Bytes| {
+        let r = ShareFetchResponse::decode(&mut body, 1).unwrap();
+        let part = r.responses.first().and_then(|t| t.partitions.first());
+        (
+            r.error_code,
+            part.map_or(0, |p| p.acknowledge_error_code),
+            part.map_or(0, |p| {
+                p.acquired_records
+                    .iter()
+                    .map(|a| a.last_offset - a.first_offset + 1)
+                    .sum::<i64>()
+            }),
+        )
+    };
+    let got = answer(call(&broker, ApiKey::ShareFetch, 2, &fetch(0, None, 10, false)).await);
+    assert_eq!(got, (0, 0, 3), "the three records acquired");
+    let invalid = kafka_protocol::error::ResponseError::InvalidRequest.code();
+    // RENEW at v1, or at v2 without IsRenewAck: refused.
+    let got = answer(call(&broker, ApiKey::ShareFetch, 1, &fetch(1, Some(4), 0, false)).await);
+    assert_eq!(got.1, invalid, "RENEW at v1");
+    let got = answer(call(&broker, ApiKey::ShareFetch, 2, &fetch(2, Some(4), 0, false)).await);
+    assert_eq!(got.1, invalid, "RENEW without IsRenewAck");
+    // A renewing fetch that asks for records: refused whole.
+    let got = answer(call(&broker, ApiKey::ShareFetch, 2, &fetch(3, Some(4), 10, true)).await);
+    assert_eq!(got.0, invalid, "a renewing fetch with limits");
+    let got = answer(call(&broker, ApiKey::ShareFetch, 2, &fetch(3, Some(4), 0, true)).await);
+    assert_eq!(got, (0, 0, 0), "renewed, nothing fetched");
+    let accept = ShareAcknowledge {
+        request: ShareAcknowledgeRequest::default()
+            .with_group_id(Some(group()))
+            .with_member_id(Some(member()))
+            .with_share_session_epoch(4)
+            .with_topics(vec![share_acknowledge_request::AcknowledgeTopic::default()
+                .with_topic_id(topic_id)
+                .with_partitions(vec![
+                    share_acknowledge_request::AcknowledgePartition::default().with_acknowledgement_batches(
+                        vec![share_acknowledge_request::AcknowledgementBatch::default()
+                            .with_first_offset(0)
+                            .with_last_offset(2)
+                            .with_acknowledge_types(vec![1])],
+                    ),
+                ])]),
+        is_renew_ack: false,
+    };
+    let mut body = call(&broker, ApiKey::ShareAcknowledge, 2, &accept).await;
+    let a = ShareAcknowledgeAnswer::decode(&mut body, 2).unwrap();
+    let codes: Vec<i16> = a.response.responses[0]
+        .partitions
+        .iter()
+        .map(|p| p.error_code)
+        .collect();
+    assert_eq!((a.response.error_code, codes), (0, vec![0]), "{a:?}");
+    assert_eq!(a.acquisition_lock_timeout_ms, 30_000);
 }

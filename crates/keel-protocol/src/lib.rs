@@ -11,6 +11,7 @@
 //!   the single source for the ApiVersions response and for refusing
 //!   unsupported requests;
 //! * response framing with the right header version ([`response`]);
+//! * the share API versions the codec lacks ([`share`]);
 //! * request frames out and response frames in, for the requests one
 //!   broker sends another ([`client`]);
 //! * an allocator that keeps hostile array lengths in requests from
@@ -23,6 +24,7 @@ pub mod client;
 pub mod frame;
 pub mod request;
 pub mod response;
+pub mod share;
 pub mod versions;
 
 pub use kafka_protocol::error::ResponseError;

@@ -108,8 +108,8 @@ pub enum Request {
     ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
     ShareGroupHeartbeat(ShareGroupHeartbeatRequest),
     ShareGroupDescribe(ShareGroupDescribeRequest),
-    ShareFetch(ShareFetchRequest),
-    ShareAcknowledge(ShareAcknowledgeRequest),
+    ShareFetch(crate::share::ShareFetch),
+    ShareAcknowledge(crate::share::ShareAcknowledge),
     DescribeShareGroupOffsets(DescribeShareGroupOffsetsRequest),
     AlterShareGroupOffsets(AlterShareGroupOffsetsRequest),
     DeleteShareGroupOffsets(DeleteShareGroupOffsetsRequest),
@@ -263,8 +263,10 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
             Request::ShareGroupHeartbeat(ShareGroupHeartbeatRequest::decode(buf, v)?)
         }
         ApiKey::ShareGroupDescribe => Request::ShareGroupDescribe(ShareGroupDescribeRequest::decode(buf, v)?),
-        ApiKey::ShareFetch => Request::ShareFetch(ShareFetchRequest::decode(buf, v)?),
-        ApiKey::ShareAcknowledge => Request::ShareAcknowledge(ShareAcknowledgeRequest::decode(buf, v)?),
+        ApiKey::ShareFetch => Request::ShareFetch(crate::share::ShareFetch::decode(buf, v)?),
+        ApiKey::ShareAcknowledge => {
+            Request::ShareAcknowledge(crate::share::ShareAcknowledge::decode(buf, v)?)
+        }
         ApiKey::DescribeShareGroupOffsets => {
             Request::DescribeShareGroupOffsets(DescribeShareGroupOffsetsRequest::decode(buf, v)?)
         }

@@ -34,6 +34,12 @@ pub fn encode<R: Encodable>(
         ApiKey::ApiVersions => 0,
         _ => key.response_header_version(api_version),
     };
+    // ShareFetchResponse v2 is laid out as v1, the codec's last version
+    // (see `crate::share`).
+    let api_version = match key {
+        ApiKey::ShareFetch => api_version.min(1),
+        _ => api_version,
+    };
     let header = ResponseHeader::default().with_correlation_id(correlation_id);
     // Sized up front: a large response is copied once, not regrown.
     let size = header

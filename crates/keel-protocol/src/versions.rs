@@ -100,14 +100,14 @@ pub const SUPPORTED: &[ApiSupport] = &[
     // The consumer group protocol (KIP-848).
     api(ApiKey::ConsumerGroupHeartbeat, 0, 1),
     api(ApiKey::ConsumerGroupDescribe, 0, 1),
-    // Share groups (KIP-932), as Kafka 4.1 defined them: the versions the
-    // codec has. ShareFetch and ShareAcknowledge v2 (Kafka 4.2: RENEW
-    // acknowledgements, KIP-1222, and the record_limit acquire mode,
-    // KIP-1206) are not in `kafka-protocol` 0.18.
+    // Share groups (KIP-932). ShareFetch and ShareAcknowledge v2 (Kafka
+    // 4.2: RENEW acknowledgements, KIP-1222, and the record_limit acquire
+    // mode, KIP-1206) are not in `kafka-protocol` 0.18: `crate::share`
+    // adds them to its v1.
     api(ApiKey::ShareGroupHeartbeat, 1, 1),
     api(ApiKey::ShareGroupDescribe, 1, 1),
-    api(ApiKey::ShareFetch, 1, 1),
-    api(ApiKey::ShareAcknowledge, 1, 1),
+    api(ApiKey::ShareFetch, 1, 2),
+    api(ApiKey::ShareAcknowledge, 1, 2),
     // What `kafka-share-groups` uses for offsets. DescribeShareGroupOffsets
     // v1 (Kafka 4.2: lag) is not in `kafka-protocol` 0.18.
     api(ApiKey::DescribeShareGroupOffsets, 0, 0),
@@ -197,8 +197,8 @@ mod tests {
                 ApiKey::ConsumerGroupDescribe => check::<ConsumerGroupDescribeRequest>(a),
                 ApiKey::ShareGroupHeartbeat => check::<ShareGroupHeartbeatRequest>(a),
                 ApiKey::ShareGroupDescribe => check::<ShareGroupDescribeRequest>(a),
-                ApiKey::ShareFetch => check::<ShareFetchRequest>(a),
-                ApiKey::ShareAcknowledge => check::<ShareAcknowledgeRequest>(a),
+                ApiKey::ShareFetch => check::<crate::share::ShareFetch>(a),
+                ApiKey::ShareAcknowledge => check::<crate::share::ShareAcknowledge>(a),
                 ApiKey::DescribeShareGroupOffsets => check::<DescribeShareGroupOffsetsRequest>(a),
                 ApiKey::AlterShareGroupOffsets => check::<AlterShareGroupOffsetsRequest>(a),
                 ApiKey::DeleteShareGroupOffsets => check::<DeleteShareGroupOffsetsRequest>(a),

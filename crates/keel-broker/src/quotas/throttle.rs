@@ -75,3 +75,10 @@ throttle_field!(
     DeleteShareGroupOffsetsResponse,
     ListConfigResourcesResponse,
 );
+
+/// ShareAcknowledge of any version (v2 is written by `keel_protocol::share`).
+impl Throttle for keel_protocol::share::ShareAcknowledgeAnswer {
+    fn raise_throttle_time_ms(&mut self, ms: i32) {
+        self.response.raise_throttle_time_ms(ms);
+    }
+}

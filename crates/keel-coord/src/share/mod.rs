@@ -456,7 +456,14 @@ impl ShareCoordinator {
                 AckError::InvalidRecordState(m) => (ResponseError::InvalidRecordState, m),
                 AckError::InvalidRequest(m) => (ResponseError::InvalidRequest, m),
             });
-        let write = if outcome.is_ok() {
+        // Renewing a lock changes nothing the share log keeps (locks do
+        // not survive a restart) and frees nothing: as in Kafka, nothing
+        // is written and no waiting fetch is woken.
+        let changed = outcome.is_ok()
+            && batches
+                .iter()
+                .any(|b| b.types.iter().any(|t| *t != AckType::Renew));
+        let write = if changed {
             self.persist(key, sp)
         } else {
             Box::pin(async { Ok(()) }) as Write
@@ -464,7 +471,7 @@ impl ShareCoordinator {
         drop(state);
         // Released records, or room under the in-flight limit: a waiting
         // fetch may find something now.
-        if outcome.is_ok() {
+        if changed {
             self.changed();
         }
         (outcome, write)

@@ -703,10 +703,7 @@ mod groups {
                 let after = assign(&members, &topics, &before);
                 let m = members.len();
                 let held = |a: &std::collections::BTreeMap<String, Assignment>, who: &str| {
-                    a.get(who)
-                        .and_then(|t| t.get(&id))
-                        .cloned()
-                        .unwrap_or_default()
+                    a.get(who).and_then(|t| t.get(&id)).cloned().unwrap_or_default()
                 };
                 let counts: Vec<usize> = members.keys().map(|k| held(&after, k).len()).collect();
                 let mut holders = vec![0usize; n];
@@ -720,7 +717,10 @@ mod groups {
                     continue;
                 }
                 let (lo, hi) = (counts.iter().min(), counts.iter().max());
-                assert!(hi.zip(lo).is_some_and(|(h, l)| h - l <= 1), "seed {seed}: {counts:?}");
+                assert!(
+                    hi.zip(lo).is_some_and(|(h, l)| h - l <= 1),
+                    "seed {seed}: {counts:?}"
+                );
                 let sharing = m.div_ceil(n);
                 if m <= n {
                     assert!(holders.iter().all(|&h| h == 1), "seed {seed}: {holders:?}");

@@ -1508,7 +1508,7 @@ fn share_ack_types(g: &mut Gen) -> Vec<i8> {
     g.vec(3, |g| g.i8().rem_euclid(5))
 }
 
-fn share_fetch(g: &mut Gen, _v: i16) -> ShareFetchRequest {
+fn share_fetch(g: &mut Gen, v: i16) -> keel_protocol::share::ShareFetch {
     use share_fetch_request::*;
     let topics = g.vec(3, |g| {
         FetchTopic::default()
@@ -1527,7 +1527,7 @@ fn share_fetch(g: &mut Gen, _v: i16) -> ShareFetchRequest {
             }))
             .with_unknown_tagged_fields(g.tags(true))
     });
-    ShareFetchRequest::default()
+    let request = ShareFetchRequest::default()
         .with_group_id(g.bool().then(|| GroupId(g.string())))
         .with_member_id(g.opt_string())
         .with_share_session_epoch(i32::from(g.i8()))
@@ -1543,12 +1543,22 @@ fn share_fetch(g: &mut Gen, _v: i16) -> ShareFetchRequest {
                 .with_partitions(g.vec(3, |g| g.i32()))
                 .with_unknown_tagged_fields(g.tags(true))
         }))
-        .with_unknown_tagged_fields(g.tags(true))
+        .with_unknown_tagged_fields(g.tags(true));
+    let v2 = v >= 2;
+    keel_protocol::share::ShareFetch {
+        request,
+        acquire_mode: if v2 && g.bool() {
+            keel_protocol::share::ShareAcquireMode::RecordLimit
+        } else {
+            keel_protocol::share::ShareAcquireMode::BatchOptimized
+        },
+        is_renew_ack: v2 && g.bool(),
+    }
 }
 
-fn share_acknowledge(g: &mut Gen, _v: i16) -> ShareAcknowledgeRequest {
+fn share_acknowledge(g: &mut Gen, v: i16) -> keel_protocol::share::ShareAcknowledge {
     use share_acknowledge_request::*;
-    ShareAcknowledgeRequest::default()
+    let request = ShareAcknowledgeRequest::default()
         .with_group_id(g.bool().then(|| GroupId(g.string())))
         .with_member_id(g.opt_string())
         .with_share_session_epoch(i32::from(g.i8()))
@@ -1569,7 +1579,11 @@ fn share_acknowledge(g: &mut Gen, _v: i16) -> ShareAcknowledgeRequest {
                 }))
                 .with_unknown_tagged_fields(g.tags(true))
         }))
-        .with_unknown_tagged_fields(g.tags(true))
+        .with_unknown_tagged_fields(g.tags(true));
+    keel_protocol::share::ShareAcknowledge {
+        request,
+        is_renew_ack: v >= 2 && g.bool(),
+    }
 }
 
 fn describe_share_group_offsets(g: &mut Gen, _v: i16) -> DescribeShareGroupOffsetsRequest {

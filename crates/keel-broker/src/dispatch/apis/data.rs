@@ -132,7 +132,11 @@ pub(super) async fn describe_cluster(b: &Arc<Broker>, r: DescribeClusterRequest,
     call.answer(b, ApiKey::DescribeCluster, &mut resp)
 }
 
-pub(super) async fn share_fetch(b: &Arc<Broker>, r: ShareFetchRequest, call: Call<'_>) -> Reply {
+pub(super) async fn share_fetch(
+    b: &Arc<Broker>,
+    r: keel_protocol::share::ShareFetch,
+    call: Call<'_>,
+) -> Reply {
     let mut resp = handlers::share::fetch::share_fetch(b, r, call.client, call.client_id).await;
     // Records acquired are locked to this member: they go out whatever
     // the quota, so they count against it (nothing taken back, unlike a
@@ -148,7 +152,11 @@ pub(super) async fn share_fetch(b: &Arc<Broker>, r: ShareFetchRequest, call: Cal
     call.answer(b, ApiKey::ShareFetch, &mut resp)
 }
 
-pub(super) async fn share_acknowledge(b: &Arc<Broker>, r: ShareAcknowledgeRequest, call: Call<'_>) -> Reply {
+pub(super) async fn share_acknowledge(
+    b: &Arc<Broker>,
+    r: keel_protocol::share::ShareAcknowledge,
+    call: Call<'_>,
+) -> Reply {
     let mut resp = handlers::share::fetch::share_acknowledge(b, r, call.client).await;
     call.answer(b, ApiKey::ShareAcknowledge, &mut resp)
 }

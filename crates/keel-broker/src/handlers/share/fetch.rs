@@ -124,18 +124,23 @@ fn resolve(broker: &Broker, client: &ClientInfo, tp: Tp) -> Result<Served, Respo
     })
 }
 
-/// The acknowledgement batches of a request, checked: known types only
-/// (RENEW needs ShareFetch/ShareAcknowledge v2, which Keel does not
-/// serve yet).
+/// The acknowledgement batches of a request, checked: known types only,
+/// and RENEW only where the request says it renews (`IsRenewAck`, v2).
 fn ack_batches(
     batches: impl Iterator<Item = (i64, i64, Vec<i8>)>,
+    renews: bool,
 ) -> Result<Vec<AckBatch>, (ResponseError, String)> {
     batches
         .map(|(first, last, codes)| {
             let types = codes
                 .iter()
                 .map(|c| match AckType::from_code(*c) {
-                    Some(AckType::Renew) | None => Err((
+                    Some(AckType::Renew) if !renews => Err((
+                        ResponseError::InvalidRequest,
+                        "A RENEW acknowledgement needs IsRenewAck (ShareFetch or ShareAcknowledge v2)."
+                            .to_string(),
+                    )),
+                    None => Err((
                         ResponseError::InvalidRequest,
                         format!("Unknown acknowledge type {c}."),
                     )),
@@ -201,17 +206,26 @@ fn part(index: i32) -> PartitionData {
         )
 }
 
-/// ShareFetch: the session, its acknowledgements, then records.
+/// ShareFetch: the session, its acknowledgements, then records. A fetch
+/// that renews locks (`IsRenewAck`) fetches nothing: reading could take
+/// longer than the locks it renewed, so Kafka has it set every limit to 0.
 pub async fn share_fetch(
     broker: &Arc<Broker>,
-    req: ShareFetchRequest,
+    fetch: keel_protocol::share::ShareFetch,
     client: &ClientInfo,
     client_id: &str,
 ) -> ShareFetchResponse {
+    let (req, renews) = (fetch.request, fetch.is_renew_ack);
     let who = match admitted(broker, client, req.group_id.as_ref(), req.member_id.as_ref()) {
         Ok(w) => w,
         Err((e, m)) => return fetch_error(e, m),
     };
+    if renews && (req.max_bytes, req.min_bytes, req.max_records, req.max_wait_ms) != (0, 0, 0, 0) {
+        return fetch_error(
+            ResponseError::InvalidRequest,
+            "maxBytes, minBytes, maxRecords and maxWaitMs must be 0 when isRenewAck is true.".into(),
+        );
+    }
     let add: Vec<Tp> = req
         .topics
         .iter()
@@ -261,6 +275,7 @@ pub async fn share_fetch(
                 p.acknowledgement_batches
                     .iter()
                     .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone())),
+                renews,
             );
             let (e, message, leader, leader_epoch) =
                 acknowledge(broker, client, &who, (t.topic_id, p.partition_index), batches).await;
@@ -279,7 +294,7 @@ pub async fn share_fetch(
         broker
             .share
             .close_session(&who.group, &who.member, &|g| limits(broker, g));
-    } else {
+    } else if !renews {
         let reader = Reader::new(client_id, &client.host, client.port);
         fetch_records(broker, client, &who, &partitions, &req, &reader, &mut out).await;
         // The first answer of a session carries every partition of it
@@ -607,7 +622,23 @@ fn covering(bytes: &Bytes, spans: &[Span], acquired: &[Acquired]) -> Bytes {
 /// at epoch -1, closes) a session; it cannot open one.
 pub async fn share_acknowledge(
     broker: &Broker,
+    ack: keel_protocol::share::ShareAcknowledge,
+    client: &ClientInfo,
+) -> keel_protocol::share::ShareAcknowledgeAnswer {
+    let (req, renews) = (ack.request, ack.is_renew_ack);
+    let who = admitted(broker, client, req.group_id.as_ref(), req.member_id.as_ref());
+    let lock_ms = who.as_ref().map_or(0, |w| w.limits.lock_ms);
+    keel_protocol::share::ShareAcknowledgeAnswer {
+        response: acknowledge_all(broker, req, renews, who, client).await,
+        acquisition_lock_timeout_ms: i32::try_from(lock_ms).unwrap_or(i32::MAX),
+    }
+}
+
+async fn acknowledge_all(
+    broker: &Broker,
     req: ShareAcknowledgeRequest,
+    renews: bool,
+    who: Result<Who, (ResponseError, String)>,
     client: &ClientInfo,
 ) -> ShareAcknowledgeResponse {
     use keel_protocol::messages::share_acknowledge_response::{
@@ -618,7 +649,7 @@ pub async fn share_acknowledge(
             .with_error_code(e.code())
             .with_error_message(Some(str_bytes(m)))
     };
-    let who = match admitted(broker, client, req.group_id.as_ref(), req.member_id.as_ref()) {
+    let who = match who {
         Ok(w) => w,
         Err((e, m)) => return error(e, m),
     };
@@ -650,6 +681,7 @@ pub async fn share_acknowledge(
                 p.acknowledgement_batches
                     .iter()
                     .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone())),
+                renews,
             );
             let (e, message, leader, leader_epoch) =
                 acknowledge(broker, client, &who, (t.topic_id, p.partition_index), batches).await;
