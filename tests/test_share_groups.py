@@ -340,6 +340,30 @@ def test_share_group_configs_set_with_kafka_configs(broker_factory):
     assert result["max_delivery_count"] == 2 and result["delivered_after_done"] == 0, result
 
 
+def test_share_auto_offset_reset_by_duration_starts_at_the_first_record_that_young(broker_factory):
+    """share.auto.offset.reset=by_duration:PT1H: a new share group starts at
+    the first record at most an hour old, so of ten records two hours old
+    and ten new ones it reads the new ones only."""
+    from confluent_kafka import Producer
+    b = broker_factory(sets=SHARE)
+    topic, group = unique("share-duration"), unique("workers")
+    create_topic(b.bootstrap, topic, 1)
+    p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
+    old_ms = int(time.time() * 1000) - 2 * 3600 * 1000
+    for v in range(20):
+        p.produce(topic, key=str(v).encode(), value=str(v).encode(), partition=0,
+                  timestamp=old_ms + v if v < 10 else 0)
+    assert p.flush(30) == 0
+    refused = kafka_tools.run("kafka.admin.ConfigCommand", "--bootstrap-server", b.bootstrap, "--entity-type",
+                              "groups", "--entity-name", group, "--alter", "--add-config",
+                              "share.auto.offset.reset=by_duration:-PT1H")
+    assert refused.returncode != 0 and "by_duration:<PnDTnHnMn.nS>" in refused.stdout + refused.stderr, \
+        refused.stdout + refused.stderr[-2000:]
+    group_configs(b, group, "--alter", "--add-config", "share.auto.offset.reset=by_duration:PT1H")
+    result = finish(consume(b, topic, group, "implicit", 1, 10))
+    assert result["complete"] and result["values"] == list(range(10, 20)), result
+
+
 def test_read_committed_share_consumers_skip_aborted_transactions(broker_factory):
     """share.isolation.level=read_committed: a transactional producer
     commits every other transaction and aborts the rest; share consumers

@@ -12,7 +12,8 @@
 //! a member's next heartbeat takes them. Share groups' (KIP-932):
 //! `share.record.lock.duration.ms`, `share.delivery.count.limit` and
 //! `share.partition.max.record.locks` over the broker's `group.share.*`,
-//! `share.auto.offset.reset` (`earliest` or `latest`) and
+//! `share.auto.offset.reset` (`earliest`, `latest` or
+//! `by_duration:<ISO-8601 duration>`) and
 //! `share.isolation.level`, in force for the next acquisition or the
 //! next share partition assigned. Kafka's
 //! other share group configs and its streams group configs are refused.
@@ -27,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use keel_log::storage::{read_file, write_atomically, Storage};
 
-use keel_config::BrokerConfig;
+use keel_config::{BrokerConfig, ConfigType};
 use keel_coord::groups::consumer::GroupOverrides;
 
 pub const SESSION_TIMEOUT_MS: &str = "consumer.session.timeout.ms";
@@ -48,15 +49,30 @@ pub const SHARE_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
 pub const SHARE_MAX_RECORD_LOCKS: &str = "share.partition.max.record.locks";
 pub const SHARE_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
 pub const SHARE_ISOLATION_LEVEL: &str = "share.isolation.level";
+pub const SHARE_RENEW_ACKNOWLEDGE_ENABLE: &str = "share.renew.acknowledge.enable";
 
-/// Share groups' string configs: name, default (no broker config sets
-/// it), the values Keel takes.
-pub const SHARE_STRING_CONFIGS: &[(&str, &str, &[&str])] = &[
-    (SHARE_AUTO_OFFSET_RESET, "latest", &["earliest", "latest"]),
+/// Share groups' configs that take one of a few values: name, type,
+/// default (no broker config sets it), the values Keel takes
+/// (`share.auto.offset.reset` also takes `by_duration:<ISO-8601
+/// duration>`, see [`ShareReset`]).
+pub const SHARE_CHOICE_CONFIGS: &[(&str, ConfigType, &str, &[&str])] = &[
+    (
+        SHARE_AUTO_OFFSET_RESET,
+        ConfigType::String,
+        "latest",
+        &["earliest", "latest"],
+    ),
     (
         SHARE_ISOLATION_LEVEL,
+        ConfigType::String,
         "read_uncommitted",
         &["read_uncommitted", "read_committed"],
+    ),
+    (
+        SHARE_RENEW_ACKNOWLEDGE_ENABLE,
+        ConfigType::Boolean,
+        "true",
+        &["true", "false"],
     ),
 ];
 
@@ -65,7 +81,6 @@ const NOT_IN_KEEL: &[&str] = &[
     "consumer.assignment.interval.ms",
     "share.session.timeout.ms",
     "share.heartbeat.interval.ms",
-    "share.renew.acknowledge.enable",
     "share.assignment.interval.ms",
     "share.assignor.offload.enable",
     "streams.",
@@ -182,12 +197,21 @@ impl GroupConfigs {
         }
     }
 
-    /// Whether `group`'s new share partitions start at the log's start
-    /// (`share.auto.offset.reset` earliest) rather than its end.
-    pub fn share_from_earliest(&self, group: &str) -> bool {
+    /// Where `group`'s new share partitions start
+    /// (`share.auto.offset.reset`).
+    pub fn share_reset(&self, group: &str) -> ShareReset {
         self.get(group)
             .get(SHARE_AUTO_OFFSET_RESET)
-            .is_some_and(|v| v.trim() == "earliest")
+            .and_then(|v| ShareReset::parse(v))
+            .unwrap_or(ShareReset::Latest)
+    }
+
+    /// Whether `group`'s share consumers may renew their locks
+    /// (`share.renew.acknowledge.enable`, true unless set false).
+    pub fn share_renew_enabled(&self, group: &str) -> bool {
+        self.get(group)
+            .get(SHARE_RENEW_ACKNOWLEDGE_ENABLE)
+            .is_none_or(|v| v.trim() != "false")
     }
 
     /// Whether `group`'s share consumers read committed records only
@@ -254,6 +278,84 @@ impl GroupConfigs {
     }
 }
 
+/// Where a share group's new share partitions start:
+/// `share.auto.offset.reset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareReset {
+    /// `latest`: at the log end.
+    Latest,
+    /// `earliest`: at the log start.
+    Earliest,
+    /// `by_duration:<ISO-8601 duration>`: at the first record at most
+    /// this many ms old.
+    ByDuration(i64),
+}
+
+impl ShareReset {
+    /// The value's meaning, as Kafka reads it (case-sensitive names; a
+    /// duration Java's `Duration.parse` takes, not negative).
+    pub fn parse(value: &str) -> Option<ShareReset> {
+        match value.trim() {
+            "latest" => Some(ShareReset::Latest),
+            "earliest" => Some(ShareReset::Earliest),
+            v => v
+                .strip_prefix("by_duration:")
+                .and_then(iso_duration_ms)
+                .map(ShareReset::ByDuration),
+        }
+    }
+}
+
+/// An ISO-8601 duration as Java's `Duration.parse` writes it,
+/// `PnDTnHnMn.nS` (any part may be left out, but not all; letters in
+/// either case), in ms; `None` if it is not one or is out of range.
+/// Signs are not taken: Kafka refuses negative durations.
+fn iso_duration_ms(text: &str) -> Option<i64> {
+    let upper = text.to_ascii_uppercase();
+    let rest = upper.strip_prefix('P')?;
+    let (date, time) = match rest.split_once('T') {
+        Some((d, t)) if !t.is_empty() => (d, Some(t)),
+        Some(_) => return None,
+        None => (rest, None),
+    };
+    let mut ms: i64 = 0;
+    let mut parts = 0;
+    if !date.is_empty() {
+        let days = date.strip_suffix('D')?;
+        ms = ms.checked_add(digits(days)?.checked_mul(86_400_000)?)?;
+        parts += 1;
+    }
+    let mut time = time.unwrap_or("");
+    for (unit, scale) in [('H', 3_600_000i64), ('M', 60_000)] {
+        if let Some(at) = time.find(unit) {
+            ms = ms.checked_add(digits(&time[..at])?.checked_mul(scale)?)?;
+            time = &time[at + 1..];
+            parts += 1;
+        }
+    }
+    if !time.is_empty() {
+        let seconds = time.strip_suffix('S')?;
+        let (whole, fraction) = seconds.split_once('.').unwrap_or((seconds, ""));
+        if fraction.len() > 9 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let millis = format!("{fraction:0<3}")[..3].parse::<i64>().ok()?;
+        ms = ms
+            .checked_add(digits(whole)?.checked_mul(1000)?)?
+            .checked_add(millis)?;
+        parts += 1;
+    }
+    (parts > 0).then_some(ms)
+}
+
+/// A run of ASCII digits, as a number.
+fn digits(s: &str) -> Option<i64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
 /// Kafka's checks of a group's configs `next` (`GroupConfig.validate`)
 /// under the broker's `config`, with Kafka's messages (INVALID_CONFIG).
 pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(), String> {
@@ -261,7 +363,16 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
         if GROUP_CONFIGS.iter().any(|(name, _)| name == key) {
             continue;
         }
-        if let Some((_, _, allowed)) = SHARE_STRING_CONFIGS.iter().find(|(name, _, _)| name == key) {
+        if key == SHARE_AUTO_OFFSET_RESET {
+            if ShareReset::parse(value).is_none() {
+                return Err(format!(
+                    "Invalid value {value} for configuration {key}: The value must be either \
+                     'earliest', 'latest' or of the format 'by_duration:<PnDTnHnMn.nS>'."
+                ));
+            }
+            continue;
+        }
+        if let Some((_, _, _, allowed)) = SHARE_CHOICE_CONFIGS.iter().find(|(name, ..)| name == key) {
             if !allowed.contains(&value.trim()) {
                 return Err(format!(
                     "Invalid value {value} for configuration {key}: Keel takes {}",
@@ -273,7 +384,7 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
         if NOT_IN_KEEL.iter().any(|p| key.starts_with(p)) {
             return Err(format!(
                 "Group config {key} is Apache Kafka's, for what Keel does not have (streams groups, \
-                 assignment intervals, share groups' own session timeouts and RENEW); \
+                 assignment intervals, share groups' own session timeouts); \
                  Keel refuses it"
             ));
         }
@@ -358,7 +469,23 @@ mod tests {
             check(&config, &set(&[(SHARE_AUTO_OFFSET_RESET, "earliest")])),
             Ok(())
         );
-        assert!(refused(&[(SHARE_AUTO_OFFSET_RESET, "by_duration:PT1H")]).contains("earliest or latest"));
+        assert_eq!(
+            check(&config, &set(&[(SHARE_AUTO_OFFSET_RESET, "by_duration:PT1H")])),
+            Ok(())
+        );
+        for bad in [
+            "by_duration",
+            "by_duration:",
+            "by_duration:-PT1H",
+            "by_duration:PT",
+            "Latest",
+            "none",
+        ] {
+            assert!(
+                refused(&[(SHARE_AUTO_OFFSET_RESET, bad)]).contains("'by_duration:<PnDTnHnMn.nS>'"),
+                "{bad}"
+            );
+        }
         assert_eq!(
             refused(&[(SHARE_LOCK_DURATION_MS, "5000")]),
             "share.record.lock.duration.ms must be greater than or equal to group.share.min.record.lock.duration.ms"
@@ -415,5 +542,35 @@ mod tests {
             .unwrap()
             .groups()
             .is_empty());
+    }
+
+    /// `by_duration:` takes what Java's `Duration.parse` does (without
+    /// signs), in ms.
+    #[test]
+    fn share_reset_durations_are_read_as_java_reads_them() {
+        let ms = |v: &str| match ShareReset::parse(v) {
+            Some(ShareReset::ByDuration(ms)) => Some(ms),
+            _ => None,
+        };
+        assert_eq!(ms("by_duration:PT1H"), Some(3_600_000));
+        assert_eq!(ms("by_duration:P1DT2H3M4.5S"), Some(93_784_500));
+        assert_eq!(ms("by_duration:p2d"), Some(172_800_000));
+        assert_eq!(ms("by_duration:PT0.001S"), Some(1));
+        assert_eq!(ms("by_duration:PT90M"), Some(5_400_000));
+        for bad in [
+            "by_duration:P",
+            "by_duration:PT",
+            "by_duration:P1H",
+            "by_duration:PT1H1D",
+            "by_duration:PT1.S5",
+        ] {
+            assert_eq!(ShareReset::parse(bad), None, "{bad}");
+        }
+        assert_eq!(ShareReset::parse("earliest"), Some(ShareReset::Earliest));
+        assert_eq!(
+            ShareReset::parse("by_duration:P99999999999999D"),
+            None,
+            "out of range"
+        );
     }
 }

@@ -731,11 +731,28 @@ async fn renew_acknowledgements_need_v2_and_is_renew_ack() {
     assert_eq!(got.0, invalid, "a renewing fetch with limits");
     let got = answer(call(&broker, ApiKey::ShareFetch, 2, &fetch(3, Some(4), 0, true)).await);
     assert_eq!(got, (0, 0, 0), "renewed, nothing fetched");
+    // A group with share.renew.acknowledge.enable=false may not renew.
+    let disable = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        incremental_alter_configs_request::AlterConfigsResource::default()
+            .with_resource_type(32)
+            .with_resource_name(str("q"))
+            .with_configs(vec![incremental_alter_configs_request::AlterableConfig::default(
+            )
+            .with_name(str("share.renew.acknowledge.enable"))
+            .with_config_operation(0)
+            .with_value(Some(str("false")))]),
+    ]);
+    let mut body = call(&broker, ApiKey::IncrementalAlterConfigs, 1, &disable).await;
+    let altered = IncrementalAlterConfigsResponse::decode(&mut body, 1).unwrap();
+    assert_eq!(altered.responses[0].error_code, 0, "{altered:?}");
+    let got = answer(call(&broker, ApiKey::ShareFetch, 2, &fetch(4, Some(4), 0, true)).await);
+    let state = kafka_protocol::error::ResponseError::InvalidRecordState.code();
+    assert_eq!(got, (0, state, 0), "renewals disabled");
     let accept = ShareAcknowledge {
         request: ShareAcknowledgeRequest::default()
             .with_group_id(Some(group()))
             .with_member_id(Some(member()))
-            .with_share_session_epoch(4)
+            .with_share_session_epoch(5)
             .with_topics(vec![share_acknowledge_request::AcknowledgeTopic::default()
                 .with_topic_id(topic_id)
                 .with_partitions(vec![

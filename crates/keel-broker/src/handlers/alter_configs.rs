@@ -219,12 +219,12 @@ fn effective(
         return Ok((ty, value));
     }
     if kind == RESOURCE_GROUP {
-        if let Some((_, default, _)) = crate::group_configs::SHARE_STRING_CONFIGS
+        if let Some((_, ty, default, _)) = crate::group_configs::SHARE_CHOICE_CONFIGS
             .iter()
-            .find(|(name, _, _)| *name == key)
+            .find(|(name, ..)| *name == key)
         {
             let value = current.get(key).cloned().unwrap_or_else(|| default.to_string());
-            return Ok((ConfigType::String, value));
+            return Ok((*ty, value));
         }
         let (_, broker_key) = GROUP_CONFIGS
             .iter()

@@ -171,9 +171,9 @@ fn broker_entries(broker: &Broker, name: &str) -> Result<Vec<Entry>, (ResponseEr
 fn group_entries(broker: &Broker, name: &str) -> Vec<Entry> {
     let config = broker.config();
     let set = broker.group_configs.get(name);
-    let strings = crate::group_configs::SHARE_STRING_CONFIGS
+    let strings = crate::group_configs::SHARE_CHOICE_CONFIGS
         .iter()
-        .map(|(key, default, _)| {
+        .map(|(key, kind, default, _)| {
             let (value, source, synonyms) = match set.get(*key) {
                 Some(v) => (
                     v.clone(),
@@ -186,7 +186,7 @@ fn group_entries(broker: &Broker, name: &str) -> Vec<Entry> {
                 name: key.to_string(),
                 value,
                 source,
-                kind: ConfigType::String,
+                kind: *kind,
                 read_only: false,
                 synonyms,
                 documentation: None,

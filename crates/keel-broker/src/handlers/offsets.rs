@@ -145,7 +145,7 @@ fn tiered_offsets(reader: &keel_log::LogReader, p: &Partition, tiered: bool) -> 
 
 /// The first record whose timestamp is at least `t`; the file is read on
 /// a blocking thread after the plan is made under the partition lock.
-async fn by_timestamp(p: &Partition, t: i64) -> Result<(i64, i64), ResponseError> {
+pub(crate) async fn by_timestamp(p: &Partition, t: i64) -> Result<(i64, i64), ResponseError> {
     let Some(plan) = p
         .timestamp_plan(t)
         .map_err(|_| ResponseError::KafkaStorageError)?

@@ -168,7 +168,7 @@ pub(super) async fn share_group_heartbeat(
                 "Topic authorization failed for topics {denied:?}"
             ))))
     } else {
-        handlers::share::share_group_heartbeat(b, r, call.client_id, call.client.host.as_str())
+        handlers::share::share_group_heartbeat(b, r, call.client_id, call.client.host.as_str()).await
     };
     call.answer(b, ApiKey::ShareGroupHeartbeat, &mut resp)
 }

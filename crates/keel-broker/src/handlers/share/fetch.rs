@@ -50,6 +50,8 @@ struct Who {
     limits: ShareLimits,
     /// `share.isolation.level` read_committed.
     committed: bool,
+    /// `share.renew.acknowledge.enable`.
+    renews: bool,
 }
 
 /// The group and member a request names, both required.
@@ -93,6 +95,7 @@ fn admitted(
     Ok(Who {
         limits: limits(broker, &group),
         committed: broker.group_configs.share_read_committed(&group),
+        renews: broker.group_configs.share_renew_enabled(&group),
         group,
         member,
     })
@@ -171,8 +174,13 @@ async fn acknowledge(
         Ok(s) => (s.leader.leader_id, s.leader.leader_epoch),
         Err(e) => return (e.code(), None, -1, -1),
     };
+    let renewing = |batches: &[AckBatch]| batches.iter().any(|b| b.types.contains(&AckType::Renew));
     let outcome = match batches {
         Err(e) => Err(e),
+        Ok(batches) if !who.renews && renewing(&batches) => Err((
+            ResponseError::InvalidRecordState,
+            "Renewing acquisition locks is not enabled for the group.".to_string(),
+        )),
         Ok(batches) => {
             let key = share::key(&who.group, tp.0, tp.1);
             let now_ms = broker.data.clock.now_ms();

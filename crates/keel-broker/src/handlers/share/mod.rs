@@ -21,6 +21,7 @@ use keel_protocol::messages::*;
 use keel_protocol::ResponseError;
 
 use super::str_bytes;
+use crate::group_configs::ShareReset;
 use crate::{Broker, ClientInfo};
 use keel_coord::groups::consumer;
 use keel_coord::share::group::{ShareHeartbeat, LEAVE_EPOCH};
@@ -89,7 +90,7 @@ fn heartbeat_error(e: ResponseError, message: impl Into<String>) -> ShareGroupHe
 /// partitions a member is assigned have their share state before it
 /// hears of them: new ones start at the log's end
 /// (`share.auto.offset.reset` latest, Kafka's default) or start.
-pub fn share_group_heartbeat(
+pub async fn share_group_heartbeat(
     broker: &Broker,
     req: ShareGroupHeartbeatRequest,
     client_id: &str,
@@ -129,7 +130,7 @@ pub fn share_group_heartbeat(
             Ok(a) => a,
             Err((e, message)) => return heartbeat_error(e, message),
         };
-    initialize(broker, group);
+    initialize(broker, group).await;
     let assignment = answer.assignment.map(|a| {
         Assignment::default().with_topic_partitions(
             a.into_iter()
@@ -148,11 +149,13 @@ pub fn share_group_heartbeat(
         .with_assignment(assignment)
 }
 
-/// Gives the group's newly assigned partitions their share state, at
-/// the end of their logs, or at their start when the group's
-/// `share.auto.offset.reset` is `earliest`.
-pub fn initialize(broker: &Broker, group: &str) {
-    let earliest = broker.group_configs.share_from_earliest(group);
+/// Gives the group's newly assigned partitions their share state where
+/// the group's `share.auto.offset.reset` says: at the end of their logs
+/// (`latest`), at their start (`earliest`), or at the first record at
+/// most a duration old (`by_duration:`; at the end when every record is
+/// older, as ListOffsets by timestamp answers).
+pub async fn initialize(broker: &Broker, group: &str) {
+    let reset = broker.group_configs.share_reset(group);
     for (topic_id, partition) in broker.share.uninitialized(group) {
         let Some(topic) = broker.data.topics.get_by_id(topic_id) else {
             continue;
@@ -163,10 +166,18 @@ pub fn initialize(broker: &Broker, group: &str) {
         let key = keel_coord::share::key(group, topic_id, partition);
         // Not waited for: a share partition whose start is lost starts
         // again at the log end, as a new one does.
-        let start = if earliest {
-            p.log_start_offset()
-        } else {
-            p.high_watermark()
+        let start = match reset {
+            ShareReset::Latest => p.high_watermark(),
+            ShareReset::Earliest => p.log_start_offset(),
+            ShareReset::ByDuration(ms) => {
+                let since = broker.data.clock.now_ms().saturating_sub(ms);
+                match crate::handlers::offsets::by_timestamp(&p, since).await {
+                    Ok((offset, _)) if offset >= 0 => offset,
+                    Ok(_) => p.high_watermark(),
+                    // Not initialized: the next heartbeat tries again.
+                    Err(_) => continue,
+                }
+            }
         };
         drop(broker.share.initialize(key, start));
     }
