@@ -279,6 +279,13 @@ def start_offsets(out: str, group: str) -> dict[int, int]:
     return {int(r[2]): int(r[3]) for r in rows}
 
 
+def lags(out: str, group: str) -> dict[int, int | None]:
+    """`kafka-share-groups --describe`'s rows: partition -> lag (None: "-",
+    unknown)."""
+    rows = [line.split() for line in out.splitlines() if line.startswith(group + " ")]
+    return {int(r[2]): None if r[4] == "-" else int(r[4]) for r in rows}
+
+
 def test_kafka_share_groups_lists_describes_resets_and_deletes(broker_factory):
     """Apache Kafka 4.3.1's `kafka-share-groups` (ShareGroupCommand): the
     group is listed; its start offsets are where consumption ended, its
@@ -292,8 +299,11 @@ def test_kafka_share_groups_lists_describes_resets_and_deletes(broker_factory):
     produce(b, topic, 0, 40)
     assert finish(first)["accepted"] == 40
     assert group in share_groups_tool(b, "--list").split()
-    offsets = start_offsets(share_groups_tool(b, "--describe", "--group", group), group)
+    described = share_groups_tool(b, "--describe", "--group", group)
+    offsets = start_offsets(described, group)
     assert sorted(offsets) == [0, 1], offsets
+    # DescribeShareGroupOffsets v1: nothing left to deliver.
+    assert lags(described, group) == {0: 0, 1: 0}, described
     # Keel's start offsets are past every record acknowledged. Kafka
     # 4.3.1 answers 0 for both here (with lag 0: its share coordinator's
     # summary keeps the start of the acknowledged records in flight).
@@ -304,7 +314,10 @@ def test_kafka_share_groups_lists_describes_resets_and_deletes(broker_factory):
     reset = share_groups_tool(b, "--reset-offsets", "--group", group, "--topic", topic, "--to-earliest",
                               "--execute")
     assert start_offsets(reset, group) == {0: 0, 1: 0}, reset
-    assert start_offsets(share_groups_tool(b, "--describe", "--group", group), group) == {0: 0, 1: 0}
+    described = share_groups_tool(b, "--describe", "--group", group)
+    assert start_offsets(described, group) == {0: 0, 1: 0}
+    # Every record is to be delivered again.
+    assert sum(lags(described, group).values()) == 40, described
     again = finish(consume(b, topic, group, "implicit", 1, 40))
     assert again["complete"] and again["values"] == list(range(40)), again
     deleted = share_groups_tool(b, "--delete-offsets", "--group", group, "--topic", topic)

@@ -121,7 +121,7 @@ fn check_response(key: ApiKey, version: i16, mut bytes: bytes::Bytes, what: &str
             keel_protocol::share::ShareAcknowledgeAnswer::decode(&mut bytes, version).map(drop)
         }
         ApiKey::DescribeShareGroupOffsets => {
-            DescribeShareGroupOffsetsResponse::decode(&mut bytes, version).map(drop)
+            keel_protocol::share::ShareOffsetsAnswer::decode(&mut bytes, version).map(drop)
         }
         ApiKey::AlterShareGroupOffsets => {
             AlterShareGroupOffsetsResponse::decode(&mut bytes, version).map(drop)

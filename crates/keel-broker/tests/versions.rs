@@ -459,11 +459,14 @@ fn group_request(key: ApiKey, version: i16) -> Box<dyn Fn(&mut BytesMut)> {
                 .with_share_session_epoch(1),
             is_renew_ack: true,
         }),
-        ApiKey::DescribeShareGroupOffsets => encoded!(DescribeShareGroupOffsetsRequest::default()
-            .with_groups(vec![
+        ApiKey::DescribeShareGroupOffsets => {
+            let r = DescribeShareGroupOffsetsRequest::default().with_groups(vec![
                 describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestGroup::default()
-                    .with_group_id(group_id("queue"))
-            ])),
+                    .with_group_id(group_id("queue")),
+            ]);
+            // v1 of the request is laid out as v0.
+            Box::new(move |b: &mut BytesMut| r.encode(b, 0).unwrap())
+        }
         ApiKey::AlterShareGroupOffsets => encoded!(AlterShareGroupOffsetsRequest::default()
             .with_group_id(group_id("queue"))
             .with_topics(vec![
@@ -583,7 +586,7 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
                 assert!(version < 2 || a.acquisition_lock_timeout_ms > 0, "{a:?}");
             }),
         ApiKey::DescribeShareGroupOffsets => {
-            DescribeShareGroupOffsetsResponse::decode(&mut body, version).map(|_| ())
+            keel_protocol::share::ShareOffsetsAnswer::decode(&mut body, version).map(|_| ())
         }
         ApiKey::AlterShareGroupOffsets => {
             AlterShareGroupOffsetsResponse::decode(&mut body, version).map(|_| ())

@@ -267,8 +267,9 @@ fn decode_body(key: ApiKey, buf: &mut Bytes, v: i16) -> anyhow::Result<Request> 
         ApiKey::ShareAcknowledge => {
             Request::ShareAcknowledge(crate::share::ShareAcknowledge::decode(buf, v)?)
         }
+        // v1 of the request is laid out as v0, the codec's last.
         ApiKey::DescribeShareGroupOffsets => {
-            Request::DescribeShareGroupOffsets(DescribeShareGroupOffsetsRequest::decode(buf, v)?)
+            Request::DescribeShareGroupOffsets(DescribeShareGroupOffsetsRequest::decode(buf, v.min(0))?)
         }
         ApiKey::AlterShareGroupOffsets => {
             Request::AlterShareGroupOffsets(AlterShareGroupOffsetsRequest::decode(buf, v)?)

@@ -109,8 +109,9 @@ pub const SUPPORTED: &[ApiSupport] = &[
     api(ApiKey::ShareFetch, 1, 2),
     api(ApiKey::ShareAcknowledge, 1, 2),
     // What `kafka-share-groups` uses for offsets. DescribeShareGroupOffsets
-    // v1 (Kafka 4.2: lag) is not in `kafka-protocol` 0.18.
-    api(ApiKey::DescribeShareGroupOffsets, 0, 0),
+    // v1 (Kafka 4.2: lag) is not in `kafka-protocol` 0.18: its request is
+    // laid out as v0, its response is `crate::share::ShareOffsetsAnswer`.
+    api(ApiKey::DescribeShareGroupOffsets, 0, 1),
     api(ApiKey::AlterShareGroupOffsets, 0, 0),
     api(ApiKey::DeleteShareGroupOffsets, 0, 0),
     // KIP-1142 (v0: ListClientMetricsResources).
@@ -199,7 +200,8 @@ mod tests {
                 ApiKey::ShareGroupDescribe => check::<ShareGroupDescribeRequest>(a),
                 ApiKey::ShareFetch => check::<crate::share::ShareFetch>(a),
                 ApiKey::ShareAcknowledge => check::<crate::share::ShareAcknowledge>(a),
-                ApiKey::DescribeShareGroupOffsets => check::<DescribeShareGroupOffsetsRequest>(a),
+                // The request of v1 is v0's; the response is Keel's.
+                ApiKey::DescribeShareGroupOffsets => check::<crate::share::ShareOffsetsAnswer>(a),
                 ApiKey::AlterShareGroupOffsets => check::<AlterShareGroupOffsetsRequest>(a),
                 ApiKey::DeleteShareGroupOffsets => check::<DeleteShareGroupOffsetsRequest>(a),
                 ApiKey::ListConfigResources => check::<ListConfigResourcesRequest>(a),

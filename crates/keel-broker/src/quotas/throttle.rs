@@ -76,6 +76,14 @@ throttle_field!(
     ListConfigResourcesResponse,
 );
 
+/// DescribeShareGroupOffsets of any version (v1 is written by
+/// `keel_protocol::share`).
+impl Throttle for keel_protocol::share::ShareOffsetsAnswer {
+    fn raise_throttle_time_ms(&mut self, ms: i32) {
+        self.response.raise_throttle_time_ms(ms);
+    }
+}
+
 /// ShareAcknowledge of any version (v2 is written by `keel_protocol::share`).
 impl Throttle for keel_protocol::share::ShareAcknowledgeAnswer {
     fn raise_throttle_time_ms(&mut self, ms: i32) {

@@ -561,6 +561,17 @@ impl ShareCoordinator {
             .map(SharePartition::start_offset)
     }
 
+    /// A share partition's start offset and how many records past it are
+    /// done with (acknowledged or archived), if it has share state: what
+    /// its lag is counted from (KIP-1226).
+    pub fn start_and_done(&self, key: &ShareKey) -> Option<(i64, i64)> {
+        self.state.lock().partitions.get(key).map(|sp| {
+            let c = sp.counts();
+            let done = i64::try_from(c.acknowledged + c.archived).unwrap_or(i64::MAX);
+            (sp.start_offset(), done)
+        })
+    }
+
     /// Refuses a change of a group that does not exist or has members.
     fn check_known_and_empty(state: &State, group: &str) -> Result<(), ShareError> {
         if !state.groups.contains_key(group) {

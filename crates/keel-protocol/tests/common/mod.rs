@@ -327,7 +327,8 @@ pub fn encode_body(body: &Request, buf: &mut BytesMut, v: i16) -> anyhow::Result
         Request::ShareGroupDescribe(r) => r.encode(buf, v),
         Request::ShareFetch(r) => r.encode(buf, v),
         Request::ShareAcknowledge(r) => r.encode(buf, v),
-        Request::DescribeShareGroupOffsets(r) => r.encode(buf, v),
+        // v1 of the request is laid out as v0.
+        Request::DescribeShareGroupOffsets(r) => r.encode(buf, v.min(0)),
         Request::AlterShareGroupOffsets(r) => r.encode(buf, v),
         Request::DeleteShareGroupOffsets(r) => r.encode(buf, v),
         Request::ListConfigResources(r) => r.encode(buf, v),

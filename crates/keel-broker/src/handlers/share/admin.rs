@@ -22,22 +22,27 @@ use crate::handlers::str_bytes;
 use crate::{Broker, ClientInfo};
 use keel_auth::acl::{Operation, ResourceType};
 use keel_coord::share;
+use keel_protocol::share::ShareOffsetsAnswer;
 
 /// Kafka's start offset of a share partition with no share state.
 const UNINITIALIZED: i64 = -1;
+
+/// Share partitions' lags, by group, topic name and partition.
+type Lags = std::collections::BTreeMap<(String, String, i32), i64>;
 
 fn may(broker: &Broker, client: &ClientInfo, op: Operation, kind: ResourceType, name: &str) -> bool {
     broker.authorized(client, op, kind, name)
 }
 
 /// DescribeShareGroupOffsets: each group's share partitions' start
-/// offsets, all of them (topics null) or those named; a topic the client
-/// may not DESCRIBE is left out, as Kafka leaves it.
+/// offsets, all of them (topics null) or those named, and (v1) their lag;
+/// a topic the client may not DESCRIBE is left out, as Kafka leaves it.
 pub fn describe_offsets(
     broker: &Broker,
     client: &ClientInfo,
     req: DescribeShareGroupOffsetsRequest,
-) -> DescribeShareGroupOffsetsResponse {
+) -> ShareOffsetsAnswer {
+    let mut lags = std::collections::BTreeMap::new();
     let groups = req
         .groups
         .into_iter()
@@ -59,17 +64,22 @@ pub fn describe_offsets(
             ) {
                 error(ResponseError::GroupAuthorizationFailed)
             } else {
-                describe_group(broker, client, g)
+                describe_group(broker, client, g, &mut lags)
             }
         })
         .collect();
-    DescribeShareGroupOffsetsResponse::default().with_groups(groups)
+    ShareOffsetsAnswer {
+        response: DescribeShareGroupOffsetsResponse::default().with_groups(groups),
+        lags,
+    }
 }
 
+/// One group's share partitions; their lags go into `lags`.
 fn describe_group(
     broker: &Broker,
     client: &ClientInfo,
     g: DescribeShareGroupOffsetsRequestGroup,
+    lags: &mut Lags,
 ) -> DescribeShareGroupOffsetsResponseGroup {
     let group = g.group_id.as_str();
     let out = DescribeShareGroupOffsetsResponseGroup::default().with_group_id(g.group_id.clone());
@@ -108,15 +118,18 @@ fn describe_group(
             let partitions = partitions
                 .into_iter()
                 .map(|p| {
-                    let start = topic
+                    let state = topic
                         .as_ref()
-                        .and_then(|_| broker.share.start_offset(&share::key(group, id, p)))
-                        .unwrap_or(UNINITIALIZED);
-                    let epoch = topic
-                        .as_ref()
-                        .and_then(|t| broker.data.lead(t, p, -1).ok())
-                        .map_or(-1, |(_, l)| l.epoch);
-                    partition(p, start, epoch)
+                        .and_then(|_| broker.share.start_and_done(&share::key(group, id, p)));
+                    let led = topic.as_ref().and_then(|t| broker.data.lead(t, p, -1).ok());
+                    // Kafka's lag: the high watermark less the start offset
+                    // and the records past it done with.
+                    if let (Some((start, done)), Some((partition, _))) = (state, led.as_ref()) {
+                        let lag = (partition.high_watermark() - start - done).max(0);
+                        lags.insert((group.to_string(), name.clone(), p), lag);
+                    }
+                    let start = state.map_or(UNINITIALIZED, |(start, _)| start);
+                    partition(p, start, led.map_or(-1, |(_, l)| l.epoch))
                 })
                 .collect();
             DescribeShareGroupOffsetsResponseTopic::default()
