@@ -377,6 +377,36 @@ def test_share_auto_offset_reset_by_duration_starts_at_the_first_record_that_you
     assert result["complete"] and result["values"] == list(range(10, 20)), result
 
 
+def test_a_groups_own_session_timeout_removes_a_hung_member(broker_factory):
+    """share.session.timeout.ms=3000 and share.heartbeat.interval.ms=1000
+    set on the group (within the broker's lowered
+    group.share.min.session.timeout.ms and min.heartbeat.interval.ms): a
+    member that stops heartbeating (SIGSTOP) leaves the group after about
+    3 s, long before the broker's 45 s."""
+    b = broker_factory(sets={**SHARE, "group.share.min.session.timeout.ms": "2000",
+                             "group.share.min.heartbeat.interval.ms": "500"})
+    topic, group = unique("share-session"), unique("workers")
+    create_topic(b.bootstrap, topic, 1)
+    group_configs(b, group, "--alter", "--add-config", "share.session.timeout.ms=3000,share.heartbeat.interval.ms=1000")
+    holder = start("hold", b.bootstrap, topic, group)
+    try:
+        await_line(holder, "READY")
+        holder.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+
+        def members() -> str:
+            out = share_groups_tool(b, "--describe", "--group", group, "--state")
+            [row] = [line.split() for line in out.splitlines() if line.startswith(group + " ")]
+            return row[-1]
+        # Well before the broker's own 45 s.
+        wait_until(lambda: members() == "0", 25, "the hung member removed", interval_s=0.5)
+        print(f"hung member removed {time.monotonic() - stopped:.1f} s after it stopped")
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+
+
 def test_read_committed_share_consumers_skip_aborted_transactions(broker_factory):
     """share.isolation.level=read_committed: a transactional producer
     commits every other transaction and aborts the rest; share consumers

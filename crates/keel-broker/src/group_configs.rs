@@ -10,13 +10,15 @@
 //! heartbeat interval), written to `__keel_meta/group-configs.json` (a
 //! temporary file, fsynced, renamed: the commit point), and then in force:
 //! a member's next heartbeat takes them. Share groups' (KIP-932):
-//! `share.record.lock.duration.ms`, `share.delivery.count.limit` and
-//! `share.partition.max.record.locks` over the broker's `group.share.*`,
+//! `share.record.lock.duration.ms`, `share.delivery.count.limit`,
+//! `share.partition.max.record.locks`, `share.session.timeout.ms` and
+//! `share.heartbeat.interval.ms` over the broker's `group.share.*`,
 //! `share.auto.offset.reset` (`earliest`, `latest` or
 //! `by_duration:<ISO-8601 duration>`) and
-//! `share.isolation.level`, in force for the next acquisition or the
-//! next share partition assigned. Kafka's
-//! other share group configs and its streams group configs are refused.
+//! `share.isolation.level` and `share.renew.acknowledge.enable`, in
+//! force for the next acquisition, acknowledgement, heartbeat or share
+//! partition assigned. Kafka's assignment-interval, assignor-offload and
+//! streams group configs are refused.
 //!
 //! In a cluster, group configs are the cluster's: kept in the coordination
 //! store (`<prefix>/configs/groups/<group id>`, the group's JSON map), so
@@ -42,6 +44,8 @@ pub const GROUP_CONFIGS: &[(&str, &str)] = &[
     (SHARE_LOCK_DURATION_MS, "group.share.record.lock.duration.ms"),
     (SHARE_DELIVERY_COUNT_LIMIT, "group.share.delivery.count.limit"),
     (SHARE_MAX_RECORD_LOCKS, "group.share.partition.max.record.locks"),
+    (SHARE_SESSION_TIMEOUT_MS, "group.share.session.timeout.ms"),
+    (SHARE_HEARTBEAT_INTERVAL_MS, "group.share.heartbeat.interval.ms"),
 ];
 
 pub const SHARE_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
@@ -50,6 +54,8 @@ pub const SHARE_MAX_RECORD_LOCKS: &str = "share.partition.max.record.locks";
 pub const SHARE_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
 pub const SHARE_ISOLATION_LEVEL: &str = "share.isolation.level";
 pub const SHARE_RENEW_ACKNOWLEDGE_ENABLE: &str = "share.renew.acknowledge.enable";
+pub const SHARE_SESSION_TIMEOUT_MS: &str = "share.session.timeout.ms";
+pub const SHARE_HEARTBEAT_INTERVAL_MS: &str = "share.heartbeat.interval.ms";
 
 /// Share groups' configs that take one of a few values: name, type,
 /// default (no broker config sets it), the values Keel takes
@@ -79,8 +85,6 @@ pub const SHARE_CHOICE_CONFIGS: &[(&str, ConfigType, &str, &[&str])] = &[
 /// Kafka's other group configs, which Keel refuses by name.
 const NOT_IN_KEEL: &[&str] = &[
     "consumer.assignment.interval.ms",
-    "share.session.timeout.ms",
-    "share.heartbeat.interval.ms",
     "share.assignment.interval.ms",
     "share.assignor.offload.enable",
     "streams.",
@@ -194,6 +198,22 @@ impl GroupConfigs {
             max_in_flight: value(SHARE_MAX_RECORD_LOCKS)
                 .and_then(|v| usize::try_from(v).ok())
                 .unwrap_or(broker.max_in_flight),
+        }
+    }
+
+    /// `group`'s share membership settings: its own session timeout and
+    /// heartbeat interval over the broker's `group.share.*`.
+    pub fn share_group_config(
+        &self,
+        group: &str,
+        broker: keel_coord::share::group::ShareGroupConfig,
+    ) -> keel_coord::share::group::ShareGroupConfig {
+        let set = self.get(group);
+        let value = |key: &str| set.get(key).and_then(|v| v.trim().parse::<i32>().ok());
+        keel_coord::share::group::ShareGroupConfig {
+            session_timeout_ms: value(SHARE_SESSION_TIMEOUT_MS).unwrap_or(broker.session_timeout_ms),
+            heartbeat_interval_ms: value(SHARE_HEARTBEAT_INTERVAL_MS).unwrap_or(broker.heartbeat_interval_ms),
+            ..broker
         }
     }
 
@@ -384,7 +404,7 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
         if NOT_IN_KEEL.iter().any(|p| key.starts_with(p)) {
             return Err(format!(
                 "Group config {key} is Apache Kafka's, for what Keel does not have (streams groups, \
-                 assignment intervals, share groups' own session timeouts); \
+                 assignment intervals); \
                  Keel refuses it"
             ));
         }
@@ -422,6 +442,16 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
             "group.consumer.max.heartbeat.interval.ms",
         ),
         (
+            SHARE_HEARTBEAT_INTERVAL_MS,
+            "group.share.min.heartbeat.interval.ms",
+            "group.share.max.heartbeat.interval.ms",
+        ),
+        (
+            SHARE_SESSION_TIMEOUT_MS,
+            "group.share.min.session.timeout.ms",
+            "group.share.max.session.timeout.ms",
+        ),
+        (
             SESSION_TIMEOUT_MS,
             "group.consumer.min.session.timeout.ms",
             "group.consumer.max.session.timeout.ms",
@@ -441,6 +471,11 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
     if values[SESSION_TIMEOUT_MS] <= values[HEARTBEAT_INTERVAL_MS] {
         return Err(format!(
             "{SESSION_TIMEOUT_MS} must be greater than {HEARTBEAT_INTERVAL_MS}"
+        ));
+    }
+    if values[SHARE_SESSION_TIMEOUT_MS] <= values[SHARE_HEARTBEAT_INTERVAL_MS] {
+        return Err(format!(
+            "{SHARE_SESSION_TIMEOUT_MS} must be greater than {SHARE_HEARTBEAT_INTERVAL_MS}"
         ));
     }
     Ok(())
@@ -464,7 +499,25 @@ mod tests {
         assert_eq!(check(&config, &BTreeMap::new()), Ok(()));
         let refused = |pairs: &[(&str, &str)]| check(&config, &set(pairs)).unwrap_err();
         assert_eq!(refused(&[("no.such", "1")]), "Unknown group config name: no.such");
-        assert!(refused(&[("share.session.timeout.ms", "1")]).contains("Keel refuses it"));
+        assert!(refused(&[("share.assignment.interval.ms", "1")]).contains("Keel refuses it"));
+        assert_eq!(
+            refused(&[(SHARE_SESSION_TIMEOUT_MS, "1")]),
+            "share.session.timeout.ms must be greater than or equal to group.share.min.session.timeout.ms"
+        );
+        assert_eq!(
+            refused(&[(SHARE_HEARTBEAT_INTERVAL_MS, "20000")]),
+            "share.heartbeat.interval.ms must be less than or equal to group.share.max.heartbeat.interval.ms"
+        );
+        assert_eq!(
+            check(
+                &config,
+                &set(&[
+                    (SHARE_SESSION_TIMEOUT_MS, "50000"),
+                    (SHARE_HEARTBEAT_INTERVAL_MS, "6000")
+                ])
+            ),
+            Ok(())
+        );
         assert_eq!(
             check(&config, &set(&[(SHARE_AUTO_OFFSET_RESET, "earliest")])),
             Ok(())

@@ -357,6 +357,12 @@ pub const BROKER_CONFIGS: &[(&str, &str, ConfigType)] = &[
     ("group.share.max.size", "200", ConfigType::Int),
     ("group.share.session.timeout.ms", "45000", ConfigType::Int),
     ("group.share.heartbeat.interval.ms", "5000", ConfigType::Int),
+    // Bounds of those, for the broker's values and groups' own
+    // (`share.session.timeout.ms`, `share.heartbeat.interval.ms`).
+    ("group.share.min.session.timeout.ms", "45000", ConfigType::Int),
+    ("group.share.max.session.timeout.ms", "60000", ConfigType::Int),
+    ("group.share.min.heartbeat.interval.ms", "5000", ConfigType::Int),
+    ("group.share.max.heartbeat.interval.ms", "15000", ConfigType::Int),
     // The `share.version` feature level ApiVersions finalizes: 1 serves
     // share groups (KIP-932), as Kafka 4.2+ does by default; 0 answers
     // every share API UNSUPPORTED_VERSION.
@@ -1115,6 +1121,10 @@ impl BrokerConfig {
             ("group.share.max.size", 1, 1000),
             ("group.share.session.timeout.ms", 1, i64::from(i32::MAX)),
             ("group.share.heartbeat.interval.ms", 1, i64::from(i32::MAX)),
+            ("group.share.min.session.timeout.ms", 1, i64::from(i32::MAX)),
+            ("group.share.max.session.timeout.ms", 1, i64::from(i32::MAX)),
+            ("group.share.min.heartbeat.interval.ms", 1, i64::from(i32::MAX)),
+            ("group.share.max.heartbeat.interval.ms", 1, i64::from(i32::MAX)),
         ] {
             let v = self.num(key);
             if !(lo..=hi).contains(&v) {
@@ -1134,6 +1144,16 @@ impl BrokerConfig {
                 "group.share.delivery.count.limit",
                 "group.share.min.delivery.count.limit",
                 "group.share.max.delivery.count.limit",
+            ),
+            (
+                "group.share.session.timeout.ms",
+                "group.share.min.session.timeout.ms",
+                "group.share.max.session.timeout.ms",
+            ),
+            (
+                "group.share.heartbeat.interval.ms",
+                "group.share.min.heartbeat.interval.ms",
+                "group.share.max.heartbeat.interval.ms",
             ),
         ] {
             let (v, lo, hi) = (self.num(key), self.num(min), self.num(max));

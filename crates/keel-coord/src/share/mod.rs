@@ -480,11 +480,13 @@ impl ShareCoordinator {
     /// Releases the locks that ran out and removes the members whose
     /// session timed out; returns when the next lock runs out. `topics`
     /// (the broker's topics, for the groups' new assignments) is asked for
-    /// only when a member is removed; `limits` once per group.
+    /// only when a member is removed; `limits` once per group, and
+    /// `config` (a group's membership settings) once per group with
+    /// members.
     pub fn sweep(
         &self,
         topics: &dyn Fn() -> Topics,
-        config: &ShareGroupConfig,
+        config: &dyn Fn(&str) -> ShareGroupConfig,
         limits: &dyn Fn(&str) -> ShareLimits,
         now_ms: i64,
     ) -> Option<i64> {
@@ -503,10 +505,19 @@ impl ShareCoordinator {
             expired += n;
             next = next.into_iter().chain(sp.next_deadline_ms()).min();
         }
-        if state.groups.values().any(|g| g.has_timed_out(config, now_ms)) {
+        let timed_out: Vec<(String, ShareGroupConfig)> = state
+            .groups
+            .values()
+            .filter(|g| !g.members.is_empty())
+            .map(|g| (g.group_id.clone(), config(&g.group_id)))
+            .filter(|(id, c)| state.groups.get(id).is_some_and(|g| g.has_timed_out(c, now_ms)))
+            .collect();
+        if !timed_out.is_empty() {
             let topics = topics();
-            for group in state.groups.values_mut() {
-                group.expire_members(&topics, config, now_ms);
+            for (id, c) in timed_out {
+                if let Some(group) = state.groups.get_mut(&id) {
+                    group.expire_members(&topics, &c, now_ms);
+                }
             }
         }
         drop(state);

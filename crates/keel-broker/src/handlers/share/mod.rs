@@ -122,14 +122,13 @@ pub async fn share_group_heartbeat(
         client_host: client_host.to_string(),
     };
     let now_ms = broker.data.clock.now_ms();
-    let answer =
-        match broker
-            .share
-            .heartbeat(group, hb, &topics, &broker.config().share_group_config(), now_ms)
-        {
-            Ok(a) => a,
-            Err((e, message)) => return heartbeat_error(e, message),
-        };
+    let answer = match broker
+        .share
+        .heartbeat(group, hb, &topics, &group_config(broker, group), now_ms)
+    {
+        Ok(a) => a,
+        Err((e, message)) => return heartbeat_error(e, message),
+    };
     initialize(broker, group).await;
     let assignment = answer.assignment.map(|a| {
         Assignment::default().with_topic_partitions(
@@ -145,7 +144,7 @@ pub async fn share_group_heartbeat(
     ShareGroupHeartbeatResponse::default()
         .with_member_id(Some(req.member_id.clone()))
         .with_member_epoch(answer.member_epoch)
-        .with_heartbeat_interval_ms(broker.config().share_group_config().heartbeat_interval_ms)
+        .with_heartbeat_interval_ms(group_config(broker, group).heartbeat_interval_ms)
         .with_assignment(assignment)
 }
 
@@ -260,6 +259,14 @@ fn described(
         .with_authorized_operations(i32::MIN)
 }
 
+/// `group`'s membership settings: its `share.session.timeout.ms` and
+/// `share.heartbeat.interval.ms` over the broker's.
+fn group_config(broker: &Broker, group: &str) -> keel_coord::share::group::ShareGroupConfig {
+    broker
+        .group_configs
+        .share_group_config(group, broker.config().share_group_config())
+}
+
 /// Releases expired locks and removes members past their session
 /// timeout, waking at the next lock's deadline (at least once a second).
 pub fn spawn_sweeper(broker: &Arc<Broker>) {
@@ -269,10 +276,9 @@ pub fn spawn_sweeper(broker: &Arc<Broker>) {
             let Some(broker) = weak.upgrade() else { return };
             let now_ms = broker.data.clock.now_ms();
             let next = if enabled(&broker) {
-                let config = broker.config().share_group_config();
                 broker.share.sweep(
                     &|| super::consumer_groups::topics(&broker),
-                    &config,
+                    &|g| group_config(&broker, g),
                     &|g| limits(&broker, g),
                     now_ms,
                 )
