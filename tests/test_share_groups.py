@@ -382,7 +382,8 @@ def test_a_groups_own_session_timeout_removes_a_hung_member(broker_factory):
     set on the group (within the broker's lowered
     group.share.min.session.timeout.ms and min.heartbeat.interval.ms): a
     member that stops heartbeating (SIGSTOP) leaves the group after about
-    3 s, long before the broker's 45 s."""
+    3 s, long before the broker's 45 s. `kafka-share-groups --describe
+    --members` shows it until then."""
     b = broker_factory(sets={**SHARE, "group.share.min.session.timeout.ms": "2000",
                              "group.share.min.heartbeat.interval.ms": "500"})
     topic, group = unique("share-session"), unique("workers")
@@ -391,6 +392,10 @@ def test_a_groups_own_session_timeout_removes_a_hung_member(broker_factory):
     holder = start("hold", b.bootstrap, topic, group)
     try:
         await_line(holder, "READY")
+        # `kafka-share-groups --describe --members`: the member and its
+        # assignment.
+        listed = share_groups_tool(b, "--describe", "--group", group, "--members")
+        assert re.search(rf"{group}\s+\S+\s+\S+\s+\S+\s+1\s+{topic}:0", listed), listed
         holder.send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
 
