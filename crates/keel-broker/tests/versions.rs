@@ -604,8 +604,9 @@ fn decode_response(key: ApiKey, version: i16, mut body: Bytes) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_advertised_version_is_answered() {
+/// A broker in a temporary dir with a one-partition topic "t": the
+/// broker, the dir (kept while the broker runs) and the topic's id.
+async fn broker_with_topic() -> (Arc<Broker>, tempfile::TempDir, uuid::Uuid) {
     let dir = tempfile::tempdir().unwrap();
     let mut map = BTreeMap::new();
     map.insert("log.dirs".to_string(), dir.path().display().to_string());
@@ -627,6 +628,12 @@ async fn every_advertised_version_is_answered() {
             .with_replication_factor(1)]);
     call(&broker, ApiKey::CreateTopics, 7, &create).await;
     let topic_id = broker.data.topics.get("t").unwrap().meta.topic_id;
+    (broker, dir, topic_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_advertised_version_is_answered() {
+    let (broker, _dir, topic_id) = broker_with_topic().await;
     for api in SUPPORTED {
         for version in api.min..=api.max {
             let mut body = BytesMut::new();
@@ -644,26 +651,7 @@ async fn every_advertised_version_is_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_acknowledgements_need_v2_and_is_renew_ack() {
     use keel_protocol::share::{ShareAcknowledge, ShareAcknowledgeAnswer, ShareAcquireMode, ShareFetch};
-    let dir = tempfile::tempdir().unwrap();
-    let mut map = BTreeMap::new();
-    map.insert("log.dirs".to_string(), dir.path().display().to_string());
-    let config = BrokerConfig::from_map(&map).unwrap();
-    let broker = tokio::task::spawn_blocking(move || {
-        Broker::open(
-            config,
-            vec![keel_config::listeners::Endpoint::plaintext("127.0.0.1", 9092)],
-        )
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let create =
-        CreateTopicsRequest::default().with_topics(vec![create_topics_request::CreatableTopic::default()
-            .with_name(name("t"))
-            .with_num_partitions(1)
-            .with_replication_factor(1)]);
-    call(&broker, ApiKey::CreateTopics, 7, &create).await;
-    let topic_id = broker.data.topics.get("t").unwrap().meta.topic_id;
+    let (broker, _dir, topic_id) = broker_with_topic().await;
     let group = || GroupId(StrBytes::from_static_str("q"));
     let member = || StrBytes::from_static_str("renewer");
     // The member joins (its share partition starts at the log end), then
