@@ -335,6 +335,12 @@ def test_share_groups_check_acls(acl_broker, tmp_path):
     # implies DESCRIBE) on the group and the topic, may.
     denied = share_groups(bs, bob, "--describe", "--group", "workers")
     assert "GroupAuthorizationException" in denied.stdout + denied.stderr, denied.stdout + denied.stderr[-2000:]
+    # With DESCRIBE on the group but not on the topic, the topic is left
+    # out of the offsets, as Kafka leaves it.
+    kafka_acls(b.bootstrap, "--add", "--allow-principal", "User:bob", "--operation", "Describe", "--group", "workers")
+    hidden = share_groups(bs, bob, "--describe", "--group", "workers")
+    assert hidden.returncode == 0 and "no offset information" in hidden.stdout, \
+        hidden.stdout + hidden.stderr[-2000:]
     described = share_groups(bs, alice, "--describe", "--group", "workers")
     assert described.returncode == 0 and re.search(r"workers\s+jobs\s+0\s+\d+", described.stdout), \
         described.stdout + described.stderr[-2000:]

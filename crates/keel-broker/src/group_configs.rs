@@ -231,7 +231,7 @@ impl GroupConfigs {
     pub fn share_renew_enabled(&self, group: &str) -> bool {
         self.get(group)
             .get(SHARE_RENEW_ACKNOWLEDGE_ENABLE)
-            .is_none_or(|v| v.trim() != "false")
+            .is_none_or(|v| !v.trim().eq_ignore_ascii_case("false"))
     }
 
     /// Whether `group`'s share consumers read committed records only
@@ -392,8 +392,13 @@ pub fn check(config: &BrokerConfig, next: &BTreeMap<String, String>) -> Result<(
             }
             continue;
         }
-        if let Some((_, _, _, allowed)) = SHARE_CHOICE_CONFIGS.iter().find(|(name, ..)| name == key) {
-            if !allowed.contains(&value.trim()) {
+        if let Some((_, kind, _, allowed)) = SHARE_CHOICE_CONFIGS.iter().find(|(name, ..)| name == key) {
+            // Kafka reads BOOLEAN configs in any case.
+            let v = match kind {
+                ConfigType::Boolean => value.trim().to_ascii_lowercase(),
+                _ => value.trim().to_string(),
+            };
+            if !allowed.contains(&v.as_str()) {
                 return Err(format!(
                     "Invalid value {value} for configuration {key}: Keel takes {}",
                     allowed.join(" or ")

@@ -709,9 +709,15 @@ async fn renew_acknowledgements_need_v2_and_is_renew_ack() {
             }),
         )
     };
+    let invalid = kafka_protocol::error::ResponseError::InvalidRequest.code();
+    let unknown_mode = ShareFetch {
+        acquire_mode: ShareAcquireMode::Unknown(7),
+        ..fetch(0, None, 10, false)
+    };
+    let got = answer(call(&broker, ApiKey::ShareFetch, 2, &unknown_mode).await);
+    assert_eq!(got.0, invalid, "an unknown acquire mode");
     let got = answer(call(&broker, ApiKey::ShareFetch, 2, &fetch(0, None, 10, false)).await);
     assert_eq!(got, (0, 0, 3), "the three records acquired");
-    let invalid = kafka_protocol::error::ResponseError::InvalidRequest.code();
     // RENEW at v1, or at v2 without IsRenewAck: refused.
     let got = answer(call(&broker, ApiKey::ShareFetch, 1, &fetch(1, Some(4), 0, false)).await);
     assert_eq!(got.1, invalid, "RENEW at v1");

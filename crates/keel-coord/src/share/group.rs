@@ -278,20 +278,24 @@ fn unknown_member(member: &str, group: &str) -> (ResponseError, String) {
     )
 }
 
-/// Kafka's `simple` share assignor, topic by topic over the topic's
-/// subscribers, and sticky: balance first, then as little movement as
-/// balance allows.
+/// Kafka's `simple` share assignor, sticky: balance first, then as
+/// little movement as balance allows. When every member subscribes to the
+/// same topics it balances all their partitions together, as Kafka's
+/// homogeneous case does; otherwise topic by topic over each topic's
+/// subscribers.
 ///
-/// With `m` subscribers and `n` partitions, each partition is shared by
+/// With `m` members and `n` partitions, each partition is shared by up to
 /// `ceil(m / n)` members (1 while partitions are at least as many), and
 /// the `ceil(m / n) * n` places are spread over the members as evenly as
 /// they divide, the larger shares going to the members that held the
 /// most. Each member keeps what it held of its share; what it held
 /// beyond, and places beyond a partition's sharing, are given up; then
 /// the partitions short of members go round-robin to the members short
-/// of partitions, never twice to one member. Ties go by member id, so
-/// the result depends only on the members, their subscriptions and the
-/// previous assignment.
+/// of partitions, never twice to one member (so, as in Kafka, a partition
+/// may be left with fewer than its sharing when only members that hold it
+/// have room; never with none). Ties go by member id, so the result
+/// depends only on the members, their subscriptions and the previous
+/// assignment.
 pub fn assign(
     members: &BTreeMap<String, ShareMember>,
     topics: &Topics,
@@ -299,38 +303,62 @@ pub fn assign(
 ) -> BTreeMap<String, Assignment> {
     let mut out: BTreeMap<String, Assignment> =
         members.keys().map(|id| (id.clone(), Assignment::new())).collect();
-    for (name, TopicInfo { id, partitions }) in topics {
-        let subscribers: Vec<&String> = members
-            .values()
-            .filter(|m| m.subscribed.contains(name))
-            .map(|m| &m.member_id)
-            .collect();
-        let n = usize::try_from(*partitions).unwrap_or(0);
-        if subscribers.is_empty() || n == 0 {
+    let partitions_of = |names: &mut dyn Iterator<Item = &String>| -> Vec<(Uuid, i32)> {
+        names
+            .filter_map(|name| topics.get(name))
+            .flat_map(|TopicInfo { id, partitions }| (0..(*partitions).max(0)).map(move |p| (*id, p)))
+            .collect()
+    };
+    let mut subscriptions = members.values().map(|m| &m.subscribed);
+    let homogeneous = subscriptions
+        .next()
+        .is_some_and(|first| subscriptions.all(|s| s == first));
+    let groups: Vec<(Vec<&String>, Vec<(Uuid, i32)>)> = if homogeneous {
+        let first = members.values().next().map(|m| &m.subscribed);
+        let all = first.map_or_else(Vec::new, |s| partitions_of(&mut s.iter()));
+        vec![(members.keys().collect(), all)]
+    } else {
+        topics
+            .keys()
+            .map(|name| {
+                let subscribers = members
+                    .values()
+                    .filter(|m| m.subscribed.contains(name))
+                    .map(|m| &m.member_id)
+                    .collect();
+                (subscribers, partitions_of(&mut std::iter::once(name)))
+            })
+            .collect()
+    };
+    for (subscribers, places) in groups {
+        if subscribers.is_empty() || places.is_empty() {
             continue;
         }
+        let index: BTreeMap<(Uuid, i32), usize> = places.iter().enumerate().map(|(i, tp)| (*tp, i)).collect();
         let held = |member: &String| -> BTreeSet<usize> {
             previous
                 .get(member)
-                .and_then(|a| a.get(id))
                 .into_iter()
-                .flatten()
-                .filter_map(|&p| usize::try_from(p).ok())
-                .filter(|&p| p < n)
+                .flat_map(|a| a.iter())
+                .flat_map(|(id, ps)| ps.iter().filter_map(|p| index.get(&(*id, *p)).copied()))
                 .collect()
         };
-        for (member, ps) in assign_topic(&subscribers, n, held) {
-            if !ps.is_empty() {
-                let topic = out.entry(member.clone()).or_default().entry(*id).or_default();
-                topic.extend(ps.into_iter().map(|p| p as i32));
+        for (member, ps) in assign_topic(&subscribers, places.len(), held) {
+            for i in ps {
+                let (id, p) = places[i];
+                out.entry(member.clone())
+                    .or_default()
+                    .entry(id)
+                    .or_default()
+                    .insert(p);
             }
         }
     }
     out
 }
 
-/// One topic's `n` partitions over its subscribers (in id order), given
-/// what each held: each subscriber's partitions.
+/// `n` partitions (as indexes) over their subscribers (in id order),
+/// given what each held: each subscriber's partitions.
 fn assign_topic<'a>(
     subscribers: &[&'a String],
     n: usize,

@@ -450,6 +450,7 @@ impl ShareCoordinator {
             .iter()
             .map(|b| (b.first_offset, b.last_offset, b.types.as_slice()))
             .collect();
+        let expired_before = sp.lock_expiries();
         let outcome = sp
             .acknowledge_all(member, &all, limits, now_ms)
             .map_err(|e| match e {
@@ -458,11 +459,13 @@ impl ShareCoordinator {
             });
         // Renewing a lock changes nothing the share log keeps (locks do
         // not survive a restart) and frees nothing: as in Kafka, nothing
-        // is written and no waiting fetch is woken.
-        let changed = outcome.is_ok()
+        // is written and no waiting fetch is woken for it. Locks that ran
+        // out on the way (any operation releases them) are a change.
+        let changed = (outcome.is_ok()
             && batches
                 .iter()
-                .any(|b| b.types.iter().any(|t| *t != AckType::Renew));
+                .any(|b| b.types.iter().any(|t| *t != AckType::Renew)))
+            || sp.lock_expiries() != expired_before;
         let write = if changed {
             self.persist(key, sp)
         } else {

@@ -415,6 +415,11 @@ impl SharePartition {
     /// a batch must be acquired by `member`, except those below the start
     /// offset, which are done with and skipped (as after the log's start
     /// moved past them).
+    /// Locks that ran out so far.
+    pub fn lock_expiries(&self) -> u64 {
+        self.lock_expiries
+    }
+
     pub fn acknowledge_all(
         &mut self,
         member: &str,

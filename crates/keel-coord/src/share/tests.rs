@@ -725,7 +725,10 @@ mod groups {
                 if m <= n {
                     assert!(holders.iter().all(|&h| h == 1), "seed {seed}: {holders:?}");
                 } else {
-                    assert!(holders.iter().all(|&h| h <= sharing), "seed {seed}: {holders:?}");
+                    assert!(
+                        holders.iter().all(|&h| (1..=sharing).contains(&h)),
+                        "seed {seed}: {holders:?}"
+                    );
                     assert!(counts.iter().all(|&c| c >= 1), "seed {seed}: {counts:?}");
                 }
                 if m <= n && old <= n && old > 0 {
@@ -741,6 +744,37 @@ mod groups {
                 before = after;
             }
         }
+    }
+
+    /// Members with the same subscriptions are balanced over all their
+    /// topics' partitions together, as Kafka's homogeneous case is: two
+    /// members on two one-partition topics get one each; a member with
+    /// other subscriptions makes it topic by topic.
+    #[test]
+    fn the_simple_assignor_balances_same_subscriptions_across_topics() {
+        let topic = |n: u128| TopicInfo {
+            id: Uuid::from_u128(n),
+            partitions: 1,
+        };
+        let topics: Topics = [("a".to_string(), topic(1)), ("b".to_string(), topic(2))].into();
+        let both = |id: &str| ShareMember {
+            subscribed: ["a".to_string(), "b".to_string()].into(),
+            ..member(id)
+        };
+        let members: std::collections::BTreeMap<String, ShareMember> =
+            [("x".to_string(), both("x")), ("y".to_string(), both("y"))].into();
+        let got = assign(&members, &topics, &Default::default());
+        assert!(got.values().all(|a| partitions(a) == 1), "{got:?}");
+        let x = ShareMember {
+            subscribed: ["t".to_string(), "b".to_string()].into(),
+            ..member("x")
+        };
+        let mixed: std::collections::BTreeMap<String, ShareMember> =
+            [("x".to_string(), x), ("y".to_string(), member("y"))].into();
+        let topics: Topics = [("t".to_string(), topic(3)), ("b".to_string(), topic(2))].into();
+        // x alone on b; x and y (on t only) share t's one partition.
+        let got = assign(&mixed, &topics, &Default::default());
+        assert_eq!((partitions(&got["x"]), partitions(&got["y"])), (2, 1), "{got:?}");
     }
 
     /// Members join and get every partition between them (shared once

@@ -228,6 +228,12 @@ pub async fn share_fetch(
         Ok(w) => w,
         Err((e, m)) => return fetch_error(e, m),
     };
+    if let keel_protocol::share::ShareAcquireMode::Unknown(id) = fetch.acquire_mode {
+        return fetch_error(
+            ResponseError::InvalidRequest,
+            format!("Unknown share acquire mode {id}."),
+        );
+    }
     if renews && (req.max_bytes, req.min_bytes, req.max_records, req.max_wait_ms) != (0, 0, 0, 0) {
         return fetch_error(
             ResponseError::InvalidRequest,

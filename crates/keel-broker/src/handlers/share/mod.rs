@@ -171,7 +171,7 @@ pub async fn initialize(broker: &Broker, group: &str) {
             ShareReset::ByDuration(ms) => {
                 let since = broker.data.clock.now_ms().saturating_sub(ms);
                 match crate::handlers::offsets::by_timestamp(p, since).await {
-                    Ok((offset, _)) if offset >= 0 => offset,
+                    Ok((offset, _)) if offset >= 0 => offset.min(p.high_watermark()),
                     Ok(_) => p.high_watermark(),
                     // Not initialized: the next heartbeat tries again.
                     Err(_) => continue,
