@@ -313,7 +313,9 @@ pub fn assign(
     let homogeneous = subscriptions
         .next()
         .is_some_and(|first| subscriptions.all(|s| s == first));
-    let groups: Vec<(Vec<&String>, Vec<(Uuid, i32)>)> = if homogeneous {
+    // Who is balanced over which partitions: everyone over everything,
+    // or each topic's subscribers over its partitions.
+    let groups: Vec<Balanced> = if homogeneous {
         let first = members.values().next().map(|m| &m.subscribed);
         let all = first.map_or_else(Vec::new, |s| partitions_of(&mut s.iter()));
         vec![(members.keys().collect(), all)]
@@ -356,6 +358,9 @@ pub fn assign(
     }
     out
 }
+
+/// Members (their ids) balanced over partitions.
+type Balanced<'a> = (Vec<&'a String>, Vec<(Uuid, i32)>);
 
 /// `n` partitions (as indexes) over their subscribers (in id order),
 /// given what each held: each subscriber's partitions.
