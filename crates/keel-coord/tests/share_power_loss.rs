@@ -135,6 +135,15 @@ impl Harness {
     }
 
     /// Notes `k`'s state after a write of it.
+    /// Locks of `k` that ran out so far.
+    fn lock_expiries(&self, k: &ShareKey) -> u64 {
+        self.coordinator()
+            .partition_stats()
+            .into_iter()
+            .find(|s| &s.key == k)
+            .map_or(0, |s| s.counts.lock_expiries)
+    }
+
     fn wrote(&mut self, k: &ShareKey) {
         let state = self.coordinator().persisted(k).expect("initialized");
         self.written.get_mut(k).expect("key").push(state);
@@ -188,13 +197,20 @@ impl Harness {
             last_offset: run.first_offset + self.rng.gen_range(0..=(run.last_offset - run.first_offset)),
             types: vec![ack],
         };
+        let expired_before = self.lock_expiries(k);
         let c = self.coordinator();
         let outcome = self
             .runtime
             .block_on(c.acknowledge(k, member, &[batch], &LIMITS, self.now_ms));
         match outcome {
-            // Held by the other member: refused, nothing written.
-            Err((keel_protocol::ResponseError::InvalidRecordState, _)) => Ok(()),
+            // Held by the other member: refused, and nothing written
+            // unless locks ran out on the way (those are written).
+            Err((keel_protocol::ResponseError::InvalidRecordState, _)) => {
+                if self.lock_expiries(k) != expired_before {
+                    self.wrote(k);
+                }
+                Ok(())
+            }
             Ok(()) => {
                 self.wrote(k);
                 Ok(())
