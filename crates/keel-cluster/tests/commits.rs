@@ -304,6 +304,7 @@ impl Model {
 #[tokio::test]
 async fn committed_logs_never_overlap_and_keep_every_acknowledged_record() {
     let seed = test_seed();
+    let mut acked_rounds = 0u32;
     for round in 0..20u64 {
         let mut rng = SmallRng::seed_from_u64(seed.wrapping_add(round));
         let store = Arc::new(Flaky {
@@ -353,9 +354,14 @@ async fn committed_logs_never_overlap_and_keep_every_acknowledged_record() {
             }
             m.check().await;
         }
-        assert!(
-            !m.acked.is_empty() || round > 0,
-            "seed {seed}: nothing was ever acknowledged"
-        );
+        acked_rounds += u32::from(!m.acked.is_empty());
     }
+    // A round's random walk may acknowledge nothing (claims and faults
+    // all the way: about one round in twenty); most rounds not doing so
+    // would mean commits rarely land.
+    println!("seed {seed}: {acked_rounds} of 20 rounds acknowledged records");
+    assert!(
+        acked_rounds >= 10,
+        "seed {seed}: only {acked_rounds} of 20 rounds acknowledged records"
+    );
 }
