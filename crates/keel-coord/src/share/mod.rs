@@ -105,8 +105,9 @@ struct State {
 
 pub struct ShareCoordinator {
     state: Mutex<State>,
-    /// Moves when records may have become available again.
-    changes: watch::Sender<u64>,
+    /// Per group with fetches waiting: moves when records of the group's
+    /// share partitions may have become available again.
+    changes: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Where share partitions' states are kept (`None`: in memory only).
     log: Option<MetaLog<ShareTable>>,
 }
@@ -119,7 +120,7 @@ impl ShareCoordinator {
     pub fn in_memory() -> ShareCoordinator {
         ShareCoordinator {
             state: Mutex::new(State::default()),
-            changes: watch::channel(0).0,
+            changes: Mutex::default(),
             log: None,
         }
     }
@@ -154,7 +155,7 @@ impl ShareCoordinator {
                 groups,
                 ..State::default()
             }),
-            changes: watch::channel(0).0,
+            changes: Mutex::default(),
             log: Some(log),
         })
     }
@@ -178,14 +179,32 @@ impl ShareCoordinator {
         }
     }
 
-    /// A receiver that sees a change whenever records were released, a
-    /// lock ran out or a session closed.
-    pub fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.subscribe()
+    /// A receiver that sees a change whenever records of `group`'s share
+    /// partitions were released or acknowledged, a lock of theirs ran
+    /// out or a session of the group closed. Other groups' changes do not
+    /// wake it.
+    pub fn changes(&self, group: &str) -> watch::Receiver<u64> {
+        let mut changes = self.changes.lock();
+        match changes.get(group) {
+            Some(tx) => tx.subscribe(),
+            None => {
+                let (tx, rx) = watch::channel(0);
+                changes.insert(group.to_string(), tx);
+                rx
+            }
+        }
     }
 
-    fn changed(&self) {
-        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    /// Wakes `group`'s waiting fetches; forgets groups no fetch waits on.
+    fn changed(&self, group: &str) {
+        let mut changes = self.changes.lock();
+        if let Some(tx) = changes.get(group) {
+            if tx.receiver_count() == 0 {
+                changes.remove(group);
+            } else {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
     }
 
     pub fn has_group(&self, group: &str) -> bool {
@@ -323,7 +342,7 @@ impl ShareCoordinator {
         state.sessions.remove(&(group_id.to_string(), member.to_string()));
         self.release_member(&mut state, group_id, member, limits);
         drop(state);
-        self.changed();
+        self.changed(group_id);
     }
 
     /// Releases what `member` holds in `group`'s share partitions. The
@@ -361,7 +380,9 @@ impl ShareCoordinator {
             self.release_member(&mut state, group, member, limits);
         }
         drop(state);
-        self.changed();
+        for (group, _) in &ended {
+            self.changed(group);
+        }
     }
 
     /// Where the next read of `key`'s log begins (see
@@ -475,7 +496,7 @@ impl ShareCoordinator {
         // Released records, or room under the in-flight limit: a waiting
         // fetch may find something now.
         if changed {
-            self.changed();
+            self.changed(&key.group);
         }
         (outcome, write)
     }
@@ -494,18 +515,17 @@ impl ShareCoordinator {
         now_ms: i64,
     ) -> Option<i64> {
         let mut state = self.state.lock();
-        let mut expired = 0;
+        let mut expired_in: BTreeSet<String> = BTreeSet::new();
         let mut next: Option<i64> = None;
         let mut by_group: HashMap<String, ShareLimits> = HashMap::new();
         for (k, sp) in state.partitions.iter_mut() {
             let group_limits = by_group
                 .entry(k.group.clone())
                 .or_insert_with(|| limits(&k.group));
-            let n = sp.expire(group_limits, now_ms);
-            if n > 0 {
+            if sp.expire(group_limits, now_ms) > 0 {
                 drop(self.persist(k, sp));
+                expired_in.insert(k.group.clone());
             }
-            expired += n;
             next = next.into_iter().chain(sp.next_deadline_ms()).min();
         }
         let timed_out: Vec<(String, ShareGroupConfig)> = state
@@ -524,8 +544,8 @@ impl ShareCoordinator {
             }
         }
         drop(state);
-        if expired > 0 {
-            self.changed();
+        for group in &expired_in {
+            self.changed(group);
         }
         next
     }

@@ -902,3 +902,56 @@ fn offsets_read_without_a_deliverable_batch_are_passed() {
         .expect("held");
     assert_eq!(sp.start_offset(), 8);
 }
+
+/// A fetch waiting on one group wakes for that group's releases,
+/// acknowledgements and expired locks, and not for another group's.
+#[test]
+fn a_group_s_changes_wake_only_its_own_fetches() {
+    use super::{key, AckBatch, ShareCoordinator};
+    let limits = ShareLimits::default();
+    let c = ShareCoordinator::in_memory();
+    let m: Arc<str> = Arc::from("m");
+    let topic = uuid::Uuid::from_u128(1);
+    let (a, b) = (key("a", topic, 0), key("b", topic, 0));
+    let log = [BatchSpan {
+        base_offset: 0,
+        last_offset: 9,
+    }];
+    // b's locks run 5 ms, a's 20.
+    let lock = |ms: i64| ShareLimits {
+        lock_ms: ms,
+        ..limits
+    };
+    for (k, ms) in [(&a, 20), (&b, 5)] {
+        drop(c.initialize(k.clone(), 0));
+        let (got, _) = c.acquire(k, &m, LogRead::of(0, &log), 10, &lock(ms), 0);
+        assert_eq!(got.len(), 1);
+    }
+    let mut waiting_a = c.changes("a");
+    let release = |k: &super::ShareKey, first: i64| {
+        let batch = AckBatch {
+            first_offset: first,
+            last_offset: first,
+            types: vec![AckType::Release],
+        };
+        c.acknowledge_now(k, &m, &[batch], &limits, 0).0.expect("held");
+    };
+    release(&b, 0);
+    assert!(!waiting_a.has_changed().expect("open"), "b's release woke a");
+    release(&a, 0);
+    assert!(waiting_a.has_changed().expect("open"), "a's release");
+    waiting_a.borrow_and_update();
+    // b's locks run out, then a's.
+    let config = super::group::ShareGroupConfig::default();
+    c.sweep(&Default::default, &|_| config, &|_| limits, 10);
+    let expiries = |k: &super::ShareKey| {
+        c.partition_stats()
+            .into_iter()
+            .find(|s| &s.key == k)
+            .map(|s| s.counts.lock_expiries)
+    };
+    assert_eq!((expiries(&b), expiries(&a)), (Some(9), Some(0)));
+    assert!(!waiting_a.has_changed().expect("open"), "b's expiry woke a");
+    c.sweep(&Default::default, &|_| config, &|_| limits, 30);
+    assert!(waiting_a.has_changed().expect("open"), "a's expiry");
+}

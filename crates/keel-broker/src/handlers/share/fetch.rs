@@ -8,8 +8,8 @@
 //! member may have taken some records meanwhile: acquisition takes only
 //! what is still available. A fetch that acquires nothing waits up to
 //! `max_wait_ms` for an append to one of its partitions, or for records
-//! to become available again (a release, an expired lock, a closed
-//! session: `ShareCoordinator::changes`).
+//! to become available again in its group (a release, an expired lock,
+//! a closed session: `ShareCoordinator::changes`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -354,7 +354,7 @@ async fn fetch_records(
     out: &mut BTreeMap<Tp, PartitionData>,
 ) {
     let deadline = Instant::now() + Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0));
-    let mut changes = broker.share.changes();
+    let mut changes = broker.share.changes(&who.group);
     let waiter = Arc::new(Notify::new());
     let resolved: Vec<(Tp, Result<Served, ResponseError>)> = partitions
         .iter()
