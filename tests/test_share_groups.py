@@ -161,8 +161,8 @@ def test_renewed_locks_outlive_the_lock_duration(broker_factory):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = last_json(done.stdout)
     assert result["accepted"] == 4 and result["max_delivery"] == 1, result
-    # A renewal every ~0.3 s for 4 s.
-    assert result["renewals"] >= 4 * 8 and 1 <= result["most_in_poll"] <= 4, result
+    # Held twice the lock: each record renewed twice at least.
+    assert result["renewals"] >= 4 * 2 and 1 <= result["most_in_poll"] <= 4, result
     if IMPL != "keel":
         return
     [part] = share_partitions(b, group)

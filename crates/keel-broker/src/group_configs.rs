@@ -185,19 +185,26 @@ impl GroupConfigs {
         group: &str,
         broker: keel_coord::share::partition::ShareLimits,
     ) -> keel_coord::share::partition::ShareLimits {
+        share_limits_of(&self.get(group), broker)
+    }
+
+    /// What a ShareFetch or ShareAcknowledge needs of `group`'s configs,
+    /// read once: its limits over the broker's, whether it reads
+    /// committed records only, whether it may renew locks.
+    pub fn share_settings(
+        &self,
+        group: &str,
+        broker: keel_coord::share::partition::ShareLimits,
+    ) -> ShareSettings {
         let set = self.get(group);
-        if set.is_empty() {
-            return broker;
-        }
-        let value = |key: &str| set.get(key).and_then(|v| v.trim().parse::<i64>().ok());
-        keel_coord::share::partition::ShareLimits {
-            lock_ms: value(SHARE_LOCK_DURATION_MS).unwrap_or(broker.lock_ms),
-            delivery_limit: value(SHARE_DELIVERY_COUNT_LIMIT)
-                .and_then(|v| i16::try_from(v).ok())
-                .unwrap_or(broker.delivery_limit),
-            max_in_flight: value(SHARE_MAX_RECORD_LOCKS)
-                .and_then(|v| usize::try_from(v).ok())
-                .unwrap_or(broker.max_in_flight),
+        ShareSettings {
+            limits: share_limits_of(&set, broker),
+            read_committed: set
+                .get(SHARE_ISOLATION_LEVEL)
+                .is_some_and(|v| v.trim() == "read_committed"),
+            renew_enabled: set
+                .get(SHARE_RENEW_ACKNOWLEDGE_ENABLE)
+                .is_none_or(|v| !v.trim().eq_ignore_ascii_case("false")),
         }
     }
 
@@ -224,22 +231,6 @@ impl GroupConfigs {
             .get(SHARE_AUTO_OFFSET_RESET)
             .and_then(|v| ShareReset::parse(v))
             .unwrap_or(ShareReset::Latest)
-    }
-
-    /// Whether `group`'s share consumers may renew their locks
-    /// (`share.renew.acknowledge.enable`, true unless set false).
-    pub fn share_renew_enabled(&self, group: &str) -> bool {
-        self.get(group)
-            .get(SHARE_RENEW_ACKNOWLEDGE_ENABLE)
-            .is_none_or(|v| !v.trim().eq_ignore_ascii_case("false"))
-    }
-
-    /// Whether `group`'s share consumers read committed records only
-    /// (`share.isolation.level` read_committed).
-    pub fn share_read_committed(&self, group: &str) -> bool {
-        self.get(group)
-            .get(SHARE_ISOLATION_LEVEL)
-            .is_some_and(|v| v.trim() == "read_committed")
     }
 
     /// Makes `next` (checked by [`check`]) `group`'s configs: persisted,
@@ -295,6 +286,33 @@ impl GroupConfigs {
             ));
         }
         Ok(landed.is_some())
+    }
+}
+
+/// A share group's settings a ShareFetch or ShareAcknowledge follows.
+#[derive(Debug, Clone, Copy)]
+pub struct ShareSettings {
+    pub limits: keel_coord::share::partition::ShareLimits,
+    /// `share.isolation.level` read_committed.
+    pub read_committed: bool,
+    /// `share.renew.acknowledge.enable` (true unless set false).
+    pub renew_enabled: bool,
+}
+
+/// A group's share limits from its configs `set`, over the broker's.
+fn share_limits_of(
+    set: &BTreeMap<String, String>,
+    broker: keel_coord::share::partition::ShareLimits,
+) -> keel_coord::share::partition::ShareLimits {
+    let value = |key: &str| set.get(key).and_then(|v| v.trim().parse::<i64>().ok());
+    keel_coord::share::partition::ShareLimits {
+        lock_ms: value(SHARE_LOCK_DURATION_MS).unwrap_or(broker.lock_ms),
+        delivery_limit: value(SHARE_DELIVERY_COUNT_LIMIT)
+            .and_then(|v| i16::try_from(v).ok())
+            .unwrap_or(broker.delivery_limit),
+        max_in_flight: value(SHARE_MAX_RECORD_LOCKS)
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(broker.max_in_flight),
     }
 }
 

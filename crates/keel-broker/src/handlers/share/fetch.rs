@@ -92,10 +92,13 @@ fn admitted(
             "Group authorization failed.".into(),
         ));
     }
+    let settings = broker
+        .group_configs
+        .share_settings(&group, broker.config().share_limits());
     Ok(Who {
-        limits: limits(broker, &group),
-        committed: broker.group_configs.share_read_committed(&group),
-        renews: broker.group_configs.share_renew_enabled(&group),
+        limits: settings.limits,
+        committed: settings.read_committed,
+        renews: settings.renew_enabled,
         group,
         member,
     })

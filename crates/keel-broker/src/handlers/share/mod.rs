@@ -122,10 +122,8 @@ pub async fn share_group_heartbeat(
         client_host: client_host.to_string(),
     };
     let now_ms = broker.data.clock.now_ms();
-    let answer = match broker
-        .share
-        .heartbeat(group, hb, &topics, &group_config(broker, group), now_ms)
-    {
+    let config = group_config(broker, group);
+    let answer = match broker.share.heartbeat(group, hb, &topics, &config, now_ms) {
         Ok(a) => a,
         Err((e, message)) => return heartbeat_error(e, message),
     };
@@ -144,7 +142,7 @@ pub async fn share_group_heartbeat(
     ShareGroupHeartbeatResponse::default()
         .with_member_id(Some(req.member_id.clone()))
         .with_member_epoch(answer.member_epoch)
-        .with_heartbeat_interval_ms(group_config(broker, group).heartbeat_interval_ms)
+        .with_heartbeat_interval_ms(config.heartbeat_interval_ms)
         .with_assignment(assignment)
 }
 
